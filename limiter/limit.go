@@ -1,0 +1,152 @@
+// Package limiter implements sluice's rate-limit algorithms and the stores that keep
+// their state: an in-process sharded memory store and a Redis store shared by replicas.
+//
+// Every algorithm works on time in whole microseconds and keeps, per key, the latest
+// time it has seen: a clock that steps backwards is read as "no time has passed", so it
+// never grants quota that the forward clock would not.
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Algorithm names one of the rate-limit algorithms. The names are the ones rules files use.
+type Algorithm string
+
+const (
+	// TokenBucket: a bucket of Burst tokens that starts full and refills continuously at
+	// Rate tokens per Period, never above Burst. A request takes n tokens.
+	TokenBucket Algorithm = "token_bucket"
+	// LeakyBucket, as a meter: a virtual queue of Burst places that drains continuously
+	// at Rate per Period. A request is admitted while the queue has room for n more.
+	// Its level is the token bucket's Burst minus its tokens, so both share one
+	// implementation; they differ in how they are described and configured.
+	LeakyBucket Algorithm = "leaky_bucket"
+	// FixedWindow: at most Rate units per window of length Period; windows are aligned
+	// to the Unix epoch and the count resets at each boundary. Rejected requests are
+	// not counted.
+	FixedWindow Algorithm = "fixed_window"
+	// SlidingWindowLog: a log of request timestamps per key. Timestamps at or before
+	// now-Period are dropped, the new request's n timestamps are added, and the request is
+	// allowed when the log then holds at most Rate entries. A rejected request's
+	// timestamps stay in the log (a client that keeps hammering stays blocked) unless
+	// Limit.ForgiveRejected is set. Only the newest Rate timestamps can change a
+	// decision, so no more are kept.
+	SlidingWindowLog Algorithm = "sliding_window_log"
+	// SlidingWindowCounter: counts per epoch-aligned window of length Period; the
+	// estimate is the current window's count plus the previous window's count times the
+	// fraction of the previous window still inside the sliding window. A request is
+	// allowed when floor(estimate)+n <= Rate (for n=1: floor(estimate) < Rate), and only
+	// then counted.
+	SlidingWindowCounter Algorithm = "sliding_window_counter"
+)
+
+// Algorithms lists every algorithm, in the order the documentation gives them.
+var Algorithms = []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter}
+
+// Valid reports whether a names a known algorithm.
+func (a Algorithm) Valid() bool {
+	switch a {
+	case TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter:
+		return true
+	}
+	return false
+}
+
+// FailureMode says what a shared store does for a limit while its backend (Redis) fails.
+type FailureMode string
+
+const (
+	// FailLocal decides with an in-process memory store and the same limit (the default).
+	FailLocal FailureMode = "local"
+	// FailOpen allows every request.
+	FailOpen FailureMode = "open"
+	// FailClosed rejects every request.
+	FailClosed FailureMode = "closed"
+)
+
+// Limit describes one rate limit. The zero value is not valid; see Validate.
+type Limit struct {
+	Algorithm Algorithm
+	// Rate is the number of units per Period: the limit per window for the window
+	// algorithms, the refill rate (token bucket) or outflow rate (leaky bucket).
+	Rate int64
+	// Period is the window length, or the time over which Rate units refill or drain.
+	// Any length of at least one microsecond; it is used to the microsecond.
+	Period time.Duration
+	// Burst is the bucket size of the token and leaky buckets; 0 means Rate.
+	// The window algorithms ignore it.
+	Burst int64
+	// ForgiveRejected makes the sliding window log forget rejected requests
+	// instead of recording them. Other algorithms never record rejected requests.
+	ForgiveRejected bool
+	// FailureMode applies to stores with a remote backend; empty means FailLocal.
+	FailureMode FailureMode
+}
+
+// Capacity is the most units a key can be granted at once: Burst for the buckets
+// (Rate when Burst is 0), Rate for the window algorithms. It is the Decision's Limit.
+func (l Limit) Capacity() int64 {
+	if (l.Algorithm == TokenBucket || l.Algorithm == LeakyBucket) && l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Rate
+}
+
+// ErrInvalidLimit is wrapped by every error about a malformed Limit or request size.
+var ErrInvalidLimit = errors.New("invalid limit")
+
+// maxMicros bounds every quantity that reaches the Redis scripts, whose numbers are
+// doubles: integers are exact only below 2^53.
+const maxMicros = 1 << 53
+
+// Validate reports what is wrong with l, wrapping ErrInvalidLimit.
+func (l Limit) Validate() error {
+	switch {
+	case !l.Algorithm.Valid():
+		return fmt.Errorf("%w: unknown algorithm %q", ErrInvalidLimit, l.Algorithm)
+	case l.Rate <= 0:
+		return fmt.Errorf("%w: rate must be positive, got %d", ErrInvalidLimit, l.Rate)
+	case l.Period < time.Microsecond:
+		return fmt.Errorf("%w: period must be at least 1µs, got %v", ErrInvalidLimit, l.Period)
+	case l.Burst < 0:
+		return fmt.Errorf("%w: burst must not be negative, got %d", ErrInvalidLimit, l.Burst)
+	case l.Rate >= maxMicros || l.Burst >= maxMicros || l.Period.Microseconds() >= maxMicros:
+		return fmt.Errorf("%w: rate, burst or period too large", ErrInvalidLimit)
+	}
+	switch l.FailureMode {
+	case "", FailLocal, FailOpen, FailClosed:
+	default:
+		return fmt.Errorf("%w: unknown failure mode %q", ErrInvalidLimit, l.FailureMode)
+	}
+	return nil
+}
+
+// Never is the RetryAfter of a request that can never be allowed: n exceeds the capacity.
+const Never = time.Duration(math.MaxInt64)
+
+// Decision is the outcome of one check.
+type Decision struct {
+	// Allowed reports whether the n units were granted (and recorded).
+	Allowed bool
+	// Limit is the capacity of the limit (see Limit.Capacity).
+	Limit int64
+	// Remaining is how many units a request could still be granted right after this one.
+	Remaining int64
+	// RetryAfter is, for a rejected request, how long until the same request would be
+	// allowed if nothing else happened; Never when n exceeds the capacity; 0 when allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the key is back to its full quota if nothing else
+	// happens.
+	ResetAfter time.Duration
+}
+
+// Limiter decides whether n units for key fit within l. Implementations are safe for
+// concurrent use. The key must identify one limit: callers prefix it with the rule.
+type Limiter interface {
+	AllowN(ctx context.Context, key string, l Limit, n int64) (Decision, error)
+}
