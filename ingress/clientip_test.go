@@ -1,0 +1,89 @@
+package ingress
+
+import (
+	"net/http/httptest"
+	"net/netip"
+	"testing"
+)
+
+func TestClientIdentity(t *testing.T) {
+	id, err := NewClientIdentity([]string{"10.0.0.0/8", "2001:db8:ffff::/48", "192.0.2.7"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name    string
+		peer    string
+		headers map[string][]string
+		want    string
+	}{
+		{"no proxy", "198.51.100.1:5000", nil, "198.51.100.1"},
+		{"forged X-Forwarded-For from an untrusted peer", "198.51.100.1:5000",
+			map[string][]string{"X-Forwarded-For": {"1.2.3.4"}}, "198.51.100.1"},
+		{"forged Forwarded from an untrusted peer", "198.51.100.1:5000",
+			map[string][]string{"Forwarded": {"for=1.2.3.4"}}, "198.51.100.1"},
+		{"trusted proxy, X-Forwarded-For", "10.1.2.3:5000",
+			map[string][]string{"X-Forwarded-For": {"203.0.113.9"}}, "203.0.113.9"},
+		{"forged leftmost entry is skipped: rightmost untrusted wins", "10.1.2.3:5000",
+			map[string][]string{"X-Forwarded-For": {"1.2.3.4, 203.0.113.9, 10.9.9.9"}}, "203.0.113.9"},
+		{"several header lines read in order", "10.1.2.3:5000",
+			map[string][]string{"X-Forwarded-For": {"1.2.3.4", "203.0.113.9", "192.0.2.7"}}, "203.0.113.9"},
+		{"Forwarded wins over X-Forwarded-For", "10.1.2.3:5000",
+			map[string][]string{"Forwarded": {"for=203.0.113.5;proto=https"}, "X-Forwarded-For": {"203.0.113.9"}}, "203.0.113.5"},
+		{"Forwarded with quoted IPv6 and port", "10.1.2.3:5000",
+			map[string][]string{"Forwarded": {`for=198.51.100.17, For="[2001:db8:cafe::17]:4711"`}}, "2001:db8:cafe::17"},
+		{"Forwarded with several elements and a trusted hop", "[2001:db8:ffff::1]:443",
+			map[string][]string{"Forwarded": {`for=192.0.2.60;proto=http;by=203.0.113.43, for="[2001:db8:ffff::9]"`}}, "192.0.2.60"},
+		{"unknown hop stops at the last trusted proxy", "10.1.2.3:5000",
+			map[string][]string{"Forwarded": {"for=203.0.113.1, for=unknown, for=10.0.0.2"}}, "10.0.0.2"},
+		{"obfuscated hop stops too", "10.1.2.3:5000",
+			map[string][]string{"Forwarded": {"for=_hidden"}}, "10.1.2.3"},
+		{"all hops trusted: the farthest", "10.1.2.3:5000",
+			map[string][]string{"X-Forwarded-For": {"10.5.5.5, 10.6.6.6"}}, "10.5.5.5"},
+		{"garbage in X-Forwarded-For", "10.1.2.3:5000",
+			map[string][]string{"X-Forwarded-For": {"not-an-ip"}}, "10.1.2.3"},
+		{"IPv4-mapped peer", "[::ffff:198.51.100.1]:5000", nil, "198.51.100.1"},
+		{"X-Forwarded-For with a port", "10.1.2.3:5000",
+			map[string][]string{"X-Forwarded-For": {"203.0.113.9:1234"}}, "203.0.113.9"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = tc.peer
+			for k, vs := range tc.headers {
+				for _, v := range vs {
+					r.Header.Add(k, v)
+				}
+			}
+			if got := id.Addr(r); got != netip.MustParseAddr(tc.want) {
+				t.Fatalf("got %v, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestClientIdentityGroupsIPv6(t *testing.T) {
+	id, err := NewClientIdentity(nil, 56)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := id.Group(netip.MustParseAddr("2001:db8:1:2ff:1::1"))
+	b := id.Group(netip.MustParseAddr("2001:db8:1:200::9"))
+	if a != b || a.String() != "2001:db8:1:200::/56" {
+		t.Fatalf("groups %v and %v, want both 2001:db8:1:200::/56", a, b)
+	}
+	if g := id.Group(netip.MustParseAddr("192.0.2.1")); g.String() != "192.0.2.1/32" {
+		t.Fatalf("IPv4 group %v", g)
+	}
+}
+
+func TestNewClientIdentityErrors(t *testing.T) {
+	for _, tc := range []struct {
+		trusted []string
+		bits    int
+	}{{[]string{"10.0.0.0/33"}, 0}, {[]string{"proxy.local"}, 0}, {nil, 129}, {nil, -1}} {
+		if _, err := NewClientIdentity(tc.trusted, tc.bits); err == nil {
+			t.Errorf("NewClientIdentity(%v, %d): no error", tc.trusted, tc.bits)
+		}
+	}
+}
