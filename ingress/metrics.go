@@ -1,0 +1,77 @@
+package ingress
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Decision outcomes, the values of the outcome label.
+const (
+	outcomeAllowed      = "allowed"
+	outcomeRejected     = "rejected"
+	outcomeDeferred     = "deferred"
+	outcomeShadowDenied = "shadow_rejected" // over the limit, not enforced
+	outcomeError        = "error"           // the limiter failed and the rule's failure mode decided
+)
+
+var outcomes = []string{outcomeAllowed, outcomeRejected, outcomeDeferred, outcomeShadowDenied, outcomeError}
+
+var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
+
+// metrics are the ingress's Prometheus series. Labels are bounded: rule names come from
+// the rules files, never from requests.
+type metrics struct {
+	decisions        *prometheus.CounterVec
+	decisionDuration prometheus.Histogram
+	upstream         *prometheus.CounterVec
+	upstreamDuration *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_decisions_total",
+			Help: "Rate-limit decisions by rule and outcome.",
+		}, []string{"rule", "outcome"}),
+		decisionDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_decision_duration_seconds",
+			Help:    "Time to decide one request against every rule that applies to it.",
+			Buckets: []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2},
+		}),
+		upstream: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_upstream_requests_total",
+			Help: "Requests proxied to the upstream, by response status class.",
+		}, []string{"class"}),
+		upstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_upstream_duration_seconds",
+			Help:    "Time until the upstream's response headers, by status class.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"class"}),
+	}
+	for _, class := range statusClasses {
+		m.upstream.WithLabelValues(class)
+		m.upstreamDuration.WithLabelValues(class)
+	}
+	if reg != nil {
+		reg.MustRegister(m.decisions, m.decisionDuration, m.upstream, m.upstreamDuration)
+	}
+	return m
+}
+
+// initRules creates every rule's series at 0, so dashboards and alerts see them before
+// the first decision.
+func (m *metrics) initRules(names []string) {
+	for _, name := range names {
+		for _, o := range outcomes {
+			m.decisions.WithLabelValues(name, o)
+		}
+	}
+}
+
+func statusClass(code int) string {
+	if code < 100 || code > 599 {
+		return "error"
+	}
+	return strconv.Itoa(code/100) + "xx"
+}

@@ -1,0 +1,54 @@
+package ingress
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// quotaExceededType is the problem type of draft-ietf-httpapi-ratelimit-headers-11.
+const quotaExceededType = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+// problem is an RFC 9457 problem details object.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+
+	// quota-exceeded members
+	ViolatedPolicies []string `json:"violated-policies,omitempty"`
+	Limit            int64    `json:"limit,omitempty"`
+	RetryAfter       int64    `json:"retry-after,omitempty"` // seconds
+}
+
+// writeProblem sends p as application/problem+json. Problems are never cached: they
+// describe one moment of one client's quota.
+func writeProblem(w http.ResponseWriter, p problem) {
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	h.Del("Content-Length")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// quotaExceeded is the 429 problem for the given violated policies.
+func quotaExceeded(policies []string, limit int64, retryAfter time.Duration) problem {
+	secs := ceilSeconds(retryAfter)
+	return problem{
+		Type:             quotaExceededType,
+		Title:            "Request cannot be satisfied as assigned quota has been exceeded",
+		Status:           http.StatusTooManyRequests,
+		Detail:           "Retry after " + strconv.FormatInt(secs, 10) + " seconds.",
+		ViolatedPolicies: policies,
+		Limit:            limit,
+		RetryAfter:       secs,
+	}
+}
+
+// simpleProblem is a problem of the generic type about:blank.
+func simpleProblem(status int, detail string) problem {
+	return problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail}
+}
