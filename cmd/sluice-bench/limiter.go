@@ -1,0 +1,509 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/time/rate"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+const limiterHelp = `Usage: sluice-bench limiter [flags]
+
+Measures decisions per second, in one process and one run:
+  memory, 1 key       the memory store vs one golang.org/x/time/rate Limiter (Allow)
+  memory, 100k keys   the memory store vs x/time/rate Limiters in a mutex-guarded map
+                      (the usual per-key pattern), each with 1 and GOMAXPROCS callers
+  redis, N keys       the Redis store vs github.com/go-redis/redis_rate/v10 on the same
+                      Redis, with 1, 16 and 64 callers, each on its own keys
+Every algorithm is a token bucket (x/time/rate's, redis_rate's GCRA is its equivalent)
+with limits so high that every request is allowed: the figures are the cost of the
+decision path. Each measurement runs after a warm-up of its own.
+
+NS/DECISION is wall time per decision (1s / decisions per second); LATENCY is the mean
+time one caller waits for a decision (callers / decisions per second); VS PEER is
+sluice's decisions per second divided by the peer's in the same scenario.
+
+Flags:
+`
+
+// benchRate and benchBurst make every contender allow everything: a billion per second.
+const (
+	benchRate  = 1_000_000_000
+	benchBurst = 1_000_000_000
+)
+
+var benchLimit = limiter.Limit{Algorithm: limiter.TokenBucket, Rate: benchRate, Period: time.Second, Burst: benchBurst}
+
+type limiterConfig struct {
+	duration, warmup time.Duration
+	keys             int
+	redisURL         string
+	redisKeys        int
+	redisCallers     []int
+}
+
+func runLimiter(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("limiter", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg limiterConfig
+	fs.DurationVar(&cfg.duration, "duration", 2*time.Second, "how long each measurement runs")
+	fs.DurationVar(&cfg.warmup, "warmup", 0, "warm-up before each measurement (default a quarter of --duration, at most 1s)")
+	fs.IntVar(&cfg.keys, "keys", 100_000, "distinct keys of the many-keys memory scenario")
+	fs.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the Redis scenarios; '' skips them")
+	fs.IntVar(&cfg.redisKeys, "redis-keys", 1000, "keys per caller in the Redis scenarios, used round-robin")
+	callers := fs.String("redis-callers", "1,16,64", "comma-separated caller counts of the Redis scenarios")
+	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), limiterHelp)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return exitOK
+		}
+		return exitUsage
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if !given["warmup"] {
+		cfg.warmup = min(cfg.duration/4, time.Second)
+	}
+	switch {
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "sluice-bench limiter: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	case cfg.duration <= 0 || cfg.warmup < 0:
+		fmt.Fprintln(stderr, "sluice-bench limiter: --duration must be positive and --warmup not negative")
+		return exitUsage
+	case cfg.keys < 1 || cfg.redisKeys < 1:
+		fmt.Fprintln(stderr, "sluice-bench limiter: --keys and --redis-keys must be positive")
+		return exitUsage
+	}
+	for _, f := range strings.Split(*callers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(stderr, "sluice-bench limiter: --redis-callers: %q is not a positive number\n", f)
+			return exitUsage
+		}
+		cfg.redisCallers = append(cfg.redisCallers, n)
+	}
+
+	scenarios := memoryScenarios(cfg)
+	if cfg.redisURL != "" {
+		rs, cleanup, err := redisScenarios(ctx, cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice-bench limiter: --redis %s: %v (pass --redis '' to skip the Redis scenarios)\n", cfg.redisURL, err)
+			return exitFailure
+		}
+		defer func() {
+			if err := cleanup(); err != nil {
+				fmt.Fprintf(stderr, "sluice-bench limiter: removing the benchmark's Redis keys: %v\n", err)
+			}
+		}()
+		scenarios = append(scenarios, rs...)
+	}
+
+	results, err := runScenarios(ctx, cfg, scenarios, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice-bench limiter: %v\n", err)
+		return exitFailure
+	}
+	if *asJSON {
+		err = writeJSON(stdout, cfg, results)
+	} else {
+		err = writeTable(stdout, results)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice-bench limiter: writing the results: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// decideFunc makes one decision for one caller; callers never share one.
+type decideFunc func(ctx context.Context) (allowed bool, err error)
+
+// contender is one side of a comparison. setup builds fresh state for one measurement
+// and returns how each caller decides; close releases it.
+type contender struct {
+	name  string
+	setup func(ctx context.Context, callers int) (newCaller func(id int) decideFunc, close func(), err error)
+}
+
+// scenario pits sluice against its peer under the same load.
+type scenario struct {
+	name         string
+	callers      int
+	batch        int // decisions between looks at the clock-stop flag
+	sluice, peer contender
+}
+
+type result struct {
+	Scenario        string  `json:"scenario"`
+	Store           string  `json:"store"`
+	Sluice          bool    `json:"sluice"`
+	Callers         int     `json:"callers"`
+	Decisions       int64   `json:"decisions"`
+	Denied          int64   `json:"denied"`
+	Seconds         float64 `json:"seconds"`
+	DecisionsPerSec float64 `json:"decisions_per_second"`
+	NsPerDecision   float64 `json:"ns_per_decision"`
+	MeanLatencyNs   float64 `json:"mean_latency_ns"`
+	RatioVsPeer     float64 `json:"ratio_vs_peer,omitempty"`
+}
+
+func memoryScenarios(cfg limiterConfig) []scenario {
+	keys := make([]string, cfg.keys)
+	for i := range keys {
+		keys[i] = "bench:user-" + strconv.Itoa(i)
+	}
+	one := keys[:1]
+	procs := []int{1}
+	if p := runtime.GOMAXPROCS(0); p > 1 {
+		procs = append(procs, p)
+	}
+	var out []scenario
+	for _, set := range []struct {
+		name string
+		keys []string
+		peer contender
+	}{
+		{"memory, 1 key", one, xrateSingle()},
+		{fmt.Sprintf("memory, %s keys", count(cfg.keys)), keys, xrateMap(keys)},
+	} {
+		for _, c := range procs {
+			out = append(out, scenario{name: set.name, callers: c, batch: 256,
+				sluice: sluiceMemory(set.keys), peer: set.peer})
+		}
+	}
+	return out
+}
+
+// keyPicker draws keys at random, as real traffic does. Walking the keys in order would
+// flatter whichever contender allocated its per-key state in that same order, since the
+// hardware prefetcher would then hide the cache misses that dominate with many keys.
+// It is an xorshift generator: a few nanoseconds, the same for every contender.
+type keyPicker struct {
+	keys []string
+	x    uint64
+}
+
+func newKeyPicker(keys []string, id int) *keyPicker {
+	return &keyPicker{keys: keys, x: 0x9E3779B97F4A7C15 * uint64(id+1)}
+}
+
+func (p *keyPicker) next() string {
+	if len(p.keys) == 1 {
+		return p.keys[0]
+	}
+	p.x ^= p.x << 13
+	p.x ^= p.x >> 7
+	p.x ^= p.x << 17
+	// Multiply-shift maps the top 32 bits onto [0, len) without a division.
+	return p.keys[(p.x>>32)*uint64(len(p.keys))>>32]
+}
+
+func sluiceMemory(keys []string) contender {
+	return contender{name: "sluice memory", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func(), error) {
+		m := limiter.NewMemory()
+		return func(id int) decideFunc {
+			p := newKeyPicker(keys, id)
+			return func(ctx context.Context) (bool, error) {
+				d, err := m.AllowN(ctx, p.next(), benchLimit, 1)
+				return d.Allowed, err
+			}
+		}, func() {}, nil
+	}}
+}
+
+func xrateSingle() contender {
+	return contender{name: "x/time/rate", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func(), error) {
+		l := rate.NewLimiter(benchRate, benchBurst)
+		return func(int) decideFunc {
+			return func(context.Context) (bool, error) { return l.Allow(), nil }
+		}, func() {}, nil
+	}}
+}
+
+// rateMap is how x/time/rate is used per key: one Limiter per key in a map behind a
+// mutex, created on first use.
+type rateMap struct {
+	mu sync.Mutex
+	m  map[string]*rate.Limiter
+}
+
+func (r *rateMap) allow(key string) bool {
+	r.mu.Lock()
+	l := r.m[key]
+	if l == nil {
+		l = rate.NewLimiter(benchRate, benchBurst)
+		r.m[key] = l
+	}
+	r.mu.Unlock()
+	return l.Allow()
+}
+
+func xrateMap(keys []string) contender {
+	return contender{name: "x/time/rate mutex map", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func(), error) {
+		rm := &rateMap{m: make(map[string]*rate.Limiter, len(keys))}
+		return func(id int) decideFunc {
+			p := newKeyPicker(keys, id)
+			return func(context.Context) (bool, error) { return rm.allow(p.next()), nil }
+		}, func() {}, nil
+	}}
+}
+
+func runScenarios(ctx context.Context, cfg limiterConfig, scenarios []scenario, stderr io.Writer) ([]result, error) {
+	p := newProgress(stderr, 2*len(scenarios))
+	defer p.done()
+	var results []result
+	for _, s := range scenarios {
+		// The peer goes first: if anything warms up over the run (caches, Redis), it
+		// favours the peer rather than sluice.
+		var pair [2]result
+		for i, c := range []contender{s.peer, s.sluice} {
+			p.step(fmt.Sprintf("%s, %s: %s", s.name, plural(s.callers, "caller"), c.name))
+			r, err := measure(ctx, cfg, s, c)
+			if err != nil {
+				return nil, fmt.Errorf("%s, %s, %s: %w", s.name, plural(s.callers, "caller"), c.name, err)
+			}
+			r.Sluice = i == 1
+			pair[i] = r
+		}
+		if pair[0].DecisionsPerSec > 0 {
+			pair[1].RatioVsPeer = pair[1].DecisionsPerSec / pair[0].DecisionsPerSec
+		}
+		for _, r := range pair {
+			if r.Denied > 0 {
+				fmt.Fprintf(stderr, "sluice-bench: warning: %s denied %d of %d requests; the figures include rejections\n", r.Store, r.Denied, r.Decisions)
+			}
+		}
+		results = append(results, pair[1], pair[0])
+	}
+	return results, nil
+}
+
+// counter is one caller's tally, on its own cache line so callers do not slow each
+// other down by counting.
+type counter struct {
+	n, denied atomic.Int64
+	_         [48]byte
+}
+
+// measure runs s.callers callers of c for cfg.warmup, then counts their decisions for
+// cfg.duration. The callers keep running across the boundary, so the measured window
+// sees a steady state rather than goroutines starting up.
+func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (result, error) {
+	newCaller, closeC, err := c.setup(ctx, s.callers)
+	if err != nil {
+		return result{}, err
+	}
+	defer closeC()
+	runtime.GC() // the previous measurement's garbage is not this one's cost
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	counts := make([]counter, s.callers)
+	var stop atomic.Bool
+	var errOnce sync.Once
+	var firstErr error
+	var wg sync.WaitGroup
+	for id := range s.callers {
+		decide := newCaller(id)
+		tally := &counts[id]
+		wg.Go(func() {
+			for !stop.Load() {
+				denied := int64(0)
+				for range s.batch {
+					ok, err := decide(ctx)
+					if err != nil {
+						errOnce.Do(func() { firstErr = err })
+						stop.Store(true)
+						return
+					}
+					if !ok {
+						denied++
+					}
+				}
+				tally.n.Add(int64(s.batch))
+				tally.denied.Add(denied)
+			}
+		})
+	}
+	total := func() (n, denied int64) {
+		for i := range counts {
+			n += counts[i].n.Load()
+			denied += counts[i].denied.Load()
+		}
+		return n, denied
+	}
+	sleep := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return !stop.Load()
+		case <-ctx.Done():
+			return false
+		}
+	}
+
+	ok := sleep(cfg.warmup)
+	n0, d0 := total()
+	t0 := time.Now()
+	ok = ok && sleep(cfg.duration)
+	n1, d1 := total()
+	elapsed := time.Since(t0)
+	stop.Store(true)
+	cancel()
+	wg.Wait()
+	switch {
+	case firstErr != nil:
+		return result{}, firstErr
+	case !ok:
+		return result{}, context.Cause(ctx)
+	}
+
+	r := result{Scenario: s.name, Store: c.name, Callers: s.callers, Decisions: n1 - n0,
+		Denied: d1 - d0, Seconds: elapsed.Seconds()}
+	if r.Decisions > 0 {
+		r.DecisionsPerSec = float64(r.Decisions) / elapsed.Seconds()
+		r.NsPerDecision = float64(elapsed.Nanoseconds()) / float64(r.Decisions)
+		r.MeanLatencyNs = r.NsPerDecision * float64(s.callers)
+	}
+	return r, nil
+}
+
+func writeTable(w io.Writer, results []result) error {
+	rows := [][]string{{"SCENARIO", "CALLERS", "STORE", "DECISIONS/S", "NS/DECISION", "LATENCY", "VS PEER"}}
+	for _, r := range results {
+		ratio := ""
+		if r.Sluice && r.RatioVsPeer > 0 {
+			ratio = fmt.Sprintf("%.2fx", r.RatioVsPeer)
+		}
+		rows = append(rows, []string{r.Scenario, strconv.Itoa(r.Callers), r.Store,
+			count(int(r.DecisionsPerSec)), fmt.Sprintf("%.1f", r.NsPerDecision), latency(r.MeanLatencyNs), ratio})
+	}
+	// Text columns align left and numbers right, which text/tabwriter cannot mix.
+	leftAligned := []bool{true, false, true, false, false, false, false}
+	width := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, cell := range row {
+			width[i] = max(width[i], utf8.RuneCountInString(cell))
+		}
+	}
+	var b strings.Builder
+	for _, row := range rows {
+		line := make([]string, len(row))
+		for i, cell := range row {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(cell))
+			if leftAligned[i] {
+				line[i] = cell + pad
+			} else {
+				line[i] = pad + cell
+			}
+		}
+		b.WriteString(strings.TrimRight(strings.Join(line, "  "), " "))
+		b.WriteByte('\n')
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func writeJSON(w io.Writer, cfg limiterConfig, results []result) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(struct {
+		Go         string   `json:"go"`
+		GOMAXPROCS int      `json:"gomaxprocs"`
+		Duration   string   `json:"duration"`
+		Warmup     string   `json:"warmup"`
+		Results    []result `json:"results"`
+	}{runtime.Version(), runtime.GOMAXPROCS(0), cfg.duration.String(), cfg.warmup.String(), results})
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.Itoa(n) + " " + what + "s"
+}
+
+// count writes n with thousands separators: 12,345,678.
+func count(n int) string {
+	s := strconv.Itoa(n)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+func latency(ns float64) string {
+	return time.Duration(ns).Round(time.Duration(max(1, roundTo(ns)))).String()
+}
+
+// roundTo keeps about three significant digits of a latency.
+func roundTo(ns float64) int64 {
+	switch {
+	case ns < 1e3:
+		return 1
+	case ns < 1e6:
+		return 10
+	default:
+		return 10_000
+	}
+}
+
+// progress tells on stderr what is being measured. On a terminal it rewrites one line;
+// elsewhere (CI logs) it prints a line per measurement.
+type progress struct {
+	w        io.Writer
+	terminal bool
+	total, n int
+}
+
+func newProgress(w io.Writer, total int) *progress {
+	f, ok := w.(*os.File)
+	term := false
+	if ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && f.Name() != os.DevNull {
+			term = true
+		}
+	}
+	return &progress{w: w, terminal: term, total: total}
+}
+
+func (p *progress) step(what string) {
+	p.n++
+	if p.terminal {
+		fmt.Fprintf(p.w, "\r\033[K[%d/%d] %s", p.n, p.total, what)
+		return
+	}
+	fmt.Fprintf(p.w, "sluice-bench: [%d/%d] %s\n", p.n, p.total, what)
+}
+
+func (p *progress) done() {
+	if p.terminal {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}

@@ -1,0 +1,63 @@
+// Command sluice-bench measures sluice side by side with the libraries its users would
+// otherwise pick, in one process and one run, so the figures compare like with like.
+//
+//	go run ./cmd/sluice-bench limiter [--duration 2s] [--redis URL | --redis ''] [--json]
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// modes is the dispatch table of the tool's modes.
+var modes = []struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}{
+	{"limiter", "decisions per second: the memory store vs x/time/rate, the Redis store vs redis_rate", runLimiter},
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		usage(stderr)
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(stdout)
+		return exitOK
+	}
+	for _, m := range modes {
+		if m.name == args[0] {
+			return m.run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	fmt.Fprintf(stderr, "sluice-bench: unknown mode %q\n\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, "sluice-bench measures sluice side by side with well-known peers.\n\nUsage:\n  sluice-bench <mode> [flags]\n\nModes:\n")
+	for _, m := range modes {
+		fmt.Fprintf(w, "  %-9s %s\n", m.name, m.summary)
+	}
+	fmt.Fprint(w, "\nRun 'sluice-bench <mode> -h' for its flags.\n")
+}

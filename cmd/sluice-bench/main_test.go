@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// The tests check the shape of the output only: timings on a shared CI machine mean
+// nothing, so no figure is asserted.
+
+func benchRun(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(context.Background(), args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestLimiterTable(t *testing.T) {
+	out, errOut, code := benchRun(t, "limiter", "--duration", "20ms", "--warmup", "5ms", "--keys", "1000", "--redis", "")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if !strings.HasPrefix(lines[0], "SCENARIO") || !strings.Contains(lines[0], "DECISIONS/S") || !strings.Contains(lines[0], "VS PEER") {
+		t.Errorf("header %q", lines[0])
+	}
+	rows := lines[1:]
+	for _, want := range []struct{ scenario, store string }{
+		{"memory, 1 key", "sluice memory"},
+		{"memory, 1 key", "x/time/rate"},
+		{"memory, 1,000 keys", "sluice memory"},
+		{"memory, 1,000 keys", "x/time/rate mutex map"},
+	} {
+		found := 0
+		for _, r := range rows {
+			if strings.HasPrefix(r, want.scenario+" ") && strings.Contains(r, " "+want.store+" ") {
+				found++
+				if want.store == "sluice memory" && !strings.HasSuffix(r, "x") {
+					t.Errorf("sluice row without a ratio: %q", r)
+				}
+			}
+		}
+		// One row with 1 caller, one with GOMAXPROCS callers when that is more.
+		if found < 1 || found > 2 {
+			t.Errorf("%d rows for %s / %s in\n%s", found, want.scenario, want.store, out)
+		}
+	}
+	if strings.Contains(out, "redis") {
+		t.Errorf("--redis '' still ran Redis scenarios:\n%s", out)
+	}
+	if !strings.Contains(errOut, "[1/") {
+		t.Errorf("no progress on stderr: %q", errOut)
+	}
+}
+
+func TestLimiterJSON(t *testing.T) {
+	out, errOut, code := benchRun(t, "limiter", "--duration", "10ms", "--warmup", "0s", "--keys", "100", "--redis", "", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		GOMAXPROCS int      `json:"gomaxprocs"`
+		Results    []result `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not one JSON document: %v\n%s", err, out)
+	}
+	if len(doc.Results) == 0 || len(doc.Results)%2 != 0 {
+		t.Fatalf("%d results, want pairs", len(doc.Results))
+	}
+	for i, r := range doc.Results {
+		if r.Decisions <= 0 || r.DecisionsPerSec <= 0 || r.Callers < 1 {
+			t.Errorf("result %d: %+v", i, r)
+		}
+		if r.Sluice != (i%2 == 0) || (r.Sluice && r.RatioVsPeer <= 0) {
+			t.Errorf("result %d: sluice %v, ratio %v", i, r.Sluice, r.RatioVsPeer)
+		}
+	}
+}
+
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{nil, exitUsage},
+		{[]string{"nope"}, exitUsage},
+		{[]string{"help"}, exitOK},
+		{[]string{"limiter", "-h"}, exitOK},
+		{[]string{"limiter", "--duration", "0s"}, exitUsage},
+		{[]string{"limiter", "--redis-callers", "1,x"}, exitUsage},
+		{[]string{"limiter", "extra"}, exitUsage},
+	} {
+		if _, _, code := benchRun(t, tc.args...); code != tc.code {
+			t.Errorf("%q: exit %d, want %d", tc.args, code, tc.code)
+		}
+	}
+}

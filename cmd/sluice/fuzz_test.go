@@ -1,0 +1,83 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The fuzzers check that the parsers never panic and that whatever they accept is
+// what the rest of simulate relies on. Seeds live in testdata/fuzz/<FuzzName>/ and here;
+// run them for longer with, for example:
+//
+//	go test -run '^$' -fuzz FuzzParseTrace -fuzztime 30s -fuzzminimizetime 5s ./cmd/sluice
+//
+// (a short minimisation time keeps the fuzzer fuzzing: minimising a long input that
+// merely found new coverage can otherwise take it a minute)
+
+func FuzzParseTrace(f *testing.F) {
+	for _, s := range []string{
+		"0s\n",
+		"0s a\n0s a 2\n1.5s b 1 # comment\n",
+		"# only a comment\n\n   \n",
+		"1m40s\n1m39s\n",
+		"1ns\n",
+		"-1s\n",
+		"0s a b c\n",
+		"0s\t-\t+3\r\n",
+		"0s a 0\n",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		if len(text) > 1024 {
+			// Long inputs add nothing to a line parser but cost the fuzzer long
+			// minimisations; the bufio limit on line length has its own unit test.
+			t.Skip()
+		}
+		reqs, err := parseTrace(strings.NewReader(text))
+		if err != nil {
+			if te, ok := err.(*traceError); ok && te.line < 1 {
+				t.Fatalf("error names line %d: %v", te.line, err)
+			}
+			return
+		}
+		var last time.Duration
+		prevLine := 0
+		for _, r := range reqs {
+			switch {
+			case r.offset < last:
+				t.Fatalf("offsets go back: %v after %v", r.offset, last)
+			case r.offset%time.Microsecond != 0 || r.offset > maxOffset:
+				t.Fatalf("offset %v accepted", r.offset)
+			case r.n < 1:
+				t.Fatalf("n %d accepted", r.n)
+			case r.key == "" || strings.ContainsAny(r.key, " \t\n#"):
+				t.Fatalf("key %q accepted", r.key)
+			case r.line <= prevLine:
+				t.Fatalf("line numbers not increasing: %d after %d", r.line, prevLine)
+			}
+			last, prevLine = r.offset, r.line
+		}
+	})
+}
+
+func FuzzParseRate(f *testing.F) {
+	for _, s := range []string{"2/s", "4/m", "1/h", "9/d", "10/30s", "10/1m30s", "5/ms", "1/µs", "0/s", "1/ns", "1/", "/s", "1/2d", "-3/s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := parseRate(s)
+		if err != nil {
+			return
+		}
+		if r.n <= 0 || r.per < time.Microsecond || r.per%time.Microsecond != 0 {
+			t.Fatalf("parseRate(%q) = %d per %v", s, r.n, r.per)
+		}
+		// What was accepted prints back to a rate that reads the same.
+		again, err := parseRate(r.String())
+		if err != nil || again != r {
+			t.Fatalf("parseRate(%q) = %v, which reads back as %v, %v", s, r, again, err)
+		}
+	})
+}

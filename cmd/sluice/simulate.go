@@ -1,0 +1,474 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+const simulateHelp = `Usage: sluice simulate --algorithm NAME [rule flags] [--trace FILE] [--json] [--redis URL]
+
+Replays a trace of requests through one rule on a simulated clock and prints what the
+rule decides for each request: the tool for tuning bucket sizes, rates and windows
+before going live.
+
+Rule flags:
+  token_bucket                    --bucket-size N --refill-rate RATE
+  leaky_bucket                    --bucket-size N --outflow-rate RATE
+  fixed_window                    --limit N --window DURATION
+  sliding_window_log              --limit N --window DURATION [--forgive-rejected]
+  sliding_window_counter          --limit N --window DURATION
+RATE is N/UNIT with UNIT s, m, h, d or a Go duration: 4/m, 10/30s, 100/1m30s.
+
+Trace (--trace FILE, or standard input): one request per line, "OFFSET [KEY [N]]".
+OFFSET is a Go duration from the start of the trace (0s, 1.5s, 1m40s), never smaller
+than the line before; KEY defaults to "-", N (units, for weighted requests) to 1.
+Blank lines and everything after a "#" are ignored. The simulated clock starts at
+2000-01-01T00:00:00Z, aligned to every whole second, minute, hour and day window, and
+keeps time to the microsecond.
+
+Output: one line per request, in input order,
+  OFFSET KEY allow|deny remaining=R retry_after=D
+(D a Go duration; "never" when N exceeds what the rule can ever grant), then
+  allowed=A denied=D
+With --json, JSON Lines instead: one object per request
+  {"line":3,"offset":"1.5s","key":"-","n":1,"decision":"allow","allowed":true,
+   "limit":5,"remaining":4,"retry_after":"0s","reset_after":"500ms"}
+("retry_after":"never" as above), then one last object {"summary":{"allowed":A,"denied":D}}.
+
+The whole trace is read and checked before anything runs: a bad line or flag prints one
+message naming it on stderr and exits with status 2, without any table. Status 1 means
+the run itself failed (for example Redis could not be reached).
+`
+
+// simulateStart is the simulated clock's origin: offset 0 is aligned to every whole
+// second, minute, hour and day window, so traces give the same result on any day.
+var simulateStart = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// request is one parsed trace line.
+type request struct {
+	line   int
+	offset time.Duration
+	key    string
+	n      int64
+}
+
+// outcome is a request and the rule's decision on it.
+type outcome struct {
+	request
+	limiter.Decision
+}
+
+func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
+	algorithm := fs.String("algorithm", "", "`name` of the algorithm: "+algorithmNames())
+	limit := fs.Int64("limit", 0, "requests per window (window algorithms)")
+	window := fs.Duration("window", 0, "window length as a Go `duration` (window algorithms)")
+	bucketSize := fs.Int64("bucket-size", 0, "bucket size (token_bucket, leaky_bucket)")
+	refillRate := fs.String("refill-rate", "", "token refill `rate` N/UNIT (token_bucket)")
+	outflowRate := fs.String("outflow-rate", "", "outflow `rate` N/UNIT (leaky_bucket)")
+	forgive := fs.Bool("forgive-rejected", false, "do not record rejected requests (sliding_window_log)")
+	redisURL := fs.String("redis", "", "run the trace on the Redis store at this `URL` (redis://host:port/db) instead of in memory")
+	asJSON := fs.Bool("json", false, "print JSON Lines instead of text")
+	tracePath := fs.String("trace", "", "read the trace from `file` instead of standard input")
+	fromEnv, code, done := parseFlags(fs, args, stdout, stderr, simulateHelp)
+	if done {
+		return code
+	}
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "sluice simulate: "+format+"\n", a...)
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		return fail("unexpected argument %q (the trace comes from --trace FILE or standard input)", fs.Arg(0))
+	}
+
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	l, err := ruleFromFlags(ruleFlags{
+		given: given, fromEnv: fromEnv,
+		algorithm: *algorithm, limit: *limit, window: *window, bucketSize: *bucketSize,
+		refillRate: *refillRate, outflowRate: *outflowRate, forgive: *forgive,
+	})
+	if err != nil {
+		return fail("%v", err)
+	}
+
+	// Read and check the whole trace before deciding anything, so bad input never
+	// leaves a partial table behind.
+	var in io.Reader = os.Stdin
+	name := "stdin"
+	if *tracePath != "" {
+		f, err := os.Open(*tracePath)
+		if err != nil {
+			return fail("--trace: %v", err)
+		}
+		defer f.Close()
+		in, name = f, *tracePath
+	}
+	reqs, err := parseTrace(in)
+	if err != nil {
+		if te := (*traceError)(nil); errors.As(err, &te) {
+			return fail("%s:%d: %v", name, te.line, te.err)
+		}
+		return fail("%s: %v", name, err)
+	}
+
+	// The simulated clock is read by the store on the same goroutine that moves it, so
+	// it needs no lock.
+	now := simulateStart
+	clock := func() time.Time { return now }
+	var store limiter.Limiter
+	if *redisURL != "" {
+		rs, closeStore, err := newRedisSimulateStore(ctx, *redisURL, clock)
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice simulate: --redis: %v\n", err)
+			return exitFailure
+		}
+		defer closeStore()
+		store = rs
+	} else {
+		store = limiter.NewMemory(limiter.WithClock(clock))
+	}
+
+	prog := newProgress(stderr, len(reqs))
+	results := make([]outcome, 0, len(reqs))
+	for i, r := range reqs {
+		if i%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				prog.done()
+				fmt.Fprintf(stderr, "sluice simulate: interrupted: %v\n", err)
+				return exitFailure
+			}
+			prog.update(i)
+		}
+		now = simulateStart.Add(r.offset)
+		d, err := store.AllowN(ctx, r.key, l, r.n)
+		if err != nil {
+			prog.done()
+			fmt.Fprintf(stderr, "sluice simulate: line %d: %v\n", r.line, err)
+			return exitFailure
+		}
+		results = append(results, outcome{r, d})
+	}
+	prog.done()
+
+	w := bufio.NewWriter(stdout)
+	if *asJSON {
+		err = writeJSON(w, results)
+	} else {
+		err = writeText(w, results)
+	}
+	if err == nil {
+		err = w.Flush()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice simulate: writing the result: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+func algorithmNames() string {
+	names := make([]string, len(limiter.Algorithms))
+	for i, a := range limiter.Algorithms {
+		names[i] = string(a)
+	}
+	return strings.Join(names, ", ")
+}
+
+// ruleFlags are simulate's rule flags, with which of them were given (on the command
+// line or through the environment) so that a contradiction can be named.
+type ruleFlags struct {
+	given, fromEnv map[string]bool
+
+	algorithm               string
+	limit, bucketSize       int64
+	window                  time.Duration
+	refillRate, outflowRate string
+	forgive                 bool
+}
+
+// ruleFromFlags builds the rule, naming the flag at fault: a missing one, one that the
+// algorithm does not take, or a bad value.
+func ruleFromFlags(f ruleFlags) (limiter.Limit, error) {
+	name := func(flagName string) string {
+		if f.fromEnv[flagName] {
+			return fmt.Sprintf("--%s (from %s)", flagName, envName(flagName))
+		}
+		return "--" + flagName
+	}
+	alg := limiter.Algorithm(f.algorithm)
+	switch {
+	case f.algorithm == "":
+		return limiter.Limit{}, fmt.Errorf("--algorithm is required: one of %s", algorithmNames())
+	case !alg.Valid():
+		return limiter.Limit{}, fmt.Errorf("%s: unknown algorithm %q (want one of %s)", name("algorithm"), f.algorithm, algorithmNames())
+	}
+
+	var need, forbid []string
+	switch alg {
+	case limiter.TokenBucket:
+		need, forbid = []string{"bucket-size", "refill-rate"}, []string{"outflow-rate", "limit", "window", "forgive-rejected"}
+	case limiter.LeakyBucket:
+		need, forbid = []string{"bucket-size", "outflow-rate"}, []string{"refill-rate", "limit", "window", "forgive-rejected"}
+	case limiter.SlidingWindowLog:
+		need, forbid = []string{"limit", "window"}, []string{"bucket-size", "refill-rate", "outflow-rate"}
+	default:
+		need, forbid = []string{"limit", "window"}, []string{"bucket-size", "refill-rate", "outflow-rate", "forgive-rejected"}
+	}
+	for _, n := range need {
+		if !f.given[n] {
+			return limiter.Limit{}, fmt.Errorf("%s needs --%s", alg, n)
+		}
+	}
+	for _, n := range forbid {
+		if f.given[n] {
+			hint := ""
+			switch {
+			case alg == limiter.TokenBucket && n == "outflow-rate":
+				hint = "; a token bucket refills, use --refill-rate"
+			case alg == limiter.LeakyBucket && n == "refill-rate":
+				hint = "; a leaky bucket drains, use --outflow-rate"
+			}
+			return limiter.Limit{}, fmt.Errorf("%s does not apply to %s%s", name(n), alg, hint)
+		}
+	}
+
+	l := limiter.Limit{Algorithm: alg, ForgiveRejected: f.forgive}
+	switch alg {
+	case limiter.TokenBucket, limiter.LeakyBucket:
+		if f.bucketSize <= 0 {
+			return limiter.Limit{}, fmt.Errorf("%s must be positive, got %d", name("bucket-size"), f.bucketSize)
+		}
+		rateFlag, rateText := "refill-rate", f.refillRate
+		if alg == limiter.LeakyBucket {
+			rateFlag, rateText = "outflow-rate", f.outflowRate
+		}
+		r, err := parseRate(rateText)
+		if err != nil {
+			return limiter.Limit{}, fmt.Errorf("%s: %w", name(rateFlag), err)
+		}
+		l.Rate, l.Period, l.Burst = r.n, r.per, f.bucketSize
+	default:
+		if f.limit <= 0 {
+			return limiter.Limit{}, fmt.Errorf("%s must be positive, got %d", name("limit"), f.limit)
+		}
+		if err := checkPeriod(f.window); err != nil {
+			return limiter.Limit{}, fmt.Errorf("%s: %w", name("window"), err)
+		}
+		l.Rate, l.Period = f.limit, f.window
+	}
+	if err := l.Validate(); err != nil {
+		return limiter.Limit{}, fmt.Errorf("the rule is not valid: %w", err)
+	}
+	return l, nil
+}
+
+// rate is N units per a period.
+type rate struct {
+	n   int64
+	per time.Duration
+}
+
+func (r rate) String() string { return strconv.FormatInt(r.n, 10) + "/" + r.per.String() }
+
+// parseRate reads N/UNIT: N a positive integer, UNIT one of s, m, h, d or a Go duration
+// (4/m, 10/30s, 100/1m30s). A bare Go unit (10/ms) is read as one of it.
+func parseRate(s string) (rate, error) {
+	num, unit, ok := strings.Cut(s, "/")
+	if !ok {
+		return rate{}, fmt.Errorf("rate %q: want N/UNIT, for example 10/s, 4/m or 10/30s", s)
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n <= 0 {
+		return rate{}, fmt.Errorf("rate %q: %q is not a positive whole number", s, num)
+	}
+	var per time.Duration
+	switch unit {
+	case "d":
+		per = 24 * time.Hour
+	case "":
+		return rate{}, fmt.Errorf("rate %q: missing unit after /", s)
+	default:
+		text := unit
+		if c := unit[0]; c >= 'a' && c <= 'z' || c >= 0x80 {
+			text = "1" + unit // s, m, h, ms, us, µs
+		}
+		if per, err = time.ParseDuration(text); err != nil {
+			return rate{}, fmt.Errorf("rate %q: unit %q is not s, m, h, d or a Go duration", s, unit)
+		}
+	}
+	if err := checkPeriod(per); err != nil {
+		return rate{}, fmt.Errorf("rate %q: %w", s, err)
+	}
+	return rate{n, per}, nil
+}
+
+// checkPeriod rejects periods the limiter cannot keep exactly: it counts whole
+// microseconds, and silently rounding would change the rule being tuned.
+func checkPeriod(d time.Duration) error {
+	switch {
+	case d <= 0:
+		return fmt.Errorf("duration must be positive, got %v", d)
+	case d%time.Microsecond != 0:
+		return fmt.Errorf("duration %v is not a whole number of microseconds", d)
+	}
+	return nil
+}
+
+// maxTraceLine bounds one trace line, so a binary file given by mistake fails fast.
+const maxTraceLine = 64 << 10
+
+// traceError is a problem with one line of a trace.
+type traceError struct {
+	line int
+	err  error
+}
+
+func (e *traceError) Error() string { return fmt.Sprintf("line %d: %v", e.line, e.err) }
+func (e *traceError) Unwrap() error { return e.err }
+
+// parseTrace reads a whole trace. Its error names the line at fault.
+func parseTrace(r io.Reader) ([]request, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), maxTraceLine)
+	var reqs []request
+	var last time.Duration
+	line := 0
+	for sc.Scan() {
+		line++
+		req, ok, err := parseTraceLine(sc.Text())
+		if err != nil {
+			return nil, &traceError{line, err}
+		}
+		if !ok {
+			continue
+		}
+		if req.offset < last {
+			return nil, &traceError{line, fmt.Errorf("offset %v goes back before %v (lines must be in time order)", req.offset, last)}
+		}
+		last = req.offset
+		req.line = line
+		reqs = append(reqs, req)
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, &traceError{line + 1, fmt.Errorf("line longer than %d bytes", maxTraceLine)}
+		}
+		return nil, fmt.Errorf("reading the trace: %w", err)
+	}
+	return reqs, nil
+}
+
+// parseTraceLine reads "OFFSET [KEY [N]]"; ok is false for a blank or comment line.
+func parseTraceLine(text string) (req request, ok bool, err error) {
+	if i := strings.IndexByte(text, '#'); i >= 0 {
+		text = text[:i]
+	}
+	fields := strings.Fields(text)
+	if len(fields) == 0 {
+		return request{}, false, nil
+	}
+	if len(fields) > 3 {
+		return request{}, false, fmt.Errorf("%d fields, want OFFSET [KEY [N]]", len(fields))
+	}
+	req = request{key: "-", n: 1}
+	if req.offset, err = time.ParseDuration(fields[0]); err != nil {
+		return request{}, false, fmt.Errorf("offset %q is not a Go duration like 0s, 1.5s or 1m40s", fields[0])
+	}
+	switch {
+	case req.offset < 0:
+		return request{}, false, fmt.Errorf("offset %q is negative", fields[0])
+	case req.offset%time.Microsecond != 0:
+		return request{}, false, fmt.Errorf("offset %q is finer than the simulated clock's microsecond", fields[0])
+	case req.offset > maxOffset:
+		return request{}, false, fmt.Errorf("offset %q is beyond %v", fields[0], maxOffset)
+	}
+	if len(fields) > 1 {
+		req.key = fields[1]
+	}
+	if len(fields) > 2 {
+		if req.n, err = strconv.ParseInt(fields[2], 10, 64); err != nil || req.n < 1 {
+			return request{}, false, fmt.Errorf("N %q is not a positive whole number", fields[2])
+		}
+	}
+	return req, true, nil
+}
+
+// maxOffset keeps simulated times well inside what the stores count in microseconds.
+const maxOffset = 100 * 365 * 24 * time.Hour
+
+func retryText(d time.Duration) string {
+	if d == limiter.Never {
+		return "never"
+	}
+	return d.String()
+}
+
+func writeText(w io.Writer, results []outcome) error {
+	allowed := 0
+	for _, r := range results {
+		verdict := "deny"
+		if r.Allowed {
+			verdict = "allow"
+			allowed++
+		}
+		if _, err := fmt.Fprintf(w, "%v %s %s remaining=%d retry_after=%s\n",
+			r.offset, r.key, verdict, r.Remaining, retryText(r.RetryAfter)); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintf(w, "allowed=%d denied=%d\n", allowed, len(results)-allowed)
+	return err
+}
+
+type jsonOutcome struct {
+	Line       int    `json:"line"`
+	Offset     string `json:"offset"`
+	Key        string `json:"key"`
+	N          int64  `json:"n"`
+	Decision   string `json:"decision"`
+	Allowed    bool   `json:"allowed"`
+	Limit      int64  `json:"limit"`
+	Remaining  int64  `json:"remaining"`
+	RetryAfter string `json:"retry_after"`
+	ResetAfter string `json:"reset_after"`
+}
+
+type jsonSummary struct {
+	Summary struct {
+		Allowed int `json:"allowed"`
+		Denied  int `json:"denied"`
+	} `json:"summary"`
+}
+
+func writeJSON(w io.Writer, results []outcome) error {
+	enc := json.NewEncoder(w)
+	var sum jsonSummary
+	for _, r := range results {
+		o := jsonOutcome{Line: r.line, Offset: r.offset.String(), Key: r.key, N: r.n,
+			Decision: "deny", Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining,
+			RetryAfter: retryText(r.RetryAfter), ResetAfter: r.ResetAfter.String()}
+		if r.Allowed {
+			o.Decision = "allow"
+			sum.Summary.Allowed++
+		} else {
+			sum.Summary.Denied++
+		}
+		if err := enc.Encode(o); err != nil {
+			return err
+		}
+	}
+	return enc.Encode(sum)
+}
