@@ -1,0 +1,279 @@
+// Package ingress is sluice's HTTP front door: middleware that checks each request
+// against the active rules and either lets it through, rejects it with 429 and the
+// headers that say when to come back, or hands it to a queue; and the reverse proxy and
+// admin endpoints that `sluice serve` is made of.
+package ingress
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// RulesSource gives the active rules set; *rules.Watcher is one.
+type RulesSource interface {
+	Set() *rules.Set
+}
+
+// StaticRules is a RulesSource that never changes.
+type StaticRules struct{ S *rules.Set }
+
+// Set implements RulesSource.
+func (s StaticRules) Set() *rules.Set { return s.S }
+
+// Deferrer parks a request that a defer rule found over its limit and answers the
+// client: 202 Accepted once the request is stored, or an error status. The queue/
+// package provides one; without a Deferrer, defer rules reject like reject rules.
+type Deferrer interface {
+	Defer(w http.ResponseWriter, r *http.Request, d Deferral)
+}
+
+// Deferral is what a Deferrer needs to park one request.
+type Deferral struct {
+	Queue *rules.Queue
+	Rule  *rules.Rule
+	// Client identifies the client for idempotency-key scoping: a hash of its
+	// address group, never the raw address.
+	Client string
+	// RetryAfter is when the request would have been allowed.
+	RetryAfter time.Duration
+}
+
+// Middleware checks requests against rules. Create it with New.
+type Middleware struct {
+	rules    RulesSource
+	limiter  limiter.Limiter
+	ids      *ClientIdentity
+	deferrer Deferrer
+	shadow   bool
+	maxBody  int64
+	log      *slog.Logger
+	metrics  *metrics
+
+	checks sync.Pool // *[]rules.Check, reused across requests
+}
+
+// Option configures a Middleware.
+type Option func(*Middleware)
+
+// WithClientIdentity sets how client addresses are found (default: the peer address,
+// no trusted proxies, IPv6 grouped by /64).
+func WithClientIdentity(id *ClientIdentity) Option { return func(m *Middleware) { m.ids = id } }
+
+// WithDeferrer sets what parks requests of defer rules.
+func WithDeferrer(d Deferrer) Option { return func(m *Middleware) { m.deferrer = d } }
+
+// WithShadow puts every rule in shadow mode: decisions are computed, counted and
+// logged, never enforced.
+func WithShadow(on bool) Option { return func(m *Middleware) { m.shadow = on } }
+
+// WithMaxBody caps request bodies: larger ones are answered 413 (default 10 MiB; 0 or
+// less means no cap).
+func WithMaxBody(n int64) Option { return func(m *Middleware) { m.maxBody = n } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.log = l } }
+
+// WithRegisterer registers the middleware's metrics on reg.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(m *Middleware) { m.metrics = newMetrics(reg) }
+}
+
+// DefaultMaxBody is the default request body cap.
+const DefaultMaxBody = 10 << 20
+
+// New returns a Middleware deciding with lim on the rules src provides.
+func New(src RulesSource, lim limiter.Limiter, opts ...Option) *Middleware {
+	m := &Middleware{rules: src, limiter: lim, maxBody: DefaultMaxBody, log: slog.Default()}
+	for _, o := range opts {
+		o(m)
+	}
+	if m.ids == nil {
+		m.ids, _ = NewClientIdentity(nil, 0)
+	}
+	if m.metrics == nil {
+		m.metrics = newMetrics(nil)
+	}
+	m.checks.New = func() any { s := make([]rules.Check, 0, 8); return &s }
+	return m
+}
+
+// Wrap returns a handler that decides each request before next sees it. Requests that
+// no route matches pass untouched.
+func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m.maxBody > 0 {
+			if r.ContentLength > m.maxBody {
+				writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
+					"The request body is larger than "+strconv.FormatInt(m.maxBody, 10)+" bytes."))
+				return
+			}
+			r.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
+		}
+		set := m.rules.Set()
+		client := m.ids.Group(m.ids.Addr(r))
+		buf := m.checks.Get().(*[]rules.Check)
+		defer m.checks.Put(buf)
+		route, checks := set.Match(r, client.Addr(), (*buf)[:0])
+		*buf = checks[:0]
+		if route == nil || len(checks) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		v := m.decide(r.Context(), checks)
+		v.writeHeaders(w.Header())
+		switch {
+		case v.violated == nil:
+			next.ServeHTTP(w, r)
+		case v.violated.OnLimit == rules.Defer && m.deferrer != nil:
+			m.deferrer.Defer(w, r, Deferral{Queue: v.violated.Queue, Rule: v.violated, Client: clientHash(client), RetryAfter: v.retryAfter})
+		default:
+			m.log.Debug("rate limited", "rule", v.violated.Name, "route", route.Name,
+				"client", clientHash(client), "retry_after", v.retryAfter)
+			secs := strconv.FormatInt(ceilSeconds(v.retryAfter), 10)
+			w.Header().Set("Retry-After", secs)
+			w.Header().Set("X-Ratelimit-Retry-After", secs)
+			writeProblem(w, quotaExceeded(v.violatedNames, v.closest.Limit, v.retryAfter))
+		}
+	})
+}
+
+// verdict is the outcome of every check of one request.
+type verdict struct {
+	// closest is the decision closest to running out, which the headers describe.
+	closest     limiter.Decision
+	closestRule *rules.Rule
+	closestIdx  int
+	// violated is the enforced rule over its limit with the longest wait; nil when the
+	// request may pass. A reject rule wins over a defer rule: it is more restrictive.
+	violated      *rules.Rule
+	violatedNames []string
+	retryAfter    time.Duration
+}
+
+func (m *Middleware) decide(ctx context.Context, checks []rules.Check) verdict {
+	start := time.Now()
+	var v verdict
+	for i := range checks {
+		c := &checks[i]
+		rule := c.Rule
+		over, failed := rule.Deny, false
+		worst := limiter.Decision{RetryAfter: denyRetryAfter}
+		if !rule.Deny {
+			worst.RetryAfter = 0
+		}
+		for j, l := range rule.Limits {
+			d, err := m.limiter.AllowN(ctx, c.Key(j), l, 1)
+			if err != nil {
+				// Only an invalid limit errs, and rules never compile one: let the
+				// request through rather than fail it, and say so.
+				m.log.Error("limiter failed", "rule", rule.Name, "err", err)
+				failed = true
+				continue
+			}
+			if v.closestRule == nil || closer(d, v.closest) {
+				v.closest, v.closestRule, v.closestIdx = d, rule, j
+			}
+			if !d.Allowed {
+				over = true
+				worst.RetryAfter = max(worst.RetryAfter, d.RetryAfter)
+			}
+		}
+		outcome := outcomeAllowed
+		switch {
+		case over:
+			outcome = m.judge(&v, rule, worst.RetryAfter)
+		case failed:
+			outcome = outcomeError
+		}
+		m.metrics.decisions.WithLabelValues(rule.Name, outcome).Inc()
+	}
+	m.metrics.decisionDuration.Observe(time.Since(start).Seconds())
+	return v
+}
+
+// denyRetryAfter is what a block-list rule (requests_per_unit: 0) tells clients.
+const denyRetryAfter = time.Hour
+
+// judge records that rule is over its limit, a request may retry after retryAfter,
+// and returns the outcome to count.
+func (m *Middleware) judge(v *verdict, rule *rules.Rule, retryAfter time.Duration) string {
+	if rule.Shadow || m.shadow {
+		m.log.Debug("over the limit in shadow mode", "rule", rule.Name, "retry_after", retryAfter)
+		return outcomeShadowDenied
+	}
+	v.violatedNames = append(v.violatedNames, rule.Name)
+	if v.violated == nil || moreRestrictive(rule, retryAfter, v.violated, v.retryAfter) {
+		v.violated, v.retryAfter = rule, retryAfter
+	}
+	if rule.OnLimit == rules.Defer {
+		return outcomeDeferred
+	}
+	return outcomeRejected
+}
+
+// moreRestrictive orders violations: rejecting is more restrictive than deferring,
+// then a longer wait is.
+func moreRestrictive(a *rules.Rule, aWait time.Duration, b *rules.Rule, bWait time.Duration) bool {
+	aRejects, bRejects := a.OnLimit != rules.Defer, b.OnLimit != rules.Defer
+	if aRejects != bRejects {
+		return aRejects
+	}
+	return aWait > bWait
+}
+
+// closer reports whether a is closer to running out than b: fewer remaining, then a
+// longer wait.
+func closer(a, b limiter.Decision) bool {
+	if a.Remaining != b.Remaining {
+		return a.Remaining < b.Remaining
+	}
+	if a.RetryAfter != b.RetryAfter {
+		return a.RetryAfter > b.RetryAfter
+	}
+	return a.ResetAfter > b.ResetAfter
+}
+
+// writeHeaders sets the rate-limit headers for the closest decision.
+func (v *verdict) writeHeaders(h http.Header) {
+	if v.closestRule == nil {
+		return
+	}
+	d, l := v.closest, v.closestRule.Limits[v.closestIdx]
+	h.Set("X-Ratelimit-Limit", strconv.FormatInt(d.Limit, 10))
+	h.Set("X-Ratelimit-Remaining", strconv.FormatInt(d.Remaining, 10))
+	name := v.closestRule.Name
+	if p, err := FormatPolicy(Policy{Name: name, Quota: d.Limit, Window: quotaWindow(l)}); err == nil {
+		h.Set("RateLimit-Policy", p)
+	}
+	if s, err := FormatRateLimit(Status{Name: name, Remaining: d.Remaining, Reset: d.ResetAfter}); err == nil {
+		h.Set("RateLimit", s)
+	}
+}
+
+// quotaWindow is the time over which a limit grants its whole quota: the window, or
+// for the buckets the time to refill an empty bucket.
+func quotaWindow(l limiter.Limit) time.Duration {
+	switch l.Algorithm {
+	case limiter.TokenBucket, limiter.LeakyBucket:
+		return time.Duration(float64(l.Period) * float64(l.Capacity()) / float64(l.Rate))
+	}
+	return l.Period
+}
+
+// clientHash names a client in logs and idempotency scopes without its address.
+func clientHash(p netip.Prefix) string {
+	b, _ := p.MarshalText()
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
