@@ -1,0 +1,297 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults applied by Config.WithDefaults to fields left at their zero value.
+const (
+	DefaultMaxDepth        = 100_000
+	DefaultMaxAttempts     = 8
+	DefaultMaxInFlight     = 16
+	DefaultBackoffInitial  = time.Second
+	DefaultBackoffMax      = 5 * time.Minute
+	DefaultReplicas        = 1
+	DefaultDuplicateWindow = 2 * time.Minute
+	DefaultIdempotencyTTL  = 24 * time.Hour
+)
+
+// Rate is an outflow rate: Count deliveries per Period.
+type Rate struct {
+	Count  int64
+	Period time.Duration
+}
+
+// PerSecond returns a Rate of n per second.
+func PerSecond(n int64) Rate { return Rate{Count: n, Period: time.Second} }
+
+// PerSecondFloat returns Count / Period in events per second.
+func (r Rate) PerSecondFloat() float64 {
+	if r.Count <= 0 || r.Period <= 0 {
+		return 0
+	}
+	return float64(r.Count) / r.Period.Seconds()
+}
+
+// Interval returns the (rounded) time between two events at this rate.
+func (r Rate) Interval() time.Duration {
+	if r.Count <= 0 {
+		return 0
+	}
+	return time.Duration(int64(r.Period) / r.Count)
+}
+
+// IsZero reports whether the rate is unset.
+func (r Rate) IsZero() bool { return r.Count == 0 && r.Period == 0 }
+
+// Valid reports whether the rate is positive.
+func (r Rate) Valid() bool { return r.Count > 0 && r.Period > 0 }
+
+// String formats the rate as "COUNT/PERIOD", for example "50/s" or "3/500ms".
+func (r Rate) String() string {
+	switch r.Period {
+	case time.Second:
+		return fmt.Sprintf("%d/s", r.Count)
+	case time.Minute:
+		return fmt.Sprintf("%d/m", r.Count)
+	case time.Hour:
+		return fmt.Sprintf("%d/h", r.Count)
+	}
+	return fmt.Sprintf("%d/%s", r.Count, r.Period)
+}
+
+// ParseRate parses "COUNT/UNIT" where UNIT is s, m, h, d (or second, minute, hour, day)
+// or a Go duration such as 500ms or 10s: "50/s", "3000/10m", "1/1h".
+func ParseRate(s string) (Rate, error) {
+	count, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return Rate{}, fmt.Errorf("rate %q: want COUNT/PERIOD, for example 50/s", s)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(count), 10, 64)
+	if err != nil || n <= 0 {
+		return Rate{}, fmt.Errorf("rate %q: count must be a positive integer", s)
+	}
+	unit = strings.TrimSpace(unit)
+	var d time.Duration
+	switch unit {
+	case "s", "sec", "second":
+		d = time.Second
+	case "m", "min", "minute":
+		d = time.Minute
+	case "h", "hour":
+		d = time.Hour
+	case "d", "day":
+		d = 24 * time.Hour
+	default:
+		d, err = time.ParseDuration(unit)
+		if err != nil || d <= 0 {
+			return Rate{}, fmt.Errorf("rate %q: unknown period %q", s, unit)
+		}
+	}
+	return Rate{Count: n, Period: d}, nil
+}
+
+// Backoff configures the retry delay after failed delivery attempts: exponential from
+// Initial, doubling per failed attempt, capped at Max, with ±50% jitter.
+type Backoff struct {
+	Initial time.Duration
+	Max     time.Duration
+}
+
+// Config is one queue: where parked requests are kept and how they are drained. The
+// rules package compiles the `queues:` section of a rules file into this type. Zero
+// fields take the documented defaults (see WithDefaults).
+type Config struct {
+	// Name identifies the queue: 1–64 characters of A–Z, a–z, 0–9, '_' and '-'. It is
+	// part of stream names, subjects and metric labels.
+	Name string
+	// Outflow is the global delivery rate, shared by every dispatcher replica. Required.
+	Outflow Rate
+	// MaxDepth caps the number of queued messages (default 100,000). A full queue
+	// refuses new messages (ErrFull); it never drops queued ones. Negative: no cap.
+	MaxDepth int64
+	// MaxBytes caps the stored size of the queue (0: no cap).
+	MaxBytes int64
+	// MaxAge is how long a message may wait in the queue before JetStream drops it
+	// (0: forever).
+	MaxAge time.Duration
+	// MaxAttempts is the number of failed delivery attempts (5xx, timeouts, network
+	// errors) before a message is dead-lettered (default 8). Pauses caused by
+	// downstream 429/503 and redeliveries after a crash are not failed attempts.
+	MaxAttempts int
+	// MaxInFlight caps concurrent deliveries across all replicas (default 16). It is the
+	// consumer's MaxAckPending.
+	MaxInFlight int
+	// Backoff is the retry delay after a failed attempt (default 1s doubling to 5m).
+	Backoff Backoff
+	// Downstream is where messages go: an http:// or https:// base URL (the original
+	// path and query are appended) or nats:SUBJECT.
+	Downstream string
+	// Replicas is the stream replica count (default 1; 3 on a JetStream cluster).
+	Replicas int
+	// DuplicateWindow is JetStream's Nats-Msg-Id duplicate window (default 2m).
+	// Idempotency beyond it comes from the key-value bucket.
+	DuplicateWindow time.Duration
+	// IdempotencyTTL is how long an idempotency key is remembered after it is first
+	// used, and how long a ticket's status record is kept after its last change
+	// (default 24h). It must be at least MaxAge so that a key outlives its message.
+	IdempotencyTTL time.Duration
+	// SensitiveHeaders are request header names that are never stored or forwarded,
+	// in addition to the hop-by-hop headers.
+	SensitiveHeaders []string
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.MaxDepth == 0 {
+		c.MaxDepth = DefaultMaxDepth
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.Backoff.Initial == 0 {
+		c.Backoff.Initial = DefaultBackoffInitial
+	}
+	if c.Backoff.Max == 0 {
+		c.Backoff.Max = max(DefaultBackoffMax, c.Backoff.Initial)
+	}
+	if c.Replicas == 0 {
+		c.Replicas = DefaultReplicas
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = DefaultDuplicateWindow
+		if c.MaxAge > 0 && c.MaxAge < c.DuplicateWindow {
+			c.DuplicateWindow = c.MaxAge
+		}
+	}
+	if c.IdempotencyTTL == 0 {
+		c.IdempotencyTTL = max(DefaultIdempotencyTTL, c.MaxAge)
+	}
+	return c
+}
+
+// Validate reports every problem of the configuration (after defaults) at once, joined
+// with errors.Join; each wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: queue %q: %s", ErrInvalidConfig, c.Name, fmt.Sprintf(format, args...)))
+	}
+	if !nameRE.MatchString(c.Name) {
+		bad("name must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'")
+	}
+	if !c.Outflow.Valid() {
+		bad("outflow rate must be positive, for example 50/s")
+	} else if c.Outflow.PerSecondFloat() > 1e6 {
+		bad("outflow rate %s is above 1,000,000/s", c.Outflow)
+	}
+	if c.MaxBytes < 0 {
+		bad("max_bytes must not be negative")
+	}
+	if c.MaxAge < 0 {
+		bad("max_age must not be negative")
+	}
+	if c.MaxAttempts < 1 {
+		bad("max_attempts must be at least 1")
+	}
+	if c.MaxInFlight < 1 || c.MaxInFlight > math.MaxInt32 {
+		bad("max_in_flight must be at least 1")
+	}
+	if c.Backoff.Initial <= 0 {
+		bad("backoff initial must be positive")
+	}
+	if c.Backoff.Max < c.Backoff.Initial {
+		bad("backoff max (%s) is below its initial delay (%s)", c.Backoff.Max, c.Backoff.Initial)
+	}
+	if c.Replicas < 1 || c.Replicas > 5 {
+		bad("replicas must be between 1 and 5")
+	}
+	if c.DuplicateWindow < 0 {
+		bad("duplicate window must not be negative")
+	}
+	if c.MaxAge > 0 && c.DuplicateWindow > c.MaxAge {
+		bad("duplicate window (%s) is longer than max_age (%s)", c.DuplicateWindow, c.MaxAge)
+	}
+	if c.IdempotencyTTL < time.Second {
+		bad("idempotency TTL must be at least 1s")
+	}
+	if c.MaxAge > 0 && c.IdempotencyTTL < c.MaxAge {
+		bad("idempotency TTL (%s) is shorter than max_age (%s): a key would be forgotten while its message still waits", c.IdempotencyTTL, c.MaxAge)
+	}
+	if c.IdempotencyTTL < c.Backoff.Max {
+		bad("idempotency TTL (%s) is shorter than the backoff max (%s)", c.IdempotencyTTL, c.Backoff.Max)
+	}
+	if err := validateDownstream(c.Downstream); err != nil {
+		bad("downstream: %v", err)
+	}
+	for _, h := range c.SensitiveHeaders {
+		if h == "" || strings.ContainsAny(h, " :\t\r\n") {
+			bad("sensitive header %q is not a header name", h)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// NATSSubject returns the subject of a nats:SUBJECT downstream, or "".
+func (c Config) NATSSubject() string {
+	if s, ok := strings.CutPrefix(c.Downstream, "nats:"); ok {
+		return s
+	}
+	return ""
+}
+
+func validateDownstream(d string) error {
+	if d == "" {
+		return errors.New("required: an http(s):// URL or nats:SUBJECT")
+	}
+	if subj, ok := strings.CutPrefix(d, "nats:"); ok {
+		if !validSubject(subj) {
+			return fmt.Errorf("%q is not a valid NATS subject (no wildcards, no empty tokens)", subj)
+		}
+		for _, reserved := range []string{"sluice.q.", "sluice.dlq.", "$"} {
+			if strings.HasPrefix(subj, reserved) {
+				return fmt.Errorf("subject %q is in the reserved namespace %q", subj, reserved)
+			}
+		}
+		return nil
+	}
+	u, err := url.Parse(d)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: scheme must be http, https or nats", d)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q has no host", d)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("%q: a base URL takes no query, fragment or user info", d)
+	}
+	return nil
+}
+
+func validSubject(s string) bool {
+	if s == "" || strings.ContainsAny(s, " \t\r\n*>") {
+		return false
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,159 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// EmbeddedConfig configures the in-process NATS server of `sluice serve`.
+type EmbeddedConfig struct {
+	// DataDir is where JetStream keeps its files (required).
+	DataDir string
+	// Listen is a host:port for NATS clients, for example "127.0.0.1:4222". Empty: no
+	// listener at all; only in-process connections (Connect) reach the server.
+	Listen string
+	// ServerName names the server (default "sluice").
+	ServerName string
+	// MaxPayload is the largest message (headers and body) accepted, in bytes
+	// (default: the server's 1 MiB).
+	MaxPayload int32
+	// MaxStore caps JetStream file storage in bytes (default: the server's choice, based
+	// on the free disk space).
+	MaxStore int64
+	// Logger receives the server's log lines; nil keeps the server quiet.
+	Logger *slog.Logger
+	// Debug adds the server's debug lines (with Logger).
+	Debug bool
+	// ReadyTimeout bounds the start-up (default 30s; JetStream recovers its files first).
+	ReadyTimeout time.Duration
+}
+
+// Embedded is a running in-process NATS server with JetStream. Every write to a stream
+// is synced to disk before it is acknowledged (SyncAlways): a single node has no replica
+// to fall back on, so an acknowledged message survives a crash of the process or the
+// machine.
+type Embedded struct {
+	srv *server.Server
+}
+
+// StartEmbedded starts the server and waits until it accepts connections.
+func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("queue: embedded NATS needs a data directory")
+	}
+	opts := &server.Options{
+		ServerName:   cfg.ServerName,
+		JetStream:    true,
+		StoreDir:     cfg.DataDir,
+		SyncAlways:   true,
+		SyncInterval: 2 * time.Minute,
+		NoSigs:       true,
+		NoLog:        cfg.Logger == nil,
+		MaxPayload:   cfg.MaxPayload,
+		Debug:        cfg.Debug,
+	}
+	if opts.ServerName == "" {
+		opts.ServerName = "sluice"
+	}
+	if cfg.MaxStore > 0 {
+		opts.JetStreamMaxStore = cfg.MaxStore
+	}
+	if cfg.Listen == "" {
+		opts.DontListen = true
+	} else {
+		host, port, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("queue: embedded NATS listen address %q: %w", cfg.Listen, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return nil, fmt.Errorf("queue: embedded NATS listen port %q: %w", port, err)
+		}
+		opts.Host, opts.Port = host, p
+		if p == 0 {
+			opts.Port = server.RANDOM_PORT
+		}
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("queue: embedded NATS: %w", err)
+	}
+	if cfg.Logger != nil {
+		srv.SetLoggerV2(slogAdapter{cfg.Logger.With("component", "nats-server")}, cfg.Debug, false, false)
+	}
+	srv.Start()
+	timeout := cfg.ReadyTimeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	if !srv.ReadyForConnections(timeout) {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, fmt.Errorf("queue: embedded NATS not ready after %s", timeout)
+	}
+	if !srv.JetStreamEnabled() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, errors.New("queue: embedded NATS started without JetStream")
+	}
+	return &Embedded{srv: srv}, nil
+}
+
+// Server returns the underlying nats-server.
+func (e *Embedded) Server() *server.Server { return e.srv }
+
+// ClientURL returns the URL of the listener ("" without one).
+func (e *Embedded) ClientURL() string {
+	if e.srv.Addr() == nil {
+		return ""
+	}
+	return e.srv.ClientURL()
+}
+
+// Connect opens an in-process connection (no TCP), whether or not the server listens.
+// It reconnects forever and does not buffer publishes while disconnected (see Store).
+func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
+	all := append([]nats.Option{
+		nats.InProcessServer(e.srv),
+		nats.Name("sluice"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectBufSize(-1),
+	}, opts...)
+	return nats.Connect("", all...)
+}
+
+// Shutdown stops the server and waits until it is down.
+func (e *Embedded) Shutdown() {
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+}
+
+// ShutdownContext is Shutdown bounded by ctx.
+func (e *Embedded) ShutdownContext(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { e.Shutdown(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// slogAdapter makes an slog.Logger a nats-server logger.
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Noticef(format string, v ...any) { a.l.Info(fmt.Sprintf(format, v...)) }
+func (a slogAdapter) Warnf(format string, v ...any)   { a.l.Warn(fmt.Sprintf(format, v...)) }
+func (a slogAdapter) Fatalf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
+func (a slogAdapter) Errorf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
+func (a slogAdapter) Debugf(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a slogAdapter) Tracef(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }

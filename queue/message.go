@@ -1,0 +1,312 @@
+package queue
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATS header names of a parked message. The message data is the request body; the
+// request line, the metadata and the kept request headers travel as NATS headers:
+//
+//	Nats-Msg-Id             the ticket (JetStream's duplicate window dedupes republishes)
+//	Sluice-Ticket           the ticket
+//	Sluice-Queue            queue name
+//	Sluice-Rule             name of the rule that deferred the request
+//	Sluice-Method           HTTP method
+//	Sluice-Path             escaped path ("/v1/orders")
+//	Sluice-Query            raw query without '?'
+//	Sluice-Received-At      when ingress received the request, RFC 3339 with nanoseconds
+//	Sluice-Client           hash of the client key (never a raw key or IP)
+//	Sluice-Idempotency-Key  the client's Idempotency-Key, if any
+//	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
+//	Sluice-H-{Name}         each kept request header, canonical name, every value
+//
+// Headers not kept: hop-by-hop headers (Connection and those it names, Keep-Alive,
+// Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE, Trailer,
+// Transfer-Encoding, Upgrade), Host, Content-Length, Expect, Idempotency-Key (delivery
+// sends the ticket instead) and the queue's SensitiveHeaders.
+const (
+	HeaderMsgID          = jetstream.MsgIDHeader
+	HeaderTicket         = "Sluice-Ticket"
+	HeaderQueue          = "Sluice-Queue"
+	HeaderRule           = "Sluice-Rule"
+	HeaderMethod         = "Sluice-Method"
+	HeaderPath           = "Sluice-Path"
+	HeaderQuery          = "Sluice-Query"
+	HeaderReceivedAt     = "Sluice-Received-At"
+	HeaderClient         = "Sluice-Client"
+	HeaderIdempotencyKey = "Sluice-Idempotency-Key"
+	HeaderFingerprint    = "Sluice-Fingerprint"
+	HeaderPrefix         = "Sluice-H-"
+
+	// Headers added to dead letters.
+	HeaderDeadReason   = "Sluice-Dead-Reason"
+	HeaderDeadAttempts = "Sluice-Dead-Attempts"
+	HeaderDeadAt       = "Sluice-Dead-At"
+	HeaderDeadSeq      = "Sluice-Dead-Stream-Seq"
+)
+
+// Request is what ingress hands over when it defers a request.
+type Request struct {
+	// Queue is the queue to park in (required).
+	Queue string
+	// Rule names the rule that deferred the request (for status and logs).
+	Rule string
+	// Method, Path (escaped, starting with "/") and RawQuery (without '?') of the
+	// original request. Method and Path are required.
+	Method   string
+	Path     string
+	RawQuery string
+	// Header holds the request headers; Park drops the ones that must not be kept.
+	Header http.Header
+	// Body is the request body (ingress enforces its size cap).
+	Body []byte
+	// Client is the client identity as a hash (ingress never passes raw keys or IPs).
+	// Idempotency keys are scoped by it.
+	Client string
+	// IdempotencyKey is the client's Idempotency-Key header value, if any.
+	IdempotencyKey string
+	// ReceivedAt is when ingress received the request (default: now).
+	ReceivedAt time.Time
+}
+
+// Message is a parked request as stored in (and read back from) a queue.
+type Message struct {
+	Request
+	// Ticket is the unguessable identifier given to the client: 128 random bits,
+	// base32 (lower case, no padding), 26 characters.
+	Ticket string
+	// Fingerprint is the payload fingerprint used for idempotency (see Fingerprint).
+	Fingerprint string
+
+	// Set when the message is read back from JetStream.
+	Seq       uint64    // stream sequence
+	Delivered uint64    // JetStream delivery count (counts pauses and crash redeliveries too)
+	StoredAt  time.Time // when JetStream stored it
+}
+
+var ticketEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
+
+// NewTicket returns a fresh ticket: 128 bits from crypto/rand, base32 lower case.
+func NewTicket() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics on failure)
+	return strings.ToLower(ticketEncoding.EncodeToString(b[:]))
+}
+
+// ValidTicket reports whether s has the shape of a ticket.
+func ValidTicket(s string) bool {
+	if len(s) != 26 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < 'a' || c > 'z') && (c < '2' || c > '7') {
+			return false
+		}
+	}
+	return true
+}
+
+// Fingerprint is the hex SHA-256 of the parts of a request that make it "the same
+// payload" for idempotency: method, path, raw query, the Content-Type and
+// Content-Encoding headers, and the body. Other headers (tracing ids, dates, user agents)
+// may differ between retries of the same request and are not part of it.
+func Fingerprint(r *Request) string {
+	h := sha256.New()
+	field := func(b []byte) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		h.Write(n[:])
+		h.Write(b)
+	}
+	field([]byte(strings.ToUpper(r.Method)))
+	field([]byte(r.Path))
+	field([]byte(r.RawQuery))
+	field([]byte(strings.Join(r.Header.Values("Content-Type"), ",")))
+	field([]byte(strings.Join(r.Header.Values("Content-Encoding"), ",")))
+	field(r.Body)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+var hopByHop = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+	"Host", "Content-Length", "Expect", "Idempotency-Key",
+}
+
+// KeptHeader returns a copy of h without the headers that are never stored: hop-by-hop
+// headers (including those named in Connection), Host, Content-Length, Expect,
+// Idempotency-Key and the given sensitive ones. Values with CR or LF are dropped.
+func KeptHeader(h http.Header, sensitive []string) http.Header {
+	out := make(http.Header, len(h))
+	drop := make(map[string]bool, len(hopByHop)+len(sensitive))
+	for _, k := range hopByHop {
+		drop[k] = true
+	}
+	for _, k := range sensitive {
+		drop[textproto.CanonicalMIMEHeaderKey(k)] = true
+	}
+	for _, v := range h.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				drop[textproto.CanonicalMIMEHeaderKey(f)] = true
+			}
+		}
+	}
+	for k, vs := range h {
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if drop[ck] || !validHeaderName(ck) {
+			continue
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n") {
+				continue
+			}
+			out[ck] = append(out[ck], v)
+		}
+	}
+	return out
+}
+
+func validHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Request) validate() error {
+	switch {
+	case r.Queue == "":
+		return fmt.Errorf("%w: no queue", ErrInvalidRequest)
+	case r.Method == "" || strings.ContainsAny(r.Method, " \t\r\n"):
+		return fmt.Errorf("%w: bad method %q", ErrInvalidRequest, r.Method)
+	case !strings.HasPrefix(r.Path, "/") || strings.ContainsAny(r.Path, " \t\r\n"):
+		return fmt.Errorf("%w: path must start with '/' and hold no white space", ErrInvalidRequest)
+	case strings.ContainsAny(r.RawQuery, "\r\n"):
+		return fmt.Errorf("%w: bad query", ErrInvalidRequest)
+	case strings.ContainsAny(r.Rule+r.Client+r.IdempotencyKey, "\r\n"):
+		return fmt.Errorf("%w: rule, client and idempotency key must not hold CR or LF", ErrInvalidRequest)
+	}
+	return nil
+}
+
+// subjectFor is the subject of a queued message: sluice.q.{queue}.{ticket}.
+func subjectFor(queue, ticket string) string { return "sluice.q." + queue + "." + ticket }
+
+// encode turns m into the NATS message parked in queue q.
+func (m *Message) encode(subject string) *nats.Msg {
+	msg := nats.NewMsg(subject)
+	msg.Data = m.Body
+	h := msg.Header
+	h.Set(HeaderMsgID, m.Ticket)
+	h.Set(HeaderTicket, m.Ticket)
+	h.Set(HeaderQueue, m.Queue)
+	setIf(h, HeaderRule, m.Rule)
+	h.Set(HeaderMethod, m.Method)
+	h.Set(HeaderPath, m.Path)
+	setIf(h, HeaderQuery, m.RawQuery)
+	h.Set(HeaderReceivedAt, m.ReceivedAt.UTC().Format(time.RFC3339Nano))
+	setIf(h, HeaderClient, m.Client)
+	setIf(h, HeaderIdempotencyKey, m.IdempotencyKey)
+	h.Set(HeaderFingerprint, m.Fingerprint)
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			h.Add(HeaderPrefix+k, v)
+		}
+	}
+	return msg
+}
+
+func setIf(h nats.Header, k, v string) {
+	if v != "" {
+		h.Set(k, v)
+	}
+}
+
+// Decode reads a parked message delivered by a JetStream consumer.
+func Decode(jm jetstream.Msg) (*Message, error) {
+	m, err := decode(jm.Headers(), jm.Data())
+	if err != nil {
+		return nil, err
+	}
+	if md, err := jm.Metadata(); err == nil {
+		m.Seq = md.Sequence.Stream
+		m.Delivered = md.NumDelivered
+		m.StoredAt = md.Timestamp
+	}
+	return m, nil
+}
+
+func decodeRaw(rm *jetstream.RawStreamMsg) (*Message, error) {
+	m, err := decode(rm.Header, rm.Data)
+	if err != nil {
+		return nil, err
+	}
+	m.Seq = rm.Sequence
+	m.StoredAt = rm.Time
+	return m, nil
+}
+
+func decode(h nats.Header, data []byte) (*Message, error) {
+	m := &Message{
+		Ticket:      h.Get(HeaderTicket),
+		Fingerprint: h.Get(HeaderFingerprint),
+		Request: Request{
+			Queue:          h.Get(HeaderQueue),
+			Rule:           h.Get(HeaderRule),
+			Method:         h.Get(HeaderMethod),
+			Path:           h.Get(HeaderPath),
+			RawQuery:       h.Get(HeaderQuery),
+			Client:         h.Get(HeaderClient),
+			IdempotencyKey: h.Get(HeaderIdempotencyKey),
+			Body:           data,
+			Header:         make(http.Header),
+		},
+	}
+	if !ValidTicket(m.Ticket) || m.Queue == "" || m.Method == "" || m.Path == "" {
+		return nil, fmt.Errorf("queue: message is not a parked request (ticket %q)", m.Ticket)
+	}
+	if ts := h.Get(HeaderReceivedAt); ts != "" {
+		t, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil {
+			return nil, fmt.Errorf("queue: message %s: bad %s: %w", m.Ticket, HeaderReceivedAt, err)
+		}
+		m.ReceivedAt = t
+	}
+	for k, vs := range h {
+		if name, ok := strings.CutPrefix(k, HeaderPrefix); ok && name != "" {
+			m.Header[textproto.CanonicalMIMEHeaderKey(name)] = append([]string(nil), vs...)
+		}
+	}
+	return m, nil
+}
+
+// Headers returns the metadata headers of m, as published to nats:SUBJECT downstreams
+// (without Nats-Msg-Id; the publisher sets its own).
+func (m *Message) Headers() nats.Header {
+	msg := m.encode("_")
+	msg.Header.Del(HeaderMsgID)
+	return msg.Header
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

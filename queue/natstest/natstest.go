@@ -1,0 +1,133 @@
+// Package natstest starts real NATS servers with JetStream for tests: an in-process
+// server from the nats-server module in go.mod (Start), and a cluster of separate
+// nats-server processes built from that same module version (StartCluster). Everything
+// lives in temporary directories and on free loopback ports, and is stopped and removed
+// when the test ends, also when it fails.
+package natstest
+
+import (
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Server is an in-process NATS server with JetStream, listening on a loopback port.
+type Server struct {
+	// URL is the client URL (nats://127.0.0.1:PORT); it stays the same across Restart.
+	URL string
+	// Dir is the JetStream data directory; it survives Restart.
+	Dir string
+	// Conn is a connection opened by Start, closed when the test ends. It reconnects
+	// forever (also across Restart) and does not buffer while disconnected.
+	Conn *nats.Conn
+
+	t    testing.TB
+	port int
+
+	mu  sync.Mutex
+	srv *server.Server
+}
+
+// Start starts a server with JetStream in a fresh temporary directory, syncing every
+// write like the embedded server of sluice. It is shut down when the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{t: t, Dir: t.TempDir()}
+	s.start(server.RANDOM_PORT)
+	t.Cleanup(s.Shutdown) // registered after TempDir: runs before the directory goes
+	s.URL = fmt.Sprintf("nats://127.0.0.1:%d", s.port)
+	s.Conn = s.Connect(t)
+	return s
+}
+
+func (s *Server) start(port int) {
+	s.t.Helper()
+	opts := &server.Options{
+		ServerName:   "natstest",
+		Host:         "127.0.0.1",
+		Port:         port,
+		JetStream:    true,
+		StoreDir:     s.Dir,
+		SyncAlways:   true,
+		SyncInterval: 2 * time.Minute,
+		NoSigs:       true,
+		NoLog:        true,
+		HTTPPort:     0,
+	}
+	var srv *server.Server
+	var err error
+	// The port of a restarted server may still be held for a moment.
+	for i := 0; ; i++ {
+		srv, err = server.NewServer(opts)
+		if err != nil {
+			s.t.Fatalf("natstest: %v", err)
+		}
+		srv.Start()
+		if srv.ReadyForConnections(20 * time.Second) {
+			break
+		}
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		if i == 20 {
+			s.t.Fatalf("natstest: server not ready on port %d", port)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	addr, ok := srv.Addr().(*net.TCPAddr)
+	if !ok {
+		s.t.Fatalf("natstest: server has no TCP address")
+	}
+	s.mu.Lock()
+	s.srv, s.port = srv, addr.Port
+	s.mu.Unlock()
+}
+
+// Connect opens a new connection that is closed when the test ends. Like Conn it
+// reconnects forever and does not buffer publishes while disconnected.
+func (s *Server) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	all := append([]nats.Option{
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(50 * time.Millisecond),
+		nats.ReconnectBufSize(-1),
+		nats.Timeout(5 * time.Second),
+	}, opts...)
+	nc, err := nats.Connect(s.URL, all...)
+	if err != nil {
+		t.Fatalf("natstest: connect %s: %v", s.URL, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Server returns the running nats-server (nil while shut down).
+func (s *Server) Server() *server.Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.srv
+}
+
+// Shutdown stops the server and waits until it is down; the data directory stays.
+func (s *Server) Shutdown() {
+	s.mu.Lock()
+	srv := s.srv
+	s.srv = nil
+	s.mu.Unlock()
+	if srv != nil {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}
+}
+
+// Restart shuts the server down (if running) and starts it again on the same port with
+// the same data directory, as after a crash and restart of the process.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Shutdown()
+	s.start(s.port)
+}

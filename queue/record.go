@@ -1,0 +1,190 @@
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Status is the state of a ticket.
+type Status string
+
+// Ticket states. done, failed and dead are final.
+const (
+	StatusQueued     Status = "queued"     // waiting in the queue (also between retries and during pauses)
+	StatusDelivering Status = "delivering" // a delivery attempt is running
+	StatusDone       Status = "done"       // the downstream accepted it (2xx, or the publish was acknowledged)
+	StatusFailed     Status = "failed"     // the downstream refused it for good (a 4xx other than 429)
+	StatusDead       Status = "dead"       // out of attempts; in the dead-letter stream
+)
+
+// Final reports whether no further delivery happens in this status.
+func (s Status) Final() bool { return s == StatusDone || s == StatusFailed || s == StatusDead }
+
+// MaxResultBody caps the downstream response body kept in a ticket record.
+const MaxResultBody = 64 << 10
+
+// Result is the downstream's answer to the final delivery attempt.
+type Result struct {
+	// StatusCode is the HTTP status (0 for a NATS downstream).
+	StatusCode int         `json:"status_code,omitempty"`
+	Header     http.Header `json:"header,omitempty"`
+	// Body holds at most MaxResultBody bytes; Truncated tells whether there was more.
+	Body      []byte `json:"body,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
+	// Subject and Sequence describe a NATS delivery (Sequence is 0 without a stream).
+	Subject  string `json:"subject,omitempty"`
+	Sequence uint64 `json:"sequence,omitempty"`
+}
+
+// Record is the status of a ticket, kept in TicketsBucket under the ticket for the
+// queue's IdempotencyTTL after its last change. The dispatcher writes it; a ticket
+// whose message has not been picked up yet has no record and Status reads the queue.
+type Record struct {
+	Ticket string `json:"ticket"`
+	Queue  string `json:"queue"`
+	Rule   string `json:"rule,omitempty"`
+	Status Status `json:"status"`
+	// Attempts counts failed delivery attempts (not pauses, not crash redeliveries).
+	Attempts  int    `json:"attempts"`
+	LastError string `json:"last_error,omitempty"`
+	// ReceivedAt is when ingress received the request; UpdatedAt the last change.
+	ReceivedAt time.Time `json:"received_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+	// NextAttemptAt is when a waiting retry (after a failure or a pause) is due.
+	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
+	// Result is set in the final states done and failed.
+	Result *Result `json:"result,omitempty"`
+
+	// Computed by Status for non-final tickets (not stored).
+	Position   uint64        `json:"position,omitempty"`
+	RetryAfter time.Duration `json:"-"`
+}
+
+// Record returns the stored record of a ticket, or ErrNotFound.
+func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
+	if !ValidTicket(ticket) {
+		return nil, ErrNotFound
+	}
+	e, err := s.tickets.Get(ctx, ticket)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, unavailable("ticket record", err)
+	}
+	var rec Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, fmt.Errorf("queue: corrupt record of ticket %s: %w", ticket, err)
+	}
+	return &rec, nil
+}
+
+// SaveRecord writes a ticket record (UpdatedAt is set to now). Its lifetime is the
+// IdempotencyTTL of the record's queue (the default 24h for an undeclared queue).
+func (s *Store) SaveRecord(ctx context.Context, rec *Record) error {
+	if !ValidTicket(rec.Ticket) {
+		return fmt.Errorf("%w: bad ticket %q", ErrInvalidRequest, rec.Ticket)
+	}
+	ttl := DefaultIdempotencyTTL
+	if q, err := s.Queue(rec.Queue); err == nil {
+		ttl = q.Config().IdempotencyTTL
+	}
+	rec.UpdatedAt = time.Now().UTC()
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg("$KV." + TicketsBucket + "." + rec.Ticket)
+	msg.Data = val
+	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(ttl), jetstream.WithExpectStream("KV_"+TicketsBucket)); err != nil {
+		return unavailable("save ticket record", err)
+	}
+	return nil
+}
+
+// Status returns the status of a ticket: its record, or for a ticket still waiting for
+// its first delivery, StatusQueued with its position. RetryAfter suggests when to ask
+// again while the status is not final. Unknown or expired tickets: ErrNotFound. The
+// ticket itself is the capability to read the status: 128 random bits, not guessable.
+func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
+	if !ValidTicket(ticket) {
+		return nil, ErrNotFound
+	}
+	now := time.Now()
+	rec, err := s.Record(ctx, ticket)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, err
+	}
+	if rec != nil {
+		if !rec.Status.Final() {
+			rec.RetryAfter = time.Second
+			if rec.NextAttemptAt.After(now) {
+				rec.RetryAfter = rec.NextAttemptAt.Sub(now)
+			}
+			if rec.Status == StatusQueued {
+				if q, err := s.Queue(rec.Queue); err == nil {
+					if raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket)); err == nil {
+						rec.Position = q.position(ctx, raw.Sequence)
+					}
+				}
+			}
+		}
+		return rec, nil
+	}
+	for _, q := range s.Queues() {
+		raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, unavailable("message lookup", err)
+		}
+		m, err := decodeRaw(raw)
+		if err != nil {
+			return nil, err
+		}
+		pos := q.position(ctx, raw.Sequence)
+		return &Record{
+			Ticket:     ticket,
+			Queue:      q.name,
+			Rule:       m.Rule,
+			Status:     StatusQueued,
+			ReceivedAt: m.ReceivedAt,
+			UpdatedAt:  raw.Time,
+			Position:   pos,
+			RetryAfter: max(q.eta(now, pos).Sub(now), time.Second),
+		}, nil
+	}
+	return nil, ErrNotFound
+}
+
+// Event is published (JSON) on DoneSubject when an order reached done or failed, and on
+// DeadSubject when it was dead-lettered.
+type Event struct {
+	Ticket string `json:"ticket"`
+	Queue  string `json:"queue"`
+	Rule   string `json:"rule,omitempty"`
+	Status Status `json:"status"`
+	// DownstreamStatus is the HTTP status of the final attempt (0: none or NATS).
+	DownstreamStatus int       `json:"downstream_status,omitempty"`
+	Attempts         int       `json:"attempts"`
+	Error            string    `json:"error,omitempty"`
+	At               time.Time `json:"at"`
+}
+
+// PublishEvent publishes ev on subject (core NATS, at most once; a stream capturing
+// sluice.done.> or sluice.dead.> makes the events durable).
+func (s *Store) PublishEvent(subject string, ev Event) error {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	return s.nc.Publish(subject, b)
+}

@@ -1,0 +1,347 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// JetStream layout. Every name is fixed so that separately started ingress and
+// dispatcher processes find the same resources.
+const (
+	// StreamPrefix + queue name is a queue's stream (work-queue retention) with the
+	// subjects sluice.q.{queue}.{ticket}.
+	StreamPrefix = "SLUICE_Q_"
+	// DeadStream holds every queue's dead letters on sluice.dlq.{queue}.{ticket}
+	// (limits retention, so they can be listed, re-queued and purged).
+	DeadStream = "SLUICE_DEAD"
+	// ConsumerName is the durable pull consumer every dispatcher replica of a queue shares.
+	ConsumerName = "dispatch"
+	// PriorityGroup is the consumer's pinned priority group.
+	PriorityGroup = "sluice"
+	// TicketsBucket is the key-value bucket of ticket records (status and results).
+	TicketsBucket = "sluice_tickets"
+	// IdempotencyBucket is the key-value bucket of idempotency keys.
+	IdempotencyBucket = "sluice_idempotency"
+)
+
+// StreamName returns the stream name of a queue.
+func StreamName(queue string) string { return StreamPrefix + queue }
+
+// DoneSubject is where a completion event (Event) is published for each order that
+// reached a final status after delivery (done, or failed on a 4xx).
+func DoneSubject(queue string) string { return "sluice.done." + queue }
+
+// DeadSubject is where an Event is published for each dead-lettered order.
+func DeadSubject(queue string) string { return "sluice.dead." + queue }
+
+func deadSubjectFor(queue, ticket string) string { return "sluice.dlq." + queue + "." + ticket }
+
+// Option configures a Store.
+type Option func(*options)
+
+type options struct {
+	replicas       int
+	logger         *slog.Logger
+	registerer     prometheus.Registerer
+	publishTimeout time.Duration
+	deadMaxAge     time.Duration
+}
+
+// WithReplicas sets the replica count of the shared resources: the dead-letter stream
+// and the key-value buckets (default 1; 3 on a JetStream cluster).
+func WithReplicas(n int) Option { return func(o *options) { o.replicas = n } }
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithRegisterer registers the queue metrics (sluice_queue_parked_total,
+// sluice_queue_depth) on r. Without it no metrics are registered anywhere.
+func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { o.registerer = r } }
+
+// WithPublishTimeout bounds how long Park waits for JetStream to acknowledge
+// (default 5s). Past it Park fails with ErrUnavailable.
+func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.publishTimeout = d } }
+
+// WithDeadLetterMaxAge makes JetStream drop dead letters older than d (default 0: they
+// are kept until re-queued or purged).
+func WithDeadLetterMaxAge(d time.Duration) Option { return func(o *options) { o.deadMaxAge = d } }
+
+// Store parks requests in JetStream queues and keeps their tickets. It is safe for
+// concurrent use. One Store per process and NATS connection is the intended use; the
+// connection belongs to the caller (Close does not close it).
+//
+// For the fast failure the ingress needs (503 instead of a hanging request), connect
+// with nats.ReconnectBufSize(-1): a publish while disconnected then fails at once
+// instead of being buffered (and perhaps stored after the client was told 503).
+type Store struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	log     *slog.Logger
+	opts    options
+	tickets jetstream.KeyValue
+	idem    jetstream.KeyValue
+	dead    jetstream.Stream
+	metrics *storeMetrics
+
+	mu     sync.RWMutex
+	queues map[string]*Queue
+}
+
+// Open prepares the shared resources (dead-letter stream and key-value buckets),
+// creating or updating them, and returns a Store without queues; add them with Declare.
+func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
+	o := options{replicas: 1, publishTimeout: 5 * time.Second}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}}
+	s.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        DeadStream,
+		Description: "sluice dead letters of every queue",
+		Subjects:    []string{"sluice.dlq.>"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      o.deadMaxAge,
+		Replicas:    o.replicas,
+		Duplicates:  2 * time.Minute,
+		AllowDirect: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: dead-letter stream: %v", ErrUnavailable, err)
+	}
+	bucket := func(name, desc string) (jetstream.KeyValue, error) {
+		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      name,
+			Description: desc,
+			History:     1,
+			Storage:     jetstream.FileStorage,
+			Replicas:    o.replicas,
+			// Enables per-key TTLs (every entry is written with one).
+			LimitMarkerTTL: time.Minute,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, name, err)
+		}
+		return kv, nil
+	}
+	if s.tickets, err = bucket(TicketsBucket, "sluice ticket status and results"); err != nil {
+		return nil, err
+	}
+	if s.idem, err = bucket(IdempotencyBucket, "sluice idempotency keys"); err != nil {
+		return nil, err
+	}
+	s.metrics = newStoreMetrics(s)
+	if o.registerer != nil {
+		if err := s.metrics.register(o.registerer); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Conn returns the NATS connection of the store.
+func (s *Store) Conn() *nats.Conn { return s.nc }
+
+// JetStream returns the JetStream context of the store.
+func (s *Store) JetStream() jetstream.JetStream { return s.js }
+
+// Logger returns the store's logger.
+func (s *Store) Logger() *slog.Logger { return s.log }
+
+// Declare creates the queue's stream, or updates it to cfg, and adds the queue to the
+// store (replacing an earlier declaration of the same name: rules reloads call Declare
+// again). Streams of queues that disappear from the rules are left alone.
+func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	cfg.SensitiveHeaders = append([]string(nil), cfg.SensitiveHeaders...)
+	maxMsgs := cfg.MaxDepth
+	if maxMsgs < 0 {
+		maxMsgs = -1
+	}
+	maxBytes := cfg.MaxBytes
+	if maxBytes == 0 {
+		maxBytes = -1
+	}
+	stream, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamName(cfg.Name),
+		Description: "sluice queue " + cfg.Name,
+		Subjects:    []string{"sluice.q." + cfg.Name + ".*"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Discard:     jetstream.DiscardNew,
+		MaxMsgs:     maxMsgs,
+		MaxBytes:    maxBytes,
+		MaxAge:      cfg.MaxAge,
+		Duplicates:  cfg.DuplicateWindow,
+		Replicas:    cfg.Replicas,
+		AllowDirect: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queues[cfg.Name]
+	if q == nil {
+		q = &Queue{store: s, name: cfg.Name}
+		s.queues[cfg.Name] = q
+	}
+	q.stream = stream
+	q.cfg.Store(&cfg)
+	return q, nil
+}
+
+// Queue returns a declared queue.
+func (s *Store) Queue(name string) (*Queue, error) {
+	s.mu.RLock()
+	q := s.queues[name]
+	s.mu.RUnlock()
+	if q == nil {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownQueue, name)
+	}
+	return q, nil
+}
+
+// Queues returns the declared queues.
+func (s *Store) Queues() []*Queue {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*Queue, 0, len(s.queues))
+	for _, q := range s.queues {
+		out = append(out, q)
+	}
+	return out
+}
+
+// Queue is a declared queue.
+type Queue struct {
+	store  *Store
+	name   string
+	cfg    atomic.Pointer[Config]
+	stream jetstream.Stream
+
+	infoMu   sync.Mutex
+	info     *jetstream.StreamInfo
+	infoAt   time.Time
+	infoLock sync.Mutex // held while one caller refreshes
+}
+
+// Name returns the queue name.
+func (q *Queue) Name() string { return q.name }
+
+// Config returns the queue's configuration (with defaults applied).
+func (q *Queue) Config() Config { return *q.cfg.Load() }
+
+// StreamName returns the name of the queue's stream.
+func (q *Queue) StreamName() string { return StreamName(q.name) }
+
+// Stream returns the queue's stream handle.
+func (q *Queue) Stream() jetstream.Stream { return q.stream }
+
+// Store returns the store the queue belongs to.
+func (q *Queue) Store() *Store { return q.store }
+
+func (q *Queue) subject(ticket string) string { return subjectFor(q.name, ticket) }
+
+// Depth returns the number of queued messages (fresh from the server).
+func (q *Queue) Depth(ctx context.Context) (uint64, error) {
+	info, err := q.streamInfo(ctx, 0)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Msgs, nil
+}
+
+// streamInfo returns stream info at most maxAge old. When a refresh is due and another
+// caller is already refreshing, the older value is returned instead of waiting.
+func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstream.StreamInfo, error) {
+	q.infoMu.Lock()
+	info, at := q.info, q.infoAt
+	q.infoMu.Unlock()
+	if info != nil && maxAge > 0 && time.Since(at) < maxAge {
+		return info, nil
+	}
+	if info != nil && maxAge > 0 && !q.infoLock.TryLock() {
+		return info, nil
+	}
+	if info == nil || maxAge <= 0 {
+		q.infoLock.Lock()
+	}
+	defer q.infoLock.Unlock()
+	fresh, err := q.stream.Info(ctx)
+	if err != nil {
+		if info != nil && maxAge > 0 {
+			return info, nil
+		}
+		return nil, fmt.Errorf("%w: stream info of %q: %v", ErrUnavailable, q.name, err)
+	}
+	q.infoMu.Lock()
+	q.info, q.infoAt = fresh, time.Now()
+	q.infoMu.Unlock()
+	return fresh, nil
+}
+
+// position estimates how many queued messages are ahead of seq, plus one.
+func (q *Queue) position(ctx context.Context, seq uint64) uint64 {
+	info, err := q.streamInfo(ctx, time.Second)
+	if err != nil || info.State.FirstSeq == 0 || seq < info.State.FirstSeq {
+		return 1
+	}
+	return seq - info.State.FirstSeq + 1
+}
+
+// eta estimates when the message at position pos starts delivery.
+func (q *Queue) eta(now time.Time, pos uint64) time.Time {
+	if pos <= 1 {
+		return now
+	}
+	r := q.Config().Outflow
+	d := float64(pos-1) * float64(r.Period) / float64(r.Count)
+	if d > float64(math.MaxInt64/2) {
+		d = float64(math.MaxInt64 / 2)
+	}
+	return now.Add(time.Duration(d))
+}
+
+func (q *Queue) fullError(ctx context.Context) error {
+	var depth uint64
+	if info, err := q.streamInfo(ctx, 0); err == nil {
+		depth = info.State.Msgs
+	}
+	r := q.Config().Outflow
+	ra := time.Duration(float64(depth) / 10 * float64(r.Period) / float64(r.Count))
+	ra = max(ra.Round(time.Second), time.Second)
+	return &FullError{Queue: q.name, Depth: depth, RetryAfter: ra}
+}
+
+// connected reports whether the connection can publish right now.
+func (s *Store) connected() bool { return s.nc.Status() == nats.CONNECTED }
+
+func unavailable(what string, err error) error {
+	if errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %s: %v", ErrUnavailable, what, err)
+}
