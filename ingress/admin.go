@@ -1,0 +1,187 @@
+package ingress
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Admin serves the operations endpoints, on a listener of their own:
+//
+//	/healthz           200 while the process runs (never behind the token)
+//	/readyz            200 when rules are loaded and every readiness check passes
+//	/metrics           Prometheus metrics
+//	/sluice/v1/rules   the active rules, as JSON
+//
+// With a Token, everything but /healthz needs `Authorization: Bearer TOKEN`.
+type Admin struct {
+	Gatherer prometheus.Gatherer
+	Rules    RulesSource
+	// Ready are named readiness checks (Redis and NATS reachable), each bounded by a
+	// short timeout.
+	Ready map[string]func(context.Context) error
+	Token string
+	// Extra adds handlers under their paths (queue stats, for one).
+	Extra map[string]http.Handler
+}
+
+// Handler returns the admin endpoints' handler.
+func (a *Admin) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	gated := http.NewServeMux()
+	gated.HandleFunc("GET /readyz", a.readyz)
+	gated.Handle("GET /metrics", promhttp.HandlerFor(a.Gatherer, promhttp.HandlerOpts{}))
+	gated.HandleFunc("GET /sluice/v1/rules", a.rules)
+	for path, h := range a.Extra {
+		gated.Handle(path, h)
+	}
+	mux.Handle("/", a.authorize(gated))
+	return mux
+}
+
+func (a *Admin) authorize(next http.Handler) http.Handler {
+	if a.Token == "" {
+		return next
+	}
+	want := []byte("Bearer " + a.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice admin"`)
+			writeProblem(w, simpleProblem(http.StatusUnauthorized, "A valid bearer token is required."))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+const readyTimeout = 2 * time.Second
+
+func (a *Admin) readyz(w http.ResponseWriter, r *http.Request) {
+	failures := map[string]string{}
+	if a.Rules == nil || a.Rules.Set() == nil {
+		failures["rules"] = "no rules loaded"
+	}
+	for name, check := range a.Ready {
+		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+		if err := check(ctx); err != nil {
+			failures[name] = err.Error()
+		}
+		cancel()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if len(failures) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]any{"ready": false, "failures": failures})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"ready": true})
+}
+
+// rulesView is the JSON shape of /sluice/v1/rules.
+type rulesView struct {
+	Version string      `json:"version"`
+	Files   []string    `json:"files"`
+	Summary string      `json:"summary"`
+	Routes  []routeView `json:"routes"`
+	Rules   []ruleView  `json:"rules"`
+	Queues  []queueView `json:"queues"`
+}
+
+type routeView struct {
+	Name        string   `json:"name"`
+	Domain      string   `json:"domain"`
+	Descriptors []string `json:"descriptors"`
+	Source      string   `json:"source"`
+}
+
+type ruleView struct {
+	Name       string      `json:"name"`
+	Domain     string      `json:"domain"`
+	Descriptor string      `json:"descriptor"`
+	Limits     []limitView `json:"limits,omitempty"`
+	Unlimited  bool        `json:"unlimited,omitempty"`
+	Deny       bool        `json:"deny,omitempty"`
+	OnLimit    string      `json:"on_limit"`
+	Queue      string      `json:"queue,omitempty"`
+	Shadow     bool        `json:"shadow,omitempty"`
+	Source     string      `json:"source"`
+}
+
+type limitView struct {
+	Algorithm   limiter.Algorithm   `json:"algorithm"`
+	Rate        int64               `json:"rate"`
+	Period      string              `json:"period"`
+	Burst       int64               `json:"burst,omitempty"`
+	FailureMode limiter.FailureMode `json:"failure_mode,omitempty"`
+}
+
+type queueView struct {
+	Name        string `json:"name"`
+	Outflow     string `json:"outflow"`
+	MaxDepth    int64  `json:"max_depth"`
+	MaxAttempts int    `json:"max_attempts"`
+	Downstream  string `json:"downstream"`
+}
+
+func (a *Admin) rules(w http.ResponseWriter, _ *http.Request) {
+	var set *rules.Set
+	if a.Rules != nil {
+		set = a.Rules.Set()
+	}
+	if set == nil {
+		writeProblem(w, simpleProblem(http.StatusServiceUnavailable, "No rules are loaded."))
+		return
+	}
+	v := rulesView{Version: set.Version(), Files: set.Files(), Summary: set.Summary().String(),
+		Routes: []routeView{}, Rules: []ruleView{}, Queues: []queueView{}}
+	for _, rt := range set.Routes() {
+		rv := routeView{Name: rt.Name, Domain: rt.Domain, Source: source(rt.File, rt.Line)}
+		for _, d := range rt.Descriptors {
+			parts := make([]string, len(d))
+			for i, e := range d {
+				parts[i] = e.String()
+			}
+			rv.Descriptors = append(rv.Descriptors, strings.Join(parts, ", "))
+		}
+		v.Routes = append(v.Routes, rv)
+	}
+	for _, r := range set.Rules() {
+		rv := ruleView{Name: r.Name, Domain: r.Domain, Descriptor: r.Descriptor, Unlimited: r.Unlimited,
+			Deny: r.Deny, OnLimit: string(r.OnLimit), Shadow: r.Shadow, Source: source(r.File, r.Line)}
+		if r.Queue != nil {
+			rv.Queue = r.Queue.Name
+		}
+		for _, l := range r.Limits {
+			rv.Limits = append(rv.Limits, limitView{Algorithm: l.Algorithm, Rate: l.Rate,
+				Period: l.Period.String(), Burst: l.Burst, FailureMode: l.FailureMode})
+		}
+		v.Rules = append(v.Rules, rv)
+	}
+	for _, q := range set.Queues() {
+		v.Queues = append(v.Queues, queueView{Name: q.Name, Outflow: q.Outflow.String(),
+			MaxDepth: q.MaxDepth, MaxAttempts: q.MaxAttempts, Downstream: q.Downstream.String()})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func source(file string, line int) string {
+	return file + ":" + strconv.Itoa(line)
+}
