@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runRulesForTest(args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	code = runRules(context.Background(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestRulesCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, []byte(`domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 2}
+    algorithm: token_bucket
+    burst: 4
+    on_limit: defer
+    queue: orders
+  - key: ip
+    rate_limits:
+      - {unit: second, requests_per_unit: 20}
+      - {window: 10m, requests_per_unit: 3000, algorithm: sliding_window_counter}
+routes:
+  - name: create-order
+    match: {method: [POST], path_prefix: /v1/orders}
+    descriptors:
+      - [{key: user, from: "header:X-User-ID"}]
+      - [{key: ip, from: client_ip}]
+queues:
+  orders: {outflow: 50/s, downstream: "http://orders:8080"}
+`), 0o644)
+	os.WriteFile(bad, []byte("domain: shop2\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: -1}\n    on_limit: defer\n"), 0o644)
+
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout []string // substrings, in order
+		stderr string
+	}{
+		{"valid file", []string{"check", good}, 0, []string{"ok: 1 domain, 2 descriptors, 1 route, 1 queue\n"}, ""},
+		{"problems", []string{"check", good, bad}, 1, []string{
+			bad + ":4:24: unknown unit \"fortnight\"",
+			bad + ":4:54: requests_per_unit must not be negative",
+			bad + ":5:15: on_limit: defer needs a queue",
+		}, "3 problems"},
+		{"missing file", []string{"check", filepath.Join(dir, "nope.yaml")}, 1, []string{"nope.yaml: cannot read"}, "1 problem"},
+		{"the shipped examples", []string{"check", filepath.Join("..", "..", "deploy", "rules")}, 0, []string{"ok: 5 domains"}, ""},
+		{"explain", []string{"check", "--explain", "post", "/v1/orders/9?x=1", good, "-H", "X-User-ID: u-1", "--ip=192.0.2.4"}, 0, []string{
+			"request: POST /v1/orders/9?x=1 (host none, client ip 192.0.2.4)",
+			"route: create-order", "match: method POST, path_prefix /v1/orders",
+			"descriptor 1: [user<-header:X-User-Id]", "values: [user=u-1]",
+			"limit: token_bucket 2/1s burst 4  key sl:shop:", "over the limit: defer to queue orders (outflow 50/1s, to http://orders:8080)",
+			"descriptor 2: [ip<-client_ip]", "limit: fixed_window 20/1s", "limit: sliding_window_counter 3000/10m", "over the limit: reject with 429",
+		}, ""},
+		{"explain a skipped list", []string{"check", good, "--explain", "POST", "/v1/orders"}, 0, []string{
+			"skipped: the request has no header:X-User-Id", "skipped: the request has no client_ip"}, ""},
+		{"explain without route", []string{"check", good, "--explain", "GET", "/health"}, 0, []string{"route: none matches"}, ""},
+		{"explain invalid rules", []string{"check", bad, "--explain", "GET", "/"}, 1, []string{"unknown unit"}, ""},
+		{"help", []string{"check", "-h"}, 0, []string{"Usage:"}, ""},
+		{"rules help", []string{"--help"}, 0, []string{"sluice rules check"}, ""},
+		{"no command", nil, 2, nil, "Usage:"},
+		{"unknown command", []string{"lint", good}, 2, nil, `unknown command "lint"`},
+		{"no paths", []string{"check"}, 2, nil, "no rules files"},
+		{"unknown flag", []string{"check", "--verbose", good}, 2, nil, "unknown flag --verbose"},
+		{"explain needs two arguments", []string{"check", good, "--explain", "GET"}, 2, nil, "--explain needs METHOD and PATH"},
+		{"bad path", []string{"check", good, "--explain", "GET", "health"}, 2, nil, "PATH must start with /"},
+		{"bad header", []string{"check", good, "--explain", "GET", "/", "-H", "nocolon"}, 2, nil, "want 'Name: value'"},
+		{"bad ip", []string{"check", good, "--explain", "GET", "/", "--ip", "300.1.1.1"}, 2, nil, "not an IP address"},
+		{"-H without explain", []string{"check", good, "-H", "A: b"}, 2, nil, "only with --explain"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := runRulesForTest(tc.args...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, tc.code, stdout, stderr)
+			}
+			rest := stdout
+			for _, want := range tc.stdout {
+				i := strings.Index(rest, want)
+				if i < 0 {
+					t.Errorf("stdout lacks %q (in order)\nstdout:\n%s", want, stdout)
+					break
+				}
+				rest = rest[i+len(want):]
+			}
+			if !strings.Contains(stderr, tc.stderr) {
+				t.Errorf("stderr lacks %q\nstderr:\n%s", tc.stderr, stderr)
+			}
+		})
+	}
+}

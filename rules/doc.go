@@ -1,0 +1,17 @@
+// Package rules is sluice's rules model: it parses and validates rules files, compiles
+// them for the request path, matches HTTP requests to routes and descriptors, and keeps
+// the active set current as files change.
+//
+// A rules file is YAML in the format of the Envoy / Lyft rate limit service (domain,
+// nested descriptors of key and optional value, rate_limit with unit and
+// requests_per_unit, unlimited, name, replaces, shadow_mode, detailed_metric), which
+// loads unchanged and means the same, plus sluice's extensions: per-descriptor
+// algorithm, burst, window, several limits (rate_limits), on_limit reject or defer,
+// queue and failure_mode; routes that turn requests into descriptors; and queues. The
+// README's Rules section documents every field and default.
+//
+// Load (or Parse) returns an immutable *Set, or every problem at once as Problems.
+// Set.Match gives the route a request takes and the Checks it must pass, each with its
+// rule (limits, on_limit, queue, shadow mode) and its limiter keys. A Watcher keeps the
+// current Set of some files and swaps in valid new versions atomically.
+package rules

@@ -1,0 +1,353 @@
+package rules
+
+import (
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// OnLimit says what happens to a request that a rule finds over its limit.
+type OnLimit string
+
+const (
+	// Reject answers 429 at once (the default).
+	Reject OnLimit = "reject"
+	// Defer parks the request in the rule's queue and answers 202 Accepted.
+	Defer OnLimit = "defer"
+)
+
+// Rule is one descriptor of a rules file that says something about rate: it carries a
+// rate_limit (or rate_limits), is unlimited, or denies everything. A Rule is immutable
+// and shared by every request that matches it.
+type Rule struct {
+	// Name names the rule in logs, metrics and the RateLimit-Policy header. It is the
+	// descriptor's `name` when it has one (characters other than letters, digits and
+	// `_.:-` replaced by `_`), otherwise `DOMAIN.` followed by the descriptor path, each
+	// level `key` or `key_value`. A value is written out only when it cannot come from a
+	// request (routes set that key with constants only) and looks harmless; otherwise
+	// it is replaced by a short hash, so an API key or client IP written in a rules file
+	// to single it out never reaches a log line or a metric label. Names are at most
+	// 128 bytes. Two rules may share a name (an explicit one); keys never collide.
+	Name string
+	// Domain is the domain (file) the rule belongs to.
+	Domain string
+	// Descriptor is the descriptor path as written in the file, `key=value` or `key`
+	// per level, joined by `/`. It is meant for operators (check --explain, admin
+	// pages); unlike Name it may show values written in the file.
+	Descriptor string
+	// Limits are the rate limits; a request must fit all of them. Empty when Unlimited
+	// or Deny.
+	Limits []limiter.Limit
+	// Unlimited rules always allow (Envoy's `unlimited: true`); there is nothing to count.
+	Unlimited bool
+	// Deny rules allow nothing: Envoy's `requests_per_unit: 0` block-list idiom (only
+	// in a plain Envoy rate_limit; with sluice's fields a zero limit is a problem).
+	Deny bool
+	// OnLimit is what happens over the limit: Reject or Defer.
+	OnLimit OnLimit
+	// Queue is the queue a Defer rule parks requests in; nil for Reject.
+	Queue *Queue
+	// Shadow rules are computed, counted and logged but never enforced. True when the
+	// descriptor or its whole file is in shadow mode.
+	Shadow bool
+	// DetailedMetric is Envoy's `detailed_metric`. Envoy then puts the request's value
+	// into the stats name; sluice never puts request values into metric labels, so the
+	// flag is only carried for the ingress to log the (hashed) key.
+	DetailedMetric bool
+	// Replaces lists the names of rules this one replaces when both match one request
+	// (Envoy's `replaces`).
+	Replaces []string
+	// File and Line locate the descriptor.
+	File string
+	Line int
+
+	envoyName string   // the `name` as written: what `replaces` refers to
+	prefixes  []string // per limit, the constant start of its limiter key
+	offsets   []int    // per limit, the sum of the lengths of the prefixes before it
+	// staticKeys are the keys when no request value selects the counter.
+	staticKeys string
+}
+
+// Check is one rule a request must pass, with the keys it is counted under.
+type Check struct {
+	// Rule is the matched rule.
+	Rule *Rule
+	// Descriptor is the index, in the route's descriptors, of the list that matched.
+	Descriptor int
+
+	keys    string // the keys of every limit, one after the other
+	hashLen int    // length of the request-dependent end of each key
+}
+
+// Key returns the limiter key of Rule.Limits[i]. Keys are namespaced by domain, by the
+// descriptor (so different rules never share a counter) and by the limit's algorithm and
+// window (so several limits on one descriptor have a counter each); request values that
+// select the counter (the user of a per-user limit) are hashed (SHA-256, truncated to
+// 128 bits), so a key never contains a raw API key or client IP and is at most about
+// 90 bytes. Keys are stable across reloads and replicas: the same rule and values give
+// the same key as long as the descriptor path and the limit's algorithm and window do
+// not change. The shape is
+//
+//	sl:DOMAIN:RULEHASH:LIMIT[:VALUESHASH]
+//
+// where DOMAIN is the domain cut to 32 characters of [A-Za-z0-9_.-], RULEHASH is 16 hex
+// digits of the domain and descriptor path, LIMIT is the algorithm and window (fw1m for
+// a fixed window of a minute, tb1s, swc10m) and VALUESHASH (22 base64url characters) is
+// the hash of the request values that select the counter; it is absent when no value
+// does (every level of the descriptor has a value written in the file).
+func (c *Check) Key(i int) string {
+	r := c.Rule
+	start := r.offsets[i] + i*c.hashLen
+	return c.keys[start : start+len(r.prefixes[i])+c.hashLen]
+}
+
+// Entry is one key/value pair of a descriptor, as the Envoy rate limit service receives
+// it from Envoy.
+type Entry struct {
+	Key   string
+	Value string
+}
+
+// SourceKind is where a route's descriptor entry takes its value from.
+type SourceKind uint8
+
+const (
+	// FromConstant: the entry's Value, written in the file.
+	FromConstant SourceKind = iota
+	// FromHeader: the first value of the request header Name (Host for `header:Host`).
+	FromHeader
+	// FromQuery: the first value of the query parameter Name, URL-decoded.
+	FromQuery
+	// FromClientIP: the client address the ingress determined (IPv4-mapped IPv6
+	// addresses are written as IPv4).
+	FromClientIP
+	// FromPath: the path segment the route's path_pattern names {Name}.
+	FromPath
+	// FromMethod: the request method.
+	FromMethod
+	// FromHost: the request host without port, in lower case.
+	FromHost
+)
+
+// RouteEntry is one entry of a route's descriptor list.
+type RouteEntry struct {
+	Key string
+	// From is where the value comes from; Name is the header, query parameter or path
+	// parameter name for the kinds that have one.
+	From SourceKind
+	Name string
+	// Value is the constant (FromConstant), or the value used when the request has no
+	// value for the source (empty: the whole descriptor list is skipped).
+	Value string
+}
+
+// String writes e as the rules file would: `key=value` or `key<-from`.
+func (e RouteEntry) String() string {
+	if e.From == FromConstant {
+		return e.Key + "=" + e.Value
+	}
+	s := e.Key + "<-" + e.source()
+	if e.Value != "" {
+		s += " (default " + e.Value + ")"
+	}
+	return s
+}
+
+func (e RouteEntry) source() string {
+	switch e.From {
+	case FromHeader:
+		return "header:" + e.Name
+	case FromQuery:
+		return "query:" + e.Name
+	case FromClientIP:
+		return "client_ip"
+	case FromPath:
+		return "path:{" + e.Name + "}"
+	case FromMethod:
+		return "method"
+	case FromHost:
+		return "host"
+	}
+	return "value"
+}
+
+// HeaderMatch is one header condition of a route: the header equals Value, or (when
+// Present is non-nil) is present or absent.
+type HeaderMatch struct {
+	Name    string
+	Value   string
+	Present *bool
+}
+
+// RouteMatch is what a request must look like for a route to apply. Empty fields match
+// anything.
+type RouteMatch struct {
+	Methods     []string
+	Host        string
+	Path        string
+	PathPrefix  string
+	PathPattern string
+	Headers     []HeaderMatch
+}
+
+// Route turns matching HTTP requests into descriptors of its domain.
+type Route struct {
+	Name   string
+	Domain string
+	Match  RouteMatch
+	// Descriptors are the route's descriptor lists; each one that can be built from a
+	// request is checked.
+	Descriptors [][]RouteEntry
+	File        string
+	Line        int
+
+	order     int // position in the set, for ties
+	methods   []string
+	host      string // lower case; "*.x" matches subdomains of x
+	headers   []compiledHeader
+	params    map[string]int // path pattern parameter → segment index
+	descs     []compiledDesc
+	dom       *domain
+	hasStatic bool
+}
+
+// Rate is Requests per Per.
+type Rate struct {
+	Requests int64
+	Per      time.Duration
+}
+
+// Interval is the even spacing between two requests at rate r.
+func (r Rate) Interval() time.Duration {
+	if r.Requests <= 0 {
+		return 0
+	}
+	return r.Per / time.Duration(r.Requests)
+}
+
+// Limit is r as an even pacer: a leaky bucket of one place draining at r.
+func (r Rate) Limit() limiter.Limit {
+	return limiter.Limit{Algorithm: limiter.LeakyBucket, Rate: r.Requests, Period: r.Per, Burst: 1}
+}
+
+func (r Rate) String() string {
+	return formatInt(r.Requests) + "/" + formatPeriod(r.Per)
+}
+
+// Backoff is the retry backoff of a queue's deliveries: exponential from Initial,
+// capped at Max, with jitter (applied by the dispatcher).
+type Backoff struct {
+	Initial time.Duration
+	Max     time.Duration
+}
+
+// Downstream is where a queue delivers: an HTTP(S) base URL or a NATS subject.
+type Downstream struct {
+	// URL is the http:// or https:// base URL; nil for a NATS subject.
+	URL *url.URL
+	// Subject is the NATS subject (from `nats:SUBJECT`); empty for a URL.
+	Subject string
+}
+
+// IsNATS reports whether the downstream is a NATS subject.
+func (d Downstream) IsNATS() bool { return d.Subject != "" }
+
+func (d Downstream) String() string {
+	if d.IsNATS() {
+		return "nats:" + d.Subject
+	}
+	if d.URL == nil {
+		return ""
+	}
+	return d.URL.String()
+}
+
+// Queue defaults, documented in the README.
+const (
+	DefaultMaxDepth    = 100_000
+	DefaultMaxBytes    = 1 << 30
+	DefaultMaxAge      = 24 * time.Hour
+	DefaultMaxAttempts = 8
+	DefaultMaxInFlight = 8
+	DefaultBackoffMin  = time.Second
+	DefaultBackoffMax  = 5 * time.Minute
+)
+
+// Queue is where Defer rules park requests and how they are delivered.
+type Queue struct {
+	// Name is also used in stream names and NATS subjects: letters, digits, `_`, `-`.
+	Name string
+	// Outflow is the delivery rate, shared by every dispatcher of the queue.
+	Outflow Rate
+	// MaxDepth is the most messages the queue holds; a full queue refuses more.
+	MaxDepth int64
+	// MaxBytes is the most bytes the queue holds.
+	MaxBytes int64
+	// MaxAge is how long a message may wait; older ones are dropped to dead letters.
+	MaxAge time.Duration
+	// MaxAttempts is how many delivery attempts a message gets before it is dead.
+	MaxAttempts int
+	// MaxInFlight is the most deliveries under way at once.
+	MaxInFlight int
+	Backoff     Backoff
+	Downstream  Downstream
+	Domain      string
+	File        string
+	Line        int
+}
+
+// Summary counts what a set holds.
+type Summary struct {
+	Domains     int
+	Descriptors int
+	Rules       int
+	Routes      int
+	Queues      int
+}
+
+func (s Summary) String() string {
+	return plural(s.Domains, "domain") + ", " + plural(s.Descriptors, "descriptor") + ", " +
+		plural(s.Routes, "route") + ", " + plural(s.Queues, "queue")
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return formatInt(int64(n)) + " " + what + "s"
+}
+
+// safeName replaces every character outside letters, digits and `_.:-` by `_`.
+func safeName(s string) string {
+	if strings.IndexFunc(s, unsafeRune) < 0 {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if unsafeRune(r) {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+func unsafeRune(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '.' || r == ':' || r == '-')
+}
+
+// DescribeLimit writes l for people: `fixed_window 100/1m`, `token_bucket 2/1s burst 4`,
+// plus the failure mode when it is not the default.
+func DescribeLimit(l limiter.Limit) string {
+	s := string(l.Algorithm) + " " + formatInt(l.Rate) + "/" + formatPeriod(l.Period)
+	if (l.Algorithm == limiter.TokenBucket || l.Algorithm == limiter.LeakyBucket) && l.Burst > 0 {
+		s += " burst " + formatInt(l.Burst)
+	}
+	if l.ForgiveRejected {
+		s += " forgive_rejected"
+	}
+	if l.FailureMode != "" && l.FailureMode != limiter.FailLocal {
+		s += " failure_mode " + string(l.FailureMode)
+	}
+	return s
+}

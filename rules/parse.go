@@ -1,0 +1,571 @@
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// The definitions below are a file as written, with the YAML nodes that locate each
+// part; compile.go turns them into a Set.
+
+type fileDef struct {
+	path        string
+	domain      string
+	domainNode  *yaml.Node
+	shadow      bool
+	descriptors []*descDef
+	routes      []*routeDef
+	queues      []*queueDef
+}
+
+// limitDef is one rate limit: Envoy's rate_limit block or an entry of rate_limits.
+type limitDef struct {
+	node      *yaml.Node
+	unit      string
+	unitNode  *yaml.Node
+	window    time.Duration
+	winNode   *yaml.Node
+	rpu       int64
+	rpuNode   *yaml.Node
+	unlimited bool
+	opts      limitOpts
+}
+
+// limitOpts are sluice's per-limit settings; a descriptor's are the defaults of its limits.
+type limitOpts struct {
+	algorithm   limiter.Algorithm
+	algNode     *yaml.Node
+	burst       int64
+	burstNode   *yaml.Node
+	failure     limiter.FailureMode
+	failureNode *yaml.Node
+	forgive     bool
+	forgiveNode *yaml.Node
+}
+
+type nameRef struct {
+	name string
+	node *yaml.Node
+}
+
+type descDef struct {
+	node       *yaml.Node
+	key        string
+	keyNode    *yaml.Node
+	value      string
+	valueNode  *yaml.Node
+	rateLimit  *limitDef   // Envoy's rate_limit
+	rateLimits []*limitDef // sluice's rate_limits
+	rlsNode    *yaml.Node
+	name       nameRef
+	replaces   []nameRef
+	shadow     bool
+	detailed   bool
+	opts       limitOpts
+	onLimit    OnLimit
+	onLimitN   *yaml.Node
+	queue      nameRef
+	children   []*descDef
+	// extensions are the sluice-only fields set on the descriptor, for "has no effect".
+	extensions []*yaml.Node
+}
+
+type entryDef struct {
+	node    *yaml.Node
+	key     string
+	value   string
+	hasVal  bool
+	from    string
+	fromN   *yaml.Node
+	def     string
+	hasDef  bool
+	defNode *yaml.Node
+}
+
+type headerDef struct {
+	node    *yaml.Node
+	name    string
+	value   string
+	hasVal  bool
+	present *bool
+}
+
+type routeDef struct {
+	node        *yaml.Node
+	name        string
+	nameNode    *yaml.Node
+	methods     []string
+	methodNode  *yaml.Node
+	host        string
+	hostNode    *yaml.Node
+	path        string
+	pathNode    *yaml.Node
+	prefix      string
+	prefixNode  *yaml.Node
+	pattern     string
+	patternNode *yaml.Node
+	headers     []headerDef
+	descs       [][]entryDef
+	descNodes   []*yaml.Node
+}
+
+type queueDef struct {
+	node        *yaml.Node
+	name        string
+	nameNode    *yaml.Node
+	outflow     Rate
+	hasOutflow  bool
+	outflowNode *yaml.Node
+	downNode    *yaml.Node
+	maxDepth    int64
+	maxBytes    int64
+	maxAge      time.Duration
+	maxAttempts int64
+	maxInFlight int64
+	backoff     Backoff
+	backoffNode *yaml.Node
+	downstream  Downstream
+	hasDown     bool
+}
+
+var (
+	fileFields    = []string{"domain", "descriptors", "routes", "queues", "shadow_mode"}
+	descFields    = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric", "name", "replaces", "algorithm", "burst", "on_limit", "queue", "failure_mode", "forgive_rejected"}
+	optFields     = []string{"algorithm", "burst", "failure_mode", "forgive_rejected"}
+	limitFields   = append([]string{"unit", "window", "requests_per_unit"}, optFields...)
+	envoyFields   = append([]string{"unlimited", "name", "replaces"}, limitFields...)
+	routeFields   = []string{"name", "match", "descriptors"}
+	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
+	headerFields  = []string{"name", "value", "present"}
+	entryFields   = []string{"key", "value", "from", "default"}
+	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream"}
+	outflowFields = []string{"rate", "unit", "window", "requests_per_unit"}
+	backoffFields = []string{"initial", "max"}
+)
+
+// parseFile reads one rules file. It returns nil when the file is not even YAML.
+func parseFile(name string, data []byte, probs *problemList) *fileDef {
+	w := &walker{file: name, probs: probs, budget: maxNodes}
+	if len(data) > MaxFileSize {
+		w.errf(nil, "file is larger than %d MiB", MaxFileSize>>20)
+		return nil
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			w.errf(nil, "empty file: a rules file needs at least a domain")
+		} else {
+			w.yamlError(err)
+		}
+		return nil
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		w.errf(&extra, "more than one YAML document: each rules file holds one domain")
+	} else if !errors.Is(err, io.EOF) {
+		w.yamlError(err)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			w.errf(nil, "empty file: a rules file needs at least a domain")
+			return nil
+		}
+		root = root.Content[0]
+	}
+	root = w.resolve(root)
+	if root == nil {
+		return nil
+	}
+	f := &fileDef{path: name}
+	w.fields(root, "the file", fileFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "domain":
+			f.domain, _ = w.str(v, "domain")
+			f.domainNode = v
+		case "shadow_mode":
+			f.shadow, _ = w.boolean(v, "shadow_mode")
+		case "descriptors":
+			f.descriptors = w.descriptors(v, 1)
+		case "routes":
+			for _, rn := range w.items(v, "routes") {
+				if rn = w.resolve(rn); rn != nil {
+					f.routes = append(f.routes, w.route(rn))
+				}
+			}
+		case "queues":
+			ps, _ := w.pairs(v, "queues", 0)
+			for _, p := range ps {
+				if qn := w.resolve(p.val); qn != nil {
+					f.queues = append(f.queues, w.queue(p.key, p.kNode, qn))
+				}
+			}
+		}
+	})
+	if f.domainNode == nil {
+		w.errf(root, "missing domain: every rules file names its domain")
+	} else if f.domain == "" {
+		w.errf(f.domainNode, "domain must not be empty")
+	}
+	return f
+}
+
+// yamlError reports a YAML syntax error; yaml.v3 puts the line in the text.
+func (w *walker) yamlError(err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	line := 0
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if i := strings.IndexByte(rest, ':'); i > 0 {
+			n := 0
+			for _, c := range rest[:i] {
+				if c < '0' || c > '9' || n > 1e8 {
+					n = 0
+					break
+				}
+				n = n*10 + int(c-'0')
+			}
+			if n > 0 {
+				line, msg = n, strings.TrimSpace(rest[i+1:])
+			}
+		}
+	}
+	if line > 0 {
+		w.probs.add(w.file, line, 1, "invalid YAML: %s", msg)
+	} else {
+		w.probs.add(w.file, 0, 0, "invalid YAML: %s", msg)
+	}
+}
+
+func (w *walker) descriptors(n *yaml.Node, depth int) []*descDef {
+	items := w.items(n, "descriptors")
+	if len(items) > 0 && depth > maxDepth {
+		w.errf(n, "descriptors nested more than %d levels deep", maxDepth)
+		return nil
+	}
+	var out []*descDef
+	for _, dn := range items {
+		if dn = w.resolve(dn); dn != nil {
+			out = append(out, w.descriptor(dn, depth))
+		}
+	}
+	return out
+}
+
+func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
+	d := &descDef{node: n}
+	w.fields(n, "a descriptor", descFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "key":
+			d.key, _ = w.str(v, "key")
+			d.keyNode = v
+		case "value":
+			d.value, _ = w.str(v, "value")
+			d.valueNode = v
+		case "rate_limit":
+			if !isNull(v) {
+				d.rateLimit = w.limit(v, "rate_limit", envoyFields, d)
+			}
+		case "rate_limits":
+			d.rlsNode = v
+			for _, ln := range w.items(v, "rate_limits") {
+				if ln = w.resolve(ln); ln != nil {
+					d.rateLimits = append(d.rateLimits, w.limit(ln, "an entry of rate_limits", limitFields, nil))
+				}
+			}
+			if len(d.rateLimits) == 0 && !isNull(v) {
+				w.errf(v, "rate_limits must list at least one limit")
+			}
+		case "descriptors":
+			d.children = w.descriptors(v, depth+1)
+		case "shadow_mode":
+			d.shadow, _ = w.boolean(v, "shadow_mode")
+		case "detailed_metric":
+			d.detailed, _ = w.boolean(v, "detailed_metric")
+		case "name":
+			d.name = w.nameRef(v, "name", d.name)
+		case "replaces":
+			d.replaces = append(d.replaces, w.replaces(v)...)
+		case "on_limit":
+			d.extensions = append(d.extensions, k)
+			d.onLimitN = v
+			s, ok := w.str(v, "on_limit")
+			switch OnLimit(s) {
+			case Reject, Defer:
+				d.onLimit = OnLimit(s)
+			default:
+				if ok {
+					w.errf(v, "on_limit must be reject or defer, got %q", s)
+				}
+			}
+		case "queue":
+			d.extensions = append(d.extensions, k)
+			d.queue.name, _ = w.str(v, "queue")
+			d.queue.node = v
+		default:
+			d.extensions = append(d.extensions, k)
+			w.limitOpt(&d.opts, key, v)
+		}
+	})
+	if d.keyNode == nil {
+		w.errf(n, "descriptor has no key")
+	} else if d.key == "" {
+		w.errf(d.keyNode, "descriptor key must not be empty")
+	}
+	return d
+}
+
+// nameRef reads a name, reporting a second one (in rate_limit and on the descriptor).
+func (w *walker) nameRef(v *yaml.Node, what string, prev nameRef) nameRef {
+	s, _ := w.str(v, what)
+	if prev.node != nil {
+		w.errf(v, "name given twice (also at line %d)", prev.node.Line)
+	}
+	if s == "" {
+		w.errf(v, "%s must not be empty", what)
+	}
+	return nameRef{name: s, node: v}
+}
+
+func (w *walker) replaces(v *yaml.Node) []nameRef {
+	var out []nameRef
+	for _, rn := range w.items(v, "replaces") {
+		if rn = w.resolve(rn); rn == nil {
+			continue
+		}
+		var ref nameRef
+		w.fields(rn, "an entry of replaces", []string{"name"}, func(_ string, _, v *yaml.Node) {
+			ref.name, _ = w.str(v, "name")
+			ref.node = v
+		})
+		if ref.name == "" {
+			w.errf(rn, "replaces entry needs a name")
+			continue
+		}
+		out = append(out, ref)
+	}
+	return out
+}
+
+// limit reads a rate limit. For Envoy's rate_limit, d receives its name and replaces.
+func (w *walker) limit(n *yaml.Node, what string, known []string, d *descDef) *limitDef {
+	l := &limitDef{node: n}
+	w.fields(n, what, known, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "unit":
+			l.unit, _ = w.str(v, "unit")
+			l.unitNode = v
+		case "window":
+			l.window, _ = w.duration(v, "window")
+			l.winNode = v
+		case "requests_per_unit":
+			l.rpuNode = v
+			if n, ok := w.integer(v, "requests_per_unit"); ok {
+				if n < 0 {
+					w.errf(v, "requests_per_unit must not be negative, got %d", n)
+				}
+				l.rpu = n
+			}
+		case "unlimited":
+			l.unlimited, _ = w.boolean(v, "unlimited")
+		case "name":
+			d.name = w.nameRef(v, "name", d.name)
+		case "replaces":
+			d.replaces = append(d.replaces, w.replaces(v)...)
+		default:
+			w.limitOpt(&l.opts, key, v)
+		}
+	})
+	return l
+}
+
+func (w *walker) limitOpt(o *limitOpts, key string, v *yaml.Node) {
+	switch key {
+	case "algorithm":
+		o.algNode = v
+		if s, ok := w.str(v, "algorithm"); ok {
+			o.algorithm = limiter.Algorithm(s)
+			if !o.algorithm.Valid() {
+				w.errf(v, "unknown algorithm %q (known: token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter)", s)
+			}
+		}
+	case "burst":
+		o.burstNode = v
+		if n, ok := w.integer(v, "burst"); ok {
+			if n < 1 {
+				w.errf(v, "burst must be at least 1, got %d", n)
+			}
+			o.burst = n
+		}
+	case "failure_mode":
+		o.failureNode = v
+		if s, ok := w.str(v, "failure_mode"); ok {
+			switch fm := limiter.FailureMode(s); fm {
+			case limiter.FailLocal, limiter.FailOpen, limiter.FailClosed:
+				o.failure = fm
+			default:
+				w.errf(v, "failure_mode must be local, open or closed, got %q", s)
+			}
+		}
+	case "forgive_rejected":
+		o.forgiveNode = v
+		o.forgive, _ = w.boolean(v, "forgive_rejected")
+	}
+}
+
+func (w *walker) route(n *yaml.Node) *routeDef {
+	r := &routeDef{node: n}
+	w.fields(n, "a route", routeFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "name":
+			r.name, _ = w.str(v, "route name")
+			r.nameNode = v
+		case "match":
+			if !isNull(v) {
+				w.match(r, v)
+			}
+		case "descriptors":
+			for _, ln := range w.items(v, "route descriptors") {
+				if ln = w.resolve(ln); ln == nil {
+					continue
+				}
+				if ln.Kind != yaml.SequenceNode {
+					w.errf(ln, "each route descriptor must be a list of entries like [{key: route, value: orders}, {key: user, from: \"header:X-User-ID\"}], got %s", kindName(ln))
+					continue
+				}
+				var list []entryDef
+				for _, en := range ln.Content {
+					if en = w.resolve(en); en != nil {
+						list = append(list, w.entry(en))
+					}
+				}
+				r.descs = append(r.descs, list)
+				r.descNodes = append(r.descNodes, ln)
+			}
+		}
+	})
+	return r
+}
+
+func (w *walker) match(r *routeDef, n *yaml.Node) {
+	w.fields(n, "match", matchFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "method":
+			r.methodNode = v
+			if v.Kind == yaml.ScalarNode {
+				s, _ := w.str(v, "method")
+				r.methods = append(r.methods, s)
+				return
+			}
+			for _, mn := range w.items(v, "method") {
+				if mn = w.resolve(mn); mn != nil {
+					s, _ := w.str(mn, "method")
+					r.methods = append(r.methods, s)
+				}
+			}
+		case "host":
+			r.host, _ = w.str(v, "host")
+			r.hostNode = v
+		case "path":
+			r.path, _ = w.str(v, "path")
+			r.pathNode = v
+		case "path_prefix":
+			r.prefix, _ = w.str(v, "path_prefix")
+			r.prefixNode = v
+		case "path_pattern":
+			r.pattern, _ = w.str(v, "path_pattern")
+			r.patternNode = v
+		case "headers":
+			for _, hn := range w.items(v, "headers") {
+				if hn = w.resolve(hn); hn == nil {
+					continue
+				}
+				h := headerDef{node: hn}
+				w.fields(hn, "a header match", headerFields, func(key string, k, v *yaml.Node) {
+					switch key {
+					case "name":
+						h.name, _ = w.str(v, "header name")
+					case "value":
+						h.value, h.hasVal = w.str(v, "header value")
+					case "present":
+						if b, ok := w.boolean(v, "present"); ok {
+							h.present = &b
+						}
+					}
+				})
+				r.headers = append(r.headers, h)
+			}
+		}
+	})
+}
+
+func (w *walker) entry(n *yaml.Node) entryDef {
+	e := entryDef{node: n}
+	w.fields(n, "a descriptor entry", entryFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "key":
+			e.key, _ = w.str(v, "key")
+		case "value":
+			e.value, e.hasVal = w.str(v, "value")
+		case "from":
+			e.from, _ = w.str(v, "from")
+			e.fromN = v
+		case "default":
+			e.def, e.hasDef = w.str(v, "default")
+			e.defNode = v
+		}
+	})
+	return e
+}
+
+func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
+	q := &queueDef{node: n, name: name, nameNode: nameNode}
+	w.fields(n, "queue "+name, queueFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "outflow":
+			q.outflow, q.hasOutflow = w.outflow(v)
+			q.outflowNode = v
+		case "max_depth":
+			q.maxDepth = w.positive(v, key)
+		case "max_bytes":
+			q.maxBytes = w.size(v, key)
+		case "max_age":
+			q.maxAge, _ = w.duration(v, key)
+		case "max_attempts":
+			q.maxAttempts = w.positive(v, key)
+		case "max_in_flight":
+			q.maxInFlight = w.positive(v, key)
+		case "backoff":
+			q.backoffNode = v
+			w.fields(v, "backoff", backoffFields, func(key string, k, v *yaml.Node) {
+				d, _ := w.duration(v, "backoff "+key)
+				if key == "initial" {
+					q.backoff.Initial = d
+				} else {
+					q.backoff.Max = d
+				}
+			})
+		case "downstream":
+			q.downstream, q.hasDown = w.downstream(v)
+			q.downNode = v
+		}
+	})
+	return q
+}
+
+// positive reads a whole number of at least 1; 0 means "not set" to the caller.
+func (w *walker) positive(v *yaml.Node, what string) int64 {
+	n, ok := w.integer(v, what)
+	if ok && n < 1 {
+		w.errf(v, "%s must be at least 1, got %d", what, n)
+		return 0
+	}
+	return n
+}

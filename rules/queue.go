@@ -1,0 +1,218 @@
+package rules
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// outflow reads a queue's outflow: `50/s`, `{rate: 50/s}`, `{unit: second,
+// requests_per_unit: 50}` or `{window: 10s, requests_per_unit: 500}`.
+func (w *walker) outflow(n *yaml.Node) (Rate, bool) {
+	if n.Kind == yaml.ScalarNode {
+		return w.rate(n)
+	}
+	var (
+		r                Rate
+		ok               = true
+		rateN, rpuN, per *yaml.Node
+	)
+	w.fields(n, "outflow", outflowFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "rate":
+			rateN = v
+			r, ok = w.rate(v)
+		case "unit":
+			per = v
+			s, _ := w.str(v, "unit")
+			d, known := unitPeriod(s)
+			if !known {
+				w.errf(v, "unknown unit %q (known: second, minute, hour, day, week, month, year)", s)
+				ok = false
+			}
+			r.Per = d
+		case "window":
+			per = v
+			d, dok := w.duration(v, "window")
+			ok = ok && dok
+			r.Per = d
+		case "requests_per_unit":
+			rpuN = v
+			r.Requests = w.positive(v, "requests_per_unit")
+			ok = ok && r.Requests > 0
+		}
+	})
+	switch {
+	case rateN != nil && (rpuN != nil || per != nil):
+		w.errf(n, "outflow: give either rate or unit and requests_per_unit, not both")
+		return Rate{}, false
+	case rateN == nil && (rpuN == nil || per == nil):
+		w.errf(n, "outflow needs rate (like 50/s) or unit and requests_per_unit")
+		return Rate{}, false
+	}
+	return r, ok
+}
+
+// rate reads N/UNIT where UNIT is a unit name (s, second, m, min, minute, h, hour, d,
+// day) or a duration (3000/10m).
+func (w *walker) rate(n *yaml.Node) (Rate, bool) {
+	s, ok := w.str(n, "rate")
+	if !ok {
+		return Rate{}, false
+	}
+	r, err := parseRate(s)
+	if err != nil {
+		w.errf(n, "%v", err)
+		return Rate{}, false
+	}
+	return r, true
+}
+
+func parseRate(s string) (Rate, error) {
+	num, unit, found := strings.Cut(strings.TrimSpace(s), "/")
+	if !found {
+		return Rate{}, fmt.Errorf("rate %q must look like 50/s, 100/minute or 3000/10m", s)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 1 {
+		return Rate{}, fmt.Errorf("rate %q: the count must be a whole number of at least 1", s)
+	}
+	unit = strings.TrimSpace(unit)
+	d, known := unitPeriod(unit)
+	if !known {
+		if d, err = parseDuration(unit); err != nil || d <= 0 {
+			return Rate{}, fmt.Errorf("rate %q: unknown unit %q (use s, m, h, d, their names, or a duration like 10m)", s, unit)
+		}
+	}
+	return Rate{Requests: n, Per: d}, nil
+}
+
+// unitPeriod maps Envoy's units (any case, as Envoy accepts) and their abbreviations to
+// a period. Envoy counts a month as 30 days and a year as 365.
+func unitPeriod(u string) (time.Duration, bool) {
+	const day = 24 * time.Hour
+	switch strings.ToLower(u) {
+	case "second", "s", "sec":
+		return time.Second, true
+	case "minute", "m", "min":
+		return time.Minute, true
+	case "hour", "h":
+		return time.Hour, true
+	case "day", "d":
+		return day, true
+	case "week":
+		return 7 * day, true
+	case "month":
+		return 30 * day, true
+	case "year":
+		return 365 * day, true
+	}
+	return 0, false
+}
+
+// size reads a byte count: a whole number or a number with a unit (KB, MB, GB, KiB,
+// MiB, GiB).
+func (w *walker) size(v *yaml.Node, what string) int64 {
+	if v.Kind == yaml.ScalarNode && v.Tag == "!!int" {
+		return w.positive(v, what)
+	}
+	s, ok := w.str(v, what)
+	if !ok {
+		return 0
+	}
+	n, err := parseSize(s)
+	if err != nil {
+		w.errf(v, "%s: %v", what, err)
+		return 0
+	}
+	return n
+}
+
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
+		i++
+	}
+	n, err := strconv.ParseInt(t[:i], 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%q is not a size like 512MiB or 1GB", s)
+	}
+	units := map[string]int64{"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+		"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+	m, ok := units[strings.ToLower(strings.TrimSpace(t[i:]))]
+	if !ok {
+		return 0, fmt.Errorf("%q: unknown size unit (use KB, MB, GB, KiB, MiB or GiB)", s)
+	}
+	if n > (1<<62)/m {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return n * m, nil
+}
+
+// downstream reads `http://…`, `https://…` or `nats:SUBJECT`.
+func (w *walker) downstream(v *yaml.Node) (Downstream, bool) {
+	s, ok := w.str(v, "downstream")
+	if !ok {
+		return Downstream{}, false
+	}
+	d, err := parseDownstream(s)
+	if err != nil {
+		w.errf(v, "downstream: %v", err)
+		return Downstream{}, false
+	}
+	return d, true
+}
+
+func parseDownstream(s string) (Downstream, error) {
+	if subj, ok := strings.CutPrefix(s, "nats:"); ok {
+		if err := checkSubject(subj); err != nil {
+			return Downstream{}, err
+		}
+		return Downstream{Subject: subj}, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return Downstream{}, fmt.Errorf("invalid URL %q", s)
+	}
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return Downstream{}, fmt.Errorf("%q must be an http:// or https:// URL or nats:SUBJECT", s)
+	case u.Host == "" || u.Hostname() == "":
+		return Downstream{}, fmt.Errorf("URL %q has no host", s)
+	case u.User != nil:
+		// Downstream URLs appear in logs and admin pages.
+		return Downstream{}, fmt.Errorf("URL %q must not carry credentials", u.Redacted())
+	case u.Fragment != "":
+		return Downstream{}, fmt.Errorf("URL %q must not have a #fragment", s)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return Downstream{}, fmt.Errorf("URL %q has an invalid port", s)
+		}
+	}
+	return Downstream{URL: u}, nil
+}
+
+// checkSubject accepts a literal NATS subject to publish on: dot-separated non-empty
+// tokens, no wildcards, no white space.
+func checkSubject(s string) error {
+	if s == "" {
+		return fmt.Errorf("nats: needs a subject, like nats:orders.paced")
+	}
+	for tok := range strings.SplitSeq(s, ".") {
+		switch {
+		case tok == "":
+			return fmt.Errorf("NATS subject %q has an empty token", s)
+		case tok == "*" || tok == ">":
+			return fmt.Errorf("NATS subject %q has a wildcard; work is published on a literal subject", s)
+		case strings.ContainsAny(tok, " \t\r\n\x00"):
+			return fmt.Errorf("NATS subject %q contains white space", s)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,354 @@
+package rules
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// WatchOptions configure a Watcher. The zero value watches with fsnotify, falls back to
+// polling every 5 seconds when fsnotify cannot be used, logs to slog.Default and
+// registers no metrics.
+type WatchOptions struct {
+	// Logger receives reloads and refusals; nil means slog.Default().
+	Logger *slog.Logger
+	// Registerer, when set, gets the watcher's metrics:
+	// sluice_rules_reload_total{result="success"|"failure"} and
+	// sluice_rules_last_reload_success_timestamp_seconds. Close unregisters them.
+	Registerer prometheus.Registerer
+	// Poll makes the watcher poll instead of using fsnotify (for file systems without
+	// change notification, such as some network mounts).
+	Poll bool
+	// PollInterval is how often content is compared when polling; default 5s.
+	PollInterval time.Duration
+	// Debounce is how long the watcher waits after a file event for more events before
+	// it reloads, so an editor's save (write, rename, chmod) or a ConfigMap swap is read
+	// once, complete; default 100ms.
+	Debounce time.Duration
+	// OnReload, when set, is called after every reload attempt that found changed
+	// content, from the goroutine that reloaded. It must not block for long.
+	OnReload func(ReloadResult)
+}
+
+// ReloadResult reports one reload attempt.
+type ReloadResult struct {
+	// Set is the active set after the attempt: the new one, or the old one when Err is
+	// set.
+	Set *Set
+	// Err is why the new content was refused (Problems for invalid rules); nil when the
+	// new set was activated.
+	Err error
+}
+
+// Watcher keeps the current rules set of some paths, reloading it when the files change.
+// A new set replaces the old one atomically: Set returns either the old or the new set,
+// never a mix. Content that fails validation is refused, logged with its problems and
+// counted, and the old set keeps serving. Identical content (a touch, a rewrite with
+// the same bytes) is not a reload.
+//
+// Changes are noticed through fsnotify on the directories that hold the paths (the
+// directory itself and its parent for a directory path, the containing directory for a
+// file path), which also catches editors that write a new file and rename it over the
+// old one and Kubernetes ConfigMap volumes, which swap a ..data symlink. When fsnotify
+// cannot be used, or fails later, the watcher polls instead.
+type Watcher struct {
+	paths []string
+	opts  WatchOptions
+	log   *slog.Logger
+
+	cur atomic.Pointer[Set]
+
+	mu         sync.Mutex // serialises reloads
+	failedVer  string     // content that was last refused, not refused again
+	failedErr  error
+	reloads    *prometheus.CounterVec
+	lastOK     prometheus.Gauge
+	registered bool
+
+	fsw     *fsnotify.Watcher
+	polling bool
+	done    chan struct{}
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+// Watch loads the rules at paths (as Load does) and keeps them current until Close. It
+// fails when the first load fails (with Problems for invalid rules) or the metrics
+// cannot be registered.
+func Watch(paths []string, opts WatchOptions) (*Watcher, error) {
+	if len(paths) == 0 {
+		return nil, ErrNoPaths
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = 5 * time.Second
+	}
+	if opts.Debounce <= 0 {
+		opts.Debounce = 100 * time.Millisecond
+	}
+	w := &Watcher{paths: append([]string(nil), paths...), opts: opts, log: opts.Logger, done: make(chan struct{})}
+	if w.log == nil {
+		w.log = slog.Default()
+	}
+	s, err := Load(paths...)
+	if err != nil {
+		return nil, err
+	}
+	w.cur.Store(s)
+	w.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_rules_reload_total",
+		Help: "Rules reloads after a change of the rules files, by result: success (the new set is active) or failure (refused; the old set keeps serving).",
+	}, []string{"result"})
+	w.reloads.WithLabelValues("success")
+	w.reloads.WithLabelValues("failure")
+	w.lastOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_rules_last_reload_success_timestamp_seconds",
+		Help: "Unix time at which the active rules set was loaded.",
+	})
+	w.lastOK.SetToCurrentTime()
+	if reg := opts.Registerer; reg != nil {
+		if err := reg.Register(w.reloads); err != nil {
+			return nil, fmt.Errorf("rules: registering metrics: %w", err)
+		}
+		if err := reg.Register(w.lastOK); err != nil {
+			reg.Unregister(w.reloads)
+			return nil, fmt.Errorf("rules: registering metrics: %w", err)
+		}
+		w.registered = true
+	}
+	w.polling = opts.Poll
+	if !w.polling {
+		if err := w.startNotify(); err != nil {
+			w.log.Warn("rules: file notifications unavailable, polling instead", "error", err, "interval", opts.PollInterval)
+			w.polling = true
+		}
+	}
+	w.wg.Add(1)
+	go w.run()
+	return w, nil
+}
+
+// Set returns the active rules set. Hold on to it for the whole of a request.
+func (w *Watcher) Set() *Set { return w.cur.Load() }
+
+// Reload reads the files now (for SIGHUP, say) and activates them if they changed and
+// are valid. It returns why they were refused, or nil.
+func (w *Watcher) Reload() error {
+	select {
+	case <-w.done:
+		return ErrClosed
+	default:
+	}
+	return w.reload("request")
+}
+
+// Close stops watching and waits for the watcher's goroutines to end. The last set
+// stays readable through Set.
+func (w *Watcher) Close() error {
+	var err error
+	w.once.Do(func() {
+		close(w.done)
+		w.wg.Wait()
+		if w.fsw != nil {
+			err = w.fsw.Close()
+		}
+		if w.registered {
+			w.opts.Registerer.Unregister(w.reloads)
+			w.opts.Registerer.Unregister(w.lastOK)
+		}
+	})
+	return err
+}
+
+// watchDirs are the directories whose events may change the rules.
+func (w *Watcher) watchDirs() []string {
+	var dirs []string
+	seen := map[string]bool{}
+	add := func(d string) {
+		if !seen[d] {
+			seen[d] = true
+			dirs = append(dirs, d)
+		}
+	}
+	for _, p := range w.paths {
+		p = filepath.Clean(p)
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			add(p)
+		}
+		// The parent sees the path itself being replaced: a file renamed over, a
+		// directory symlink swapped.
+		add(filepath.Dir(p))
+	}
+	return dirs
+}
+
+func (w *Watcher) startNotify() error {
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	for _, d := range w.watchDirs() {
+		if err := fsw.Add(d); err != nil {
+			fsw.Close()
+			return fmt.Errorf("watching %s: %w", d, err)
+		}
+	}
+	w.fsw = fsw
+	return nil
+}
+
+// rewatch re-adds the watched directories after a change: when a directory was
+// replaced (a symlink now points elsewhere) the watch follows it to the new one.
+func (w *Watcher) rewatch() {
+	if w.fsw == nil {
+		return
+	}
+	for _, d := range w.watchDirs() {
+		if err := w.fsw.Add(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			w.log.Warn("rules: re-watching directory", "dir", d, "error", err)
+		}
+	}
+}
+
+func (w *Watcher) run() {
+	defer w.wg.Done()
+	var (
+		events  chan fsnotify.Event
+		errs    chan error
+		ticker  *time.Ticker
+		tick    <-chan time.Time
+		debounc *time.Timer
+		fire    <-chan time.Time
+	)
+	startPolling := func() {
+		ticker = time.NewTicker(w.opts.PollInterval)
+		tick = ticker.C
+	}
+	defer func() {
+		if ticker != nil {
+			ticker.Stop()
+		}
+		if debounc != nil {
+			debounc.Stop()
+		}
+	}()
+	if w.polling {
+		startPolling()
+	} else {
+		events, errs = w.fsw.Events, w.fsw.Errors
+	}
+	for {
+		select {
+		case <-w.done:
+			return
+		case ev, ok := <-events:
+			if !ok {
+				w.log.Warn("rules: file notifications stopped, polling instead", "interval", w.opts.PollInterval)
+				events, errs = nil, nil
+				startPolling()
+				continue
+			}
+			if ev.Op == fsnotify.Chmod {
+				continue
+			}
+			if debounc == nil {
+				debounc = time.NewTimer(w.opts.Debounce)
+			} else {
+				debounc.Reset(w.opts.Debounce)
+			}
+			fire = debounc.C
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			// An overflow lost events: read the files to be sure.
+			w.log.Warn("rules: file notification error", "error", err)
+			w.reload("notification error")
+		case <-fire:
+			fire = nil
+			w.reload("file change")
+			w.rewatch()
+		case <-tick:
+			w.reload("poll")
+		}
+	}
+}
+
+// versionOf hashes files as compile does for Set.Version.
+func versionOf(files []File) string {
+	h := sha256.New()
+	for _, f := range files {
+		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
+		h.Write(f.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func (w *Watcher) reload(why string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var probs problemList
+	files := readPaths(w.paths, &probs)
+	ver := versionOf(files)
+	err := probs.result()
+	if err != nil {
+		// The files are not all readable: remember the refusal by its message.
+		ver = "unreadable:" + err.Error()
+	}
+	old := w.cur.Load()
+	if ver == old.Version() {
+		w.failedVer, w.failedErr = "", nil
+		return nil
+	}
+	if ver == w.failedVer {
+		return w.failedErr
+	}
+	var s *Set
+	if err == nil {
+		s, err = Parse(files...)
+	}
+	if err != nil {
+		w.failedVer, w.failedErr = ver, err
+		w.reloads.WithLabelValues("failure").Inc()
+		var ps Problems
+		attrs := []any{"trigger", why, "active_version", short(old.Version()), "error", err}
+		if errors.As(err, &ps) {
+			lines := make([]string, len(ps))
+			for i, p := range ps {
+				lines[i] = p.String()
+			}
+			attrs = []any{"trigger", why, "active_version", short(old.Version()), "problems", lines}
+		}
+		w.log.Error("rules: new rules refused; the active rules keep serving", attrs...)
+		if w.opts.OnReload != nil {
+			w.opts.OnReload(ReloadResult{Set: old, Err: err})
+		}
+		return err
+	}
+	w.cur.Store(s)
+	w.failedVer, w.failedErr = "", nil
+	w.reloads.WithLabelValues("success").Inc()
+	w.lastOK.SetToCurrentTime()
+	w.log.Info("rules: reloaded", "trigger", why, "version", short(s.Version()), "previous_version", short(old.Version()), "summary", s.Summary().String())
+	if w.opts.OnReload != nil {
+		w.opts.OnReload(ReloadResult{Set: s})
+	}
+	return nil
+}
+
+func short(v string) string {
+	if len(v) > 12 {
+		return v[:12]
+	}
+	return v
+}

@@ -1,0 +1,387 @@
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// versioned is a rules file whose every part says which version it is: route rN has a
+// limit of N per second, so a reader can tell whether route and rule come from one set.
+func versioned(n int) string {
+	return fmt.Sprintf(`domain: live
+descriptors:
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: %d}
+routes:
+  - name: r%d
+    descriptors: [[{key: ip, from: client_ip}]]
+`, n, n)
+}
+
+const invalidRules = "domain: live\ndescriptors:\n  - key: ip\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"
+
+// writeAtomic replaces name's content at once, as careful tools do, so the watcher
+// never reads a half-written file.
+func writeAtomic(t testing.TB, name, content string) {
+	t.Helper()
+	tmp, err := os.CreateTemp(filepath.Dir(name), ".tmp-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(tmp, content); err != nil {
+		t.Fatal(err)
+	}
+	if err := tmp.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp.Name(), name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after a generous deadline. Tests
+// wait for outcomes, never for durations.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// rate is the limit of the active set's only rule.
+func rate(w *Watcher) int64 { return w.Set().Rules()[0].Limits[0].Rate }
+
+func counter(w *Watcher, result string) float64 {
+	var m dto.Metric
+	if err := w.reloads.WithLabelValues(result).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func watch(t *testing.T, paths []string, opts WatchOptions) *Watcher {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quietLogger()
+	}
+	opts.Debounce = 20 * time.Millisecond
+	w, err := Watch(paths, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+func TestWatchReloadsChangedFiles(t *testing.T) {
+	tests := []struct {
+		name   string
+		opts   WatchOptions
+		byFile bool                                        // watch the file, not its directory
+		change func(t *testing.T, dir, file string, n int) // makes version n current
+	}{
+		{"write in place", WatchOptions{}, false, func(t *testing.T, dir, file string, n int) {
+			if err := os.WriteFile(file, []byte(versioned(n)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"rename over the file", WatchOptions{}, true, func(t *testing.T, dir, file string, n int) {
+			writeAtomic(t, file, versioned(n))
+		}},
+		{"editor: move away, write new", WatchOptions{}, true, func(t *testing.T, dir, file string, n int) {
+			if err := os.Rename(file, file+"~"); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(file, []byte(versioned(n)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			os.Remove(file + "~")
+		}},
+		{"new file in the directory", WatchOptions{}, false, func(t *testing.T, dir, file string, n int) {
+			writeAtomic(t, filepath.Join(dir, "more.yaml"), fmt.Sprintf("domain: more%d\n", n))
+			writeAtomic(t, file, versioned(n))
+		}},
+		{"polling", WatchOptions{Poll: true, PollInterval: 10 * time.Millisecond}, false, func(t *testing.T, dir, file string, n int) {
+			writeAtomic(t, file, versioned(n))
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := write(t, dir, "rules.yaml", versioned(1))
+			path := dir
+			if tc.byFile {
+				path = file
+			}
+			var reloads atomic.Int32
+			tc.opts.OnReload = func(r ReloadResult) {
+				if r.Err == nil {
+					reloads.Add(1)
+				}
+			}
+			w := watch(t, []string{path}, tc.opts)
+			for n := 2; n <= 3; n++ {
+				tc.change(t, dir, file, n)
+				waitFor(t, fmt.Sprintf("version %d", n), func() bool { return rate(w) == int64(n) })
+			}
+			if reloads.Load() < 2 || counter(w, "success") < 2 || counter(w, "failure") != 0 && tc.name != "write in place" {
+				t.Errorf("reloads %d, success %v, failure %v", reloads.Load(), counter(w, "success"), counter(w, "failure"))
+			}
+		})
+	}
+}
+
+// TestWatchConfigMapSwap reproduces how Kubernetes updates a ConfigMap volume: the
+// files are symlinks through ..data, which is atomically repointed to a new directory.
+func TestWatchConfigMapSwap(t *testing.T) {
+	for _, byFile := range []bool{false, true} {
+		t.Run(fmt.Sprintf("watch file %v", byFile), func(t *testing.T) {
+			dir := t.TempDir()
+			version := func(n int) {
+				ts := filepath.Join(dir, fmt.Sprintf("..2024_01_0%d", n))
+				if err := os.Mkdir(ts, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				write(t, ts, "rules.yaml", versioned(n))
+				tmp := filepath.Join(dir, "..data_tmp")
+				if err := os.Symlink(filepath.Base(ts), tmp); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			version(1)
+			if err := os.Symlink(filepath.Join("..data", "rules.yaml"), filepath.Join(dir, "rules.yaml")); err != nil {
+				t.Fatal(err)
+			}
+			path := dir
+			if byFile {
+				path = filepath.Join(dir, "rules.yaml")
+			}
+			w := watch(t, []string{path}, WatchOptions{})
+			if rate(w) != 1 || len(w.Set().Files()) != 1 {
+				t.Fatalf("initial set: %v", w.Set().Files())
+			}
+			for n := 2; n <= 3; n++ {
+				version(n)
+				os.RemoveAll(filepath.Join(dir, fmt.Sprintf("..2024_01_0%d", n-1)))
+				waitFor(t, fmt.Sprintf("version %d", n), func() bool { return rate(w) == int64(n) })
+			}
+		})
+	}
+}
+
+func TestWatchRefusesInvalidRules(t *testing.T) {
+	dir := t.TempDir()
+	file := write(t, dir, "rules.yaml", versioned(1))
+	reg := prometheus.NewRegistry()
+	results := make(chan ReloadResult, 10)
+	w := watch(t, []string{dir}, WatchOptions{Registerer: reg, OnReload: func(r ReloadResult) { results <- r }})
+	old := w.Set()
+
+	writeAtomic(t, file, invalidRules)
+	var res ReloadResult
+	select {
+	case res = <-results:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no reload attempt")
+	}
+	var ps Problems
+	if !errors.As(res.Err, &ps) || !strings.Contains(ps.Error(), `unknown unit "fortnight"`) || res.Set != old {
+		t.Fatalf("reload result = %+v", res)
+	}
+	if w.Set() != old || counter(w, "failure") != 1 || counter(w, "success") != 0 {
+		t.Fatalf("after refusal: set changed %v, failure %v, success %v", w.Set() != old, counter(w, "failure"), counter(w, "success"))
+	}
+	// The same bad content is not refused (nor counted, nor logged) again.
+	if err := w.Reload(); !errors.Is(err, ErrInvalid) || counter(w, "failure") != 1 {
+		t.Errorf("Reload = %v, failure %v", err, counter(w, "failure"))
+	}
+	writeAtomic(t, file, versioned(2))
+	waitFor(t, "the fixed rules", func() bool { return rate(w) == 2 })
+	if counter(w, "success") != 1 {
+		t.Errorf("success = %v", counter(w, "success"))
+	}
+	// The metrics are on the registry given.
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+	}
+	if strings.Join(names, ",") != "sluice_rules_last_reload_success_timestamp_seconds,sluice_rules_reload_total" {
+		t.Errorf("metrics %v", names)
+	}
+}
+
+func TestWatchUnreadableFilesAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	file := write(t, dir, "rules.yaml", versioned(1))
+	w := watch(t, []string{file}, WatchOptions{Poll: true, PollInterval: time.Hour})
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Reload(); !errors.Is(err, ErrInvalid) || rate(w) != 1 {
+		t.Errorf("Reload after removal = %v", err)
+	}
+	writeAtomic(t, file, versioned(2))
+	if err := w.Reload(); err != nil || rate(w) != 2 {
+		t.Errorf("Reload after restore = %v, rate %d", err, rate(w))
+	}
+}
+
+func TestWatchSameContentIsNotAReload(t *testing.T) {
+	dir := t.TempDir()
+	file := write(t, dir, "rules.yaml", versioned(1))
+	w := watch(t, []string{dir}, WatchOptions{Poll: true, PollInterval: time.Hour})
+	before := w.Set()
+	writeAtomic(t, file, versioned(1))
+	if err := w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if w.Set() != before || counter(w, "success") != 0 {
+		t.Error("identical content replaced the set")
+	}
+	// Going back to the active content after a refusal clears the refusal.
+	writeAtomic(t, file, invalidRules)
+	if err := w.Reload(); err == nil {
+		t.Fatal("invalid rules accepted")
+	}
+	writeAtomic(t, file, versioned(1))
+	if err := w.Reload(); err != nil || w.Set() != before {
+		t.Errorf("Reload = %v", err)
+	}
+	writeAtomic(t, file, invalidRules)
+	if err := w.Reload(); err == nil || counter(w, "failure") != 2 {
+		t.Errorf("Reload = %v, failures %v", err, counter(w, "failure"))
+	}
+}
+
+// TestWatchConcurrentReaders runs readers against reloads under -race: each reader
+// sees one whole set, old or new, never a route of one version with a rule of another.
+func TestWatchConcurrentReaders(t *testing.T) {
+	dir := t.TempDir()
+	file := write(t, dir, "rules.yaml", versioned(1))
+	w := watch(t, []string{dir}, WatchOptions{})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var matches atomic.Int64
+	var mixed atomic.Value
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(g)})
+			buf := make([]Check, 0, 4)
+			r := req("GET", "/any")
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s := w.Set()
+				rt, cs := s.Match(r, ip, buf[:0])
+				if rt == nil || len(cs) != 1 || "r"+strconv.FormatInt(cs[0].Rule.Limits[0].Rate, 10) != rt.Name {
+					mixed.Store(fmt.Sprintf("route %v with checks %v", rt, cs))
+					return
+				}
+				matches.Add(1)
+			}
+		}()
+	}
+	last := 1
+	for n := 2; n <= 40; n++ {
+		writeAtomic(t, file, versioned(n))
+		if n%2 == 0 {
+			// Half of the versions through Reload, half through file events.
+			if err := w.Reload(); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			waitFor(t, fmt.Sprintf("version %d", n), func() bool { return rate(w) >= int64(n) })
+		}
+		if n%10 == 0 {
+			writeAtomic(t, file, invalidRules)
+			if err := w.Reload(); err == nil {
+				t.Fatal("invalid rules accepted")
+			}
+		}
+		last = n
+	}
+	writeAtomic(t, file, versioned(last))
+	waitFor(t, "readers to make progress", func() bool { return matches.Load() > 100 })
+	close(stop)
+	wg.Wait()
+	if m := mixed.Load(); m != nil {
+		t.Fatalf("a reader saw a mixed set: %v", m)
+	}
+	if rate(w) != int64(last) {
+		t.Errorf("final version %d, want %d", rate(w), last)
+	}
+}
+
+func TestWatchLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "rules.yaml", versioned(1))
+	reg := prometheus.NewRegistry()
+	w, err := Watch([]string{dir}, WatchOptions{Registerer: reg, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Watch([]string{dir}, WatchOptions{Registerer: reg, Logger: quietLogger()}); err == nil {
+		t.Error("a second watcher registered the same metrics")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	if err := w.Reload(); !errors.Is(err, ErrClosed) {
+		t.Errorf("Reload after Close = %v", err)
+	}
+	if w.Set() == nil {
+		t.Error("no set after Close")
+	}
+	// Close unregistered the metrics: a new watcher can register them again.
+	w2, err := Watch([]string{dir}, WatchOptions{Registerer: reg, Logger: quietLogger(), Poll: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2.Close()
+
+	write(t, dir, "bad.yaml", invalidRules)
+	if _, err := Watch([]string{dir}, WatchOptions{}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Watch of invalid rules = %v", err)
+	}
+	if _, err := Watch(nil, WatchOptions{}); !errors.Is(err, ErrNoPaths) {
+		t.Errorf("Watch() = %v", err)
+	}
+}
