@@ -47,7 +47,7 @@ func TestAdmin(t *testing.T) {
 		{"/metrics", "wrong", 401, ""},
 		{"/readyz", "", 401, ""},
 		{"/sluice/v1/rules", "", 401, ""},
-		{"/metrics", "s3cret", 200, "sluice_upstream_requests_total"},
+		{"/metrics", "s3cret", 200, "sluice_decision_duration_seconds"},
 		{"/readyz", "s3cret", 200, `"ready":true`},
 		{"/sluice/v1/rules", "s3cret", 200, `"orders_per_user"`},
 	}

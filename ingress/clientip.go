@@ -56,6 +56,12 @@ func (c *ClientIdentity) isTrusted(a netip.Addr) bool {
 	return false
 }
 
+// peerTrusted reports whether r comes straight from a trusted proxy.
+func (c *ClientIdentity) peerTrusted(r *http.Request) bool {
+	peer, err := netip.ParseAddrPort(r.RemoteAddr)
+	return err == nil && c.isTrusted(peer.Addr())
+}
+
 // Addr returns the client's address, or the zero Addr when the peer address cannot be
 // read (which only happens for requests not served by net/http).
 func (c *ClientIdentity) Addr(r *http.Request) netip.Addr {

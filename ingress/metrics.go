@@ -1,9 +1,12 @@
 package ingress
 
 import (
+	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/rules"
 )
 
 // Decision outcomes, the values of the outcome label.
@@ -24,8 +27,6 @@ var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
 type metrics struct {
 	decisions        *prometheus.CounterVec
 	decisionDuration prometheus.Histogram
-	upstream         *prometheus.CounterVec
-	upstreamDuration *prometheus.HistogramVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -39,32 +40,65 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time to decide one request against every rule that applies to it.",
 			Buckets: []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2},
 		}),
-		upstream: prometheus.NewCounterVec(prometheus.CounterOpts{
+	}
+	if reg != nil {
+		reg.MustRegister(m.decisions, m.decisionDuration)
+	}
+	return m
+}
+
+// upstreamMetrics count what the reverse proxy gets from the upstream.
+type upstreamMetrics struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newUpstreamMetrics(reg prometheus.Registerer) *upstreamMetrics {
+	m := &upstreamMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_requests_total",
-			Help: "Requests proxied to the upstream, by response status class.",
+			Help: "Requests proxied to the upstream, by response status class (error: no response).",
 		}, []string{"class"}),
-		upstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_upstream_duration_seconds",
 			Help:    "Time until the upstream's response headers, by status class.",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"class"}),
 	}
 	for _, class := range statusClasses {
-		m.upstream.WithLabelValues(class)
-		m.upstreamDuration.WithLabelValues(class)
+		m.requests.WithLabelValues(class)
+		m.duration.WithLabelValues(class)
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.decisionDuration, m.upstream, m.upstreamDuration)
+		reg.MustRegister(m.requests, m.duration)
 	}
 	return m
 }
 
+// RoundTrip-side instrumentation of the proxy's transport.
+type instrumentedTransport struct {
+	next    http.RoundTripper
+	metrics *upstreamMetrics
+}
+
+func (t instrumentedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
+	resp, err := t.next.RoundTrip(r)
+	class := "error"
+	if err == nil {
+		class = statusClass(resp.StatusCode)
+	}
+	t.metrics.requests.WithLabelValues(class).Inc()
+	t.metrics.duration.WithLabelValues(class).Observe(time.Since(start).Seconds())
+	return resp, err
+}
+
 // initRules creates every rule's series at 0, so dashboards and alerts see them before
 // the first decision.
-func (m *metrics) initRules(names []string) {
-	for _, name := range names {
+func (m *metrics) initRules(set *rules.Set) {
+	for _, r := range set.Rules() {
 		for _, o := range outcomes {
-			m.decisions.WithLabelValues(name, o)
+			m.decisions.WithLabelValues(r.Name, o)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,6 +62,7 @@ type Middleware struct {
 	metrics  *metrics
 
 	checks sync.Pool // *[]rules.Check, reused across requests
+	seen   atomic.Pointer[rules.Set]
 }
 
 // Option configures a Middleware.
@@ -121,6 +123,9 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 			r.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
 		}
 		set := m.rules.Set()
+		if old := m.seen.Load(); old != set && m.seen.CompareAndSwap(old, set) {
+			m.metrics.initRules(set) // a new set: create its series at 0
+		}
 		client := m.ids.Group(m.ids.Addr(r))
 		buf := m.checks.Get().(*[]rules.Check)
 		defer m.checks.Put(buf)
