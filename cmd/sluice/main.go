@@ -38,8 +38,9 @@ var commands []command
 
 func init() {
 	commands = []command{
+		{"serve", "run the front door: check requests against the rules, proxy, reject or defer", runServe},
 		{"simulate", "replay a trace of requests through one rule on a simulated clock", runSimulate},
-		// TODO(cmd): {"rules", "check rules files", runRules} once cmd/sluice/rules.go exists.
+		{"rules", "check rules files and explain how a request matches them", runRules},
 		{"version", "print the version", runVersion},
 		{"help", "show help for sluice or a subcommand", runHelp},
 	}
