@@ -658,12 +658,17 @@ func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
 	}
 	rt.methods = rt.Match.Methods
 	if rd.hostNode != nil {
-		h := strings.ToLower(rd.host)
+		h := strings.TrimSuffix(strings.ToLower(rd.host), ".")
+		if inner, ok := strings.CutPrefix(h, "["); ok && strings.HasSuffix(inner, "]") {
+			h = strings.TrimSuffix(inner, "]") // requests' hosts are compared without brackets
+		}
 		rt.Match.Host, rt.host = h, h
-		switch name := strings.TrimPrefix(h, "*."); {
-		case name == "" || strings.ContainsAny(name, "*/ \t"):
+		name := strings.TrimPrefix(h, "*.")
+		_, ipErr := netip.ParseAddr(name)
+		switch {
+		case name == "" || strings.ContainsAny(name, "*/[] \t"):
 			bad(rd.hostNode, "host %q must be a host name, or *.domain for its subdomains", rd.host)
-		case strings.Contains(name, ":") && !strings.HasPrefix(name, "["):
+		case strings.Contains(name, ":") && ipErr != nil:
 			bad(rd.hostNode, "host %q must not have a port: the port is ignored when matching", rd.host)
 		}
 	}

@@ -62,6 +62,9 @@ routes:
     descriptors:
       - [{key: page, from: "query:page", default: first}]
       - [{key: method, from: method}]
+  - name: ipv6-host
+    match: {host: "[2001:db8::1]", path: /v6}
+    descriptors: [[{key: ip, from: client_ip}]]
   - name: header-value
     match: {headers: [{name: X-Env, value: canary}, {name: X-Debug, present: false}]}
     descriptors: [[{key: ip, from: client_ip}]]
@@ -104,6 +107,8 @@ func TestRouteSelection(t *testing.T) {
 		{req("GET", "/v2", "Host", "example.com", "X-Tenant", "t1"), "catch-all"}, // *.x needs a subdomain
 		{req("GET", "/v2", "Host", "a.example.com"), "catch-all"},                 // header must be present
 		{req("GET", "/search?q=1"), "query"},
+		{req("GET", "/v6", "Host", "[2001:DB8::1]:8080"), "ipv6-host"},
+		{req("GET", "/v6", "Host", "example.com."), "catch-all"},
 		{req("POST", "/search"), "catch-all"},
 		{req("GET", "/other", "X-Env", "canary"), "header-value"},
 		{req("GET", "/other", "X-Env", "canary", "X-Debug", "1"), "catch-all"},
@@ -119,7 +124,7 @@ func TestRouteSelection(t *testing.T) {
 			t.Errorf("%s %s (host %q) matched %s, want %s", tc.r.Method, tc.r.URL, tc.r.Host, got, tc.want)
 		}
 	}
-	if s.Route("pattern") == nil || s.Route("nope") != nil || len(s.Routes()) != 11 {
+	if s.Route("pattern") == nil || s.Route("nope") != nil || len(s.Routes()) != 12 {
 		t.Error("Route/Routes lookups")
 	}
 }

@@ -74,7 +74,8 @@ type Rule struct {
 type Check struct {
 	// Rule is the matched rule.
 	Rule *Rule
-	// Descriptor is the index, in the route's descriptors, of the list that matched.
+	// Descriptor is the index of the descriptor list that produced the check: in the
+	// route's Descriptors for Match, in the descriptors given to Evaluate.
 	Descriptor int
 
 	keys    string // the keys of every limit, one after the other

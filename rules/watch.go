@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,6 +78,12 @@ type Watcher struct {
 
 	fsw     *fsnotify.Watcher
 	polling bool
+	// Which file events matter: the given paths themselves, rules files in a given
+	// directory, and Kubernetes' ..data entries next to a given file or in a given
+	// directory.
+	given     map[string]bool
+	givenDirs map[string]bool
+	fileDirs  map[string]bool
 	done    chan struct{}
 	wg      sync.WaitGroup
 	once    sync.Once
@@ -95,7 +102,8 @@ func Watch(paths []string, opts WatchOptions) (*Watcher, error) {
 	if opts.Debounce <= 0 {
 		opts.Debounce = 100 * time.Millisecond
 	}
-	w := &Watcher{paths: append([]string(nil), paths...), opts: opts, log: opts.Logger, done: make(chan struct{})}
+	w := &Watcher{paths: append([]string(nil), paths...), opts: opts, log: opts.Logger, done: make(chan struct{}),
+		given: map[string]bool{}, givenDirs: map[string]bool{}, fileDirs: map[string]bool{}}
 	if w.log == nil {
 		w.log = slog.Default()
 	}
@@ -181,14 +189,36 @@ func (w *Watcher) watchDirs() []string {
 	}
 	for _, p := range w.paths {
 		p = filepath.Clean(p)
+		w.given[p] = true
 		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			w.givenDirs[p] = true
 			add(p)
+		} else {
+			w.fileDirs[filepath.Dir(p)] = true
 		}
 		// The parent sees the path itself being replaced: a file renamed over, a
 		// directory symlink swapped.
 		add(filepath.Dir(p))
 	}
 	return dirs
+}
+
+// relevant reports whether an event on name may change the rules. Other files that
+// share a directory with the rules (logs, editors' swap files) do not cause reloads.
+func (w *Watcher) relevant(name string) bool {
+	name = filepath.Clean(name)
+	if w.given[name] {
+		return true
+	}
+	dir, base := filepath.Dir(name), filepath.Base(name)
+	k8s := strings.HasPrefix(base, "..") // ..data, ..data_tmp, ..2024_01_01_…
+	switch {
+	case w.givenDirs[dir]:
+		return k8s || strings.HasSuffix(base, ".yaml") || strings.HasSuffix(base, ".yml")
+	case w.fileDirs[dir]:
+		return k8s
+	}
+	return false
 }
 
 func (w *Watcher) startNotify() error {
@@ -257,15 +287,19 @@ func (w *Watcher) run() {
 				startPolling()
 				continue
 			}
-			if ev.Op == fsnotify.Chmod {
+			if ev.Op == fsnotify.Chmod || !w.relevant(ev.Name) {
 				continue
 			}
-			if debounc == nil {
-				debounc = time.NewTimer(w.opts.Debounce)
-			} else {
-				debounc.Reset(w.opts.Debounce)
+			// Reload once the burst of events is over, but a steady stream of events
+			// must not postpone it for ever: the timer is not pushed back.
+			if fire == nil {
+				if debounc == nil {
+					debounc = time.NewTimer(w.opts.Debounce)
+				} else {
+					debounc.Reset(w.opts.Debounce)
+				}
+				fire = debounc.C
 			}
-			fire = debounc.C
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
