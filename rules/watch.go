@@ -84,9 +84,9 @@ type Watcher struct {
 	given     map[string]bool
 	givenDirs map[string]bool
 	fileDirs  map[string]bool
-	done    chan struct{}
-	wg      sync.WaitGroup
-	once    sync.Once
+	done      chan struct{}
+	wg        sync.WaitGroup
+	once      sync.Once
 }
 
 // Watch loads the rules at paths (as Load does) and keeps them current until Close. It
