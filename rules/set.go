@@ -48,6 +48,7 @@ func readPaths(paths []string, probs *problemList) []File {
 		files = append(files, File{Name: name, Data: data})
 	}
 	for _, p := range paths {
+		p = filepath.Clean(p) // dir/x.yaml and dir//x.yaml are one file
 		st, err := os.Stat(p)
 		if err != nil {
 			probs.add(p, 0, 0, "cannot read: %v", unwrapPathError(err))

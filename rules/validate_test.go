@@ -312,6 +312,10 @@ func TestLoadPaths(t *testing.T) {
 	if _, err := Load(); !errors.Is(err, ErrNoPaths) {
 		t.Errorf("Load() = %v, want ErrNoPaths", err)
 	}
+	// A file named twice, directly and through its directory, is loaded once.
+	if _, err := Load(dir, dir+"//a.yaml", dir+"/./b.yml"); err != nil {
+		t.Errorf("Load with repeated files = %v", err)
+	}
 	// A file path is loaded whatever its name.
 	write(t, dir, "rules.conf", "domain: c\n")
 	if s, err := Load(dir + "/rules.conf"); err != nil || s.Domains()[0] != "c" {
