@@ -1,0 +1,608 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis is a store shared by every replica that uses the same Redis (standalone,
+// Sentinel or Cluster, through go-redis' universal client).
+//
+// Each decision is one atomic Lua script (EVALSHA, reloaded on NOSCRIPT) on one
+// hash-tagged key, so it works on Redis Cluster, and takes one round trip:
+// concurrent decisions are coalesced into pipelines by a few worker goroutines.
+// Every key has a TTL, so idle keys vanish. Time is the Redis server's (TIME inside
+// the script) unless WithRedisClock injects a clock; either way each key keeps the
+// latest time it has seen, so a clock that steps backwards never grants quota.
+//
+// Keys are "<prefix>{<key>}:<algorithm>" (the sliding log has a second key, with
+// ":t" appended): the algorithm is part of the name, so two limits with different
+// algorithms on one key keep separate state. (Keys that are empty, start with '~' or
+// contain '}' are escaped inside the braces.)
+//
+// A rejection with a finite retry-after is remembered in-process (see
+// WithOverLimitCache), so a key that keeps asking while over its limit is answered
+// without Redis, with the decision Redis would give.
+//
+// AllowN never fails because of Redis: every Redis call is bounded by a timeout
+// (WithRedisTimeout), and when Redis fails or is too slow the decision follows the
+// limit's FailureMode: FailLocal (the default) decides with an in-process Memory
+// store and the same limit, FailOpen allows, FailClosed rejects with a RetryAfter of
+// one second. After a failure, Redis is considered down: decisions fall back without
+// waiting for it while a background probe PINGs it with exponential backoff, and go
+// back to Redis when it answers. Every fallback is counted (Fallbacks, and the
+// Prometheus counter sluice_limiter_fallback_total{mode} when WithRedisRegisterer is
+// given). AllowN's only errors are about invalid input (ErrInvalidLimit).
+//
+// Close stops the workers; it does not close the Redis client.
+type Redis struct {
+	client  redis.UniversalClient
+	prefix  string
+	clock   func() time.Time // nil: Redis server time
+	timeout time.Duration
+	grace   int64 // ms added to every TTL
+	logger  *slog.Logger
+
+	queue    chan *redisRequest
+	quit     chan struct{}
+	wg       sync.WaitGroup
+	workers  int
+	batch    int
+	reqs     sync.Pool
+	direct   bool         // a lone caller may call Redis itself
+	inflight atomic.Int32 // decisions waiting for Redis, when direct
+
+	cache *overLimitCache // nil when disabled
+	local *Memory         // FailLocal's store
+
+	lifecycle sync.Mutex // guards closed and starting the probe
+	closed    bool
+	stopped   atomic.Bool // closed, for the hot path
+	down      atomic.Bool
+	probeMin  time.Duration
+	probeMax  time.Duration
+
+	fallbacks     atomic.Int64
+	cacheHits     atomic.Int64
+	fallbackTotal map[FailureMode]prometheus.Counter
+	lastErrLog    atomic.Int64 // mono µs of the last logged script error
+}
+
+// RedisOption configures a Redis store.
+type RedisOption func(*redisConfig)
+
+type redisConfig struct {
+	clock      func() time.Time
+	prefix     string
+	timeout    time.Duration
+	cacheSize  int
+	registerer prometheus.Registerer
+	logger     *slog.Logger
+	workers    int
+	batch      int
+	probeMin   time.Duration
+	probeMax   time.Duration
+	grace      time.Duration
+}
+
+// WithRedisClock makes the scripts use clock's time (to the microsecond) instead of
+// the Redis server's TIME. Replicas then need synchronized clocks; the conformance
+// suite and simulations use it to run deterministically. TTLs still run on Redis'
+// own clock, so the default key grace becomes one minute (see WithKeyGrace): an
+// injected clock may run slower than real time, and a key must not vanish before
+// its state, on the injected clock, is a fresh key's.
+func WithRedisClock(clock func() time.Time) RedisOption {
+	return func(c *redisConfig) { c.clock = clock }
+}
+
+// WithKeyPrefix sets the prefix of every Redis key (default "sluice:"). It must not
+// contain '{' or '}', which would break the keys' hash tags.
+func WithKeyPrefix(prefix string) RedisOption {
+	return func(c *redisConfig) { c.prefix = prefix }
+}
+
+// WithRedisTimeout bounds each decision's wait for Redis (default 50ms); past it the
+// decision falls back (see Redis).
+func WithRedisTimeout(d time.Duration) RedisOption {
+	return func(c *redisConfig) { c.timeout = d }
+}
+
+// WithOverLimitCache sets how many rejected keys are remembered in-process
+// (default 100,000); 0 turns the cache off.
+func WithOverLimitCache(keys int) RedisOption {
+	return func(c *redisConfig) { c.cacheSize = keys }
+}
+
+// WithRedisRegisterer registers the store's metrics (sluice_limiter_fallback_total)
+// on reg. Without it, they are kept but not registered anywhere.
+func WithRedisRegisterer(reg prometheus.Registerer) RedisOption {
+	return func(c *redisConfig) { c.registerer = reg }
+}
+
+// WithRedisLogger sets the logger of Redis state changes (default slog.Default()).
+func WithRedisLogger(l *slog.Logger) RedisOption {
+	return func(c *redisConfig) { c.logger = l }
+}
+
+// WithRedisWorkers sets how many pipelines may be in flight at once (default 4).
+func WithRedisWorkers(n int) RedisOption {
+	return func(c *redisConfig) { c.workers = n }
+}
+
+// WithRedisBatch sets the most decisions sent in one pipeline (default 128).
+func WithRedisBatch(n int) RedisOption {
+	return func(c *redisConfig) { c.batch = n }
+}
+
+// WithRedisProbeBackoff sets the exponential backoff of the probe that watches a
+// failed Redis: the first and the longest wait (default 50ms and 5s).
+func WithRedisProbeBackoff(initial, maximum time.Duration) RedisOption {
+	return func(c *redisConfig) { c.probeMin, c.probeMax = initial, maximum }
+}
+
+// WithKeyGrace sets how long a key outlives the moment its state becomes a fresh
+// key's (default 1s; one minute with WithRedisClock): the latest time seen by the key
+// is kept that long, so a clock stepping back by less than that is still clamped.
+func WithKeyGrace(d time.Duration) RedisOption {
+	return func(c *redisConfig) { c.grace = d }
+}
+
+// closedRetryAfter is the RetryAfter of FailClosed decisions.
+const closedRetryAfter = time.Second
+
+// NewRedis returns a store over client and starts its workers; Close stops them.
+func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
+	cfg := redisConfig{
+		prefix:    "sluice:",
+		timeout:   50 * time.Millisecond,
+		cacheSize: 100_000,
+		workers:   4,
+		batch:     128,
+		probeMin:  50 * time.Millisecond,
+		probeMax:  5 * time.Second,
+		grace:     -1,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.grace < 0 {
+		cfg.grace = time.Second
+		if cfg.clock != nil {
+			cfg.grace = time.Minute
+		}
+	}
+	if strings.ContainsAny(cfg.prefix, "{}") {
+		panic("limiter: WithKeyPrefix: the prefix must not contain '{' or '}'")
+	}
+	cfg.workers = max(cfg.workers, 1)
+	cfg.batch = max(cfg.batch, 1)
+	if cfg.timeout <= 0 {
+		cfg.timeout = 50 * time.Millisecond
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	r := &Redis{
+		client:   client,
+		prefix:   cfg.prefix,
+		clock:    cfg.clock,
+		timeout:  cfg.timeout,
+		grace:    max(cfg.grace.Milliseconds(), 0),
+		logger:   cfg.logger,
+		queue:    make(chan *redisRequest, cfg.workers*cfg.batch*2),
+		quit:     make(chan struct{}),
+		workers:  cfg.workers,
+		batch:    cfg.batch,
+		probeMin: cfg.probeMin,
+		probeMax: cfg.probeMax,
+	}
+	r.reqs.New = func() any { return newRedisRequest() }
+	r.direct = contextDeadlines(client)
+	if cfg.cacheSize > 0 {
+		r.cache = newOverLimitCache(cfg.cacheSize, cfg.clock != nil)
+	}
+	memOpts := []MemoryOption{WithMaxKeys(100_000)}
+	if cfg.clock != nil {
+		memOpts = append(memOpts, WithClock(cfg.clock))
+	}
+	r.local = NewMemory(memOpts...)
+	r.initMetrics(cfg.registerer)
+	for range r.workers {
+		r.wg.Add(1)
+		go r.worker()
+	}
+	return r
+}
+
+// Close stops the workers and the probe. Decisions after Close fall back as if Redis
+// were down. Close does not close the Redis client.
+func (r *Redis) Close() error {
+	r.lifecycle.Lock()
+	if r.closed {
+		r.lifecycle.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.stopped.Store(true)
+	close(r.quit)
+	r.lifecycle.Unlock()
+	r.wg.Wait()
+	return nil
+}
+
+// Fallbacks returns how many decisions were made without Redis because it failed,
+// was too slow or was down.
+func (r *Redis) Fallbacks() int64 { return r.fallbacks.Load() }
+
+// CacheHits returns how many decisions the over-limit cache made without Redis.
+func (r *Redis) CacheHits() int64 { return r.cacheHits.Load() }
+
+// Down reports whether Redis is considered down (decisions fall back).
+func (r *Redis) Down() bool { return r.down.Load() }
+
+// AllowN implements Limiter. It returns an error only for an invalid limit or n < 1;
+// Redis trouble is handled by the limit's FailureMode (see Redis).
+func (r *Redis) AllowN(ctx context.Context, key string, l Limit, n int64) (Decision, error) {
+	if err := checkRequest(l, n); err != nil {
+		return Decision{}, err
+	}
+	p := paramsOf(l)
+	// Any n above the capacity gets the same decision; this keeps n below 2^53.
+	sent := min(n, p.capacity+1)
+	rkey := r.key(key, p.algorithm)
+
+	var now int64
+	if r.clock != nil {
+		now = r.clock().UnixMicro()
+	}
+	var wb writeBack
+	if r.cache != nil {
+		o, hit, w := r.cache.decide(rkey, &p, sent, now)
+		if hit {
+			r.cacheHits.Add(1)
+			return o.decision(p.capacity), nil
+		}
+		wb = w
+	}
+	if r.down.Load() || r.stopped.Load() {
+		return r.fallback(ctx, rkey, l, n), nil
+	}
+
+	req := r.reqs.Get().(*redisRequest)
+	req.prepare(r, rkey, &p, sent, now, &wb)
+	if r.direct && r.inflight.Add(1) == 1 {
+		// Nobody else is waiting for Redis: no pipeline to share, so skip the
+		// hand-over to a worker. The client honours the context's deadline.
+		r.execute(ctx, req.self[:], req.cmds[:0], nil)
+		r.inflight.Add(-1)
+		defer r.reqs.Put(req)
+		if req.err != nil {
+			if ctx.Err() == nil {
+				r.failed(req.err)
+			}
+			return r.fallback(ctx, rkey, l, n), nil
+		}
+		return r.answer(rkey, &p, req), nil
+	} else if r.direct {
+		defer r.inflight.Add(-1)
+	}
+	req.timer.Reset(r.timeout)
+	select {
+	case r.queue <- req:
+	case <-req.timer.C:
+		r.reqs.Put(req)
+		r.markDown(errQueueTimeout)
+		return r.fallback(ctx, rkey, l, n), nil
+	case <-ctx.Done():
+		req.timer.Stop()
+		r.reqs.Put(req)
+		return r.fallback(ctx, rkey, l, n), nil
+	case <-r.quit:
+		req.timer.Stop()
+		r.reqs.Put(req)
+		return r.fallback(ctx, rkey, l, n), nil
+	}
+	select {
+	case <-req.done:
+	case <-req.timer.C:
+		if req.abandon() {
+			r.markDown(errTimeout)
+			return r.fallback(ctx, rkey, l, n), nil
+		}
+		<-req.done
+	case <-ctx.Done():
+		req.timer.Stop() // before abandoning: an abandoned request belongs to its worker
+		if req.abandon() {
+			return r.fallback(ctx, rkey, l, n), nil
+		}
+		<-req.done
+	}
+	req.timer.Stop()
+	defer r.reqs.Put(req)
+	if req.err != nil {
+		r.failed(req.err)
+		return r.fallback(ctx, rkey, l, n), nil
+	}
+	return r.answer(rkey, &p, req), nil
+}
+
+// answer turns Redis' reply to req into the decision, and tells the cache.
+func (r *Redis) answer(rkey string, p *params, req *redisRequest) Decision {
+	if r.cache != nil {
+		r.cache.update(rkey, p, req)
+	}
+	return req.reply.o.decision(p.capacity)
+}
+
+// contextDeadlines reports whether client bounds its calls by their context's
+// deadline, which calling it directly from AllowN needs.
+func contextDeadlines(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+var (
+	errTimeout      = errors.New("redis did not answer within the timeout")
+	errQueueTimeout = errors.New("redis workers busy past the timeout")
+	errClosed       = errors.New("limiter closed")
+	errReply        = errors.New("unexpected reply from a limiter script")
+)
+
+// key returns the Redis key of key under algorithm a.
+func (r *Redis) key(key string, a Algorithm) string {
+	var suffix string
+	switch a {
+	case TokenBucket:
+		suffix = "tb"
+	case LeakyBucket:
+		suffix = "lb"
+	case FixedWindow:
+		suffix = "fw"
+	case SlidingWindowLog:
+		suffix = "swl"
+	case SlidingWindowCounter:
+		suffix = "swc"
+	}
+	b := make([]byte, 0, len(r.prefix)+len(key)+len(suffix)+6)
+	b = append(b, r.prefix...)
+	b = append(b, '{')
+	b = appendHashTag(b, key)
+	b = append(b, '}', ':')
+	b = append(b, suffix...)
+	return string(b)
+}
+
+// appendHashTag appends key as it goes between the braces of a hash tag: unchanged,
+// unless it is empty, starts with '~' or contains '}' (which would end the tag
+// early or make it empty, so the keys of one decision could land in different
+// Cluster slots). Those keys become '~' followed by the key with '~' written "~~"
+// and '}' written "~)", so distinct keys always give distinct tags.
+func appendHashTag(b []byte, key string) []byte {
+	if key != "" && key[0] != '~' && strings.IndexByte(key, '}') < 0 {
+		return append(b, key...)
+	}
+	b = append(b, '~')
+	for i := 0; i < len(key); i++ {
+		switch key[i] {
+		case '~':
+			b = append(b, '~', '~')
+		case '}':
+			b = append(b, '~', ')')
+		default:
+			b = append(b, key[i])
+		}
+	}
+	return b
+}
+
+// scriptOf returns the script of algorithm a.
+func scriptOf(a Algorithm) *redis.Script {
+	switch a {
+	case TokenBucket, LeakyBucket:
+		return bucketScript
+	case FixedWindow:
+		return fixedWindowScript
+	case SlidingWindowLog:
+		return slidingLogScript
+	default:
+		return slidingCounterScript
+	}
+}
+
+// redisReply is a script's answer.
+type redisReply struct {
+	o   outcome
+	now int64 // the script's time, µs, after clamping
+
+	// State after a rejection, for the over-limit cache.
+	level   string // buckets, as stored
+	start   int64  // windows
+	count   int64
+	prev    int64
+	logSize int64 // sliding log
+	newest  int64
+	head    [logPrefix]int64
+	nhead   int
+	hasLog  bool
+}
+
+func (rep *redisReply) parse(a Algorithm, v any) error {
+	vals, ok := v.([]any)
+	if !ok || len(vals) < 5 {
+		return errReply
+	}
+	var ints [5]int64
+	for i := range ints {
+		if ints[i], ok = vals[i].(int64); !ok {
+			return errReply
+		}
+	}
+	rep.o = outcome{allowed: ints[0] == 1, remaining: ints[1], retryAfter: ints[2], resetAfter: ints[3]}
+	rep.now = ints[4]
+	rep.hasLog, rep.nhead = false, 0
+	rest := vals[5:]
+	intAt := func(i int) int64 {
+		if i < len(rest) {
+			if x, ok := rest[i].(int64); ok {
+				return x
+			}
+		}
+		ok = false
+		return 0
+	}
+	switch a {
+	case TokenBucket, LeakyBucket:
+		if len(rest) < 1 {
+			return errReply
+		}
+		if rep.level, ok = rest[0].(string); !ok {
+			return errReply
+		}
+	case FixedWindow:
+		rep.start, rep.count = intAt(0), intAt(1)
+	case SlidingWindowCounter:
+		rep.start, rep.count, rep.prev = intAt(0), intAt(1), intAt(2)
+	case SlidingWindowLog:
+		if len(rest) >= 2 {
+			rep.hasLog = true
+			rep.logSize, rep.newest = intAt(0), intAt(1)
+			for i := 2; i < len(rest) && rep.nhead < logPrefix; i++ {
+				rep.head[rep.nhead] = intAt(i)
+				rep.nhead++
+			}
+		}
+	}
+	if !ok {
+		return errReply
+	}
+	return nil
+}
+
+// redisRequest is one decision on its way through a worker. Requests are pooled.
+type redisRequest struct {
+	script *redis.Script
+	alg    Algorithm
+	keys   [2]string
+	nkeys  int
+	args   [11]any
+	nargs  int
+
+	sent  int64 // mono µs when its pipeline was sent
+	reply redisReply
+	err   error
+
+	state atomic.Int32 // requestPending, requestDone, requestAbandoned
+	done  chan struct{}
+	timer *time.Timer
+	owner *Redis
+	self  [1]*redisRequest // a batch of one, for direct calls
+	cmds  [1]*redis.Cmd
+}
+
+const (
+	requestPending int32 = iota
+	requestDone
+	requestAbandoned
+)
+
+func newRedisRequest() *redisRequest {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	req := &redisRequest{done: make(chan struct{}, 1), timer: t}
+	req.self[0] = req
+	return req
+}
+
+// prepare fills req for one decision.
+func (req *redisRequest) prepare(r *Redis, rkey string, p *params, n, now int64, wb *writeBack) {
+	req.owner = r
+	req.script = scriptOf(p.algorithm)
+	req.alg = p.algorithm
+	req.err = nil
+	req.state.Store(requestPending)
+	req.keys[0] = rkey
+	req.nkeys = 1
+	if p.algorithm == SlidingWindowLog {
+		req.keys[1] = rkey + ":t"
+		req.nkeys = 2
+	}
+	if r.clock != nil {
+		if wb.seen && wb.last > now {
+			now = wb.last // the latest time the key has seen in-process
+		}
+		req.args[0] = now
+	} else {
+		req.args[0] = ""
+	}
+	forgive := 0
+	if p.forgive {
+		forgive = 1
+	}
+	req.args[1], req.args[2], req.args[3], req.args[4] = n, p.rate, p.period, p.capacity
+	req.args[5], req.args[6] = forgive, r.grace
+	req.nargs = 7
+	if p.algorithm == TokenBucket || p.algorithm == LeakyBucket {
+		if wb.bucket {
+			req.args[7] = wb.casLast
+			req.args[8] = wb.casLevel
+			req.args[9] = wb.last
+			req.args[10] = strconv.FormatFloat(wb.level, 'g', -1, 64)
+		} else {
+			req.args[7], req.args[8], req.args[9], req.args[10] = "", "", "", ""
+		}
+		req.nargs = 11
+	}
+}
+
+// abandon gives the request up; false means its answer has arrived meanwhile. An
+// abandoned request is put back in the pool by its worker.
+func (req *redisRequest) abandon() bool {
+	return req.state.CompareAndSwap(requestPending, requestAbandoned)
+}
+
+// finish hands the request back to its caller, or to the pool if the caller gave up.
+func (req *redisRequest) finish() {
+	if req.state.CompareAndSwap(requestPending, requestDone) {
+		req.done <- struct{}{}
+		return
+	}
+	req.owner.reqs.Put(req)
+}
+
+// fallback decides without Redis, per l.FailureMode, and counts it.
+func (r *Redis) fallback(ctx context.Context, rkey string, l Limit, n int64) Decision {
+	mode := l.FailureMode
+	if mode == "" {
+		mode = FailLocal
+	}
+	r.fallbacks.Add(1)
+	r.fallbackTotal[mode].Inc()
+	capacity := l.Capacity()
+	switch mode {
+	case FailOpen:
+		return Decision{Allowed: true, Limit: capacity, Remaining: max(capacity-n, 0)}
+	case FailClosed:
+		retry := closedRetryAfter
+		if n > capacity {
+			retry = Never
+		}
+		return Decision{Limit: capacity, RetryAfter: retry, ResetAfter: closedRetryAfter}
+	default:
+		d, _ := r.local.AllowN(ctx, rkey, l, n)
+		return d
+	}
+}

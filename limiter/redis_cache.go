@@ -1,0 +1,261 @@
+package limiter
+
+import (
+	"hash/maphash"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// The over-limit cache. When Redis rejects a request with a finite retry-after, and
+// the algorithm records nothing for a rejected request (every algorithm but the
+// sliding log without ForgiveRejected), the cache keeps a copy of the key's state as
+// the script left it, until the retry-after has passed. A later request on the key
+// is decided on that copy, with the algorithm's own code (algorithm.go): if the copy
+// rejects it, that rejection is the answer, without a round trip; if it would allow
+// it, Redis decides. So the cache only ever rejects, and rejects exactly what Redis
+// would reject, with the same remaining, retry-after and reset, as long as no other
+// process changes the key meanwhile (if one does, it can only have used more quota:
+// the rejection stays right, its numbers may be a little optimistic).
+//
+// Each cached rejection updates the copy as Redis would have (the latest time seen;
+// the buckets' level, drained to that time). With an injected clock the next request
+// sent to Redis carries that back: its time is clamped to the latest the key has
+// seen, and a bucket's level and time replace those in Redis if Redis still holds
+// what the cache copied (a compare-and-set in the script). Decisions are then the
+// ones the memory store makes, to the microsecond. With Redis server time, the copy
+// runs on the server's time as estimated from the local monotonic clock: the
+// script's time plus the time elapsed since the request was sent, never behind the
+// server's, so the estimate errs on the side of allowing (which goes to Redis).
+//
+// The cache is bounded: sharded maps of at most size entries in all; a full shard
+// drops expired entries, or one entry, before adding one.
+type overLimitCache struct {
+	injected bool // times are the injected clock's, not Redis server time
+	perShard int
+	seed     maphash.Seed
+	shards   [cacheShards]cacheShard
+	mono     func() int64
+}
+
+const cacheShards = 32
+
+type cacheShard struct {
+	mu sync.Mutex
+	m  map[string]*cacheEntry
+	_  [40]byte
+}
+
+type cacheEntry struct {
+	algorithm Algorithm
+	st        state      // buckets and windows; st.last for every algorithm
+	log       partialLog // sliding log with ForgiveRejected
+	until     int64      // µs; from then on, ask Redis again
+
+	// Injected clock, buckets: the state Redis holds, and whether st has moved on
+	// from it (see writeBack).
+	redisLast  int64
+	redisLevel string
+	dirty      bool
+
+	// Redis server time: the script's time, and the local monotonic time when the
+	// request was sent.
+	serverAt, sentAt int64
+}
+
+// writeBack is what a request sent to Redis carries from the cache (injected clock).
+type writeBack struct {
+	seen     bool  // the cache knows the key
+	last     int64 // latest time the key has seen in-process
+	bucket   bool  // replace the bucket's (casLast, casLevel) in Redis by (last, level)
+	casLast  int64
+	casLevel string
+	level    float64
+}
+
+func newOverLimitCache(size int, injected bool) *overLimitCache {
+	c := &overLimitCache{
+		injected: injected,
+		perShard: max(size/cacheShards, 1),
+		seed:     maphash.MakeSeed(),
+		mono:     func() int64 { return time.Since(monoBase).Microseconds() },
+	}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]*cacheEntry)
+	}
+	return c
+}
+
+func (c *overLimitCache) shard(key string) *cacheShard {
+	return &c.shards[maphash.String(c.seed, key)%cacheShards]
+}
+
+// decide answers a request on rkey from the cache when it can (hit: a rejection).
+// now is the injected clock's time (unused with Redis server time). On a miss it
+// returns what the request must carry to Redis.
+func (c *overLimitCache) decide(rkey string, p *params, n, now int64) (outcome, bool, writeBack) {
+	sh := c.shard(rkey)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[rkey]
+	if e == nil {
+		return outcome{}, false, writeBack{}
+	}
+	var wb writeBack
+	if c.injected {
+		wb = writeBack{seen: true, last: e.st.last}
+		if e.dirty {
+			wb.bucket, wb.casLast, wb.casLevel, wb.level = true, e.redisLast, e.redisLevel, e.st.level
+		}
+	} else {
+		now = e.serverAt + c.mono() - e.sentAt
+	}
+	if e.algorithm != p.algorithm || max(now, e.st.last) >= e.until {
+		return outcome{}, false, wb
+	}
+	if p.algorithm == SlidingWindowLog {
+		if !p.forgive {
+			return outcome{}, false, wb
+		}
+		o, ok := e.log.decide(&e.st.last, p, now, n)
+		return o, ok, wb
+	}
+	st := e.st
+	o := st.decide(p, now, n)
+	if o.allowed {
+		return outcome{}, false, wb
+	}
+	e.st = st
+	e.dirty = p.algorithm == TokenBucket || p.algorithm == LeakyBucket
+	return o, true, wb
+}
+
+// update records Redis' answer to a request on rkey.
+func (c *overLimitCache) update(rkey string, p *params, req *redisRequest) {
+	rep := &req.reply
+	cacheable := !rep.o.allowed && rep.o.retryAfter > 0
+	var level float64
+	switch p.algorithm {
+	case TokenBucket, LeakyBucket:
+		var err error
+		if level, err = strconv.ParseFloat(rep.level, 64); err != nil {
+			cacheable = false
+		}
+	case SlidingWindowLog:
+		cacheable = cacheable && p.forgive && rep.hasLog
+	}
+	sh := c.shard(rkey)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[rkey]
+	if !cacheable {
+		// Redis knows everything the entry knew: the request carried it.
+		if e != nil {
+			delete(sh.m, rkey)
+		}
+		return
+	}
+	if e == nil {
+		if len(sh.m) >= c.perShard {
+			c.evict(sh, rep.now)
+		}
+		e = &cacheEntry{}
+		sh.m[rkey] = e
+	}
+	e.algorithm = p.algorithm
+	e.st = state{last: rep.now, level: level, start: rep.start, count: rep.count, prev: rep.prev}
+	if p.algorithm == SlidingWindowLog {
+		e.log.set(rep.head[:rep.nhead], rep.logSize, rep.newest)
+	}
+	e.until = rep.now + rep.o.retryAfter
+	e.redisLast, e.redisLevel, e.dirty = rep.now, rep.level, false
+	e.serverAt, e.sentAt = rep.now, req.sent
+}
+
+// evict makes room in sh, whose lock is held: among a few entries, those past their
+// time go; if none is, the first one does.
+func (c *overLimitCache) evict(sh *cacheShard, now int64) {
+	seen, freed := 0, false
+	var first string
+	mono := c.mono()
+	for k, e := range sh.m {
+		t := now
+		if !c.injected {
+			t = e.serverAt + mono - e.sentAt
+		}
+		if max(t, e.st.last) >= e.until {
+			delete(sh.m, k)
+			freed = true
+		} else if first == "" {
+			first = k
+		}
+		if seen++; seen == sampleSize {
+			break
+		}
+	}
+	if !freed && first != "" {
+		delete(sh.m, first)
+	}
+}
+
+// len returns the number of entries, for tests.
+func (c *overLimitCache) len() int {
+	total := 0
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		total += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return total
+}
+
+// partialLog is what the cache knows of a sliding log: its oldest timestamps (head),
+// how many follow them (rest, all at or after head's last), and the newest.
+type partialLog struct {
+	head   []int64
+	rest   int64
+	newest int64
+}
+
+func (l *partialLog) set(head []int64, size, newest int64) {
+	l.head = append(l.head[:0], head...)
+	l.rest = size - int64(len(head))
+	l.newest = newest
+}
+
+// decide is state.slidingLog for a forgiving log, on what the cache knows of it: ok
+// is false when the request would be allowed or the answer needs timestamps the
+// cache does not have.
+func (l *partialLog) decide(last *int64, p *params, now, n int64) (outcome, bool) {
+	now = max(now, *last)
+	cutoff := now - p.period
+	i := 0
+	for i < len(l.head) && l.head[i] <= cutoff {
+		i++
+	}
+	head := l.head[i:]
+	if len(head) == 0 && l.rest > 0 {
+		return outcome{}, false // which of the rest have expired is unknown
+	}
+	size := int64(len(head)) + l.rest
+	if size+n <= p.rate {
+		return outcome{}, false
+	}
+	o := outcome{remaining: max(p.rate-size, 0)}
+	if n > p.rate {
+		o.retryAfter = never
+	} else {
+		idx := size + n - p.rate - 1
+		if idx >= int64(len(head)) {
+			return outcome{}, false
+		}
+		o.retryAfter = head[idx] + p.period - now
+	}
+	if size > 0 {
+		o.resetAfter = l.newest + p.period - now
+	}
+	*last = now
+	l.head = l.head[:copy(l.head, head)]
+	return o, true
+}

@@ -1,0 +1,132 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// What the Redis store does when Redis fails: see Redis.
+
+var monoBase = time.Now()
+
+// monoMicros reads the monotonic clock, in µs since the package started.
+func (r *Redis) monoMicros() int64 { return time.Since(monoBase).Microseconds() }
+
+func (r *Redis) initMetrics(reg prometheus.Registerer) {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_limiter_fallback_total",
+		Help: "Decisions the Redis limiter store made without Redis (Redis failed, was too slow or was down), by failure mode.",
+	}, []string{"mode"})
+	if reg != nil {
+		if err := reg.Register(vec); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				if v, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+					vec = v // another store registered it: count there too
+				}
+			} else {
+				r.logger.Error("limiter: cannot register metrics", "err", err)
+			}
+		}
+	}
+	r.fallbackTotal = map[FailureMode]prometheus.Counter{}
+	for _, m := range []FailureMode{FailLocal, FailOpen, FailClosed} {
+		r.fallbackTotal[m] = vec.WithLabelValues(string(m))
+	}
+}
+
+// failed handles a request's error: trouble with Redis itself marks it down; an
+// error that Redis answered for this request alone (a script error, a key of the
+// wrong type) only fails this decision, and is logged at most once a second.
+func (r *Redis) failed(err error) {
+	if errors.Is(err, errClosed) {
+		return
+	}
+	if isRedisTrouble(err) {
+		r.markDown(err)
+		return
+	}
+	now := r.monoMicros()
+	last := r.lastErrLog.Load()
+	if now-last >= int64(time.Second/time.Microsecond) && r.lastErrLog.CompareAndSwap(last, now) {
+		r.logger.Error("limiter: redis rejected a decision; deciding per the limit's failure mode", "err", err)
+	}
+}
+
+// isRedisTrouble reports whether err means Redis is unreachable, too slow or unable
+// to serve, rather than an error reply about one command.
+func isRedisTrouble(err error) bool {
+	if errors.Is(err, errReply) || errors.Is(err, errClosed) {
+		return false
+	}
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return true // network, timeout, pool, closed client
+	}
+	for _, prefix := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "BUSY", "TRYAGAIN", "NOREPLICAS"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// markDown records that Redis failed: decisions fall back until a probe finds it again.
+func (r *Redis) markDown(err error) {
+	if r.down.Load() {
+		return
+	}
+	r.lifecycle.Lock()
+	defer r.lifecycle.Unlock()
+	if r.closed || !r.down.CompareAndSwap(false, true) {
+		return
+	}
+	r.logger.Warn("limiter: redis is down; deciding per each limit's failure mode until it answers", "err", err)
+	r.wg.Add(1)
+	go r.probe()
+}
+
+// probe PINGs Redis with exponential backoff until it answers, then sends decisions
+// back to it.
+func (r *Redis) probe() {
+	defer r.wg.Done()
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(r.probeMin),
+		backoff.WithMaxInterval(r.probeMax),
+		backoff.WithMaxElapsedTime(0),
+	)
+	started := time.Now()
+	t := time.NewTimer(b.NextBackOff())
+	defer t.Stop()
+	for attempts := 1; ; attempts++ {
+		select {
+		case <-r.quit:
+			return
+		case <-t.C:
+		}
+		if err := r.ping(); err == nil {
+			r.down.Store(false)
+			r.logger.Info("limiter: redis is back; deciding with redis again",
+				"down_for", time.Since(started).Round(time.Millisecond), "probes", attempts)
+			return
+		}
+		t.Reset(b.NextBackOff())
+	}
+}
+
+// ping checks that Redis answers: every master of a Cluster.
+func (r *Redis) ping() error {
+	ctx, cancel := context.WithTimeout(context.Background(), max(r.timeout, 100*time.Millisecond))
+	defer cancel()
+	if c, ok := r.client.(*redis.ClusterClient); ok {
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.Ping(ctx).Err()
+		})
+	}
+	return r.client.Ping(ctx).Err()
+}
