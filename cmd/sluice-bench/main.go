@@ -25,6 +25,10 @@ var modes = []struct {
 	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) int
 }{
 	{"limiter", "decisions per second: the memory store vs x/time/rate, the Redis store vs redis_rate", runLimiter},
+	{"http", "requests per second and latency: upstream, plain reverse proxy, sluice serve", runHTTP},
+	// The servers that the http mode runs as processes of their own.
+	{"upstream", "(internal) the http mode's upstream", runUpstream},
+	{"plain-proxy", "(internal) the http mode's plain reverse proxy", runPlainProxy},
 }
 
 func main() {
