@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
 // The tests check the shape of the output only: timings on a shared CI machine mean
@@ -97,5 +99,30 @@ func TestUsage(t *testing.T) {
 		if _, _, code := benchRun(t, tc.args...); code != tc.code {
 			t.Errorf("%q: exit %d, want %d", tc.args, code, tc.code)
 		}
+	}
+}
+
+func TestLatency(t *testing.T) {
+	for ns, want := range map[float64]string{74.4: "74ns", 999: "999ns", 57658.6: "57.7µs", 564750: "565µs", 1234567: "1.23ms", 0: "0s"} {
+		if got := latency(ns); got != want {
+			t.Errorf("latency(%v) = %q, want %q", ns, got, want)
+		}
+	}
+}
+
+func TestLimiterRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	out, errOut, code := benchRun(t, "limiter", "--duration", "20ms", "--warmup", "5ms", "--keys", "100",
+		"--redis", "redis://"+srv.Addr()+"/0", "--redis-callers", "1,4", "--redis-keys", "10")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"sluice redis", "redis_rate"} {
+		if n := strings.Count(out, " "+want+" "); n != 2 {
+			t.Errorf("%d rows of %s, want 2 (1 and 4 callers):\n%s", n, want, out)
+		}
+	}
+	if keys, err := srv.Client().Keys(context.Background(), "*").Result(); err != nil || len(keys) > 0 {
+		t.Errorf("keys left in Redis: %d, %v", len(keys), err)
 	}
 }

@@ -108,6 +108,10 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	// leaves a partial table behind.
 	var in io.Reader = os.Stdin
 	name := "stdin"
+	if *tracePath == "" && isTerminal(os.Stdin) {
+		// Otherwise a forgotten --trace looks like a hang.
+		fmt.Fprintln(stderr, "sluice simulate: reading the trace from the terminal; end it with Ctrl-D (or pass --trace FILE)")
+	}
 	if *tracePath != "" {
 		f, err := os.Open(*tracePath)
 		if err != nil {
@@ -128,17 +132,19 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	// it needs no lock.
 	now := simulateStart
 	clock := func() time.Time { return now }
-	var store limiter.Limiter
+	var store limiter.Limiter = limiter.NewMemory(limiter.WithClock(clock))
+	var onRedis *redisSimulation
 	if *redisURL != "" {
-		rs, closeStore, err := newRedisSimulateStore(ctx, *redisURL, clock)
-		if err != nil {
+		if onRedis, err = newRedisSimulation(ctx, *redisURL, clock, stderr); err != nil {
 			fmt.Fprintf(stderr, "sluice simulate: --redis: %v\n", err)
 			return exitFailure
 		}
-		defer closeStore()
-		store = rs
-	} else {
-		store = limiter.NewMemory(limiter.WithClock(clock))
+		defer func() {
+			if err := onRedis.close(); err != nil {
+				fmt.Fprintf(stderr, "sluice simulate: --redis: removing the simulation's keys: %v\n", err)
+			}
+		}()
+		store = onRedis
 	}
 
 	prog := newProgress(stderr, len(reqs))
@@ -162,6 +168,12 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		results = append(results, outcome{r, d})
 	}
 	prog.done()
+	if onRedis != nil {
+		if err := onRedis.check(); err != nil {
+			fmt.Fprintf(stderr, "sluice simulate: --redis: %v; no result printed\n", err)
+			return exitFailure
+		}
+	}
 
 	w := bufio.NewWriter(stdout)
 	if *asJSON {

@@ -2,14 +2,99 @@ package main
 
 import (
 	"context"
-	"errors"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/limiter"
 )
 
-// newRedisSimulateStore connects to the Redis at url and returns a Redis store that
-// reads the simulated clock, and a function that removes the run's keys and closes it.
-func newRedisSimulateStore(ctx context.Context, url string, clock func() time.Time) (limiter.Limiter, func(), error) {
-	return nil, nil, errors.New("the Redis store is not built yet")
+// redisSimulateTimeout bounds each decision of a simulation on Redis. A simulation is
+// not on anyone's request path, so it can wait much longer than the store's default;
+// anything slower is treated as a failure of the run, not silently decided locally.
+const redisSimulateTimeout = 5 * time.Second
+
+// redisSimulation is a Redis store on a unique key prefix, so a simulation never
+// touches the keys of a live sluice sharing the Redis, and removes its keys at the end.
+type redisSimulation struct {
+	*limiter.Redis
+	client *redis.Client
+	prefix string
+}
+
+// newRedisSimulation connects to the Redis at url and returns a store that reads the
+// simulated clock.
+func newRedisSimulation(ctx context.Context, url string, clock func() time.Time, logTo io.Writer) (*redisSimulation, error) {
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the URL: %w", err)
+	}
+	client := redis.NewClient(opts)
+	pingCtx, cancel := context.WithTimeout(ctx, redisSimulateTimeout)
+	defer cancel()
+	if err := client.Ping(pingCtx).Err(); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("connecting to %s: %w", opts.Addr, err)
+	}
+	var id [8]byte
+	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails
+	prefix := "sluice-simulate:" + hex.EncodeToString(id[:]) + ":"
+	store := limiter.NewRedis(client,
+		limiter.WithRedisClock(clock),
+		limiter.WithKeyPrefix(prefix),
+		limiter.WithRedisTimeout(redisSimulateTimeout),
+		limiter.WithRedisLogger(slog.New(slog.NewTextHandler(logTo, nil))))
+	return &redisSimulation{Redis: store, client: client, prefix: prefix}, nil
+}
+
+// check reports whether any decision fell back to the in-process store: the table
+// would then not be what Redis decided, and the run must fail rather than mislead.
+func (s *redisSimulation) check() error {
+	if n := s.Fallbacks(); n > 0 {
+		return fmt.Errorf("%d decisions could not be made on Redis", n)
+	}
+	return nil
+}
+
+// close removes the simulation's keys (they would expire anyway, but a tool should
+// not leave litter behind) and disconnects.
+func (s *redisSimulation) close() error {
+	s.Redis.Close()
+	defer s.client.Close()
+	return deleteKeys(context.Background(), s.client, s.prefix+"*")
+}
+
+// deleteKeys removes every key matching pattern, with SCAN so a large Redis is not blocked.
+func deleteKeys(ctx context.Context, client *redis.Client, pattern string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	iter := client.Scan(ctx, 0, pattern, 1000).Iterator()
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := client.Unlink(ctx, batch...).Err()
+		batch = batch[:0]
+		return err
+	}
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 1000 {
+			if err := flush(); err != nil {
+				return fmt.Errorf("deleting %s: %w", pattern, err)
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return fmt.Errorf("scanning for %s: %w", pattern, err)
+	}
+	if err := flush(); err != nil {
+		return fmt.Errorf("deleting %s: %w", pattern, err)
+	}
+	return nil
 }

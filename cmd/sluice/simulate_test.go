@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files of simulate's tests")
@@ -322,5 +324,65 @@ func TestParseRate(t *testing.T) {
 		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 			t.Errorf("parseRate(%q) error %v, want one containing %q", tc.in, err, tc.wantErr)
 		}
+	}
+}
+
+// TestSimulateRedis replays the golden traces on a real Redis: the Redis store must
+// reach the memory store's decisions, and the run must leave no key behind.
+func TestSimulateRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr() + "/0"
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"token_bucket", []string{"--algorithm", "token_bucket", "--bucket-size", "3", "--refill-rate", "2/s"}},
+		{"leaky_bucket", []string{"--algorithm", "leaky_bucket", "--bucket-size", "3", "--outflow-rate", "2/s"}},
+		{"fixed_window", []string{"--algorithm", "fixed_window", "--limit", "3", "--window", "1s"}},
+		{"sliding_window_log", []string{"--algorithm", "sliding_window_log", "--limit", "3", "--window", "1s"}},
+		{"sliding_window_log_forgive", []string{"--algorithm", "sliding_window_log", "--limit", "3", "--window", "1s", "--forgive-rejected"}},
+		{"sliding_window_counter", []string{"--algorithm", "sliding_window_counter", "--limit", "3", "--window", "1s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := os.ReadFile(filepath.Join("testdata", "simulate", tc.name+".golden"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, errOut, code := simulate(t, append(tc.args, "--trace", smallTrace, "--redis", url)...)
+			if code != exitOK {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			if out != string(want) {
+				t.Errorf("Redis differs from the memory store:\ngot:\n%s\nwant:\n%s", out, want)
+			}
+		})
+	}
+	if keys, err := srv.Client().Keys(context.Background(), "*").Result(); err != nil || len(keys) > 0 {
+		t.Errorf("keys left in Redis: %q, %v", keys, err)
+	}
+
+	// The same trace twice at once on one Redis: unique prefixes keep the runs apart.
+	args := []string{"--algorithm", "fixed_window", "--limit", "3", "--window", "1s", "--trace", smallTrace, "--redis", url}
+	outs := make(chan string, 2)
+	for range 2 {
+		go func() { out, _, _ := simulate(t, args...); outs <- out }()
+	}
+	if a, b := <-outs, <-outs; a != b {
+		t.Errorf("concurrent runs disagree:\n%s\n%s", a, b)
+	}
+}
+
+func TestSimulateRedisUnreachable(t *testing.T) {
+	// A port nothing listens on: the run fails with status 1 and prints no table.
+	trace := writeTrace(t, "0s\n")
+	out, errOut, code := simulate(t, "--algorithm", "fixed_window", "--limit", "3", "--window", "1s",
+		"--trace", trace, "--redis", "redis://127.0.0.1:1/0")
+	if code != exitFailure || out != "" || !strings.Contains(errOut, "--redis: connecting to 127.0.0.1:1") {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	out, errOut, code = simulate(t, "--algorithm", "fixed_window", "--limit", "3", "--window", "1s",
+		"--trace", trace, "--redis", "http://x")
+	if code != exitFailure || out != "" || !strings.Contains(errOut, "--redis: parsing the URL") {
+		t.Errorf("bad URL: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
