@@ -41,7 +41,7 @@ func quotaExceeded(policies []string, limit int64, retryAfter time.Duration) pro
 		Type:             quotaExceededType,
 		Title:            "Request cannot be satisfied as assigned quota has been exceeded",
 		Status:           http.StatusTooManyRequests,
-		Detail:           "Retry after " + strconv.FormatInt(secs, 10) + " seconds.",
+		Detail:           "Quota exceeded; retry in " + strconv.FormatInt(secs, 10) + " s.",
 		ViolatedPolicies: policies,
 		Limit:            limit,
 		RetryAfter:       secs,

@@ -26,9 +26,10 @@ var modes = []struct {
 }{
 	{"limiter", "decisions per second: the memory store vs x/time/rate, the Redis store vs redis_rate", runLimiter},
 	{"http", "requests per second and latency: upstream, plain reverse proxy, sluice serve", runHTTP},
-	// The servers that the http mode runs as processes of their own.
-	{"upstream", "(internal) the http mode's upstream", runUpstream},
-	{"plain-proxy", "(internal) the http mode's plain reverse proxy", runPlainProxy},
+	// The servers that the http mode runs as processes of their own; upstream is also
+	// handy for trying sluice out (see the README's quick start).
+	{"upstream", "a small HTTP server answering {\"ok\":true}: sluice-bench upstream ADDR", runUpstream},
+	{"plain-proxy", "a plain httputil.ReverseProxy: sluice-bench plain-proxy ADDR UPSTREAM_URL", runPlainProxy},
 }
 
 func main() {
