@@ -1,0 +1,215 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+// Option configures a Dispatcher.
+type Option func(*options)
+
+type options struct {
+	logger          *slog.Logger
+	registerer      prometheus.Registerer
+	client          *http.Client
+	deliveryTimeout time.Duration
+	ackWait         time.Duration
+	pinnedTTL       time.Duration
+	fetchWait       time.Duration
+	defaultPause    time.Duration
+	maxPause        time.Duration
+	clock           Clock
+}
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithRegisterer registers the dispatcher metrics on r (none are registered without it).
+func WithRegisterer(r prometheus.Registerer) Option {
+	return func(o *options) { o.registerer = r }
+}
+
+// WithHTTPClient sets the client for HTTP downstreams. Its Timeout is ignored in favour
+// of the delivery timeout; it should not follow redirects. Default: a client of its own
+// with keep-alive connections and no redirects.
+func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.client = c } }
+
+// WithDeliveryTimeout bounds one delivery attempt (default 30s). A timeout is a failed
+// attempt.
+func WithDeliveryTimeout(d time.Duration) Option {
+	return func(o *options) { o.deliveryTimeout = d }
+}
+
+// WithAckWait sets the consumer's ack wait: how long after a dispatcher took a message
+// and went silent it is handed to another one (default: delivery timeout + 30s; never
+// less than delivery timeout + two pacing intervals + 1s).
+func WithAckWait(d time.Duration) Option { return func(o *options) { o.ackWait = d } }
+
+// WithPinnedTTL sets how long the server keeps a queue pinned to a dispatcher that has
+// stopped asking for messages — the fail-over time after a dispatcher dies (default
+// 10s; raised to at least two fetch waits plus two pacing intervals).
+func WithPinnedTTL(d time.Duration) Option { return func(o *options) { o.pinnedTTL = d } }
+
+// WithFetchWait sets the expiry of each pull request (default: a third of the pinned
+// TTL, at most 5s).
+func WithFetchWait(d time.Duration) Option { return func(o *options) { o.fetchWait = d } }
+
+// WithDefaultPause sets the pause after a 429 or 503 without a usable Retry-After
+// (default 1s).
+func WithDefaultPause(d time.Duration) Option { return func(o *options) { o.defaultPause = d } }
+
+// WithMaxPause caps the pause a downstream's Retry-After can impose (default 1h).
+func WithMaxPause(d time.Duration) Option { return func(o *options) { o.maxPause = d } }
+
+// WithPacerClock sets the clock of the dispatcher's pacers (default SystemClock).
+func WithPacerClock(c Clock) Option { return func(o *options) { o.clock = c } }
+
+// Dispatcher drains queues of a queue.Store to their downstreams.
+//
+// Any number of dispatcher processes may run the same queue. They share one durable pull
+// consumer whose pinned priority group lets the server hand messages to one of them at a
+// time (the pinned one); that dispatcher's Pacer therefore sets the queue's global
+// outflow. When it dies, it stops sending pull requests; after the pinned TTL the
+// server pins one of the others, whose pull requests were waiting all along (fail-over).
+// Messages the dead one had taken come back after the ack wait, with the same ticket as
+// Idempotency-Key. A dispatcher that stops cleanly unpins itself at once.
+//
+// Each dispatcher asks for one message at a time (a pull request of batch 1 that
+// expires after the fetch wait) and only after the message has arrived waits for its
+// pacing slot — at most one interval, so no message sits in a buffer while its ack wait
+// runs. The consumer's MaxAckPending is the queue's MaxInFlight, which caps concurrent
+// deliveries across all dispatchers.
+//
+// A 429 or 503 answer pauses the queue until its Retry-After (capped by WithMaxPause):
+// the dispatcher pauses the consumer on the server (PauseConsumer), which stops every
+// replica, and its own pacer; the message is retried after the pause and the attempt is
+// not counted. Other 5xx answers, timeouts and connection errors are failed attempts,
+// retried after an exponential backoff with jitter (NakWithDelay); other 4xx answers
+// end in status failed. After MaxAttempts failed attempts the message is copied to the
+// dead-letter stream, an event goes to sluice.dead.{queue}, and the message is
+// terminated. Failed attempts are counted in the ticket record, because JetStream's
+// delivery count also counts pauses and crash redeliveries.
+//
+// Before a delivery the dispatcher reads the ticket record; a ticket already done,
+// failed or dead is acknowledged without delivering it again (a redelivery after a crash
+// between the final record and the acknowledgement, or a republished duplicate).
+type Dispatcher struct {
+	store   *queue.Store
+	opts    options
+	log     *slog.Logger
+	metrics *metrics
+	client  *http.Client
+}
+
+// New returns a dispatcher for the queues of store.
+func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
+	o := options{
+		deliveryTimeout: 30 * time.Second,
+		pinnedTTL:       10 * time.Second,
+		defaultPause:    time.Second,
+		maxPause:        time.Hour,
+		clock:           SystemClock{},
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if o.deliveryTimeout <= 0 || o.pinnedTTL <= 0 || o.defaultPause <= 0 || o.maxPause <= 0 {
+		return nil, errors.New("dispatcher: timeouts and pauses must be positive")
+	}
+	if o.ackWait > 0 && o.ackWait <= o.deliveryTimeout {
+		return nil, fmt.Errorf("dispatcher: ack wait %s must exceed the delivery timeout %s", o.ackWait, o.deliveryTimeout)
+	}
+	d := &Dispatcher{store: store, opts: o, log: o.logger, metrics: newMetrics()}
+	if o.registerer != nil {
+		if err := d.metrics.register(o.registerer); err != nil {
+			return nil, err
+		}
+	}
+	d.client = o.client
+	if d.client == nil {
+		d.client = defaultHTTPClient()
+	}
+	return d, nil
+}
+
+// Run drains the named queues (every declared queue when none are named) until ctx ends,
+// then lets running deliveries finish (each bounded by the delivery timeout) and
+// returns. It returns an error only for an unknown queue.
+func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
+	var qs []*queue.Queue
+	if len(queues) == 0 {
+		qs = d.store.Queues()
+	}
+	for _, name := range queues {
+		q, err := d.store.Queue(name)
+		if err != nil {
+			return err
+		}
+		qs = append(qs, q)
+	}
+	if len(qs) == 0 {
+		return errors.New("dispatcher: no queues")
+	}
+	var wg sync.WaitGroup
+	for _, q := range qs {
+		r := newRunner(d, q)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.run(ctx)
+		}()
+	}
+	wg.Wait()
+	if d.opts.client == nil {
+		d.client.CloseIdleConnections()
+	}
+	return nil
+}
+
+// effective timing for a queue's rate.
+func (d *Dispatcher) timing(cfg queue.Config) (fetchWait, pinnedTTL, ackWait time.Duration) {
+	interval := cfg.Outflow.Interval()
+	pinnedTTL = d.opts.pinnedTTL
+	fetchWait = d.opts.fetchWait
+	if fetchWait <= 0 {
+		fetchWait = min(pinnedTTL/3, 5*time.Second)
+	}
+	fetchWait = max(fetchWait, 100*time.Millisecond)
+	pinnedTTL = max(pinnedTTL, 2*fetchWait+2*interval)
+	ackWait = d.opts.ackWait
+	if ackWait <= 0 {
+		ackWait = d.opts.deliveryTimeout + 30*time.Second
+	}
+	ackWait = max(ackWait, d.opts.deliveryTimeout+2*interval+time.Second)
+	return fetchWait, pinnedTTL, ackWait
+}
+
+func (d *Dispatcher) consumerConfig(cfg queue.Config) jetstream.ConsumerConfig {
+	_, pinnedTTL, ackWait := d.timing(cfg)
+	return jetstream.ConsumerConfig{
+		Durable:        queue.ConsumerName,
+		Description:    "sluice dispatchers",
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        ackWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  cfg.MaxInFlight,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{queue.PriorityGroup},
+		PinnedTTL:      pinnedTTL,
+	}
+}

@@ -1,0 +1,270 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+// handle takes one fetched message: checks its record, waits for its pacing slot and
+// starts the delivery.
+func (r *runner) handle(ctx context.Context, jm jetstream.Msg) {
+	m, err := queue.Decode(jm)
+	if err != nil {
+		r.log.Error("terminating a message that is not a parked request", "err", err)
+		_ = jm.TermWithReason("not a sluice message")
+		return
+	}
+	if pin := jm.Headers().Get("Nats-Pin-Id"); pin != "" {
+		r.mu.Lock()
+		r.pinID = pin
+		r.mu.Unlock()
+	}
+	cfg := r.config()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	rec, err := r.store.Record(rctx, m.Ticket)
+	cancel()
+	switch {
+	case err == nil && rec.Status.Final():
+		r.log.Debug("ticket already final; acknowledging", "ticket", m.Ticket, "status", rec.Status)
+		_ = jm.Ack()
+		return
+	case errors.Is(err, queue.ErrNotFound):
+		rec = &queue.Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: queue.StatusQueued, ReceivedAt: m.ReceivedAt}
+	case err != nil:
+		r.log.Warn("cannot read the ticket record; retrying later", "ticket", m.Ticket, "err", err)
+		_ = jm.NakWithDelay(time.Second)
+		return
+	}
+	if rec.Attempts >= cfg.MaxAttempts {
+		// A previous dead-lettering did not complete.
+		r.deadLetter(m, jm, rec, cfg)
+		return
+	}
+	// A pause longer than a pull request's life: give the message back until the pause
+	// ends instead of holding it (the server holds the others).
+	r.mu.Lock()
+	fetchWait := r.fetchWait
+	r.mu.Unlock()
+	now := time.Now()
+	if until := r.pacer.PausedUntil(); until.Sub(now) > fetchWait {
+		_ = jm.NakWithDelay(until.Sub(now))
+		return
+	}
+	start, err := r.pacer.Wait(ctx)
+	if err != nil { // shutting down: hand it to another dispatcher at once
+		_ = jm.Nak()
+		return
+	}
+	r.deliveries.Add(1)
+	go func() {
+		defer r.deliveries.Done()
+		r.deliver(m, jm, rec, cfg, start)
+	}()
+}
+
+// Delivery describes the delivery attempt an outgoing request belongs to.
+type Delivery struct {
+	Ticket string
+	Queue  string
+	// Attempt is 1 + the failed attempts before this one.
+	Attempt int
+	// Start is when the pacer let the delivery start (the pacing guarantee is about
+	// these times).
+	Start time.Time
+}
+
+type deliveryKey struct{}
+
+// DeliveryFrom returns the Delivery of a request sent by a Dispatcher, from the
+// request's context. Custom transports (WithHTTPClient) can use it for tracing,
+// metrics or tests.
+func DeliveryFrom(ctx context.Context) (Delivery, bool) {
+	d, ok := ctx.Value(deliveryKey{}).(Delivery)
+	return d, ok
+}
+
+// deliver runs one delivery attempt and settles the message.
+func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, cfg queue.Config, start time.Time) {
+	// Mark the ticket delivering alongside the delivery, not before it: the start time
+	// is the pacing slot.
+	marked := make(chan struct{})
+	go func() {
+		defer close(marked)
+		d := *rec
+		d.Status, d.NextAttemptAt = queue.StatusDelivering, time.Time{}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := r.store.SaveRecord(ctx, &d); err != nil {
+			r.log.Debug("cannot mark delivering", "ticket", m.Ticket, "err", err)
+		}
+	}()
+	r.mu.Lock()
+	tgt := r.target
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), r.d.opts.deliveryTimeout)
+	ctx = context.WithValue(ctx, deliveryKey{}, Delivery{Ticket: m.Ticket, Queue: m.Queue, Attempt: rec.Attempts + 1, Start: start})
+	out := tgt.deliver(ctx, m)
+	cancel()
+	r.m.duration.Observe(time.Since(start).Seconds())
+	<-marked
+
+	switch out.kind {
+	case outcomeDone:
+		r.done(m, jm, rec, out, start)
+	case outcomeThrottled:
+		r.throttled(m, jm, rec, out)
+	case outcomeRetry:
+		rec.Attempts++
+		rec.LastError = out.describe()
+		if rec.Attempts >= cfg.MaxAttempts {
+			r.deadLetter(m, jm, rec, cfg)
+			return
+		}
+		delay := retryDelay(cfg.Backoff, rec.Attempts)
+		rec.Status, rec.NextAttemptAt = queue.StatusQueued, time.Now().Add(delay)
+		r.save(rec, 2)
+		r.m.retried("error").Inc()
+		r.log.Info("delivery failed; retrying", "ticket", m.Ticket, "attempt", rec.Attempts, "err", rec.LastError, "in", delay)
+		_ = jm.NakWithDelay(delay)
+	case outcomeFailed:
+		rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusFailed, out.describe(), time.Time{}
+		rec.Result = out.result()
+		if !r.save(rec, 5) {
+			_ = jm.NakWithDelay(time.Second)
+			return
+		}
+		r.event(queue.DoneSubject(m.Queue), rec, out.status)
+		r.m.failed.Inc()
+		r.log.Info("downstream refused the order; failed", "ticket", m.Ticket, "status", out.status)
+		_ = jm.TermWithReason(fmt.Sprintf("downstream answered %d", out.status))
+	}
+}
+
+func (r *runner) done(m *queue.Message, jm jetstream.Msg, rec *queue.Record, out outcome, start time.Time) {
+	rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusDone, "", time.Time{}
+	rec.Result = out.result()
+	if !r.save(rec, 5) {
+		// Without the record the ticket would vanish: deliver again later (same
+		// Idempotency-Key, so the downstream sees one order).
+		_ = jm.NakWithDelay(time.Second)
+		return
+	}
+	r.event(queue.DoneSubject(m.Queue), rec, out.status)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := jm.DoubleAck(ctx); err != nil {
+		// It comes back after the ack wait and is acknowledged unseen (record is done).
+		r.log.Warn("ack failed", "ticket", m.Ticket, "err", err)
+	}
+	r.m.delivered.Inc()
+	if !m.ReceivedAt.IsZero() {
+		r.m.wait.Observe(max(start.Sub(m.ReceivedAt), 0).Seconds())
+	}
+	r.log.Debug("delivered", "ticket", m.Ticket, "status", out.status)
+}
+
+func (r *runner) throttled(m *queue.Message, jm jetstream.Msg, rec *queue.Record, out outcome) {
+	pause := out.retryAfter
+	if pause <= 0 {
+		pause = r.d.opts.defaultPause
+	}
+	pause = min(pause, r.d.opts.maxPause)
+	until := time.Now().Add(pause)
+	r.pause(until)
+	rec.Status, rec.NextAttemptAt = queue.StatusQueued, until
+	rec.LastError = fmt.Sprintf("%s; queue paused for %s", out.describe(), pause.Round(time.Millisecond))
+	r.save(rec, 2)
+	r.m.retried("throttled").Inc()
+	_ = jm.NakWithDelay(pause)
+}
+
+func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Record, cfg queue.Config) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.store.DeadLetter(ctx, m, rec.Attempts, rec.LastError); err != nil {
+		r.log.Warn("cannot dead-letter; retrying later", "ticket", m.Ticket, "err", err)
+		rec.Status = queue.StatusQueued
+		r.save(rec, 1)
+		_ = jm.NakWithDelay(retryDelay(cfg.Backoff, 1))
+		return
+	}
+	rec.Status, rec.NextAttemptAt = queue.StatusDead, time.Time{}
+	r.save(rec, 5)
+	r.event(queue.DeadSubject(m.Queue), rec, 0)
+	r.m.dead.Inc()
+	r.log.Warn("out of attempts; dead-lettered", "ticket", m.Ticket, "attempts", rec.Attempts, "err", rec.LastError)
+	_ = jm.TermWithReason("max attempts reached")
+}
+
+// save writes the record, trying up to tries times.
+func (r *runner) save(rec *queue.Record, tries int) bool {
+	var err error
+	for i := range tries {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err = r.store.SaveRecord(ctx, rec)
+		cancel()
+		if err == nil {
+			return true
+		}
+		time.Sleep(time.Duration(100*(i+1)) * time.Millisecond)
+	}
+	r.log.Warn("cannot save the ticket record", "ticket", rec.Ticket, "err", err)
+	return false
+}
+
+func (r *runner) event(subject string, rec *queue.Record, status int) {
+	ev := queue.Event{
+		Ticket: rec.Ticket, Queue: rec.Queue, Rule: rec.Rule, Status: rec.Status,
+		DownstreamStatus: status, Attempts: rec.Attempts, Error: rec.LastError, At: time.Now().UTC(),
+	}
+	if err := r.store.PublishEvent(subject, ev); err != nil {
+		r.log.Warn("cannot publish event", "subject", subject, "err", err)
+	}
+}
+
+// retryDelay is the delay before the next attempt after `attempts` failed ones:
+// exponential from b.Initial (doubling), ±50% jitter, capped at b.Max, never zero.
+func retryDelay(b queue.Backoff, attempts int) time.Duration {
+	eb := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(b.Initial),
+		backoff.WithMaxInterval(b.Max),
+		backoff.WithMultiplier(2),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0),
+	)
+	d := b.Initial
+	for range max(attempts, 1) {
+		d = eb.NextBackOff()
+	}
+	return min(max(d, time.Millisecond), b.Max)
+}
+
+// parseRetryAfter reads a Retry-After header: delay-seconds or an HTTP-date. ok is false
+// when it is missing or malformed.
+func parseRetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	v := h.Get("Retry-After")
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+		if secs < 0 {
+			return 0, false
+		}
+		return time.Duration(min(secs, 1<<31)) * time.Second, true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0, false
+	}
+	return max(t.Sub(now), 0), true
+}

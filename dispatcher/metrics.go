@@ -1,0 +1,121 @@
+package dispatcher
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	delivered *prometheus.CounterVec
+	retried   *prometheus.CounterVec
+	failed    *prometheus.CounterVec
+	dead      *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	wait      *prometheus.HistogramVec
+	paused    *prometheus.GaugeVec
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		delivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_queue_delivered_total",
+			Help: "Messages delivered (2xx, or publish acknowledged).",
+		}, []string{"queue"}),
+		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_queue_retried_total",
+			Help: "Deliveries to be retried, by reason: throttled (downstream 429/503, queue paused, attempt not counted) or error (5xx, timeout, network).",
+		}, []string{"queue", "reason"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_queue_failed_total",
+			Help: "Messages refused for good by the downstream (4xx other than 429).",
+		}, []string{"queue"}),
+		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_queue_dead_total",
+			Help: "Messages moved to the dead-letter stream after max attempts.",
+		}, []string{"queue"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_delivery_duration_seconds",
+			Help:    "Duration of delivery attempts, any outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+		}, []string{"queue"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_queue_wait_seconds",
+			Help:    "Time from parking to the start of the successful delivery.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 3, 14),
+		}, []string{"queue"}),
+		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_queue_paused",
+			Help: "1 while the queue is paused by a downstream 429/503 Retry-After.",
+		}, []string{"queue"}),
+	}
+}
+
+// register registers every metric; vectors already registered (by another dispatcher
+// in the same process) are shared.
+func (m *metrics) register(r prometheus.Registerer) error {
+	reg := func(c prometheus.Collector) (prometheus.Collector, error) {
+		if err := r.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				return are.ExistingCollector, nil
+			}
+			return nil, err
+		}
+		return c, nil
+	}
+	for _, p := range []**prometheus.CounterVec{&m.delivered, &m.retried, &m.failed, &m.dead} {
+		c, err := reg(*p)
+		if err != nil {
+			return err
+		}
+		if v, ok := c.(*prometheus.CounterVec); ok {
+			*p = v
+		}
+	}
+	for _, p := range []**prometheus.HistogramVec{&m.duration, &m.wait} {
+		c, err := reg(*p)
+		if err != nil {
+			return err
+		}
+		if v, ok := c.(*prometheus.HistogramVec); ok {
+			*p = v
+		}
+	}
+	c, err := reg(m.paused)
+	if err != nil {
+		return err
+	}
+	if v, ok := c.(*prometheus.GaugeVec); ok {
+		m.paused = v
+	}
+	return nil
+}
+
+type queueMetrics struct {
+	m         *metrics
+	queue     string
+	delivered prometheus.Counter
+	failed    prometheus.Counter
+	dead      prometheus.Counter
+	duration  prometheus.Observer
+	wait      prometheus.Observer
+	paused    prometheus.Gauge
+}
+
+func (m *metrics) forQueue(q string) queueMetrics {
+	return queueMetrics{
+		m:         m,
+		queue:     q,
+		delivered: m.delivered.WithLabelValues(q),
+		failed:    m.failed.WithLabelValues(q),
+		dead:      m.dead.WithLabelValues(q),
+		duration:  m.duration.WithLabelValues(q),
+		wait:      m.wait.WithLabelValues(q),
+		paused:    m.paused.WithLabelValues(q),
+	}
+}
+
+func (q queueMetrics) retried(reason string) prometheus.Counter {
+	return q.m.retried.WithLabelValues(q.queue, reason)
+}

@@ -1,0 +1,333 @@
+package dispatcher
+
+import (
+	"context"
+	"math/bits"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+// simClock is a simulated clock: Sleep advances it by the duration plus a simulated
+// wake-up lateness; nothing really sleeps.
+type simClock struct {
+	mu   sync.Mutex
+	now  time.Time
+	late func() time.Duration
+}
+
+func newSimClock() *simClock {
+	return &simClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *simClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *simClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d > 0 {
+		c.now = c.now.Add(d)
+	}
+	if c.late != nil {
+		c.now = c.now.Add(c.late())
+	}
+	return ctx.Err()
+}
+
+func (c *simClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// ceilRate returns ceil(rate × dt) exactly.
+func ceilRate(r queue.Rate, dt time.Duration) uint64 {
+	hi, lo := bits.Mul64(uint64(r.Count), uint64(dt))
+	q, rem := bits.Div64(hi, lo, uint64(r.Period))
+	if rem != 0 {
+		q++
+	}
+	return q
+}
+
+// checkBound verifies that every window [t_i, t_j] holds at most ceil(rate × Δt) + 1
+// starts, with Δt at least minWindow, and that the times strictly increase.
+func checkBound(t *testing.T, r queue.Rate, times []time.Time, minWindow time.Duration) {
+	t.Helper()
+	for i := 1; i < len(times); i++ {
+		if !times[i].After(times[i-1]) {
+			t.Fatalf("start %d (%v) not after start %d (%v)", i, times[i], i-1, times[i-1])
+		}
+	}
+	worst := 0
+	for i := range times {
+		for j := i + 1; j < len(times); j++ {
+			dt := max(times[j].Sub(times[i]), minWindow)
+			allowed := ceilRate(r, dt) + 1
+			if n := uint64(j - i + 1); n > allowed {
+				t.Fatalf("rate %s: %d starts within %v (%v .. %v), bound %d", r, n, dt, times[i], times[j], allowed)
+			}
+			if dt > 50*r.Interval()+minWindow {
+				break
+			}
+		}
+	}
+	_ = worst
+}
+
+func TestPacerBoundUnderLatenessAndStalls(t *testing.T) {
+	rates := []queue.Rate{
+		queue.PerSecond(10), queue.PerSecond(1000), queue.PerSecond(7919),
+		{Count: 3, Period: 7 * time.Second}, {Count: 1, Period: time.Minute},
+	}
+	for _, r := range rates {
+		t.Run(r.String(), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, uint64(r.Count)))
+			clk := newSimClock()
+			iv := r.Interval()
+			clk.late = func() time.Duration {
+				switch x := rng.IntN(100); {
+				case x < 70:
+					return time.Duration(rng.Int64N(int64(iv)/10 + 1)) // on time-ish
+				case x < 95:
+					return time.Duration(rng.Int64N(int64(iv) + 1)) // up to one interval late
+				default:
+					return time.Duration(rng.Int64N(int64(5*iv) + 1)) // a stall
+				}
+			}
+			p := NewPacer(r, WithClock(clk))
+			ctx := context.Background()
+			var times []time.Time
+			for i := range 3000 {
+				if rng.IntN(50) == 0 { // idle gaps and long stalls between callers
+					clk.Advance(time.Duration(rng.Int64N(int64(20 * iv))))
+				}
+				if i == 1500 {
+					p.PauseUntil(clk.Now().Add(3 * iv))
+				}
+				g, err := p.Wait(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !g.Equal(clk.Now()) {
+					t.Fatalf("grant %v is not the clock's time %v", g, clk.Now())
+				}
+				times = append(times, g)
+			}
+			checkBound(t, r, times, 0)
+		})
+	}
+}
+
+func TestPacerExactRateWhenOnTime(t *testing.T) {
+	for _, r := range []queue.Rate{queue.PerSecond(1000), {Count: 3, Period: time.Second}, queue.PerSecond(10)} {
+		clk := newSimClock()
+		lateRng := rand.New(rand.NewPCG(7, 7))
+		// Lateness below the tolerance loses no slot.
+		tol := min(r.Interval()/2, DefaultTolerance)
+		clk.late = func() time.Duration { return time.Duration(lateRng.Int64N(int64(tol))) }
+		p := NewPacer(r, WithClock(clk))
+		first, _ := p.Wait(context.Background())
+		var last time.Time
+		n := int(r.Count) * 10
+		for range n {
+			last, _ = p.Wait(context.Background())
+		}
+		// n intervals after the first start, give or take the last one's lateness.
+		want := time.Duration(int64(n) * int64(r.Period) / r.Count)
+		if got := last.Sub(first); got < want || got > want+tol {
+			t.Errorf("rate %s: %d starts took %v, want %v", r, n, got, want)
+		}
+	}
+}
+
+func TestPacerNoCatchUpAfterStall(t *testing.T) {
+	r := queue.PerSecond(10)
+	clk := newSimClock()
+	p := NewPacer(r, WithClock(clk))
+	ctx := context.Background()
+	var times []time.Time
+	for range 5 {
+		g, _ := p.Wait(ctx)
+		times = append(times, g)
+	}
+	clk.Advance(10 * time.Second) // nobody called for 10s: 100 slots unused
+	stallEnd := clk.Now()
+	for range 20 {
+		g, _ := p.Wait(ctx)
+		times = append(times, g)
+	}
+	if !times[5].Equal(stallEnd) {
+		t.Errorf("first start after the stall at %v, want at once (%v)", times[5], stallEnd)
+	}
+	// One second after the stall: at most ceil(10 × 1) + 1 starts, not a burst.
+	n := 0
+	for _, g := range times[5:] {
+		if g.Sub(stallEnd) <= time.Second {
+			n++
+		}
+	}
+	if n > 11 {
+		t.Errorf("%d starts in the second after the stall", n)
+	}
+	checkBound(t, r, times, 0)
+}
+
+func TestPacerPauseAndRateChange(t *testing.T) {
+	clk := newSimClock()
+	p := NewPacer(queue.PerSecond(100), WithClock(clk))
+	ctx := context.Background()
+	g0, _ := p.Wait(ctx)
+	until := g0.Add(2 * time.Second)
+	p.PauseUntil(until)
+	p.PauseUntil(g0.Add(time.Second)) // shorter: ignored
+	if got := p.PausedUntil(); !got.Equal(until) {
+		t.Fatalf("paused until %v", got)
+	}
+	if next := p.Next(); !next.Equal(until) {
+		t.Errorf("next %v, want %v", next, until)
+	}
+	g1, _ := p.Wait(ctx)
+	if g1.Before(until) {
+		t.Errorf("start %v during the pause (until %v)", g1, until)
+	}
+	p.SetRate(queue.PerSecond(2))
+	if p.Rate() != queue.PerSecond(2) {
+		t.Errorf("rate %v", p.Rate())
+	}
+	g2, _ := p.Wait(ctx)
+	if g2.Sub(g1) < 500*time.Millisecond {
+		t.Errorf("after slowing to 2/s the next start came %v later", g2.Sub(g1))
+	}
+}
+
+func TestPacerCancelUsesNoSlot(t *testing.T) {
+	clk := newSimClock()
+	p := NewPacer(queue.PerSecond(1), WithClock(clk))
+	g0, _ := p.Wait(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := p.Wait(ctx); err == nil {
+		t.Fatal("cancelled wait succeeded")
+	}
+	g1, _ := p.Wait(context.Background())
+	if g1.Sub(g0) != time.Second {
+		t.Errorf("second start %v after the first, want 1s", g1.Sub(g0))
+	}
+}
+
+func TestPacerConcurrentWaiters(t *testing.T) {
+	r := queue.PerSecond(500)
+	clk := newSimClock()
+	rng := rand.New(rand.NewPCG(3, 4))
+	var rmu sync.Mutex
+	clk.late = func() time.Duration {
+		rmu.Lock()
+		defer rmu.Unlock()
+		return time.Duration(rng.Int64N(int64(3 * time.Millisecond)))
+	}
+	p := NewPacer(r, WithClock(clk))
+	var mu sync.Mutex
+	var times []time.Time
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				g, err := p.Wait(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				times = append(times, g)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+	if len(times) != 800 {
+		t.Fatalf("%d starts", len(times))
+	}
+	checkBound(t, r, times, 0)
+}
+
+// Real time: only the bound is asserted (it holds on the returned times by
+// construction, however loaded the machine), never the speed.
+func TestPacerRealClockBound(t *testing.T) {
+	for _, r := range []queue.Rate{queue.PerSecond(200), queue.PerSecond(2000)} {
+		p := NewPacer(r)
+		var times []time.Time
+		deadline := time.Now().Add(500 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			g, err := p.Wait(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			times = append(times, g)
+		}
+		checkBound(t, r, times, 0)
+	}
+}
+
+func TestSystemClockSleepCancels(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(10 * time.Millisecond); cancel() }()
+	start := time.Now()
+	if err := (SystemClock{}).Sleep(ctx, time.Minute); err == nil {
+		t.Fatal("sleep not cancelled")
+	}
+	if time.Since(start) > 10*time.Second {
+		t.Fatal("cancel took too long")
+	}
+	start = time.Now()
+	_ = SystemClock{}.Sleep(context.Background(), 3*time.Millisecond)
+	if time.Since(start) < 3*time.Millisecond {
+		t.Error("slept less than asked")
+	}
+}
+
+func TestRetryDelay(t *testing.T) {
+	b := queue.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
+	for attempts := 1; attempts <= 10; attempts++ {
+		ideal := min(b.Initial<<(attempts-1), b.Max)
+		for range 50 {
+			d := retryDelay(b, attempts)
+			if d <= 0 || d < ideal/2 || d > min(ideal*3/2, b.Max) {
+				t.Fatalf("attempt %d: delay %v outside [%v, %v]", attempts, d, ideal/2, min(ideal*3/2, b.Max))
+			}
+		}
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"2":                             2 * time.Second,
+		"0":                             0,
+		" 120 ":                         120 * time.Second,
+		"Sun, 01 Mar 2026 12:00:30 GMT": 30 * time.Second,
+		"Sun, 01 Mar 2026 11:00:00 GMT": 0,
+	} {
+		got, ok := parseRetryAfter(http.Header{"Retry-After": {v}}, now)
+		if !ok || got != want {
+			t.Errorf("Retry-After %q: %v %v, want %v", v, got, ok, want)
+		}
+	}
+	for _, v := range []string{"", "soon", "-3", "1.5"} {
+		if _, ok := parseRetryAfter(http.Header{"Retry-After": {v}}, now); ok {
+			t.Errorf("Retry-After %q accepted", v)
+		}
+	}
+}

@@ -1,0 +1,279 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+// runner drains one queue in one dispatcher.
+type runner struct {
+	d     *Dispatcher
+	q     *queue.Queue
+	store *queue.Store
+	log   *slog.Logger
+	pacer *Pacer
+	m     queueMetrics
+
+	deliveries sync.WaitGroup
+
+	mu          sync.Mutex
+	cfg         queue.Config
+	cons        jetstream.Consumer
+	target      target
+	fetchWait   time.Duration
+	serverPause time.Time // pause we (or another replica) set on the server
+	pinID       string
+}
+
+func newRunner(d *Dispatcher, q *queue.Queue) *runner {
+	cfg := q.Config()
+	return &runner{
+		d:     d,
+		q:     q,
+		store: q.Store(),
+		log:   d.log.With("queue", q.Name()),
+		pacer: NewPacer(cfg.Outflow, WithClock(d.opts.clock)),
+		m:     d.metrics.forQueue(q.Name()),
+		cfg:   cfg,
+	}
+}
+
+func (r *runner) config() queue.Config {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cfg
+}
+
+func (r *runner) run(ctx context.Context) {
+	if !r.setup(ctx) {
+		return
+	}
+	maintDone := make(chan struct{})
+	go func() {
+		defer close(maintDone)
+		r.maintain(ctx)
+	}()
+	r.fetchLoop(ctx)
+	<-maintDone
+	r.deliveries.Wait()
+	r.unpin()
+	r.m.paused.Set(0)
+}
+
+// setup creates or updates the consumer, retrying until it works or ctx ends.
+func (r *runner) setup(ctx context.Context) bool {
+	wait := 100 * time.Millisecond
+	for {
+		err := r.ensureConsumer(ctx)
+		if err == nil {
+			return true
+		}
+		r.log.Warn("cannot set up the consumer; retrying", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// ensureConsumer makes the shared consumer match the queue config, keeping a pause set
+// on the server, and takes a consumer handle of this runner's own (the handle carries
+// the pin id, so every runner needs its own).
+func (r *runner) ensureConsumer(ctx context.Context) error {
+	cfg := r.q.Config()
+	want := r.d.consumerConfig(cfg)
+	stream := r.q.Stream()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cons, err := stream.Consumer(cctx, queue.ConsumerName)
+	switch {
+	case err == nil:
+		have := cons.CachedInfo().Config
+		if !sameConsumer(have, want) {
+			want.PauseUntil = have.PauseUntil
+			if _, err := stream.UpdateConsumer(cctx, want); err != nil {
+				return fmt.Errorf("update consumer: %w", err)
+			}
+			if cons, err = stream.Consumer(cctx, queue.ConsumerName); err != nil {
+				return err
+			}
+		}
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		if _, err := stream.CreateOrUpdateConsumer(cctx, want); err != nil {
+			return fmt.Errorf("create consumer: %w", err)
+		}
+		if cons, err = stream.Consumer(cctx, queue.ConsumerName); err != nil {
+			return err
+		}
+	default:
+		return err
+	}
+	target, err := r.d.newTarget(cfg)
+	if err != nil {
+		return err
+	}
+	fetchWait, _, _ := r.d.timing(cfg)
+	r.pacer.SetRate(cfg.Outflow)
+	r.mu.Lock()
+	r.cfg, r.cons, r.target, r.fetchWait = cfg, cons, target, fetchWait
+	r.mu.Unlock()
+	return nil
+}
+
+func sameConsumer(a, b jetstream.ConsumerConfig) bool {
+	return a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
+		a.MaxAckPending == b.MaxAckPending && a.PriorityPolicy == b.PriorityPolicy &&
+		slices.Equal(a.PriorityGroups, b.PriorityGroups) && a.PinnedTTL == b.PinnedTTL
+}
+
+// fetchLoop asks for one message at a time until ctx ends.
+func (r *runner) fetchLoop(ctx context.Context) {
+	failWait := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		r.mu.Lock()
+		cons, fetchWait := r.cons, r.fetchWait
+		r.mu.Unlock()
+		fctx, cancel := context.WithTimeout(ctx, fetchWait)
+		batch, err := cons.Fetch(1, jetstream.FetchContext(fctx), jetstream.FetchPriorityGroup(queue.PriorityGroup))
+		if err == nil {
+			for jm := range batch.Messages() {
+				r.handle(ctx, jm)
+			}
+			err = batch.Error()
+		}
+		cancel()
+		switch {
+		case err == nil, ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded),
+			errors.Is(err, jetstream.ErrNoMessages), errors.Is(err, nats.ErrTimeout):
+			failWait = 50 * time.Millisecond
+			continue
+		case errors.Is(err, jetstream.ErrPinIDMismatch):
+			// Another dispatcher holds the queue now; ask again without a pin id.
+			continue
+		case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrConsumerDeleted),
+			errors.Is(err, jetstream.ErrStreamNotFound):
+			r.log.Warn("consumer is gone; setting it up again", "err", err)
+			if !r.setup(ctx) {
+				return
+			}
+		default:
+			r.log.Debug("fetch failed", "err", err, "retry_in", failWait)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(failWait):
+		}
+		failWait = min(2*failWait, 2*time.Second)
+	}
+}
+
+// maintain follows the server's pause state and config changes of the queue.
+func (r *runner) maintain(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if cfg := r.q.Config(); !sameQueueConfig(cfg, r.config()) {
+			if err := r.ensureConsumer(ctx); err != nil {
+				r.log.Warn("cannot apply the new queue config", "err", err)
+			}
+		}
+		r.mu.Lock()
+		cons := r.cons
+		r.mu.Unlock()
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := cons.Info(ictx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		now := time.Now()
+		if info.Paused && info.PauseRemaining > 0 {
+			until := now.Add(info.PauseRemaining)
+			r.mu.Lock()
+			r.serverPause = maxTime(r.serverPause, until)
+			r.mu.Unlock()
+		}
+		if info.Paused || r.pacer.PausedUntil().After(now) {
+			r.m.paused.Set(1)
+		} else {
+			r.m.paused.Set(0)
+		}
+	}
+}
+
+func sameQueueConfig(a, b queue.Config) bool {
+	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream &&
+		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff
+}
+
+// unpin releases the pin if this runner holds it, so that another replica takes over
+// without waiting for the pinned TTL.
+func (r *runner) unpin() {
+	r.mu.Lock()
+	cons, pin := r.cons, r.pinID
+	r.mu.Unlock()
+	if cons == nil || pin == "" || r.store.Conn().IsClosed() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == queue.PriorityGroup && g.PinnedClientID == pin {
+			if err := r.q.Stream().UnpinConsumer(ctx, queue.ConsumerName, g.Group); err != nil {
+				r.log.Debug("unpin failed", "err", err)
+			}
+		}
+	}
+}
+
+// pause stops the queue until until: locally at once, and on the server (every
+// replica) unless a pause at least as long is already set there.
+func (r *runner) pause(until time.Time) {
+	r.pacer.PauseUntil(until)
+	r.m.paused.Set(1)
+	r.mu.Lock()
+	if !until.After(r.serverPause) {
+		r.mu.Unlock()
+		return
+	}
+	r.serverPause = until
+	r.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := r.q.Stream().PauseConsumer(ctx, queue.ConsumerName, until); err != nil {
+		r.log.Warn("cannot pause the consumer on the server", "err", err)
+		r.mu.Lock()
+		r.serverPause = time.Time{}
+		r.mu.Unlock()
+		return
+	}
+	r.log.Info("queue paused by the downstream", "until", until.UTC().Format(time.RFC3339Nano))
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

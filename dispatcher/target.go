@@ -1,0 +1,217 @@
+package dispatcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+type outcomeKind int
+
+const (
+	outcomeDone      outcomeKind = iota // 2xx / publish acknowledged
+	outcomeThrottled                    // 429 / 503: pause the queue, retry, no attempt counted
+	outcomeRetry                        // other 5xx, timeout, network error: failed attempt
+	outcomeFailed                       // other status: final failure
+)
+
+type outcome struct {
+	kind       outcomeKind
+	status     int
+	header     http.Header
+	body       []byte
+	truncated  bool
+	retryAfter time.Duration
+	err        error
+	subject    string
+	seq        uint64
+}
+
+func (o outcome) describe() string {
+	switch {
+	case o.err != nil:
+		return o.err.Error()
+	case o.status != 0:
+		return fmt.Sprintf("downstream answered %d %s", o.status, http.StatusText(o.status))
+	}
+	return ""
+}
+
+func (o outcome) result() *queue.Result {
+	return &queue.Result{StatusCode: o.status, Header: o.header, Body: o.body, Truncated: o.truncated, Subject: o.subject, Sequence: o.seq}
+}
+
+// target delivers a message to a queue's downstream.
+type target interface {
+	deliver(ctx context.Context, m *queue.Message) outcome
+}
+
+func (d *Dispatcher) newTarget(cfg queue.Config) (target, error) {
+	if subj := cfg.NATSSubject(); subj != "" {
+		return &natsTarget{subject: subj, nc: d.store.Conn(), js: d.store.JetStream()}, nil
+	}
+	base, err := url.Parse(cfg.Downstream)
+	if err != nil {
+		return nil, fmt.Errorf("downstream of %q: %w", cfg.Name, err)
+	}
+	return &httpTarget{base: base, client: d.client, defaultPause: d.opts.defaultPause}, nil
+}
+
+func defaultHTTPClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 512
+	tr.MaxIdleConnsPerHost = 256
+	tr.IdleConnTimeout = 90 * time.Second
+	return &http.Client{
+		Transport: tr,
+		// A redirect would change the method or drop the body; the 3xx is the answer.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// httpTarget sends the original request to base URL + original path and query.
+type httpTarget struct {
+	base         *url.URL
+	client       *http.Client
+	defaultPause time.Duration
+}
+
+// URL returns the delivery URL of m: the base URL's path (without a trailing slash)
+// followed by the original escaped path and query.
+func deliveryURL(base *url.URL, m *queue.Message) (*url.URL, error) {
+	raw := base.Scheme + "://" + base.Host + strings.TrimSuffix(base.EscapedPath(), "/") + m.Path
+	if m.RawQuery != "" {
+		raw += "?" + m.RawQuery
+	}
+	return url.Parse(raw)
+}
+
+func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
+	u, err := deliveryURL(t.base, m)
+	if err != nil {
+		return outcome{kind: outcomeFailed, err: fmt.Errorf("bad delivery URL: %w", err)}
+	}
+	req, err := http.NewRequestWithContext(ctx, m.Method, u.String(), bytes.NewReader(m.Body))
+	if err != nil {
+		return outcome{kind: outcomeFailed, err: fmt.Errorf("bad request: %w", err)}
+	}
+	if len(m.Body) == 0 {
+		req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
+	}
+	for k, vs := range m.Header {
+		req.Header[k] = append([]string(nil), vs...)
+	}
+	req.Header.Set("Idempotency-Key", m.Ticket)
+	resp, err := t.client.Do(req)
+	if err != nil {
+		var ne net.Error
+		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+			return outcome{kind: outcomeRetry, err: fmt.Errorf("delivery timed out: %w", err)}
+		}
+		return outcome{kind: outcomeRetry, err: fmt.Errorf("delivery failed: %w", err)}
+	}
+	body, truncated, readErr := readCapped(resp.Body, queue.MaxResultBody)
+	_ = resp.Body.Close()
+	out := outcome{status: resp.StatusCode, header: resp.Header, body: body, truncated: truncated}
+	switch code := resp.StatusCode; {
+	case code >= 200 && code < 300:
+		out.kind = outcomeDone
+		if readErr != nil { // the answer counts; the body is incomplete
+			out.truncated = true
+		}
+	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
+		out.kind = outcomeThrottled
+		if d, ok := parseRetryAfter(resp.Header, time.Now()); ok {
+			out.retryAfter = d
+		}
+	case code >= 500:
+		out.kind = outcomeRetry
+	default:
+		out.kind = outcomeFailed
+	}
+	return out
+}
+
+// readCapped reads up to limit bytes, then drains (a bounded amount) so the connection
+// can be reused.
+func readCapped(r io.Reader, limit int) ([]byte, bool, error) {
+	b, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	truncated := len(b) > limit
+	if truncated {
+		b = b[:limit]
+		_, _ = io.CopyN(io.Discard, r, 1<<20)
+	}
+	return b, truncated, err
+}
+
+// natsTarget publishes the body with the metadata headers to a subject: through
+// JetStream, waiting for the acknowledgement, when a stream captures the subject
+// (checked at most every 30s), else as a core publish followed by a flush.
+type natsTarget struct {
+	subject string
+	nc      *nats.Conn
+	js      jetstream.JetStream
+
+	mu        sync.Mutex
+	covered   bool
+	checkedAt time.Time
+}
+
+func (t *natsTarget) streamCovers(ctx context.Context) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if time.Since(t.checkedAt) < 30*time.Second {
+		return t.covered
+	}
+	_, err := t.js.StreamNameBySubject(ctx, t.subject)
+	switch {
+	case err == nil:
+		t.covered, t.checkedAt = true, time.Now()
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		t.covered, t.checkedAt = false, time.Now()
+	}
+	return t.covered
+}
+
+func (t *natsTarget) recheck() {
+	t.mu.Lock()
+	t.checkedAt = time.Time{}
+	t.mu.Unlock()
+}
+
+func (t *natsTarget) deliver(ctx context.Context, m *queue.Message) outcome {
+	msg := nats.NewMsg(t.subject)
+	msg.Header = m.Headers()
+	msg.Header.Set(queue.HeaderMsgID, m.Ticket)
+	msg.Data = m.Body
+	if t.streamCovers(ctx) {
+		ack, err := t.js.PublishMsg(ctx, msg)
+		if err != nil {
+			if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+				t.recheck()
+			}
+			return outcome{kind: outcomeRetry, err: fmt.Errorf("publish to %s: %w", t.subject, err)}
+		}
+		return outcome{kind: outcomeDone, subject: t.subject, seq: ack.Sequence}
+	}
+	if err := t.nc.PublishMsg(msg); err != nil {
+		return outcome{kind: outcomeRetry, err: fmt.Errorf("publish to %s: %w", t.subject, err)}
+	}
+	if err := t.nc.FlushWithContext(ctx); err != nil {
+		return outcome{kind: outcomeRetry, err: fmt.Errorf("flush to %s: %w", t.subject, err)}
+	}
+	return outcome{kind: outcomeDone, subject: t.subject}
+}
