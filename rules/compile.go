@@ -739,10 +739,11 @@ func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
 		}
 		if cd.static {
 			cd.staticCheck, cd.staticOK = d.staticCheck(cd.constVals())
-			rt.hasStatic = true
+			cd.staticCheck.Descriptor = cd.index
 		}
 		rt.descs = append(rt.descs, cd)
 	}
+	rt.allStatic = !slices.ContainsFunc(rt.descs, func(cd compiledDesc) bool { return !cd.static })
 	if rd.nameNode != nil && c.routeNm[rd.name] == nil {
 		c.routeNm[rd.name] = rt
 	}

@@ -177,26 +177,37 @@ func (d *domain) staticCheck(vals []val) (Check, bool) {
 // written with its level and length, so different values never give the same input.
 type hashBuf struct {
 	n int
-	b [1024]byte
+	b [1024 + maxDepth*34]byte // raw values up to 1 KiB, room for every level hashed
 }
 
-// rawMax is the longest value written into hashBuf as is; longer ones are hashed first.
-const rawMax = 48
+// rawMax is the longest value written into hashBuf as is; a longer one, or one that no
+// longer fits, is hashed first (which allocates). The encoding depends only on the
+// values, so the same values always give the same key.
+const rawMax = 255
 
 func (h *hashBuf) add(level int, v *val, t *ipText) {
-	s := v.s
+	n := len(v.s)
 	if v.ip {
-		h.n += copy(h.b[h.n:], []byte{byte(level), 0, byte(t.n)})
-		h.n += copy(h.b[h.n:], t.b[:t.n])
+		n = t.n
+	}
+	if n <= rawMax && h.n+3+n <= len(h.b)-maxDepth*34 {
+		h.b[h.n], h.b[h.n+1], h.b[h.n+2] = byte(level), 0, byte(n)
+		h.n += 3
+		if v.ip {
+			h.n += copy(h.b[h.n:], t.b[:t.n])
+		} else {
+			h.n += copy(h.b[h.n:], v.s)
+		}
 		return
 	}
-	if len(s) <= rawMax {
-		h.n += copy(h.b[h.n:], []byte{byte(level), 0, byte(len(s))})
-		h.n += copy(h.b[h.n:], s)
-		return
+	var sum [32]byte
+	if v.ip {
+		sum = sha256.Sum256(t.b[:t.n])
+	} else {
+		sum = sha256.Sum256([]byte(v.s))
 	}
-	sum := sha256.Sum256([]byte(s))
-	h.n += copy(h.b[h.n:], []byte{byte(level), 1})
+	h.b[h.n], h.b[h.n+1] = byte(level), 1
+	h.n += 2
 	h.n += copy(h.b[h.n:], sum[:])
 }
 
@@ -388,38 +399,48 @@ func (e *compiledEntry) get(r *http.Request, t *ipText, p, host string, v *val) 
 // eval appends the checks of the route's descriptor lists for r.
 func (rt *Route) eval(r *http.Request, clientIP netip.Addr, p, host string, dst []Check) []Check {
 	start := len(dst)
-	var t ipText
+	if rt.allStatic {
+		for i := range rt.descs {
+			if cd := &rt.descs[i]; cd.staticOK {
+				dst = append(dst, cd.staticCheck)
+			}
+		}
+		return settle(dst, start)
+	}
+	// The scratch space is zeroed once per request, not once per descriptor list.
+	var (
+		t    ipText
+		vals [maxDepth]val
+		hb   hashBuf
+	)
 	t.set(clientIP)
 	for i := range rt.descs {
 		cd := &rt.descs[i]
 		if cd.static {
 			if cd.staticOK {
-				c := cd.staticCheck
-				c.Descriptor = cd.index
-				dst = append(dst, c)
+				dst = append(dst, cd.staticCheck)
 			}
 			continue
 		}
-		if c, ok := rt.evalDynamic(cd, r, &t, p, host); ok {
+		if c, ok := rt.evalDynamic(cd, r, &t, p, host, &vals, &hb); ok {
 			dst = append(dst, c)
 		}
 	}
 	return settle(dst, start)
 }
 
-func (rt *Route) evalDynamic(cd *compiledDesc, r *http.Request, t *ipText, p, host string) (Check, bool) {
-	var vals [maxDepth]val
+func (rt *Route) evalDynamic(cd *compiledDesc, r *http.Request, t *ipText, p, host string, vals *[maxDepth]val, hb *hashBuf) (Check, bool) {
 	for j := range cd.entries {
 		if !cd.entries[j].get(r, t, p, host, &vals[j]) {
 			return Check{}, false
 		}
 	}
-	var hb hashBuf
-	rule, hashed := rt.dom.walk(vals[:len(cd.entries)], t, &hb)
+	hb.n = 0
+	rule, hashed := rt.dom.walk(vals[:len(cd.entries)], t, hb)
 	if rule == nil {
 		return Check{}, false
 	}
-	return makeCheck(rule, cd.index, hashed, &hb, t), true
+	return makeCheck(rule, cd.index, hashed, hb, t), true
 }
 
 // queryValue returns the first value of query parameter name in raw, decoded, as

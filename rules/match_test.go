@@ -396,6 +396,7 @@ func TestMatchAllocations(t *testing.T) {
 		{"exact value, precomputed key", req("GET", "/v1/zzz"), 0},
 		{"client ip", req("GET", "/v1/zzz"), 1},
 		{"header", req("GET", "/v1/orders", "X-User", "u-1"), 1},
+		{"long header", req("GET", "/v1/orders", "X-User", strings.Repeat("k", 200)), 1},
 		{"two lists", req("GET", "/search?page=3"), 2},
 	}
 	for _, tc := range tests {

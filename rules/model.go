@@ -211,7 +211,7 @@ type Route struct {
 	params    map[string]int // path pattern parameter → segment index
 	descs     []compiledDesc
 	dom       *domain
-	hasStatic bool
+	allStatic bool // every descriptor list is made of constants
 }
 
 // Rate is Requests per Per.
