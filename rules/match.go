@@ -68,7 +68,10 @@ func (s *Set) Evaluate(domain string, descriptors [][]Entry, dst []Check) []Chec
 		return dst
 	}
 	start := len(dst)
-	var vals [maxDepth]val
+	var (
+		vals [maxDepth]val
+		hb   hashBuf
+	)
 	for i, desc := range descriptors {
 		if len(desc) == 0 || len(desc) > maxDepth {
 			continue
@@ -76,9 +79,9 @@ func (s *Set) Evaluate(domain string, descriptors [][]Entry, dst []Check) []Chec
 		for j, e := range desc {
 			vals[j] = val{key: e.Key, s: e.Value}
 		}
-		var hb hashBuf
+		hb.n = 0
 		if rule, hashed := d.walk(vals[:len(desc)], nil, &hb); rule != nil {
-			dst = append(dst, makeCheck(rule, i, hashed, &hb, nil))
+			dst = append(dst, makeCheck(rule, i, hashed, &hb))
 		}
 	}
 	return settle(dst, start)
@@ -170,7 +173,7 @@ func (d *domain) staticCheck(vals []val) (Check, bool) {
 	if rule == nil {
 		return Check{}, false
 	}
-	return makeCheck(rule, 0, hashed, &hb, nil), true
+	return makeCheck(rule, 0, hashed, &hb), true
 }
 
 // hashBuf collects the values that select a counter, to hash them into the key. Each is
@@ -215,7 +218,7 @@ func (h *hashBuf) add(level int, v *val, t *ipText) {
 // base64url.
 const hashLen = 23
 
-func makeCheck(rule *Rule, desc int, hashed bool, hb *hashBuf, _ *ipText) Check {
+func makeCheck(rule *Rule, desc int, hashed bool, hb *hashBuf) Check {
 	c := Check{Rule: rule, Descriptor: desc}
 	if len(rule.prefixes) == 0 {
 		return c
@@ -440,7 +443,7 @@ func (rt *Route) evalDynamic(cd *compiledDesc, r *http.Request, t *ipText, p, ho
 	if rule == nil {
 		return Check{}, false
 	}
-	return makeCheck(rule, cd.index, hashed, hb, t), true
+	return makeCheck(rule, cd.index, hashed, hb), true
 }
 
 // queryValue returns the first value of query parameter name in raw, decoded, as

@@ -226,7 +226,7 @@ func (s *Set) Explain(r *http.Request, clientIP netip.Addr) Explanation {
 			var hb hashBuf
 			if rule, hashed := rt.dom.walk(vals, &t, &hb); rule != nil {
 				res.Rule = rule
-				all = append(all, makeCheck(rule, cd.index, hashed, &hb, &t))
+				all = append(all, makeCheck(rule, cd.index, hashed, &hb))
 			}
 		}
 		ex.Descriptors = append(ex.Descriptors, res)
