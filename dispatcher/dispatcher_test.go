@@ -389,6 +389,10 @@ func TestKilledDispatcherLosesNothing(t *testing.T) {
 
 	a := startReplica(t, srv, cfg, "a")
 	waitFor(t, "deliveries in flight", 20*time.Second, func() bool { return len(ds.all()) >= 3 })
+	inFlight := ds.all()[0].key
+	if st, err := store.Status(ctxT(t), inFlight); err != nil || st.Status != queue.StatusDelivering {
+		t.Errorf("status of an order in flight: %+v %v", st, err)
+	}
 	a.kill() // mid-delivery: its in-flight messages are never acknowledged
 
 	startReplica(t, srv, cfg, "b")

@@ -33,6 +33,7 @@ func (r *runner) handle(ctx context.Context, jm jetstream.Msg) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	rec, err := r.store.Record(rctx, m.Ticket)
 	cancel()
+	stored := err == nil
 	switch {
 	case err == nil && rec.Status.Final():
 		r.log.Debug("ticket already final; acknowledging", "ticket", m.Ticket, "status", rec.Status)
@@ -68,7 +69,7 @@ func (r *runner) handle(ctx context.Context, jm jetstream.Msg) {
 	r.deliveries.Add(1)
 	go func() {
 		defer r.deliveries.Done()
-		r.deliver(m, jm, rec, cfg, start)
+		r.deliver(m, jm, rec, stored, cfg, start)
 	}()
 }
 
@@ -93,13 +94,19 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 	return d, ok
 }
 
-// deliver runs one delivery attempt and settles the message.
-func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, cfg queue.Config, start time.Time) {
-	// Mark the ticket delivering alongside the delivery, not before it: the start time
-	// is the pacing slot.
+// deliver runs one delivery attempt and settles the message. stored tells whether the
+// ticket has a record already.
+func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, stored bool, cfg queue.Config, start time.Time) {
+	// A ticket without a record reads as delivering once its message has been handed
+	// to a dispatcher (queue.Store.Status asks the consumer), which saves a synced write
+	// per delivery. A record from an earlier attempt or pause is set to delivering
+	// alongside the delivery, not before it: the start time is the pacing slot.
 	marked := make(chan struct{})
 	go func() {
 		defer close(marked)
+		if !stored {
+			return
+		}
 		d := *rec
 		d.Status, d.NextAttemptAt = queue.StatusDelivering, time.Time{}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

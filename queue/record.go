@@ -44,8 +44,9 @@ type Result struct {
 }
 
 // Record is the status of a ticket, kept in TicketsBucket under the ticket for the
-// queue's IdempotencyTTL after its last change. The dispatcher writes it; a ticket
-// whose message has not been picked up yet has no record and Status reads the queue.
+// queue's IdempotencyTTL after its last change. The dispatcher writes it when an attempt
+// ends (and when a later attempt starts); a ticket in its first attempt or not picked up
+// yet has no record, and Status reads the queue and its consumer instead.
 type Record struct {
 	Ticket string `json:"ticket"`
 	Queue  string `json:"queue"`
@@ -150,17 +151,24 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		if err != nil {
 			return nil, err
 		}
-		pos := q.position(ctx, raw.Sequence)
-		return &Record{
+		rec := &Record{
 			Ticket:     ticket,
 			Queue:      q.name,
 			Rule:       m.Rule,
 			Status:     StatusQueued,
 			ReceivedAt: m.ReceivedAt,
 			UpdatedAt:  raw.Time,
-			Position:   pos,
-			RetryAfter: max(q.eta(now, pos).Sub(now), time.Second),
-		}, nil
+			RetryAfter: time.Second,
+		}
+		// The dispatcher writes no record for a first attempt: a message already handed
+		// to a dispatcher (at or below the consumer's delivered sequence) is delivering.
+		if ci, err := q.stream.Consumer(ctx, ConsumerName); err == nil && raw.Sequence <= ci.CachedInfo().Delivered.Stream {
+			rec.Status = StatusDelivering
+			return rec, nil
+		}
+		rec.Position = q.position(ctx, raw.Sequence)
+		rec.RetryAfter = max(q.eta(now, rec.Position).Sub(now), time.Second)
+		return rec, nil
 	}
 	return nil, ErrNotFound
 }
