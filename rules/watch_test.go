@@ -147,8 +147,12 @@ func TestWatchReloadsChangedFiles(t *testing.T) {
 				tc.change(t, dir, file, n)
 				waitFor(t, fmt.Sprintf("version %d", n), func() bool { return rate(w) == int64(n) })
 			}
-			if reloads.Load() < 2 || counter(w, "success") < 2 || counter(w, "failure") != 0 && tc.name != "write in place" {
-				t.Errorf("reloads %d, success %v, failure %v", reloads.Load(), counter(w, "success"), counter(w, "failure"))
+			// The set is visible before the counter and the callback: wait for them too.
+			waitFor(t, "two successful reloads counted and reported", func() bool {
+				return reloads.Load() >= 2 && counter(w, "success") >= 2
+			})
+			if f := counter(w, "failure"); f != 0 && tc.name != "write in place" {
+				t.Errorf("%v failed reloads", f)
 			}
 		})
 	}
@@ -223,8 +227,8 @@ func TestWatchRefusesInvalidRules(t *testing.T) {
 	}
 	writeAtomic(t, file, versioned(2))
 	waitFor(t, "the fixed rules", func() bool { return rate(w) == 2 })
-	if counter(w, "success") != 1 {
-		t.Errorf("success = %v", counter(w, "success"))
+	if r := <-results; r.Err != nil || r.Set != w.Set() || counter(w, "success") != 1 {
+		t.Errorf("result %+v, success = %v", r, counter(w, "success"))
 	}
 	// The metrics are on the registry given.
 	mfs, err := reg.Gather()
