@@ -158,8 +158,24 @@ var fastOpts = []dispatcher.Option{
 
 func startReplica(t *testing.T, srv *natstest.Server, cfg queue.Config, name string, opts ...dispatcher.Option) *replica {
 	t.Helper()
-	r := &replica{name: name, nc: srv.Connect(t), done: make(chan struct{})}
-	store, _ := openStore(t, r.nc, cfg)
+	return startReplicaOn(t, srv.Connect(t), cfg, name, opts...)
+}
+
+func startClusterReplica(t *testing.T, c *natstest.Cluster, cfg queue.Config, opts ...dispatcher.Option) *replica {
+	t.Helper()
+	return startReplicaOn(t, c.Connect(t), cfg, "c", append([]dispatcher.Option{dispatcher.WithFetchWait(time.Second)}, opts...)...)
+}
+
+func startReplicaOn(t *testing.T, nc *nats.Conn, cfg queue.Config, name string, opts ...dispatcher.Option) *replica {
+	t.Helper()
+	r := &replica{name: name, nc: nc, done: make(chan struct{})}
+	store, err := queue.Open(ctxT(t), r.nc, queue.WithReplicas(cfg.WithDefaults().Replicas))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Declare(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
 	// Mark which replica sent a request (a real transport in front of the default one).
 	client := &http.Client{
 		Transport: tagTransport{name: name, base: http.DefaultTransport},

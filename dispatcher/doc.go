@@ -1,0 +1,38 @@
+// Package dispatcher drains sluice queues to their downstreams at a paced, global
+// outflow rate, and offers the same pacing to Go programs as an http.RoundTripper.
+//
+// # Dispatching
+//
+//	store, _ := queue.Open(ctx, nc)
+//	store.Declare(ctx, queue.Config{Name: "orders", Outflow: queue.PerSecond(50), Downstream: "http://orders-api:8080"})
+//	d, _ := dispatcher.New(store, dispatcher.WithLogger(log), dispatcher.WithRegisterer(reg))
+//	err := d.Run(ctx) // every declared queue, until ctx ends
+//
+// See Dispatcher for fail-over, retries, pauses and dead letters.
+//
+// # Global rate: a pinned priority group
+//
+// All replicas of a queue pull from one durable consumer configured with the pinned
+// priority policy. The server delivers to one pull client at a time (the pinned one) and
+// moves the pin only when that client has sent no pull request for PinnedTTL. So the
+// pinned dispatcher's local Pacer is the queue's global pacer, no shared store is
+// involved, and fail-over is automatic. The alternative — every replica taking slots
+// from a pacer in Redis — would add a Redis round trip per delivery and a second
+// system whose outage stops all queues; the pinned group needs nothing but JetStream.
+// Its limit: a pinned dispatcher that stalls for longer than PinnedTTL while holding a
+// message can start that one delivery while its successor has started (one start more
+// than the bound, once).
+//
+// # Pacing
+//
+// Pacer is a leaking bucket holding one event: in any interval Δt at most
+// ceil(rate × Δt) + 1 deliveries start, with no catch-up after a stall. The bound holds
+// on the times the pacer grants, by construction; the Pacer type documents the argument.
+// Deliveries carry their pacing slot in the request context (DeliveryFrom).
+//
+// # Library pacing
+//
+//	client := &http.Client{Transport: dispatcher.NewPacingTransport(http.DefaultTransport, queue.PerSecond(5))}
+//
+// paces a program's calls in-process; WithRedisPacing shares the rate between processes.
+package dispatcher

@@ -1,0 +1,42 @@
+// Package queue parks deferred requests durably in NATS JetStream and keeps their
+// tickets: the storage half of sluice's "defer instead of drop". The dispatcher package
+// drains the queues.
+//
+// # JetStream layout
+//
+//	stream  SLUICE_Q_{queue}      subjects sluice.q.{queue}.{ticket}; work-queue retention,
+//	                              file storage, MaxMsgs/MaxBytes/MaxAge with discard-new
+//	                              (a full queue refuses: ErrFull; nothing queued is ever
+//	                              trimmed), duplicate window, replicas from Config
+//	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher)
+//	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
+//	                              (limits retention: listed, re-queued, purged on demand)
+//	kv      sluice_tickets        ticket → Record (status, attempts, result); per-key TTL
+//	kv      sluice_idempotency    {client hash}.{key hash} → ticket and payload fingerprint;
+//	                              create-if-absent, per-key TTL
+//	subject sluice.done.{queue}   Event per order that reached done or failed
+//	subject sluice.dead.{queue}   Event per dead-lettered order
+//
+// Because every parked message has a subject of its own, a ticket's message is found
+// with one direct get, which is how Status answers for tickets the dispatcher has not
+// written a record for yet, and how Park knows whether an idempotent repeat's message
+// exists. The message data is the request body; everything else travels as NATS
+// headers (see HeaderTicket for the mapping).
+//
+// # Guarantees
+//
+// Park returns a receipt only after JetStream acknowledged the publish (on the embedded
+// server every write is synced to disk first; on a cluster an R3 stream acknowledges
+// after a quorum stored it). Any failure — NATS unreachable, no acknowledgement within
+// the publish timeout, a full queue — returns an error and the caller must not tell its
+// client the request was accepted. The reverse cannot be ruled out (a message stored
+// whose acknowledgement was lost): the client then retries, and with an Idempotency-Key
+// the retry maps to the stored message.
+//
+// Lifetimes: an idempotency key is remembered for the queue's IdempotencyTTL (default
+// 24h, at least MaxAge) from its first use; a ticket record for IdempotencyTTL after its
+// last change. A message still waiting in the queue has no expiry unless MaxAge is set.
+//
+// Tickets are 128-bit random values; knowing one is what lets a caller read its status
+// (the ingress does not scope status reads by client).
+package queue
