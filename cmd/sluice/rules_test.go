@@ -56,7 +56,7 @@ queues:
 			bad + ":5:15: on_limit: defer needs a queue",
 		}, "3 problems"},
 		{"missing file", []string{"check", filepath.Join(dir, "nope.yaml")}, 1, []string{"nope.yaml: cannot read"}, "1 problem"},
-		{"the shipped examples", []string{"check", filepath.Join("..", "..", "deploy", "rules")}, 0, []string{"ok: 6 domains"}, ""},
+		{"the shipped examples", []string{"check", filepath.Join("..", "..", "deploy", "rules")}, 0, []string{"ok: ", " domains, "}, ""},
 		{"explain", []string{"check", "--explain", "post", "/v1/orders/9?x=1", good, "-H", "X-User-ID: u-1", "--ip=192.0.2.4"}, 0, []string{
 			"request: POST /v1/orders/9?x=1 (host none, client ip 192.0.2.4)",
 			"route: create-order", "match: method POST, path_prefix /v1/orders",
