@@ -326,4 +326,3 @@ func (c *Cluster) Shutdown() {
 		c.Kill(i)
 	}
 }
-
