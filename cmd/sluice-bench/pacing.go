@@ -1,0 +1,657 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
+
+	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/queue"
+)
+
+const pacingHelp = `Usage: sluice-bench pacing [flags]
+
+Measures pacing accuracy at each outflow rate, side by side in one run:
+  sluice pacer         dispatcher.Pacer on the system clock (what dispatchers use)
+  sluice transport     dispatcher.NewPacingTransport; times taken at a local HTTP server
+  sluice dispatcher    parked orders drained by a dispatcher from an embedded NATS
+                       server to a local HTTP server (times taken there); --dispatcher
+  x/time/rate          rate.Limiter with burst 1, Wait per event
+  time.Ticker          one tick per event
+  deadline loop        next += 1/rate; sleep until next (catches up after a stall)
+Each contender runs for --duration; halfway through, its caller stalls once for
+--stall (a slow downstream, a GC pause), which separates pacers that catch up from
+those that do not.
+
+ACHIEVED is events per second from the first event to the last one before the stall
+(the steady state), ERROR its deviation from the rate; MAX/WINDOW is the largest
+number of events starting in any window of --window over the whole run (sliding,
+starting at every event), BOUND is ceil(rate × window) + 1, the most the spec allows,
+and OVER counts the windows above it. Run on an otherwise idle machine: every
+contender sleeps on timers, and a busy machine wakes them late.
+
+Flags:
+`
+
+type pacingConfig struct {
+	rates      []queue.Rate
+	duration   time.Duration
+	window     time.Duration
+	stall      time.Duration
+	sequential bool
+	dispatcher bool
+}
+
+type pacingResult struct {
+	Rate      string  `json:"rate"`
+	Contender string  `json:"contender"`
+	Events    int     `json:"events"`
+	Achieved  float64 `json:"achieved_per_second"`
+	ErrorPct  float64 `json:"error_percent"`
+	MaxWindow int     `json:"max_in_window"`
+	Bound     int     `json:"bound"`
+	Over      int     `json:"windows_over_bound"`
+	Note      string  `json:"note,omitempty"`
+}
+
+func runPacing(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("pacing", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg pacingConfig
+	rates := fs.String("rates", "10,100,1000", "comma-separated outflow rates per second (or COUNT/PERIOD)")
+	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "how long each contender runs at each rate")
+	fs.DurationVar(&cfg.window, "window", 100*time.Millisecond, "window of the burst measurement")
+	fs.DurationVar(&cfg.stall, "stall", 300*time.Millisecond, "one stall of the caller halfway through (0: none)")
+	fs.BoolVar(&cfg.sequential, "sequential", false, "run the contenders one after the other instead of side by side")
+	fs.BoolVar(&cfg.dispatcher, "dispatcher", true, "include the end-to-end dispatcher (embedded NATS, HTTP downstream)")
+	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), pacingHelp)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sluice-bench pacing: unexpected argument %q\n", fs.Arg(0))
+		return exitUsage
+	}
+	if cfg.duration <= 0 || cfg.window <= 0 || cfg.stall < 0 {
+		fmt.Fprintln(stderr, "sluice-bench pacing: --duration and --window must be positive, --stall not negative")
+		return exitUsage
+	}
+	for _, f := range strings.Split(*rates, ",") {
+		f = strings.TrimSpace(f)
+		if !strings.Contains(f, "/") {
+			f += "/s"
+		}
+		r, err := queue.ParseRate(f)
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice-bench pacing: --rates: %v\n", err)
+			return exitUsage
+		}
+		cfg.rates = append(cfg.rates, r)
+	}
+
+	var results []pacingResult
+	for _, r := range cfg.rates {
+		fmt.Fprintf(stderr, "pacing at %s for %s...\n", r, cfg.duration)
+		res, err := pacingAtRate(ctx, cfg, r)
+		if err != nil {
+			fmt.Fprintf(stderr, "sluice-bench pacing: %v\n", err)
+			return exitFailure
+		}
+		results = append(results, res...)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(map[string]any{
+			"duration": cfg.duration.String(), "window": cfg.window.String(), "stall": cfg.stall.String(), "results": results,
+		}); err != nil {
+			return exitFailure
+		}
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "RATE\tCONTENDER\tEVENTS\tACHIEVED/s\tERROR\tMAX/%s\tBOUND\tOVER\t NOTE\n", cfg.window)
+	for _, res := range results {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%+.2f%%\t%d\t%d\t%d\t %s\n", res.Rate, res.Contender, res.Events,
+			res.Achieved, res.ErrorPct, res.MaxWindow, res.Bound, res.Over, res.Note)
+	}
+	if err := tw.Flush(); err != nil {
+		return exitFailure
+	}
+	return exitOK
+}
+
+// pacingContender produces event times at rate r for d, stalling once at d/2.
+type pacingContender struct {
+	name string
+	run  func(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error)
+	note string
+}
+
+func pacingAtRate(ctx context.Context, cfg pacingConfig, r queue.Rate) ([]pacingResult, error) {
+	contenders := []pacingContender{
+		{name: "sluice pacer", run: pacePacer},
+		{name: "sluice transport", run: paceTransport, note: "times at the server"},
+		{name: "x/time/rate", run: paceXRate},
+		{name: "time.Ticker", run: paceTicker},
+		{name: "deadline loop", run: paceDeadline},
+	}
+	if cfg.dispatcher {
+		contenders = append(contenders, pacingContender{name: "sluice dispatcher", run: paceDispatcher, note: "times at the server; no stall (parked first)"})
+	}
+	out := make([]pacingResult, len(contenders))
+	errs := make([]error, len(contenders))
+	var wg sync.WaitGroup
+	for i, c := range contenders {
+		run := func() {
+			times, err := c.run(ctx, r, cfg.duration, cfg.stall)
+			if err != nil {
+				errs[i] = fmt.Errorf("%s at %s: %w", c.name, r, err)
+				return
+			}
+			out[i] = pacingStats(r, c.name, times, cfg.window, cfg.duration/2)
+			out[i].Note = c.note
+		}
+		if cfg.sequential {
+			run()
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); run() }()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+func pacingStats(r queue.Rate, name string, times []time.Time, window, steadyFor time.Duration) pacingResult {
+	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
+	res := pacingResult{Rate: r.String(), Contender: name, Events: len(times)}
+	hi, lo := uint64(r.Count)*uint64(window), uint64(r.Period)
+	res.Bound = int((hi+lo-1)/lo) + 1
+	if len(times) < 2 {
+		return res
+	}
+	steadyEnd := times[0].Add(steadyFor)
+	steady := 0
+	for steady+1 < len(times) && !times[steady+1].After(steadyEnd) {
+		steady++
+	}
+	if steady > 0 {
+		span := times[steady].Sub(times[0]).Seconds()
+		res.Achieved = float64(steady) / span
+		res.ErrorPct = 100 * (res.Achieved/r.PerSecondFloat() - 1)
+	}
+	j := 0
+	for i := range times {
+		for j < len(times) && times[j].Sub(times[i]) <= window {
+			j++
+		}
+		n := j - i
+		res.MaxWindow = max(res.MaxWindow, n)
+		if n > res.Bound {
+			res.Over++
+		}
+	}
+	return res
+}
+
+// stallOnce blocks the caller for stall the first time it is called after half of d.
+type stallOnce struct {
+	at    time.Time
+	stall time.Duration
+	done  bool
+}
+
+func (s *stallOnce) maybe(now time.Time) {
+	if !s.done && s.stall > 0 && now.After(s.at) {
+		s.done = true
+		time.Sleep(s.stall)
+	}
+}
+
+func pacePacer(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+	p := dispatcher.NewPacer(r)
+	end := time.Now().Add(d)
+	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
+	var times []time.Time
+	for {
+		g, err := p.Wait(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if g.After(end) {
+			return times, nil
+		}
+		times = append(times, g)
+		st.maybe(g)
+	}
+}
+
+func paceXRate(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+	lim := rate.NewLimiter(rate.Limit(r.PerSecondFloat()), 1)
+	end := time.Now().Add(d)
+	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
+	var times []time.Time
+	for {
+		if err := lim.Wait(ctx); err != nil {
+			return nil, err
+		}
+		now := time.Now()
+		if now.After(end) {
+			return times, nil
+		}
+		times = append(times, now)
+		st.maybe(now)
+	}
+}
+
+func paceTicker(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+	t := time.NewTicker(r.Interval())
+	defer t.Stop()
+	end := time.Now().Add(d)
+	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
+	var times []time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case now := <-t.C:
+			now = time.Now()
+			if now.After(end) {
+				return times, nil
+			}
+			times = append(times, now)
+			st.maybe(now)
+		}
+	}
+}
+
+func paceDeadline(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+	next := time.Now()
+	end := next.Add(d)
+	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
+	var times []time.Time
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if wait := time.Until(next); wait > 0 {
+			time.Sleep(wait)
+		}
+		now := time.Now()
+		if now.After(end) {
+			return times, nil
+		}
+		times = append(times, now)
+		next = next.Add(r.Interval())
+		st.maybe(now)
+	}
+}
+
+// arrivalServer is a local HTTP server recording when requests arrive.
+type arrivalServer struct {
+	srv   *http.Server
+	ln    net.Listener
+	mu    sync.Mutex
+	times []time.Time
+}
+
+func newArrivalServer() (*arrivalServer, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	a := &arrivalServer{ln: ln}
+	a.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		a.mu.Lock()
+		a.times = append(a.times, now)
+		a.mu.Unlock()
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusNoContent)
+	})}
+	go func() { _ = a.srv.Serve(ln) }()
+	return a, nil
+}
+
+func (a *arrivalServer) URL() string { return "http://" + a.ln.Addr().String() }
+
+func (a *arrivalServer) arrivals() []time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]time.Time(nil), a.times...)
+}
+
+func (a *arrivalServer) close() { _ = a.srv.Close() }
+
+func paceTransport(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+	srv, err := newArrivalServer()
+	if err != nil {
+		return nil, err
+	}
+	defer srv.close()
+	base := &http.Transport{MaxIdleConnsPerHost: 4}
+	defer base.CloseIdleConnections()
+	client := &http.Client{Transport: dispatcher.NewPacingTransport(base, r)}
+	end := time.Now().Add(d)
+	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
+	for time.Now().Before(end) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL(), nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		_ = resp.Body.Close()
+		st.maybe(time.Now())
+	}
+	times := srv.arrivals()
+	for len(times) > 0 && times[len(times)-1].After(end) {
+		times = times[:len(times)-1]
+	}
+	return times, nil
+}
+
+// paceDispatcher parks rate × d orders in an embedded NATS server, then measures when a
+// dispatcher delivers them to a local HTTP server.
+func paceDispatcher(ctx context.Context, r queue.Rate, d, _ time.Duration) ([]time.Time, error) {
+	dir, err := os.MkdirTemp("", "sluice-bench-pacing-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	if err != nil {
+		return nil, err
+	}
+	defer emb.Shutdown()
+	nc, err := emb.Connect()
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	srv, err := newArrivalServer()
+	if err != nil {
+		return nil, err
+	}
+	defer srv.close()
+	store, err := queue.Open(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	n := int(math.Ceil(r.PerSecondFloat()*d.Seconds())) + 1
+	cfg := queue.Config{Name: "bench", Outflow: r, Downstream: srv.URL(), MaxInFlight: 64, MaxDepth: int64(n) + 10}
+	if _, err := store.Declare(ctx, cfg); err != nil {
+		return nil, err
+	}
+	if err := parkMany(ctx, store, "bench", n, 16, 256); err != nil {
+		return nil, err
+	}
+	disp, err := dispatcher.New(store)
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = disp.Run(dctx, "bench") }()
+	deadline := time.Now().Add(2*d + 30*time.Second)
+	for len(srv.arrivals()) < n && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	return srv.arrivals(), nil
+}
+
+// parkMany parks n orders of size bytes with the given concurrency.
+func parkMany(ctx context.Context, store *queue.Store, q string, n, concurrency, size int) error {
+	body := []byte(strings.Repeat("x", size))
+	var next sync.Mutex
+	i := 0
+	var wg sync.WaitGroup
+	errs := make(chan error, concurrency)
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				next.Lock()
+				if i >= n {
+					next.Unlock()
+					return
+				}
+				i++
+				next.Unlock()
+				_, err := store.Park(ctx, &queue.Request{Queue: q, Method: "POST", Path: "/orders", Body: body,
+					Header: http.Header{"Content-Type": {"application/json"}}, Client: "bench"})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+const parkingHelp = `Usage: sluice-bench parking [flags]
+
+Measures orders parked per second on one embedded NATS server (JetStream in a temporary
+directory, every write synced to disk before it is acknowledged), side by side:
+  jetstream publish    raw synchronous JetStream publishes (wait for each PubAck) of the
+                       same body size to a work-queue stream
+  sluice park          queue.Store.Park: the same publish plus the request headers and
+                       metadata, acknowledged before it returns
+  sluice park+idem     Park with an Idempotency-Key per order (one more synced write:
+                       the key's record)
+with the same number of concurrent callers. VS RAW is sluice's rate divided by the raw
+publishes' in the same run.
+
+Flags:
+`
+
+type parkingResult struct {
+	Contender   string  `json:"contender"`
+	Concurrency int     `json:"concurrency"`
+	Orders      int     `json:"orders"`
+	PerSecond   float64 `json:"per_second"`
+	VsRaw       float64 `json:"vs_raw,omitempty"`
+}
+
+func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("parking", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	duration := fs.Duration("duration", 3*time.Second, "how long each measurement runs")
+	conc := fs.String("concurrency", "1,16", "comma-separated numbers of concurrent callers")
+	size := fs.Int("size", 512, "body size in bytes")
+	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), parkingHelp)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.Usage()
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 || *duration <= 0 || *size < 0 {
+		fmt.Fprintln(stderr, "sluice-bench parking: bad arguments (see -h)")
+		return exitUsage
+	}
+	var concs []int
+	for _, f := range strings.Split(*conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(stderr, "sluice-bench parking: --concurrency: %q is not a positive number\n", f)
+			return exitUsage
+		}
+		concs = append(concs, n)
+	}
+	results, err := parking(ctx, *duration, concs, *size, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice-bench parking: %v\n", err)
+		return exitFailure
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(map[string]any{"duration": duration.String(), "size": *size, "results": results}); err != nil {
+			return exitFailure
+		}
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "CONTENDER\tCALLERS\tORDERS\tPER SECOND\tVS RAW\t\n")
+	for _, r := range results {
+		vs := ""
+		if r.VsRaw > 0 {
+			vs = fmt.Sprintf("%.0f%%", 100*r.VsRaw)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.0f\t%s\t\n", r.Contender, r.Concurrency, r.Orders, r.PerSecond, vs)
+	}
+	if err := tw.Flush(); err != nil {
+		return exitFailure
+	}
+	return exitOK
+}
+
+func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr io.Writer) ([]parkingResult, error) {
+	dir, err := os.MkdirTemp("", "sluice-bench-parking-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	if err != nil {
+		return nil, err
+	}
+	defer emb.Shutdown()
+	nc, err := emb.Connect()
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "RAW", Subjects: []string{"raw.>"}, Retention: jetstream.WorkQueuePolicy,
+		Storage: jetstream.FileStorage, Discard: jetstream.DiscardNew, MaxMsgs: -1, Duplicates: 2 * time.Minute,
+	}); err != nil {
+		return nil, err
+	}
+	store, err := queue.Open(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := store.Declare(ctx, queue.Config{Name: "bench", Outflow: queue.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1}); err != nil {
+		return nil, err
+	}
+	body := []byte(strings.Repeat("x", size))
+	header := http.Header{"Content-Type": {"application/json"}, "User-Agent": {"sluice-bench"}}
+	var seq sync.Mutex
+	n := 0
+	nextID := func() int { seq.Lock(); defer seq.Unlock(); n++; return n }
+
+	contenders := []struct {
+		name string
+		op   func(ctx context.Context) error
+	}{
+		{"jetstream publish", func(ctx context.Context) error {
+			id := nextID()
+			msg := nats.NewMsg("raw." + strconv.Itoa(id))
+			msg.Data = body
+			msg.Header.Set(jetstream.MsgIDHeader, strconv.Itoa(id))
+			_, err := js.PublishMsg(ctx, msg)
+			return err
+		}},
+		{"sluice park", func(ctx context.Context) error {
+			_, err := store.Park(ctx, &queue.Request{Queue: "bench", Method: "POST", Path: "/orders", Body: body, Header: header, Client: "bench"})
+			return err
+		}},
+		{"sluice park+idem", func(ctx context.Context) error {
+			_, err := store.Park(ctx, &queue.Request{Queue: "bench", Method: "POST", Path: "/orders", Body: body, Header: header,
+				Client: "bench", IdempotencyKey: fmt.Sprintf(`"k-%d"`, nextID())})
+			return err
+		}},
+	}
+	var results []parkingResult
+	for _, c := range concs {
+		var raw float64
+		for _, ct := range contenders {
+			fmt.Fprintf(stderr, "parking: %s with %d callers for %s...\n", ct.name, c, d)
+			count, err := parkingMeasure(ctx, d, c, ct.op)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", ct.name, err)
+			}
+			res := parkingResult{Contender: ct.name, Concurrency: c, Orders: count, PerSecond: float64(count) / d.Seconds()}
+			if ct.name == "jetstream publish" {
+				raw = res.PerSecond
+			} else if raw > 0 {
+				res.VsRaw = res.PerSecond / raw
+			}
+			results = append(results, res)
+		}
+	}
+	return results, nil
+}
+
+func parkingMeasure(ctx context.Context, d time.Duration, conc int, op func(context.Context) error) (int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	end := time.Now().Add(d)
+	counts := make([]int, conc)
+	errs := make([]error, conc)
+	var wg sync.WaitGroup
+	for i := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(end) {
+				if err := op(ctx); err != nil {
+					errs[i] = err
+					cancel()
+					return
+				}
+				counts[i]++
+			}
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for _, c := range counts {
+		total += c
+	}
+	return total, errors.Join(errs...)
+}
