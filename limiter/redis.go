@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,7 +132,9 @@ func WithRedisLogger(l *slog.Logger) RedisOption {
 	return func(c *redisConfig) { c.logger = l }
 }
 
-// WithRedisWorkers sets how many pipelines may be in flight at once (default 4).
+// WithRedisWorkers sets how many pipelines may be in flight at once (default 2: one
+// pipeline being answered while the next one fills up; more workers mean smaller
+// pipelines, which costs Redis more per decision).
 func WithRedisWorkers(n int) RedisOption {
 	return func(c *redisConfig) { c.workers = n }
 }
@@ -165,7 +166,7 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 		prefix:    "sluice:",
 		timeout:   50 * time.Millisecond,
 		cacheSize: 100_000,
-		workers:   4,
+		workers:   2,
 		batch:     128,
 		probeMin:  50 * time.Millisecond,
 		probeMax:  5 * time.Second,
@@ -429,7 +430,7 @@ type redisReply struct {
 	now int64 // the script's time, µs, after clamping
 
 	// State after a rejection, for the over-limit cache.
-	level   string // buckets, as stored
+	level   string // buckets, %.17g
 	start   int64  // windows
 	count   int64
 	prev    int64
@@ -466,16 +467,20 @@ func (rep *redisReply) parse(a Algorithm, v any) error {
 	}
 	switch a {
 	case TokenBucket, LeakyBucket:
-		if len(rest) < 1 {
-			return errReply
-		}
-		if rep.level, ok = rest[0].(string); !ok {
-			return errReply
+		rep.level = ""
+		if len(rest) > 0 {
+			if rep.level, ok = rest[0].(string); !ok {
+				return errReply
+			}
 		}
 	case FixedWindow:
-		rep.start, rep.count = intAt(0), intAt(1)
+		if len(rest) > 0 {
+			rep.start, rep.count = intAt(0), intAt(1)
+		}
 	case SlidingWindowCounter:
-		rep.start, rep.count, rep.prev = intAt(0), intAt(1), intAt(2)
+		if len(rest) > 0 {
+			rep.start, rep.count, rep.prev = intAt(0), intAt(1), intAt(2)
+		}
 	case SlidingWindowLog:
 		if len(rest) >= 2 {
 			rep.hasLog = true
@@ -498,8 +503,13 @@ type redisRequest struct {
 	alg    Algorithm
 	keys   [2]string
 	nkeys  int
-	args   [11]any
+	args   [3]any
 	nargs  int
+	now    int64      // args[0], with an injected clock
+	params packedArgs // args[1]
+	cas    packedArgs // args[2], the bucket's write-back
+	// args holds pointers to now, params and cas, which go-redis writes without
+	// allocating.
 
 	sent  int64 // mono µs when its pipeline was sent
 	reply redisReply
@@ -524,6 +534,7 @@ func newRedisRequest() *redisRequest {
 	t.Stop()
 	req := &redisRequest{done: make(chan struct{}, 1), timer: t}
 	req.self[0] = req
+	req.args[1], req.args[2] = &req.params, &req.cas
 	return req
 }
 
@@ -544,27 +555,32 @@ func (req *redisRequest) prepare(r *Redis, rkey string, p *params, n, now int64,
 		if wb.seen && wb.last > now {
 			now = wb.last // the latest time the key has seen in-process
 		}
-		req.args[0] = now
+		req.now = now
+		req.args[0] = &req.now
 	} else {
 		req.args[0] = ""
 	}
-	forgive := 0
+	var forgive float64
 	if p.forgive {
 		forgive = 1
 	}
-	req.args[1], req.args[2], req.args[3], req.args[4] = n, p.rate, p.period, p.capacity
-	req.args[5], req.args[6] = forgive, r.grace
-	req.nargs = 7
-	if p.algorithm == TokenBucket || p.algorithm == LeakyBucket {
-		if wb.bucket {
-			req.args[7] = wb.casLast
-			req.args[8] = wb.casLevel
-			req.args[9] = wb.last
-			req.args[10] = strconv.FormatFloat(wb.level, 'g', -1, 64)
-		} else {
-			req.args[7], req.args[8], req.args[9], req.args[10] = "", "", "", ""
-		}
-		req.nargs = 11
+	pa := &req.params
+	pa.reset()
+	pa.add(float64(n))
+	pa.add(float64(p.rate))
+	pa.add(float64(p.period))
+	pa.add(float64(p.capacity))
+	pa.add(float64(r.grace))
+	pa.add(forgive)
+	req.nargs = 2
+	if wb.bucket && (p.algorithm == TokenBucket || p.algorithm == LeakyBucket) {
+		c := &req.cas
+		c.reset()
+		c.add(float64(wb.casLast))
+		c.add(wb.casLevel)
+		c.add(float64(wb.last))
+		c.add(wb.level)
+		req.nargs = 3
 	}
 }
 

@@ -55,7 +55,7 @@ type cacheEntry struct {
 	// Injected clock, buckets: the state Redis holds, and whether st has moved on
 	// from it (see writeBack).
 	redisLast  int64
-	redisLevel string
+	redisLevel float64
 	dirty      bool
 
 	// Redis server time: the script's time, and the local monotonic time when the
@@ -69,7 +69,7 @@ type writeBack struct {
 	last     int64 // latest time the key has seen in-process
 	bucket   bool  // replace the bucket's (casLast, casLevel) in Redis by (last, level)
 	casLast  int64
-	casLevel string
+	casLevel float64
 	level    float64
 }
 
@@ -137,9 +137,11 @@ func (c *overLimitCache) update(rkey string, p *params, req *redisRequest) {
 	var level float64
 	switch p.algorithm {
 	case TokenBucket, LeakyBucket:
-		var err error
-		if level, err = strconv.ParseFloat(rep.level, 64); err != nil {
-			cacheable = false
+		if cacheable {
+			var err error
+			if level, err = strconv.ParseFloat(rep.level, 64); err != nil {
+				cacheable = false
+			}
 		}
 	case SlidingWindowLog:
 		cacheable = cacheable && p.forgive && rep.hasLog
@@ -168,7 +170,7 @@ func (c *overLimitCache) update(rkey string, p *params, req *redisRequest) {
 		e.log.set(rep.head[:rep.nhead], rep.logSize, rep.newest)
 	}
 	e.until = rep.now + rep.o.retryAfter
-	e.redisLast, e.redisLevel, e.dirty = rep.now, rep.level, false
+	e.redisLast, e.redisLevel, e.dirty = rep.now, level, false
 	e.serverAt, e.sentAt = rep.now, req.sent
 }
 

@@ -1,6 +1,11 @@
 package limiter
 
-import "github.com/redis/go-redis/v9"
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The Redis store's scripts. Each repeats its algorithm in algorithm.go operation for
 // operation: Lua numbers are doubles, and the same IEEE operations in the same order
@@ -8,18 +13,23 @@ import "github.com/redis/go-redis/v9"
 // quantity is an integer below 2^53 (Limit.Validate and Redis.AllowN make sure), so
 // integer arithmetic on doubles is exact. Remainders use math.fmod, which is exact and
 // has the sign of the dividend like Go's %, where Lua's a%b (a-floor(a/b)*b) rounds.
-// Integers are stored with %d, fractions with %.17g, which round-trips every double
-// (Redis would format a Lua number given to HSET with less precision).
+//
+// Numbers cross between Go, Lua and Redis without losing a bit: the arguments and
+// the stored state are doubles packed with struct.pack('<d...') (Redis' Lua has the
+// struct library), which also spares the scripts most string conversions (a script's
+// cost is mostly its calls and conversions). The sliding log's timestamps are
+// decimal integers. A fraction returned to Go is formatted with %.17g, which
+// round-trips every double (Lua's own tostring, %.14g, would not).
 //
 // ARGV, common to every script:
 //
-//	1 now, µs since the Unix epoch, or "" for the Redis server's TIME
-//	2 n        3 rate       4 period (µs)    5 capacity
-//	6 forgive (1 or 0)      7 grace (ms added to every TTL)
+//	1 now, µs since the Unix epoch, in decimal, or "" for the Redis server's TIME
+//	2 packed '<dddddd': n, rate, period (µs), capacity, grace (ms added to every
+//	  TTL), forgive (1 or 0)
 //
 // Every script returns {allowed (1/0), remaining, retryAfter (µs, -1 for never),
-// resetAfter (µs), now (µs, after clamping)} followed by the state the over-limit
-// cache needs (see each script).
+// resetAfter (µs), now (µs, after clamping)}, and after a rejection the state the
+// over-limit cache needs (see each script).
 //
 // Each key's TTL is at least its decision's resetAfter (rounded up to the
 // millisecond) plus the grace, so an idle key vanishes once its state would be a fresh
@@ -36,24 +46,22 @@ if not now then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 end
-local n, rate, period, capacity = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local forgive = ARGV[6] == '1'
-local grace = tonumber(ARGV[7])
+local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[2])
 `
 
-// bucketScript is state.bucket, for the token and the leaky bucket. KEYS[1] is a hash
-// {l = latest time seen, v = level}. Extra ARGV, for the over-limit cache's write-back
-// (all "" when unused): 8, 9: the last and level the caller last read from this key;
-// 10, 11: the last and level to use instead when the key still holds those (the
-// state after rejections the cache decided without Redis; see redisCache).
-// Extra results: the stored level, as stored (a string).
+// bucketScript is state.bucket, for the token and the leaky bucket. KEYS[1] holds
+// packed '<dd': the latest time seen and the level. ARGV[3], optional, is the
+// over-limit cache's write-back: packed '<dddd': the last and level the cache copied
+// from this key, and the last and level to use instead if the key still holds those
+// (its state after rejections the cache decided without Redis; see overLimitCache).
+// Extra results after a rejection: the level, formatted %.17g.
 var bucketScript = redis.NewScript(scriptPrelude + `
-local h = redis.call('HMGET', KEYS[1], 'l', 'v')
-local last = tonumber(h[1]) or 0
-local level = tonumber(h[2]) or 0
-if ARGV[8] ~= '' and last == tonumber(ARGV[8]) and level == tonumber(ARGV[9]) then
-  last = tonumber(ARGV[10])
-  level = tonumber(ARGV[11])
+local last, level = 0, 0
+local v = redis.call('GET', KEYS[1])
+if v then last, level = struct.unpack('<dd', v) end
+if ARGV[3] then
+  local casLast, casLevel, newLast, newLevel = struct.unpack('<dddd', ARGV[3])
+  if last == casLast and level == casLevel then last, level = newLast, newLevel end
 end
 if now < last then now = last end
 local elapsed = now - last
@@ -70,19 +78,19 @@ else
 end
 local remaining = math.floor(capacity - level)
 local reset = math.ceil((level * period) / rate)
-local stored = string.format('%.17g', level)
-redis.call('HSET', KEYS[1], 'l', string.format('%d', now), 'v', stored)
-redis.call('PEXPIRE', KEYS[1], string.format('%d', math.floor(reset / 1000) + 1 + grace))
-return {allowed, remaining, retry, reset, now, stored}
+redis.call('SET', KEYS[1], struct.pack('<dd', now, level),
+  'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
+if allowed == 1 then return {1, remaining, 0, reset, now} end
+return {0, remaining, retry, reset, now, string.format('%.17g', level)}
 `)
 
-// fixedWindowScript is state.fixedWindow. KEYS[1] is a hash {l = latest time seen,
-// s = window start, c = count}. Extra results: start, count.
+// fixedWindowScript is state.fixedWindow. KEYS[1] holds packed '<ddd': the latest
+// time seen, the window's start and its count. Extra results after a rejection:
+// start, count.
 var fixedWindowScript = redis.NewScript(scriptPrelude + `
-local h = redis.call('HMGET', KEYS[1], 'l', 's', 'c')
-local last = tonumber(h[1]) or 0
-local start = tonumber(h[2]) or 0
-local count = tonumber(h[3]) or 0
+local last, start, count = 0, 0, 0
+local v = redis.call('GET', KEYS[1])
+if v then last, start, count = struct.unpack('<ddd', v) end
 if now < last then now = last end
 local ws = now - math.fmod(now, period)
 if start ~= ws then
@@ -101,20 +109,19 @@ end
 local remaining = rate - count
 local reset = 0
 if count > 0 then reset = ws + period - now end
-redis.call('HSET', KEYS[1], 'l', string.format('%d', now), 's', string.format('%d', start), 'c', string.format('%d', count))
-redis.call('PEXPIRE', KEYS[1], string.format('%d', math.floor(reset / 1000) + 1 + grace))
-return {allowed, remaining, retry, reset, now, start, count}
+redis.call('SET', KEYS[1], struct.pack('<ddd', now, start, count),
+  'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
+if allowed == 1 then return {1, remaining, 0, reset, now} end
+return {0, remaining, retry, reset, now, start, count}
 `)
 
-// slidingCounterScript is state.slidingCounter. KEYS[1] is a hash {l = latest time
-// seen, s = current window start, c = its count, p = the previous window's count}.
-// Extra results: start, count, prev.
+// slidingCounterScript is state.slidingCounter. KEYS[1] holds packed '<dddd': the
+// latest time seen, the current window's start, its count and the previous window's
+// count. Extra results after a rejection: start, count, prev.
 var slidingCounterScript = redis.NewScript(scriptPrelude + `
-local h = redis.call('HMGET', KEYS[1], 'l', 's', 'c', 'p')
-local last = tonumber(h[1]) or 0
-local start = tonumber(h[2]) or 0
-local count = tonumber(h[3]) or 0
-local prev = tonumber(h[4]) or 0
+local last, start, count, prev = 0, 0, 0, 0
+local v = redis.call('GET', KEYS[1])
+if v then last, start, count, prev = struct.unpack('<dddd', v) end
 if now < last then now = last end
 local ws = now - math.fmod(now, period)
 if start ~= ws then
@@ -147,19 +154,23 @@ if count > 0 then
 elseif prev > 0 then
   reset = ws + period - now
 end
-redis.call('HSET', KEYS[1], 'l', string.format('%d', now), 's', string.format('%d', start), 'c', string.format('%d', count), 'p', string.format('%d', prev))
-redis.call('PEXPIRE', KEYS[1], string.format('%d', math.floor(reset / 1000) + 1 + grace))
-return {allowed, remaining, retry, reset, now, start, count, prev}
+redis.call('SET', KEYS[1], struct.pack('<dddd', now, start, count, prev),
+  'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
+if allowed == 1 then return {1, remaining, 0, reset, now} end
+return {0, remaining, retry, reset, now, start, count, prev}
 `)
 
-// slidingLogScript is state.slidingLog. KEYS[1] is a list of timestamps, oldest
-// first, non-decreasing (times are clamped); KEYS[2] a string: the latest time seen.
-// A request's n timestamps are pushed in chunks (unpack is bounded by Lua's C stack)
-// and the list trimmed to the newest rate entries. Extra results, for a rejection
-// the cache may remember (ForgiveRejected, finite retry-after): the log's size, its
-// newest timestamp and its oldest timestamps, at most logPrefix of them.
+// slidingLogScript is state.slidingLog. KEYS[1] is a list of timestamps (decimal
+// µs), oldest first, non-decreasing (times are clamped); KEYS[2] holds packed '<d':
+// the latest time seen. A request's n timestamps are pushed in chunks (unpack is
+// bounded by Lua's C stack) and the list trimmed to the newest rate entries. Extra
+// results, for a rejection the cache may remember (ForgiveRejected, finite
+// retry-after): the log's size, its newest timestamp and its oldest timestamps, at
+// most logPrefix of them.
 var slidingLogScript = redis.NewScript(scriptPrelude + `
-local last = tonumber(redis.call('GET', KEYS[2])) or 0
+local last = 0
+local v = redis.call('GET', KEYS[2])
+if v then last = struct.unpack('<d', v) end
 if now < last then now = last end
 local cutoff = now - period
 local size = redis.call('LLEN', KEYS[1])
@@ -179,7 +190,7 @@ local push = false
 if size + n <= rate then
   allowed = 1
   push = true
-elseif not forgive then
+elseif forgive == 0 then
   push = true
 end
 if push then
@@ -205,14 +216,16 @@ if allowed == 0 then
 end
 local reset = 0
 local newest = 0
+local ttl = string.format('%d', math.floor(reset / 1000) + 1 + grace)
 if size > 0 then
   newest = tonumber(redis.call('LINDEX', KEYS[1], -1))
   reset = newest + period - now
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.floor(reset / 1000) + 1 + grace))
+  ttl = string.format('%d', math.floor(reset / 1000) + 1 + grace)
+  redis.call('PEXPIRE', KEYS[1], ttl)
 end
-redis.call('SET', KEYS[2], string.format('%d', now), 'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
+redis.call('SET', KEYS[2], struct.pack('<d', now), 'PX', ttl)
 local out = {allowed, remaining, retry, reset, now}
-if allowed == 0 and forgive and retry >= 0 then
+if allowed == 0 and forgive == 1 and retry >= 0 then
   out[6] = size
   out[7] = newest
   local head = redis.call('LRANGE', KEYS[1], 0, ` + logPrefixLua + ` - 1)
@@ -227,3 +240,20 @@ const (
 	logPrefix    = 32
 	logPrefixLua = "32"
 )
+
+// packedArgs is an argument of packed little-endian doubles, as struct.unpack('<d…')
+// reads them. Requests keep theirs and pass pointers, which go-redis writes through
+// MarshalBinary without allocating.
+type packedArgs struct {
+	n   int
+	buf [6 * 8]byte
+}
+
+func (p *packedArgs) MarshalBinary() ([]byte, error) { return p.buf[:p.n], nil }
+
+func (p *packedArgs) reset() { p.n = 0 }
+
+func (p *packedArgs) add(v float64) {
+	binary.LittleEndian.PutUint64(p.buf[p.n:], math.Float64bits(v))
+	p.n += 8
+}

@@ -459,8 +459,13 @@ func TestRedisOutage(t *testing.T) {
 	waitFor("fallbacks", func() bool { return r.Fallbacks() > 100 && r.Down() })
 	before := calls.Load()
 	waitFor("decisions during the outage", func() bool { return calls.Load() > before+1000 })
-	if got, want := fallbackMetric(t, reg)["local"], float64(r.Fallbacks()); got < want-100 || got > want {
-		t.Errorf("sluice_limiter_fallback_total{mode=local} = %v, Fallbacks() = %v", got, want)
+	// The callers go on meanwhile: the metric is read between two readings of
+	// Fallbacks(), and each caller may have counted one in Fallbacks() only.
+	fb1 := r.Fallbacks()
+	metric := fallbackMetric(t, reg)["local"]
+	fb2 := r.Fallbacks()
+	if metric < float64(fb1-4) || metric > float64(fb2) {
+		t.Errorf("sluice_limiter_fallback_total{mode=local} = %v, Fallbacks() = %v..%v", metric, fb1, fb2)
 	}
 
 	if err := srv.Restart(); err != nil {
