@@ -142,6 +142,7 @@ func openStore(t *testing.T, nc *nats.Conn, cfg queue.Config) (*queue.Store, *qu
 
 // replica is one dispatcher process: its own connection, store and dispatcher.
 type replica struct {
+	store  *queue.Store
 	name   string
 	nc     *nats.Conn
 	cancel context.CancelFunc
@@ -176,6 +177,7 @@ func startReplicaOn(t *testing.T, nc *nats.Conn, cfg queue.Config, name string, 
 	if _, err := store.Declare(ctxT(t), cfg); err != nil {
 		t.Fatal(err)
 	}
+	r.store = store
 	// Mark which replica sent a request (a real transport in front of the default one).
 	client := &http.Client{
 		Transport: tagTransport{name: name, base: http.DefaultTransport},
@@ -751,4 +753,40 @@ func ceilRate(r queue.Rate, dt time.Duration) int {
 		q++
 	}
 	return int(q)
+}
+
+// A rules reload re-declares the queue; the dispatcher applies the new config to the
+// shared consumer without lifting a pause set on the server.
+func TestConfigReloadUpdatesConsumer(t *testing.T) {
+	srv := natstest.Start(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("orders", ds.URL)
+	_, q := openStore(t, srv.Conn, cfg)
+	r := startReplica(t, srv, cfg, "a")
+	consumerInfo := func() *jetstream.ConsumerInfo {
+		c, err := q.Stream().Consumer(ctxT(t), queue.ConsumerName)
+		if err != nil {
+			return nil
+		}
+		return c.CachedInfo()
+	}
+	waitFor(t, "the consumer", 10*time.Second, func() bool { return consumerInfo() != nil })
+	if ci := consumerInfo(); ci.Config.MaxAckPending != 4 || ci.Config.PriorityPolicy != jetstream.PriorityPolicyPinned {
+		t.Fatalf("consumer config %+v", ci.Config)
+	}
+	until := time.Now().Add(time.Minute)
+	if _, err := q.Stream().PauseConsumer(ctxT(t), queue.ConsumerName, until); err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxInFlight = 9
+	if _, err := r.store.Declare(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new max in flight", 15*time.Second, func() bool {
+		ci := consumerInfo()
+		return ci != nil && ci.Config.MaxAckPending == 9
+	})
+	if ci := consumerInfo(); !ci.Paused {
+		t.Errorf("the reload lifted the pause")
+	}
 }

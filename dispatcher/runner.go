@@ -98,6 +98,7 @@ func (r *runner) ensureConsumer(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	cons, err := stream.Consumer(cctx, queue.ConsumerName)
+	created := err != nil
 	switch {
 	case err == nil:
 		have := cons.CachedInfo().Config
@@ -105,9 +106,6 @@ func (r *runner) ensureConsumer(ctx context.Context) error {
 			want.PauseUntil = have.PauseUntil
 			if _, err := stream.UpdateConsumer(cctx, want); err != nil {
 				return fmt.Errorf("update consumer: %w", err)
-			}
-			if cons, err = stream.Consumer(cctx, queue.ConsumerName); err != nil {
-				return err
 			}
 		}
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
@@ -127,7 +125,12 @@ func (r *runner) ensureConsumer(ctx context.Context) error {
 	fetchWait, _, _ := r.d.timing(cfg)
 	r.pacer.SetRate(cfg.Outflow)
 	r.mu.Lock()
-	r.cfg, r.cons, r.target, r.fetchWait = cfg, cons, target, fetchWait
+	// Keep the handle we have unless the consumer is new: it carries our pin id, and a
+	// fresh handle would lose the pin for a pinned TTL.
+	if r.cons == nil || created {
+		r.cons = cons
+	}
+	r.cfg, r.target, r.fetchWait = cfg, target, fetchWait
 	r.mu.Unlock()
 	return nil
 }

@@ -78,7 +78,6 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	}
 	cfg := q.Config()
 	m := &Message{Request: *req}
-	m.Method = strings.ToUpper(m.Method)
 	m.Header = KeptHeader(req.Header, cfg.SensitiveHeaders)
 	if m.ReceivedAt.IsZero() {
 		m.ReceivedAt = time.Now()
