@@ -10,8 +10,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,7 +31,7 @@ const serveHelp = `Usage: sluice serve --rules FILE_OR_DIR[,…] --upstream URL 
 Runs the front door: every request is checked against the rules and then proxied to
 the upstream, rejected with 429, or (defer rules) parked in a queue. Limits are kept in
 memory unless --redis is given, which shares them between replicas. The rules reload
-when their files change. SIGINT or SIGTERM stops accepting connections and finishes the
+when their files change, and on SIGHUP. SIGINT or SIGTERM stops accepting connections and finishes the
 requests under way within --shutdown-timeout.
 `
 
@@ -243,10 +246,22 @@ func (s *server) run(ctx context.Context) error {
 	s.log.Info("sluice serving", "listen", listeners[0].Addr().String(), "admin", s.cfg.adminListen,
 		"upstream", s.cfg.upstream, "limiter", s.limiterName(), "rules", s.watcher.Set().Summary().String())
 
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	var err error
-	select {
-	case <-ctx.Done():
-	case err = <-errs:
+wait:
+	for {
+		select {
+		case <-hup: // reload the rules now, as well as on file changes
+			if e := s.watcher.Reload(); e != nil {
+				s.log.Warn("rules reload on SIGHUP refused", "err", e)
+			}
+		case <-ctx.Done():
+			break wait
+		case err = <-errs:
+			break wait
+		}
 	}
 	s.log.Info("shutting down", "timeout", s.cfg.shutdownTimeout)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.shutdownTimeout)
