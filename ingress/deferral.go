@@ -1,0 +1,233 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+// Parker is what the ingress needs of the queue package: *queue.Store is one.
+type Parker interface {
+	Park(ctx context.Context, req *queue.Request) (queue.Receipt, error)
+	Status(ctx context.Context, ticket string) (*queue.Record, error)
+}
+
+// DeferredPath is where clients follow their tickets: DeferredPath + ticket.
+const DeferredPath = "/sluice/v1/deferred/"
+
+// QueueDeferrer parks deferred requests with a Parker and serves their status. It is
+// the Deferrer of `sluice serve`.
+type QueueDeferrer struct {
+	parker Parker
+	log    *slog.Logger
+}
+
+// NewQueueDeferrer returns a deferrer that parks with p.
+func NewQueueDeferrer(p Parker, log *slog.Logger) *QueueDeferrer {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &QueueDeferrer{parker: p, log: log}
+}
+
+// unavailableRetryAfter is what a client is told to wait when the queue cannot be
+// reached: long enough for a NATS leader election or a restart.
+const unavailableRetryAfter = 5 * time.Second
+
+// Defer implements Deferrer. The client hears 202 Accepted only after JetStream has
+// acknowledged the stored request; any doubt is a 503, never a 202.
+func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral) {
+	key, ok := idempotencyKey(r.Header)
+	if !ok {
+		writeProblem(w, simpleProblem(http.StatusBadRequest,
+			"Idempotency-Key must be a structured-field string (or a token) of 1 to 255 printable characters."))
+		return
+	}
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+			writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
+				"The request body is larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes."))
+			return
+		}
+		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body could not be read."))
+		return
+	}
+	receipt, err := q.parker.Park(r.Context(), &queue.Request{
+		Queue:          d.Queue.Name,
+		Rule:           d.Rule.Name,
+		Method:         r.Method,
+		Path:           r.URL.EscapedPath(),
+		RawQuery:       r.URL.RawQuery,
+		Header:         r.Header,
+		Body:           body,
+		Client:         d.Client,
+		IdempotencyKey: key,
+		ReceivedAt:     time.Now(),
+	})
+	if err != nil {
+		q.parkFailed(w, d, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Location", DeferredPath+receipt.Ticket)
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusAccepted)
+	_ = json.NewEncoder(w).Encode(acceptedBody{
+		Ticket:            receipt.Ticket,
+		Queue:             receipt.Queue,
+		Status:            string(queue.StatusQueued),
+		Position:          receipt.Position,
+		EstimatedDelivery: receipt.EstimatedDelivery.UTC().Format(time.RFC3339),
+		Duplicate:         receipt.Duplicate,
+		Monitor:           DeferredPath + receipt.Ticket,
+	})
+}
+
+type acceptedBody struct {
+	Ticket            string `json:"ticket"`
+	Queue             string `json:"queue"`
+	Status            string `json:"status"`
+	Position          uint64 `json:"position"`
+	EstimatedDelivery string `json:"estimated_delivery"`
+	Duplicate         bool   `json:"duplicate,omitempty"`
+	Monitor           string `json:"monitor"`
+}
+
+func (q *QueueDeferrer) parkFailed(w http.ResponseWriter, d Deferral, err error) {
+	switch {
+	case errors.Is(err, queue.ErrIdempotencyConflict):
+		writeProblem(w, simpleProblem(http.StatusUnprocessableEntity,
+			"This Idempotency-Key was used before with a different request."))
+	case errors.Is(err, queue.ErrFull):
+		wait := max(queue.RetryAfter(err), time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
+		writeProblem(w, simpleProblem(http.StatusTooManyRequests,
+			"The queue "+d.Queue.Name+" is full; retry in "+strconv.FormatInt(ceilSeconds(wait), 10)+" s."))
+	case errors.Is(err, queue.ErrTooLarge):
+		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge, "The request is too large to be queued."))
+	default:
+		// ErrUnavailable, an undeclared queue, anything else: nothing was accepted.
+		q.log.Warn("deferring failed", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)
+		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
+		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
+			"The request could not be queued; nothing was accepted. Retry later."))
+	}
+}
+
+// idempotencyKey reads the Idempotency-Key header of the IETF draft: a structured-field
+// string ("…"). Clients that send the key bare, as many APIs accept, are understood too
+// when it is a plain token. ok is false for a malformed key; an absent header is ok.
+func idempotencyKey(h http.Header) (key string, ok bool) {
+	values := h.Values("Idempotency-Key")
+	if len(values) == 0 {
+		return "", true
+	}
+	if len(values) > 1 {
+		return "", false
+	}
+	v := strings.TrimSpace(values[0])
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		var b strings.Builder
+		for i := 1; i < len(v)-1; i++ {
+			c := v[i]
+			switch {
+			case c == '\\' && i+1 < len(v)-1 && (v[i+1] == '"' || v[i+1] == '\\'):
+				i++
+				b.WriteByte(v[i])
+			case c == '"' || c == '\\' || c < 0x20 || c > 0x7e:
+				return "", false
+			default:
+				b.WriteByte(c)
+			}
+		}
+		key = b.String()
+	} else {
+		for i := 0; i < len(v); i++ {
+			if c := v[i]; c <= 0x20 || c > 0x7e || c == '"' || c == ',' || c == ';' || c == '\\' {
+				return "", false
+			}
+		}
+		key = v
+	}
+	return key, len(key) >= 1 && len(key) <= 255
+}
+
+// statusBody is the JSON of GET /sluice/v1/deferred/{ticket}.
+type statusBody struct {
+	Ticket     string        `json:"ticket"`
+	Queue      string        `json:"queue"`
+	Status     queue.Status  `json:"status"`
+	Attempts   int           `json:"attempts"`
+	LastError  string        `json:"last_error,omitempty"`
+	Position   uint64        `json:"position,omitempty"`
+	ReceivedAt time.Time     `json:"received_at"`
+	UpdatedAt  time.Time     `json:"updated_at"`
+	Result     *resultBody   `json:"result,omitempty"`
+	NextTry    *time.Time    `json:"next_attempt_at,omitempty"`
+	RetryAfter time.Duration `json:"-"`
+}
+
+type resultBody struct {
+	Status  int         `json:"status,omitempty"`
+	Headers http.Header `json:"headers,omitempty"`
+	// Body is the downstream's body when it is UTF-8 text, BodyBase64 otherwise.
+	Body       string `json:"body,omitempty"`
+	BodyBase64 []byte `json:"body_base64,omitempty"`
+	Truncated  bool   `json:"truncated,omitempty"`
+	Subject    string `json:"subject,omitempty"`
+}
+
+// StatusHandler serves GET DeferredPath{ticket}: the ticket's status, attempts and last
+// error, Retry-After while it is not final, and once delivered the downstream's
+// status, headers and body (capped). The ticket, 128 random bits, is the capability:
+// whoever holds it may read the status.
+func (q *QueueDeferrer) StatusHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ticket := strings.TrimPrefix(r.URL.Path, DeferredPath)
+		if !queue.ValidTicket(ticket) {
+			writeProblem(w, simpleProblem(http.StatusNotFound, "No such ticket."))
+			return
+		}
+		rec, err := q.parker.Status(r.Context(), ticket)
+		switch {
+		case errors.Is(err, queue.ErrNotFound):
+			writeProblem(w, simpleProblem(http.StatusNotFound, "No such ticket (tickets are kept for a limited time)."))
+			return
+		case err != nil:
+			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
+			writeProblem(w, simpleProblem(http.StatusServiceUnavailable, "The ticket's status cannot be read now."))
+			return
+		}
+		body := statusBody{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, Attempts: rec.Attempts,
+			LastError: rec.LastError, Position: rec.Position, ReceivedAt: rec.ReceivedAt, UpdatedAt: rec.UpdatedAt}
+		if !rec.NextAttemptAt.IsZero() && !rec.Status.Final() {
+			body.NextTry = &rec.NextAttemptAt
+		}
+		if res := rec.Result; res != nil {
+			body.Result = &resultBody{Status: res.StatusCode, Headers: res.Header, Truncated: res.Truncated, Subject: res.Subject}
+			if utf8.Valid(res.Body) {
+				body.Result.Body = string(res.Body)
+			} else {
+				body.Result.BodyBase64 = res.Body
+			}
+		}
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Cache-Control", "no-store")
+		if !rec.Status.Final() {
+			h.Set("Retry-After", strconv.FormatInt(ceilSeconds(max(rec.RetryAfter, time.Second)), 10))
+		}
+		_ = json.NewEncoder(w).Encode(body)
+	})
+}

@@ -1,0 +1,194 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+const deferRules = `
+domain: shop
+descriptors:
+  - key: route
+    value: orders
+    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
+    on_limit: defer
+    queue: orders
+routes:
+  - name: orders
+    match: {method: [POST], path: /v1/orders}
+    descriptors:
+      - [{key: route, value: orders}]
+queues:
+  orders:
+    outflow: {rate: 10/s}
+    max_depth: 3
+    downstream: http://127.0.0.1:1
+`
+
+type deferFixture struct {
+	handler http.Handler
+	nats    *natstest.Server
+	store   *queue.Store
+}
+
+func newDeferFixture(t *testing.T) *deferFixture {
+	t.Helper()
+	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(deferRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: queue.PerSecond(10), MaxDepth: 3, Downstream: "http://127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	d := NewQueueDeferrer(store, nil)
+	m := New(StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
+	mux := http.NewServeMux()
+	mux.Handle("GET "+DeferredPath+"{ticket}", d.StatusHandler())
+	mux.Handle("/", m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })))
+	return &deferFixture{handler: mux, nats: srv, store: store}
+}
+
+func (f *deferFixture) post(body string, headers ...string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/v1/orders?x=1", strings.NewReader(body))
+	r.RemoteAddr = "198.51.100.1:1000"
+	for i := 0; i+1 < len(headers); i += 2 {
+		r.Header.Add(headers[i], headers[i+1])
+	}
+	w := httptest.NewRecorder()
+	f.handler.ServeHTTP(w, r)
+	return w
+}
+
+func (f *deferFixture) get(path string) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	f.handler.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+	return w
+}
+
+func TestDeferParksAndAnswers202(t *testing.T) {
+	f := newDeferFixture(t)
+	if w := f.post(`{"n":0}`); w.Code != http.StatusOK {
+		t.Fatalf("within the limit: %d", w.Code)
+	}
+	w := f.post(`{"n":1}`)
+	if w.Code != http.StatusAccepted {
+		t.Fatalf("over the limit: %d %s", w.Code, w.Body)
+	}
+	var acc acceptedBody
+	if err := json.Unmarshal(w.Body.Bytes(), &acc); err != nil {
+		t.Fatal(err)
+	}
+	if !queue.ValidTicket(acc.Ticket) || acc.Queue != "orders" || acc.Status != "queued" || acc.Position != 1 {
+		t.Fatalf("202 body %+v", acc)
+	}
+	if _, err := time.Parse(time.RFC3339, acc.EstimatedDelivery); err != nil {
+		t.Fatalf("estimated_delivery %q: %v", acc.EstimatedDelivery, err)
+	}
+	if loc := w.Header().Get("Location"); loc != DeferredPath+acc.Ticket {
+		t.Fatalf("Location %q", loc)
+	}
+	// The message is stored: the queue holds it.
+	q, _ := f.store.Queue("orders")
+	if depth, err := q.Depth(context.Background()); err != nil || depth != 1 {
+		t.Fatalf("queue depth %d, %v", depth, err)
+	}
+	st := f.get(DeferredPath + acc.Ticket)
+	var status statusBody
+	if err := json.Unmarshal(st.Body.Bytes(), &status); err != nil || st.Code != 200 {
+		t.Fatalf("status %d %s", st.Code, st.Body)
+	}
+	if status.Status != queue.StatusQueued || status.Ticket != acc.Ticket || st.Header().Get("Retry-After") == "" {
+		t.Fatalf("status %+v, Retry-After %q", status, st.Header().Get("Retry-After"))
+	}
+	for _, path := range []string{DeferredPath + "aaaaaaaaaaaaaaaaaaaaaaaaaa", DeferredPath + "nonsense"} {
+		if w := f.get(path); w.Code != http.StatusNotFound {
+			t.Errorf("GET %s: %d, want 404", path, w.Code)
+		}
+	}
+}
+
+func TestDeferIdempotency(t *testing.T) {
+	f := newDeferFixture(t)
+	f.post(`{}`) // use up the limit
+	first := f.post(`{"order":1}`, "Idempotency-Key", `"order-1"`)
+	again := f.post(`{"order":1}`, "Idempotency-Key", `"order-1"`)
+	if first.Code != 202 || again.Code != 202 || first.Header().Get("Location") != again.Header().Get("Location") {
+		t.Fatalf("same key, same payload: %d %q, %d %q", first.Code, first.Header().Get("Location"), again.Code, again.Header().Get("Location"))
+	}
+	if w := f.post(`{"order":2}`, "Idempotency-Key", `"order-1"`); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("same key, other payload: %d, want 422", w.Code)
+	}
+	for _, bad := range []string{`""`, `"unterminated`, `"a"b"`, "two words", strings.Repeat("k", 256), "\"tab\there\""} {
+		if w := f.post(`{}`, "Idempotency-Key", bad); w.Code != http.StatusBadRequest {
+			t.Errorf("Idempotency-Key %q: %d, want 400", bad, w.Code)
+		}
+	}
+	if w := f.post(`{}`, "Idempotency-Key", "a", "Idempotency-Key", "b"); w.Code != http.StatusBadRequest {
+		t.Errorf("two Idempotency-Key headers: %d, want 400", w.Code)
+	}
+	q, _ := f.store.Queue("orders")
+	if depth, _ := q.Depth(context.Background()); depth != 1 {
+		t.Fatalf("queue depth %d, want 1: only one order was accepted", depth)
+	}
+}
+
+func TestDeferFullQueueAndNATSDown(t *testing.T) {
+	f := newDeferFixture(t)
+	f.post(`{}`)
+	for i := range 3 {
+		if w := f.post(`{}`); w.Code != 202 {
+			t.Fatalf("order %d: %d", i, w.Code)
+		}
+	}
+	w := f.post(`{}`)
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("full queue: %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+	}
+	f.nats.Shutdown()
+	w = f.post(`{}`)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("NATS down: %d %s, Retry-After %q", w.Code, w.Body, w.Header().Get("Retry-After"))
+	}
+}
+
+func TestIdempotencyKeySyntax(t *testing.T) {
+	cases := []struct {
+		in   string
+		key  string
+		okay bool
+	}{
+		{`"8e03978e-40d5-43e8-bc93-6894a57f9324"`, "8e03978e-40d5-43e8-bc93-6894a57f9324", true},
+		{`"with \"escaped\" quote"`, `with "escaped" quote`, true},
+		{`bare-token_1.2`, "bare-token_1.2", true},
+		{`""`, "", false},
+		{`"\x"`, "", false},
+		{"\"caf\xc3\xa9\"", "", false},
+		{"a,b", "", false},
+	}
+	for _, tc := range cases {
+		key, ok := idempotencyKey(http.Header{"Idempotency-Key": {tc.in}})
+		if key != tc.key && tc.okay || ok != tc.okay {
+			t.Errorf("%q: got %q, %v; want %q, %v", tc.in, key, ok, tc.key, tc.okay)
+		}
+	}
+	if key, ok := idempotencyKey(http.Header{}); key != "" || !ok {
+		t.Errorf("absent header: %q, %v", key, ok)
+	}
+}
