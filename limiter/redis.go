@@ -23,10 +23,12 @@ import (
 // the script) unless WithRedisClock injects a clock; either way each key keeps the
 // latest time it has seen, so a clock that steps backwards never grants quota.
 //
-// Keys are "<prefix>{<key>}:<algorithm>" (the sliding log has a second key, with
-// ":t" appended): the algorithm is part of the name, so two limits with different
-// algorithms on one key keep separate state. (Keys that are empty, start with '~' or
-// contain '}' are escaped inside the braces.)
+// Keys are "<prefix>{<key>}:<algorithm>", the algorithm written tb, lb, fw, swl or
+// swc (the sliding log has a second key, with ":t" appended). With the algorithm in
+// the name, two limits with different algorithms on one key keep separate state
+// (where the memory store starts the key afresh) and never meet a key of the wrong
+// type. Keys that are empty, start with '~' or contain '}' are escaped inside the
+// braces, so the braces always hold the whole key.
 //
 // A rejection with a finite retry-after is remembered in-process (see
 // WithOverLimitCache), so a key that keeps asking while over its limit is answered
@@ -161,6 +163,11 @@ func WithKeyGrace(d time.Duration) RedisOption {
 const closedRetryAfter = time.Second
 
 // NewRedis returns a store over client and starts its workers; Close stops them.
+//
+// Give it a client with ContextTimeoutEnabled: its calls are then bounded by the
+// store's timeout, and a caller alone with Redis calls it directly instead of
+// handing its decision to a worker. Without it, callers still stop waiting at the
+// timeout, but a worker may stay blocked until the client's ReadTimeout.
 func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	cfg := redisConfig{
 		prefix:    "sluice:",

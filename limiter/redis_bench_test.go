@@ -19,6 +19,8 @@ import (
 //
 //	go test -run '^$' -bench 'Redis' -benchmem ./limiter/
 //
+// On a busy machine, compare runs made at the same time: -count and interleaving help.
+//
 // "allowed" spreads decisions over 10k keys under a limit that allows all of them, so
 // each costs a script run in Redis; "over-limit" hammers one key far over its limit,
 // which the over-limit cache answers in-process.
@@ -82,6 +84,27 @@ func BenchmarkRedis(b *testing.B) {
 			r := limiter.NewRedis(srv.Client(), limiter.WithKeyPrefix(shared.uniquePrefix()), limiter.WithRedisTimeout(time.Second))
 			defer r.Close()
 			runCallers(b, callers, func(i int64) { _, _ = r.AllowN(ctx, "hot", overLimit, 1) })
+		})
+	}
+}
+
+// BenchmarkRedisCluster: the same on the 3-master Cluster (all on this machine).
+func BenchmarkRedisCluster(b *testing.B) {
+	c := shared.clusterOf(b)
+	if c == nil {
+		b.Skip("redis-server not installed")
+	}
+	ctx := context.Background()
+	allowAll := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1e12, Period: time.Second}
+	for _, callers := range benchCallers {
+		b.Run("allowed/callers="+strconv.Itoa(callers), func(b *testing.B) {
+			r := limiter.NewRedis(c.Client(), limiter.WithKeyPrefix(shared.uniquePrefix()), limiter.WithRedisTimeout(time.Second))
+			defer r.Close()
+			runCallers(b, callers, func(i int64) {
+				if d, _ := r.AllowN(ctx, redisBenchKeys[i%int64(len(redisBenchKeys))], allowAll, 1); !d.Allowed {
+					b.Fatalf("denied: %+v", d)
+				}
+			})
 		})
 	}
 }
