@@ -102,7 +102,9 @@ func (m *Memory) AllowN(_ context.Context, key string, l Limit, n int64) (Decisi
 		return Decision{}, err
 	}
 	p := paramsOf(l)
-	return m.decide(key, &p, n).decision(p.capacity), nil
+	// Any n above the capacity gets the same decision; capping it keeps the
+	// algorithms' sums from overflowing (the Redis store does the same).
+	return m.decide(key, &p, min(n, p.capacity+1)).decision(p.capacity), nil
 }
 
 func checkRequest(l Limit, n int64) error {
