@@ -125,7 +125,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	startSluice := func(name string, extra ...string) error {
 		listen, admin := freeAddr(), freeAddr()
 		args := append([]string{"serve", "--rules", rulesPath, "--upstream", "http://" + upstreamAddr,
-			"--listen", listen, "--admin-listen", admin, "--log-level", "error"}, extra...)
+			"--listen", listen, "--admin-listen", admin, "--log-level", "error",
+			"--data-dir", filepath.Join(dir, "data-"+listen)}, extra...)
 		if err := spawn("http://"+admin+"/healthz", *sluicePath, args...); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}

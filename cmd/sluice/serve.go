@@ -29,8 +29,10 @@ import (
 const serveHelp = `Usage: sluice serve --rules FILE_OR_DIR[,…] --upstream URL [flags]
 
 Runs the front door: every request is checked against the rules and then proxied to
-the upstream, rejected with 429, or (defer rules) parked in a queue. Limits are kept in
-memory unless --redis is given, which shares them between replicas. The rules reload
+the upstream, rejected with 429, or (defer rules) parked in a queue and answered 202;
+and the dispatchers that drain the queues to their downstreams at their outflow rates.
+Limits are kept in memory unless --redis is given, which shares them between replicas.
+Queues live in an embedded NATS server in --data-dir unless --nats names a cluster. The rules reload
 when their files change, and on SIGHUP. SIGINT or SIGTERM stops accepting connections and finishes the
 requests under way within --shutdown-timeout.
 `
@@ -51,6 +53,8 @@ type serveConfig struct {
 	shutdownTimeout time.Duration
 	logFormat       string
 	logLevel        string
+	nats            natsConfig
+	dispatch        bool
 }
 
 func (c *serveConfig) flags(fs *flag.FlagSet) {
@@ -68,6 +72,8 @@ func (c *serveConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests under way at shutdown")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
+	c.nats.flags(fs)
+	fs.BoolVar(&c.dispatch, "dispatch", true, "run the dispatchers of the queues in this process")
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -127,12 +133,15 @@ type server struct {
 	watcher *rules.Watcher
 	redis   redis.UniversalClient
 	store   *limiter.Redis
+	nats    *natsConn
+	queues  *queues
+	reloads chan *rules.Set
 	front   *http.Server
 	admin   *http.Server
 }
 
 func newServer(cfg serveConfig, log *slog.Logger) (_ *server, err error) {
-	s := &server{cfg: cfg, log: log}
+	s := &server{cfg: cfg, log: log, reloads: make(chan *rules.Set, 1)}
 	defer func() {
 		if err != nil {
 			s.close()
@@ -156,7 +165,16 @@ func newServer(cfg serveConfig, log *slog.Logger) (_ *server, err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	s.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log})
+	s.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log,
+		OnReload: func(r rules.ReloadResult) {
+			if r.Err == nil {
+				select { // the newest set is what counts; run declares it
+				case <-s.reloads:
+				default:
+				}
+				s.reloads <- r.Set
+			}
+		}})
 	if err != nil {
 		return nil, err
 	}
@@ -173,12 +191,34 @@ func newServer(cfg serveConfig, log *slog.Logger) (_ *server, err error) {
 		ready["redis"] = func(ctx context.Context) error { return s.redis.Ping(ctx).Err() }
 	}
 
+	if s.nats, err = openNATS(cfg.nats, log); err != nil {
+		return nil, err
+	}
+	ready["nats"] = func(context.Context) error {
+		if !s.nats.nc.IsConnected() {
+			return errors.New("not connected to NATS")
+		}
+		return nil
+	}
+	if s.queues, err = newQueues(s.nats, cfg.dispatch, reg, log); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.queues.sync(ctx, s.watcher.Set()); err != nil {
+		return nil, err
+	}
+	deferrer := ingress.NewQueueDeferrer(s.queues.store, log)
+
 	mw := ingress.New(s.watcher, store,
 		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
-		ingress.WithLogger(log), ingress.WithRegisterer(reg))
+		ingress.WithLogger(log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer))
 	proxy := ingress.NewProxy(upstream, ingress.WithProxyLogger(log), ingress.WithProxyRegisterer(reg),
 		ingress.WithProxyClientIdentity(ids))
-	s.front = newHTTPServer(cfg.listen, mw.Wrap(proxy), log)
+	front := http.NewServeMux()
+	front.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
+	front.Handle("/", mw.Wrap(proxy))
+	s.front = newHTTPServer(cfg.listen, front, log)
 	if cfg.adminListen != "" {
 		admin := &ingress.Admin{Gatherer: reg, Rules: s.watcher, Ready: ready, Token: cfg.adminToken}
 		s.admin = newHTTPServer(cfg.adminListen, admin.Handler(), log)
@@ -244,7 +284,12 @@ func (s *server) run(ctx context.Context) error {
 		go func() { errs <- hs.Serve(listeners[i]) }()
 	}
 	s.log.Info("sluice serving", "listen", listeners[0].Addr().String(), "admin", s.cfg.adminListen,
-		"upstream", s.cfg.upstream, "limiter", s.limiterName(), "rules", s.watcher.Set().Summary().String())
+		"upstream", s.cfg.upstream, "limiter", s.limiterName(), "queues", s.natsName(),
+		"rules", s.watcher.Set().Summary().String())
+
+	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
+	defer stopDispatch()
+	s.queues.dispatch(dispatchCtx)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -257,6 +302,12 @@ wait:
 			if e := s.watcher.Reload(); e != nil {
 				s.log.Warn("rules reload on SIGHUP refused", "err", e)
 			}
+		case set := <-s.reloads:
+			declareCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			if e := s.queues.sync(declareCtx, set); e != nil {
+				s.log.Error("queues of the new rules not declared", "err", e)
+			}
+			cancel()
 		case <-ctx.Done():
 			break wait
 		case err = <-errs:
@@ -275,6 +326,10 @@ wait:
 		})
 	}
 	wg.Wait()
+	// The front door is closed: no request can park any more. Let the dispatchers
+	// finish the deliveries under way.
+	stopDispatch()
+	s.queues.wait()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
@@ -288,6 +343,13 @@ func (s *server) limiterName() string {
 	return "memory"
 }
 
+func (s *server) natsName() string {
+	if s.cfg.nats.url != "" {
+		return "nats " + s.nats.nc.ConnectedUrlRedacted()
+	}
+	return "embedded nats in " + s.cfg.nats.dataDir
+}
+
 func (s *server) close() {
 	if s.watcher != nil {
 		s.watcher.Close()
@@ -298,4 +360,5 @@ func (s *server) close() {
 	if s.redis != nil {
 		s.redis.Close()
 	}
+	s.nats.close()
 }

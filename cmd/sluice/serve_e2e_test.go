@@ -97,7 +97,8 @@ func startSluice(t *testing.T, args ...string) *sluiceProcess {
 	}
 	listen, admin := freeAddr(t), freeAddr(t)
 	p := &sluiceProcess{url: "http://" + listen, admin: "http://" + admin, output: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(sluiceBinary, append([]string{"serve", "--listen", listen, "--admin-listen", admin, "--log-level", "debug"}, args...)...)
+	p.cmd = exec.Command(sluiceBinary, append([]string{"serve", "--listen", listen, "--admin-listen", admin,
+		"--log-level", "debug", "--data-dir", t.TempDir()}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
 	p.cmd.SysProcAttr = childProcAttr()
 	if err := p.cmd.Start(); err != nil {
