@@ -15,14 +15,23 @@ import (
 	"github.com/sluicehq/sluice/queue"
 )
 
-// handle takes one fetched message: checks its record, waits for its pacing slot and
-// starts the delivery.
-func (r *runner) handle(ctx context.Context, jm jetstream.Msg) {
+// prepared is a fetched message that passed its checks and waits for a pacing slot.
+type prepared struct {
+	m      *queue.Message
+	jm     jetstream.Msg
+	rec    *queue.Record
+	stored bool // rec was read from the bucket (else it is new)
+	cfg    queue.Config
+}
+
+// prepare checks one fetched message: it must be a parked request whose ticket is not
+// final yet. ok is false when the message was settled here.
+func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok bool) {
 	m, err := queue.Decode(jm)
 	if err != nil {
 		r.log.Error("terminating a message that is not a parked request", "err", err)
 		_ = jm.TermWithReason("not a sluice message")
-		return
+		return p, false
 	}
 	if pin := jm.Headers().Get("Nats-Pin-Id"); pin != "" {
 		r.mu.Lock()
@@ -38,39 +47,52 @@ func (r *runner) handle(ctx context.Context, jm jetstream.Msg) {
 	case err == nil && rec.Status.Final():
 		r.log.Debug("ticket already final; acknowledging", "ticket", m.Ticket, "status", rec.Status)
 		_ = jm.Ack()
-		return
+		return p, false
 	case errors.Is(err, queue.ErrNotFound):
 		rec = &queue.Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: queue.StatusQueued, ReceivedAt: m.ReceivedAt}
 	case err != nil:
 		r.log.Warn("cannot read the ticket record; retrying later", "ticket", m.Ticket, "err", err)
 		_ = jm.NakWithDelay(time.Second)
-		return
+		return p, false
 	}
 	if rec.Attempts >= cfg.MaxAttempts {
 		// A previous dead-lettering did not complete.
 		r.deadLetter(m, jm, rec, cfg)
-		return
+		return p, false
 	}
-	// A pause longer than a pull request's life: give the message back until the pause
-	// ends instead of holding it (the server holds the others).
-	r.mu.Lock()
-	fetchWait := r.fetchWait
-	r.mu.Unlock()
-	now := time.Now()
-	if until := r.pacer.PausedUntil(); until.Sub(now) > fetchWait {
-		_ = jm.NakWithDelay(until.Sub(now))
-		return
+	return prepared{m: m, jm: jm, rec: rec, stored: stored, cfg: cfg}, true
+}
+
+// paceLoop starts the deliveries of prepared messages, each at its pacing slot, in
+// the order they were fetched. It returns when ready is closed; what it receives after
+// ctx ended goes back to the queue at once.
+func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
+	for p := range ready {
+		if ctx.Err() != nil {
+			_ = p.jm.Nak()
+			continue
+		}
+		// A pause longer than a pull request's life: give the message back until the
+		// pause ends instead of holding it (the server holds the others).
+		r.mu.Lock()
+		fetchWait := r.fetchWait
+		r.mu.Unlock()
+		now := time.Now()
+		if until := r.pacer.PausedUntil(); until.Sub(now) > fetchWait {
+			_ = p.jm.NakWithDelay(until.Sub(now))
+			continue
+		}
+		start, err := r.pacer.Wait(ctx)
+		if err != nil { // shutting down: hand it to another dispatcher at once
+			_ = p.jm.Nak()
+			continue
+		}
+		r.deliveries.Add(1)
+		go func() {
+			defer r.deliveries.Done()
+			r.deliver(p.m, p.jm, p.rec, p.stored, p.cfg, start)
+		}()
 	}
-	start, err := r.pacer.Wait(ctx)
-	if err != nil { // shutting down: hand it to another dispatcher at once
-		_ = jm.Nak()
-		return
-	}
-	r.deliveries.Add(1)
-	go func() {
-		defer r.deliveries.Done()
-		r.deliver(m, jm, rec, stored, cfg, start)
-	}()
 }
 
 // Delivery describes the delivery attempt an outgoing request belongs to.

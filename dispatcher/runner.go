@@ -141,8 +141,22 @@ func sameConsumer(a, b jetstream.ConsumerConfig) bool {
 		slices.Equal(a.PriorityGroups, b.PriorityGroups) && a.PinnedTTL == b.PinnedTTL
 }
 
-// fetchLoop asks for one message at a time until ctx ends.
+// fetchLoop asks for one message at a time until ctx ends. It checks each message
+// and hands it to paceLoop, then asks for the next one while the previous waits for
+// its slot: at high rates the round trips overlap the pacing instead of adding to it.
+// At most two messages are held at a time (one waiting for its slot, the next one
+// checked and handed over), each for about one interval.
 func (r *runner) fetchLoop(ctx context.Context) {
+	ready := make(chan prepared)
+	paced := make(chan struct{})
+	go func() {
+		defer close(paced)
+		r.paceLoop(ctx, ready)
+	}()
+	defer func() {
+		close(ready)
+		<-paced
+	}()
 	failWait := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		r.mu.Lock()
@@ -152,7 +166,9 @@ func (r *runner) fetchLoop(ctx context.Context) {
 		batch, err := cons.Fetch(1, jetstream.FetchContext(fctx), jetstream.FetchPriorityGroup(queue.PriorityGroup))
 		if err == nil {
 			for jm := range batch.Messages() {
-				r.handle(ctx, jm)
+				if p, ok := r.prepare(ctx, jm); ok {
+					ready <- p
+				}
 			}
 			err = batch.Error()
 		}
