@@ -86,10 +86,11 @@ func WithPacerClock(c Clock) Option { return func(o *options) { o.clock = c } }
 // Idempotency-Key. A dispatcher that stops cleanly unpins itself at once.
 //
 // Each dispatcher asks for one message at a time (a pull request of batch 1 that
-// expires after the fetch wait) and only after the message has arrived waits for its
-// pacing slot — at most one interval, so no message sits in a buffer while its ack wait
-// runs. The consumer's MaxAckPending is the queue's MaxInFlight, which caps concurrent
-// deliveries across all dispatchers.
+// expires after the fetch wait); a fetched message waits for its pacing slot while the
+// next one is fetched, so at most two are held, each for about one interval — nothing
+// sits in a buffer while its ack wait runs (the ack wait exceeds the delivery timeout
+// plus two intervals). The consumer's MaxAckPending is the queue's MaxInFlight, which
+// caps concurrent deliveries across all dispatchers.
 //
 // A 429 or 503 answer pauses the queue until its Retry-After (capped by WithMaxPause):
 // the dispatcher pauses the consumer on the server (PauseConsumer), which stops every
