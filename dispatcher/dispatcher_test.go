@@ -407,7 +407,8 @@ func TestKilledDispatcherLosesNothing(t *testing.T) {
 
 	a := startReplica(t, srv, cfg, "a")
 	waitFor(t, "deliveries in flight", 20*time.Second, func() bool { return len(ds.all()) >= 3 })
-	inFlight := ds.all()[0].key
+	hits := ds.all()
+	inFlight := hits[len(hits)-1].key // its downstream answers in 400ms
 	if st, err := store.Status(ctxT(t), inFlight); err != nil || st.Status != queue.StatusDelivering {
 		t.Errorf("status of an order in flight: %+v %v", st, err)
 	}
