@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
-	"strconv"
 	"strings"
 	"time"
 
@@ -308,5 +307,3 @@ func (m *Message) Headers() nats.Header {
 	msg.Header.Del(HeaderMsgID)
 	return msg.Header
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

@@ -274,26 +274,29 @@ func (q *Queue) Depth(ctx context.Context) (uint64, error) {
 	return info.State.Msgs, nil
 }
 
-// streamInfo returns stream info at most maxAge old. When a refresh is due and another
-// caller is already refreshing, the older value is returned instead of waiting.
+// streamInfo returns stream info at most maxAge old (maxAge 0: fresh). When a refresh
+// is due and another caller is already refreshing, the older value is returned rather
+// than waiting; a failed refresh also falls back to it.
 func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstream.StreamInfo, error) {
 	q.infoMu.Lock()
-	info, at := q.info, q.infoAt
+	cached, at := q.info, q.infoAt
 	q.infoMu.Unlock()
-	if info != nil && maxAge > 0 && time.Since(at) < maxAge {
-		return info, nil
-	}
-	if info != nil && maxAge > 0 && !q.infoLock.TryLock() {
-		return info, nil
-	}
-	if info == nil || maxAge <= 0 {
+	useCached := cached != nil && maxAge > 0
+	switch {
+	case useCached && time.Since(at) < maxAge:
+		return cached, nil
+	case useCached:
+		if !q.infoLock.TryLock() {
+			return cached, nil
+		}
+	default:
 		q.infoLock.Lock()
 	}
 	defer q.infoLock.Unlock()
 	fresh, err := q.stream.Info(ctx)
 	if err != nil {
-		if info != nil && maxAge > 0 {
-			return info, nil
+		if useCached {
+			return cached, nil
 		}
 		return nil, fmt.Errorf("%w: stream info of %q: %v", ErrUnavailable, q.name, err)
 	}
