@@ -86,10 +86,21 @@ func (s *Store) eachDead(ctx context.Context, queue string, fn func(DeadLetter) 
 // the dispatcher skip the message), then the message is published (Nats-Msg-Id
 // requeue.{ticket}.{dead-letter seq}, so a repeated requeue after a crash is a
 // duplicate), then the dead letter is deleted.
+//
+// The queue need not be declared on this store (a tool such as `sluice dlq` knows no
+// rules): its stream must exist, and records then get the default lifetime.
 func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (int, error) {
 	q, err := s.Queue(queue)
 	if err != nil {
-		return 0, err
+		if !nameRE.MatchString(queue) {
+			return 0, err
+		}
+		if _, serr := s.js.Stream(ctx, StreamName(queue)); errors.Is(serr, jetstream.ErrStreamNotFound) {
+			return 0, err
+		} else if serr != nil {
+			return 0, unavailable("stream of "+queue, serr)
+		}
+		q = nil
 	}
 	var todo []DeadLetter
 	if err := s.eachDead(ctx, queue, func(dl DeadLetter) bool {
@@ -108,7 +119,7 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 		m := dl.Message
 		rec := &Record{
 			Ticket:     m.Ticket,
-			Queue:      q.name,
+			Queue:      queue,
 			Rule:       m.Rule,
 			Status:     StatusQueued,
 			ReceivedAt: m.ReceivedAt,
@@ -116,10 +127,17 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 		if err := s.SaveRecord(ctx, rec); err != nil {
 			return moved, err
 		}
-		m.Queue = q.name
-		msg := m.encode(q.subject(m.Ticket))
+		m.Queue = queue
+		msg := m.encode(subjectFor(queue, m.Ticket))
 		msg.Header.Set(HeaderMsgID, "requeue."+m.Ticket+"."+strconv.FormatUint(dl.Seq, 10))
-		if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(q.StreamName())); err != nil {
+		if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(StreamName(queue))); err != nil {
+			if q == nil {
+				var apiErr *jetstream.APIError
+				if errors.As(err, &apiErr) && isFull(apiErr) {
+					return moved, &FullError{Queue: queue, RetryAfter: time.Second}
+				}
+				return moved, unavailable("requeue to "+queue, err)
+			}
 			return moved, s.publishError(ctx, q, err)
 		}
 		if err := s.dead.DeleteMsg(ctx, dl.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -195,7 +195,7 @@ func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch {
-		case apiErr.ErrorCode == errCodeStoreFailed && strings.Contains(apiErr.Description, "maximum") && strings.Contains(apiErr.Description, "exceeded") && !strings.Contains(apiErr.Description, "size"):
+		case isFull(apiErr):
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
 			return fmt.Errorf("%w (%s)", q.fullError(fctx), apiErr.Description)
@@ -208,4 +208,12 @@ func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
 		return fmt.Errorf("%w: %v", ErrTooLarge, err)
 	}
 	return fmt.Errorf("%w: publish to %q not acknowledged: %v", ErrUnavailable, q.name, err)
+}
+
+// isFull tells a discard-new refusal ("maximum messages exceeded", "maximum bytes
+// exceeded") from other store failures.
+func isFull(apiErr *jetstream.APIError) bool {
+	d := apiErr.Description
+	return apiErr.ErrorCode == errCodeStoreFailed && strings.Contains(d, "maximum") &&
+		strings.Contains(d, "exceeded") && !strings.Contains(d, "size")
 }

@@ -505,7 +505,16 @@ func TestDeadLetters(t *testing.T) {
 		t.Errorf("limit: %d", len(two))
 	}
 
-	n, err := s.Requeue(ctx, "orders", tickets[1])
+	// A tool without the rules (sluice dlq) requeues through a store that never
+	// declared the queue.
+	tool, err := queue.Open(ctx, srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tool.Requeue(ctx, "nosuchqueue"); !errors.Is(err, queue.ErrUnknownQueue) {
+		t.Errorf("requeue to a missing queue: %v", err)
+	}
+	n, err := tool.Requeue(ctx, "orders", tickets[1])
 	if err != nil || n != 1 {
 		t.Fatalf("requeue: %d %v", n, err)
 	}
