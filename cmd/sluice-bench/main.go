@@ -26,6 +26,8 @@ var modes = []struct {
 }{
 	{"limiter", "decisions per second: the memory store vs x/time/rate, the Redis store vs redis_rate", runLimiter},
 	{"http", "requests per second and latency: upstream, plain reverse proxy, sluice serve", runHTTP},
+	{"parking", "orders parked per second through the ingress vs raw JetStream publishes", runParking},
+	{"pacing", "pacing accuracy at fixed outflow rates vs x/time/rate, a ticker and a deadline loop", runPacing},
 	// The servers that the http mode runs as processes of their own; upstream is also
 	// handy for trying sluice out (see the README's quick start).
 	{"upstream", "a small HTTP server answering {\"ok\":true}: sluice-bench upstream ADDR", runUpstream},
