@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -20,7 +21,7 @@ func TestClusterR3SurvivesANodeCrash(t *testing.T) {
 	ds.delay.Store(int64(20 * time.Millisecond))
 	cfg := baseConfig("orders", ds.URL)
 	cfg.Replicas = 3
-	cfg.Outflow = queue.PerSecond(20)
+	cfg.Outflow = limiter.PerSecond(20)
 
 	nc := c.Connect(t)
 	store, err := queue.Open(ctxT(t), nc, queue.WithReplicas(3))

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -262,7 +263,7 @@ func park(t *testing.T, s *queue.Store, queueName string, from, to int) []string
 func baseConfig(name, downstream string) queue.Config {
 	return queue.Config{
 		Name:        name,
-		Outflow:     queue.PerSecond(50),
+		Outflow:     limiter.PerSecond(50),
 		MaxInFlight: 4,
 		MaxAttempts: 5,
 		Backoff:     queue.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
@@ -441,7 +442,7 @@ func TestServerRestartKeepsEveryMessage(t *testing.T) {
 	ds := newDownstream(t, nil)
 	ds.delay.Store(int64(50 * time.Millisecond))
 	cfg := baseConfig("orders", ds.URL)
-	cfg.Outflow = queue.PerSecond(20)
+	cfg.Outflow = limiter.PerSecond(20)
 	store, _ := openStore(t, srv.Conn, cfg)
 	tickets := park(t, store, "orders", 0, 30)
 
@@ -668,7 +669,7 @@ func TestThreeDispatchersShareTheRateAndFailOver(t *testing.T) {
 	srv := natstest.Start(t)
 	ds := newDownstream(t, nil)
 	cfg := baseConfig("paced", ds.URL)
-	cfg.Outflow = queue.PerSecond(8)
+	cfg.Outflow = limiter.PerSecond(8)
 	cfg.MaxInFlight = 4
 	store, _ := openStore(t, srv.Conn, cfg)
 	tickets := park(t, store, "paced", 0, 36)
@@ -731,7 +732,7 @@ func TestThreeDispatchersShareTheRateAndFailOver(t *testing.T) {
 
 // fullestWindow returns the window (at least 100ms) whose count is closest to (or
 // furthest over) ceil(rate × Δt) + 1.
-func fullestWindow(r queue.Rate, times []time.Time) (n, bound int, window time.Duration) {
+func fullestWindow(r limiter.Rate, times []time.Time) (n, bound int, window time.Duration) {
 	times = append([]time.Time(nil), times...)
 	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
 	worst := -1 << 30
@@ -747,7 +748,7 @@ func fullestWindow(r queue.Rate, times []time.Time) (n, bound int, window time.D
 	return n, bound, window
 }
 
-func ceilRate(r queue.Rate, dt time.Duration) int {
+func ceilRate(r limiter.Rate, dt time.Duration) int {
 	n := int64(dt) * r.Count
 	q := n / int64(r.Period)
 	if n%int64(r.Period) != 0 {
@@ -789,5 +790,42 @@ func TestConfigReloadUpdatesConsumer(t *testing.T) {
 	})
 	if ci := consumerInfo(); !ci.Paused {
 		t.Errorf("the reload lifted the pause")
+	}
+}
+
+func TestExpiredOrdersAreDeadLetteredNotDropped(t *testing.T) {
+	srv := natstest.Start(t)
+	ds := newDownstream(t, func(hit, int) (int, http.Header, string) { return 200, nil, "ok" })
+	cfg := baseConfig("orders", ds.URL)
+	cfg.MaxAge = 300 * time.Millisecond
+	cfg.DuplicateWindow = 300 * time.Millisecond
+	store, _ := openStore(t, srv.Conn, cfg)
+	dead, err := srv.Conn.SubscribeSync(queue.DeadSubject("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tickets := park(t, store, "orders", 0, 2)
+	time.Sleep(2 * cfg.MaxAge) // nobody dispatches: both orders outlive max_age
+	startReplica(t, srv, cfg, "a")
+	for range tickets {
+		msg, err := dead.NextMsg(30 * time.Second)
+		if err != nil {
+			t.Fatalf("no dead event: %v", err)
+		}
+		var ev queue.Event
+		if err := json.Unmarshal(msg.Data, &ev); err != nil || ev.Status != queue.StatusDead || !strings.Contains(ev.Error, "expired") {
+			t.Fatalf("dead event %s %v", msg.Data, err)
+		}
+	}
+	for _, tk := range tickets {
+		if st, err := store.Status(ctxT(t), tk); err != nil || st.Status != queue.StatusDead {
+			t.Fatalf("status of %s: %+v %v", tk, st, err)
+		}
+		if n := ds.count(tk); n != 0 {
+			t.Errorf("an expired order reached the downstream %d times", n)
+		}
+	}
+	if dls, err := store.DeadLetters(ctxT(t), "orders", 0); err != nil || len(dls) != 2 {
+		t.Fatalf("dead letters %d %v", len(dls), err)
 	}
 }

@@ -4,7 +4,7 @@
 // # Dispatching
 //
 //	store, _ := queue.Open(ctx, nc)
-//	store.Declare(ctx, queue.Config{Name: "orders", Outflow: queue.PerSecond(50), Downstream: "http://orders-api:8080"})
+//	store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(50), Downstream: "http://orders-api:8080"})
 //	d, _ := dispatcher.New(store, dispatcher.WithLogger(log), dispatcher.WithRegisterer(reg))
 //	err := d.Run(ctx) // every declared queue, until ctx ends
 //
@@ -32,7 +32,7 @@
 //
 // # Library pacing
 //
-//	client := &http.Client{Transport: dispatcher.NewPacingTransport(http.DefaultTransport, queue.PerSecond(5))}
+//	client := &http.Client{Transport: dispatcher.NewPacingTransport(http.DefaultTransport, limiter.PerSecond(5))}
 //
 // paces a program's calls in-process; WithRedisPacing shares the rate between processes.
 package dispatcher

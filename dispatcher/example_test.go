@@ -6,7 +6,7 @@ import (
 	"net/http/httptest"
 
 	"github.com/sluicehq/sluice/dispatcher"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // A client for a paid API that allows 5 calls per second: the transport spaces the
@@ -20,7 +20,7 @@ func ExampleNewPacingTransport() {
 	defer api.Close()
 
 	client := &http.Client{
-		Transport: dispatcher.NewPacingTransport(http.DefaultTransport, queue.PerSecond(5)),
+		Transport: dispatcher.NewPacingTransport(http.DefaultTransport, limiter.PerSecond(5)),
 	}
 	for _, sku := range []string{"a-1", "b-2", "c-3"} {
 		resp, err := client.Get(api.URL + "/quote?sku=" + sku)

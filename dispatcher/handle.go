@@ -60,6 +60,13 @@ func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok 
 		r.deadLetter(m, jm, rec, cfg)
 		return p, false
 	}
+	// Age counts from when the message was stored in the queue, so a re-queued dead
+	// letter gets a fresh max_age.
+	if cfg.MaxAge > 0 && time.Since(m.StoredAt) > cfg.MaxAge {
+		rec.LastError = fmt.Sprintf("expired: waited longer than max_age (%s)", cfg.MaxAge)
+		r.deadLetter(m, jm, rec, cfg)
+		return p, false
+	}
 	return prepared{m: m, jm: jm, rec: rec, stored: stored, cfg: cfg}, true
 }
 
@@ -231,8 +238,8 @@ func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Recor
 	r.save(rec, 5)
 	r.event(queue.DeadSubject(m.Queue), rec, 0)
 	r.m.dead.Inc()
-	r.log.Warn("out of attempts; dead-lettered", "ticket", m.Ticket, "attempts", rec.Attempts, "err", rec.LastError)
-	_ = jm.TermWithReason("max attempts reached")
+	r.log.Warn("dead-lettered", "ticket", m.Ticket, "attempts", rec.Attempts, "err", rec.LastError)
+	_ = jm.TermWithReason("dead-lettered: " + rec.LastError)
 }
 
 // save writes the record, trying up to tries times.

@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // Pacer hands out start times at an even rate: a leaking bucket that holds one event.
@@ -66,7 +66,7 @@ func WithClock(c Clock) PacerOption { return func(p *Pacer) { p.clock = c } }
 func WithTolerance(d time.Duration) PacerOption { return func(p *Pacer) { p.tolSet = d } }
 
 // NewPacer returns a pacer for rate, which must be valid (Count and Period > 0).
-func NewPacer(rate queue.Rate, opts ...PacerOption) *Pacer {
+func NewPacer(rate limiter.Rate, opts ...PacerOption) *Pacer {
 	p := &Pacer{clock: SystemClock{}, turn: make(chan struct{}, 1)}
 	for _, o := range opts {
 		o(p)
@@ -75,7 +75,7 @@ func NewPacer(rate queue.Rate, opts ...PacerOption) *Pacer {
 	return p
 }
 
-func (p *Pacer) setRateLocked(rate queue.Rate) {
+func (p *Pacer) setRateLocked(rate limiter.Rate) {
 	if !rate.Valid() {
 		panic("dispatcher: pacer rate must be positive")
 	}
@@ -87,7 +87,7 @@ func (p *Pacer) setRateLocked(rate queue.Rate) {
 }
 
 // SetRate changes the rate; the next slot is one new interval after the last grant.
-func (p *Pacer) SetRate(rate queue.Rate) {
+func (p *Pacer) SetRate(rate limiter.Rate) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.count == uint64(rate.Count) && p.period == uint64(rate.Period) {
@@ -100,10 +100,10 @@ func (p *Pacer) SetRate(rate queue.Rate) {
 }
 
 // Rate returns the current rate.
-func (p *Pacer) Rate() queue.Rate {
+func (p *Pacer) Rate() limiter.Rate {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return queue.Rate{Count: int64(p.count), Period: time.Duration(p.period)}
+	return limiter.Rate{Count: int64(p.count), Period: time.Duration(p.period)}
 }
 
 // offset is k × period / count without overflow (k × period fits in 128 bits).

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -50,7 +51,7 @@ func (c *simClock) Advance(d time.Duration) {
 }
 
 // ceilRate returns ceil(rate × dt) exactly.
-func ceilRate(r queue.Rate, dt time.Duration) uint64 {
+func ceilRate(r limiter.Rate, dt time.Duration) uint64 {
 	hi, lo := bits.Mul64(uint64(r.Count), uint64(dt))
 	q, rem := bits.Div64(hi, lo, uint64(r.Period))
 	if rem != 0 {
@@ -61,7 +62,7 @@ func ceilRate(r queue.Rate, dt time.Duration) uint64 {
 
 // checkBound verifies that every window [t_i, t_j] holds at most ceil(rate × Δt) + 1
 // starts, with Δt at least minWindow, and that the times strictly increase.
-func checkBound(t *testing.T, r queue.Rate, times []time.Time, minWindow time.Duration) {
+func checkBound(t *testing.T, r limiter.Rate, times []time.Time, minWindow time.Duration) {
 	t.Helper()
 	for i := 1; i < len(times); i++ {
 		if !times[i].After(times[i-1]) {
@@ -85,8 +86,8 @@ func checkBound(t *testing.T, r queue.Rate, times []time.Time, minWindow time.Du
 }
 
 func TestPacerBoundUnderLatenessAndStalls(t *testing.T) {
-	rates := []queue.Rate{
-		queue.PerSecond(10), queue.PerSecond(1000), queue.PerSecond(7919),
+	rates := []limiter.Rate{
+		limiter.PerSecond(10), limiter.PerSecond(1000), limiter.PerSecond(7919),
 		{Count: 3, Period: 7 * time.Second}, {Count: 1, Period: time.Minute},
 	}
 	for _, r := range rates {
@@ -129,7 +130,7 @@ func TestPacerBoundUnderLatenessAndStalls(t *testing.T) {
 }
 
 func TestPacerExactRateWhenOnTime(t *testing.T) {
-	for _, r := range []queue.Rate{queue.PerSecond(1000), {Count: 3, Period: time.Second}, queue.PerSecond(10)} {
+	for _, r := range []limiter.Rate{limiter.PerSecond(1000), {Count: 3, Period: time.Second}, limiter.PerSecond(10)} {
 		clk := newSimClock()
 		lateRng := rand.New(rand.NewPCG(7, 7))
 		// Lateness below the tolerance loses no slot.
@@ -151,7 +152,7 @@ func TestPacerExactRateWhenOnTime(t *testing.T) {
 }
 
 func TestPacerNoCatchUpAfterStall(t *testing.T) {
-	r := queue.PerSecond(10)
+	r := limiter.PerSecond(10)
 	clk := newSimClock()
 	p := NewPacer(r, WithClock(clk))
 	ctx := context.Background()
@@ -184,7 +185,7 @@ func TestPacerNoCatchUpAfterStall(t *testing.T) {
 
 func TestPacerPauseAndRateChange(t *testing.T) {
 	clk := newSimClock()
-	p := NewPacer(queue.PerSecond(100), WithClock(clk))
+	p := NewPacer(limiter.PerSecond(100), WithClock(clk))
 	ctx := context.Background()
 	g0, _ := p.Wait(ctx)
 	until := g0.Add(2 * time.Second)
@@ -200,8 +201,8 @@ func TestPacerPauseAndRateChange(t *testing.T) {
 	if g1.Before(until) {
 		t.Errorf("start %v during the pause (until %v)", g1, until)
 	}
-	p.SetRate(queue.PerSecond(2))
-	if p.Rate() != queue.PerSecond(2) {
+	p.SetRate(limiter.PerSecond(2))
+	if p.Rate() != limiter.PerSecond(2) {
 		t.Errorf("rate %v", p.Rate())
 	}
 	g2, _ := p.Wait(ctx)
@@ -212,7 +213,7 @@ func TestPacerPauseAndRateChange(t *testing.T) {
 
 func TestPacerCancelUsesNoSlot(t *testing.T) {
 	clk := newSimClock()
-	p := NewPacer(queue.PerSecond(1), WithClock(clk))
+	p := NewPacer(limiter.PerSecond(1), WithClock(clk))
 	g0, _ := p.Wait(context.Background())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -226,7 +227,7 @@ func TestPacerCancelUsesNoSlot(t *testing.T) {
 }
 
 func TestPacerConcurrentWaiters(t *testing.T) {
-	r := queue.PerSecond(500)
+	r := limiter.PerSecond(500)
 	clk := newSimClock()
 	rng := rand.New(rand.NewPCG(3, 4))
 	var rmu sync.Mutex
@@ -266,7 +267,7 @@ func TestPacerConcurrentWaiters(t *testing.T) {
 // Real time: only the bound is asserted (it holds on the returned times by
 // construction, however loaded the machine), never the speed.
 func TestPacerRealClockBound(t *testing.T) {
-	for _, r := range []queue.Rate{queue.PerSecond(200), queue.PerSecond(2000)} {
+	for _, r := range []limiter.Rate{limiter.PerSecond(200), limiter.PerSecond(2000)} {
 		p := NewPacer(r)
 		var times []time.Time
 		deadline := time.Now().Add(500 * time.Millisecond)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // PacingTransport is an http.RoundTripper for programs that call a rate-limited API
@@ -69,7 +69,7 @@ func WithTransportClock(c Clock) TransportOption { return func(t *PacingTranspor
 
 // NewPacingTransport paces requests sent through base (http.DefaultTransport when nil)
 // at rate, which must be valid.
-func NewPacingTransport(base http.RoundTripper, rate queue.Rate, opts ...TransportOption) *PacingTransport {
+func NewPacingTransport(base http.RoundTripper, rate limiter.Rate, opts ...TransportOption) *PacingTransport {
 	if base == nil {
 		base = http.DefaultTransport
 	}

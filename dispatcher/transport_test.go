@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redistest"
-	"github.com/sluicehq/sluice/queue"
 )
 
 // stampTransport records when (on clock) each request is handed to the real transport.
@@ -58,7 +58,7 @@ func TestPacingTransportPacesAndHonoursRetryAfter(t *testing.T) {
 	})
 	clk := newSimClock()
 	stamp := &stampTransport{clock: clk, base: http.DefaultTransport}
-	rate := queue.PerSecond(20)
+	rate := limiter.PerSecond(20)
 	tr := NewPacingTransport(stamp, rate, WithTransportClock(clk))
 	client := &http.Client{Transport: tr}
 	defer client.CloseIdleConnections()
@@ -101,7 +101,7 @@ func TestPacingTransportReturnsUnreplayable429(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable) // no Retry-After: the default pause
 	})
 	clk := newSimClock()
-	tr := NewPacingTransport(nil, queue.PerSecond(100), WithTransportClock(clk), WithTransportPause(3*time.Second, time.Hour))
+	tr := NewPacingTransport(nil, limiter.PerSecond(100), WithTransportClock(clk), WithTransportPause(3*time.Second, time.Hour))
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	req, _ := http.NewRequest("POST", srv.URL, &oneShotReader{strings.NewReader("x")})
 	start := clk.Now()
@@ -117,7 +117,7 @@ func TestPacingTransportReturnsUnreplayable429(t *testing.T) {
 		t.Errorf("default pause %v", got)
 	}
 	// A replayable request is retried up to the limit, then the 503 is returned.
-	tr2 := NewPacingTransport(nil, queue.PerSecond(100), WithTransportClock(clk), WithRetryLimit(2))
+	tr2 := NewPacingTransport(nil, limiter.PerSecond(100), WithTransportClock(clk), WithRetryLimit(2))
 	req2, _ := http.NewRequest("GET", srv.URL, nil)
 	resp, err = tr2.RoundTrip(req2)
 	if err != nil {
@@ -142,7 +142,7 @@ func TestPacingTransportSharedThroughRedis(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
-	rate := queue.PerSecond(40)
+	rate := limiter.PerSecond(40)
 	clock := SystemClock{}
 	stamp := &stampTransport{clock: clock, base: http.DefaultTransport}
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()

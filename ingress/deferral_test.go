@@ -54,7 +54,7 @@ func newDeferFixture(t *testing.T) *deferFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: queue.PerSecond(10), MaxDepth: 3, Downstream: "http://127.0.0.1:1"}); err != nil {
+	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(10), MaxDepth: 3, Downstream: "http://127.0.0.1:1"}); err != nil {
 		t.Fatal(err)
 	}
 	d := NewQueueDeferrer(store, nil)

@@ -6,9 +6,10 @@ import (
 	"math"
 	"net/url"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // Defaults applied by Config.WithDefaults to fields left at their zero value.
@@ -24,79 +25,9 @@ const (
 )
 
 // Rate is an outflow rate: Count deliveries per Period.
-type Rate struct {
-	Count  int64
-	Period time.Duration
-}
-
-// PerSecond returns a Rate of n per second.
-func PerSecond(n int64) Rate { return Rate{Count: n, Period: time.Second} }
-
-// PerSecondFloat returns Count / Period in events per second.
-func (r Rate) PerSecondFloat() float64 {
-	if r.Count <= 0 || r.Period <= 0 {
-		return 0
-	}
-	return float64(r.Count) / r.Period.Seconds()
-}
-
-// Interval returns the (rounded) time between two events at this rate.
-func (r Rate) Interval() time.Duration {
-	if r.Count <= 0 {
-		return 0
-	}
-	return time.Duration(int64(r.Period) / r.Count)
-}
-
-// IsZero reports whether the rate is unset.
-func (r Rate) IsZero() bool { return r.Count == 0 && r.Period == 0 }
-
-// Valid reports whether the rate is positive.
-func (r Rate) Valid() bool { return r.Count > 0 && r.Period > 0 }
-
-// String formats the rate as "COUNT/PERIOD", for example "50/s" or "3/500ms".
-func (r Rate) String() string {
-	switch r.Period {
-	case time.Second:
-		return fmt.Sprintf("%d/s", r.Count)
-	case time.Minute:
-		return fmt.Sprintf("%d/m", r.Count)
-	case time.Hour:
-		return fmt.Sprintf("%d/h", r.Count)
-	}
-	return fmt.Sprintf("%d/%s", r.Count, r.Period)
-}
-
-// ParseRate parses "COUNT/UNIT" where UNIT is s, m, h, d (or second, minute, hour, day)
-// or a Go duration such as 500ms or 10s: "50/s", "3000/10m", "1/1h".
-func ParseRate(s string) (Rate, error) {
-	count, unit, ok := strings.Cut(strings.TrimSpace(s), "/")
-	if !ok {
-		return Rate{}, fmt.Errorf("rate %q: want COUNT/PERIOD, for example 50/s", s)
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(count), 10, 64)
-	if err != nil || n <= 0 {
-		return Rate{}, fmt.Errorf("rate %q: count must be a positive integer", s)
-	}
-	unit = strings.TrimSpace(unit)
-	var d time.Duration
-	switch unit {
-	case "s", "sec", "second":
-		d = time.Second
-	case "m", "min", "minute":
-		d = time.Minute
-	case "h", "hour":
-		d = time.Hour
-	case "d", "day":
-		d = 24 * time.Hour
-	default:
-		d, err = time.ParseDuration(unit)
-		if err != nil || d <= 0 {
-			return Rate{}, fmt.Errorf("rate %q: unknown period %q", s, unit)
-		}
-	}
-	return Rate{Count: n, Period: d}, nil
-}
+//
+// Deprecated: use limiter.Rate; this alias goes once every caller is moved.
+type Rate = limiter.Rate
 
 // Backoff configures the retry delay after failed delivery attempts: exponential from
 // Initial, doubling per failed attempt, capped at Max, with ±50% jitter.
@@ -119,7 +50,8 @@ type Config struct {
 	MaxDepth int64
 	// MaxBytes caps the stored size of the queue (0: no cap).
 	MaxBytes int64
-	// MaxAge is how long a message may wait in the queue before JetStream drops it
+	// MaxAge is how long a message may wait in the queue: a dispatcher that reaches an
+	// older one moves it to the dead letters (reason "expired") instead of delivering it
 	// (0: forever).
 	MaxAge time.Duration
 	// MaxAttempts is the number of failed delivery attempts (5xx, timeouts, network

@@ -5,7 +5,7 @@
 // # JetStream layout
 //
 //	stream  SLUICE_Q_{queue}      subjects sluice.q.{queue}.{ticket}; work-queue retention,
-//	                              file storage, MaxMsgs/MaxBytes/MaxAge with discard-new
+//	                              file storage, MaxMsgs/MaxBytes with discard-new
 //	                              (a full queue refuses: ErrFull; nothing queued is ever
 //	                              trimmed), duplicate window, replicas from Config
 //	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher)
@@ -35,7 +35,9 @@
 //
 // Lifetimes: an idempotency key is remembered for the queue's IdempotencyTTL (default
 // 24h, at least MaxAge) from its first use; a ticket record for IdempotencyTTL after its
-// last change. A message still waiting in the queue has no expiry unless MaxAge is set.
+// last change. A message waits in the queue until it is delivered; with MaxAge set, a
+// dispatcher dead-letters the messages older than that instead of delivering them (the
+// stream itself has no age limit, which would delete them unseen).
 //
 // Tickets are 128-bit random values; knowing one is what lets a caller read its status
 // (the ingress does not scope status reads by client).

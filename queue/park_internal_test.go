@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
 
@@ -23,7 +24,7 @@ func TestIdempotencyCrashBetweenKeyAndPublish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := s.Declare(ctx, Config{Name: "orders", Outflow: PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	q, err := s.Declare(ctx, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -23,7 +24,7 @@ func TestMain(m *testing.M) {
 func testConfig(name string) queue.Config {
 	return queue.Config{
 		Name:       name,
-		Outflow:    queue.PerSecond(10),
+		Outflow:    limiter.PerSecond(10),
 		Downstream: "http://127.0.0.1:1/api",
 	}
 }
@@ -78,7 +79,7 @@ func TestConfigValidate(t *testing.T) {
 	}
 	bad := queue.Config{
 		Name:             "bad name",
-		Outflow:          queue.Rate{Count: -1, Period: time.Second},
+		Outflow:          limiter.Rate{Count: -1, Period: time.Second},
 		MaxAge:           time.Minute,
 		DuplicateWindow:  time.Hour,
 		Backoff:          queue.Backoff{Initial: time.Minute, Max: time.Second},
@@ -115,19 +116,19 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestParseRate(t *testing.T) {
-	for in, want := range map[string]queue.Rate{
-		"50/s":     queue.PerSecond(50),
+	for in, want := range map[string]limiter.Rate{
+		"50/s":     limiter.PerSecond(50),
 		"3000/10m": {Count: 3000, Period: 10 * time.Minute},
 		"1/hour":   {Count: 1, Period: time.Hour},
 		"3/500ms":  {Count: 3, Period: 500 * time.Millisecond},
 	} {
-		got, err := queue.ParseRate(in)
+		got, err := limiter.ParseRate(in)
 		if err != nil || got != want {
 			t.Errorf("ParseRate(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"", "5", "0/s", "-1/s", "5/fortnight", "x/s"} {
-		if _, err := queue.ParseRate(in); err == nil {
+		if _, err := limiter.ParseRate(in); err == nil {
 			t.Errorf("ParseRate(%q) accepted", in)
 		}
 	}
@@ -255,7 +256,7 @@ func TestParkFull(t *testing.T) {
 	srv := natstest.Start(t)
 	cfg := testConfig("small")
 	cfg.MaxDepth = 3
-	cfg.Outflow = queue.PerSecond(1)
+	cfg.Outflow = limiter.PerSecond(1)
 	s := openStore(t, srv, cfg)
 	ctx := ctxT(t)
 	for i := range 3 {

@@ -193,7 +193,9 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		Discard:     jetstream.DiscardNew,
 		MaxMsgs:     maxMsgs,
 		MaxBytes:    maxBytes,
-		MaxAge:      cfg.MaxAge,
+		// No MaxAge on the stream: JetStream would delete an expired order silently.
+		// The dispatcher dead-letters orders older than cfg.MaxAge when it reaches
+		// them, so every accepted order ends delivered, failed or dead, and visible.
 		Duplicates:  cfg.DuplicateWindow,
 		Replicas:    cfg.Replicas,
 		AllowDirect: true,

@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
 )
 
 // File is the content of one rules file, for Parse.
@@ -368,7 +369,7 @@ func (c *compiler) period(file string, ld *limitDef) (period int64, ok bool) {
 	case ld.unitNode != nil && ld.winNode != nil:
 		c.errf(file, ld.winNode, "give either unit or window, not both")
 	case ld.unitNode != nil:
-		d, known := unitPeriod(ld.unit)
+		d, known := limiter.UnitPeriod(ld.unit)
 		if !known {
 			c.errf(file, ld.unitNode, "unknown unit %q (known: second, minute, hour, day, week, month, year; or use window: 30s)", ld.unit)
 			return 0, false
@@ -568,7 +569,7 @@ func limitTag(l limiter.Limit) string {
 		limiter.TokenBucket: "tb", limiter.LeakyBucket: "lb", limiter.FixedWindow: "fw",
 		limiter.SlidingWindowLog: "swl", limiter.SlidingWindowCounter: "swc",
 	}[l.Algorithm]
-	return code + formatPeriod(l.Period)
+	return code + limiter.FormatDuration(l.Period)
 }
 
 var queueNameOK = func(s string) bool {
@@ -596,14 +597,14 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	q := &Queue{
 		Name:        qd.name,
 		Outflow:     qd.outflow,
-		MaxDepth:    cmpOr(qd.maxDepth, DefaultMaxDepth),
-		MaxBytes:    cmpOr(qd.maxBytes, DefaultMaxBytes),
-		MaxAge:      cmpOr(qd.maxAge, DefaultMaxAge),
-		MaxAttempts: int(min(cmpOr(qd.maxAttempts, DefaultMaxAttempts), 1_000_000)),
-		MaxInFlight: int(min(cmpOr(qd.maxInFlight, DefaultMaxInFlight), 1_000_000)),
-		Backoff: Backoff{
-			Initial: cmpOr(qd.backoff.Initial, DefaultBackoffMin),
-			Max:     cmpOr(qd.backoff.Max, DefaultBackoffMax),
+		MaxDepth:    cmpOr(qd.maxDepth, queue.DefaultMaxDepth),
+		MaxBytes:    qd.maxBytes, // 0: no cap
+		MaxAge:      qd.maxAge,   // 0: an order waits as long as it takes
+		MaxAttempts: int(min(cmpOr(qd.maxAttempts, queue.DefaultMaxAttempts), 1_000_000)),
+		MaxInFlight: int(min(cmpOr(qd.maxInFlight, queue.DefaultMaxInFlight), 1_000_000)),
+		Backoff: queue.Backoff{
+			Initial: cmpOr(qd.backoff.Initial, queue.DefaultBackoffInitial),
+			Max:     cmpOr(qd.backoff.Max, max(queue.DefaultBackoffMax, qd.backoff.Initial)),
 		},
 		Downstream: qd.downstream,
 		Domain:     fd.domain,
@@ -614,7 +615,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	case qd.outflowNode == nil:
 		c.errf(file, qd.nameNode, "queue %q needs an outflow (like outflow: {rate: 50/s})", qd.name)
 	case qd.hasOutflow:
-		if err := q.Outflow.Limit().Validate(); err != nil {
+		if err := (limiter.Limit{Algorithm: limiter.LeakyBucket, Rate: q.Outflow.Count, Period: q.Outflow.Period}).Validate(); err != nil {
 			c.errf(file, qd.outflowNode, "outflow: %v", err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
 )
 
 // envoyFile is written in the Envoy / Lyft rate limit service's syntax only.
@@ -218,7 +219,7 @@ queues:
 	if want := (limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 2, Period: time.Second, Burst: 4, FailureMode: limiter.FailClosed}); u.Limits[0] != want {
 		t.Errorf("user limit = %+v", u.Limits[0])
 	}
-	if u.OnLimit != Defer || u.Queue == nil || u.Queue.Name != "orders" || u.Queue.Outflow != (Rate{600, time.Minute}) {
+	if u.OnLimit != Defer || u.Queue == nil || u.Queue.Name != "orders" || u.Queue.Outflow != (limiter.Rate{Count: 600, Period: time.Minute}) {
 		t.Errorf("user rule = %+v", u)
 	}
 	ip := rules["ip"].Limits
@@ -262,21 +263,19 @@ queues:
     downstream: http://b.internal:9000/base
 `)
 	a, b := s.Queue("a"), s.Queue("b")
-	if a.Outflow != (Rate{5, time.Second}) || a.MaxDepth != DefaultMaxDepth || a.MaxBytes != DefaultMaxBytes || a.MaxAge != DefaultMaxAge ||
-		a.MaxAttempts != DefaultMaxAttempts || a.MaxInFlight != DefaultMaxInFlight || a.Backoff != (Backoff{DefaultBackoffMin, DefaultBackoffMax}) ||
+	if a.Outflow != (limiter.Rate{Count: 5, Period: time.Second}) || a.MaxDepth != queue.DefaultMaxDepth || a.MaxBytes != 0 || a.MaxAge != 0 ||
+		a.MaxAttempts != queue.DefaultMaxAttempts || a.MaxInFlight != queue.DefaultMaxInFlight ||
+		a.Backoff != (queue.Backoff{Initial: queue.DefaultBackoffInitial, Max: queue.DefaultBackoffMax}) ||
 		!a.Downstream.IsNATS() || a.Downstream.Subject != "work.a" || a.Downstream.String() != "nats:work.a" {
 		t.Errorf("a = %+v", a)
 	}
-	if b.Outflow != (Rate{3000, 10 * time.Minute}) || b.MaxDepth != 7 || b.MaxBytes != 512<<20 || b.MaxAge != 48*time.Hour ||
-		b.MaxAttempts != 3 || b.MaxInFlight != 2 || b.Backoff != (Backoff{250 * time.Millisecond, time.Minute}) ||
+	if b.Outflow != (limiter.Rate{Count: 3000, Period: 10 * time.Minute}) || b.MaxDepth != 7 || b.MaxBytes != 512<<20 || b.MaxAge != 48*time.Hour ||
+		b.MaxAttempts != 3 || b.MaxInFlight != 2 || b.Backoff != (queue.Backoff{Initial: 250 * time.Millisecond, Max: time.Minute}) ||
 		b.Downstream.IsNATS() || b.Downstream.String() != "http://b.internal:9000/base" {
 		t.Errorf("b = %+v", b)
 	}
 	if got := b.Outflow.Interval(); got != 200*time.Millisecond {
 		t.Errorf("interval = %v", got)
-	}
-	if l := a.Outflow.Limit(); l.Validate() != nil || l.Algorithm != limiter.LeakyBucket || l.Burst != 1 {
-		t.Errorf("outflow limit = %+v", l)
 	}
 	if got := len(s.Queues()); got != 2 {
 		t.Errorf("queues = %d", got)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
 )
 
 // OnLimit says what happens to a request that a rule finds over its limit.
@@ -214,36 +215,6 @@ type Route struct {
 	allStatic bool // every descriptor list is made of constants
 }
 
-// Rate is Requests per Per.
-type Rate struct {
-	Requests int64
-	Per      time.Duration
-}
-
-// Interval is the even spacing between two requests at rate r.
-func (r Rate) Interval() time.Duration {
-	if r.Requests <= 0 {
-		return 0
-	}
-	return r.Per / time.Duration(r.Requests)
-}
-
-// Limit is r as an even pacer: a leaky bucket of one place draining at r.
-func (r Rate) Limit() limiter.Limit {
-	return limiter.Limit{Algorithm: limiter.LeakyBucket, Rate: r.Requests, Period: r.Per, Burst: 1}
-}
-
-func (r Rate) String() string {
-	return formatInt(r.Requests) + "/" + formatPeriod(r.Per)
-}
-
-// Backoff is the retry backoff of a queue's deliveries: exponential from Initial,
-// capped at Max, with jitter (applied by the dispatcher).
-type Backoff struct {
-	Initial time.Duration
-	Max     time.Duration
-}
-
 // Downstream is where a queue delivers: an HTTP(S) base URL or a NATS subject.
 type Downstream struct {
 	// URL is the http:// or https:// base URL; nil for a NATS subject.
@@ -265,23 +236,12 @@ func (d Downstream) String() string {
 	return d.URL.String()
 }
 
-// Queue defaults, documented in the README.
-const (
-	DefaultMaxDepth    = 100_000
-	DefaultMaxBytes    = 1 << 30
-	DefaultMaxAge      = 24 * time.Hour
-	DefaultMaxAttempts = 8
-	DefaultMaxInFlight = 8
-	DefaultBackoffMin  = time.Second
-	DefaultBackoffMax  = 5 * time.Minute
-)
-
 // Queue is where Defer rules park requests and how they are delivered.
 type Queue struct {
 	// Name is also used in stream names and NATS subjects: letters, digits, `_`, `-`.
 	Name string
 	// Outflow is the delivery rate, shared by every dispatcher of the queue.
-	Outflow Rate
+	Outflow limiter.Rate
 	// MaxDepth is the most messages the queue holds; a full queue refuses more.
 	MaxDepth int64
 	// MaxBytes is the most bytes the queue holds.
@@ -292,7 +252,7 @@ type Queue struct {
 	MaxAttempts int
 	// MaxInFlight is the most deliveries under way at once.
 	MaxInFlight int
-	Backoff     Backoff
+	Backoff     queue.Backoff
 	Downstream  Downstream
 	Domain      string
 	File        string
@@ -340,7 +300,7 @@ func unsafeRune(r rune) bool {
 // DescribeLimit writes l for people: `fixed_window 100/1m`, `token_bucket 2/1s burst 4`,
 // plus the failure mode when it is not the default.
 func DescribeLimit(l limiter.Limit) string {
-	s := string(l.Algorithm) + " " + formatInt(l.Rate) + "/" + formatPeriod(l.Period)
+	s := string(l.Algorithm) + " " + formatInt(l.Rate) + "/" + limiter.FormatDuration(l.Period)
 	if (l.Algorithm == limiter.TokenBucket || l.Algorithm == limiter.LeakyBucket) && l.Burst > 0 {
 		s += " burst " + formatInt(l.Burst)
 	}

@@ -10,6 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
 )
 
 // The definitions below are a file as written, with the YAML nodes that locate each
@@ -120,7 +121,7 @@ type queueDef struct {
 	node        *yaml.Node
 	name        string
 	nameNode    *yaml.Node
-	outflow     Rate
+	outflow     limiter.Rate
 	hasOutflow  bool
 	outflowNode *yaml.Node
 	downNode    *yaml.Node
@@ -129,7 +130,7 @@ type queueDef struct {
 	maxAge      time.Duration
 	maxAttempts int64
 	maxInFlight int64
-	backoff     Backoff
+	backoff     queue.Backoff
 	backoffNode *yaml.Node
 	downstream  Downstream
 	hasDown     bool

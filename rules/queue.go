@@ -5,19 +5,20 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // outflow reads a queue's outflow: `50/s`, `{rate: 50/s}`, `{unit: second,
 // requests_per_unit: 50}` or `{window: 10s, requests_per_unit: 500}`.
-func (w *walker) outflow(n *yaml.Node) (Rate, bool) {
+func (w *walker) outflow(n *yaml.Node) (limiter.Rate, bool) {
 	if n.Kind == yaml.ScalarNode {
 		return w.rate(n)
 	}
 	var (
-		r                Rate
+		r                limiter.Rate
 		ok               = true
 		rateN, rpuN, per *yaml.Node
 	)
@@ -29,89 +30,47 @@ func (w *walker) outflow(n *yaml.Node) (Rate, bool) {
 		case "unit":
 			per = v
 			s, _ := w.str(v, "unit")
-			d, known := unitPeriod(s)
+			d, known := limiter.UnitPeriod(s)
 			if !known {
 				w.errf(v, "unknown unit %q (known: second, minute, hour, day, week, month, year)", s)
 				ok = false
 			}
-			r.Per = d
+			r.Period = d
 		case "window":
 			per = v
 			d, dok := w.duration(v, "window")
 			ok = ok && dok
-			r.Per = d
+			r.Period = d
 		case "requests_per_unit":
 			rpuN = v
-			r.Requests = w.positive(v, "requests_per_unit")
-			ok = ok && r.Requests > 0
+			r.Count = w.positive(v, "requests_per_unit")
+			ok = ok && r.Count > 0
 		}
 	})
 	switch {
 	case rateN != nil && (rpuN != nil || per != nil):
 		w.errf(n, "outflow: give either rate or unit and requests_per_unit, not both")
-		return Rate{}, false
+		return limiter.Rate{}, false
 	case rateN == nil && (rpuN == nil || per == nil):
 		w.errf(n, "outflow needs rate (like 50/s) or unit and requests_per_unit")
-		return Rate{}, false
+		return limiter.Rate{}, false
 	}
 	return r, ok
 }
 
 // rate reads N/UNIT where UNIT is a unit name (s, second, m, min, minute, h, hour, d,
 // day) or a duration (3000/10m).
-func (w *walker) rate(n *yaml.Node) (Rate, bool) {
+func (w *walker) rate(n *yaml.Node) (limiter.Rate, bool) {
 	s, ok := w.str(n, "rate")
 	if !ok {
-		return Rate{}, false
+		return limiter.Rate{}, false
 	}
-	r, err := parseRate(s)
+	r, err := limiter.ParseRate(s)
 	if err != nil {
 		w.errf(n, "%v", err)
-		return Rate{}, false
+		return limiter.Rate{}, false
 	}
 	return r, true
-}
-
-func parseRate(s string) (Rate, error) {
-	num, unit, found := strings.Cut(strings.TrimSpace(s), "/")
-	if !found {
-		return Rate{}, fmt.Errorf("rate %q must look like 50/s, 100/minute or 3000/10m", s)
-	}
-	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
-	if err != nil || n < 1 {
-		return Rate{}, fmt.Errorf("rate %q: the count must be a whole number of at least 1", s)
-	}
-	unit = strings.TrimSpace(unit)
-	d, known := unitPeriod(unit)
-	if !known {
-		if d, err = parseDuration(unit); err != nil || d <= 0 {
-			return Rate{}, fmt.Errorf("rate %q: unknown unit %q (use s, m, h, d, their names, or a duration like 10m)", s, unit)
-		}
-	}
-	return Rate{Requests: n, Per: d}, nil
-}
-
-// unitPeriod maps Envoy's units (any case, as Envoy accepts) and their abbreviations to
-// a period. Envoy counts a month as 30 days and a year as 365.
-func unitPeriod(u string) (time.Duration, bool) {
-	const day = 24 * time.Hour
-	switch strings.ToLower(u) {
-	case "second", "s", "sec":
-		return time.Second, true
-	case "minute", "m", "min":
-		return time.Minute, true
-	case "hour", "h":
-		return time.Hour, true
-	case "day", "d":
-		return day, true
-	case "week":
-		return 7 * day, true
-	case "month":
-		return 30 * day, true
-	case "year":
-		return 365 * day, true
-	}
-	return 0, false
 }
 
 // size reads a byte count: a whole number or a number with a unit (KB, MB, GB, KiB,

@@ -2,13 +2,14 @@ package rules
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 // Limits that keep a hostile or broken file from costing more than it is worth. A real
@@ -250,7 +251,7 @@ func (w *walker) duration(n *yaml.Node, what string) (time.Duration, bool) {
 	if !ok {
 		return 0, false
 	}
-	d, err := parseDuration(s)
+	d, err := limiter.ParseDuration(s)
 	if err != nil {
 		w.errf(n, "%s: %v", what, err)
 		return 0, false
@@ -260,50 +261,6 @@ func (w *walker) duration(n *yaml.Node, what string) (time.Duration, bool) {
 		return 0, false
 	}
 	return d, true
-}
-
-// parseDuration is time.ParseDuration plus whole days (7d, 1d12h).
-func parseDuration(s string) (time.Duration, error) {
-	if s == "" {
-		return 0, fmt.Errorf("empty duration (write it like 30s, 10m, 1h or 1d)")
-	}
-	var days time.Duration
-	if i := strings.IndexByte(s, 'd'); i > 0 {
-		n, err := strconv.ParseInt(s[:i], 10, 32)
-		if err != nil || n < 0 || n > 36500 {
-			return 0, fmt.Errorf("invalid duration %q (write it like 30s, 10m, 1h or 1d)", s)
-		}
-		days = time.Duration(n) * 24 * time.Hour
-		s = s[i+1:]
-		if s == "" {
-			return days, nil
-		}
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
-			return 0, fmt.Errorf("duration %q needs a unit (write it like 30s, 10m, 1h or 1d)", s)
-		}
-		return 0, fmt.Errorf("invalid duration %q (write it like 30s, 10m, 1h or 1d)", s)
-	}
-	if d > time.Duration(math.MaxInt64)-days {
-		return 0, fmt.Errorf("duration %q is too long", s)
-	}
-	return days + d, nil
-}
-
-// formatPeriod writes d compactly in its largest whole unit: 1s, 10m, 1d, 250ms, 3us.
-func formatPeriod(d time.Duration) string {
-	units := []struct {
-		d    time.Duration
-		name string
-	}{{24 * time.Hour, "d"}, {time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}, {time.Microsecond, "us"}}
-	for _, u := range units {
-		if d >= u.d && d%u.d == 0 {
-			return formatInt(int64(d/u.d)) + u.name
-		}
-	}
-	return formatInt(int64(d)) + "ns"
 }
 
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -51,7 +52,7 @@ Flags:
 `
 
 type pacingConfig struct {
-	rates      []queue.Rate
+	rates      []limiter.Rate
 	duration   time.Duration
 	window     time.Duration
 	stall      time.Duration
@@ -107,7 +108,7 @@ func runPacing(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		if !strings.Contains(f, "/") {
 			f += "/s"
 		}
-		r, err := queue.ParseRate(f)
+		r, err := limiter.ParseRate(f)
 		if err != nil {
 			fmt.Fprintf(stderr, "sluice-bench pacing: --rates: %v\n", err)
 			return exitUsage
@@ -150,11 +151,11 @@ func runPacing(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // pacingContender produces event times at rate r for d, stalling once at d/2.
 type pacingContender struct {
 	name string
-	run  func(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error)
+	run  func(ctx context.Context, r limiter.Rate, d, stall time.Duration) ([]time.Time, error)
 	note string
 }
 
-func pacingAtRate(ctx context.Context, cfg pacingConfig, r queue.Rate) ([]pacingResult, error) {
+func pacingAtRate(ctx context.Context, cfg pacingConfig, r limiter.Rate) ([]pacingResult, error) {
 	contenders := []pacingContender{
 		{name: "sluice pacer", run: pacePacer},
 		{name: "sluice transport", run: paceTransport, note: "times at the server"},
@@ -189,7 +190,7 @@ func pacingAtRate(ctx context.Context, cfg pacingConfig, r queue.Rate) ([]pacing
 	return out, errors.Join(errs...)
 }
 
-func pacingStats(r queue.Rate, name string, times []time.Time, window, steadyFor time.Duration) pacingResult {
+func pacingStats(r limiter.Rate, name string, times []time.Time, window, steadyFor time.Duration) pacingResult {
 	sort.Slice(times, func(i, j int) bool { return times[i].Before(times[j]) })
 	res := pacingResult{Rate: r.String(), Contender: name, Events: len(times)}
 	hi, lo := uint64(r.Count)*uint64(window), uint64(r.Period)
@@ -235,7 +236,7 @@ func (s *stallOnce) maybe(now time.Time) {
 	}
 }
 
-func pacePacer(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+func pacePacer(ctx context.Context, r limiter.Rate, d, stall time.Duration) ([]time.Time, error) {
 	p := dispatcher.NewPacer(r)
 	end := time.Now().Add(d)
 	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
@@ -253,7 +254,7 @@ func pacePacer(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]tim
 	}
 }
 
-func paceXRate(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+func paceXRate(ctx context.Context, r limiter.Rate, d, stall time.Duration) ([]time.Time, error) {
 	lim := rate.NewLimiter(rate.Limit(r.PerSecondFloat()), 1)
 	end := time.Now().Add(d)
 	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
@@ -271,7 +272,7 @@ func paceXRate(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]tim
 	}
 }
 
-func paceTicker(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+func paceTicker(ctx context.Context, r limiter.Rate, d, stall time.Duration) ([]time.Time, error) {
 	t := time.NewTicker(r.Interval())
 	defer t.Stop()
 	end := time.Now().Add(d)
@@ -292,7 +293,7 @@ func paceTicker(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]ti
 	}
 }
 
-func paceDeadline(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+func paceDeadline(ctx context.Context, r limiter.Rate, d, stall time.Duration) ([]time.Time, error) {
 	next := time.Now()
 	end := next.Add(d)
 	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
@@ -350,7 +351,7 @@ func (a *arrivalServer) arrivals() []time.Time {
 
 func (a *arrivalServer) close() { _ = a.srv.Close() }
 
-func paceTransport(ctx context.Context, r queue.Rate, d, stall time.Duration) ([]time.Time, error) {
+func paceTransport(ctx context.Context, r limiter.Rate, d, stall time.Duration) ([]time.Time, error) {
 	srv, err := newArrivalServer()
 	if err != nil {
 		return nil, err
@@ -379,7 +380,7 @@ func paceTransport(ctx context.Context, r queue.Rate, d, stall time.Duration) ([
 
 // paceDispatcher parks rate × d orders in an embedded NATS server, then measures when a
 // dispatcher delivers them to a local HTTP server.
-func paceDispatcher(ctx context.Context, r queue.Rate, d, _ time.Duration) ([]time.Time, error) {
+func paceDispatcher(ctx context.Context, r limiter.Rate, d, _ time.Duration) ([]time.Time, error) {
 	dir, err := os.MkdirTemp("", "sluice-bench-pacing-")
 	if err != nil {
 		return nil, err
@@ -575,7 +576,7 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	if err != nil {
 		return nil, err
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "bench", Outflow: queue.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1}); err != nil {
+	if _, err := store.Declare(ctx, queue.Config{Name: "bench", Outflow: limiter.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1}); err != nil {
 		return nil, err
 	}
 	body := []byte(strings.Repeat("x", size))

@@ -114,13 +114,13 @@ func (c *natsConn) close() {
 func queueConfig(q *rules.Queue, replicas int) queue.Config {
 	return queue.Config{
 		Name:        q.Name,
-		Outflow:     queue.Rate{Count: q.Outflow.Requests, Period: q.Outflow.Per},
+		Outflow:     q.Outflow,
 		MaxDepth:    q.MaxDepth,
 		MaxBytes:    q.MaxBytes,
 		MaxAge:      q.MaxAge,
 		MaxAttempts: q.MaxAttempts,
 		MaxInFlight: q.MaxInFlight,
-		Backoff:     queue.Backoff{Initial: q.Backoff.Initial, Max: q.Backoff.Max},
+		Backoff:     q.Backoff,
 		Downstream:  q.Downstream.String(),
 		Replicas:    replicas,
 	}
