@@ -61,7 +61,7 @@ queues:
 			"request: POST /v1/orders/9?x=1 (host none, client ip 192.0.2.4)",
 			"route: create-order", "match: method POST, path_prefix /v1/orders",
 			"descriptor 1: [user<-header:X-User-Id]", "values: [user=u-1]",
-			"limit: token_bucket 2/1s burst 4  key sl:shop:", "over the limit: defer to queue orders (outflow 50/1s, to http://orders:8080)",
+			"limit: token_bucket 2/1s burst 4  key sl:shop:", "over the limit: defer to queue orders (outflow 50/s, to http://orders:8080)",
 			"descriptor 2: [ip<-client_ip]", "limit: fixed_window 20/1s", "limit: sliding_window_counter 3000/10m", "over the limit: reject with 429",
 		}, ""},
 		{"explain a skipped list", []string{"check", good, "--explain", "POST", "/v1/orders"}, 0, []string{
