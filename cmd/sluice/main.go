@@ -38,7 +38,10 @@ var commands []command
 
 func init() {
 	commands = []command{
-		{"serve", "run the front door: check requests against the rules, proxy, reject or defer", runServe},
+		{"serve", "run the front door and the dispatchers: proxy, reject or defer, then deliver", runServe},
+		{"ingress", "run the front door alone (serve without dispatchers)", runIngress},
+		{"dispatch", "run the dispatchers alone: drain the queues to their downstreams", runDispatch},
+		{"dlq", "list, re-queue or purge a queue's dead letters", runDLQ},
 		{"simulate", "replay a trace of requests through one rule on a simulated clock", runSimulate},
 		{"rules", "check rules files and explain how a request matches them", runRules},
 		{"version", "print the version", runVersion},

@@ -13,6 +13,7 @@ import (
 type progress struct {
 	w       io.Writer
 	total   int
+	unit    string // what the items are, plural: "requests"
 	started time.Time
 	last    time.Time
 	shown   bool
@@ -21,12 +22,12 @@ type progress struct {
 // progressDelay is how long a command runs before progress appears: short runs stay quiet.
 const progressDelay = 500 * time.Millisecond
 
-func newProgress(w io.Writer, total int) *progress {
+func newProgress(w io.Writer, total int, unit string) *progress {
 	if !isTerminal(w) {
 		return &progress{}
 	}
 	now := time.Now()
-	return &progress{w: w, total: total, started: now, last: now}
+	return &progress{w: w, total: total, unit: unit, started: now, last: now}
 }
 
 // update reports that done items are finished; cheap enough to call often.
@@ -39,7 +40,7 @@ func (p *progress) update(done int) {
 		return
 	}
 	p.last, p.shown = now, true
-	fmt.Fprintf(p.w, "\r%d/%d requests (%d%%)", done, p.total, done*100/max(p.total, 1))
+	fmt.Fprintf(p.w, "\r%d/%d %s (%d%%)", done, p.total, p.unit, done*100/max(p.total, 1))
 }
 
 // done clears the progress line, if one was shown.

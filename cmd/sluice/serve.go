@@ -21,9 +21,44 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
+)
+
+// sluice serve, sluice ingress and sluice dispatch are one program built from the same
+// parts, so that the halves behave exactly like the whole:
+//
+//	part        serve   ingress   dispatch
+//	rules        yes      yes       yes      (queues are declared from them; reloads)
+//	front door   yes      yes        -       (limiter, proxy, defer, ticket status)
+//	NATS         yes      yes       yes      (embedded in --data-dir, or --nats)
+//	dispatchers  yes¹      -        yes
+//	admin        yes      yes       yes      (/metrics, /healthz, /readyz, rules)
+//
+// ¹ unless --dispatch=false, which makes serve the same as ingress.
+
+// gatewayMode is one of the long-running commands.
+type gatewayMode struct {
+	name    string
+	help    string
+	front   bool // runs the front door
+	disp    bool // can run dispatchers
+	optOut  bool // has --dispatch to turn them off (serve)
+	admin   string
+	started string // verb of the start-up log line
+}
+
+var (
+	serveMode = gatewayMode{name: "serve", help: serveHelp, front: true, disp: true, optOut: true,
+		admin: "127.0.0.1:9090", started: "serving"}
+	ingressMode = gatewayMode{name: "ingress", help: ingressHelp, front: true,
+		admin: "127.0.0.1:9090", started: "serving"}
+	// dispatch has an admin address of its own, so that it runs beside an ingress on
+	// one machine without flags.
+	dispatchMode = gatewayMode{name: "dispatch", help: dispatchHelp, disp: true,
+		admin: "127.0.0.1:9091", started: "dispatching"}
 )
 
 const serveHelp = `Usage: sluice serve --rules FILE_OR_DIR[,…] --upstream URL [flags]
@@ -32,83 +67,165 @@ Runs the front door: every request is checked against the rules and then proxied
 the upstream, rejected with 429, or (defer rules) parked in a queue and answered 202;
 and the dispatchers that drain the queues to their downstreams at their outflow rates.
 Limits are kept in memory unless --redis is given, which shares them between replicas.
-Queues live in an embedded NATS server in --data-dir unless --nats names a cluster. The rules reload
-when their files change, and on SIGHUP. SIGINT or SIGTERM stops accepting connections and finishes the
-requests under way within --shutdown-timeout.
+Queues live in an embedded NATS server in --data-dir unless --nats names a server or
+cluster. The rules reload when their files change, and on SIGHUP. SIGINT or SIGTERM
+stops accepting connections and finishes the requests and deliveries under way within
+--shutdown-timeout.
+
+sluice ingress and sluice dispatch run the two halves in separate processes.
 `
 
-// serveConfig is everything `sluice serve` is configured with.
-type serveConfig struct {
-	rules           string
-	upstream        string
-	listen          string
-	adminListen     string
-	adminToken      string
-	redisURL        string
-	trustedProxies  string
-	ipv6Prefix      int
-	maxBody         int64
-	maxKeys         int
-	shadow          bool
-	shutdownTimeout time.Duration
-	logFormat       string
-	logLevel        string
-	nats            natsConfig
-	dispatch        bool
+const ingressHelp = `Usage: sluice ingress --rules FILE_OR_DIR[,…] --upstream URL [flags]
+
+Runs the front door alone: sluice serve without dispatchers (serve --dispatch=false).
+Deferred requests are parked in the queues, to be delivered by sluice dispatch
+processes sharing the same NATS: --nats URL, or the embedded server started here with
+--nats-listen ADDR for the dispatchers to connect to.
+`
+
+const dispatchHelp = `Usage: sluice dispatch --rules FILE_OR_DIR[,…] [--nats URL | --data-dir DIR --nats-listen ADDR] [flags]
+
+Runs the dispatchers alone: the queues of the rules are declared and drained to their
+downstreams at their outflow rates, which are global across every dispatcher of a
+queue (one of them delivers at a time; another takes over when it dies). The queues
+follow rules reloads. SIGINT or SIGTERM stops taking messages and lets the deliveries
+under way finish within --shutdown-timeout.
+`
+
+// gatewayConfig is everything the three commands are configured with; each registers
+// the flag groups of its parts.
+type gatewayConfig struct {
+	rules    string
+	front    frontConfig
+	admin    adminConfig
+	process  processConfig
+	nats     natsConfig
+	disp     dispatchConfig
+	dispatch bool
 }
 
-func (c *serveConfig) flags(fs *flag.FlagSet) {
-	fs.StringVar(&c.rules, "rules", "", "rules `files or directories`, comma-separated (required)")
+// frontConfig configures the front door.
+type frontConfig struct {
+	upstream       string
+	listen         string
+	redisURL       string
+	trustedProxies string
+	ipv6Prefix     int
+	maxBody        int64
+	maxKeys        int
+	shadow         bool
+}
+
+func (c *frontConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.upstream, "upstream", "", "`URL` of the upstream that allowed requests go to (required)")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` of the front door")
-	fs.StringVar(&c.adminListen, "admin-listen", "127.0.0.1:9090", "`address` of /metrics, /healthz, /readyz and the admin API; empty: none")
-	fs.StringVar(&c.adminToken, "admin-token", "", "bearer `token` that the admin endpoints other than /healthz require")
 	fs.StringVar(&c.redisURL, "redis", "", "keep limits in the Redis at this `URL` (redis://[:password@]host:port/db, rediss:// for TLS; redis://host:port?addr=host2:port2 for a cluster)")
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
 	fs.Int64Var(&c.maxBody, "max-body", ingress.DefaultMaxBody, "largest request body in `bytes`; larger ones get 413")
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
-	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests under way at shutdown")
+}
+
+// adminConfig configures the operations listener.
+type adminConfig struct {
+	listen string
+	token  string
+}
+
+func (c *adminConfig) flags(fs *flag.FlagSet, listen string) {
+	fs.StringVar(&c.listen, "admin-listen", listen, "`address` of /metrics, /healthz, /readyz and the admin API; empty: none")
+	fs.StringVar(&c.token, "admin-token", "", "bearer `token` that the admin endpoints other than /healthz require")
+}
+
+// processConfig is what every long-running command has: logs and shutdown.
+type processConfig struct {
+	shutdownTimeout time.Duration
+	logFormat       string
+	logLevel        string
+}
+
+func (c *processConfig) flags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests and deliveries under way at shutdown")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
-	c.nats.flags(fs)
-	fs.BoolVar(&c.dispatch, "dispatch", true, "run the dispatchers of the queues in this process")
+}
+
+func (m gatewayMode) flags(fs *flag.FlagSet, c *gatewayConfig) {
+	fs.StringVar(&c.rules, "rules", "", "rules `files or directories`, comma-separated (required)")
+	if m.front {
+		c.front.flags(fs)
+	}
+	c.admin.flags(fs, m.admin)
+	c.process.flags(fs)
+	c.nats.flags(fs, true)
+	c.dispatch = m.disp
+	if m.disp {
+		c.disp.flags(fs)
+	}
+	if m.optOut {
+		fs.BoolVar(&c.dispatch, "dispatch", true, "run the dispatchers of the queues in this process (false: the same as sluice ingress)")
+	}
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	var cfg serveConfig
-	cfg.flags(fs)
-	if _, code, done := parseFlags(fs, args, stdout, stderr, serveHelp); done {
+	return runGateway(ctx, serveMode, args, stdout, stderr)
+}
+
+func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runGateway(ctx, ingressMode, args, stdout, stderr)
+}
+
+func runDispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runGateway(ctx, dispatchMode, args, stdout, stderr)
+}
+
+func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet(mode.name, flag.ContinueOnError)
+	var cfg gatewayConfig
+	mode.flags(fs, &cfg)
+	if _, code, done := parseFlags(fs, args, stdout, stderr, mode.help); done {
 		return code
 	}
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "sluice serve: "+format+"\n", a...)
+		fmt.Fprintf(stderr, "sluice %s: "+format+"\n", append([]any{mode.name}, a...)...)
 		return exitUsage
 	}
 	if fs.NArg() > 0 {
 		return fail("unexpected argument %q", fs.Arg(0))
 	}
-	log, err := newLogger(stderr, cfg.logFormat, cfg.logLevel)
+	log, err := newLogger(stderr, cfg.process.logFormat, cfg.process.logLevel)
 	if err != nil {
 		return fail("%v", err)
 	}
-	srv, err := newServer(cfg, log)
+	g, err := newGateway(mode, cfg, log)
 	if err != nil {
 		var probs rules.Problems
-		if errors.As(err, &probs) {
+		var unusable *unusableError
+		switch {
+		case errors.As(err, &probs):
 			fmt.Fprintf(stderr, "%v\n", err)
+			return exitFailure
+		case errors.As(err, &unusable):
+			// Well-formed, but what it names (NATS, the data directory…) failed.
+			fmt.Fprintf(stderr, "sluice %s: %v\n", mode.name, err)
 			return exitFailure
 		}
 		return fail("%v", err)
 	}
-	if err := srv.run(ctx); err != nil {
-		log.Error("sluice serve stopped", "err", err)
+	if err := g.run(ctx); err != nil {
+		log.Error("sluice "+mode.name+" stopped", "err", err)
 		return exitFailure
 	}
 	return exitOK
 }
+
+// unusableError marks a start-up failure of something the flags name correctly (NATS
+// unreachable, the data directory in use): exit status 1, not 2.
+type unusableError struct{ err error }
+
+func (e *unusableError) Error() string { return e.err.Error() }
+func (e *unusableError) Unwrap() error { return e.err }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lv slog.Level
@@ -125,10 +242,11 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format: %q is neither text nor json", format)
 }
 
-// server is a running `sluice serve`: the parts it is made of, for run to start and
-// stop in order.
-type server struct {
-	cfg     serveConfig
+// gateway is a running serve, ingress or dispatch: the parts it is made of, for run
+// to start and stop in order.
+type gateway struct {
+	mode    gatewayMode
+	cfg     gatewayConfig
 	log     *slog.Logger
 	watcher *rules.Watcher
 	redis   redis.UniversalClient
@@ -136,94 +254,110 @@ type server struct {
 	nats    *natsConn
 	queues  *queues
 	reloads chan *rules.Set
-	front   *http.Server
-	admin   *http.Server
+	front   *http.Server // nil in dispatch
+	admin   *http.Server // nil without --admin-listen
 }
 
-func newServer(cfg serveConfig, log *slog.Logger) (_ *server, err error) {
-	s := &server{cfg: cfg, log: log, reloads: make(chan *rules.Set, 1)}
+func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
+	g := &gateway{mode: mode, cfg: cfg, log: log, reloads: make(chan *rules.Set, 1)}
 	defer func() {
 		if err != nil {
-			s.close()
+			g.close()
 		}
 	}()
 	if cfg.rules == "" {
 		return nil, errors.New("--rules is required")
 	}
-	if cfg.upstream == "" {
-		return nil, errors.New("--upstream is required")
-	}
-	upstream, err := url.Parse(cfg.upstream)
-	if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
-		return nil, fmt.Errorf("--upstream %q: want an http:// or https:// URL", cfg.upstream)
-	}
-	ids, err := ingress.NewClientIdentity(strings.Split(cfg.trustedProxies, ","), cfg.ipv6Prefix)
-	if err != nil {
-		return nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
+	var upstream *url.URL
+	var ids *ingress.ClientIdentity
+	if mode.front {
+		// Flags first, before anything is started.
+		if cfg.front.upstream == "" {
+			return nil, errors.New("--upstream is required")
+		}
+		upstream, err = url.Parse(cfg.front.upstream)
+		if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
+			return nil, fmt.Errorf("--upstream %q: want an http:// or https:// URL", cfg.front.upstream)
+		}
+		if ids, err = ingress.NewClientIdentity(strings.Split(cfg.front.trustedProxies, ","), cfg.front.ipv6Prefix); err != nil {
+			return nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
+		}
 	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	s.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log,
+	g.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log,
 		OnReload: func(r rules.ReloadResult) {
 			if r.Err == nil {
 				select { // the newest set is what counts; run declares it
-				case <-s.reloads:
+				case <-g.reloads:
 				default:
 				}
-				s.reloads <- r.Set
+				g.reloads <- r.Set
 			}
 		}})
 	if err != nil {
 		return nil, err
 	}
 
-	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	ready := map[string]func(context.Context) error{}
-	if cfg.redisURL != "" {
-		s.redis, err = openRedis(cfg.redisURL)
-		if err != nil {
-			return nil, fmt.Errorf("--redis: %w", err)
-		}
-		s.store = limiter.NewRedis(s.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(log))
-		store = s.store
-		ready["redis"] = func(ctx context.Context) error { return s.redis.Ping(ctx).Err() }
+	if g.nats, err = openNATS(cfg.nats, log); err != nil {
+		return nil, &unusableError{err}
 	}
-
-	if s.nats, err = openNATS(cfg.nats, log); err != nil {
-		return nil, err
+	ready["nats"] = g.nats.ready
+	var disp []dispatcher.Option
+	if cfg.dispatch {
+		disp = cfg.disp.options()
 	}
-	ready["nats"] = func(context.Context) error {
-		if !s.nats.nc.IsConnected() {
-			return errors.New("not connected to NATS")
-		}
-		return nil
-	}
-	if s.queues, err = newQueues(s.nats, cfg.dispatch, reg, log); err != nil {
-		return nil, err
+	if g.queues, err = newQueues(g.nats, disp, reg, log); err != nil {
+		return nil, &unusableError{err}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.queues.sync(ctx, s.watcher.Set()); err != nil {
-		return nil, err
+	if err := g.queues.sync(ctx, g.watcher.Set()); err != nil {
+		return nil, &unusableError{err}
 	}
-	deferrer := ingress.NewQueueDeferrer(s.queues.store, log)
 
-	mw := ingress.New(s.watcher, store,
-		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
-		ingress.WithLogger(log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer))
-	proxy := ingress.NewProxy(upstream, ingress.WithProxyLogger(log), ingress.WithProxyRegisterer(reg),
-		ingress.WithProxyClientIdentity(ids))
-	front := http.NewServeMux()
-	front.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
-	front.Handle("/", mw.Wrap(proxy))
-	s.front = newHTTPServer(cfg.listen, front, log)
-	if cfg.adminListen != "" {
-		admin := &ingress.Admin{Gatherer: reg, Rules: s.watcher, Ready: ready, Token: cfg.adminToken}
-		s.admin = newHTTPServer(cfg.adminListen, admin.Handler(), log)
+	if mode.front {
+		handler, err := g.frontDoor(upstream, ids, reg, ready)
+		if err != nil {
+			return nil, err
+		}
+		g.front = newHTTPServer(cfg.front.listen, handler, log)
 	}
-	return s, nil
+	if cfg.admin.listen != "" {
+		admin := &ingress.Admin{Gatherer: reg, Rules: g.watcher, Ready: ready, Token: cfg.admin.token}
+		g.admin = newHTTPServer(cfg.admin.listen, admin.Handler(), log)
+	}
+	return g, nil
+}
+
+// frontDoor builds the front door's handler: ticket status, and every other request
+// through the limiter to the proxy or the queues. It adds the Redis readiness check
+// when limits live there.
+func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry, ready map[string]func(context.Context) error) (http.Handler, error) {
+	cfg := g.cfg.front
+	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
+	if cfg.redisURL != "" {
+		var err error
+		if g.redis, err = openRedis(cfg.redisURL); err != nil {
+			return nil, fmt.Errorf("--redis: %w", err)
+		}
+		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log))
+		store = g.store
+		ready["redis"] = func(ctx context.Context) error { return g.redis.Ping(ctx).Err() }
+	}
+	deferrer := ingress.NewQueueDeferrer(g.queues.store, g.log)
+	mw := ingress.New(g.watcher, store,
+		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
+		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer))
+	proxy := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
+		ingress.WithProxyClientIdentity(ids))
+	mux := http.NewServeMux()
+	mux.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
+	mux.Handle("/", mw.Wrap(proxy))
+	return mux, nil
 }
 
 // openRedis connects to the Redis (or Redis Cluster, with addr= parameters) at rawURL.
@@ -262,12 +396,16 @@ func newHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
 }
 
 // run serves until ctx is done, then shuts down gracefully.
-func (s *server) run(ctx context.Context) error {
-	defer s.close()
-	servers := []*http.Server{s.front}
-	if s.admin != nil {
-		servers = append(servers, s.admin)
+func (g *gateway) run(ctx context.Context) error {
+	defer g.close()
+	var servers []*http.Server
+	for _, hs := range []*http.Server{g.front, g.admin} {
+		if hs != nil {
+			servers = append(servers, hs)
+		}
 	}
+	// Listen on every address before serving any, so that a taken port fails the
+	// start instead of leaving half a process running.
 	listeners := make([]net.Listener, len(servers))
 	for i, hs := range servers {
 		ln, err := net.Listen("tcp", hs.Addr)
@@ -278,18 +416,29 @@ func (s *server) run(ctx context.Context) error {
 			return err
 		}
 		listeners[i] = ln
+		hs.Addr = ln.Addr().String() // the real port when it was 0
 	}
 	errs := make(chan error, len(servers))
 	for i, hs := range servers {
 		go func() { errs <- hs.Serve(listeners[i]) }()
 	}
-	s.log.Info("sluice serving", "listen", listeners[0].Addr().String(), "admin", s.cfg.adminListen,
-		"upstream", s.cfg.upstream, "limiter", s.limiterName(), "queues", s.natsName(),
-		"rules", s.watcher.Set().Summary().String())
+	attrs := []any{"rules", g.watcher.Set().Summary().String(), "queues", g.nats.where}
+	if g.front != nil {
+		attrs = append(attrs, "listen", g.front.Addr, "upstream", g.cfg.front.upstream, "limiter", g.limiterName())
+	}
+	if g.admin != nil {
+		attrs = append(attrs, "admin", g.admin.Addr)
+	}
+	attrs = append(attrs, "dispatch", g.cfg.dispatch)
+	g.log.Info("sluice "+g.mode.started, attrs...)
+	if g.front == nil && len(g.watcher.Set().Queues()) == 0 {
+		// Only worth a warning where dispatching is all the process does.
+		g.log.Warn("the rules declare no queues: nothing to dispatch until a reload adds some")
+	}
 
 	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
 	defer stopDispatch()
-	s.queues.dispatch(dispatchCtx)
+	g.queues.dispatch(dispatchCtx)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -299,13 +448,13 @@ wait:
 	for {
 		select {
 		case <-hup: // reload the rules now, as well as on file changes
-			if e := s.watcher.Reload(); e != nil {
-				s.log.Warn("rules reload on SIGHUP refused", "err", e)
+			if e := g.watcher.Reload(); e != nil {
+				g.log.Warn("rules reload on SIGHUP refused", "err", e)
 			}
-		case set := <-s.reloads:
+		case set := <-g.reloads:
 			declareCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			if e := s.queues.sync(declareCtx, set); e != nil {
-				s.log.Error("queues of the new rules not declared", "err", e)
+			if e := g.queues.sync(declareCtx, set); e != nil {
+				g.log.Error("queues of the new rules not declared", "err", e)
 			}
 			cancel()
 		case <-ctx.Done():
@@ -314,51 +463,51 @@ wait:
 			break wait
 		}
 	}
-	s.log.Info("shutting down", "timeout", s.cfg.shutdownTimeout)
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.shutdownTimeout)
+	g.log.Info("shutting down", "timeout", g.cfg.process.shutdownTimeout)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), g.cfg.process.shutdownTimeout)
 	defer cancel()
+	// The front door and the dispatchers stop together: a request parked while the
+	// front door drains stays in its queue for the next dispatcher, so neither has to
+	// wait for the other. Both get the same deadline.
+	stopDispatch()
 	var wg sync.WaitGroup
 	for _, hs := range servers {
 		wg.Go(func() {
 			if e := hs.Shutdown(shutdownCtx); e != nil {
-				s.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
+				g.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
 			}
 		})
 	}
+	wg.Go(func() {
+		if !g.queues.wait(shutdownCtx) {
+			// What was cut off is redelivered after the ack wait, with the same
+			// Idempotency-Key.
+			g.log.Warn("deliveries still under way at the shutdown deadline; they will be redelivered")
+		}
+	})
 	wg.Wait()
-	// The front door is closed: no request can park any more. Let the dispatchers
-	// finish the deliveries under way.
-	stopDispatch()
-	s.queues.wait()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
 	return err
 }
 
-func (s *server) limiterName() string {
-	if s.store != nil {
+func (g *gateway) limiterName() string {
+	if g.store != nil {
 		return "redis"
 	}
 	return "memory"
 }
 
-func (s *server) natsName() string {
-	if s.cfg.nats.url != "" {
-		return "nats " + s.nats.nc.ConnectedUrlRedacted()
+func (g *gateway) close() {
+	if g.watcher != nil {
+		g.watcher.Close()
 	}
-	return "embedded nats in " + s.cfg.nats.dataDir
-}
-
-func (s *server) close() {
-	if s.watcher != nil {
-		s.watcher.Close()
+	if g.store != nil {
+		g.store.Close()
 	}
-	if s.store != nil {
-		s.store.Close()
+	if g.redis != nil {
+		g.redis.Close()
 	}
-	if s.redis != nil {
-		s.redis.Close()
-	}
-	s.nats.close()
+	g.nats.close()
 }

@@ -147,7 +147,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		store = onRedis
 	}
 
-	prog := newProgress(stderr, len(reqs))
+	prog := newProgress(stderr, len(reqs), "requests")
 	results := make([]outcome, 0, len(reqs))
 	for i, r := range reqs {
 		if i%1024 == 0 {

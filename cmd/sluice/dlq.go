@@ -1,0 +1,375 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue"
+)
+
+const dlqHelp = `Usage: sluice dlq list|requeue|purge QUEUE [TICKET…] [flags]
+
+Inspects and recovers the dead letters of a queue: the orders that ran out of delivery
+attempts.
+
+  list     prints them (only the given tickets, if any): ticket, queue, attempts,
+           reason and when they died; --json for scripts
+  requeue  moves them (all, or the given tickets) back into the queue; each keeps its
+           ticket and starts again with no failed attempts
+  purge    deletes them (all, or the given tickets) for good; requires --yes
+
+It connects to --nats, or else starts the embedded NATS server on --data-dir. That
+works only while no sluice runs there: a running sluice serve, ingress or dispatch
+holds its data directory, so start it with --nats-listen ADDR and pass --nats
+nats://ADDR here.
+
+Exit status: 0 done, 1 failed (NATS unreachable, unknown queue or ticket, queue full),
+2 bad usage (including purge without --yes).
+`
+
+// queueNameRE is the queue package's rule for names, checked here so that a typo is a
+// usage error before anything connects.
+var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+type dlqConfig struct {
+	nats  natsConfig
+	json  bool
+	yes   bool
+	limit int
+}
+
+func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("dlq", flag.ContinueOnError)
+	var cfg dlqConfig
+	cfg.nats.flags(fs, false)
+	fs.BoolVar(&cfg.json, "json", false, "list: print a JSON array instead of a table")
+	fs.IntVar(&cfg.limit, "limit", 0, "list: print at most `n` dead letters, oldest first (0: all)")
+	fs.BoolVar(&cfg.yes, "yes", false, "purge: really delete the dead letters")
+	// Flags may come after the action, queue and tickets too: sluice dlq list orders --json.
+	if _, code, done := parseFlags(fs, interleave(fs, args), stdout, stderr, dlqHelp); done {
+		return code
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "sluice dlq: "+format+"\n", a...)
+		fmt.Fprintln(stderr, "Run 'sluice dlq -h' for its usage.")
+		return exitUsage
+	}
+	if fs.NArg() < 2 {
+		return usageErr("want an action (list, requeue or purge) and a queue")
+	}
+	action, queueName, tickets := fs.Arg(0), fs.Arg(1), fs.Args()[2:]
+	if action != "list" && action != "requeue" && action != "purge" {
+		return usageErr("unknown action %q: want list, requeue or purge", action)
+	}
+	if !queueNameRE.MatchString(queueName) {
+		return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", queueName)
+	}
+	for _, t := range tickets {
+		if !queue.ValidTicket(t) {
+			return usageErr("%q is not a ticket (26 characters of a-z and 2-7)", t)
+		}
+	}
+	if action == "purge" && !cfg.yes {
+		return usageErr("purge deletes dead letters for good; add --yes to do it")
+	}
+	if cfg.limit < 0 {
+		return usageErr("--limit must not be negative")
+	}
+
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "sluice dlq %s: %v\n", action, err)
+		return exitFailure
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if cfg.nats.url == "" {
+		// Starting an embedded server on a directory that holds no sluice data would
+		// create an empty one and report an empty queue: a wrong --data-dir must be
+		// an error, not silence.
+		if _, err := os.Stat(filepath.Join(cfg.nats.dataDir, "jetstream")); err != nil {
+			return fail(fmt.Errorf("no sluice data in --data-dir %s (give the directory sluice serve uses, or --nats URL): %w", cfg.nats.dataDir, err))
+		}
+	}
+	conn, err := openNATS(cfg.nats, log)
+	if errors.Is(err, errDataDirLocked) {
+		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it. "+
+			"Start that sluice with --nats-listen ADDR (for example --nats-listen 127.0.0.1:4222) "+
+			"and pass --nats nats://ADDR to sluice dlq", err))
+	}
+	if err != nil {
+		return fail(err)
+	}
+	defer conn.close()
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(conn.replicas), queue.WithLogger(log))
+	if err != nil {
+		return fail(err)
+	}
+	d := &dlq{ctx: ctx, store: store, queue: queueName, tickets: tickets, stdout: stdout, stderr: stderr}
+	switch action {
+	case "list":
+		err = d.list(cfg.json, cfg.limit)
+	case "requeue":
+		err = d.requeue()
+	case "purge":
+		err = d.purge()
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return exitOK
+}
+
+// interleave moves the flags in args before the positional arguments, so that flags
+// may follow them (the flag package stops at the first non-flag). "--" ends the flags.
+func interleave(fs *flag.FlagSet, args []string) []string {
+	var flags, positional []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil { // Parse reports it
+			continue
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			flags = append(flags, args[i+1])
+			i++
+		}
+	}
+	return append(append(flags, "--"), positional...)
+}
+
+// dlq runs one action on the dead letters of a queue.
+type dlq struct {
+	ctx            context.Context
+	store          *queue.Store
+	queue          string
+	tickets        []string // empty: all
+	stdout, stderr io.Writer
+}
+
+// deadLetters returns the queue's dead letters (the asked-for tickets only, if any)
+// and the asked-for tickets that have none. A queue name that names nothing is an
+// error, so that a typo does not read as "no dead letters".
+func (d *dlq) deadLetters(limit int) (found []queue.DeadLetter, missing []string, err error) {
+	all, err := d.store.DeadLetters(d.ctx, d.queue, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(all) == 0 {
+		if _, err := d.stream(); err != nil {
+			return nil, nil, err
+		}
+	}
+	seen := map[string]bool{}
+	for _, dl := range all {
+		if len(d.tickets) > 0 && !slices.Contains(d.tickets, dl.Message.Ticket) {
+			continue
+		}
+		seen[dl.Message.Ticket] = true
+		if limit <= 0 || len(found) < limit {
+			found = append(found, dl)
+		}
+	}
+	for _, t := range d.tickets {
+		if !seen[t] && !slices.Contains(missing, t) {
+			missing = append(missing, t)
+		}
+	}
+	return found, missing, nil
+}
+
+// stream returns the queue's stream, or an error saying that there is no such queue.
+func (d *dlq) stream() (jetstream.Stream, error) {
+	ctx, cancel := context.WithTimeout(d.ctx, 10*time.Second)
+	defer cancel()
+	st, err := d.store.JetStream().Stream(ctx, queue.StreamName(d.queue))
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("%w: there is no queue %q on this NATS (no stream %s)", queue.ErrUnknownQueue, d.queue, queue.StreamName(d.queue))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("queue %q: %w", d.queue, err)
+	}
+	return st, nil
+}
+
+func missingError(queueName string, missing []string) error {
+	return fmt.Errorf("%w: no dead letter in queue %q with ticket %s", queue.ErrNotFound, queueName, strings.Join(missing, ", "))
+}
+
+// deadLetterJSON is one element of `sluice dlq list --json`.
+type deadLetterJSON struct {
+	Ticket     string    `json:"ticket"`
+	Queue      string    `json:"queue"`
+	Rule       string    `json:"rule,omitempty"`
+	Attempts   int       `json:"attempts"`
+	Reason     string    `json:"reason"`
+	DeadAt     time.Time `json:"dead_at"`
+	ReceivedAt time.Time `json:"received_at,omitzero"`
+	Method     string    `json:"method"`
+	Path       string    `json:"path"`
+	Query      string    `json:"query,omitempty"`
+	BodyBytes  int       `json:"body_bytes"`
+}
+
+func (d *dlq) list(asJSON bool, limit int) error {
+	found, missing, err := d.deadLetters(limit)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		out := make([]deadLetterJSON, 0, len(found))
+		for _, dl := range found {
+			m := dl.Message
+			out = append(out, deadLetterJSON{
+				Ticket: m.Ticket, Queue: d.queue, Rule: m.Rule, Attempts: dl.Attempts, Reason: dl.Reason,
+				DeadAt: dl.DeadAt.UTC(), ReceivedAt: m.ReceivedAt.UTC(), Method: m.Method, Path: m.Path,
+				Query: m.RawQuery, BodyBytes: len(m.Body),
+			})
+		}
+		enc := json.NewEncoder(d.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+	} else if len(found) == 0 {
+		fmt.Fprintf(d.stderr, "no dead letters in queue %s\n", d.queue)
+	} else {
+		tw := tabwriter.NewWriter(d.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "TICKET\tQUEUE\tATTEMPTS\tREASON\tDEAD AT")
+		for _, dl := range found {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", dl.Message.Ticket, d.queue, dl.Attempts,
+				shorten(dl.Reason, 72), dl.DeadAt.UTC().Format(time.RFC3339))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(missing) > 0 {
+		return missingError(d.queue, missing)
+	}
+	return nil
+}
+
+// shorten keeps a table readable; --json has the whole reason.
+func shorten(s string, n int) string {
+	if s == "" {
+		return "-"
+	}
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+// requeue moves the dead letters back in chunks, so that progress can be shown: each
+// chunk is one queue.Store.Requeue call (which scans the dead letters once), and the
+// chunk size keeps the number of scans near twenty whatever the count.
+func (d *dlq) requeue() error {
+	found, missing, err := d.deadLetters(0)
+	if err != nil {
+		return err
+	}
+	tickets := make([]string, len(found))
+	for i, dl := range found {
+		tickets[i] = dl.Message.Ticket
+	}
+	chunk := max(100, len(tickets)/20)
+	prog := newProgress(d.stderr, len(tickets), "dead letters")
+	moved := 0
+	for len(tickets) > 0 {
+		n := min(chunk, len(tickets))
+		k, err := d.store.Requeue(d.ctx, d.queue, tickets[:n]...)
+		moved += k
+		prog.update(moved)
+		if err != nil {
+			prog.done()
+			fmt.Fprintf(d.stdout, "requeued %d of %d dead letters to queue %s\n", moved, len(found), d.queue)
+			if errors.Is(err, queue.ErrFull) {
+				return fmt.Errorf("the queue is full; the rest stay dead letters (run requeue again later): %w", err)
+			}
+			return err
+		}
+		tickets = tickets[n:]
+	}
+	prog.done()
+	fmt.Fprintf(d.stdout, "requeued %d dead letters to queue %s\n", moved, d.queue)
+	if len(missing) > 0 {
+		return missingError(d.queue, missing)
+	}
+	return nil
+}
+
+func (d *dlq) purge() error {
+	if len(d.tickets) == 0 {
+		n, err := d.store.PurgeDeadLetters(d.ctx, d.queue)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if _, err := d.stream(); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(d.stdout, "purged %d dead letters of queue %s\n", n, d.queue)
+		return nil
+	}
+	found, missing, err := d.deadLetters(0)
+	if err != nil {
+		return err
+	}
+	// The store purges a whole queue only; single tickets are purged by their
+	// subject in the dead-letter stream (sluice.dlq.{queue}.{ticket}, see package queue).
+	dead, err := d.store.JetStream().Stream(d.ctx, queue.DeadStream)
+	if err != nil {
+		return fmt.Errorf("dead-letter stream: %w", err)
+	}
+	prog := newProgress(d.stderr, len(found), "dead letters")
+	purged := 0
+	for _, dl := range found {
+		subject := "sluice.dlq." + d.queue + "." + dl.Message.Ticket
+		if err := dead.Purge(d.ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+			prog.done()
+			fmt.Fprintf(d.stdout, "purged %d of %d dead letters of queue %s\n", purged, len(found), d.queue)
+			return fmt.Errorf("purge %s: %w", dl.Message.Ticket, err)
+		}
+		purged++
+		prog.update(purged)
+	}
+	prog.done()
+	fmt.Fprintf(d.stdout, "purged %d dead letters of queue %s\n", purged, d.queue)
+	if len(missing) > 0 {
+		return missingError(d.queue, missing)
+	}
+	return nil
+}

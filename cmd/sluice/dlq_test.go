@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestGatewayAndDLQUsage(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nothing-here")
+	ticket := strings.Repeat("a", 26)
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string
+		stderr string
+	}{
+		{"ingress help", []string{"ingress", "-h"}, exitOK, "serve --dispatch=false", ""},
+		{"dispatch help", []string{"dispatch", "-h"}, exitOK, "-failover-after", ""},
+		{"ingress has no --dispatch", []string{"ingress", "--dispatch=true"}, exitUsage, "", "flag provided but not defined: -dispatch"},
+		{"dispatch has no --upstream", []string{"dispatch", "--upstream", "http://x"}, exitUsage, "", "-upstream"},
+		{"dispatch needs rules", []string{"dispatch"}, exitUsage, "", "--rules is required"},
+		{"ingress needs an upstream", []string{"ingress", "--rules", "x.yaml"}, exitUsage, "", "--upstream is required"},
+		{"dlq help", []string{"help", "dlq"}, exitOK, "requeue", ""},
+		{"dlq without arguments", []string{"dlq"}, exitUsage, "", "want an action"},
+		{"dlq without a queue", []string{"dlq", "list"}, exitUsage, "", "want an action"},
+		{"dlq unknown action", []string{"dlq", "drop", "orders"}, exitUsage, "", `unknown action "drop"`},
+		{"dlq bad queue name", []string{"dlq", "list", "or.ders"}, exitUsage, "", "not a queue name"},
+		{"dlq bad ticket", []string{"dlq", "requeue", "orders", "nope"}, exitUsage, "", `"nope" is not a ticket`},
+		{"purge needs --yes", []string{"dlq", "purge", "orders", ticket}, exitUsage, "", "add --yes"},
+		{"dlq bad flag after the queue", []string{"dlq", "list", "orders", "--jsn"}, exitUsage, "", "-jsn"},
+		{"dlq on a directory without data", []string{"dlq", "list", "orders", "--data-dir", missing}, exitFailure, "", "no sluice data in --data-dir"},
+		{"dlq NATS unreachable", []string{"dlq", "list", "orders", "--nats", "nats://127.0.0.1:1"}, exitFailure, "", "--nats:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := run(context.Background(), tc.args, &out, &errb)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d\n%s%s", code, tc.code, out.String(), errb.String())
+			}
+			if !strings.Contains(out.String(), tc.stdout) || (tc.stdout == "" && out.Len() > 0) {
+				t.Errorf("stdout %q, want %q", out.String(), tc.stdout)
+			}
+			if !strings.Contains(errb.String(), tc.stderr) {
+				t.Errorf("stderr %q, want %q", errb.String(), tc.stderr)
+			}
+		})
+	}
+}
+
+func TestInterleave(t *testing.T) {
+	fs := flag.NewFlagSet("dlq", flag.ContinueOnError)
+	fs.Bool("json", false, "")
+	fs.String("nats", "", "")
+	got := interleave(fs, []string{"list", "orders", "--json", "--nats", "nats://x", "t1", "-nats=y", "--", "-t2"})
+	want := []string{"--json", "--nats", "nats://x", "-nats=y", "--", "list", "orders", "t1", "-t2"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+}
