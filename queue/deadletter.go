@@ -131,6 +131,12 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 		msg := m.encode(subjectFor(queue, m.Ticket))
 		msg.Header.Set(HeaderMsgID, "requeue."+m.Ticket+"."+strconv.FormatUint(dl.Seq, 10))
 		if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(StreamName(queue))); err != nil {
+			// The message is still a dead letter: say so again (best effort; the
+			// context may be what failed).
+			rec.Status, rec.Attempts, rec.LastError = StatusDead, dl.Attempts, dl.Reason
+			restoreCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = s.SaveRecord(restoreCtx, rec)
+			cancel()
 			if q == nil {
 				var apiErr *jetstream.APIError
 				if errors.As(err, &apiErr) && isFull(apiErr) {

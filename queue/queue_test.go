@@ -530,6 +530,18 @@ func TestDeadLetters(t *testing.T) {
 	if _, err := s.Requeue(ctx, "orders", queue.NewTicket()); !errors.Is(err, queue.ErrNotFound) {
 		t.Errorf("requeue unknown ticket: %v", err)
 	}
+	// A requeue that the queue refuses leaves the ticket dead, not "queued".
+	full := testConfig("orders")
+	full.MaxDepth = 1
+	if _, err := s.Declare(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Requeue(ctx, "orders", tickets[2]); !errors.Is(err, queue.ErrFull) {
+		t.Fatalf("requeue into a full queue: %v", err)
+	}
+	if st, err := s.Status(ctx, tickets[2]); err != nil || st.Status != queue.StatusDead || st.Attempts != 8 {
+		t.Fatalf("status after a refused requeue: %+v %v", st, err)
+	}
 	purged, err := s.PurgeDeadLetters(ctx, "orders")
 	if err != nil || purged != 2 {
 		t.Fatalf("purge %d %v", purged, err)
