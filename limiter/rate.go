@@ -58,7 +58,7 @@ func (r Rate) String() string {
 // ParseRate reads COUNT/PERIOD. COUNT is a whole number of at least 1; PERIOD is a
 // unit name — s, sec, second, m, min, minute, h, hour, d, day, and Envoy's week,
 // month (30 days) and year (365 days), in any case — or a duration as ParseDuration
-// reads it (500ms, 10s, 1h30m, 7d).
+// reads it (500ms, 10s, 1h30m, 7d); a bare duration unit is one of it (5/ms).
 func ParseRate(s string) (Rate, error) {
 	count, unit, found := strings.Cut(strings.TrimSpace(s), "/")
 	if !found {
@@ -71,7 +71,11 @@ func ParseRate(s string) (Rate, error) {
 	unit = strings.TrimSpace(unit)
 	d, known := UnitPeriod(unit)
 	if !known {
-		if d, err = ParseDuration(unit); err != nil || d <= 0 {
+		text := unit
+		if c := unit[0:min(len(unit), 1)]; c != "" && (c[0] >= 'a' && c[0] <= 'z' || c[0] >= 0x80) {
+			text = "1" + unit // ms, us, µs
+		}
+		if d, err = ParseDuration(text); err != nil || d <= 0 {
 			return Rate{}, fmt.Errorf("rate %q: unknown unit %q (use s, m, h, d, their names, or a duration like 10m)", s, unit)
 		}
 	}

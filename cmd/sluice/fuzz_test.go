@@ -61,23 +61,3 @@ func FuzzParseTrace(f *testing.F) {
 		}
 	})
 }
-
-func FuzzParseRate(f *testing.F) {
-	for _, s := range []string{"2/s", "4/m", "1/h", "9/d", "10/30s", "10/1m30s", "5/ms", "1/µs", "0/s", "1/ns", "1/", "/s", "1/2d", "-3/s"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		r, err := parseRate(s)
-		if err != nil {
-			return
-		}
-		if r.n <= 0 || r.per < time.Microsecond || r.per%time.Microsecond != 0 {
-			t.Fatalf("parseRate(%q) = %d per %v", s, r.n, r.per)
-		}
-		// What was accepted prints back to a rate that reads the same.
-		again, err := parseRate(r.String())
-		if err != nil || again != r {
-			t.Fatalf("parseRate(%q) = %v, which reads back as %v, %v", s, r, again, err)
-		}
-	})
-}

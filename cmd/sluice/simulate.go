@@ -267,11 +267,14 @@ func ruleFromFlags(f ruleFlags) (limiter.Limit, error) {
 		if alg == limiter.LeakyBucket {
 			rateFlag, rateText = "outflow-rate", f.outflowRate
 		}
-		r, err := parseRate(rateText)
+		r, err := limiter.ParseRate(rateText)
+		if err == nil {
+			err = checkPeriod(r.Period)
+		}
 		if err != nil {
 			return limiter.Limit{}, fmt.Errorf("%s: %w", name(rateFlag), err)
 		}
-		l.Rate, l.Period, l.Burst = r.n, r.per, f.bucketSize
+		l.Rate, l.Period, l.Burst = r.Count, r.Period, f.bucketSize
 	default:
 		if f.limit <= 0 {
 			return limiter.Limit{}, fmt.Errorf("%s must be positive, got %d", name("limit"), f.limit)
@@ -285,46 +288,6 @@ func ruleFromFlags(f ruleFlags) (limiter.Limit, error) {
 		return limiter.Limit{}, fmt.Errorf("the rule is not valid: %w", err)
 	}
 	return l, nil
-}
-
-// rate is N units per a period.
-type rate struct {
-	n   int64
-	per time.Duration
-}
-
-func (r rate) String() string { return strconv.FormatInt(r.n, 10) + "/" + r.per.String() }
-
-// parseRate reads N/UNIT: N a positive integer, UNIT one of s, m, h, d or a Go duration
-// (4/m, 10/30s, 100/1m30s). A bare Go unit (10/ms) is read as one of it.
-func parseRate(s string) (rate, error) {
-	num, unit, ok := strings.Cut(s, "/")
-	if !ok {
-		return rate{}, fmt.Errorf("rate %q: want N/UNIT, for example 10/s, 4/m or 10/30s", s)
-	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n <= 0 {
-		return rate{}, fmt.Errorf("rate %q: %q is not a positive whole number", s, num)
-	}
-	var per time.Duration
-	switch unit {
-	case "d":
-		per = 24 * time.Hour
-	case "":
-		return rate{}, fmt.Errorf("rate %q: missing unit after /", s)
-	default:
-		text := unit
-		if c := unit[0]; c >= 'a' && c <= 'z' || c >= 0x80 {
-			text = "1" + unit // s, m, h, ms, us, µs
-		}
-		if per, err = time.ParseDuration(text); err != nil {
-			return rate{}, fmt.Errorf("rate %q: unit %q is not s, m, h, d or a Go duration", s, unit)
-		}
-	}
-	if err := checkPeriod(per); err != nil {
-		return rate{}, fmt.Errorf("rate %q: %w", s, err)
-	}
-	return rate{n, per}, nil
 }
 
 // checkPeriod rejects periods the limiter cannot keep exactly: it counts whole
