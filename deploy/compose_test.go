@@ -1,0 +1,847 @@
+package deploy_test
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/rules"
+)
+
+// The compose file, as far as the tests read it. Unknown keys are ignored; the YAML
+// merge keys (<<: *anchor) of the file are resolved by the decoder.
+type composeFile struct {
+	Name     string                     `yaml:"name"`
+	Services map[string]composeService  `yaml:"services"`
+	Networks map[string]*composeNetwork `yaml:"networks"`
+	Volumes  map[string]any             `yaml:"volumes"`
+}
+
+type composeService struct {
+	Image           string          `yaml:"image"`
+	Build           any             `yaml:"build"`
+	Command         stringList      `yaml:"command"`
+	Entrypoint      stringList      `yaml:"entrypoint"`
+	Environment     envMap          `yaml:"environment"`
+	Ports           []string        `yaml:"ports"`
+	Expose          []string        `yaml:"expose"`
+	Volumes         []string        `yaml:"volumes"`
+	Networks        serviceNetworks `yaml:"networks"`
+	DependsOn       nameSet         `yaml:"depends_on"`
+	StopGracePeriod string          `yaml:"stop_grace_period"`
+	ReadOnly        bool            `yaml:"read_only"`
+	Healthcheck     *struct {
+		Test []string `yaml:"test"`
+	} `yaml:"healthcheck"`
+}
+
+type composeNetwork struct {
+	IPAM struct {
+		Config []struct {
+			Subnet string `yaml:"subnet"`
+		} `yaml:"config"`
+	} `yaml:"ipam"`
+}
+
+// stringList is a command or entrypoint: a list, or a string split on spaces.
+type stringList []string
+
+func (s *stringList) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*s = strings.Fields(n.Value)
+		return nil
+	}
+	var l []string
+	err := n.Decode(&l)
+	*s = l
+	return err
+}
+
+// envMap is an environment: a mapping, or a list of KEY=VALUE.
+type envMap map[string]string
+
+func (e *envMap) UnmarshalYAML(n *yaml.Node) error {
+	out := envMap{}
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			out[n.Content[i].Value] = n.Content[i+1].Value
+		}
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			k, v, _ := strings.Cut(c.Value, "=")
+			out[k] = v
+		}
+	default:
+		return fmt.Errorf("line %d: environment: want a mapping or a list", n.Line)
+	}
+	*e = out
+	return nil
+}
+
+// nameSet is a list of names, or a mapping whose keys are the names (depends_on).
+type nameSet []string
+
+func (s *nameSet) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i < len(n.Content); i += 2 {
+			*s = append(*s, n.Content[i].Value)
+		}
+		return nil
+	case yaml.SequenceNode:
+		var l []string
+		err := n.Decode(&l)
+		*s = l
+		return err
+	}
+	return fmt.Errorf("line %d: want a list or a mapping", n.Line)
+}
+
+// serviceNetworks are the networks of a service: a list of names, or a mapping with
+// per-network settings.
+type serviceNetworks map[string]struct {
+	IPv4Address string   `yaml:"ipv4_address"`
+	Aliases     []string `yaml:"aliases"`
+}
+
+func (s *serviceNetworks) UnmarshalYAML(n *yaml.Node) error {
+	out := serviceNetworks{}
+	switch n.Kind {
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			out[c.Value] = out[c.Value]
+		}
+	case yaml.MappingNode:
+		m := map[string]*struct {
+			IPv4Address string   `yaml:"ipv4_address"`
+			Aliases     []string `yaml:"aliases"`
+		}{}
+		if err := n.Decode(&m); err != nil {
+			return err
+		}
+		for k, v := range m {
+			e := out[k]
+			if v != nil {
+				e.IPv4Address, e.Aliases = v.IPv4Address, v.Aliases
+			}
+			out[k] = e
+		}
+	default:
+		return fmt.Errorf("line %d: networks: want a list or a mapping", n.Line)
+	}
+	*s = out
+	return nil
+}
+
+func loadCompose(t *testing.T) composeFile {
+	t.Helper()
+	var c composeFile
+	decodeYAMLInto(t, filepath.Join(composeDir, "compose.yaml"), &c)
+	if len(c.Services) == 0 {
+		t.Fatal("compose.yaml: no services")
+	}
+	return c
+}
+
+// mount is one short-syntax volume of a service.
+type mount struct {
+	source, target string
+	readOnly       bool
+	named          bool // a named volume, not a bind mount
+}
+
+func parseMount(v string) mount {
+	parts := strings.Split(v, ":")
+	m := mount{source: parts[0]}
+	if len(parts) > 1 {
+		m.target = parts[1]
+	}
+	if len(parts) > 2 {
+		m.readOnly = slices.Contains(strings.Split(parts[2], ","), "ro")
+	}
+	m.named = !strings.ContainsAny(m.source, "/.~")
+	return m
+}
+
+// hostPath maps a path inside a service's container to the file of the repository
+// that a bind mount puts there ("" when no bind mount covers it).
+func (s composeService) hostPath(p string) (string, mount) {
+	best, bestM := "", mount{}
+	for _, v := range s.Volumes {
+		m := parseMount(v)
+		if m.named {
+			continue
+		}
+		if p == m.target || strings.HasPrefix(p, m.target+"/") {
+			if len(m.target) > len(bestM.target) {
+				best, bestM = filepath.Join(composeDir, m.source, strings.TrimPrefix(p, m.target)), m
+			}
+		}
+	}
+	return best, bestM
+}
+
+func (s composeService) exposes(port int) bool {
+	return slices.Contains(s.Expose, strconv.Itoa(port))
+}
+
+// sluiceServices returns the services that run the sluice binary of the sluice image
+// (the image's entrypoint), with their parsed configuration.
+func sluiceServices(t *testing.T, c composeFile, ic sluiceImageConfig) map[string]gatewayConfig {
+	t.Helper()
+	out := map[string]gatewayConfig{}
+	for name, s := range c.Services {
+		if repo, _ := splitImage(s.Image); repo != sluiceImage || len(s.Entrypoint) > 0 {
+			continue
+		}
+		env := map[string]string{}
+		for k, v := range ic.env {
+			env[k] = v
+		}
+		for k, v := range s.Environment {
+			env[k] = v
+		}
+		out[name] = parseSluiceArgs(t, "compose "+name, s.Command, env)
+	}
+	return out
+}
+
+// composeHosts are the names that resolve inside the compose network: services and
+// their aliases.
+func composeHosts(c composeFile) map[string]string {
+	hosts := map[string]string{}
+	for name, s := range c.Services {
+		hosts[name] = name
+		for _, n := range s.Networks {
+			for _, a := range n.Aliases {
+				hosts[a] = name
+			}
+		}
+	}
+	return hosts
+}
+
+// listenPort is the port a non-sluice service of compose listens on, from its
+// command where it says so.
+func (c composeFile) listenPort(t *testing.T, name string) int {
+	t.Helper()
+	s := c.Services[name]
+	if s.Entrypoint != nil && strings.HasSuffix(s.Entrypoint[0], "/sluice-bench") {
+		_, p, err := net.SplitHostPort(s.Command[len(s.Command)-1])
+		if err != nil {
+			t.Fatalf("compose %s: %v", name, err)
+		}
+		n, _ := strconv.Atoi(p)
+		return n
+	}
+	if repo, _ := splitImage(s.Image); repo == "redis" {
+		if i := slices.Index(s.Command, "--port"); i >= 0 {
+			n, _ := strconv.Atoi(s.Command[i+1])
+			return n
+		}
+		return 6379
+	}
+	t.Fatalf("compose %s: listen port unknown", name)
+	return 0
+}
+
+func hostPort(t *testing.T, where, hp string, defPort int) (string, int) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		if defPort == 0 {
+			t.Fatalf("%s: %q: %v", where, hp, err)
+		}
+		return hp, defPort
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatalf("%s: %q: %v", where, hp, err)
+	}
+	return host, n
+}
+
+func urlHostPort(t *testing.T, where, raw string) (string, int) {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		t.Fatalf("%s: %q is not a URL", where, raw)
+	}
+	def := map[string]int{"http": 80, "https": 443, "redis": 6379, "rediss": 6379, "nats": 4222}[u.Scheme]
+	return hostPort(t, where, u.Host, def)
+}
+
+// TestCompose checks deploy/compose against the sluice binary and itself: three
+// sluice serve replicas whose flags and SLUICE_* variables the binary accepts,
+// behind nginx (upstream servers = the replicas' --listen), scraped by Prometheus on
+// --admin-listen, sharing the Redis and the three NATS nodes their flags name; the
+// rules they load pass the validator and send every queue to a host of the file;
+// every bind mount exists; named volumes and networks are declared.
+func TestCompose(t *testing.T) {
+	c := loadCompose(t)
+	ic := loadImageConfig(t)
+	gws := sluiceServices(t, c, ic)
+	if len(gws) != 3 {
+		t.Fatalf("want 3 sluice replicas, got %d", len(gws))
+	}
+	hosts := composeHosts(c)
+
+	// Everything a service names exists.
+	for name, s := range c.Services {
+		if s.Image == "" {
+			t.Errorf("%s: no image", name)
+		}
+		for _, v := range s.Volumes {
+			m := parseMount(v)
+			if m.target == "" || !strings.HasPrefix(m.target, "/") {
+				t.Errorf("%s: volume %q: want SOURCE:/TARGET", name, v)
+				continue
+			}
+			if m.named {
+				if _, ok := c.Volumes[m.source]; !ok {
+					t.Errorf("%s: volume %s is not declared", name, m.source)
+				}
+			} else if _, err := os.Stat(filepath.Join(composeDir, m.source)); err != nil {
+				t.Errorf("%s: bind mount %s: %v", name, m.source, err)
+			}
+		}
+		for n := range s.Networks {
+			if _, ok := c.Networks[n]; !ok {
+				t.Errorf("%s: network %s is not declared", name, n)
+			}
+		}
+		for _, d := range s.DependsOn {
+			if _, ok := c.Services[d]; !ok {
+				t.Errorf("%s: depends on unknown service %s", name, d)
+			}
+		}
+		if repo, _ := splitImage(s.Image); repo == sluiceImage && s.Build == nil {
+			t.Errorf("%s: the sluice image has no build section: `docker compose up --build` could not build it", name)
+		}
+	}
+
+	natsNodes := checkComposeNATS(t, c)
+	var listenPorts, adminPorts []string
+	for name, g := range gws {
+		s := c.Services[name]
+		if g.cmd != "serve" {
+			t.Errorf("%s: sluice %s, want serve", name, g.cmd)
+		}
+		listen, admin := g.port(t, "listen"), g.port(t, "admin-listen")
+		listenPorts = append(listenPorts, net.JoinHostPort(name, strconv.Itoa(listen)))
+		adminPorts = append(adminPorts, net.JoinHostPort(name, strconv.Itoa(admin)))
+		if !s.exposes(listen) || !s.exposes(admin) {
+			t.Errorf("%s: expose %v, but it listens on %d and %d", name, s.Expose, listen, admin)
+		}
+		if !s.ReadOnly {
+			t.Errorf("%s: read_only: with --nats sluice writes nothing", name)
+		}
+		// Shutdown finishes before Docker's SIGKILL.
+		grace := 10 * time.Second
+		if s.StopGracePeriod != "" {
+			var err error
+			if grace, err = time.ParseDuration(s.StopGracePeriod); err != nil {
+				t.Errorf("%s: stop_grace_period: %v", name, err)
+			}
+		}
+		if st := g.duration(t, "shutdown-timeout"); grace <= st {
+			t.Errorf("%s: stop_grace_period %s is not longer than --shutdown-timeout %s", name, grace, st)
+		}
+
+		// Redis and NATS are services of the file, on the ports they listen on.
+		redisHost, redisPort := urlHostPort(t, name+" --redis", g.value("redis"))
+		if svc, ok := hosts[redisHost]; !ok || c.listenPort(t, svc) != redisPort || !c.Services[svc].exposes(redisPort) {
+			t.Errorf("%s: --redis %s: no service listens there", name, g.value("redis"))
+		}
+		var natsURLs []string
+		for _, u := range g.list("nats") {
+			h, p := urlHostPort(t, name+" --nats", u)
+			natsURLs = append(natsURLs, net.JoinHostPort(h, strconv.Itoa(p)))
+		}
+		slices.Sort(natsURLs)
+		if !slices.Equal(natsURLs, natsNodes.clientAddrs) {
+			t.Errorf("%s: --nats %v, want every node of the cluster %v", name, natsURLs, natsNodes.clientAddrs)
+		}
+		if r, _ := strconv.Atoi(g.value("replicas")); r < 1 || r > len(natsNodes.clientAddrs) {
+			t.Errorf("%s: --replicas %s with %d NATS nodes", name, g.value("replicas"), len(natsNodes.clientAddrs))
+		} else if r != 3 {
+			t.Errorf("%s: --replicas %d, want R3 streams on the cluster", name, r)
+		}
+		for _, dep := range append([]string{redisHost}, natsNodes.services...) {
+			if !slices.Contains(s.DependsOn, hosts[dep]) {
+				t.Errorf("%s: does not depend on %s", name, dep)
+			}
+		}
+		upHost, upPort := urlHostPort(t, name+" --upstream", g.value("upstream"))
+		if svc, ok := hosts[upHost]; !ok || c.listenPort(t, svc) != upPort {
+			t.Errorf("%s: --upstream %s: no service listens there", name, g.value("upstream"))
+		}
+
+		checkComposeRules(t, name, s, g, c, hosts)
+		checkTrustedProxies(t, name, s, g, c)
+	}
+	slices.Sort(listenPorts)
+	slices.Sort(adminPorts)
+	checkNginx(t, c, listenPorts, gws)
+	checkComposePrometheus(t, c, adminPorts)
+
+	// The demo API: sluice-bench upstream from the same image.
+	modes := benchModes(t)
+	for name, s := range c.Services {
+		if len(s.Entrypoint) == 0 || !strings.HasSuffix(s.Entrypoint[0], "/sluice-bench") {
+			continue
+		}
+		if !slices.Contains(ic.binaries, s.Entrypoint[0]) {
+			t.Errorf("%s: entrypoint %s is not in the image (%v)", name, s.Entrypoint[0], ic.binaries)
+		}
+		if len(s.Command) != 2 || !slices.Contains(modes, s.Command[0]) {
+			t.Errorf("%s: sluice-bench %v: want MODE ADDR with a mode of %v", name, s.Command, modes)
+		}
+		if p := c.listenPort(t, name); !s.exposes(p) {
+			t.Errorf("%s: listens on %d but exposes %v", name, p, s.Expose)
+		}
+	}
+}
+
+// checkComposeRules loads exactly the rules a replica loads (its --rules, through its
+// bind mounts) with the real validator, and checks that every queue delivers to a
+// host of the compose file on a port it listens on, that every example domain of
+// deploy/rules is served, and that rules are mounted read-only.
+func checkComposeRules(t *testing.T, name string, s composeService, g gatewayConfig, c composeFile, hosts map[string]string) {
+	t.Helper()
+	var paths []string
+	for _, p := range g.list("rules") {
+		hp, m := s.hostPath(p)
+		if hp == "" {
+			t.Errorf("%s: --rules %s is not mounted", name, p)
+			continue
+		}
+		if !m.readOnly {
+			t.Errorf("%s: rules mount %s is not read-only", name, m.source)
+		}
+		paths = append(paths, hp)
+	}
+	if len(paths) == 0 {
+		return
+	}
+	set, err := rules.Load(paths...)
+	if err != nil {
+		t.Errorf("%s: the rules it loads have problems:\n%v", name, err)
+		return
+	}
+	examples, err := rules.Load(rulesDir)
+	if err != nil {
+		t.Fatalf("deploy/rules: %v", err)
+	}
+	for _, d := range examples.Domains() {
+		if !slices.Contains(set.Domains(), d) {
+			t.Errorf("%s: the example domain %s of deploy/rules is not loaded", name, d)
+		}
+	}
+	for _, q := range set.Queues() {
+		if q.Downstream.IsNATS() {
+			continue
+		}
+		h, p := urlHostPort(t, name+" queue "+q.Name, q.Downstream.String())
+		svc, ok := hosts[h]
+		if !ok {
+			t.Errorf("%s: queue %s delivers to %s, which is no host of the compose file", name, q.Name, q.Downstream)
+			continue
+		}
+		if c.listenPort(t, svc) != p {
+			t.Errorf("%s: queue %s delivers to port %d; %s listens on %d", name, q.Name, p, svc, c.listenPort(t, svc))
+		}
+	}
+}
+
+// checkTrustedProxies: the load balancer's address is trusted, on a network shared
+// with the replica, and nothing wider than that network is.
+func checkTrustedProxies(t *testing.T, name string, s composeService, g gatewayConfig, c composeFile) {
+	t.Helper()
+	lb, ok := c.Services["lb"]
+	if !ok {
+		t.Fatal("compose: no lb service")
+	}
+	var cidrs []*net.IPNet
+	for _, p := range g.list("trusted-proxies") {
+		_, n, err := net.ParseCIDR(p)
+		if err != nil {
+			t.Errorf("%s: --trusted-proxies %s: %v", name, p, err)
+			continue
+		}
+		cidrs = append(cidrs, n)
+	}
+	found := false
+	for netName, ln := range lb.Networks {
+		if ln.IPv4Address == "" {
+			continue
+		}
+		if _, shared := s.Networks[netName]; !shared {
+			continue
+		}
+		ip := net.ParseIP(ln.IPv4Address)
+		var subnet *net.IPNet
+		if cn := c.Networks[netName]; cn != nil {
+			for _, cfg := range cn.IPAM.Config {
+				if _, sn, err := net.ParseCIDR(cfg.Subnet); err == nil && sn.Contains(ip) {
+					subnet = sn
+				}
+			}
+		}
+		if subnet == nil {
+			t.Errorf("lb: %s is in no subnet of network %s", ln.IPv4Address, netName)
+			continue
+		}
+		for _, n := range cidrs {
+			if n.Contains(ip) {
+				found = true
+			}
+			ones, _ := n.Mask.Size()
+			sOnes, _ := subnet.Mask.Size()
+			if !subnet.Contains(n.IP) || ones < sOnes {
+				t.Errorf("%s: --trusted-proxies %s reaches beyond network %s (%s)", name, n, netName, subnet)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("%s: --trusted-proxies %v does not contain the load balancer's fixed address on a shared network", name, g.list("trusted-proxies"))
+	}
+}
+
+type natsCluster struct {
+	services    []string // compose services or pods
+	clientAddrs []string // host:port, sorted
+}
+
+// loadNATSConfig parses a nats-server configuration file with the real parser of
+// the nats-server version sluice embeds, with env set (the variables the file
+// refers to), and has the server validate the options.
+func loadNATSConfig(t *testing.T, path string, env map[string]string) *server.Options {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return opts
+}
+
+var natsImageMin = [2]int{2, 11} // priority groups and consumer pause
+
+func checkNATSImage(t *testing.T, where, image string) {
+	t.Helper()
+	repo, tag := splitImage(image)
+	if repo != "nats" || tag == "" {
+		t.Errorf("%s: image %s: want nats:VERSION", where, image)
+		return
+	}
+	v := majorMinor(t, strings.SplitN(tag, "-", 2)[0])
+	if versionLess(v, natsImageMin) {
+		t.Errorf("%s: %s: sluice needs nats-server 2.11 or later (priority groups, consumer pause)", where, image)
+	}
+	if embedded := majorMinor(t, goModVersion(t, "github.com/nats-io/nats-server/v2")); v != embedded {
+		t.Errorf("%s: %s, but sluice embeds nats-server %d.%d (go.mod): keep them in step", where, image, embedded[0], embedded[1])
+	}
+}
+
+// checkComposeNATS checks the NATS services: one configuration parsed by the real
+// nats-server parser per node, unique server names, JetStream on a named volume,
+// routes to exactly the nodes of the file, and ports that match expose and the
+// health check.
+func checkComposeNATS(t *testing.T, c composeFile) natsCluster {
+	t.Helper()
+	var cl natsCluster
+	type node struct {
+		svc  string
+		opts *server.Options
+	}
+	var nodes []node
+	for name, s := range c.Services {
+		if repo, _ := splitImage(s.Image); repo != "nats" {
+			continue
+		}
+		checkNATSImage(t, "compose "+name, s.Image)
+		cfg := ""
+		for i, a := range s.Command {
+			if (a == "--config" || a == "-c") && i+1 < len(s.Command) {
+				cfg = s.Command[i+1]
+			}
+		}
+		hp, _ := s.hostPath(cfg)
+		if hp == "" {
+			t.Fatalf("compose %s: --config %q is not mounted", name, cfg)
+		}
+		opts := loadNATSConfig(t, hp, s.Environment)
+		nodes = append(nodes, node{name, opts})
+		cl.services = append(cl.services, name)
+		cl.clientAddrs = append(cl.clientAddrs, net.JoinHostPort(name, strconv.Itoa(opts.Port)))
+		for _, p := range []int{opts.Port, opts.Cluster.Port, opts.HTTPPort} {
+			if !s.exposes(p) {
+				t.Errorf("compose %s: listens on %d, exposes %v", name, p, s.Expose)
+			}
+		}
+		if !opts.JetStream {
+			t.Errorf("compose %s: JetStream is off", name)
+		}
+		onVolume := false
+		for _, v := range s.Volumes {
+			if m := parseMount(v); m.named && (opts.StoreDir == m.target || strings.HasPrefix(opts.StoreDir, m.target+"/")) {
+				onVolume = true
+			}
+		}
+		if !onVolume {
+			t.Errorf("compose %s: store_dir %s is on no named volume: the streams would not survive the container", name, opts.StoreDir)
+		}
+		if s.Healthcheck == nil || !strings.Contains(strings.Join(s.Healthcheck.Test, " "), ":"+strconv.Itoa(opts.HTTPPort)+"/healthz") {
+			t.Errorf("compose %s: want a health check on the monitoring port %d /healthz", name, opts.HTTPPort)
+		}
+	}
+	slices.Sort(cl.services)
+	slices.Sort(cl.clientAddrs)
+	if len(nodes) != 3 {
+		t.Fatalf("compose: want 3 NATS nodes, got %d", len(nodes))
+	}
+	names := map[string]bool{}
+	for _, n := range nodes {
+		if n.opts.ServerName == "" || names[n.opts.ServerName] {
+			t.Errorf("compose %s: server_name %q is empty or not unique", n.svc, n.opts.ServerName)
+		}
+		names[n.opts.ServerName] = true
+		if n.opts.Cluster.Name == "" || n.opts.Cluster.Name != nodes[0].opts.Cluster.Name {
+			t.Errorf("compose %s: cluster name %q", n.svc, n.opts.Cluster.Name)
+		}
+		var routes []string
+		for _, r := range n.opts.Routes {
+			routes = append(routes, r.Host)
+		}
+		slices.Sort(routes)
+		var want []string
+		for _, m := range nodes {
+			want = append(want, net.JoinHostPort(m.svc, strconv.Itoa(m.opts.Cluster.Port)))
+		}
+		slices.Sort(want)
+		if !slices.Equal(routes, want) {
+			t.Errorf("compose %s: routes %v, want %v", n.svc, routes, want)
+		}
+	}
+	return cl
+}
+
+var (
+	nginxUpstreamRE = regexp.MustCompile(`(?s)upstream\s+(\S+)\s*\{(.*?)\}`)
+	nginxServerRE   = regexp.MustCompile(`(?m)^\s*server\s+([^\s;]+)`)
+	nginxListenRE   = regexp.MustCompile(`(?m)^\s*listen\s+(?:[^\s;]*:)?(\d+)`)
+	nginxPassRE     = regexp.MustCompile(`(?m)^\s*proxy_pass\s+http://([^\s;/]+)`)
+	nginxBodyRE     = regexp.MustCompile(`(?m)^\s*client_max_body_size\s+(\d+)([kKmMgG]?)\s*;`)
+	nginxHeaderRE   = regexp.MustCompile(`(?m)^\s*proxy_set_header\s+(\S+)\s+(.*);`)
+)
+
+// checkNginx: nginx balances over exactly the replicas' front doors, listens on the
+// port lb publishes, lets bodies through up to sluice's --max-body, and is the edge
+// for the client address (replaces X-Forwarded-For, drops Forwarded).
+func checkNginx(t *testing.T, c composeFile, fronts []string, gws map[string]gatewayConfig) {
+	t.Helper()
+	lb := c.Services["lb"]
+	conf := ""
+	for _, v := range lb.Volumes {
+		if m := parseMount(v); m.target == "/etc/nginx/nginx.conf" {
+			conf = filepath.Join(composeDir, m.source)
+		}
+	}
+	if conf == "" {
+		t.Fatal("lb: no /etc/nginx/nginx.conf mounted")
+	}
+	data, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := regexp.MustCompile(`(?m)#.*$`).ReplaceAllString(string(data), "")
+	ups := nginxUpstreamRE.FindAllStringSubmatch(text, -1)
+	pass := nginxPassRE.FindStringSubmatch(text)
+	if len(ups) != 1 || pass == nil || pass[1] != ups[0][1] {
+		t.Fatalf("%s: want one upstream block that proxy_pass uses", conf)
+	}
+	var servers []string
+	for _, m := range nginxServerRE.FindAllStringSubmatch(ups[0][2], -1) {
+		servers = append(servers, m[1])
+	}
+	slices.Sort(servers)
+	if !slices.Equal(servers, fronts) {
+		t.Errorf("%s: upstream servers %v, want the replicas' front doors %v", conf, servers, fronts)
+	}
+	listen := nginxListenRE.FindStringSubmatch(text)
+	if listen == nil {
+		t.Fatalf("%s: no listen", conf)
+	}
+	published := false
+	for _, p := range lb.Ports {
+		parts := strings.Split(p, ":")
+		if parts[len(parts)-1] == listen[1] {
+			published = true
+		}
+	}
+	if !published {
+		t.Errorf("lb: ports %v do not publish nginx's port %s", lb.Ports, listen[1])
+	}
+	body := nginxBodyRE.FindStringSubmatch(text)
+	if body == nil {
+		t.Errorf("%s: no client_max_body_size (nginx's 1m would answer 413 before sluice's --max-body)", conf)
+	} else {
+		n, _ := strconv.ParseInt(body[1], 10, 64)
+		n <<= map[string]int{"": 0, "k": 10, "m": 20, "g": 30}[strings.ToLower(body[2])]
+		for name, g := range gws {
+			if max, _ := strconv.ParseInt(g.value("max-body"), 10, 64); n < max {
+				t.Errorf("%s: client_max_body_size %d bytes is below %s's --max-body %d", conf, n, name, max)
+			}
+		}
+	}
+	headers := map[string]string{}
+	for _, m := range nginxHeaderRE.FindAllStringSubmatch(text, -1) {
+		headers[strings.ToLower(m[1])] = strings.TrimSpace(m[2])
+	}
+	if h := headers["x-forwarded-for"]; h != "$remote_addr" && h != "$proxy_add_x_forwarded_for" {
+		t.Errorf("%s: X-Forwarded-For %q: want the client address nginx sees", conf, h)
+	}
+	if h, ok := headers["forwarded"]; !ok || (h != `""` && !strings.Contains(h, "$remote_addr")) {
+		t.Errorf("%s: a client's own Forwarded header reaches sluice, which reads it before X-Forwarded-For: clear it", conf)
+	}
+}
+
+// composePrometheus is the scrape configuration of compose.
+type promConfig struct {
+	RuleFiles     []string `yaml:"rule_files"`
+	ScrapeConfigs []struct {
+		JobName       string `yaml:"job_name"`
+		MetricsPath   string `yaml:"metrics_path"`
+		StaticConfigs []struct {
+			Targets []string `yaml:"targets"`
+		} `yaml:"static_configs"`
+	} `yaml:"scrape_configs"`
+}
+
+func loadComposePrometheus(t *testing.T, c composeFile) (promConfig, composeService) {
+	t.Helper()
+	p, ok := c.Services["prometheus"]
+	if !ok {
+		t.Fatal("compose: no prometheus service")
+	}
+	cfg := "/etc/prometheus/prometheus.yml"
+	for _, a := range p.Command {
+		if v, ok := strings.CutPrefix(a, "--config.file="); ok {
+			cfg = v
+		}
+	}
+	hp, _ := p.hostPath(cfg)
+	if hp == "" {
+		t.Fatalf("prometheus: %s is not mounted", cfg)
+	}
+	var pc promConfig
+	decodeYAMLInto(t, hp, &pc)
+	return pc, p
+}
+
+// checkComposePrometheus: Prometheus scrapes /metrics on the admin port of every
+// replica, and the alert rules it evaluates are mounted.
+func checkComposePrometheus(t *testing.T, c composeFile, admins []string) {
+	t.Helper()
+	pc, p := loadComposePrometheus(t, c)
+	var targets []string
+	for _, sc := range pc.ScrapeConfigs {
+		if sc.MetricsPath != "" && sc.MetricsPath != "/metrics" {
+			t.Errorf("prometheus job %s: metrics_path %s", sc.JobName, sc.MetricsPath)
+		}
+		for _, st := range sc.StaticConfigs {
+			targets = append(targets, st.Targets...)
+		}
+	}
+	slices.Sort(targets)
+	if !slices.Equal(targets, admins) {
+		t.Errorf("prometheus scrapes %v, want the replicas' admin ports %v", targets, admins)
+	}
+	alertsMounted := false
+	for _, rf := range pc.RuleFiles {
+		hp, _ := p.hostPath(rf)
+		if hp == "" {
+			t.Errorf("prometheus: rule file %s is not mounted", rf)
+			continue
+		}
+		if filepath.Clean(hp) == filepath.Clean("prometheus/alerts.yaml") {
+			alertsMounted = true
+		}
+	}
+	if !alertsMounted {
+		t.Errorf("prometheus does not evaluate deploy/prometheus/alerts.yaml")
+	}
+}
+
+// scrapeJobs are the job labels sluice's series get: the compose scrape jobs, and
+// the Services that the Kubernetes ServiceMonitors select (the operator names the
+// job after the Service).
+func scrapeJobs(t *testing.T) []string {
+	t.Helper()
+	pc, _ := loadComposePrometheus(t, loadCompose(t))
+	var jobs []string
+	for _, sc := range pc.ScrapeConfigs {
+		jobs = append(jobs, sc.JobName)
+	}
+	objs := loadKubernetes(t, k8sDir)
+	for _, sm := range objs.ofKind("ServiceMonitor") {
+		for _, svc := range objs.ofKind("Service") {
+			if sm.Spec.Selector.matches(svc.Metadata.Labels) {
+				jobs = append(jobs, svc.Metadata.Name)
+			}
+		}
+	}
+	return jobs
+}
+
+// TestComposeRulesCopies keeps the compose copies of example rules identical to the
+// examples but for their downstream lines and comments.
+func TestComposeRulesCopies(t *testing.T) {
+	copies, err := filepath.Glob(filepath.Join(composeDir, "rules", "*.y*ml"))
+	if err != nil || len(copies) == 0 {
+		t.Fatalf("no compose rules: %v", err)
+	}
+	strip := func(path string) []string {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(string(data), "\n") {
+			tl := strings.TrimSpace(l)
+			if tl == "" || strings.HasPrefix(tl, "#") || strings.HasPrefix(tl, "downstream:") {
+				continue
+			}
+			out = append(out, l)
+		}
+		return out
+	}
+	for _, cp := range copies {
+		orig := filepath.Join(rulesDir, filepath.Base(cp))
+		if _, err := os.Stat(orig); err != nil {
+			t.Errorf("%s: no %s to be a copy of", cp, orig)
+			continue
+		}
+		if a, b := strip(cp), strip(orig); !slices.Equal(a, b) {
+			t.Errorf("%s differs from %s in more than its downstreams and comments", cp, orig)
+		}
+		if _, err := rules.Load(cp); err != nil {
+			t.Errorf("%s:\n%v", cp, err)
+		}
+	}
+}
