@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"sort"
 	"strconv"
@@ -23,8 +25,10 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/rules"
 )
 
 const pacingHelp = `Usage: sluice-bench pacing [flags]
@@ -470,6 +474,8 @@ directory, every write synced to disk before it is acknowledged), side by side:
                        same body size to a work-queue stream
   sluice park          queue.Store.Park: the same publish plus the request headers and
                        metadata, acknowledged before it returns
+  sluice ingress       the front door end to end: an HTTP POST over a defer rule's limit,
+                       parked, answered 202 (HTTP client and server in this process)
   sluice park+idem     Park with an Idempotency-Key per order (one more synced write:
                        the key's record)
 with the same number of concurrent callers. VS RAW is sluice's rate divided by the raw
@@ -546,6 +552,26 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	return exitOK
 }
 
+// parkingRules defer every order: the limit of one per hour is spent at once (the
+// front door's queue is the one Park fills).
+const parkingRules = `domain: bench
+descriptors:
+  - key: route
+    value: orders
+    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
+    algorithm: token_bucket
+    on_limit: defer
+    queue: bench
+routes:
+  - name: orders
+    descriptors:
+      - [{key: route, value: orders}]
+queues:
+  bench:
+    outflow: 100/s
+    downstream: http://127.0.0.1:1
+`
+
 func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr io.Writer) ([]parkingResult, error) {
 	dir, err := os.MkdirTemp("", "sluice-bench-parking-")
 	if err != nil {
@@ -585,6 +611,20 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	n := 0
 	nextID := func() int { seq.Lock(); defer seq.Unlock(); n++; return n }
 
+	// The whole front door: HTTP in, the rule over its limit, Park, 202 out.
+	set, err := rules.Parse(rules.File{Name: "bench.yaml", Data: []byte(parkingRules)})
+	if err != nil {
+		return nil, err
+	}
+	front := httptest.NewServer(ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(),
+		ingress.WithDeferrer(ingress.NewQueueDeferrer(store, nil))).Wrap(http.NotFoundHandler()))
+	defer front.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	defer client.CloseIdleConnections()
+	if resp, err := client.Post(front.URL+"/v1/orders", "application/json", nil); err == nil {
+		resp.Body.Close() // spends the limit: every later order is deferred
+	}
+
 	contenders := []struct {
 		name string
 		op   func(ctx context.Context) error
@@ -600,6 +640,23 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 		{"sluice park", func(ctx context.Context) error {
 			_, err := store.Park(ctx, &queue.Request{Queue: "bench", Method: "POST", Path: "/orders", Body: body, Header: header, Client: "bench"})
 			return err
+		}},
+		{"sluice ingress (HTTP 202)", func(ctx context.Context) error {
+			req, err := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/orders", bytes.NewReader(body))
+			if err != nil {
+				return err
+			}
+			req.Header = header.Clone()
+			resp, err := client.Do(req)
+			if err != nil {
+				return err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusAccepted {
+				return fmt.Errorf("the front door answered %d", resp.StatusCode)
+			}
+			return nil
 		}},
 		{"sluice park+idem", func(ctx context.Context) error {
 			_, err := store.Park(ctx, &queue.Request{Queue: "bench", Method: "POST", Path: "/orders", Body: body, Header: header,

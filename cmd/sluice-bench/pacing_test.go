@@ -25,7 +25,7 @@ func TestParkingTable(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	for _, contender := range []string{"jetstream publish", "sluice park", "sluice park+idem"} {
+	for _, contender := range []string{"jetstream publish", "sluice park", "sluice ingress (HTTP 202)", "sluice park+idem"} {
 		if !strings.Contains(out, contender) {
 			t.Errorf("no row for %s in\n%s", contender, out)
 		}
