@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"fmt"
 	"math"
 	"time"
 )
@@ -14,7 +15,9 @@ import (
 // never is the retry-after, in µs, of a request larger than the capacity.
 const never = -1
 
-// state is one key's state. Each algorithm uses its own fields.
+// state is one key's state. Each algorithm uses its own fields; the sliding window
+// log keeps its timestamps beside it (timeLog), so that the state of every other
+// algorithm stays small: the memory store keeps it inline in its hash table.
 type state struct {
 	last    int64 // latest time seen, µs; the clock never goes backwards for a key
 	expires int64 // from this time on the state is equivalent to a fresh one, µs
@@ -24,27 +27,75 @@ type state struct {
 	start int64 // windows: start of the current window, µs
 	count int64 // windows: units counted in the current window
 	prev  int64 // sliding window counter: units counted in the previous window
-
-	log timeLog // sliding window log
 }
+
+// algo is an Algorithm as a small number, which the hot paths compare and switch on
+// (comparing strings costs more than some of the algorithms).
+type algo uint8
+
+const (
+	noAlgo algo = iota // not a valid algorithm
+	algoTokenBucket
+	algoLeakyBucket
+	algoFixedWindow
+	algoSlidingWindowLog
+	algoSlidingWindowCounter
+)
+
+func algoOf(a Algorithm) algo {
+	switch a {
+	case TokenBucket:
+		return algoTokenBucket
+	case LeakyBucket:
+		return algoLeakyBucket
+	case FixedWindow:
+		return algoFixedWindow
+	case SlidingWindowLog:
+		return algoSlidingWindowLog
+	case SlidingWindowCounter:
+		return algoSlidingWindowCounter
+	}
+	return noAlgo
+}
+
+func (a algo) bucket() bool { return a == algoTokenBucket || a == algoLeakyBucket }
 
 // params are a Limit's numbers as the algorithms use them.
 type params struct {
-	algorithm Algorithm
+	algorithm algo
 	rate      int64 // units per period
 	period    int64 // µs
 	capacity  int64
 	forgive   bool
 }
 
-func paramsOf(l Limit) params {
-	return params{
-		algorithm: l.Algorithm,
-		rate:      l.Rate,
-		period:    l.Period.Microseconds(),
-		capacity:  l.Capacity(),
-		forgive:   l.ForgiveRejected,
+// from checks a request of n units under l (see Limit.Validate) and sets p to l's
+// params. Its first test is a cheap sufficient condition for validity, so that valid
+// requests, nearly all of them, skip building Validate's errors. (p is filled in
+// place: params are too large to travel in registers, and copying them costs more
+// than it seems.)
+func (p *params) from(l *Limit, n int64) error {
+	a := algoOf(l.Algorithm)
+	period := l.Period.Microseconds()
+	if a == noAlgo || n < 1 || l.Rate <= 0 || l.Rate >= maxMicros || l.Period < time.Microsecond ||
+		period >= maxMicros || l.Burst < 0 || l.Burst >= maxMicros || !l.FailureMode.known() {
+		if err := checkRequest(*l, n); err != nil {
+			return err
+		}
 	}
+	p.algorithm, p.rate, p.period, p.forgive = a, l.Rate, period, l.ForgiveRejected
+	p.capacity = l.Rate
+	if a.bucket() && l.Burst > 0 {
+		p.capacity = l.Burst // as Limit.Capacity
+	}
+	return nil
+}
+
+func checkRequest(l Limit, n int64) error {
+	if n < 1 {
+		return fmt.Errorf("%w: n must be at least 1, got %d", ErrInvalidLimit, n)
+	}
+	return l.Validate()
 }
 
 // outcome is a decision in the algorithms' units (µs).
@@ -56,9 +107,19 @@ type outcome struct {
 }
 
 func (o outcome) decision(capacity int64) Decision {
-	d := Decision{Allowed: o.allowed, Limit: capacity, Remaining: o.remaining,
-		RetryAfter: micros(o.retryAfter), ResetAfter: micros(o.resetAfter)}
+	var d Decision
+	o.fill(&d, capacity)
 	return d
+}
+
+// fill sets d to o. Writing a Decision field by field spares the hot paths a copy of
+// the whole struct, whose wide loads stall on the narrow stores that built it.
+func (o outcome) fill(d *Decision, capacity int64) {
+	d.Allowed = o.allowed
+	d.Limit = capacity
+	d.Remaining = o.remaining
+	d.RetryAfter = micros(o.retryAfter)
+	d.ResetAfter = micros(o.resetAfter)
 }
 
 func micros(us int64) time.Duration {
@@ -68,8 +129,9 @@ func micros(us int64) time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
-// decide applies one request of n units at time now (µs) to s.
-func (s *state) decide(p *params, now, n int64) outcome {
+// decide applies one request of n units at time now (µs) to s; log is the key's
+// sliding window log (unused by the other algorithms).
+func (s *state) decide(p *params, now, n int64, log *timeLog) outcome {
 	if now < s.last {
 		now = s.last
 	}
@@ -77,13 +139,13 @@ func (s *state) decide(p *params, now, n int64) outcome {
 	s.last = now
 	var o outcome
 	switch p.algorithm {
-	case TokenBucket, LeakyBucket:
+	case algoTokenBucket, algoLeakyBucket:
 		o = s.bucket(p, now, elapsed, n)
-	case FixedWindow:
+	case algoFixedWindow:
 		o = s.fixedWindow(p, now, n)
-	case SlidingWindowLog:
-		o = s.slidingLog(p, now, n)
-	case SlidingWindowCounter:
+	case algoSlidingWindowLog:
+		o = slidingLog(log, p, now, n)
+	case algoSlidingWindowCounter:
 		o = s.slidingCounter(p, now, n)
 	}
 	s.expires = now + o.resetAfter
@@ -138,28 +200,28 @@ func (s *state) fixedWindow(p *params, now, n int64) outcome {
 }
 
 // slidingLog keeps the newest timestamps, at most rate of them.
-func (s *state) slidingLog(p *params, now, n int64) outcome {
-	s.log.dropThrough(now - p.period)
+func slidingLog(log *timeLog, p *params, now, n int64) outcome {
+	log.dropThrough(now - p.period)
 	o := outcome{}
 	switch {
-	case int64(s.log.len())+n <= p.rate:
+	case int64(log.len())+n <= p.rate:
 		o.allowed = true
-		s.log.push(now, n, p.rate)
+		log.push(now, n, p.rate)
 	case !p.forgive:
-		s.log.push(now, n, p.rate)
+		log.push(now, n, p.rate)
 	}
-	size := int64(s.log.len())
+	size := int64(log.len())
 	o.remaining = max(p.rate-size, 0)
 	if !o.allowed {
 		if n > p.rate {
 			o.retryAfter = never
 		} else {
 			// The request fits once the oldest size+n-rate timestamps have expired.
-			o.retryAfter = s.log.at(int(size+n-p.rate-1)) + p.period - now
+			o.retryAfter = log.at(int(size+n-p.rate-1)) + p.period - now
 		}
 	}
 	if size > 0 {
-		o.resetAfter = s.log.at(int(size-1)) + p.period - now
+		o.resetAfter = log.at(int(size-1)) + p.period - now
 	}
 	return o
 }

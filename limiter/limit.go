@@ -118,12 +118,19 @@ func (l Limit) Validate() error {
 	case l.Rate >= maxMicros || l.Burst >= maxMicros || l.Period.Microseconds() >= maxMicros:
 		return fmt.Errorf("%w: rate, burst or period too large", ErrInvalidLimit)
 	}
-	switch l.FailureMode {
-	case "", FailLocal, FailOpen, FailClosed:
-	default:
+	if !l.FailureMode.known() {
 		return fmt.Errorf("%w: unknown failure mode %q", ErrInvalidLimit, l.FailureMode)
 	}
 	return nil
+}
+
+// known reports whether m is a failure mode or empty.
+func (m FailureMode) known() bool {
+	switch m {
+	case "", FailLocal, FailOpen, FailClosed:
+		return true
+	}
+	return false
 }
 
 // Never is the RetryAfter of a request that can never be allowed: n exceeds the capacity.

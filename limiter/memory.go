@@ -2,8 +2,8 @@ package limiter
 
 import (
 	"context"
-	"fmt"
 	"hash/maphash"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,26 +13,61 @@ import (
 // a decision on a key that is already tracked allocates nothing. Memory is bounded: a
 // key whose state has gone back to a fresh key's is dropped when new keys arrive, and
 // beyond MaxKeys the key closest to fresh is evicted (which forgets its history).
+//
+// Each shard is an open-addressing hash table (linear probing) whose slots hold the
+// key's state inline, one cache line per key: with many keys, a decision costs one
+// cache miss for its state, where a Go map of pointers costs three or four (bucket,
+// key bytes, state). The tables hold no pointers, so the garbage collector does not
+// scan them, and the keys themselves are not kept: a slot holds two independent
+// hashes of its key, 88 bits in all that must match (see slot).
 type Memory struct {
-	seed   maphash.Seed
-	shards []memoryShard
-	mask   uint64
-	now    func() int64 // µs since the Unix epoch
-	perCap int          // keys per shard
+	seed      maphash.Seed // the key's hash: shard, slot and identity
+	checkSeed maphash.Seed // the key's second hash: identity
+	shards    []memoryShard
+	shift     uint         // a hash's shard is hash >> shift
+	now       func() int64 // µs since the Unix epoch
+	perCap    int          // keys per shard
 
 	evictions atomic.Int64
 }
 
 type memoryShard struct {
-	mu   sync.Mutex
-	keys map[string]*entry
-	_    [40]byte // keep neighbouring shards' locks off one cache line
+	mu    sync.Mutex
+	table []slot // a power of two of slots, at most 13/16 used; nil until the first key
+	used  int
+
+	logs     []timeLog // sliding window logs, by slot.log-1
+	freeLogs []int32   // indices of unused logs
+
+	_ [40]byte // keep neighbouring shards' locks off one cache line
 }
 
-type entry struct {
-	algorithm Algorithm
-	state
+// slot is one key of a shard's table: 64 bytes, aligned to a cache line (tables are
+// allocated as powers of two of slots, which Go aligns to their size up to a page).
+//
+// A key is known by its hash h (64 bits, from which its shard and home slot derive)
+// and a 32-bit check from a second, independently seeded hash. The low byte of h is
+// replaced by the key's algorithm, so 56 bits of h and the 32 of the check must
+// match: 88 bits of two hashes whose seeds are random per store and never leave the
+// process. Two distinct keys are mistaken for one another only if they agree on all
+// of them, a chance of 2^-88 (3·10^-27) per slot compared; a lookup compares a few
+// slots, so a store making a million decisions a second for a century would mistake
+// two keys with a probability of about 10^-10, far below that of a memory error. The
+// seeds are what keeps clients from steering keys into one another, as they do for
+// Go's own maps.
+type slot struct {
+	id    uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
+	check uint32 // the key's second hash
+	log   int32  // sliding window log: 1 + its index in the shard's logs; 0: none
+	state        // 48 bytes
 }
+
+const idMask = ^uint64(0xff) // the bits of a slot's id that come from the key's hash
+
+func (s *slot) algorithm() algo { return algo(s.id) }
+
+// home is the slot where probing for hash h starts, in a table of mask+1 slots.
+func home(h, mask uint64) uint64 { return (h >> 8) & mask }
 
 // MemoryOption configures a Memory store.
 type MemoryOption func(*memoryConfig)
@@ -72,13 +107,11 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		shards *= 2
 	}
 	m := &Memory{
-		seed:   maphash.MakeSeed(),
-		shards: make([]memoryShard, shards),
-		mask:   uint64(shards - 1),
-		perCap: max(cfg.maxKeys/shards, 1),
-	}
-	for i := range m.shards {
-		m.shards[i].keys = make(map[string]*entry)
+		seed:      maphash.MakeSeed(),
+		checkSeed: maphash.MakeSeed(),
+		shards:    make([]memoryShard, shards),
+		shift:     uint(64 - bits.TrailingZeros(uint(shards))),
+		perCap:    max(cfg.maxKeys/shards, 1),
 	}
 	if cfg.clock != nil {
 		m.now = func() int64 { return cfg.clock().UnixMicro() }
@@ -97,62 +130,170 @@ func monotonicMicros() func() int64 {
 }
 
 // AllowN implements Limiter. It returns an error only for an invalid limit or n < 1.
-func (m *Memory) AllowN(_ context.Context, key string, l Limit, n int64) (Decision, error) {
-	if err := checkRequest(l, n); err != nil {
-		return Decision{}, err
+func (m *Memory) AllowN(_ context.Context, key string, l Limit, n int64) (d Decision, err error) {
+	var p params
+	if err = p.from(&l, n); err != nil {
+		return d, err
 	}
-	p := paramsOf(l)
 	// Any n above the capacity gets the same decision; capping it keeps the
 	// algorithms' sums from overflowing (the Redis store does the same).
-	return m.decide(key, &p, min(n, p.capacity+1)).decision(p.capacity), nil
-}
-
-func checkRequest(l Limit, n int64) error {
-	if n < 1 {
-		return fmt.Errorf("%w: n must be at least 1, got %d", ErrInvalidLimit, n)
-	}
-	return l.Validate()
+	m.decide(key, &p, min(n, p.capacity+1)).fill(&d, p.capacity)
+	return d, nil
 }
 
 func (m *Memory) decide(key string, p *params, n int64) outcome {
+	h := maphash.String(m.seed, key)
+	check := uint32(maphash.String(m.checkSeed, key))
 	now := m.now()
-	sh := &m.shards[maphash.String(m.seed, key)&m.mask]
+	sh := &m.shards[h>>m.shift] // a shift by 64 (one shard) gives 0
 	sh.mu.Lock()
-	e := sh.keys[key]
-	if e == nil {
-		e = m.insert(sh, key, now)
+	var s *slot
+	if i := sh.find(h, check); i >= 0 {
+		s = &sh.table[i]
+	} else {
+		s = m.insert(sh, h, check, p.algorithm, now)
 	}
-	if e.algorithm != p.algorithm {
-		e.algorithm, e.state = p.algorithm, state{}
+	if s.algorithm() != p.algorithm {
+		sh.freeLog(s)
+		s.id = h&idMask | uint64(p.algorithm)
+		s.state = state{}
 	}
-	o := e.decide(p, now, n)
+	var log *timeLog
+	if p.algorithm == algoSlidingWindowLog {
+		log = sh.logOf(s)
+	}
+	o := s.decide(p, now, n, log)
 	sh.mu.Unlock()
 	return o
 }
 
-// insert adds key to sh, whose lock is held. Like Redis' expiry, it inspects a few
-// keys: those whose state is fresh again are dropped, and if the shard is full the one
-// that becomes fresh soonest is evicted.
-func (m *Memory) insert(sh *memoryShard, key string, now int64) *entry {
-	var victim string
-	victimExpires, seen := int64(0), 0
-	for k, e := range sh.keys {
-		if e.expires <= now {
-			delete(sh.keys, k)
-		} else if victim == "" || e.expires < victimExpires {
-			victim, victimExpires = k, e.expires
+// find returns the index of the key with hash h and check, or -1.
+func (sh *memoryShard) find(h uint64, check uint32) int {
+	if len(sh.table) == 0 {
+		return -1
+	}
+	mask := uint64(len(sh.table) - 1)
+	for i := home(h, mask); ; i = (i + 1) & mask {
+		s := &sh.table[i]
+		if s.id == 0 {
+			return -1 // a table always has empty slots
 		}
-		if seen++; seen == sampleSize {
-			break
+		if (s.id^h)&idMask == 0 && s.check == check {
+			return int(i)
 		}
 	}
-	if len(sh.keys) >= m.perCap && victim != "" {
-		delete(sh.keys, victim)
-		m.evictions.Add(1)
+}
+
+// insert adds the key with hash h and check to sh, whose lock is held, with algorithm
+// a and an empty state. Like Redis' expiry, it first inspects a few keys (those from
+// the key's home slot on, which the lookup has just brought into the cache): those
+// whose state is fresh again are dropped, and if the shard is full the one that
+// becomes fresh soonest is evicted.
+func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo, now int64) *slot {
+	if sh.used > 0 {
+		type ref struct {
+			id    uint64
+			check uint32
+		}
+		var expired [sampleSize]ref
+		var victim ref
+		nexpired, victimExpires := 0, int64(0)
+		mask := uint64(len(sh.table) - 1)
+		i, seen := home(h, mask), 0
+		for range sh.table {
+			if s := &sh.table[i]; s.id != 0 {
+				if s.expires <= now {
+					expired[nexpired] = ref{s.id, s.check}
+					nexpired++
+				} else if victim.id == 0 || s.expires < victimExpires {
+					victim, victimExpires = ref{s.id, s.check}, s.expires
+				}
+				if seen++; seen == sampleSize {
+					break
+				}
+			}
+			i = (i + 1) & mask
+		}
+		for _, r := range expired[:nexpired] {
+			sh.remove(r.id, r.check)
+		}
+		if sh.used >= m.perCap && victim.id != 0 {
+			sh.remove(victim.id, victim.check)
+			m.evictions.Add(1)
+		}
 	}
-	e := &entry{}
-	sh.keys[key] = e
-	return e
+	if (sh.used+1)*16 > len(sh.table)*13 {
+		sh.grow()
+	}
+	sh.used++
+	return sh.place(slot{id: h&idMask | uint64(a), check: check})
+}
+
+// place puts s in the first empty slot from its home and returns it.
+func (sh *memoryShard) place(s slot) *slot {
+	mask := uint64(len(sh.table) - 1)
+	i := home(s.id, mask)
+	for sh.table[i].id != 0 {
+		i = (i + 1) & mask
+	}
+	sh.table[i] = s
+	return &sh.table[i]
+}
+
+// grow doubles the table (or makes the first one).
+func (sh *memoryShard) grow() {
+	old := sh.table
+	sh.table = make([]slot, max(2*len(old), 8))
+	for i := range old {
+		if old[i].id != 0 {
+			sh.place(old[i])
+		}
+	}
+}
+
+// remove deletes the key with this id (hash bits) and check, if present. The slots
+// after it move back (backward-shift deletion), so the table needs no tombstones.
+func (sh *memoryShard) remove(id uint64, check uint32) {
+	i := sh.find(id, check)
+	if i < 0 {
+		return
+	}
+	sh.freeLog(&sh.table[i])
+	mask := uint64(len(sh.table) - 1)
+	hole := uint64(i)
+	for j := (hole + 1) & mask; sh.table[j].id != 0; j = (j + 1) & mask {
+		// The slot at j may fill the hole unless its home lies cyclically in (hole, j].
+		if (j-home(sh.table[j].id, mask))&mask >= (j-hole)&mask {
+			sh.table[hole] = sh.table[j]
+			hole = j
+		}
+	}
+	sh.table[hole] = slot{}
+	sh.used--
+}
+
+// logOf returns the sliding window log of s, making it if s has none.
+func (sh *memoryShard) logOf(s *slot) *timeLog {
+	if s.log == 0 {
+		if n := len(sh.freeLogs); n > 0 {
+			s.log = sh.freeLogs[n-1] + 1
+			sh.freeLogs = sh.freeLogs[:n-1]
+		} else {
+			sh.logs = append(sh.logs, timeLog{})
+			s.log = int32(len(sh.logs))
+		}
+	}
+	return &sh.logs[s.log-1]
+}
+
+// freeLog releases the sliding window log of s, if any, and its timestamps.
+func (sh *memoryShard) freeLog(s *slot) {
+	if s.log == 0 {
+		return
+	}
+	sh.logs[s.log-1] = timeLog{}
+	sh.freeLogs = append(sh.freeLogs, s.log-1)
+	s.log = 0
 }
 
 // Len returns the number of keys tracked.
@@ -161,7 +302,7 @@ func (m *Memory) Len() int {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		total += len(sh.keys)
+		total += sh.used
 		sh.mu.Unlock()
 	}
 	return total

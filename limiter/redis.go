@@ -260,10 +260,10 @@ func (r *Redis) Down() bool { return r.down.Load() }
 // AllowN implements Limiter. It returns an error only for an invalid limit or n < 1;
 // Redis trouble is handled by the limit's FailureMode (see Redis).
 func (r *Redis) AllowN(ctx context.Context, key string, l Limit, n int64) (Decision, error) {
-	if err := checkRequest(l, n); err != nil {
+	var p params
+	if err := p.from(&l, n); err != nil {
 		return Decision{}, err
 	}
-	p := paramsOf(l)
 	// Any n above the capacity gets the same decision; this keeps n below 2^53.
 	sent := min(n, p.capacity+1)
 	rkey := r.key(key, p.algorithm)
@@ -371,18 +371,18 @@ var (
 )
 
 // key returns the Redis key of key under algorithm a.
-func (r *Redis) key(key string, a Algorithm) string {
+func (r *Redis) key(key string, a algo) string {
 	var suffix string
 	switch a {
-	case TokenBucket:
+	case algoTokenBucket:
 		suffix = "tb"
-	case LeakyBucket:
+	case algoLeakyBucket:
 		suffix = "lb"
-	case FixedWindow:
+	case algoFixedWindow:
 		suffix = "fw"
-	case SlidingWindowLog:
+	case algoSlidingWindowLog:
 		suffix = "swl"
-	case SlidingWindowCounter:
+	case algoSlidingWindowCounter:
 		suffix = "swc"
 	}
 	b := make([]byte, 0, len(r.prefix)+len(key)+len(suffix)+6)
@@ -418,13 +418,13 @@ func appendHashTag(b []byte, key string) []byte {
 }
 
 // scriptOf returns the script of algorithm a.
-func scriptOf(a Algorithm) *redis.Script {
+func scriptOf(a algo) *redis.Script {
 	switch a {
-	case TokenBucket, LeakyBucket:
+	case algoTokenBucket, algoLeakyBucket:
 		return bucketScript
-	case FixedWindow:
+	case algoFixedWindow:
 		return fixedWindowScript
-	case SlidingWindowLog:
+	case algoSlidingWindowLog:
 		return slidingLogScript
 	default:
 		return slidingCounterScript
@@ -448,7 +448,7 @@ type redisReply struct {
 	hasLog  bool
 }
 
-func (rep *redisReply) parse(a Algorithm, v any) error {
+func (rep *redisReply) parse(a algo, v any) error {
 	vals, ok := v.([]any)
 	if !ok || len(vals) < 5 {
 		return errReply
@@ -473,22 +473,22 @@ func (rep *redisReply) parse(a Algorithm, v any) error {
 		return 0
 	}
 	switch a {
-	case TokenBucket, LeakyBucket:
+	case algoTokenBucket, algoLeakyBucket:
 		rep.level = ""
 		if len(rest) > 0 {
 			if rep.level, ok = rest[0].(string); !ok {
 				return errReply
 			}
 		}
-	case FixedWindow:
+	case algoFixedWindow:
 		if len(rest) > 0 {
 			rep.start, rep.count = intAt(0), intAt(1)
 		}
-	case SlidingWindowCounter:
+	case algoSlidingWindowCounter:
 		if len(rest) > 0 {
 			rep.start, rep.count, rep.prev = intAt(0), intAt(1), intAt(2)
 		}
-	case SlidingWindowLog:
+	case algoSlidingWindowLog:
 		if len(rest) >= 2 {
 			rep.hasLog = true
 			rep.logSize, rep.newest = intAt(0), intAt(1)
@@ -507,7 +507,7 @@ func (rep *redisReply) parse(a Algorithm, v any) error {
 // redisRequest is one decision on its way through a worker. Requests are pooled.
 type redisRequest struct {
 	script *redis.Script
-	alg    Algorithm
+	alg    algo
 	keys   [2]string
 	nkeys  int
 	args   [3]any
@@ -554,7 +554,7 @@ func (req *redisRequest) prepare(r *Redis, rkey string, p *params, n, now int64,
 	req.state.Store(requestPending)
 	req.keys[0] = rkey
 	req.nkeys = 1
-	if p.algorithm == SlidingWindowLog {
+	if p.algorithm == algoSlidingWindowLog {
 		req.keys[1] = rkey + ":t"
 		req.nkeys = 2
 	}
@@ -580,7 +580,7 @@ func (req *redisRequest) prepare(r *Redis, rkey string, p *params, n, now int64,
 	pa.add(float64(r.grace))
 	pa.add(forgive)
 	req.nargs = 2
-	if wb.bucket && (p.algorithm == TokenBucket || p.algorithm == LeakyBucket) {
+	if wb.bucket && p.algorithm.bucket() {
 		c := &req.cas
 		c.reset()
 		c.add(float64(wb.casLast))

@@ -47,7 +47,7 @@ type cacheShard struct {
 }
 
 type cacheEntry struct {
-	algorithm Algorithm
+	algorithm algo
 	st        state      // buckets and windows; st.last for every algorithm
 	log       partialLog // sliding log with ForgiveRejected
 	until     int64      // µs; from then on, ask Redis again
@@ -113,7 +113,7 @@ func (c *overLimitCache) decide(rkey string, p *params, n, now int64) (outcome, 
 	if e.algorithm != p.algorithm || max(now, e.st.last) >= e.until {
 		return outcome{}, false, wb
 	}
-	if p.algorithm == SlidingWindowLog {
+	if p.algorithm == algoSlidingWindowLog {
 		if !p.forgive {
 			return outcome{}, false, wb
 		}
@@ -121,12 +121,12 @@ func (c *overLimitCache) decide(rkey string, p *params, n, now int64) (outcome, 
 		return o, ok, wb
 	}
 	st := e.st
-	o := st.decide(p, now, n)
+	o := st.decide(p, now, n, nil)
 	if o.allowed {
 		return outcome{}, false, wb
 	}
 	e.st = st
-	e.dirty = p.algorithm == TokenBucket || p.algorithm == LeakyBucket
+	e.dirty = p.algorithm.bucket()
 	return o, true, wb
 }
 
@@ -136,14 +136,14 @@ func (c *overLimitCache) update(rkey string, p *params, req *redisRequest) {
 	cacheable := !rep.o.allowed && rep.o.retryAfter > 0
 	var level float64
 	switch p.algorithm {
-	case TokenBucket, LeakyBucket:
+	case algoTokenBucket, algoLeakyBucket:
 		if cacheable {
 			var err error
 			if level, err = strconv.ParseFloat(rep.level, 64); err != nil {
 				cacheable = false
 			}
 		}
-	case SlidingWindowLog:
+	case algoSlidingWindowLog:
 		cacheable = cacheable && p.forgive && rep.hasLog
 	}
 	sh := c.shard(rkey)
@@ -166,7 +166,7 @@ func (c *overLimitCache) update(rkey string, p *params, req *redisRequest) {
 	}
 	e.algorithm = p.algorithm
 	e.st = state{last: rep.now, level: level, start: rep.start, count: rep.count, prev: rep.prev}
-	if p.algorithm == SlidingWindowLog {
+	if p.algorithm == algoSlidingWindowLog {
 		e.log.set(rep.head[:rep.nhead], rep.logSize, rep.newest)
 	}
 	e.until = rep.now + rep.o.retryAfter
