@@ -28,6 +28,7 @@ var modes = []struct {
 	{"http", "requests per second and latency: upstream, plain reverse proxy, sluice serve", runHTTP},
 	{"parking", "orders parked per second through the ingress vs raw JetStream publishes", runParking},
 	{"pacing", "pacing accuracy at fixed outflow rates vs x/time/rate, a ticker and a deadline loop", runPacing},
+	{"cluster", "the clustered shape (3 NATS nodes, Redis, sluice replicas) under load and faults: a delivery report", runCluster},
 	// The servers that the http mode runs as processes of their own; upstream is also
 	// handy for trying sluice out (see the README's quick start).
 	{"upstream", "a small HTTP server answering {\"ok\":true}: sluice-bench upstream ADDR", runUpstream},
