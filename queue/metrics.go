@@ -9,9 +9,11 @@ import (
 )
 
 type storeMetrics struct {
-	store  *Store
-	parked *prometheus.CounterVec
-	depth  *prometheus.Desc
+	store    *Store
+	parked   *prometheus.CounterVec
+	depth    *prometheus.Desc
+	maxDepth *prometheus.Desc
+	outflow  *prometheus.Desc
 }
 
 func newStoreMetrics(s *Store) *storeMetrics {
@@ -23,6 +25,12 @@ func newStoreMetrics(s *Store) *storeMetrics {
 		}, []string{"queue"}),
 		depth: prometheus.NewDesc("sluice_queue_depth",
 			"Messages waiting in a queue (from the stream state, at most a second old).",
+			[]string{"queue"}, nil),
+		maxDepth: prometheus.NewDesc("sluice_queue_max_depth",
+			"The configured max_depth of a queue (absent when it has none).",
+			[]string{"queue"}, nil),
+		outflow: prometheus.NewDesc("sluice_queue_outflow_per_second",
+			"The configured outflow rate of a queue, shared by all its dispatchers.",
 			[]string{"queue"}, nil),
 	}
 }
@@ -39,7 +47,7 @@ func (m *storeMetrics) register(r prometheus.Registerer) error {
 		}
 		m.parked = existing
 	}
-	if err := r.Register(depthCollector{m}); err != nil {
+	if err := r.Register(queueCollector{m}); err != nil {
 		var are prometheus.AlreadyRegisteredError
 		if !errors.As(err, &are) {
 			return err
@@ -48,15 +56,26 @@ func (m *storeMetrics) register(r prometheus.Registerer) error {
 	return nil
 }
 
-// depthCollector reads queue depths from the stream state when scraped.
-type depthCollector struct{ m *storeMetrics }
+// queueCollector reports each declared queue's depth (from the stream state) and its
+// configured limits when scraped, so dashboards can draw depth against max_depth and
+// deliveries against the outflow.
+type queueCollector struct{ m *storeMetrics }
 
-func (c depthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.m.depth }
+func (c queueCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.m.depth
+	ch <- c.m.maxDepth
+	ch <- c.m.outflow
+}
 
-func (c depthCollector) Collect(ch chan<- prometheus.Metric) {
+func (c queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	for _, q := range c.m.store.Queues() {
+		cfg := q.Config()
+		ch <- prometheus.MustNewConstMetric(c.m.outflow, prometheus.GaugeValue, cfg.Outflow.PerSecondFloat(), q.name)
+		if cfg.MaxDepth > 0 {
+			ch <- prometheus.MustNewConstMetric(c.m.maxDepth, prometheus.GaugeValue, float64(cfg.MaxDepth), q.name)
+		}
 		info, err := q.streamInfo(ctx, time.Second)
 		if err != nil {
 			continue

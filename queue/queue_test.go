@@ -220,6 +220,12 @@ func TestParkStatusAndPosition(t *testing.T) {
 	if got := gather(t, reg, "sluice_queue_depth"); got != 3 {
 		t.Errorf("depth gauge = %v", got)
 	}
+	if got := gather(t, reg, "sluice_queue_outflow_per_second"); got != q.Config().Outflow.PerSecondFloat() {
+		t.Errorf("outflow gauge = %v, configured %v", got, q.Config().Outflow)
+	}
+	if got := gather(t, reg, "sluice_queue_max_depth"); got != float64(q.Config().MaxDepth) {
+		t.Errorf("max depth gauge = %v, configured %d", got, q.Config().MaxDepth)
+	}
 
 	if _, err := s.Park(ctx, &queue.Request{Queue: "nope", Method: "GET", Path: "/"}); !errors.Is(err, queue.ErrUnknownQueue) {
 		t.Errorf("unknown queue: %v", err)
