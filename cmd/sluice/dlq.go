@@ -35,7 +35,9 @@ attempts.
 It connects to --nats, or else starts the embedded NATS server on --data-dir. That
 works only while no sluice runs there: a running sluice serve, ingress or dispatch
 holds its data directory, so start it with --nats-listen ADDR and pass --nats
-nats://ADDR here.
+nats://ADDR here. --config FILE reads the NATS flags from the config file of those
+commands (its other keys are ignored); --json, --limit and --yes are never read from
+a file.
 
 Exit status: 0 done, 1 failed (NATS unreachable, unknown queue or ticket, queue full),
 2 bad usage (including purge without --yes).
@@ -59,6 +61,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.json, "json", false, "list: print a JSON array instead of a table")
 	fs.IntVar(&cfg.limit, "limit", 0, "list: print at most `n` dead letters, oldest first (0: all)")
 	fs.BoolVar(&cfg.yes, "yes", false, "purge: really delete the dead letters")
+	// The NATS flags can come from the file that serve, ingress or dispatch read.
+	configFlags(fs, nil)
 	// Flags may come after the action, queue and tickets too: sluice dlq list orders --json.
 	if _, code, done := parseFlags(fs, interleave(fs, args), stdout, stderr, dlqHelp); done {
 		return code
@@ -89,12 +93,15 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.limit < 0 {
 		return usageErr("--limit must not be negative")
 	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if err := cfg.nats.check(log); err != nil {
+		return usageErr("%v", err)
+	}
 
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "sluice dlq %s: %v\n", action, err)
 		return exitFailure
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if cfg.nats.url == "" {
 		// Starting an embedded server on a directory that holds no sluice data would
 		// create an empty one and report an empty queue: a wrong --data-dir must be

@@ -7,6 +7,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -96,6 +97,9 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, "\nRun 'sluice help <command>' or 'sluice <command> -h' for a command's flags.\n")
 	fmt.Fprint(w, "Every flag can also be set by the environment variable SLUICE_<FLAG>, upper case\n")
 	fmt.Fprint(w, "with dashes as underscores (--bucket-size: SLUICE_BUCKET_SIZE); flags win over it.\n")
+	fmt.Fprint(w, "serve, ingress, dispatch and dlq also read --config FILE (or SLUICE_CONFIG): YAML whose\n")
+	fmt.Fprint(w, "keys are flag names; flags and the environment win over it. 'sluice serve --print-config'\n")
+	fmt.Fprint(w, "shows the effective configuration.\n")
 }
 
 // runHelp prints the top-level usage, or a subcommand's own help by running it with -h.
@@ -156,20 +160,37 @@ func buildVersion() string {
 }
 
 // parseFlags parses args into fs, then fills every flag not given on the command line
-// from its SLUICE_* environment variable. done is true when the caller should return
-// code at once: help was asked for (printed to stdout, status 0) or the flags were bad
-// (reported on stderr, status 2). help is the command's synopsis, printed above the flags.
-// fromEnv holds the flags that were set from the environment, for messages that name them.
+// from its SLUICE_* environment variable, and then, for a command with --config (see
+// configFlags), every flag still unset from the config file. done is true when the
+// caller should return code at once: help was asked for (printed to stdout, status 0)
+// or the flags, the environment or the config file were bad (reported on stderr,
+// status 2). help is the command's synopsis, printed above the flags. fromEnv holds
+// the flags that were set from the environment, for messages that name them.
 func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help string) (fromEnv map[string]bool, code int, done bool) {
+	src, code, done := parseCommandFlags(fs, args, stdout, stderr, help)
+	if done {
+		return nil, code, true
+	}
+	return src.names(srcEnv), exitOK, false
+}
+
+// parseCommandFlags is parseFlags, telling where every flag's value came from.
+// Precedence: command line > SLUICE_* environment > config file > default.
+func parseCommandFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help string) (src *flagSources, code int, done bool) {
 	fs.SetOutput(stderr)
 	// Parse reports a bad flag on stderr itself; the full flag list is only printed
 	// when asked for, and then on stdout, so `sluice x -h | less` works.
 	fs.Usage = func() {}
+	config := fs.Lookup("config")
 	err := fs.Parse(args)
 	switch {
 	case err == flag.ErrHelp:
 		fmt.Fprint(stdout, help)
-		fmt.Fprint(stdout, "\nFlags (each also read from SLUICE_<FLAG>, see 'sluice help'):\n")
+		if config != nil {
+			fmt.Fprint(stdout, "\nFlags (each also read from SLUICE_<FLAG>, then from the --config file; see 'sluice help'):\n")
+		} else {
+			fmt.Fprint(stdout, "\nFlags (each also read from SLUICE_<FLAG>, see 'sluice help'):\n")
+		}
 		fs.SetOutput(stdout)
 		fs.PrintDefaults()
 		fs.SetOutput(stderr)
@@ -178,12 +199,37 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help 
 		fmt.Fprintf(stderr, "Run 'sluice %s -h' for its flags.\n", fs.Name())
 		return nil, exitUsage, true
 	}
-	fromEnv, err = applyEnv(fs, os.LookupEnv)
+	src = &flagSources{source: map[string]source{}}
+	fs.Visit(func(f *flag.Flag) { src.source[f.Name] = srcFlag })
+	fromEnv, err := applyEnv(fs, os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice %s: %v\n", fs.Name(), err)
 		return nil, exitUsage, true
 	}
-	return fromEnv, exitOK, false
+	for name := range fromEnv {
+		src.source[name] = srcEnv
+	}
+	if config == nil || config.Value.String() == "" {
+		return src, exitOK, false
+	}
+	src.config, src.origin = config.Value.String(), describeOrigin(src.of("config"))
+	set, unused, err := applyConfig(fs, src.config, src.source)
+	if err != nil {
+		var pathErr *os.PathError
+		if errors.As(err, &pathErr) {
+			fmt.Fprintf(stderr, "sluice %s: %s: %v\n", fs.Name(), src.origin, err)
+		} else {
+			for _, line := range configErrorLines(err) {
+				fmt.Fprintf(stderr, "sluice %s: %s\n", fs.Name(), line)
+			}
+		}
+		return nil, exitUsage, true
+	}
+	for name := range set {
+		src.source[name] = srcFile
+	}
+	src.unused = unused
+	return src, exitOK, false
 }
 
 // envName is the environment variable that backs flag name: SLUICE_ followed by the

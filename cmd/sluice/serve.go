@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -95,20 +97,21 @@ under way finish within --shutdown-timeout.
 // gatewayConfig is everything the three commands are configured with; each registers
 // the flag groups of its parts.
 type gatewayConfig struct {
-	rules    string
-	front    frontConfig
-	admin    adminConfig
-	process  processConfig
-	nats     natsConfig
-	disp     dispatchConfig
-	dispatch bool
+	rules       string
+	front       frontConfig
+	admin       adminConfig
+	process     processConfig
+	nats        natsConfig
+	disp        dispatchConfig
+	dispatch    bool
+	printConfig bool
 }
 
 // frontConfig configures the front door.
 type frontConfig struct {
 	upstream       string
 	listen         string
-	redisURL       string
+	redis          redisConfig
 	trustedProxies string
 	ipv6Prefix     int
 	maxBody        int64
@@ -119,7 +122,7 @@ type frontConfig struct {
 func (c *frontConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.upstream, "upstream", "", "`URL` of the upstream that allowed requests go to (required)")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` of the front door")
-	fs.StringVar(&c.redisURL, "redis", "", "keep limits in the Redis at this `URL` (redis://[:password@]host:port/db, rediss:// for TLS; redis://host:port?addr=host2:port2 for a cluster)")
+	c.redis.flags(fs)
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
 	fs.Int64Var(&c.maxBody, "max-body", ingress.DefaultMaxBody, "largest request body in `bytes`; larger ones get 413")
@@ -166,6 +169,25 @@ func (m gatewayMode) flags(fs *flag.FlagSet, c *gatewayConfig) {
 	if m.optOut {
 		fs.BoolVar(&c.dispatch, "dispatch", true, "run the dispatchers of the queues in this process (false: the same as sluice ingress)")
 	}
+	configFlags(fs, &c.printConfig)
+}
+
+// redisConfig says where the limits live when they are shared: the Redis URL, and
+// its credentials and TLS material.
+type redisConfig struct {
+	url      string
+	password string
+	ca       string
+	cert     string
+	key      string
+}
+
+func (c *redisConfig) flags(fs *flag.FlagSet) {
+	fs.StringVar(&c.url, "redis", "", "keep limits in the Redis at this `URL` (redis://[user[:password]@]host:port/db, rediss:// for TLS; redis://host:port?addr=host2:port2 for a cluster)")
+	fs.StringVar(&c.password, "redis-password", "", "Redis `password`, instead of one in the --redis URL (best from SLUICE_REDIS_PASSWORD or the config file, not the command line)")
+	fs.StringVar(&c.ca, "redis-ca", "", "`file` of CA certificates that the Redis servers' TLS certificates are checked against, instead of the system's (rediss:// URLs)")
+	fs.StringVar(&c.cert, "redis-cert", "", "client certificate `file` for Redis TLS (with --redis-key; rediss:// URLs)")
+	fs.StringVar(&c.key, "redis-key", "", "client key `file` for Redis TLS")
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -184,7 +206,8 @@ func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, st
 	fs := flag.NewFlagSet(mode.name, flag.ContinueOnError)
 	var cfg gatewayConfig
 	mode.flags(fs, &cfg)
-	if _, code, done := parseFlags(fs, args, stdout, stderr, mode.help); done {
+	src, code, done := parseCommandFlags(fs, args, stdout, stderr, mode.help)
+	if done {
 		return code
 	}
 	fail := func(format string, a ...any) int {
@@ -193,6 +216,13 @@ func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, st
 	}
 	if fs.NArg() > 0 {
 		return fail("unexpected argument %q", fs.Arg(0))
+	}
+	if cfg.printConfig {
+		if err := printConfig(stdout, fs, src); err != nil {
+			fmt.Fprintf(stderr, "sluice %s: --print-config: %v\n", mode.name, err)
+			return exitFailure
+		}
+		return exitOK
 	}
 	log, err := newLogger(stderr, cfg.process.logFormat, cfg.process.logLevel)
 	if err != nil {
@@ -282,6 +312,13 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		if ids, err = ingress.NewClientIdentity(strings.Split(cfg.front.trustedProxies, ","), cfg.front.ipv6Prefix); err != nil {
 			return nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
 		}
+		// The client connects lazily: this checks the URL and the TLS files only.
+		if g.redis, err = openRedis(cfg.front.redis, log); err != nil {
+			return nil, err
+		}
+	}
+	if err := cfg.nats.check(log); err != nil {
+		return nil, err
 	}
 
 	reg := prometheus.NewRegistry()
@@ -339,11 +376,7 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry, ready map[string]func(context.Context) error) (http.Handler, error) {
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
-	if cfg.redisURL != "" {
-		var err error
-		if g.redis, err = openRedis(cfg.redisURL); err != nil {
-			return nil, fmt.Errorf("--redis: %w", err)
-		}
+	if g.redis != nil {
 		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log))
 		store = g.store
 		ready["redis"] = func(ctx context.Context) error { return g.redis.Ping(ctx).Err() }
@@ -360,24 +393,124 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	return mux, nil
 }
 
-// openRedis connects to the Redis (or Redis Cluster, with addr= parameters) at rawURL.
-func openRedis(rawURL string) (redis.UniversalClient, error) {
-	u, err := url.Parse(rawURL)
+// openRedis returns a client of the Redis (or Redis Cluster, with addr= parameters)
+// that c describes, or nil without --redis. It only checks the configuration: the
+// client connects when first used. Every error names the flag at fault.
+func openRedis(c redisConfig, log *slog.Logger) (redis.UniversalClient, error) {
+	if c.url == "" {
+		for _, f := range []struct{ name, value string }{{"redis-password", c.password}, {"redis-ca", c.ca}, {"redis-cert", c.cert}, {"redis-key", c.key}} {
+			if f.value != "" {
+				log.Warn("--" + f.name + " has no effect without --redis: limits are kept in memory")
+			}
+		}
+		return nil, nil
+	}
+	u, err := url.Parse(c.url)
+	if err != nil {
+		return nil, fmt.Errorf("--redis: %w", err)
+	}
+	tlsConf, err := loadTLS("redis", c.ca, c.cert, c.key)
 	if err != nil {
 		return nil, err
 	}
+	// configure completes what the URL gave: the password of --redis-password, the
+	// CA and client certificate of the TLS that rediss:// turned on.
+	configure := func(password *string, t **tls.Config) error {
+		if c.password != "" {
+			if *password != "" {
+				return errors.New("--redis-password: the --redis URL has a password too; give it in one place")
+			}
+			*password = c.password
+		}
+		if tlsConf != nil {
+			if *t == nil {
+				return fmt.Errorf("--redis-ca, --redis-cert and --redis-key need a rediss:// URL; --redis is %s://", u.Scheme)
+			}
+			(*t).RootCAs = tlsConf.RootCAs
+			(*t).GetClientCertificate = tlsConf.GetClientCertificate
+		}
+		return nil
+	}
 	if u.Query().Has("addr") {
-		opts, err := redis.ParseClusterURL(rawURL)
+		opts, err := redis.ParseClusterURL(c.url)
 		if err != nil {
+			return nil, fmt.Errorf("--redis: %w", err)
+		}
+		if err := configure(&opts.Password, &opts.TLSConfig); err != nil {
 			return nil, err
 		}
 		return redis.NewClusterClient(opts), nil
 	}
-	opts, err := redis.ParseURL(rawURL)
+	opts, err := redis.ParseURL(c.url)
 	if err != nil {
+		return nil, fmt.Errorf("--redis: %w", err)
+	}
+	if err := configure(&opts.Password, &opts.TLSConfig); err != nil {
 		return nil, err
 	}
 	return redis.NewClient(opts), nil
+}
+
+// loadTLS checks the TLS files of the flags --PREFIX-ca, --PREFIX-cert and
+// --PREFIX-key, and returns a configuration with their CA pool and a client
+// certificate that is read again for every new connection (so that a renewed
+// certificate is used without a restart); nil when none is given.
+func loadTLS(prefix, ca, cert, key string) (*tls.Config, error) {
+	if ca == "" && cert == "" && key == "" {
+		return nil, nil
+	}
+	conf := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, fmt.Errorf("--%s-ca: %w", prefix, err)
+		}
+		conf.RootCAs = x509.NewCertPool()
+		if !conf.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--%s-ca: no PEM certificate in %s", prefix, ca)
+		}
+	}
+	switch {
+	case cert != "" && key == "":
+		return nil, fmt.Errorf("--%s-cert needs --%s-key", prefix, prefix)
+	case key != "" && cert == "":
+		return nil, fmt.Errorf("--%s-key needs --%s-cert", prefix, prefix)
+	case cert != "":
+		if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+			return nil, fmt.Errorf("--%s-cert / --%s-key: %w", prefix, prefix, err)
+		}
+		conf.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c, err := tls.LoadX509KeyPair(cert, key)
+			return &c, err
+		}
+	}
+	return conf, nil
+}
+
+// check checks the NATS flags before anything connects: the credentials and TLS
+// files must be readable and well-formed (nats.go reads them again at each
+// connection). Without --nats they have no use: the embedded server is reached in
+// process. check then warns and clears them.
+func (c *natsConfig) check(log *slog.Logger) error {
+	if c.url == "" {
+		for _, f := range []struct {
+			name  string
+			value *string
+		}{{"nats-creds", &c.creds}, {"nats-ca", &c.ca}, {"nats-cert", &c.cert}, {"nats-key", &c.key}} {
+			if *f.value != "" {
+				log.Warn("--" + f.name + " has no effect without --nats: the embedded NATS server needs no credentials or TLS")
+				*f.value = ""
+			}
+		}
+		return nil
+	}
+	if c.creds != "" {
+		if _, err := os.ReadFile(c.creds); err != nil {
+			return fmt.Errorf("--nats-creds: %w", err)
+		}
+	}
+	_, err := loadTLS("nats", c.ca, c.cert, c.key)
+	return err
 }
 
 // newHTTPServer sets every timeout, so a slow or idle client cannot hold a connection
