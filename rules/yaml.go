@@ -147,7 +147,7 @@ func (w *walker) fields(n *yaml.Node, what string, known []string, handle func(k
 			msg := fmt.Sprintf("unknown field %q in %s", p.key, what)
 			// The suggestion costs; skip it once nobody will read the problem.
 			if !w.probs.full() {
-				if s := suggest(p.key, known); s != "" {
+				if s := Suggest(p.key, known); s != "" {
 					msg += fmt.Sprintf(" (did you mean %q?)", s)
 				}
 			}
@@ -265,8 +265,10 @@ func (w *walker) duration(n *yaml.Node, what string) (time.Duration, bool) {
 
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
 
-// suggest returns the known word closest to s when it is a plausible typo.
-func suggest(s string, known []string) string {
+// Suggest returns the word of known closest to s when s is a plausible typo of it (at
+// most two edits away), or "". The rules validator uses it for unknown fields, and the
+// sluice command for unknown configuration keys.
+func Suggest(s string, known []string) string {
 	best, bestD := "", 3
 	for _, k := range known {
 		if d := editDistance(s, k); d < bestD {

@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/rules"
 )
 
 // source is where a flag's value came from.
@@ -263,37 +265,11 @@ func want(f *flag.Flag, err error) string {
 // suggest returns ` (did you mean "x"?)` for the known key closest to name, if one is
 // close enough to be a typo.
 func suggest(name string, known []string) string {
-	name = strings.ToLower(strings.TrimLeft(name, "-"))
-	best, bestDist := "", 3
-	for _, k := range known {
-		if d := editDistance(name, k); d < bestDist {
-			best, bestDist = k, d
-		}
-	}
+	best := rules.Suggest(strings.ToLower(strings.TrimLeft(name, "-")), known)
 	if best == "" {
 		return "; keys are the flags' names, such as admin-listen (see -h)"
 	}
 	return fmt.Sprintf(" (did you mean %q?)", best)
-}
-
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 // printConfig writes the effective configuration of the command whose flags are fs
