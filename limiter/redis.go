@@ -18,7 +18,9 @@ import (
 //
 // Each decision is one atomic Lua script (EVALSHA, reloaded on NOSCRIPT) on one
 // hash-tagged key, so it works on Redis Cluster, and takes one round trip:
-// concurrent decisions are coalesced into pipelines by a few worker goroutines.
+// concurrent decisions are coalesced into pipelines by a few worker goroutines, and
+// on a standalone or Sentinel client the decisions of a pipeline that share a script
+// share one EVALSHA too (see redis_scripts.go).
 // Every key has a TTL, so idle keys vanish. Time is the Redis server's (TIME inside
 // the script) unless WithRedisClock injects a clock; either way each key keeps the
 // latest time it has seen, so a clock that steps backwards never grants quota.
@@ -60,6 +62,7 @@ type Redis struct {
 	batch    int
 	reqs     sync.Pool
 	direct   bool         // a lone caller may call Redis itself
+	merge    bool         // one script may make the decisions of several keys
 	inflight atomic.Int32 // decisions waiting for Redis, when direct
 
 	cache *overLimitCache // nil when disabled
@@ -215,6 +218,9 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	}
 	r.reqs.New = func() any { return newRedisRequest() }
 	r.direct = contextDeadlines(client)
+	// A standalone or Sentinel client sends a script with several keys to the one
+	// server; a Cluster client (or a Ring) would need them in one slot (or shard).
+	_, r.merge = client.(*redis.Client)
 	if cfg.cacheSize > 0 {
 		r.cache = newOverLimitCache(cfg.cacheSize, cfg.clock != nil)
 	}
@@ -290,7 +296,7 @@ func (r *Redis) AllowN(ctx context.Context, key string, l Limit, n int64) (Decis
 	if r.direct && r.inflight.Add(1) == 1 {
 		// Nobody else is waiting for Redis: no pipeline to share, so skip the
 		// hand-over to a worker. The client honours the context's deadline.
-		r.execute(ctx, req.self[:], req.cmds[:0], nil)
+		r.execute(ctx, req.alone(), nil)
 		r.inflight.Add(-1)
 		defer r.reqs.Put(req)
 		if req.err != nil {
@@ -510,8 +516,7 @@ type redisRequest struct {
 	alg    algo
 	keys   [2]string
 	nkeys  int
-	args   [3]any
-	nargs  int
+	args   [3]any     // see redis_scripts.go
 	now    int64      // args[0], with an injected clock
 	params packedArgs // args[1]
 	cas    packedArgs // args[2], the bucket's write-back
@@ -526,8 +531,8 @@ type redisRequest struct {
 	done  chan struct{}
 	timer *time.Timer
 	owner *Redis
-	self  [1]*redisRequest // a batch of one, for direct calls
-	cmds  [1]*redis.Cmd
+	self  [1]*redisRequest
+	call  [1]redisCall // the request alone, for direct calls
 }
 
 const (
@@ -541,8 +546,14 @@ func newRedisRequest() *redisRequest {
 	t.Stop()
 	req := &redisRequest{done: make(chan struct{}, 1), timer: t}
 	req.self[0] = req
-	req.args[1], req.args[2] = &req.params, &req.cas
+	req.args[1] = &req.params
 	return req
+}
+
+// alone returns the call of req alone.
+func (req *redisRequest) alone() []redisCall {
+	req.call[0] = redisCall{script: req.script, reqs: req.self[:], keys: req.keys[:req.nkeys], args: req.args[:]}
+	return req.call[:]
 }
 
 // prepare fills req for one decision.
@@ -579,7 +590,7 @@ func (req *redisRequest) prepare(r *Redis, rkey string, p *params, n, now int64,
 	pa.add(float64(p.capacity))
 	pa.add(float64(r.grace))
 	pa.add(forgive)
-	req.nargs = 2
+	req.args[2] = ""
 	if wb.bucket && p.algorithm.bucket() {
 		c := &req.cas
 		c.reset()
@@ -587,7 +598,7 @@ func (req *redisRequest) prepare(r *Redis, rkey string, p *params, n, now int64,
 		c.add(wb.casLevel)
 		c.add(float64(wb.last))
 		c.add(wb.level)
-		req.nargs = 3
+		req.args[2] = c
 	}
 }
 

@@ -21,46 +21,72 @@ import (
 // decimal integers. A fraction returned to Go is formatted with %.17g, which
 // round-trips every double (Lua's own tostring, %.14g, would not).
 //
-// ARGV, common to every script:
+// A script makes any number of decisions of one algorithm, in order, in one EVALSHA:
+// the Redis store merges the decisions of a pipeline that share a script, which
+// spares Redis a third of its work per decision (the EVALSHA itself and TIME cost
+// about as much as the GET and SET). A script is atomic, so each of its decisions
+// still is. A Cluster runs only scripts whose keys share a slot: there, and on any
+// client but a standalone or Sentinel one, the store sends one decision per script.
 //
-//	1 now, µs since the Unix epoch, in decimal, or "" for the Redis server's TIME
-//	2 packed '<dddddd': n, rate, period (µs), capacity, grace (ms added to every
-//	  TTL), forgive (1 or 0)
+// ARGV holds three arguments per decision i:
 //
-// Every script returns {allowed (1/0), remaining, retryAfter (µs, -1 for never),
-// resetAfter (µs), now (µs, after clamping)}, and after a rejection the state the
-// over-limit cache needs (see each script).
+//	3i-2 now, µs since the Unix epoch, in decimal, or "" for the Redis server's TIME
+//	     (read once per script: the decisions of one script are made at one time)
+//	3i-1 packed '<dddddd': n, rate, period (µs), capacity, grace (ms added to every
+//	     TTL), forgive (1 or 0)
+//	3i   the bucket's write-back (see bucketScript), or ""
+//
+// and KEYS one key per decision (two for the sliding log). Every script returns an
+// array with, per decision, {allowed (1/0), remaining, retryAfter (µs, -1 for
+// never), resetAfter (µs), now (µs, after clamping)} and after a rejection the state
+// the over-limit cache needs (see each script), or an error about that decision
+// alone (a key holding another type, say): each decision runs under pcall.
 //
 // Each key's TTL is at least its decision's resetAfter (rounded up to the
 // millisecond) plus the grace, so an idle key vanishes once its state would be a fresh
 // key's. The grace keeps the latest time seen a little longer, so a clock that steps
 // back by less than the grace still cannot grant quota twice.
 
-// scriptPrelude reads the arguments and the time. (Helpers are written out in each
-// script rather than defined as Lua functions: closures cost on every call.) A TTL is
+// newScript makes a script of any number of decisions from the body of one: the
+// body of a Lua function of i, which sees the decision's now and unpacked arguments
+// and returns its reply. (Helpers are written out in each body rather than defined
+// as Lua functions: calls cost.) A TTL is
 // string.format('%d', math.floor(reset / 1000) + 1 + grace).
-const scriptPrelude = `
-local now = tonumber(ARGV[1])
-if not now then
+func newScript(body string) *redis.Script {
+	return redis.NewScript(`
+local time
+if ARGV[1] == '' then
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2]
+  time = t[1] * 1000000 + t[2]
 end
-local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[2])
-`
+local function decide(i)
+local now = tonumber(ARGV[3 * i - 2]) or time
+local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[3 * i - 1])
+` + body + `
+end
+local out = {}
+for i = 1, #ARGV / 3 do
+  local ok, res = pcall(decide, i)
+  if not ok and (type(res) ~= 'table' or not res.err) then res = {err = tostring(res)} end
+  out[i] = res
+end
+return out
+`)
+}
 
-// bucketScript is state.bucket, for the token and the leaky bucket. KEYS[1] holds
-// packed '<dd': the latest time seen and the level. ARGV[3], optional, is the
+// bucketScript is state.bucket, for the token and the leaky bucket. KEYS[i] holds
+// packed '<dd': the latest time seen and the level. ARGV[3i], if not empty, is the
 // over-limit cache's write-back: packed '<dddd': the last and level the cache copied
 // from this key, and the last and level to use instead if the key still holds those
 // (its state after rejections the cache decided without Redis; see overLimitCache).
 // Extra results after a rejection: the level, formatted %.17g.
-var bucketScript = redis.NewScript(scriptPrelude + `
+var bucketScript = newScript(`
 local last, level = 0, 0
-local v = redis.call('GET', KEYS[1])
+local v = redis.call('GET', KEYS[i])
 if v then last, level = struct.unpack('<dd', v) end
-if ARGV[3] then
-  local casLast, casLevel, newLast, newLevel = struct.unpack('<dddd', ARGV[3])
+if ARGV[3 * i] ~= '' then
+  local casLast, casLevel, newLast, newLevel = struct.unpack('<dddd', ARGV[3 * i])
   if last == casLast and level == casLevel then last, level = newLast, newLevel end
 end
 if now < last then now = last end
@@ -78,18 +104,18 @@ else
 end
 local remaining = math.floor(capacity - level)
 local reset = math.ceil((level * period) / rate)
-redis.call('SET', KEYS[1], struct.pack('<dd', now, level),
+redis.call('SET', KEYS[i], struct.pack('<dd', now, level),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
 if allowed == 1 then return {1, remaining, 0, reset, now} end
 return {0, remaining, retry, reset, now, string.format('%.17g', level)}
 `)
 
-// fixedWindowScript is state.fixedWindow. KEYS[1] holds packed '<ddd': the latest
+// fixedWindowScript is state.fixedWindow. KEYS[i] holds packed '<ddd': the latest
 // time seen, the window's start and its count. Extra results after a rejection:
 // start, count.
-var fixedWindowScript = redis.NewScript(scriptPrelude + `
+var fixedWindowScript = newScript(`
 local last, start, count = 0, 0, 0
-local v = redis.call('GET', KEYS[1])
+local v = redis.call('GET', KEYS[i])
 if v then last, start, count = struct.unpack('<ddd', v) end
 if now < last then now = last end
 local ws = now - math.fmod(now, period)
@@ -109,18 +135,18 @@ end
 local remaining = rate - count
 local reset = 0
 if count > 0 then reset = ws + period - now end
-redis.call('SET', KEYS[1], struct.pack('<ddd', now, start, count),
+redis.call('SET', KEYS[i], struct.pack('<ddd', now, start, count),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
 if allowed == 1 then return {1, remaining, 0, reset, now} end
 return {0, remaining, retry, reset, now, start, count}
 `)
 
-// slidingCounterScript is state.slidingCounter. KEYS[1] holds packed '<dddd': the
+// slidingCounterScript is state.slidingCounter. KEYS[i] holds packed '<dddd': the
 // latest time seen, the current window's start, its count and the previous window's
 // count. Extra results after a rejection: start, count, prev.
-var slidingCounterScript = redis.NewScript(scriptPrelude + `
+var slidingCounterScript = newScript(`
 local last, start, count, prev = 0, 0, 0, 0
-local v = redis.call('GET', KEYS[1])
+local v = redis.call('GET', KEYS[i])
 if v then last, start, count, prev = struct.unpack('<dddd', v) end
 if now < last then now = last end
 local ws = now - math.fmod(now, period)
@@ -154,33 +180,34 @@ if count > 0 then
 elseif prev > 0 then
   reset = ws + period - now
 end
-redis.call('SET', KEYS[1], struct.pack('<dddd', now, start, count, prev),
+redis.call('SET', KEYS[i], struct.pack('<dddd', now, start, count, prev),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
 if allowed == 1 then return {1, remaining, 0, reset, now} end
 return {0, remaining, retry, reset, now, start, count, prev}
 `)
 
-// slidingLogScript is state.slidingLog. KEYS[1] is a list of timestamps (decimal
-// µs), oldest first, non-decreasing (times are clamped); KEYS[2] holds packed '<d':
-// the latest time seen. A request's n timestamps are pushed in chunks (unpack is
+// slidingLogScript is state.slidingLog. Its keys are two per decision: list
+// (KEYS[2i-1]) is a list of timestamps (decimal µs), oldest first, non-decreasing
+// (times are clamped); seen (KEYS[2i]) holds packed '<d': the latest time seen. A request's n timestamps are pushed in chunks (unpack is
 // bounded by Lua's C stack) and the list trimmed to the newest rate entries. Extra
 // results, for a rejection the cache may remember (ForgiveRejected, finite
 // retry-after): the log's size, its newest timestamp and its oldest timestamps, at
 // most logPrefix of them.
-var slidingLogScript = redis.NewScript(scriptPrelude + `
+var slidingLogScript = newScript(`
+local list, seen = KEYS[2 * i - 1], KEYS[2 * i]
 local last = 0
-local v = redis.call('GET', KEYS[2])
+local v = redis.call('GET', seen)
 if v then last = struct.unpack('<d', v) end
 if now < last then now = last end
 local cutoff = now - period
-local size = redis.call('LLEN', KEYS[1])
+local size = redis.call('LLEN', list)
 if size > 0 then
-  if tonumber(redis.call('LINDEX', KEYS[1], -1)) <= cutoff then
-    redis.call('DEL', KEYS[1])
+  if tonumber(redis.call('LINDEX', list, -1)) <= cutoff then
+    redis.call('DEL', list)
     size = 0
   else
-    while tonumber(redis.call('LINDEX', KEYS[1], 0)) <= cutoff do
-      redis.call('LPOP', KEYS[1])
+    while tonumber(redis.call('LINDEX', list, 0)) <= cutoff do
+      redis.call('LPOP', list)
       size = size - 1
     end
   end
@@ -197,41 +224,41 @@ if push then
   local ts = string.format('%d', now)
   local left = math.min(n, rate)
   local chunk = {}
-  for i = 1, math.min(left, 512) do chunk[i] = ts end
+  for j = 1, math.min(left, 512) do chunk[j] = ts end
   while left > 0 do
     local c = math.min(left, 512)
-    redis.call('RPUSH', KEYS[1], unpack(chunk, 1, c))
+    redis.call('RPUSH', list, unpack(chunk, 1, c))
     left = left - c
   end
-  redis.call('LTRIM', KEYS[1], string.format('%d', -rate), -1)
-  size = redis.call('LLEN', KEYS[1])
+  redis.call('LTRIM', list, string.format('%d', -rate), -1)
+  size = redis.call('LLEN', list)
 end
 local remaining = math.max(rate - size, 0)
 if allowed == 0 then
   if n > rate then
     retry = -1
   else
-    retry = tonumber(redis.call('LINDEX', KEYS[1], string.format('%d', size + n - rate - 1))) + period - now
+    retry = tonumber(redis.call('LINDEX', list, string.format('%d', size + n - rate - 1))) + period - now
   end
 end
 local reset = 0
 local newest = 0
 local ttl = string.format('%d', math.floor(reset / 1000) + 1 + grace)
 if size > 0 then
-  newest = tonumber(redis.call('LINDEX', KEYS[1], -1))
+  newest = tonumber(redis.call('LINDEX', list, -1))
   reset = newest + period - now
   ttl = string.format('%d', math.floor(reset / 1000) + 1 + grace)
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', list, ttl)
 end
-redis.call('SET', KEYS[2], struct.pack('<d', now), 'PX', ttl)
-local out = {allowed, remaining, retry, reset, now}
+redis.call('SET', seen, struct.pack('<d', now), 'PX', ttl)
+local reply = {allowed, remaining, retry, reset, now}
 if allowed == 0 and forgive == 1 and retry >= 0 then
-  out[6] = size
-  out[7] = newest
-  local head = redis.call('LRANGE', KEYS[1], 0, ` + logPrefixLua + ` - 1)
-  for i = 1, #head do out[7 + i] = tonumber(head[i]) end
+  reply[6] = size
+  reply[7] = newest
+  local head = redis.call('LRANGE', list, 0, ` + logPrefixLua + ` - 1)
+  for j = 1, #head do reply[7 + j] = tonumber(head[j]) end
 end
-return out
+return reply
 `)
 
 // logPrefix is how many of a sliding log's oldest timestamps a rejection returns for
