@@ -21,10 +21,11 @@ const serverModule = "github.com/nats-io/nats-server/v2"
 // Cluster is a JetStream cluster of separate nats-server processes on loopback, built
 // from the nats-server version in go.mod. R3 streams work on a 3-node cluster.
 type Cluster struct {
-	t     testing.TB
-	dir   string
-	bin   string
-	nodes []*node
+	t      testing.TB // nil for NewCluster's
+	dir    string
+	ownDir bool // remove dir on Close
+	bin    string
+	nodes  []*node
 }
 
 type node struct {
@@ -93,18 +94,73 @@ func buildServer() (string, error) {
 }
 
 // StartCluster starts an n-node JetStream cluster (every write synced, like sluice's
-// embedded server) and waits until JetStream answers. The processes are killed when the
-// test ends, and (on Linux) when the test binary dies.
+// embedded server) in t.TempDir() and waits until JetStream answers. The processes are
+// killed when the test ends, and (on Linux) when the test binary dies.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	bin, err := ServerBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Cluster{t: t, dir: t.TempDir(), bin: bin}
-	ports, err := freePorts(2 * n)
+	c, err := newCluster(t.TempDir(), false, bin, n)
 	if err != nil {
 		t.Fatal(err)
+	}
+	c.t = t
+	t.Cleanup(c.Close)
+	return c
+}
+
+// ClusterOption configures NewCluster.
+type ClusterOption func(*clusterOptions)
+
+type clusterOptions struct{ bin string }
+
+// WithServerBinary runs the nats-server binary at path instead of building the version
+// in go.mod (ServerBinary).
+func WithServerBinary(path string) ClusterOption {
+	return func(o *clusterOptions) { o.bin = path }
+}
+
+// NewCluster starts an n-node cluster like StartCluster, not tied to a test, in a new
+// temporary directory. The caller must Close it; on Linux the processes also die with
+// the calling process. Its Restart and WaitReady panic on failure (they are for
+// StartCluster's clusters); use RestartNode and Ready instead.
+func NewCluster(n int, opts ...ClusterOption) (*Cluster, error) {
+	var o clusterOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.bin == "" {
+		var err error
+		if o.bin, err = ServerBinary(); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp("", "natstest-cluster-")
+	if err != nil {
+		return nil, err
+	}
+	c, err := newCluster(dir, true, o.bin, n)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return c, nil
+}
+
+// newCluster writes the nodes' configurations into dir, starts them and waits until
+// JetStream answers; on failure the nodes started are killed.
+func newCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err error) {
+	c = &Cluster{dir: dir, ownDir: ownDir, bin: bin}
+	defer func() {
+		if err != nil {
+			c.Shutdown()
+		}
+	}()
+	ports, err := freePorts(2 * n)
+	if err != nil {
+		return nil, err
 	}
 	for i := range n {
 		c.nodes = append(c.nodes, &node{
@@ -135,17 +191,18 @@ cluster {
 }
 `, nd.name, nd.clientPort, filepath.Join(c.dir, nd.name), nd.clusterPort, strings.Join(routes, ", "))
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
-	t.Cleanup(c.Shutdown)
 	for i := range c.nodes {
 		if err := c.start(i); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 	}
-	c.WaitReady()
-	return c
+	if err := c.Ready(context.Background()); err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 func freePorts(n int) ([]int, error) {
@@ -248,9 +305,19 @@ func (c *Cluster) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
 }
 
 // WaitReady waits until JetStream answers through the running nodes (a meta leader is
-// elected).
+// elected), failing the test after 60s.
 func (c *Cluster) WaitReady() {
-	c.t.Helper()
+	if c.t != nil {
+		c.t.Helper()
+	}
+	if err := c.Ready(context.Background()); err != nil {
+		c.fatal(err)
+	}
+}
+
+// Ready waits until JetStream answers through the running nodes (a meta leader is
+// elected): at most 60s, or until ctx is done.
+func (c *Cluster) Ready(ctx context.Context) error {
 	var urls []string
 	for i, nd := range c.nodes {
 		if c.Running(i) {
@@ -259,23 +326,23 @@ func (c *Cluster) WaitReady() {
 	}
 	nc, err := nats.Connect(strings.Join(urls, ","), nats.Timeout(5*time.Second))
 	if err != nil {
-		c.t.Fatalf("natstest: connect: %v", err)
+		return fmt.Errorf("natstest: connect: %w", err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
-		c.t.Fatal(err)
+		return err
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_, err := js.AccountInfo(ctx)
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := js.AccountInfo(actx)
 		cancel()
 		if err == nil {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("natstest: JetStream cluster not ready after 60s: %v", err)
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("natstest: JetStream cluster not ready: %w", err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -311,18 +378,55 @@ func (c *Cluster) Kill(i int) {
 	<-exited
 }
 
-// Restart starts node i again (after Kill) with its ports and data.
+// Restart starts node i again (after Kill) with its ports and data, failing the test
+// if it does not listen.
 func (c *Cluster) Restart(i int) {
-	c.t.Helper()
-	c.Kill(i)
-	if err := c.start(i); err != nil {
-		c.t.Fatal(err)
+	if c.t != nil {
+		c.t.Helper()
+	}
+	if err := c.RestartNode(i); err != nil {
+		c.fatal(err)
 	}
 }
 
-// Shutdown kills every node.
+// RestartNode is Restart returning the error: it kills node i if it runs and starts it
+// again with its ports and data.
+func (c *Cluster) RestartNode(i int) error {
+	c.Kill(i)
+	return c.start(i)
+}
+
+// Node returns the index of the node with server name name (as in a stream's cluster
+// info), or -1.
+func (c *Cluster) Node(name string) int {
+	for i, nd := range c.nodes {
+		if nd.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Shutdown kills every node; their data stays.
 func (c *Cluster) Shutdown() {
 	for i := range c.nodes {
 		c.Kill(i)
 	}
+}
+
+// Close kills every node and removes the directory NewCluster created.
+func (c *Cluster) Close() {
+	c.Shutdown()
+	if c.ownDir {
+		_ = os.RemoveAll(c.dir)
+	}
+}
+
+// fatal fails the test of a StartCluster cluster; a NewCluster one has none, so it panics.
+func (c *Cluster) fatal(err error) {
+	if c.t == nil {
+		panic(err)
+	}
+	c.t.Helper()
+	c.t.Fatal(err)
 }

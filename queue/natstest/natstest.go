@@ -3,6 +3,9 @@
 // nats-server processes built from that same module version (StartCluster). Everything
 // lives in temporary directories and on free loopback ports, and is stopped and removed
 // when the test ends, also when it fails.
+//
+// NewCluster starts a cluster that is not tied to a test (for a benchmark, or one
+// shared by a whole test binary); its owner must Close it.
 package natstest
 
 import (
