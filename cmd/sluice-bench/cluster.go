@@ -188,7 +188,7 @@ type clusterBench struct {
 	stderr io.Writer
 	dir    string
 
-	nats     *benchNATS
+	nats     *natstest.Cluster
 	redis    *redistest.Server
 	replicas []*benchReplica
 	live     atomic.Pointer[[]*benchReplica]
@@ -231,7 +231,7 @@ func (b *clusterBench) start(ctx context.Context) (err error) {
 		}
 	}
 	fmt.Fprintln(b.stderr, "starting 3 NATS nodes, Redis, the upstream and the downstream…")
-	if b.nats, err = startBenchNATS(ctx, b.cfg.natsServerPath, filepath.Join(b.dir, "nats"), 3); err != nil {
+	if b.nats, err = natstest.NewCluster(3, natstest.WithServerBinary(b.cfg.natsServerPath)); err != nil {
 		return err
 	}
 	if b.redis, err = redistest.New(); err != nil {
@@ -261,7 +261,7 @@ func (b *clusterBench) start(ctx context.Context) (err error) {
 			log: filepath.Join(b.dir, fmt.Sprintf("sluice-%d.log", i+1)), done: make(chan struct{})}
 		args := []string{"serve", "--rules", rulesPath, "--upstream", "http://" + b.up.Addr,
 			"--listen", listen, "--admin-listen", admin, "--log-level", "warn",
-			"--data-dir", filepath.Join(b.dir, r.name), "--nats", b.nats.url(), "--replicas", "3",
+			"--data-dir", filepath.Join(b.dir, r.name), "--nats", b.nats.URL(), "--replicas", "3",
 			"--redis", "redis://" + b.redis.Addr() + "/0",
 			"--delivery-timeout", b.cfg.deliveryTimeout.String(), "--ack-wait", b.cfg.ackWait.String(),
 			"--failover-after", b.cfg.failoverAfter.String()}
@@ -272,7 +272,7 @@ func (b *clusterBench) start(ctx context.Context) (err error) {
 	}
 	live := slices.Clone(b.replicas)
 	b.live.Store(&live)
-	if b.nc, err = nats.Connect(b.nats.url(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
+	if b.nc, err = nats.Connect(b.nats.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
 		return fmt.Errorf("connecting to NATS: %w", err)
 	}
 	if b.js, err = jetstream.New(b.nc); err != nil {
@@ -347,7 +347,7 @@ func (b *clusterBench) close() {
 		r.kill()
 	}
 	if b.nats != nil {
-		b.nats.shutdown()
+		b.nats.Close()
 	}
 	if b.redis != nil {
 		b.redis.Close()
@@ -536,18 +536,18 @@ func (b *clusterBench) killNATSLeader(ctx context.Context, start time.Time) {
 			leader = info.Cluster.Leader
 		}
 	}
-	i := b.nats.index(leader)
+	i := b.nats.Node(leader)
 	if i < 0 {
 		b.event("%5.1fs  NATS: the orders stream has no leader to kill (%q)", time.Since(start).Seconds(), leader)
 		return
 	}
-	b.nats.kill(i)
+	b.nats.Kill(i)
 	b.event("%5.1fs  NATS node %s, the orders stream's leader, killed -9", time.Since(start).Seconds(), leader)
 	select {
 	case <-time.After(b.cfg.natsDownFor):
 	case <-ctx.Done():
 	}
-	if err := b.nats.start(i); err != nil {
+	if err := b.nats.RestartNode(i); err != nil {
 		b.event("%5.1fs  NATS node %s not restarted: %v", time.Since(start).Seconds(), leader, err)
 		return
 	}
@@ -860,163 +860,4 @@ func (p *clusterProgress) end() {
 	if p.shown {
 		fmt.Fprintln(p.w)
 	}
-}
-
-// benchNATS is a JetStream cluster of nats-server processes on loopback, as
-// natstest.StartCluster runs it for tests.
-type benchNATS struct {
-	bin   string
-	dir   string
-	nodes []*benchNATSNode
-}
-
-type benchNATSNode struct {
-	name, conf, log string
-	clientPort      int
-	mu              sync.Mutex
-	cmd             *exec.Cmd
-	done            chan struct{}
-}
-
-func startBenchNATS(ctx context.Context, bin, dir string, n int) (_ *benchNATS, err error) {
-	c := &benchNATS{bin: bin, dir: dir}
-	defer func() {
-		if err != nil {
-			c.shutdown()
-		}
-	}()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	var ls []net.Listener
-	for range 2 * n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-	}
-	ports := make([]int, len(ls))
-	for i, l := range ls {
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
-	}
-	for i := range n {
-		var routes []string
-		for j := range n {
-			if j != i {
-				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[2*j+1]))
-			}
-		}
-		nd := &benchNATSNode{name: fmt.Sprintf("n%d", i+1), clientPort: ports[2*i]}
-		nd.conf = filepath.Join(dir, nd.name+".conf")
-		nd.log = filepath.Join(dir, nd.name+".log")
-		conf := fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  sync_interval: always\n}\n"+
-			"cluster {\n  name: sluice-bench\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n",
-			nd.name, nd.clientPort, filepath.Join(dir, nd.name), ports[2*i+1], strings.Join(routes, ", "))
-		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
-			return nil, err
-		}
-		c.nodes = append(c.nodes, nd)
-	}
-	for i := range c.nodes {
-		if err := c.start(i); err != nil {
-			return nil, err
-		}
-	}
-	// Ready when JetStream answers: a meta leader is elected.
-	nc, err := nats.Connect(c.url(), nats.Timeout(5*time.Second))
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := js.AccountInfo(actx)
-		cancel()
-		if err == nil {
-			return c, nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, fmt.Errorf("JetStream cluster not ready: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-func (c *benchNATS) start(i int) error {
-	nd := c.nodes[i]
-	logf, err := os.OpenFile(nd.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(c.bin, "-c", nd.conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("nats-server %s: %w", nd.name, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-	nd.mu.Lock()
-	nd.cmd, nd.done = cmd, done
-	nd.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", nd.clientPort), time.Second)
-		if err == nil {
-			conn.Close()
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("nats-server %s exited at start:\n%s", nd.name, tailFile(nd.log))
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("nats-server %s does not listen after 30s:\n%s", nd.name, tailFile(nd.log))
-		}
-	}
-}
-
-func (c *benchNATS) kill(i int) {
-	nd := c.nodes[i]
-	nd.mu.Lock()
-	cmd, done := nd.cmd, nd.done
-	nd.cmd = nil
-	nd.mu.Unlock()
-	if cmd != nil {
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
-
-func (c *benchNATS) shutdown() {
-	for i := range c.nodes {
-		c.kill(i)
-	}
-}
-
-func (c *benchNATS) url() string {
-	urls := make([]string, len(c.nodes))
-	for i, nd := range c.nodes {
-		urls[i] = fmt.Sprintf("nats://127.0.0.1:%d", nd.clientPort)
-	}
-	return strings.Join(urls, ",")
-}
-
-// index returns the node named name, or -1.
-func (c *benchNATS) index(name string) int {
-	for i, nd := range c.nodes {
-		if nd.name == name {
-			return i
-		}
-	}
-	return -1
 }
