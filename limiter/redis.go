@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -443,71 +444,68 @@ type redisReply struct {
 	now int64 // the script's time, µs, after clamping
 
 	// State after a rejection, for the over-limit cache.
-	level   string // buckets, %.17g
-	start   int64  // windows
-	count   int64
-	prev    int64
-	logSize int64 // sliding log
-	newest  int64
-	head    [logPrefix]int64
-	nhead   int
-	hasLog  bool
+	level    float64 // buckets
+	hasLevel bool
+	start    int64 // windows
+	count    int64
+	prev     int64
+	logSize  int64 // sliding log
+	newest   int64
+	head     [logPrefix]int64
+	nhead    int
+	hasLog   bool
 }
 
+// parse reads the reply of one decision: packed little-endian doubles (see
+// redis_scripts.go), every one an integer but the bucket's level.
 func (rep *redisReply) parse(a algo, v any) error {
-	vals, ok := v.([]any)
-	if !ok || len(vals) < 5 {
+	s, ok := v.(string)
+	if !ok || len(s) < 5*8 || len(s)%8 != 0 {
 		return errReply
 	}
-	var ints [5]int64
-	for i := range ints {
-		if ints[i], ok = vals[i].(int64); !ok {
-			return errReply
-		}
-	}
-	rep.o = outcome{allowed: ints[0] == 1, remaining: ints[1], retryAfter: ints[2], resetAfter: ints[3]}
-	rep.now = ints[4]
-	rep.hasLog, rep.nhead = false, 0
-	rest := vals[5:]
-	intAt := func(i int) int64 {
-		if i < len(rest) {
-			if x, ok := rest[i].(int64); ok {
-				return x
-			}
-		}
-		ok = false
-		return 0
-	}
+	num := func(i int) float64 { return math.Float64frombits(littleEndian64(s[8*i:])) }
+	integer := func(i int) int64 { return int64(num(i)) }
+	rep.o = outcome{allowed: num(0) == 1, remaining: integer(1), retryAfter: integer(2), resetAfter: integer(3)}
+	rep.now = integer(4)
+	rep.hasLevel, rep.hasLog, rep.nhead = false, false, 0
+	extra := len(s)/8 - 5 // after a rejection: the state the cache needs
 	switch a {
 	case algoTokenBucket, algoLeakyBucket:
-		rep.level = ""
-		if len(rest) > 0 {
-			if rep.level, ok = rest[0].(string); !ok {
-				return errReply
-			}
+		if extra > 0 {
+			rep.level, rep.hasLevel = num(5), true
 		}
 	case algoFixedWindow:
-		if len(rest) > 0 {
-			rep.start, rep.count = intAt(0), intAt(1)
+		if extra > 0 {
+			if extra < 2 {
+				return errReply
+			}
+			rep.start, rep.count = integer(5), integer(6)
 		}
 	case algoSlidingWindowCounter:
-		if len(rest) > 0 {
-			rep.start, rep.count, rep.prev = intAt(0), intAt(1), intAt(2)
+		if extra > 0 {
+			if extra < 3 {
+				return errReply
+			}
+			rep.start, rep.count, rep.prev = integer(5), integer(6), integer(7)
 		}
 	case algoSlidingWindowLog:
-		if len(rest) >= 2 {
+		if extra >= 2 {
 			rep.hasLog = true
-			rep.logSize, rep.newest = intAt(0), intAt(1)
-			for i := 2; i < len(rest) && rep.nhead < logPrefix; i++ {
-				rep.head[rep.nhead] = intAt(i)
+			rep.logSize, rep.newest = integer(5), integer(6)
+			for i := 7; i < 5+extra && rep.nhead < logPrefix; i++ {
+				rep.head[rep.nhead] = integer(i)
 				rep.nhead++
 			}
 		}
 	}
-	if !ok {
-		return errReply
-	}
 	return nil
+}
+
+// littleEndian64 reads 8 bytes of s as a little-endian uint64.
+func littleEndian64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
 // redisRequest is one decision on its way through a worker. Requests are pooled.

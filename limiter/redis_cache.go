@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"hash/maphash"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -137,12 +136,8 @@ func (c *overLimitCache) update(rkey string, p *params, req *redisRequest) {
 	var level float64
 	switch p.algorithm {
 	case algoTokenBucket, algoLeakyBucket:
-		if cacheable {
-			var err error
-			if level, err = strconv.ParseFloat(rep.level, 64); err != nil {
-				cacheable = false
-			}
-		}
+		cacheable = cacheable && rep.hasLevel
+		level = rep.level
 	case algoSlidingWindowLog:
 		cacheable = cacheable && p.forgive && rep.hasLog
 	}

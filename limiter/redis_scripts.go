@@ -17,9 +17,8 @@ import (
 // Numbers cross between Go, Lua and Redis without losing a bit: the arguments and
 // the stored state are doubles packed with struct.pack('<d...') (Redis' Lua has the
 // struct library), which also spares the scripts most string conversions (a script's
-// cost is mostly its calls and conversions). The sliding log's timestamps are
-// decimal integers. A fraction returned to Go is formatted with %.17g, which
-// round-trips every double (Lua's own tostring, %.14g, would not).
+// cost is mostly its calls and conversions), and so are the replies. The sliding
+// log's timestamps are decimal integers.
 //
 // A script makes any number of decisions of one algorithm, in order, in one EVALSHA:
 // the Redis store merges the decisions of a pipeline that share a script, which
@@ -37,10 +36,12 @@ import (
 //	3i   the bucket's write-back (see bucketScript), or ""
 //
 // and KEYS one key per decision (two for the sliding log). Every script returns an
-// array with, per decision, {allowed (1/0), remaining, retryAfter (µs, -1 for
-// never), resetAfter (µs), now (µs, after clamping)} and after a rejection the state
-// the over-limit cache needs (see each script), or an error about that decision
-// alone (a key holding another type, say): each decision runs under pcall.
+// array with, per decision, packed '<ddddd…': allowed (1/0), remaining, retryAfter
+// (µs, -1 for never), resetAfter (µs), now (µs, after clamping), and after a
+// rejection the state the over-limit cache needs (see each script); or an error
+// about that decision alone (a key holding another type, say): each decision runs
+// under pcall. (One packed string costs Redis less to reply, and Go less to read,
+// than an array of integers.)
 //
 // Each key's TTL is at least its decision's resetAfter (rounded up to the
 // millisecond) plus the grace, so an idle key vanishes once its state would be a fresh
@@ -80,7 +81,7 @@ return out
 // over-limit cache's write-back: packed '<dddd': the last and level the cache copied
 // from this key, and the last and level to use instead if the key still holds those
 // (its state after rejections the cache decided without Redis; see overLimitCache).
-// Extra results after a rejection: the level, formatted %.17g.
+// Extra results after a rejection: the level.
 var bucketScript = newScript(`
 local last, level = 0, 0
 local v = redis.call('GET', KEYS[i])
@@ -106,8 +107,8 @@ local remaining = math.floor(capacity - level)
 local reset = math.ceil((level * period) / rate)
 redis.call('SET', KEYS[i], struct.pack('<dd', now, level),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
-if allowed == 1 then return {1, remaining, 0, reset, now} end
-return {0, remaining, retry, reset, now, string.format('%.17g', level)}
+if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
+return struct.pack('<dddddd', 0, remaining, retry, reset, now, level)
 `)
 
 // fixedWindowScript is state.fixedWindow. KEYS[i] holds packed '<ddd': the latest
@@ -137,8 +138,8 @@ local reset = 0
 if count > 0 then reset = ws + period - now end
 redis.call('SET', KEYS[i], struct.pack('<ddd', now, start, count),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
-if allowed == 1 then return {1, remaining, 0, reset, now} end
-return {0, remaining, retry, reset, now, start, count}
+if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
+return struct.pack('<ddddddd', 0, remaining, retry, reset, now, start, count)
 `)
 
 // slidingCounterScript is state.slidingCounter. KEYS[i] holds packed '<dddd': the
@@ -182,8 +183,8 @@ elseif prev > 0 then
 end
 redis.call('SET', KEYS[i], struct.pack('<dddd', now, start, count, prev),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
-if allowed == 1 then return {1, remaining, 0, reset, now} end
-return {0, remaining, retry, reset, now, start, count, prev}
+if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
+return struct.pack('<dddddddd', 0, remaining, retry, reset, now, start, count, prev)
 `)
 
 // slidingLogScript is state.slidingLog. Its keys are two per decision: list
@@ -258,7 +259,7 @@ if allowed == 0 and forgive == 1 and retry >= 0 then
   local head = redis.call('LRANGE', list, 0, ` + logPrefixLua + ` - 1)
   for j = 1, #head do reply[7 + j] = tonumber(head[j]) end
 end
-return reply
+return struct.pack('<' .. string.rep('d', #reply), unpack(reply))
 `)
 
 // logPrefix is how many of a sliding log's oldest timestamps a rejection returns for
