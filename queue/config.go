@@ -24,11 +24,6 @@ const (
 	DefaultIdempotencyTTL  = 24 * time.Hour
 )
 
-// Rate is an outflow rate: Count deliveries per Period.
-//
-// Deprecated: use limiter.Rate; this alias goes once every caller is moved.
-type Rate = limiter.Rate
-
 // Backoff configures the retry delay after failed delivery attempts: exponential from
 // Initial, doubling per failed attempt, capped at Max, with ±50% jitter.
 type Backoff struct {
@@ -44,7 +39,7 @@ type Config struct {
 	// part of stream names, subjects and metric labels.
 	Name string
 	// Outflow is the global delivery rate, shared by every dispatcher replica. Required.
-	Outflow Rate
+	Outflow limiter.Rate
 	// MaxDepth caps the number of queued messages (default 100,000). A full queue
 	// refuses new messages (ErrFull); it never drops queued ones. Negative: no cap.
 	MaxDepth int64
