@@ -351,7 +351,11 @@ func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (r
 				for range s.batch {
 					ok, err := decide(ctx)
 					if err != nil {
-						errOnce.Do(func() { firstErr = err })
+						// After the end, errors are the cancellation of calls
+						// under way, not failures.
+						if !stop.Load() {
+							errOnce.Do(func() { firstErr = err })
+						}
 						stop.Store(true)
 						return
 					}
