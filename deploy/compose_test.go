@@ -451,10 +451,10 @@ func checkComposeRules(t *testing.T, name string, s composeService, g gatewayCon
 		}
 	}
 	for _, q := range set.Queues() {
-		if q.Downstream.IsNATS() {
+		if q.NATSSubject() != "" {
 			continue
 		}
-		h, p := urlHostPort(t, name+" queue "+q.Name, q.Downstream.String())
+		h, p := urlHostPort(t, name+" queue "+q.Name, q.Downstream)
 		svc, ok := hosts[h]
 		if !ok {
 			t.Errorf("%s: queue %s delivers to %s, which is no host of the compose file", name, q.Name, q.Downstream)

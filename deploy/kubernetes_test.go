@@ -654,10 +654,10 @@ func checkKubernetesSluice(t *testing.T, objs, monitoring k8sObjects, ns string,
 			t.Errorf("%s: the rules it mounts have problems:\n%v", where, err)
 		} else {
 			for _, q := range set.Queues() {
-				if q.Downstream.IsNATS() {
+				if q.NATSSubject() != "" {
 					continue
 				}
-				h, p := urlHostPort(t, where+" queue "+q.Name, q.Downstream.String())
+				h, p := urlHostPort(t, where+" queue "+q.Name, q.Downstream)
 				if _, _, ok := objs.servicePort(t, ns, h, p); !ok {
 					t.Errorf("%s: queue %s delivers to %s: no Service port with pods behind it", where, q.Name, q.Downstream)
 				}

@@ -174,7 +174,7 @@ func (a *Admin) rules(w http.ResponseWriter, _ *http.Request) {
 	}
 	for _, q := range set.Queues() {
 		v.Queues = append(v.Queues, queueView{Name: q.Name, Outflow: q.Outflow.String(),
-			MaxDepth: q.MaxDepth, MaxAttempts: q.MaxAttempts, Downstream: q.Downstream.String()})
+			MaxDepth: q.MaxDepth, MaxAttempts: q.MaxAttempts, Downstream: q.Downstream})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)

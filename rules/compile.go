@@ -594,22 +594,22 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 		c.errf(file, qd.nameNode, "queue %q is already defined in %s", qd.name, c.queues[qd.name].File)
 		return
 	}
+	// Unset fields take the queue package's defaults (max_bytes and max_age: none).
 	q := &Queue{
-		Name:        qd.name,
-		Outflow:     qd.outflow,
-		MaxDepth:    cmpOr(qd.maxDepth, queue.DefaultMaxDepth),
-		MaxBytes:    qd.maxBytes, // 0: no cap
-		MaxAge:      qd.maxAge,   // 0: an order waits as long as it takes
-		MaxAttempts: int(min(cmpOr(qd.maxAttempts, queue.DefaultMaxAttempts), 1_000_000)),
-		MaxInFlight: int(min(cmpOr(qd.maxInFlight, queue.DefaultMaxInFlight), 1_000_000)),
-		Backoff: queue.Backoff{
-			Initial: cmpOr(qd.backoff.Initial, queue.DefaultBackoffInitial),
-			Max:     cmpOr(qd.backoff.Max, max(queue.DefaultBackoffMax, qd.backoff.Initial)),
-		},
-		Downstream: qd.downstream,
-		Domain:     fd.domain,
-		File:       file,
-		Line:       qd.nameNode.Line,
+		Config: queue.Config{
+			Name:        qd.name,
+			Outflow:     qd.outflow,
+			MaxDepth:    qd.maxDepth,
+			MaxBytes:    qd.maxBytes,
+			MaxAge:      qd.maxAge,
+			MaxAttempts: int(min(qd.maxAttempts, 1_000_000)),
+			MaxInFlight: int(min(qd.maxInFlight, 1_000_000)),
+			Backoff:     queue.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
+			Downstream:  qd.downstream,
+		}.WithDefaults(),
+		Domain: fd.domain,
+		File:   file,
+		Line:   qd.nameNode.Line,
 	}
 	switch {
 	case qd.outflowNode == nil:

@@ -266,12 +266,12 @@ queues:
 	if a.Outflow != (limiter.Rate{Count: 5, Period: time.Second}) || a.MaxDepth != queue.DefaultMaxDepth || a.MaxBytes != 0 || a.MaxAge != 0 ||
 		a.MaxAttempts != queue.DefaultMaxAttempts || a.MaxInFlight != queue.DefaultMaxInFlight ||
 		a.Backoff != (queue.Backoff{Initial: queue.DefaultBackoffInitial, Max: queue.DefaultBackoffMax}) ||
-		!a.Downstream.IsNATS() || a.Downstream.Subject != "work.a" || a.Downstream.String() != "nats:work.a" {
+		a.NATSSubject() != "work.a" || a.Downstream != "nats:work.a" {
 		t.Errorf("a = %+v", a)
 	}
 	if b.Outflow != (limiter.Rate{Count: 3000, Period: 10 * time.Minute}) || b.MaxDepth != 7 || b.MaxBytes != 512<<20 || b.MaxAge != 48*time.Hour ||
 		b.MaxAttempts != 3 || b.MaxInFlight != 2 || b.Backoff != (queue.Backoff{Initial: 250 * time.Millisecond, Max: time.Minute}) ||
-		b.Downstream.IsNATS() || b.Downstream.String() != "http://b.internal:9000/base" {
+		b.NATSSubject() != "" || b.Downstream != "http://b.internal:9000/base" {
 		t.Errorf("b = %+v", b)
 	}
 	if got := b.Outflow.Interval(); got != 200*time.Millisecond {

@@ -53,7 +53,7 @@ func TestDeployExamples(t *testing.T) {
 			for _, c := range cs {
 				o := string(c.Rule.OnLimit)
 				if q := c.Rule.Queue; q != nil {
-					o += " " + q.Downstream.String()
+					o += " " + q.Downstream
 				}
 				got = append(got, o)
 			}

@@ -1,9 +1,7 @@
 package rules
 
 import (
-	"net/url"
 	"strings"
-	"time"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
@@ -215,48 +213,14 @@ type Route struct {
 	allStatic bool // every descriptor list is made of constants
 }
 
-// Downstream is where a queue delivers: an HTTP(S) base URL or a NATS subject.
-type Downstream struct {
-	// URL is the http:// or https:// base URL; nil for a NATS subject.
-	URL *url.URL
-	// Subject is the NATS subject (from `nats:SUBJECT`); empty for a URL.
-	Subject string
-}
-
-// IsNATS reports whether the downstream is a NATS subject.
-func (d Downstream) IsNATS() bool { return d.Subject != "" }
-
-func (d Downstream) String() string {
-	if d.IsNATS() {
-		return "nats:" + d.Subject
-	}
-	if d.URL == nil {
-		return ""
-	}
-	return d.URL.String()
-}
-
-// Queue is where Defer rules park requests and how they are delivered.
+// Queue is where Defer rules park requests and how they are delivered: the queue
+// package's configuration (defaults applied, Downstream in its canonical form:
+// an http(s) URL or nats:SUBJECT), and where the queue was written.
 type Queue struct {
-	// Name is also used in stream names and NATS subjects: letters, digits, `_`, `-`.
-	Name string
-	// Outflow is the delivery rate, shared by every dispatcher of the queue.
-	Outflow limiter.Rate
-	// MaxDepth is the most messages the queue holds; a full queue refuses more.
-	MaxDepth int64
-	// MaxBytes is the most bytes the queue holds.
-	MaxBytes int64
-	// MaxAge is how long a message may wait; older ones are dropped to dead letters.
-	MaxAge time.Duration
-	// MaxAttempts is how many delivery attempts a message gets before it is dead.
-	MaxAttempts int
-	// MaxInFlight is the most deliveries under way at once.
-	MaxInFlight int
-	Backoff     queue.Backoff
-	Downstream  Downstream
-	Domain      string
-	File        string
-	Line        int
+	queue.Config
+	Domain string
+	File   string
+	Line   int
 }
 
 // Summary counts what a set holds.

@@ -132,7 +132,7 @@ type queueDef struct {
 	maxInFlight int64
 	backoff     queue.Backoff
 	backoffNode *yaml.Node
-	downstream  Downstream
+	downstream  string
 	hasDown     bool
 }
 

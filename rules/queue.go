@@ -114,47 +114,47 @@ func parseSize(s string) (int64, error) {
 }
 
 // downstream reads `http://…`, `https://…` or `nats:SUBJECT`.
-func (w *walker) downstream(v *yaml.Node) (Downstream, bool) {
+func (w *walker) downstream(v *yaml.Node) (string, bool) {
 	s, ok := w.str(v, "downstream")
 	if !ok {
-		return Downstream{}, false
+		return "", false
 	}
 	d, err := parseDownstream(s)
 	if err != nil {
 		w.errf(v, "downstream: %v", err)
-		return Downstream{}, false
+		return "", false
 	}
 	return d, true
 }
 
-func parseDownstream(s string) (Downstream, error) {
+func parseDownstream(s string) (string, error) {
 	if subj, ok := strings.CutPrefix(s, "nats:"); ok {
 		if err := checkSubject(subj); err != nil {
-			return Downstream{}, err
+			return "", err
 		}
-		return Downstream{Subject: subj}, nil
+		return "nats:" + subj, nil
 	}
 	u, err := url.Parse(s)
 	if err != nil {
-		return Downstream{}, fmt.Errorf("invalid URL %q", s)
+		return "", fmt.Errorf("invalid URL %q", s)
 	}
 	switch {
 	case u.Scheme != "http" && u.Scheme != "https":
-		return Downstream{}, fmt.Errorf("%q must be an http:// or https:// URL or nats:SUBJECT", s)
+		return "", fmt.Errorf("%q must be an http:// or https:// URL or nats:SUBJECT", s)
 	case u.Host == "" || u.Hostname() == "":
-		return Downstream{}, fmt.Errorf("URL %q has no host", s)
+		return "", fmt.Errorf("URL %q has no host", s)
 	case u.User != nil:
 		// Downstream URLs appear in logs and admin pages.
-		return Downstream{}, fmt.Errorf("URL %q must not carry credentials", u.Redacted())
+		return "", fmt.Errorf("URL %q must not carry credentials", u.Redacted())
 	case u.Fragment != "":
-		return Downstream{}, fmt.Errorf("URL %q must not have a #fragment", s)
+		return "", fmt.Errorf("URL %q must not have a #fragment", s)
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return Downstream{}, fmt.Errorf("URL %q has an invalid port", s)
+			return "", fmt.Errorf("URL %q has an invalid port", s)
 		}
 	}
-	return Downstream{URL: u}, nil
+	return u.String(), nil
 }
 
 // checkSubject accepts a literal NATS subject to publish on: dot-separated non-empty

@@ -152,22 +152,6 @@ func (c *natsConn) close() {
 	}
 }
 
-// queueConfig is a rules queue as the queue package runs it.
-func queueConfig(q *rules.Queue, replicas int) queue.Config {
-	return queue.Config{
-		Name:        q.Name,
-		Outflow:     q.Outflow,
-		MaxDepth:    q.MaxDepth,
-		MaxBytes:    q.MaxBytes,
-		MaxAge:      q.MaxAge,
-		MaxAttempts: q.MaxAttempts,
-		MaxInFlight: q.MaxInFlight,
-		Backoff:     q.Backoff,
-		Downstream:  q.Downstream.String(),
-		Replicas:    replicas,
-	}
-}
-
 // dispatchConfig tunes the dispatchers of serve and dispatch.
 type dispatchConfig struct {
 	deliveryTimeout time.Duration
@@ -227,7 +211,9 @@ func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer,
 func (q *queues) sync(ctx context.Context, set *rules.Set) error {
 	var errs []error
 	for _, rq := range set.Queues() {
-		if _, err := q.store.Declare(ctx, queueConfig(rq, q.replicas)); err != nil {
+		cfg := rq.Config
+		cfg.Replicas = q.replicas // where the queues live decides, not the rules file
+		if _, err := q.store.Declare(ctx, cfg); err != nil {
 			errs = append(errs, fmt.Errorf("queue %s: %w", rq.Name, err))
 			continue
 		}
