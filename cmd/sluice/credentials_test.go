@@ -285,7 +285,8 @@ func TestRedisTLSAndPassword(t *testing.T) {
 		}
 		select {
 		case <-exited:
-			if strings.Contains(out.String(), "TLS") {
+			if strings.Contains(out.String(), "TLS") && os.Getenv("CI") == "" {
+				// Some builds leave TLS out; the Debian package CI installs has it.
 				t.Skipf("this redis-server does not take TLS:\n%s", out.String())
 			}
 			t.Fatalf("redis-server exited:\n%s", out.String())
