@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -123,12 +122,8 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.DurationVar(&cfg.progressEvery, "progress-every", 0, "progress line interval (default: 250ms on a terminal, 1s otherwise)")
 	fs.StringVar(&cfg.sluicePath, "sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	fs.StringVar(&cfg.natsServerPath, "nats-server", "", "nats-server binary to run (default: build the version in go.mod)")
-	fs.Usage = func() { fmt.Fprint(fs.Output(), clusterHelp, "\nFlags:\n"); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
+	if code, done := parseModeFlags(fs, args, clusterHelp, stdout); done {
+		return code
 	}
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice-bench cluster: "+format+"\n", a...)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -61,12 +60,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rate := fs.Int("rate", 2000, "requests per second of the open-loop measurement")
 	sluicePath := fs.String("sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	withRedis := fs.Bool("redis", true, "also measure sluice with a Redis limiter (starts a redis-server on a free port)")
-	fs.Usage = func() { fmt.Fprint(stderr, httpHelp, "\nFlags:\n"); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
+	if code, done := parseModeFlags(fs, args, httpHelp, stdout); done {
+		return code
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "sluice-bench http: %v\n", err)

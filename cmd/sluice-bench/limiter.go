@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -73,17 +72,8 @@ func runLimiter(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.IntVar(&cfg.redisKeys, "redis-keys", 1000, "keys per caller in the Redis scenarios, used round-robin")
 	callers := fs.String("redis-callers", "1,16,64", "comma-separated caller counts of the Redis scenarios")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), limiterHelp)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fs.Usage()
-			return exitOK
-		}
-		return exitUsage
+	if code, done := parseModeFlags(fs, args, limiterHelp, stdout); done {
+		return code
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })

@@ -6,10 +6,13 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 )
 
@@ -68,4 +71,27 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", m.name, m.summary)
 	}
 	fmt.Fprint(w, "\nRun 'sluice-bench <mode> -h' for its flags.\n")
+}
+
+// parseModeFlags parses a mode's flags. done is true when the mode should return code
+// at once: -h printed the help and the flags to stdout (status 0), or a bad flag was
+// reported on the flag set's output (status 2).
+func parseModeFlags(fs *flag.FlagSet, args []string, help string, stdout io.Writer) (code int, done bool) {
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), help)
+		if !strings.HasSuffix(help, "Flags:\n") {
+			fmt.Fprint(fs.Output(), "\nFlags:\n")
+		}
+		fs.PrintDefaults()
+	}
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return exitOK, true
+	case err != nil:
+		return exitUsage, true
+	}
+	return exitOK, false
 }

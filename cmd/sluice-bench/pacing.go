@@ -87,17 +87,8 @@ func runPacing(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.BoolVar(&cfg.sequential, "sequential", false, "run the contenders one after the other instead of side by side")
 	fs.BoolVar(&cfg.dispatcher, "dispatcher", true, "include the end-to-end dispatcher (embedded NATS, HTTP downstream)")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), pacingHelp)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fs.Usage()
-			return exitOK
-		}
-		return exitUsage
+	if code, done := parseModeFlags(fs, args, pacingHelp, stdout); done {
+		return code
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "sluice-bench pacing: unexpected argument %q\n", fs.Arg(0))
@@ -385,21 +376,11 @@ func paceTransport(ctx context.Context, r limiter.Rate, d, stall time.Duration) 
 // paceDispatcher parks rate × d orders in an embedded NATS server, then measures when a
 // dispatcher delivers them to a local HTTP server.
 func paceDispatcher(ctx context.Context, r limiter.Rate, d, _ time.Duration) ([]time.Time, error) {
-	dir, err := os.MkdirTemp("", "sluice-bench-pacing-")
+	nc, stop, err := tempNATS()
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
-	if err != nil {
-		return nil, err
-	}
-	defer emb.Shutdown()
-	nc, err := emb.Connect()
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
+	defer stop()
 	srv, err := newArrivalServer()
 	if err != nil {
 		return nil, err
@@ -499,17 +480,8 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	conc := fs.String("concurrency", "1,16", "comma-separated numbers of concurrent callers")
 	size := fs.Int("size", 512, "body size in bytes")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), parkingHelp)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fs.Usage()
-			return exitOK
-		}
-		return exitUsage
+	if code, done := parseModeFlags(fs, args, parkingHelp, stdout); done {
+		return code
 	}
 	if fs.NArg() > 0 || *duration <= 0 || *size < 0 {
 		fmt.Fprintln(stderr, "sluice-bench parking: bad arguments (see -h)")
@@ -573,21 +545,11 @@ queues:
 `
 
 func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr io.Writer) ([]parkingResult, error) {
-	dir, err := os.MkdirTemp("", "sluice-bench-parking-")
+	nc, stop, err := tempNATS()
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
-	if err != nil {
-		return nil, err
-	}
-	defer emb.Shutdown()
-	nc, err := emb.Connect()
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
+	defer stop()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -712,4 +674,28 @@ func parkingMeasure(ctx context.Context, d time.Duration, conc int, op func(cont
 		total += c
 	}
 	return total, errors.Join(errs...)
+}
+
+// tempNATS starts an embedded JetStream server (syncing every write, as sluice's does)
+// in a temporary directory and connects to it; stop undoes all of it.
+func tempNATS() (nc *nats.Conn, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "sluice-bench-nats-")
+	if err != nil {
+		return nil, nil, err
+	}
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	if nc, err = emb.Connect(); err != nil {
+		emb.Shutdown()
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return nc, func() {
+		nc.Close()
+		emb.Shutdown()
+		os.RemoveAll(dir)
+	}, nil
 }
