@@ -77,6 +77,9 @@ type Config struct {
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
+// ValidName reports whether s is a valid queue name (see Config.Name).
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
 // WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	if c.MaxDepth == 0 {

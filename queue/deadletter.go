@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -154,14 +155,46 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 	return moved, nil
 }
 
-// PurgeDeadLetters deletes every dead letter of a queue and returns how many there were.
-func (s *Store) PurgeDeadLetters(ctx context.Context, queue string) (int, error) {
-	n := 0
-	if err := s.eachDead(ctx, queue, func(DeadLetter) bool { n++; return true }); err != nil {
-		return 0, err
+// PurgeDeadLetters deletes dead letters of a queue for good: the given tickets, or all
+// when none are given. It returns how many it deleted; tickets that have no dead letter
+// in the queue make it return ErrNotFound (after deleting the others).
+func (s *Store) PurgeDeadLetters(ctx context.Context, queue string, tickets ...string) (int, error) {
+	if len(tickets) == 0 {
+		n := 0
+		if err := s.eachDead(ctx, queue, func(DeadLetter) bool { n++; return true }); err != nil {
+			return 0, err
+		}
+		if err := s.dead.Purge(ctx, jetstream.WithPurgeSubject("sluice.dlq."+queue+".*")); err != nil {
+			return 0, unavailable("purge dead letters", err)
+		}
+		return n, nil
 	}
-	if err := s.dead.Purge(ctx, jetstream.WithPurgeSubject("sluice.dlq."+queue+".*")); err != nil {
-		return 0, unavailable("purge dead letters", err)
+	if !nameRE.MatchString(queue) {
+		return 0, fmt.Errorf("%w: %q", ErrUnknownQueue, queue)
+	}
+	n := 0
+	var missing []string
+	for _, t := range tickets {
+		if !ValidTicket(t) {
+			missing = append(missing, t)
+			continue
+		}
+		// One subject per ticket (sluice.dlq.{queue}.{ticket}): purging it deletes
+		// that dead letter and every repeat of it.
+		subject := deadSubjectFor(queue, t)
+		if _, err := s.dead.GetLastMsgForSubject(ctx, subject); errors.Is(err, jetstream.ErrMsgNotFound) {
+			missing = append(missing, t)
+			continue
+		} else if err != nil {
+			return n, unavailable("dead letters", err)
+		}
+		if err := s.dead.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+			return n, unavailable("purge dead letter", err)
+		}
+		n++
+	}
+	if len(missing) > 0 {
+		return n, fmt.Errorf("%w: no dead letter in %q with ticket %s", ErrNotFound, queue, strings.Join(missing, ", "))
 	}
 	return n, nil
 }

@@ -27,6 +27,21 @@ var (
 	ErrInvalidConfig = errors.New("queue: invalid config")
 	// ErrInvalidRequest: a Request lacks a required field or has a malformed one.
 	ErrInvalidRequest = errors.New("queue: invalid request")
+	// ErrNotCancellable: Cancel found the order past queued (delivering or final).
+	ErrNotCancellable = errors.New("queue: the order is no longer queued")
+	// ErrCancelUndecided: Cancel recorded the cancellation, but a dispatcher had
+	// already taken the order and has not settled it yet; the ticket's status will
+	// say cancelled or what the delivery gave. Asking again is safe.
+	ErrCancelUndecided = errors.New("queue: a dispatcher holds the order; cancellation undecided")
+	// ErrCancelled: MarkDelivering found the ticket cancelled; it must not be delivered.
+	ErrCancelled = errors.New("queue: the order was cancelled")
+	// ErrNoDispatcher: the queue has no consumer yet (no dispatcher ever ran it), so
+	// it cannot be paused or resumed.
+	ErrNoDispatcher = errors.New("queue: no dispatcher has attached to the queue yet")
+	// ErrDeclared: Retire was asked for a queue that the rules still declare.
+	ErrDeclared = errors.New("queue: the queue is declared by the rules")
+	// ErrNotEmpty: Retire was asked for a queue that still holds orders or dead letters.
+	ErrNotEmpty = errors.New("queue: the queue still holds orders")
 )
 
 // FullError is returned (wrapped) when a queue refuses a message because it is full.

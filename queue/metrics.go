@@ -14,6 +14,7 @@ type storeMetrics struct {
 	depth    *prometheus.Desc
 	maxDepth *prometheus.Desc
 	outflow  *prometheus.Desc
+	orphaned *prometheus.Desc
 }
 
 func newStoreMetrics(s *Store) *storeMetrics {
@@ -31,6 +32,9 @@ func newStoreMetrics(s *Store) *storeMetrics {
 			[]string{"queue"}, nil),
 		outflow: prometheus.NewDesc("sluice_queue_outflow_per_second",
 			"The configured outflow rate of a queue, shared by all its dispatchers.",
+			[]string{"queue"}, nil),
+		orphaned: prometheus.NewDesc("sluice_queue_orphaned",
+			"1 for a queue that left the rules and drains with the configuration it was declared with (retire it once empty), 0 for a declared one.",
 			[]string{"queue"}, nil),
 	}
 }
@@ -65,6 +69,7 @@ func (c queueCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.m.depth
 	ch <- c.m.maxDepth
 	ch <- c.m.outflow
+	ch <- c.m.orphaned
 }
 
 func (c queueCollector) Collect(ch chan<- prometheus.Metric) {
@@ -73,6 +78,11 @@ func (c queueCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, q := range c.m.store.Queues() {
 		cfg := q.Config()
 		ch <- prometheus.MustNewConstMetric(c.m.outflow, prometheus.GaugeValue, cfg.Outflow.PerSecondFloat(), q.name)
+		orphaned := 0.0
+		if q.Orphaned() {
+			orphaned = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.m.orphaned, prometheus.GaugeValue, orphaned, q.name)
 		if cfg.MaxDepth > 0 {
 			ch <- prometheus.MustNewConstMetric(c.m.maxDepth, prometheus.GaugeValue, float64(cfg.MaxDepth), q.name)
 		}

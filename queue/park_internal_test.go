@@ -61,3 +61,37 @@ func TestIdempotencyCrashBetweenKeyAndPublish(t *testing.T) {
 		t.Fatalf("depth %d after the second retry", d)
 	}
 }
+
+func TestOutflowSamples(t *testing.T) {
+	var o outflowSamples
+	t0 := time.Unix(1_000_000, 0)
+	if r, over := o.rate(); r != 0 || over != 0 {
+		t.Fatalf("empty: %v %v", r, over)
+	}
+	// 100 orders parked, 2 leave per second; samples every second for two minutes.
+	for i := 0; i <= 120; i++ {
+		o.add(t0.Add(time.Duration(i)*time.Second), jetstream.StreamState{LastSeq: 100, Msgs: uint64(max(100-2*i, 0))})
+		if i == 3 {
+			if r, over := o.rate(); over != 0 {
+				t.Errorf("after 3 s: %v over %v, want unmeasured", r, over)
+			}
+		}
+		if i == 40 {
+			if r, over := o.rate(); r != 2 || over != 40*time.Second {
+				t.Errorf("after 40 s: %v over %v", r, over)
+			}
+		}
+	}
+	// The queue emptied at 50 s: the last minute saw nothing leave.
+	if r, over := o.rate(); r != 0 || over < 55*time.Second || over > 65*time.Second {
+		t.Errorf("after 120 s: %v over %v", r, over)
+	}
+	if len(o.s) > 16 {
+		t.Errorf("%d samples kept", len(o.s))
+	}
+	// A re-created stream starts over.
+	o.add(t0.Add(121*time.Second), jetstream.StreamState{LastSeq: 1, Msgs: 1})
+	if r, over := o.rate(); over != 0 {
+		t.Errorf("after re-creation: %v %v", r, over)
+	}
+}

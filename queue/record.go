@@ -15,17 +15,20 @@ import (
 // Status is the state of a ticket.
 type Status string
 
-// Ticket states. done, failed and dead are final.
+// Ticket states. done, failed, dead and cancelled are final.
 const (
 	StatusQueued     Status = "queued"     // waiting in the queue (also between retries and during pauses)
 	StatusDelivering Status = "delivering" // a delivery attempt is running
 	StatusDone       Status = "done"       // the downstream accepted it (2xx, or the publish was acknowledged)
 	StatusFailed     Status = "failed"     // the downstream refused it for good (a 4xx other than 429)
 	StatusDead       Status = "dead"       // out of attempts; in the dead-letter stream
+	StatusCancelled  Status = "cancelled"  // cancelled by its ticket holder while queued (see Store.Cancel); never delivered
 )
 
 // Final reports whether no further delivery happens in this status.
-func (s Status) Final() bool { return s == StatusDone || s == StatusFailed || s == StatusDead }
+func (s Status) Final() bool {
+	return s == StatusDone || s == StatusFailed || s == StatusDead || s == StatusCancelled
+}
 
 // MaxResultBody caps the downstream response body kept in a ticket record.
 const MaxResultBody = 64 << 10
@@ -66,6 +69,10 @@ type Record struct {
 	// Computed by Status for non-final tickets (not stored).
 	Position   uint64        `json:"position,omitempty"`
 	RetryAfter time.Duration `json:"-"`
+
+	// rev is the bucket revision the record was read or written at (0: not stored),
+	// for the compare-and-set writes of Cancel and MarkDelivering.
+	rev uint64
 }
 
 // Record returns the stored record of a ticket, or ErrNotFound.
@@ -84,12 +91,19 @@ func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		return nil, fmt.Errorf("queue: corrupt record of ticket %s: %w", ticket, err)
 	}
+	rec.rev = e.Revision()
 	return &rec, nil
 }
 
 // SaveRecord writes a ticket record (UpdatedAt is set to now). Its lifetime is the
 // IdempotencyTTL of the record's queue (the default 24h for an undeclared queue).
 func (s *Store) SaveRecord(ctx context.Context, rec *Record) error {
+	return s.saveRecord(ctx, rec)
+}
+
+// saveRecord writes rec; with opts (jetstream.WithExpectLastSequencePerSubject) it is
+// a compare-and-set that fails with errWrongRevision when the record changed since.
+func (s *Store) saveRecord(ctx context.Context, rec *Record, opts ...jetstream.PublishOpt) error {
 	if !ValidTicket(rec.Ticket) {
 		return fmt.Errorf("%w: bad ticket %q", ErrInvalidRequest, rec.Ticket)
 	}
@@ -104,11 +118,22 @@ func (s *Store) SaveRecord(ctx context.Context, rec *Record) error {
 	}
 	msg := nats.NewMsg("$KV." + TicketsBucket + "." + rec.Ticket)
 	msg.Data = val
-	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(ttl), jetstream.WithExpectStream("KV_"+TicketsBucket)); err != nil {
+	opts = append(opts, jetstream.WithMsgTTL(ttl), jetstream.WithExpectStream("KV_"+TicketsBucket))
+	ack, err := s.js.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return errWrongRevision
+		}
 		return unavailable("save ticket record", err)
 	}
+	rec.rev = ack.Sequence
 	return nil
 }
+
+// errWrongRevision: a compare-and-set write of a record lost against another write.
+var errWrongRevision = errors.New("queue: ticket record changed")
 
 // Status returns the status of a ticket: its record, or for a ticket still waiting for
 // its first delivery, StatusQueued with its position. RetryAfter suggests when to ask

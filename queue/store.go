@@ -169,7 +169,8 @@ func (s *Store) Logger() *slog.Logger { return s.log }
 
 // Declare creates the queue's stream, or updates it to cfg, and adds the queue to the
 // store (replacing an earlier declaration of the same name: rules reloads call Declare
-// again). Streams of queues that disappear from the rules are left alone.
+// again). The configuration is kept with the stream (its metadata), so that a queue
+// that later leaves the rules still drains as declared: see AdoptOrphans.
 func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -199,10 +200,16 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		Duplicates:  cfg.DuplicateWindow,
 		Replicas:    cfg.Replicas,
 		AllowDirect: true,
+		Metadata:    configMetadata(cfg),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
 	}
+	return s.add(cfg, stream, false), nil
+}
+
+// add adds (or updates) a queue of the store.
+func (s *Store) add(cfg Config, stream jetstream.Stream, orphaned bool) *Queue {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queues[cfg.Name]
@@ -212,10 +219,11 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 	}
 	q.stream = stream
 	q.cfg.Store(&cfg)
-	return q, nil
+	q.orphaned.Store(orphaned)
+	return q
 }
 
-// Queue returns a declared queue.
+// Queue returns a declared (or adopted orphaned) queue.
 func (s *Store) Queue(name string) (*Queue, error) {
 	s.mu.RLock()
 	q := s.queues[name]
@@ -226,7 +234,7 @@ func (s *Store) Queue(name string) (*Queue, error) {
 	return q, nil
 }
 
-// Queues returns the declared queues.
+// Queues returns the declared queues and the adopted orphaned ones.
 func (s *Store) Queues() []*Queue {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -237,12 +245,15 @@ func (s *Store) Queues() []*Queue {
 	return out
 }
 
-// Queue is a declared queue.
+// Queue is a declared queue, or an orphaned one (see AdoptOrphans).
 type Queue struct {
-	store  *Store
-	name   string
-	cfg    atomic.Pointer[Config]
-	stream jetstream.Stream
+	store    *Store
+	name     string
+	cfg      atomic.Pointer[Config]
+	stream   jetstream.Stream
+	orphaned atomic.Bool
+
+	samples outflowSamples
 
 	infoMu   sync.Mutex
 	info     *jetstream.StreamInfo
@@ -300,11 +311,13 @@ func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstrea
 		if useCached {
 			return cached, nil
 		}
-		return nil, fmt.Errorf("%w: stream info of %q: %v", ErrUnavailable, q.name, err)
+		return nil, fmt.Errorf("%w: stream info of %q: %w", ErrUnavailable, q.name, err)
 	}
+	now := time.Now()
 	q.infoMu.Lock()
-	q.info, q.infoAt = fresh, time.Now()
+	q.info, q.infoAt = fresh, now
 	q.infoMu.Unlock()
+	q.samples.add(now, fresh.State)
 	return fresh, nil
 }
 

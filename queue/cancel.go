@@ -1,0 +1,223 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// cancelSettleWait bounds how long Cancel waits for a dispatcher that took the order
+// in the instant of the cancellation to settle it.
+const cancelSettleWait = 5 * time.Second
+
+// Cancel cancels a queued order: its record says cancelled and its message is removed
+// from the queue, so it is never delivered. The ticket is the capability (as for
+// Status). Errors: ErrNotFound (unknown or expired ticket), ErrNotCancellable (the
+// order is delivering or final; the error names the status), ErrCancelUndecided (see
+// there; asking again is safe), ErrUnavailable. Cancelling a cancelled ticket succeeds.
+//
+// Why nothing cancelled is delivered: the cancellation is a compare-and-set write of
+// the ticket record. A dispatcher reads the record after it fetched the order and skips
+// cancelled ones; for an order with a record it also marks it delivering with a
+// compare-and-set write before delivering (MarkDelivering), so exactly one of the two
+// writes wins. An order without a record (first attempt) is cancelled only when the
+// consumer had not handed it out after the cancellation was written: a later fetch
+// then reads the cancelled record. When the consumer handed it out meanwhile, Cancel
+// waits (briefly) for that dispatcher's verdict.
+func (s *Store) Cancel(ctx context.Context, ticket string) error {
+	if !ValidTicket(ticket) {
+		return ErrNotFound
+	}
+	for range 3 {
+		err := s.cancel(ctx, ticket)
+		if !errors.Is(err, errWrongRevision) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: the ticket record keeps changing", ErrUnavailable)
+}
+
+func (s *Store) cancel(ctx context.Context, ticket string) error {
+	rec, err := s.Record(ctx, ticket)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	if rec != nil {
+		switch rec.Status {
+		case StatusCancelled:
+			q, raw, err := s.findMessage(ctx, ticket, rec.Queue)
+			if err != nil || raw == nil {
+				return err
+			}
+			return s.settleCancel(ctx, q, raw, rec)
+		case StatusQueued:
+		default:
+			return fmt.Errorf("%w: it is %s", ErrNotCancellable, rec.Status)
+		}
+		q, raw, err := s.findMessage(ctx, ticket, rec.Queue)
+		if err != nil {
+			return err
+		}
+		if raw == nil {
+			// Queued by its record, but the message left the queue: a dispatcher is
+			// settling it right now.
+			return fmt.Errorf("%w: it is being settled", ErrNotCancellable)
+		}
+		rec.Status, rec.LastError, rec.NextAttemptAt = StatusCancelled, "cancelled by the ticket holder", time.Time{}
+		if err := s.saveRecord(ctx, rec, jetstream.WithExpectLastSequencePerSubject(rec.rev)); err != nil {
+			return err
+		}
+		// Every dispatcher marks such an order delivering with a compare-and-set
+		// against the revision it read, which this write has changed: none delivers it.
+		return s.removeCancelled(ctx, q, raw, rec)
+	}
+	q, raw, err := s.findMessage(ctx, ticket, "")
+	if err != nil {
+		return err
+	}
+	if raw == nil {
+		return ErrNotFound
+	}
+	if handedOut, err := q.handedOut(ctx, raw.Sequence); err != nil {
+		return err
+	} else if handedOut {
+		return fmt.Errorf("%w: it is %s", ErrNotCancellable, StatusDelivering)
+	}
+	m, err := decodeRaw(raw)
+	if err != nil {
+		return err
+	}
+	rec = &Record{Ticket: ticket, Queue: q.name, Rule: m.Rule, Status: StatusCancelled,
+		LastError: "cancelled by the ticket holder", ReceivedAt: m.ReceivedAt}
+	if err := s.saveRecord(ctx, rec, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+		return err
+	}
+	return s.settleCancel(ctx, q, raw, rec)
+}
+
+// settleCancel finishes the cancellation of an order without an earlier record once
+// the cancelled record is written.
+func (s *Store) settleCancel(ctx context.Context, q *Queue, raw *jetstream.RawStreamMsg, rec *Record) error {
+	handedOut, err := q.handedOut(ctx, raw.Sequence)
+	if err != nil {
+		return err
+	}
+	if !handedOut {
+		// Any later fetch reads the cancelled record first.
+		return s.removeCancelled(ctx, q, raw, rec)
+	}
+	// Handed out around the cancellation: the dispatcher either read the record before
+	// it was cancelled (it delivers, and its own record replaces ours) or after (it
+	// drops the order unseen). Wait for whichever it is.
+	wctx, cancel := context.WithTimeout(ctx, cancelSettleWait)
+	defer cancel()
+	for {
+		cur, err := s.Record(wctx, rec.Ticket)
+		switch {
+		case err == nil && cur.Status == StatusQueued:
+			return errWrongRevision // a failed attempt: queued again, try once more
+		case err == nil && cur.Status != StatusCancelled:
+			return fmt.Errorf("%w: it is %s", ErrNotCancellable, cur.Status)
+		case err != nil && !errors.Is(err, ErrNotFound) && wctx.Err() == nil:
+			return err
+		}
+		_, err = q.stream.GetMsg(wctx, raw.Sequence)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			s.cancelled(rec)
+			return nil
+		}
+		select {
+		case <-wctx.Done():
+			return ErrCancelUndecided
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Store) removeCancelled(ctx context.Context, q *Queue, raw *jetstream.RawStreamMsg, rec *Record) error {
+	if err := q.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		// The record says cancelled, so no dispatcher delivers it; it is acknowledged
+		// unseen when fetched.
+		s.log.Warn("cancelled order stays in the queue until a dispatcher drops it", "queue", q.name, "ticket", rec.Ticket, "err", err)
+	}
+	s.cancelled(rec)
+	return nil
+}
+
+func (s *Store) cancelled(rec *Record) {
+	s.log.Info("order cancelled by its ticket holder", "queue", rec.Queue, "ticket", rec.Ticket)
+	_ = s.PublishEvent(DoneSubject(rec.Queue), Event{Ticket: rec.Ticket, Queue: rec.Queue, Rule: rec.Rule,
+		Status: StatusCancelled, Attempts: rec.Attempts, At: time.Now().UTC()})
+}
+
+// findMessage returns the queued message of a ticket: in the named queue, or in any
+// queue of the store when name is "". raw is nil when there is none.
+func (s *Store) findMessage(ctx context.Context, ticket, name string) (*Queue, *jetstream.RawStreamMsg, error) {
+	qs := s.Queues()
+	if name != "" {
+		q, err := s.Queue(name)
+		if err != nil {
+			return nil, nil, nil
+		}
+		qs = []*Queue{q}
+	}
+	for _, q := range qs {
+		raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, unavailable("message lookup", err)
+		}
+		return q, raw, nil
+	}
+	return nil, nil, nil
+}
+
+// handedOut reports whether the queue's consumer has handed the message at seq to a
+// dispatcher (Status calls such an order without a record delivering).
+func (q *Queue) handedOut(ctx context.Context, seq uint64) (bool, error) {
+	cons, err := q.stream.Consumer(ctx, ConsumerName)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, unavailable("consumer of "+q.name, err)
+	}
+	return seq <= cons.CachedInfo().Delivered.Stream, nil
+}
+
+// MarkDelivering records that a delivery attempt of a ticket with a stored record
+// starts: a compare-and-set against the revision rec was read at, so that it and a
+// concurrent Cancel cannot both succeed. rec must come from Record. Errors:
+// ErrCancelled (the order was cancelled: do not deliver it); ErrUnavailable (the
+// record could not be written; whether to deliver anyway is the caller's choice, no
+// cancellation can have been written either); any other error means the record
+// changed under us in another way (for example it became final): do not deliver now.
+func (s *Store) MarkDelivering(ctx context.Context, rec *Record) error {
+	d := *rec
+	d.Status, d.NextAttemptAt = StatusDelivering, time.Time{}
+	for range 3 {
+		err := s.saveRecord(ctx, &d, jetstream.WithExpectLastSequencePerSubject(d.rev))
+		if !errors.Is(err, errWrongRevision) {
+			if err == nil {
+				rec.rev = d.rev
+			}
+			return err
+		}
+		cur, err := s.Record(ctx, rec.Ticket)
+		switch {
+		case err != nil:
+			return err
+		case cur.Status == StatusCancelled:
+			return ErrCancelled
+		case cur.Status.Final():
+			return fmt.Errorf("queue: ticket %s is already %s", rec.Ticket, cur.Status)
+		}
+		d.rev = cur.rev // a write of our own (an earlier attempt) came in between
+	}
+	return fmt.Errorf("queue: the record of ticket %s keeps changing", rec.Ticket)
+}
