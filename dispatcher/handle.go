@@ -86,7 +86,7 @@ func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
 		r.mu.Unlock()
 		now := time.Now()
 		if until := r.pacer.PausedUntil(); until.Sub(now) > fetchWait {
-			_ = p.jm.NakWithDelay(until.Sub(now))
+			_ = p.jm.NakWithDelay(pauseNakDelay(until.Sub(now)))
 			continue
 		}
 		start, err := r.pacer.Wait(ctx)
@@ -129,21 +129,25 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	// A ticket without a record reads as delivering once its message has been handed
 	// to a dispatcher (queue.Store.Status asks the consumer), which saves a synced write
 	// per delivery. A record from an earlier attempt or pause is set to delivering
-	// alongside the delivery, not before it: the start time is the pacing slot.
-	marked := make(chan struct{})
-	go func() {
-		defer close(marked)
-		if !stored {
-			return
-		}
-		d := *rec
-		d.Status, d.NextAttemptAt = queue.StatusDelivering, time.Time{}
+	// before the delivery, with a compare-and-set that loses against a cancellation
+	// (queue.Store.Cancel); a record that cannot be written does not hold up delivery.
+	if stored {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := r.store.SaveRecord(ctx, &d); err != nil {
+		err := r.store.MarkDelivering(ctx, rec)
+		cancel()
+		switch {
+		case errors.Is(err, queue.ErrCancelled):
+			r.log.Info("order cancelled before delivery; dropping it", "ticket", m.Ticket)
+			_ = jm.TermWithReason("cancelled")
+			return
+		case err != nil && !errors.Is(err, queue.ErrUnavailable):
+			r.log.Debug("ticket record changed; trying later", "ticket", m.Ticket, "err", err)
+			_ = jm.NakWithDelay(time.Second)
+			return
+		case err != nil:
 			r.log.Debug("cannot mark delivering", "ticket", m.Ticket, "err", err)
 		}
-	}()
+	}
 	r.mu.Lock()
 	tgt := r.target
 	r.mu.Unlock()
@@ -152,7 +156,6 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	out := tgt.deliver(ctx, m)
 	cancel()
 	r.m.duration.Observe(time.Since(start).Seconds())
-	<-marked
 
 	switch out.kind {
 	case outcomeDone:
@@ -221,8 +224,13 @@ func (r *runner) throttled(m *queue.Message, jm jetstream.Msg, rec *queue.Record
 	rec.LastError = fmt.Sprintf("%s; queue paused for %s", out.describe(), pause.Round(time.Millisecond))
 	r.save(rec, 2)
 	r.m.retried("throttled").Inc()
-	_ = jm.NakWithDelay(pause)
+	_ = jm.NakWithDelay(pauseNakDelay(pause))
 }
+
+// pauseNakDelay is how long an order fetched during a pause is handed back for. The
+// consumer's pause on the server holds it for the rest, and an operator's resume
+// (queue.Queue.Resume) then finds it available instead of hidden for the whole pause.
+func pauseNakDelay(pause time.Duration) time.Duration { return min(pause, 5*time.Second) }
 
 func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Record, cfg queue.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -186,6 +186,13 @@ func (p *Pacer) PauseUntil(t time.Time) {
 	}
 }
 
+// Resume ends a pause at once (an operator resumed the queue).
+func (p *Pacer) Resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pausedUntil = time.Time{}
+}
+
 // PausedUntil returns the end of the current pause (zero or past: not paused).
 func (p *Pacer) PausedUntil() time.Time {
 	p.mu.Lock()

@@ -32,6 +32,7 @@ type runner struct {
 	target      target
 	fetchWait   time.Duration
 	serverPause time.Time // pause we (or another replica) set on the server
+	pauseSetAt  time.Time // when serverPause was last confirmed (future: being set)
 	pinID       string
 }
 
@@ -77,6 +78,10 @@ func (r *runner) setup(ctx context.Context) bool {
 		err := r.ensureConsumer(ctx)
 		if err == nil {
 			return true
+		}
+		if r.retired(ctx) {
+			r.log.Info("queue retired; its dispatcher stops")
+			return false
 		}
 		r.log.Warn("cannot set up the consumer; retrying", "err", err, "in", wait)
 		select {
@@ -183,6 +188,10 @@ func (r *runner) fetchLoop(ctx context.Context) {
 			continue
 		case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrConsumerDeleted),
 			errors.Is(err, jetstream.ErrStreamNotFound):
+			if r.retired(ctx) {
+				r.log.Info("queue retired; its dispatcher stops")
+				return
+			}
 			r.log.Warn("consumer is gone; setting it up again", "err", err)
 			if !r.setup(ctx) {
 				return
@@ -216,18 +225,31 @@ func (r *runner) maintain(ctx context.Context) {
 		r.mu.Lock()
 		cons := r.cons
 		r.mu.Unlock()
+		asked := time.Now()
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		info, err := cons.Info(ictx)
 		cancel()
 		if err != nil {
+			if r.retired(ctx) {
+				return // fetchLoop stops too
+			}
 			continue
 		}
 		now := time.Now()
+		resumed := false
+		r.mu.Lock()
 		if info.Paused && info.PauseRemaining > 0 {
-			until := now.Add(info.PauseRemaining)
-			r.mu.Lock()
-			r.serverPause = maxTime(r.serverPause, until)
-			r.mu.Unlock()
+			r.serverPause = maxTime(r.serverPause, now.Add(info.PauseRemaining))
+			r.pauseSetAt = now
+		} else if r.serverPause.After(now) && r.pauseSetAt.Before(asked) {
+			// The pause on the server ended before its time: an operator resumed the
+			// queue (queue.Queue.Resume). Resume here too.
+			r.serverPause, resumed = time.Time{}, true
+		}
+		r.mu.Unlock()
+		if resumed {
+			r.pacer.Resume()
+			r.log.Info("queue resumed")
 		}
 		if info.Paused || r.pacer.PausedUntil().After(now) {
 			r.m.paused.Set(1)
@@ -235,6 +257,18 @@ func (r *runner) maintain(ctx context.Context) {
 			r.m.paused.Set(0)
 		}
 	}
+}
+
+// retired reports whether the queue left the rules and its stream was deleted
+// (queue.Store.Retire): nothing is left to drain.
+func (r *runner) retired(ctx context.Context) bool {
+	if !r.q.Orphaned() {
+		return false
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := r.store.JetStream().Stream(sctx, r.q.StreamName())
+	return errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 func sameQueueConfig(a, b queue.Config) bool {
@@ -277,6 +311,7 @@ func (r *runner) pause(until time.Time) {
 		return
 	}
 	r.serverPause = until
+	r.pauseSetAt = until // not confirmed yet: maintain must not take it for a resume
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -287,6 +322,9 @@ func (r *runner) pause(until time.Time) {
 		r.mu.Unlock()
 		return
 	}
+	r.mu.Lock()
+	r.pauseSetAt = time.Now()
+	r.mu.Unlock()
 	r.log.Info("queue paused by the downstream", "until", until.UTC().Format(time.RFC3339Nano))
 }
 
