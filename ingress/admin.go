@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,10 +19,12 @@ import (
 
 // Admin serves the operations endpoints, on a listener of their own:
 //
-//	/healthz           200 while the process runs (never behind the token)
-//	/readyz            200 when rules are loaded and every readiness check passes
-//	/metrics           Prometheus metrics
-//	/sluice/v1/rules   the active rules, as JSON
+//	/healthz                  200 while the process runs (never behind the token)
+//	/readyz                   200 when rules are loaded and every readiness check passes
+//	/metrics                  Prometheus metrics
+//	/sluice/v1/rules          the active rules, as JSON
+//	/sluice/v1/queues…        queue operations (QueueAPI), when Queues is set
+//	/sluice/v1/openapi.json   the OpenAPI document of these endpoints
 //
 // With a Token, everything but /healthz needs `Authorization: Bearer TOKEN`.
 type Admin struct {
@@ -30,23 +34,48 @@ type Admin struct {
 	// short timeout.
 	Ready map[string]func(context.Context) error
 	Token string
-	// Extra adds handlers under their paths (queue stats, for one).
+	// Extra adds handlers under their patterns ("GET /path").
 	Extra map[string]http.Handler
+	// Queues serves the queue operations (nil: none).
+	Queues *QueueAPI
+}
+
+// Route is an endpoint: a net/http ServeMux pattern ("GET /path/{name}") and its handler.
+type Route struct {
+	Pattern string
+	Handler http.Handler
+}
+
+// Routes returns every endpoint of Handler; all but the first (/healthz) are behind
+// the token.
+func (a *Admin) Routes() []Route {
+	routes := []Route{
+		{"GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = w.Write([]byte("ok\n"))
+		})},
+		{"GET /readyz", http.HandlerFunc(a.readyz)},
+		{"GET /metrics", promhttp.HandlerFor(a.Gatherer, promhttp.HandlerOpts{})},
+		{"GET /sluice/v1/rules", http.HandlerFunc(a.rules)},
+		{"GET " + OpenAPIPath, http.HandlerFunc(serveOpenAPI)},
+	}
+	if a.Queues != nil {
+		routes = append(routes, a.Queues.Routes()...)
+	}
+	for _, pattern := range slices.Sorted(maps.Keys(a.Extra)) {
+		routes = append(routes, Route{pattern, a.Extra[pattern]})
+	}
+	return routes
 }
 
 // Handler returns the admin endpoints' handler.
 func (a *Admin) Handler() http.Handler {
+	routes := a.Routes()
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	mux.Handle(routes[0].Pattern, routes[0].Handler)
 	gated := http.NewServeMux()
-	gated.HandleFunc("GET /readyz", a.readyz)
-	gated.Handle("GET /metrics", promhttp.HandlerFor(a.Gatherer, promhttp.HandlerOpts{}))
-	gated.HandleFunc("GET /sluice/v1/rules", a.rules)
-	for path, h := range a.Extra {
-		gated.Handle(path, h)
+	for _, rt := range routes[1:] {
+		gated.Handle(rt.Pattern, rt.Handler)
 	}
 	mux.Handle("/", a.authorize(gated))
 	return mux

@@ -19,6 +19,7 @@ import (
 type Parker interface {
 	Park(ctx context.Context, req *queue.Request) (queue.Receipt, error)
 	Status(ctx context.Context, ticket string) (*queue.Record, error)
+	Cancel(ctx context.Context, ticket string) error
 }
 
 // DeferredPath is where clients follow their tickets: DeferredPath + ticket.
@@ -229,5 +230,40 @@ func (q *QueueDeferrer) StatusHandler() http.Handler {
 			h.Set("Retry-After", strconv.FormatInt(ceilSeconds(max(rec.RetryAfter, time.Second)), 10))
 		}
 		_ = json.NewEncoder(w).Encode(body)
+	})
+}
+
+// CancelHandler serves DELETE DeferredPath{ticket}: the ticket holder cancels an order
+// that is still queued. 204: cancelled (also when it was already), and it is never
+// delivered. 409: delivering or final (the problem says which). 404: unknown ticket.
+// 503 with Retry-After: NATS unreachable, or a dispatcher took the order at the same
+// moment and has not settled it yet (asking again is safe: the answer is then 204 or
+// 409). As for status, the ticket (128 random bits) is the capability.
+func (q *QueueDeferrer) CancelHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ticket := strings.TrimPrefix(r.URL.Path, DeferredPath)
+		if !queue.ValidTicket(ticket) {
+			writeProblem(w, simpleProblem(http.StatusNotFound, "No such ticket."))
+			return
+		}
+		err := q.parker.Cancel(r.Context(), ticket)
+		switch {
+		case err == nil:
+			w.Header().Set("Cache-Control", "no-store")
+			w.WriteHeader(http.StatusNoContent)
+		case errors.Is(err, queue.ErrNotFound):
+			writeProblem(w, simpleProblem(http.StatusNotFound, "No such ticket (tickets are kept for a limited time)."))
+		case errors.Is(err, queue.ErrNotCancellable):
+			writeProblem(w, simpleProblem(http.StatusConflict, "The order can no longer be cancelled: "+
+				strings.TrimPrefix(err.Error(), queue.ErrNotCancellable.Error()+": ")+"."))
+		case errors.Is(err, queue.ErrCancelUndecided):
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
+				"A dispatcher took the order as it was cancelled; ask again to learn whether the cancellation held."))
+		default:
+			q.log.Warn("cancel failed", "err", err)
+			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
+			writeProblem(w, simpleProblem(http.StatusServiceUnavailable, "The order cannot be cancelled now; retry later."))
+		}
 	})
 }

@@ -1,0 +1,463 @@
+package ingress
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// openAPIDoc is the part of an OpenAPI document the tests read.
+type openAPIDoc struct {
+	Paths      map[string]map[string]json.RawMessage `json:"paths"`
+	Components struct {
+		Schemas   map[string]*schema `json:"schemas"`
+		Responses map[string]struct {
+			Content map[string]struct {
+				Schema *schema `json:"schema"`
+			} `json:"content"`
+		} `json:"responses"`
+	} `json:"components"`
+}
+
+type operation struct {
+	Responses map[string]struct {
+		Ref     string `json:"$ref"`
+		Content map[string]struct {
+			Schema *schema `json:"schema"`
+		} `json:"content"`
+	} `json:"responses"`
+}
+
+type schema struct {
+	Ref        string             `json:"$ref"`
+	Type       string             `json:"type"`
+	Required   []string           `json:"required"`
+	Properties map[string]*schema `json:"properties"`
+	Items      *schema            `json:"items"`
+	Enum       []string           `json:"enum"`
+}
+
+func loadOpenAPI(t *testing.T) *openAPIDoc {
+	t.Helper()
+	var doc openAPIDoc
+	if err := json.Unmarshal(openAPI, &doc); err != nil {
+		t.Fatalf("openapi.json: %v", err)
+	}
+	return &doc
+}
+
+func (d *openAPIDoc) resolve(s *schema) *schema {
+	for s != nil && s.Ref != "" {
+		s = d.Components.Schemas[strings.TrimPrefix(s.Ref, "#/components/schemas/")]
+	}
+	return s
+}
+
+// responseSchema returns the documented schema of a response, nil when the status is
+// not documented for the operation.
+func (d *openAPIDoc) responseSchema(t *testing.T, path, method string, status int) (*schema, bool) {
+	t.Helper()
+	raw, ok := d.Paths[path][strings.ToLower(method)]
+	if !ok {
+		t.Fatalf("%s %s is not in the document", method, path)
+	}
+	var op operation
+	if err := json.Unmarshal(raw, &op); err != nil {
+		t.Fatal(err)
+	}
+	resp, ok := op.Responses[fmt.Sprint(status)]
+	if !ok {
+		return nil, false
+	}
+	content := resp.Content
+	if resp.Ref != "" {
+		content = d.Components.Responses[strings.TrimPrefix(resp.Ref, "#/components/responses/")].Content
+	}
+	for _, c := range content {
+		return c.Schema, true
+	}
+	return nil, true // no body documented
+}
+
+// check validates v against s: types, required members and enums, recursively.
+func (d *openAPIDoc) check(s *schema, v any, at string) []string {
+	s = d.resolve(s)
+	if s == nil {
+		return nil
+	}
+	var errs []string
+	switch s.Type {
+	case "object":
+		m, ok := v.(map[string]any)
+		if !ok {
+			return []string{at + ": not an object"}
+		}
+		for _, r := range s.Required {
+			if _, ok := m[r]; !ok {
+				errs = append(errs, at+": missing required "+r)
+			}
+		}
+		for name, ps := range s.Properties {
+			if pv, ok := m[name]; ok {
+				errs = append(errs, d.check(ps, pv, at+"."+name)...)
+			}
+		}
+	case "array":
+		a, ok := v.([]any)
+		if !ok {
+			return []string{at + ": not an array"}
+		}
+		for i, e := range a {
+			errs = append(errs, d.check(s.Items, e, fmt.Sprintf("%s[%d]", at, i))...)
+		}
+	case "string":
+		str, ok := v.(string)
+		if !ok {
+			return []string{at + ": not a string"}
+		}
+		if len(s.Enum) > 0 && !slices.Contains(s.Enum, str) {
+			errs = append(errs, at+": "+str+" not in the enum")
+		}
+	case "integer", "number":
+		if _, ok := v.(float64); !ok {
+			return []string{at + ": not a number"}
+		}
+	case "boolean":
+		if _, ok := v.(bool); !ok {
+			return []string{at + ": not a boolean"}
+		}
+	}
+	return errs
+}
+
+// conforms checks a recorded response against the document.
+func (d *openAPIDoc) conforms(t *testing.T, path, method string, w *httptest.ResponseRecorder) {
+	t.Helper()
+	s, ok := d.responseSchema(t, path, method, w.Code)
+	if !ok {
+		t.Errorf("%s %s answered %d, which the document does not list (%s)", method, path, w.Code, w.Body)
+		return
+	}
+	if s == nil {
+		if w.Body.Len() != 0 {
+			t.Errorf("%s %s %d: undocumented body %s", method, path, w.Code, w.Body)
+		}
+		return
+	}
+	ct := w.Header().Get("Content-Type")
+	if !strings.Contains(ct, "json") {
+		return // text bodies (metrics, healthz)
+	}
+	var v any
+	if err := json.Unmarshal(w.Body.Bytes(), &v); err != nil {
+		t.Errorf("%s %s %d: not JSON: %v", method, path, w.Code, err)
+		return
+	}
+	for _, e := range d.check(s, v, "body") {
+		t.Errorf("%s %s %d: %s", method, path, w.Code, e)
+	}
+}
+
+// patternPath turns a ServeMux pattern into its method and OpenAPI path.
+func patternPath(pattern string) (method, path string) {
+	method, path, _ = strings.Cut(pattern, " ")
+	return method, path
+}
+
+type queueAPIFixture struct {
+	t       *testing.T
+	store   *queue.Store
+	handler http.Handler
+	admin   *Admin
+	doc     *openAPIDoc
+}
+
+func newQueueAPIFixture(t *testing.T) *queueAPIFixture {
+	t.Helper()
+	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(testRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	store, err := queue.Open(ctx, srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"orders", "idle"} {
+		if _, err := store.Declare(ctx, queue.Config{Name: name, Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	a := &Admin{Gatherer: reg, Rules: StaticRules{set}, Token: "tok", Queues: &QueueAPI{Store: store}}
+	return &queueAPIFixture{t: t, store: store, handler: a.Handler(), admin: a, doc: loadOpenAPI(t)}
+}
+
+func (f *queueAPIFixture) do(method, target, body, token string) *httptest.ResponseRecorder {
+	var r *http.Request
+	if body == "" {
+		r = httptest.NewRequest(method, target, nil)
+	} else {
+		r = httptest.NewRequest(method, target, strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	w := httptest.NewRecorder()
+	f.handler.ServeHTTP(w, r)
+	return w
+}
+
+// Every route of the admin listener is in the OpenAPI document, and every admin path
+// of the document is a route.
+func TestOpenAPIRoutes(t *testing.T) {
+	f := newQueueAPIFixture(t)
+	var routes []string
+	for _, rt := range f.admin.Routes() {
+		method, path := patternPath(rt.Pattern)
+		if _, ok := f.doc.Paths[path][strings.ToLower(method)]; !ok {
+			t.Errorf("route %s is not in openapi.json", rt.Pattern)
+		}
+		routes = append(routes, strings.ToLower(method)+" "+path)
+	}
+	for path, ops := range f.doc.Paths {
+		if strings.HasPrefix(path, DeferredPath) {
+			continue // front door
+		}
+		for method := range ops {
+			if method == "parameters" {
+				continue
+			}
+			if !slices.Contains(routes, method+" "+path) {
+				t.Errorf("openapi.json documents %s %s, which the admin listener does not serve", method, path)
+			}
+		}
+	}
+	w := f.do("GET", OpenAPIPath, "", "tok")
+	if w.Code != 200 || !json.Valid(w.Body.Bytes()) {
+		t.Errorf("GET %s: %d", OpenAPIPath, w.Code)
+	}
+}
+
+// Without the token every route but /healthz answers 401.
+func TestQueueAPINeedsToken(t *testing.T) {
+	f := newQueueAPIFixture(t)
+	for _, rt := range f.admin.Routes() {
+		method, path := patternPath(rt.Pattern)
+		path = strings.ReplaceAll(path, "{queue}", "orders")
+		for _, token := range []string{"", "wrong", "tok "} {
+			w := f.do(method, path+"?confirm=true&all=true", `{"all":true}`, token)
+			if path == "/healthz" {
+				if w.Code != 200 {
+					t.Errorf("%s without token: %d", rt.Pattern, w.Code)
+				}
+				continue
+			}
+			if w.Code != http.StatusUnauthorized || w.Header().Get("WWW-Authenticate") == "" {
+				t.Errorf("%s with token %q: %d, want 401", rt.Pattern, token, w.Code)
+			}
+		}
+	}
+	// Nothing was done by those requests.
+	q, _ := f.store.Queue("orders")
+	if in, err := q.Info(context.Background()); err != nil || !in.PausedUntil.IsZero() {
+		t.Errorf("unauthorized requests changed the queue: %+v %v", in, err)
+	}
+}
+
+// The real responses of every handler, successes and failures, match the document.
+func TestQueueAPIResponses(t *testing.T) {
+	f := newQueueAPIFixture(t)
+	ctx := context.Background()
+	q, _ := f.store.Queue("orders")
+	// Two dead letters and one queued order; the dispatchers' consumer exists.
+	cons, err := q.Stream().CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: queue.ConsumerName, AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead []string
+	for range 3 {
+		if _, err := f.store.Park(ctx, &queue.Request{Queue: "orders", Method: "POST", Path: "/v1/orders", Body: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		jm, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := queue.Decode(jm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.store.DeadLetter(ctx, m, 8, "downstream answered 500"); err != nil {
+			t.Fatal(err)
+		}
+		_ = jm.Term()
+		dead = append(dead, m.Ticket)
+	}
+
+	const (
+		pQueues  = "/sluice/v1/queues"
+		pQueue   = "/sluice/v1/queues/{queue}"
+		pPause   = "/sluice/v1/queues/{queue}/pause"
+		pResume  = "/sluice/v1/queues/{queue}/resume"
+		pRetire  = "/sluice/v1/queues/{queue}/retire"
+		pDead    = "/sluice/v1/queues/{queue}/dead"
+		pRequeue = "/sluice/v1/queues/{queue}/dead/requeue"
+	)
+	future := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	cases := []struct {
+		name, method, doc, target, body string
+		want                            int
+		contains                        string
+	}{
+		{"list", "GET", pQueues, "/sluice/v1/queues", "", 200, `"name": "orders"`},
+		{"show", "GET", pQueue, "/sluice/v1/queues/orders", "", 200, `"depth": 1`},
+		{"show unknown", "GET", pQueue, "/sluice/v1/queues/nosuch", "", 404, ""},
+		{"show path trick", "GET", pQueue, "/sluice/v1/queues/..%2F..%2Fmetrics", "", 404, ""},
+		{"show dotted", "GET", pQueue, "/sluice/v1/queues/a.b", "", 404, ""},
+		{"show wildcard", "GET", pQueue, "/sluice/v1/queues/%3E", "", 404, ""},
+		{"pause for", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"for":"15m"}`, 200, `"paused_until"`},
+		{"pause until query", "POST", pPause, "/sluice/v1/queues/orders/pause?until=" + future, "", 200, `"paused_until"`},
+		{"pause neither", "POST", pPause, "/sluice/v1/queues/orders/pause", `{}`, 400, "exactly one"},
+		{"pause both", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"for":"1m","until":"` + future + `"}`, 400, "exactly one"},
+		{"pause bad duration", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"for":"soon"}`, 400, "positive duration"},
+		{"pause negative", "POST", pPause, "/sluice/v1/queues/orders/pause?for=-5m", "", 400, "positive duration"},
+		{"pause forever", "POST", pPause, "/sluice/v1/queues/orders/pause?for=100000h", "", 400, "positive duration"},
+		{"pause overflow", "POST", pPause, "/sluice/v1/queues/orders/pause?for=9999999999999999h", "", 400, "positive duration"},
+		{"pause past", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"until":"2001-01-01T00:00:00Z"}`, 400, "future"},
+		{"pause bad time", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"until":"tomorrow"}`, 400, "RFC 3339"},
+		{"pause malformed", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"for":`, 400, "not the expected JSON"},
+		{"pause not object", "POST", pPause, "/sluice/v1/queues/orders/pause", `[1,2]`, 400, "not the expected JSON"},
+		{"pause unknown field", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"for":"1m","rm":"-rf"}`, 400, "unknown field"},
+		{"pause trailing", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"for":"1m"}{"for":"2m"}`, 400, "trailing"},
+		{"pause huge", "POST", pPause, "/sluice/v1/queues/orders/pause", `{"for":"` + strings.Repeat("9", 2<<20) + `"}`, 413, ""},
+		{"pause unknown queue", "POST", pPause, "/sluice/v1/queues/nosuch/pause", `{"for":"1m"}`, 404, ""},
+		{"pause no dispatcher", "POST", pPause, "/sluice/v1/queues/idle/pause", `{"for":"1m"}`, 409, "no dispatcher"},
+		{"resume", "POST", pResume, "/sluice/v1/queues/orders/resume", "", 200, `"orphaned": false`},
+		{"resume unknown", "POST", pResume, "/sluice/v1/queues/..%2f/resume", "", 404, ""},
+		{"retire declared", "POST", pRetire, "/sluice/v1/queues/orders/retire", "", 409, "rules"},
+		{"retire unknown", "POST", pRetire, "/sluice/v1/queues/nosuch/retire", "", 404, ""},
+		{"retire trick", "POST", pRetire, "/sluice/v1/queues/%2e%2e%2fKV_sluice_tickets/retire", "", 404, ""},
+		{"retire bad drop", "POST", pRetire, "/sluice/v1/queues/orders/retire?drop=please", "", 400, "true or false"},
+		{"dead list", "GET", pDead, "/sluice/v1/queues/orders/dead", "", 200, dead[0]},
+		{"dead limit", "GET", pDead, "/sluice/v1/queues/orders/dead?limit=1", "", 200, dead[0]},
+		{"dead bad limit", "GET", pDead, "/sluice/v1/queues/orders/dead?limit=-1", "", 400, "limit"},
+		{"dead huge limit", "GET", pDead, "/sluice/v1/queues/orders/dead?limit=99999999999999999999", "", 400, "limit"},
+		{"dead unknown queue", "GET", pDead, "/sluice/v1/queues/nosuch/dead", "", 404, ""},
+		{"requeue nothing", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", "", 400, "all"},
+		{"requeue bad ticket", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":["../x"]}`, 400, "Not a ticket"},
+		{"requeue both", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":["` + dead[0] + `"],"all":true}`, 400, "not both"},
+		{"requeue too many", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":[` + strings.Repeat(`"`+dead[0]+`",`, maxTickets) + `"` + dead[0] + `"]}`, 413, ""},
+		{"requeue unknown ticket", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":["` + queue.NewTicket() + `"]}`, 404, ""},
+		{"requeue one", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue?ticket=" + dead[0], "", 200, `"requeued": 1`},
+		{"purge no confirm", "DELETE", pDead, "/sluice/v1/queues/orders/dead?all=true", "", 400, "confirm=true"},
+		{"purge bad confirm", "DELETE", pDead, "/sluice/v1/queues/orders/dead?confirm=yes&all=true", "", 400, "true or false"},
+		{"purge nothing", "DELETE", pDead, "/sluice/v1/queues/orders/dead?confirm=true", "", 400, "all"},
+		{"purge one", "DELETE", pDead, "/sluice/v1/queues/orders/dead?confirm=true", `{"tickets":["` + dead[1] + `"]}`, 200, `"purged": 1`},
+		{"purge all (none left)", "DELETE", pDead, "/sluice/v1/queues/orders/dead?confirm=true&all=true", "", 200, `"purged": 0`},
+		{"purge unknown queue", "DELETE", pDead, "/sluice/v1/queues/nosuch/dead?confirm=true&all=true", "", 404, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := f.do(tc.method, tc.target, tc.body, "tok")
+			if w.Code != tc.want || !strings.Contains(w.Body.String(), tc.contains) {
+				t.Fatalf("%s %s: %d %.300s, want %d containing %q", tc.method, tc.target, w.Code, w.Body, tc.want, tc.contains)
+			}
+			f.doc.conforms(t, tc.doc, tc.method, w)
+		})
+	}
+	// The pause of "pause until" then the resume really reached the server.
+	if in, err := q.Info(ctx); err != nil || !in.PausedUntil.IsZero() {
+		t.Errorf("after resume: %+v %v", in, err)
+	}
+	// Orphan, retire.
+	if _, err := f.store.AdoptOrphans(ctx, []string{"orders"}); err != nil {
+		t.Fatal(err)
+	}
+	w := f.do("GET", "/sluice/v1/queues/idle", "", "tok")
+	if !strings.Contains(w.Body.String(), `"orphaned": true`) {
+		t.Errorf("orphaned queue: %s", w.Body)
+	}
+	w = f.do("POST", "/sluice/v1/queues/idle/retire", "", "tok")
+	if w.Code != 200 || !strings.Contains(w.Body.String(), `"retired": "idle"`) {
+		t.Errorf("retire: %d %s", w.Code, w.Body)
+	}
+	f.doc.conforms(t, pRetire, "POST", w)
+	// The other admin endpoints match the document too.
+	for _, path := range []string{"/readyz", "/sluice/v1/rules", "/metrics", "/healthz"} {
+		f.doc.conforms(t, path, "GET", f.do("GET", path, "", "tok"))
+	}
+}
+
+// DELETE /sluice/v1/deferred/{ticket} on the front door: only a queued order, only with
+// its ticket.
+func TestCancelHandler(t *testing.T) {
+	f := newDeferFixture(t)
+	d := NewQueueDeferrer(f.store, nil)
+	doc := loadOpenAPI(t)
+	mux := http.NewServeMux()
+	mux.Handle("DELETE "+DeferredPath+"{ticket}", d.CancelHandler())
+	mux.Handle("GET "+DeferredPath+"{ticket}", d.StatusHandler())
+	del := func(ticket string) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest("DELETE", DeferredPath+ticket, nil))
+		return w
+	}
+	const docPath = DeferredPath + "{ticket}"
+	f.post(`{"n":0}`) // within the limit
+	var acc acceptedBody
+	if w := f.post(`{"n":1}`); w.Code != http.StatusAccepted || json.Unmarshal(w.Body.Bytes(), &acc) != nil {
+		t.Fatalf("defer: %d %s", w.Code, w.Body)
+	}
+	w := del(acc.Ticket)
+	if w.Code != http.StatusNoContent {
+		t.Fatalf("cancel: %d %s", w.Code, w.Body)
+	}
+	doc.conforms(t, docPath, "DELETE", w)
+	st := httptest.NewRecorder()
+	mux.ServeHTTP(st, httptest.NewRequest("GET", DeferredPath+acc.Ticket, nil))
+	if !strings.Contains(st.Body.String(), `"status":"cancelled"`) || st.Header().Get("Retry-After") != "" {
+		t.Errorf("status after cancel: %s (Retry-After %q)", st.Body, st.Header().Get("Retry-After"))
+	}
+	doc.conforms(t, docPath, "GET", st)
+	if w := del(acc.Ticket); w.Code != http.StatusNoContent {
+		t.Errorf("cancel again: %d", w.Code)
+	}
+	// Someone else's ticket cannot be guessed: unknown and malformed tickets are 404.
+	for _, ticket := range []string{queue.NewTicket(), "x", strings.Repeat("a", 27), "..%2F..%2Fx", "AAAAAAAAAAAAAAAAAAAAAAAAAA"} {
+		w := del(ticket)
+		if w.Code != http.StatusNotFound {
+			t.Errorf("cancel %q: %d", ticket, w.Code)
+		}
+		doc.conforms(t, docPath, "DELETE", w)
+	}
+	// A final order: 409.
+	if err := f.store.SaveRecord(context.Background(), &queue.Record{Ticket: acc.Ticket, Queue: "orders", Status: queue.StatusDone}); err != nil {
+		t.Fatal(err)
+	}
+	w = del(acc.Ticket)
+	if w.Code != http.StatusConflict || !regexp.MustCompile(`done`).MatchString(w.Body.String()) {
+		t.Errorf("cancel a done order: %d %s", w.Code, w.Body)
+	}
+	doc.conforms(t, docPath, "DELETE", w)
+}
