@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -32,23 +34,22 @@ attempts.
            ticket and starts again with no failed attempts
   purge    deletes them (all, or the given tickets) for good; requires --yes
 
-It connects to --nats, or else starts the embedded NATS server on --data-dir. That
-works only while no sluice runs there: a running sluice serve, ingress or dispatch
-holds its data directory, so start it with --nats-listen ADDR and pass --nats
-nats://ADDR here. --config FILE reads the NATS flags from the config file of those
-commands (its other keys are ignored); --json, --limit and --yes are never read from
-a file.
+With --admin URL it works through the admin API of a running sluice (its
+--admin-listen; the token in --admin-token or SLUICE_ADMIN_TOKEN); list then shows at
+most 10,000. Otherwise it connects to --nats, or else starts the embedded NATS server
+on --data-dir. That works only while no sluice runs there: a running sluice serve,
+ingress or dispatch holds its data directory, so use --admin, or start it with
+--nats-listen ADDR and pass --nats nats://ADDR here. --config FILE reads the NATS
+flags and --admin-token from the config file of those commands (its other keys are
+ignored); --json, --limit and --yes are never read from a file.
 
 Exit status: 0 done, 1 failed (NATS unreachable, unknown queue or ticket, queue full),
 2 bad usage (including purge without --yes).
 `
 
-// queueNameRE is the queue package's rule for names, checked here so that a typo is a
-// usage error before anything connects.
-var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
 type dlqConfig struct {
 	nats  natsConfig
+	admin adminClientConfig
 	json  bool
 	yes   bool
 	limit int
@@ -58,6 +59,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("dlq", flag.ContinueOnError)
 	var cfg dlqConfig
 	cfg.nats.flags(fs, false)
+	cfg.admin.flags(fs, "")
 	fs.BoolVar(&cfg.json, "json", false, "list: print a JSON array instead of a table")
 	fs.IntVar(&cfg.limit, "limit", 0, "list: print at most `n` dead letters, oldest first (0: all)")
 	fs.BoolVar(&cfg.yes, "yes", false, "purge: really delete the dead letters")
@@ -79,7 +81,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if action != "list" && action != "requeue" && action != "purge" {
 		return usageErr("unknown action %q: want list, requeue or purge", action)
 	}
-	if !queueNameRE.MatchString(queueName) {
+	if !queue.ValidName(queueName) {
 		return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", queueName)
 	}
 	for _, t := range tickets {
@@ -93,15 +95,26 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.limit < 0 {
 		return usageErr("--limit must not be negative")
 	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "sluice dlq %s: %v\n", action, err)
+		return exitFailure
+	}
+	if cfg.admin.url != "" {
+		c, err := newAdminClient(cfg.admin)
+		if err != nil {
+			return usageErr("%v", err)
+		}
+		d := &dlq{ctx: ctx, queue: queueName, tickets: tickets, stdout: stdout, stderr: stderr}
+		if err := d.viaAdmin(c, action, cfg.json, cfg.limit); err != nil {
+			return fail(err)
+		}
+		return exitOK
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if err := cfg.nats.check(log); err != nil {
 		return usageErr("%v", err)
 	}
 
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "sluice dlq %s: %v\n", action, err)
-		return exitFailure
-	}
 	if cfg.nats.url == "" {
 		// Starting an embedded server on a directory that holds no sluice data would
 		// create an empty one and report an empty queue: a wrong --data-dir must be
@@ -233,56 +246,97 @@ func missingError(queueName string, missing []string) error {
 	return fmt.Errorf("%w: no dead letter in queue %q with ticket %s", queue.ErrNotFound, queueName, strings.Join(missing, ", "))
 }
 
-// deadLetterJSON is one element of `sluice dlq list --json`.
-type deadLetterJSON struct {
-	Ticket     string    `json:"ticket"`
-	Queue      string    `json:"queue"`
-	Rule       string    `json:"rule,omitempty"`
-	Attempts   int       `json:"attempts"`
-	Reason     string    `json:"reason"`
-	DeadAt     time.Time `json:"dead_at"`
-	ReceivedAt time.Time `json:"received_at,omitzero"`
-	Method     string    `json:"method"`
-	Path       string    `json:"path"`
-	Query      string    `json:"query,omitempty"`
-	BodyBytes  int       `json:"body_bytes"`
-}
-
 func (d *dlq) list(asJSON bool, limit int) error {
 	found, missing, err := d.deadLetters(limit)
 	if err != nil {
 		return err
 	}
-	if asJSON {
-		out := make([]deadLetterJSON, 0, len(found))
-		for _, dl := range found {
-			m := dl.Message
-			out = append(out, deadLetterJSON{
-				Ticket: m.Ticket, Queue: d.queue, Rule: m.Rule, Attempts: dl.Attempts, Reason: dl.Reason,
-				DeadAt: dl.DeadAt.UTC(), ReceivedAt: m.ReceivedAt.UTC(), Method: m.Method, Path: m.Path,
-				Query: m.RawQuery, BodyBytes: len(m.Body),
-			})
-		}
-		enc := json.NewEncoder(d.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
-			return err
-		}
-	} else if len(found) == 0 {
-		fmt.Fprintf(d.stderr, "no dead letters in queue %s\n", d.queue)
-	} else {
-		tw := tabwriter.NewWriter(d.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TICKET\tQUEUE\tATTEMPTS\tREASON\tDEAD AT")
-		for _, dl := range found {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", dl.Message.Ticket, d.queue, dl.Attempts,
-				shorten(dl.Reason, 72), dl.DeadAt.UTC().Format(time.RFC3339))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
+	views := make([]ingress.DeadLetterView, 0, len(found))
+	for _, dl := range found {
+		views = append(views, ingress.NewDeadLetterView(d.queue, dl))
+	}
+	if err := d.print(views, asJSON); err != nil {
+		return err
 	}
 	if len(missing) > 0 {
 		return missingError(d.queue, missing)
+	}
+	return nil
+}
+
+// print writes dead letters as a table, or as a JSON array.
+func (d *dlq) print(views []ingress.DeadLetterView, asJSON bool) error {
+	if asJSON {
+		enc := json.NewEncoder(d.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(views)
+	}
+	if len(views) == 0 {
+		fmt.Fprintf(d.stderr, "no dead letters in queue %s\n", d.queue)
+		return nil
+	}
+	tw := tabwriter.NewWriter(d.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TICKET\tQUEUE\tATTEMPTS\tREASON\tDEAD AT")
+	for _, v := range views {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", v.Ticket, d.queue, v.Attempts, shorten(v.Reason, 72), v.DeadAt.UTC().Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+// viaAdmin runs the action through a running sluice's admin API.
+func (d *dlq) viaAdmin(c *adminClient, action string, asJSON bool, limit int) error {
+	path := "/sluice/v1/queues/" + d.queue + "/dead"
+	selection := map[string]any{"all": true}
+	if len(d.tickets) > 0 {
+		selection = map[string]any{"tickets": d.tickets}
+	}
+	switch action {
+	case "list":
+		var out struct {
+			DeadLetters []ingress.DeadLetterView `json:"dead_letters"`
+		}
+		if err := c.do(d.ctx, http.MethodGet, path, url.Values{"limit": {"10000"}}, nil, &out); err != nil {
+			return err
+		}
+		var views []ingress.DeadLetterView
+		seen := map[string]bool{}
+		for _, v := range out.DeadLetters {
+			if len(d.tickets) > 0 && !slices.Contains(d.tickets, v.Ticket) {
+				continue
+			}
+			seen[v.Ticket] = true
+			if limit <= 0 || len(views) < limit {
+				views = append(views, v)
+			}
+		}
+		if err := d.print(views, asJSON); err != nil {
+			return err
+		}
+		var missing []string
+		for _, t := range d.tickets {
+			if !seen[t] && !slices.Contains(missing, t) {
+				missing = append(missing, t)
+			}
+		}
+		if len(missing) > 0 {
+			return missingError(d.queue, missing)
+		}
+	case "requeue":
+		var out struct {
+			Requeued int `json:"requeued"`
+		}
+		if err := c.do(d.ctx, http.MethodPost, path+"/requeue", nil, selection, &out); err != nil {
+			return err
+		}
+		fmt.Fprintf(d.stdout, "requeued %d dead letters to queue %s\n", out.Requeued, d.queue)
+	case "purge":
+		var out struct {
+			Purged int `json:"purged"`
+		}
+		if err := c.do(d.ctx, http.MethodDelete, path, url.Values{"confirm": {"true"}}, selection, &out); err != nil {
+			return err
+		}
+		fmt.Fprintf(d.stdout, "purged %d dead letters of queue %s\n", out.Purged, d.queue)
 	}
 	return nil
 }
@@ -351,29 +405,28 @@ func (d *dlq) purge() error {
 		fmt.Fprintf(d.stdout, "purged %d dead letters of queue %s\n", n, d.queue)
 		return nil
 	}
-	found, missing, err := d.deadLetters(0)
-	if err != nil {
-		return err
-	}
-	// The store purges a whole queue only; single tickets are purged by their
-	// subject in the dead-letter stream (sluice.dlq.{queue}.{ticket}, see package queue).
-	dead, err := d.store.JetStream().Stream(d.ctx, queue.DeadStream)
-	if err != nil {
-		return fmt.Errorf("dead-letter stream: %w", err)
-	}
-	prog := newProgress(d.stderr, len(found), "dead letters")
+	prog := newProgress(d.stderr, len(d.tickets), "dead letters")
 	purged := 0
-	for _, dl := range found {
-		subject := "sluice.dlq." + d.queue + "." + dl.Message.Ticket
-		if err := dead.Purge(d.ctx, jetstream.WithPurgeSubject(subject)); err != nil {
+	var missing []string
+	for _, t := range d.tickets {
+		n, err := d.store.PurgeDeadLetters(d.ctx, d.queue, t)
+		switch {
+		case errors.Is(err, queue.ErrNotFound):
+			missing = append(missing, t)
+		case err != nil:
 			prog.done()
-			fmt.Fprintf(d.stdout, "purged %d of %d dead letters of queue %s\n", purged, len(found), d.queue)
-			return fmt.Errorf("purge %s: %w", dl.Message.Ticket, err)
+			fmt.Fprintf(d.stdout, "purged %d dead letters of queue %s\n", purged, d.queue)
+			return fmt.Errorf("purge %s: %w", t, err)
 		}
-		purged++
-		prog.update(purged)
+		purged += n
+		prog.update(purged + len(missing))
 	}
 	prog.done()
+	if purged == 0 {
+		if _, err := d.stream(); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(d.stdout, "purged %d dead letters of queue %s\n", purged, d.queue)
 	if len(missing) > 0 {
 		return missingError(d.queue, missing)

@@ -42,6 +42,7 @@ func init() {
 		{"serve", "run the front door and the dispatchers: proxy, reject or defer, then deliver", runServe},
 		{"ingress", "run the front door alone (serve without dispatchers)", runIngress},
 		{"dispatch", "run the dispatchers alone: drain the queues to their downstreams", runDispatch},
+		{"queue", "list, show, pause, resume or retire the queues of a running sluice", runQueue},
 		{"dlq", "list, re-queue or purge a queue's dead letters", runDLQ},
 		{"simulate", "replay a trace of requests through one rule on a simulated clock", runSimulate},
 		{"rules", "check rules files and explain how a request matches them", runRules},

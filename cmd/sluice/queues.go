@@ -207,10 +207,14 @@ func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer,
 }
 
 // sync declares every queue of set (creating or updating its stream) and starts a
-// dispatcher for each new one. It returns every declaration error at once.
+// dispatcher for each new one. Queues that left the rules but still have a stream
+// keep draining with the configuration stored with it (orphans, reported here). It
+// returns every declaration error at once.
 func (q *queues) sync(ctx context.Context, set *rules.Set) error {
 	var errs []error
+	var names []string
 	for _, rq := range set.Queues() {
+		names = append(names, rq.Name)
 		cfg := rq.Config
 		cfg.Replicas = q.replicas // where the queues live decides, not the rules file
 		if _, err := q.store.Declare(ctx, cfg); err != nil {
@@ -218,6 +222,20 @@ func (q *queues) sync(ctx context.Context, set *rules.Set) error {
 			continue
 		}
 		q.startDispatching(rq.Name)
+	}
+	orphans, err := q.store.AdoptOrphans(ctx, names)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("orphaned queues: %w", err))...)
+	}
+	for _, o := range orphans {
+		if o.Queue == nil {
+			q.log.Error("a queue that left the rules holds orders it cannot drain: put it back in the rules, or sluice queue retire --drop it",
+				"queue", o.Name, "depth", o.Depth, "err", o.Err)
+			continue
+		}
+		q.log.Warn("queue left the rules; draining it with the configuration it was declared with (sluice queue retire it once empty)",
+			"queue", o.Name, "depth", o.Depth)
+		q.startDispatching(o.Name)
 	}
 	return errors.Join(errs...)
 }
@@ -230,10 +248,15 @@ func (q *queues) startDispatching(name string) {
 	}
 	q.running[name] = true
 	q.log.Info("dispatching", "queue", name)
+	ctx := q.ctx
 	q.wg.Go(func() {
-		if err := q.disp.Run(q.ctx, name); err != nil {
+		if err := q.disp.Run(ctx, name); err != nil {
 			q.log.Error("dispatcher stopped", "queue", name, "err", err)
 		}
+		// A retired queue's dispatcher returns early; the queue may be declared again.
+		q.mu.Lock()
+		delete(q.running, name)
+		q.mu.Unlock()
 	})
 }
 
@@ -243,6 +266,8 @@ func (q *queues) dispatch(ctx context.Context) {
 	q.mu.Lock()
 	q.ctx, q.running = ctx, map[string]bool{}
 	q.mu.Unlock()
+	// Samples for the achieved outflow of the queue API.
+	q.wg.Go(func() { q.store.SampleOutflow(ctx, 5*time.Second) })
 	for _, dq := range q.store.Queues() {
 		q.startDispatching(dq.Name())
 	}

@@ -364,7 +364,8 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		g.front = newHTTPServer(cfg.front.listen, handler, log)
 	}
 	if cfg.admin.listen != "" {
-		admin := &ingress.Admin{Gatherer: reg, Rules: g.watcher, Ready: ready, Token: cfg.admin.token}
+		admin := &ingress.Admin{Gatherer: reg, Rules: g.watcher, Ready: ready, Token: cfg.admin.token,
+			Queues: &ingress.QueueAPI{Store: g.queues.store, Log: log}}
 		g.admin = newHTTPServer(cfg.admin.listen, admin.Handler(), log)
 	}
 	return g, nil
@@ -389,6 +390,7 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 		ingress.WithProxyClientIdentity(ids))
 	mux := http.NewServeMux()
 	mux.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
+	mux.Handle("DELETE "+ingress.DeferredPath+"{ticket}", deferrer.CancelHandler())
 	mux.Handle("/", mw.Wrap(proxy))
 	return mux, nil
 }

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/queue"
+)
+
+const queueHelp = `Usage: sluice queue list|show|pause|resume|retire [QUEUE] [flags]
+
+Operates the queues of a running sluice through its admin API (--admin, the address
+of its --admin-listen; the token of its --admin-token in --admin-token or
+SLUICE_ADMIN_TOKEN).
+
+  list            every queue: depth, oldest wait, outflow configured and achieved,
+                  pause, and whether it is orphaned (left the rules, still draining)
+  show QUEUE      one queue, in full
+  pause QUEUE     stop its deliveries on every replica: --for 15m or --until TIME
+  resume QUEUE    end a pause, also one a downstream's Retry-After set
+  retire QUEUE    delete an orphaned queue once it is empty; --drop deletes the
+                  orders and dead letters it still holds
+
+--json prints the API's JSON instead of a table.
+
+Exit status: 0 done, 1 failed (sluice unreachable, unknown queue, refused), 2 bad usage.
+`
+
+type queueCmdConfig struct {
+	admin adminClientConfig
+	json  bool
+	drop  bool
+	pause string
+	until string
+}
+
+// adminClientConfig is how a tool reaches a running sluice's admin API.
+type adminClientConfig struct {
+	url   string
+	token string
+}
+
+func (c *adminClientConfig) flags(fs *flag.FlagSet, def string) {
+	fs.StringVar(&c.url, "admin", def, "`URL` of a running sluice's admin listener (its --admin-listen)")
+	fs.StringVar(&c.token, "admin-token", "", "bearer `token` of the admin API (best from SLUICE_ADMIN_TOKEN)")
+}
+
+func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("queue", flag.ContinueOnError)
+	var cfg queueCmdConfig
+	cfg.admin.flags(fs, "http://127.0.0.1:9090")
+	fs.BoolVar(&cfg.json, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&cfg.drop, "drop", false, "retire: also delete the orders and dead letters the queue still holds")
+	fs.StringVar(&cfg.pause, "for", "", "pause: how long, a `duration` such as 15m")
+	fs.StringVar(&cfg.until, "until", "", "pause: until this RFC 3339 `time`")
+	if _, code, done := parseFlags(fs, interleave(fs, args), stdout, stderr, queueHelp); done {
+		return code
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "sluice queue: "+format+"\n", a...)
+		fmt.Fprintln(stderr, "Run 'sluice queue -h' for its usage.")
+		return exitUsage
+	}
+	if fs.NArg() < 1 {
+		return usageErr("want an action: list, show, pause, resume or retire")
+	}
+	action := fs.Arg(0)
+	var name string
+	switch action {
+	case "list":
+		if fs.NArg() != 1 {
+			return usageErr("list takes no queue")
+		}
+	case "show", "pause", "resume", "retire":
+		if fs.NArg() != 2 {
+			return usageErr("%s takes one queue", action)
+		}
+		name = fs.Arg(1)
+		if !queue.ValidName(name) {
+			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
+		}
+	default:
+		return usageErr("unknown action %q: want list, show, pause, resume or retire", action)
+	}
+	if action == "pause" && (cfg.pause == "") == (cfg.until == "") {
+		return usageErr("pause needs --for DURATION or --until TIME (one of them)")
+	}
+	c, err := newAdminClient(cfg.admin)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "sluice queue %s: %v\n", action, err)
+		return exitFailure
+	}
+	path := "/sluice/v1/queues"
+	if name != "" {
+		path += "/" + name
+	}
+	var raw json.RawMessage
+	switch action {
+	case "list", "show":
+		err = c.do(ctx, http.MethodGet, path, nil, nil, &raw)
+	case "pause":
+		q := url.Values{}
+		if cfg.pause != "" {
+			q.Set("for", cfg.pause)
+		} else {
+			q.Set("until", cfg.until)
+		}
+		err = c.do(ctx, http.MethodPost, path+"/pause", q, nil, &raw)
+	case "resume":
+		err = c.do(ctx, http.MethodPost, path+"/resume", nil, nil, &raw)
+	case "retire":
+		q := url.Values{}
+		if cfg.drop {
+			q.Set("drop", "true")
+		}
+		err = c.do(ctx, http.MethodPost, path+"/retire", q, nil, &raw)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if cfg.json {
+		_, _ = stdout.Write(raw)
+		return exitOK
+	}
+	switch action {
+	case "list":
+		var out struct {
+			Queues []ingress.QueueView `json:"queues"`
+		}
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return fail(err)
+		}
+		printQueues(stdout, out.Queues)
+	case "retire":
+		var out struct {
+			Retired string `json:"retired"`
+			Dropped uint64 `json:"dropped"`
+		}
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintf(stdout, "retired queue %s (%d orders dropped)\n", out.Retired, out.Dropped)
+	default:
+		var v ingress.QueueView
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fail(err)
+		}
+		printQueues(stdout, []ingress.QueueView{v})
+	}
+	return exitOK
+}
+
+func printQueues(w io.Writer, qs []ingress.QueueView) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tDEPTH\tIN FLIGHT\tOLDEST WAIT\tOUTFLOW\tACHIEVED\tPAUSED UNTIL\tORPHANED")
+	for _, q := range qs {
+		achieved := "-"
+		if q.Outflow.AchievedPerSecond != nil {
+			achieved = fmt.Sprintf("%.3g/s over %gs", *q.Outflow.AchievedPerSecond, q.Outflow.AchievedOverSeconds)
+		}
+		paused := "-"
+		if q.PausedUntil != nil {
+			paused = q.PausedUntil.UTC().Format(time.RFC3339)
+		}
+		wait := "-"
+		if q.OldestWaitSeconds > 0 {
+			wait = (time.Duration(q.OldestWaitSeconds * float64(time.Second))).Round(time.Second).String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%t\n", q.Name, q.Depth, q.InFlight, wait,
+			q.Outflow.Configured, achieved, paused, q.Orphaned)
+	}
+	_ = tw.Flush()
+}
+
+// adminClient calls a running sluice's admin API.
+type adminClient struct {
+	base  *url.URL
+	token string
+	hc    *http.Client
+}
+
+func newAdminClient(c adminClientConfig) (*adminClient, error) {
+	u, err := url.Parse(c.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--admin %q: want an http:// or https:// URL", c.url)
+	}
+	if strings.ContainsAny(c.token, "\r\n") {
+		return nil, errors.New("--admin-token must be one line")
+	}
+	return &adminClient{base: u, token: c.token, hc: &http.Client{Timeout: 60 * time.Second}}, nil
+}
+
+// do sends a request with an optional JSON body and decodes a 2xx JSON answer into
+// out; any other answer is an error carrying the problem's detail.
+func (c *adminClient) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
+	u := c.base.JoinPath(path)
+	u.RawQuery = query.Encode()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin API: %w", err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("admin API: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var p struct {
+			Detail string `json:"detail"`
+		}
+		_ = json.Unmarshal(data, &p)
+		if p.Detail == "" {
+			p.Detail = strings.TrimSpace(string(data))
+		}
+		if resp.StatusCode == http.StatusUnauthorized {
+			p.Detail += " (give the token of its --admin-token in --admin-token or SLUICE_ADMIN_TOKEN)"
+		}
+		return fmt.Errorf("admin API %s %s: %s: %s", method, u.Path, resp.Status, p.Detail)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(data, out)
+}
