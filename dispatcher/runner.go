@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,6 +26,7 @@ type runner struct {
 	m     queueMetrics
 
 	deliveries sync.WaitGroup
+	gone       atomic.Bool // the queue was retired (see retired)
 
 	mu          sync.Mutex
 	cfg         queue.Config
@@ -163,7 +165,7 @@ func (r *runner) fetchLoop(ctx context.Context) {
 		<-paced
 	}()
 	failWait := 50 * time.Millisecond
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && !r.gone.Load() {
 		r.mu.Lock()
 		cons, fetchWait := r.cons, r.fetchWait
 		r.mu.Unlock()
@@ -268,7 +270,11 @@ func (r *runner) retired(ctx context.Context) bool {
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err := r.store.JetStream().Stream(sctx, r.q.StreamName())
-	return errors.Is(err, jetstream.ErrStreamNotFound)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		r.gone.Store(true)
+		return true
+	}
+	return false
 }
 
 func sameQueueConfig(a, b queue.Config) bool {

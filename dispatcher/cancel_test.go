@@ -1,0 +1,43 @@
+package dispatcher_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+)
+
+// An order cancelled while a dispatcher already holds it (fetched, waiting for its
+// pacing slot, its record read) is not delivered: the dispatcher's compare-and-set
+// mark loses against the cancellation. Whether the dispatcher had fetched it yet or
+// not, it must never reach the downstream.
+func TestCancelledOrderIsNeverDelivered(t *testing.T) {
+	srv := natstest.Start(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("orders", ds.URL)
+	cfg.Outflow = limiter.Rate{Count: 1, Period: 2 * time.Second}
+	store, _ := openStore(t, srv.Conn, cfg)
+	tickets := park(t, store, "orders", 0, 3)
+	// The last two are retries: they have records (queued after a failed attempt).
+	for _, tk := range tickets[1:] {
+		if err := store.SaveRecord(ctxT(t), &queue.Record{Ticket: tk, Queue: "orders", Status: queue.StatusQueued, Attempts: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startReplica(t, srv, cfg, "a")
+	waitFor(t, "the first delivery", 30*time.Second, func() bool { return ds.count(tickets[0]) == 1 })
+	// The second order now waits for its slot, most likely in the dispatcher's hands.
+	if err := store.Cancel(ctxT(t), tickets[1]); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	waitFor(t, "the third delivery", 30*time.Second, func() bool { return ds.count(tickets[2]) == 1 })
+	if n := ds.count(tickets[1]); n != 0 {
+		t.Fatalf("the cancelled order was delivered %d times", n)
+	}
+	st, err := store.Status(ctxT(t), tickets[1])
+	if err != nil || st.Status != queue.StatusCancelled {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+}
