@@ -41,3 +41,34 @@ func TestCancelledOrderIsNeverDelivered(t *testing.T) {
 		t.Fatalf("status: %+v %v", st, err)
 	}
 }
+
+// A queue retired (by any process) after it left the rules stops its dispatchers
+// instead of leaving them retrying a stream that is gone.
+func TestRetiredQueueStopsItsDispatcher(t *testing.T) {
+	srv := natstest.Start(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("old", ds.URL)
+	r := startReplica(t, srv, cfg, "a")
+	tickets := park(t, r.store, "old", 0, 2)
+	waitFor(t, "both deliveries", 30*time.Second, func() bool { return ds.count(tickets[0]) == 1 && ds.count(tickets[1]) == 1 })
+	// The rules lose the queue (on the dispatcher's process too).
+	if _, err := r.store.AdoptOrphans(ctxT(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	other, err := queue.Open(ctxT(t), srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.AdoptOrphans(ctxT(t), nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the queue to be empty", 30*time.Second, func() bool {
+		_, err := other.Retire(ctxT(t), "old", false)
+		return err == nil
+	})
+	select {
+	case <-r.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dispatcher of the retired queue keeps running")
+	}
+}

@@ -39,6 +39,9 @@ func (q *Queue) Info(ctx context.Context) (Info, error) {
 	si, err := q.streamInfo(ctx, 0)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) || isStreamGone(err) {
+			if q.Orphaned() { // retired elsewhere
+				q.store.forget(q)
+			}
 			return Info{}, fmt.Errorf("%w: %q (its stream is gone)", ErrUnknownQueue, q.name)
 		}
 		return Info{}, err
