@@ -67,10 +67,11 @@ func TestRenamedQueueDrains(t *testing.T) {
 	}
 
 	// 2. The queue is renamed; still no dispatching: orphaned, reported, not retirable.
-	newRules := writeRules(t, t.TempDir(), renamedRules(down.URL, "orders_v2"))
+	newDir := t.TempDir()
+	newRules := writeRules(t, newDir, renamedRules(down.URL, "orders_v2"))
 	p = startSluice(t, append(common, "--rules", newRules, "--dispatch=false")...)
 	waitFor(t, "the orphan log line", 10*time.Second, func() bool {
-		return strings.Contains(p.output.String(), "queue left the rules") && strings.Contains(p.output.String(), "queue=orders ")
+		return strings.Contains(grepLines(p.output.String(), "queue left the rules"), "queue=orders ")
 	})
 	metrics := send(t, "GET", p.admin+"/metrics", nil, "Authorization", "Bearer "+token).body
 	if !strings.Contains(metrics, `sluice_queue_orphaned{queue="orders"} 1`) || !strings.Contains(metrics, `sluice_queue_orphaned{queue="orders_v2"} 0`) {
@@ -125,6 +126,19 @@ func TestRenamedQueueDrains(t *testing.T) {
 	}
 	if m := send(t, "GET", p.admin+"/metrics", nil, "Authorization", "Bearer "+token).body; strings.Contains(m, `sluice_queue_orphaned{queue="orders"}`) {
 		t.Error("the retired queue still has its gauge")
+	}
+	// The achieved outflow is measured once two samples 5 s apart exist.
+	waitFor(t, "a measured achieved outflow", 30*time.Second, func() bool {
+		return queuesOf(t, p.admin, token)["orders_v2"].Outflow.AchievedPerSecond != nil
+	})
+
+	// 4. A reload that drops a queue reports it too.
+	writeRules(t, newDir, deferRules(down.URL, "outflow: {rate: 20/s}"))
+	waitFor(t, "the orphan log line on reload", 30*time.Second, func() bool {
+		return strings.Contains(grepLines(p.output.String(), "queue left the rules"), "queue=orders_v2 ")
+	})
+	if !queuesOf(t, p.admin, token)["orders_v2"].Orphaned || queuesOf(t, p.admin, token)["orders"].Orphaned {
+		t.Errorf("after the reload: %+v", queuesOf(t, p.admin, token))
 	}
 }
 
