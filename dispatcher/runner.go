@@ -243,9 +243,9 @@ func (r *runner) maintain(ctx context.Context) {
 		if info.Paused && info.PauseRemaining > 0 {
 			r.serverPause = maxTime(r.serverPause, now.Add(info.PauseRemaining))
 			r.pauseSetAt = now
-		} else if r.serverPause.After(now) && r.pauseSetAt.Before(asked) {
-			// The pause on the server ended before its time: an operator resumed the
-			// queue (queue.Queue.Resume). Resume here too.
+		} else if r.serverPause.After(now.Add(time.Second)) && r.pauseSetAt.Before(asked) {
+			// The pause on the server ended well before its time: an operator resumed
+			// the queue (queue.Queue.Resume). Resume here too.
 			r.serverPause, resumed = time.Time{}, true
 		}
 		r.mu.Unlock()
