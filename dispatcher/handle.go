@@ -46,6 +46,7 @@ func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok 
 	switch {
 	case err == nil && rec.Status.Final():
 		r.log.Debug("ticket already final; acknowledging", "ticket", m.Ticket, "status", rec.Status)
+		r.keepKey(m)
 		_ = jm.Ack()
 		return p, false
 	case errors.Is(err, queue.ErrNotFound):
@@ -151,6 +152,8 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	ctx = context.WithValue(ctx, deliveryKey{}, Delivery{Ticket: m.Ticket, Queue: m.Queue, Attempt: rec.Attempts + 1, Start: start})
 	out := tgt.deliver(ctx, m)
 	cancel()
+	// Only allow-listed response headers are kept at rest and shown by the monitor.
+	out.header = cfg.ResultHeader(out.header)
 	r.m.duration.Observe(time.Since(start).Seconds())
 	<-marked
 
@@ -175,6 +178,7 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	case outcomeFailed:
 		rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusFailed, out.describe(), time.Time{}
 		rec.Result = out.result()
+		r.keepKey(m)
 		if !r.save(rec, 5) {
 			_ = jm.NakWithDelay(time.Second)
 			return
@@ -189,6 +193,7 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 func (r *runner) done(m *queue.Message, jm jetstream.Msg, rec *queue.Record, out outcome, start time.Time) {
 	rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusDone, "", time.Time{}
 	rec.Result = out.result()
+	r.keepKey(m)
 	if !r.save(rec, 5) {
 		// Without the record the ticket would vanish: deliver again later (same
 		// Idempotency-Key, so the downstream sees one order).
@@ -235,11 +240,23 @@ func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Recor
 		return
 	}
 	rec.Status, rec.NextAttemptAt = queue.StatusDead, time.Time{}
+	r.keepKey(m)
 	r.save(rec, 5)
 	r.event(queue.DeadSubject(m.Queue), rec, 0)
 	r.m.dead.Inc()
 	r.log.Warn("dead-lettered", "ticket", m.Ticket, "attempts", rec.Attempts, "err", rec.LastError)
 	_ = jm.TermWithReason("dead-lettered: " + rec.LastError)
+}
+
+// keepKey gives the idempotency key of a message whose order is final its final
+// lifetime (queue.Store.KeepKey), before the final record is written and the message
+// acknowledged. A failure is logged: the key then keeps the lifetime it had.
+func (r *runner) keepKey(m *queue.Message) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.store.KeepKey(ctx, m); err != nil {
+		r.log.Warn("cannot refresh the idempotency key", "ticket", m.Ticket, "err", err)
+	}
 }
 
 // save writes the record, trying up to tries times.

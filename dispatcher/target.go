@@ -114,7 +114,12 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 	for k, vs := range m.Header {
 		req.Header[k] = append([]string(nil), vs...)
 	}
-	req.Header.Set("Idempotency-Key", m.Ticket)
+	// The downstream sees the client's own key, exactly as sent (as a proxied request
+	// of the same order would), or the ticket when the client sent none.
+	req.Header.Set(queue.HeaderTicket, m.Ticket)
+	if len(req.Header.Values("Idempotency-Key")) == 0 {
+		req.Header.Set("Idempotency-Key", m.Ticket)
+	}
 	resp, err := t.client.Do(req)
 	if err != nil {
 		var ne net.Error

@@ -62,13 +62,18 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body could not be read."))
 		return
 	}
+	header := d.Header
+	if header == nil {
+		header = r.Header.Clone()
+		setForwarded(nil, r, header)
+	}
 	receipt, err := q.parker.Park(r.Context(), &queue.Request{
 		Queue:          d.Queue.Name,
 		Rule:           d.Rule.Name,
 		Method:         r.Method,
 		Path:           r.URL.EscapedPath(),
 		RawQuery:       r.URL.RawQuery,
-		Header:         r.Header,
+		Header:         header,
 		Body:           body,
 		Client:         d.Client,
 		IdempotencyKey: key,
@@ -86,7 +91,7 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 	_ = json.NewEncoder(w).Encode(acceptedBody{
 		Ticket:            receipt.Ticket,
 		Queue:             receipt.Queue,
-		Status:            string(queue.StatusQueued),
+		Status:            string(receipt.Status),
 		Position:          receipt.Position,
 		EstimatedDelivery: receipt.EstimatedDelivery.UTC().Format(time.RFC3339),
 		Duplicate:         receipt.Duplicate,
@@ -97,7 +102,7 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 type acceptedBody struct {
 	Ticket            string `json:"ticket"`
 	Queue             string `json:"queue"`
-	Status            string `json:"status"`
+	Status            string `json:"status,omitempty"` // empty: a repeat of an order settled long ago
 	Position          uint64 `json:"position"`
 	EstimatedDelivery string `json:"estimated_delivery"`
 	Duplicate         bool   `json:"duplicate,omitempty"`
@@ -114,6 +119,18 @@ func (q *QueueDeferrer) parkFailed(w http.ResponseWriter, d Deferral, err error)
 		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
 		writeProblem(w, simpleProblem(http.StatusTooManyRequests,
 			"The queue "+d.Queue.Name+" is full; retry in "+strconv.FormatInt(ceilSeconds(wait), 10)+" s."))
+	case errors.Is(err, queue.ErrTooManyKeys):
+		wait := max(queue.RetryAfter(err), time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
+		writeProblem(w, simpleProblem(http.StatusTooManyRequests,
+			"Too many idempotency keys: this client has used the "+strconv.Itoa(d.Queue.MaxIdempotencyKeys)+
+				" Idempotency-Keys the queue "+d.Queue.Name+" accepts per client (max_idempotency_keys) within "+
+				d.Queue.IdempotencyTTL.String()+"; retry in "+strconv.FormatInt(ceilSeconds(wait), 10)+" s."))
+	case errors.Is(err, queue.ErrKeyStoreFull):
+		q.log.Warn("idempotency key store full", "queue", d.Queue.Name, "err", err)
+		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
+		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
+			"The idempotency key store is full; nothing was accepted. Retry later."))
 	case errors.Is(err, queue.ErrTooLarge):
 		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge, "The request is too large to be queued."))
 	default:

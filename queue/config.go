@@ -24,6 +24,13 @@ const (
 	DefaultIdempotencyTTL  = 24 * time.Hour
 )
 
+// Idempotency key caps (see Config.MaxIdempotencyKeys).
+const (
+	DefaultMaxIdempotencyKeys = 10_000
+	// MaxIdempotencyKeysLimit is the largest MaxIdempotencyKeys accepted.
+	MaxIdempotencyKeysLimit = 10_000_000
+)
+
 // Backoff configures the retry delay after failed delivery attempts: exponential from
 // Initial, doubling per failed attempt, capped at Max, with ±50% jitter.
 type Backoff struct {
@@ -73,6 +80,13 @@ type Config struct {
 	// SensitiveHeaders are request header names that are never stored or forwarded,
 	// in addition to the hop-by-hop headers.
 	SensitiveHeaders []string
+	// ResultHeaders are downstream response headers kept in a ticket's result (and shown
+	// by its monitor) besides DefaultResultHeaders. Set-Cookie is refused.
+	ResultHeaders []string
+	// MaxIdempotencyKeys caps the idempotency keys one client scope may record in this
+	// queue within IdempotencyTTL (default 10,000); past it Park fails with
+	// ErrTooManyKeys.
+	MaxIdempotencyKeys int
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -105,6 +119,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.IdempotencyTTL == 0 {
 		c.IdempotencyTTL = max(DefaultIdempotencyTTL, c.MaxAge)
+	}
+	if c.MaxIdempotencyKeys == 0 {
+		c.MaxIdempotencyKeys = DefaultMaxIdempotencyKeys
 	}
 	return c
 }
@@ -168,6 +185,14 @@ func (c Config) Validate() error {
 		if h == "" || strings.ContainsAny(h, " :\t\r\n") {
 			bad("sensitive header %q is not a header name", h)
 		}
+	}
+	for _, h := range c.ResultHeaders {
+		if err := CheckResultHeader(h); err != nil {
+			bad("result_headers: %v", err)
+		}
+	}
+	if c.MaxIdempotencyKeys < 1 || c.MaxIdempotencyKeys > MaxIdempotencyKeysLimit {
+		bad("max_idempotency_keys must be between 1 and %d", MaxIdempotencyKeysLimit)
 	}
 	return errors.Join(errs...)
 }

@@ -19,7 +19,8 @@ import (
 // NATS header names of a parked message. The message data is the request body; the
 // request line, the metadata and the kept request headers travel as NATS headers:
 //
-//	Nats-Msg-Id             the ticket (JetStream's duplicate window dedupes republishes)
+//	Nats-Msg-Id             the ticket, or "k."+scoped key for an order with an idempotency
+//	                        key (JetStream's duplicate window dedupes republishes)
 //	Sluice-Ticket           the ticket
 //	Sluice-Queue            queue name
 //	Sluice-Rule             name of the rule that deferred the request
@@ -34,8 +35,9 @@ import (
 //
 // Headers not kept: hop-by-hop headers (Connection and those it names, Keep-Alive,
 // Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE, Trailer,
-// Transfer-Encoding, Upgrade), Host, Content-Length, Expect, Idempotency-Key (delivery
-// sends the ticket instead) and the queue's SensitiveHeaders.
+// Transfer-Encoding, Upgrade), Host, Content-Length, Expect and the queue's
+// SensitiveHeaders. The client's Idempotency-Key is kept as sent (Sluice-H-Idempotency-Key),
+// so a delivery carries the same key as a proxied request of the same order.
 const (
 	HeaderMsgID          = jetstream.MsgIDHeader
 	HeaderTicket         = "Sluice-Ticket"
@@ -143,12 +145,12 @@ func Fingerprint(r *Request) string {
 var hopByHop = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-	"Host", "Content-Length", "Expect", "Idempotency-Key",
+	"Host", "Content-Length", "Expect",
 }
 
 // KeptHeader returns a copy of h without the headers that are never stored: hop-by-hop
-// headers (including those named in Connection), Host, Content-Length, Expect,
-// Idempotency-Key and the given sensitive ones. Values with CR or LF are dropped.
+// headers (including those named in Connection), Host, Content-Length, Expect and the
+// given sensitive ones. Values with CR or LF are dropped.
 func KeptHeader(h http.Header, sensitive []string) http.Header {
 	out := make(http.Header, len(h))
 	drop := make(map[string]bool, len(hopByHop)+len(sensitive))

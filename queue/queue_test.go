@@ -137,10 +137,14 @@ func TestParseRate(t *testing.T) {
 func TestKeptHeaderAndFingerprint(t *testing.T) {
 	req := order("q", `{"sku":1}`)
 	h := queue.KeptHeader(req.Header, []string{"authorization"})
-	for _, gone := range []string{"Connection", "X-Drop-Me", "Authorization", "Idempotency-Key", "Proxy-Authorization"} {
+	for _, gone := range []string{"Connection", "X-Drop-Me", "Authorization", "Proxy-Authorization"} {
 		if h.Get(gone) != "" {
 			t.Errorf("%s kept", gone)
 		}
+	}
+	// The client's own key is kept exactly as sent: the downstream receives it.
+	if h.Get("Idempotency-Key") != `"k"` {
+		t.Errorf("Idempotency-Key %q, want the raw header value", h.Get("Idempotency-Key"))
 	}
 	if h.Get("Content-Type") != "application/json" || h.Get("X-Request-Id") != "r-1" {
 		t.Errorf("kept headers: %v", h)
@@ -333,7 +337,7 @@ func TestIdempotency(t *testing.T) {
 	req := order("orders", `{"sku":1}`)
 	req.IdempotencyKey = `"abc"`
 	first, err := s.Park(ctx, req)
-	if err != nil || first.Duplicate {
+	if err != nil || first.Duplicate || first.Status != queue.StatusQueued {
 		t.Fatalf("first: %+v %v", first, err)
 	}
 	again := order("orders", `{"sku":1}`)
@@ -368,7 +372,7 @@ func TestIdempotency(t *testing.T) {
 		t.Fatal(err)
 	}
 	fourth, err := s.Park(ctx, again)
-	if err != nil || fourth.Ticket != first.Ticket || !fourth.Duplicate {
+	if err != nil || fourth.Ticket != first.Ticket || !fourth.Duplicate || fourth.Status != queue.StatusDone {
 		t.Fatalf("repeat after done: %+v %v", fourth, err)
 	}
 	if d, _ := q.Depth(ctx); d != 0 {

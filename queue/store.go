@@ -35,6 +35,20 @@ const (
 	IdempotencyBucket = "sluice_idempotency"
 )
 
+// KeyStreamPrefix + queue name is a queue's key stream: one slot per idempotency key
+// accepted within IdempotencyTTL, on sluice.keys.{queue}.{client scope}, at most
+// MaxIdempotencyKeys per subject (discard-new per subject), each slot with a TTL.
+const KeyStreamPrefix = "SLUICE_KEYS_"
+
+// KeyStreamName returns the key stream name of a queue.
+func KeyStreamName(queue string) string { return KeyStreamPrefix + queue }
+
+func keySubjectFor(queue, scope string) string { return "sluice.keys." + queue + "." + scope }
+
+// DefaultIdempotencyMaxBytes is the default byte cap of the idempotency bucket (and of
+// each queue's key stream).
+const DefaultIdempotencyMaxBytes = 256 << 20
+
 // StreamName returns the stream name of a queue.
 func StreamName(queue string) string { return StreamPrefix + queue }
 
@@ -56,6 +70,7 @@ type options struct {
 	registerer     prometheus.Registerer
 	publishTimeout time.Duration
 	deadMaxAge     time.Duration
+	idemMaxBytes   int64
 }
 
 // WithReplicas sets the replica count of the shared resources: the dead-letter stream
@@ -72,6 +87,13 @@ func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { 
 // WithPublishTimeout bounds how long Park waits for JetStream to acknowledge
 // (default 5s). Past it Park fails with ErrUnavailable.
 func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.publishTimeout = d } }
+
+// WithIdempotencyMaxBytes caps the bytes of the idempotency bucket, and of each queue's
+// key stream (default DefaultIdempotencyMaxBytes; 0 or negative: no cap). New keys are
+// refused (ErrKeyStoreFull) once the bucket holds 90% of it: the rest is kept for the
+// dispatchers' refreshes of existing keys. Every process opening the store should
+// pass the same value: the last one to open sets it.
+func WithIdempotencyMaxBytes(n int64) Option { return func(o *options) { o.idemMaxBytes = n } }
 
 // WithDeadLetterMaxAge makes JetStream drop dead letters older than d (default 0: they
 // are kept until re-queued or purged).
@@ -94,6 +116,9 @@ type Store struct {
 	dead    jetstream.Stream
 	metrics *storeMetrics
 
+	// idemInfo serves the idempotency bucket's cached stream info (Park's byte check).
+	idemInfo *Queue
+
 	mu     sync.RWMutex
 	queues map[string]*Queue
 }
@@ -101,7 +126,7 @@ type Store struct {
 // Open prepares the shared resources (dead-letter stream and key-value buckets),
 // creating or updating them, and returns a Store without queues; add them with Declare.
 func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
-	o := options{replicas: 1, publishTimeout: 5 * time.Second}
+	o := options{replicas: 1, publishTimeout: 5 * time.Second, idemMaxBytes: DefaultIdempotencyMaxBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -128,13 +153,14 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: dead-letter stream: %v", ErrUnavailable, err)
 	}
-	bucket := func(name, desc string) (jetstream.KeyValue, error) {
+	bucket := func(name, desc string, maxBytes int64) (jetstream.KeyValue, error) {
 		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      name,
 			Description: desc,
 			History:     1,
 			Storage:     jetstream.FileStorage,
 			Replicas:    o.replicas,
+			MaxBytes:    maxBytes,
 			// Enables per-key TTLs (every entry is written with one).
 			LimitMarkerTTL: time.Minute,
 		})
@@ -143,12 +169,17 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		}
 		return kv, nil
 	}
-	if s.tickets, err = bucket(TicketsBucket, "sluice ticket status and results"); err != nil {
+	if s.tickets, err = bucket(TicketsBucket, "sluice ticket status and results", 0); err != nil {
 		return nil, err
 	}
-	if s.idem, err = bucket(IdempotencyBucket, "sluice idempotency keys"); err != nil {
+	if s.idem, err = bucket(IdempotencyBucket, "sluice idempotency keys", max(o.idemMaxBytes, -1)); err != nil {
 		return nil, err
 	}
+	idemStream, err := js.Stream(ctx, "KV_"+IdempotencyBucket)
+	if err != nil {
+		return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, IdempotencyBucket, err)
+	}
+	s.idemInfo = &Queue{store: s, name: IdempotencyBucket, stream: idemStream}
 	s.metrics = newStoreMetrics(s)
 	if o.registerer != nil {
 		if err := s.metrics.register(o.registerer); err != nil {
@@ -176,6 +207,7 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 	}
 	cfg = cfg.WithDefaults()
 	cfg.SensitiveHeaders = append([]string(nil), cfg.SensitiveHeaders...)
+	cfg.ResultHeaders = append([]string(nil), cfg.ResultHeaders...)
 	maxMsgs := cfg.MaxDepth
 	if maxMsgs < 0 {
 		maxMsgs = -1
@@ -203,6 +235,24 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
 	}
+	keys, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:                 KeyStreamName(cfg.Name),
+		Description:          "sluice idempotency key slots of queue " + cfg.Name,
+		Subjects:             []string{keySubjectFor(cfg.Name, "*")},
+		Retention:            jetstream.LimitsPolicy,
+		Storage:              jetstream.FileStorage,
+		Discard:              jetstream.DiscardNew,
+		DiscardNewPerSubject: true,
+		MaxMsgsPerSubject:    int64(cfg.MaxIdempotencyKeys),
+		MaxBytes:             max(s.opts.idemMaxBytes, -1),
+		AllowMsgTTL:          true,
+		Duplicates:           cfg.DuplicateWindow,
+		Replicas:             cfg.Replicas,
+		AllowDirect:          true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queues[cfg.Name]
@@ -210,7 +260,7 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		q = &Queue{store: s, name: cfg.Name}
 		s.queues[cfg.Name] = q
 	}
-	q.stream = stream
+	q.stream, q.keys = stream, keys
 	q.cfg.Store(&cfg)
 	return q, nil
 }
@@ -243,6 +293,7 @@ type Queue struct {
 	name   string
 	cfg    atomic.Pointer[Config]
 	stream jetstream.Stream
+	keys   jetstream.Stream // key slots (KeyStreamName)
 
 	infoMu   sync.Mutex
 	info     *jetstream.StreamInfo

@@ -606,6 +606,8 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			MaxInFlight: int(min(qd.maxInFlight, 1_000_000)),
 			Backoff:     queue.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
 			Downstream:  qd.downstream,
+
+			MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queue.MaxIdempotencyKeysLimit+1)),
 		}.WithDefaults(),
 		Domain: fd.domain,
 		File:   file,
@@ -621,6 +623,16 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	}
 	if qd.downNode == nil {
 		c.errf(file, qd.nameNode, "queue %q needs a downstream (an http:// or https:// URL, or nats:SUBJECT)", qd.name)
+	}
+	for _, h := range qd.resultHdrs {
+		if err := queue.CheckResultHeader(h.name); err != nil {
+			c.errf(file, h.node, "result_headers: %v", err)
+			continue
+		}
+		q.ResultHeaders = append(q.ResultHeaders, http.CanonicalHeaderKey(h.name))
+	}
+	if q.MaxIdempotencyKeys > queue.MaxIdempotencyKeysLimit {
+		c.errf(file, qd.maxIdemNode, "max_idempotency_keys must be at most %d", queue.MaxIdempotencyKeysLimit)
 	}
 	if q.Backoff.Max < q.Backoff.Initial {
 		c.errf(file, qd.backoffNode, "backoff max (%v) is shorter than initial (%v)", q.Backoff.Max, q.Backoff.Initial)
@@ -745,6 +757,22 @@ func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
 		rt.descs = append(rt.descs, cd)
 	}
 	rt.allStatic = !slices.ContainsFunc(rt.descs, func(cd compiledDesc) bool { return !cd.static })
+	rt.IdempotencyScope = DefaultIdempotencyScope
+	if rd.scopeNode != nil {
+		rt.IdempotencyScope = []RouteEntry{}
+		for _, sn := range rd.scope {
+			e := RouteEntry{Key: "idempotency_scope"}
+			if err := parseFrom(&e, sn.name, rt); err != nil {
+				bad(sn.node, "idempotency_scope %q: %v", sn.name, err)
+				continue
+			}
+			rt.IdempotencyScope = append(rt.IdempotencyScope, e)
+		}
+		if len(rd.scope) > maxDepth {
+			bad(rd.scopeNode, "idempotency_scope lists more than %d sources", maxDepth)
+		}
+	}
+	rt.scope = compileDesc(0, rt.IdempotencyScope, rt.params).entries
 	if rd.nameNode != nil && c.routeNm[rd.name] == nil {
 		c.routeNm[rd.name] = rt
 	}

@@ -115,6 +115,8 @@ type routeDef struct {
 	headers     []headerDef
 	descs       [][]entryDef
 	descNodes   []*yaml.Node
+	scope       []nameRef
+	scopeNode   *yaml.Node
 }
 
 type queueDef struct {
@@ -134,6 +136,9 @@ type queueDef struct {
 	backoffNode *yaml.Node
 	downstream  string
 	hasDown     bool
+	resultHdrs  []nameRef
+	maxIdemKeys int64
+	maxIdemNode *yaml.Node
 }
 
 var (
@@ -142,11 +147,11 @@ var (
 	optFields     = []string{"algorithm", "burst", "failure_mode", "forgive_rejected"}
 	limitFields   = append([]string{"unit", "window", "requests_per_unit"}, optFields...)
 	envoyFields   = append([]string{"unlimited", "name", "replaces"}, limitFields...)
-	routeFields   = []string{"name", "match", "descriptors"}
+	routeFields   = []string{"name", "match", "descriptors", "idempotency_scope"}
 	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields  = []string{"name", "value", "present"}
 	entryFields   = []string{"key", "value", "from", "default"}
-	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream"}
+	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "result_headers", "max_idempotency_keys"}
 	outflowFields = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields = []string{"initial", "max"}
 )
@@ -450,6 +455,9 @@ func (w *walker) route(n *yaml.Node) *routeDef {
 				r.descs = append(r.descs, list)
 				r.descNodes = append(r.descNodes, ln)
 			}
+		case "idempotency_scope":
+			r.scopeNode = v
+			r.scope = w.names(v, key)
 		}
 	})
 	return r
@@ -556,9 +564,26 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 		case "downstream":
 			q.downstream, q.hasDown = w.downstream(v)
 			q.downNode = v
+		case "result_headers":
+			q.resultHdrs = w.names(v, key)
+		case "max_idempotency_keys":
+			q.maxIdemKeys, q.maxIdemNode = w.positive(v, key), v
 		}
 	})
 	return q
+}
+
+// names reads a list of strings, each with its node.
+func (w *walker) names(v *yaml.Node, what string) []nameRef {
+	var out []nameRef
+	for _, n := range w.items(v, what) {
+		if n = w.resolve(n); n != nil {
+			if s, ok := w.str(n, what+" entry"); ok {
+				out = append(out, nameRef{name: s, node: n})
+			}
+		}
+	}
+	return out
 }
 
 // positive reads a whole number of at least 1; 0 means "not set" to the caller.
