@@ -13,7 +13,10 @@
 //	                              (limits retention: listed, re-queued, purged on demand)
 //	kv      sluice_tickets        ticket → Record (status, attempts, result); per-key TTL
 //	kv      sluice_idempotency    {client hash}.{key hash} → ticket and payload fingerprint;
-//	                              create-if-absent, per-key TTL
+//	                              create-if-absent after the order is stored; byte cap
+//	stream  SLUICE_KEYS_{queue}   one slot per accepted key on sluice.keys.{queue}.{client
+//	                              hash}, MaxIdempotencyKeys per subject (discard-new per
+//	                              subject), per-message TTL IdempotencyTTL
 //	subject sluice.done.{queue}   Event per order that reached done or failed
 //	subject sluice.dead.{queue}   Event per dead-lettered order
 //
@@ -33,9 +36,9 @@
 // whose acknowledgement was lost): the client then retries, and with an Idempotency-Key
 // the retry maps to the stored message.
 //
-// Lifetimes: an idempotency key is remembered for the queue's IdempotencyTTL (default
-// 24h, at least MaxAge) from its first use; a ticket record for IdempotencyTTL after its
-// last change. A message waits in the queue until it is delivered; with MaxAge set, a
+// Lifetimes: an idempotency key is remembered from its order's acceptance until the
+// order is final, then for the queue's IdempotencyTTL (default 24h, at least MaxAge;
+// see Store.KeepKey); a ticket record for IdempotencyTTL after its last change. A message waits in the queue until it is delivered; with MaxAge set, a
 // dispatcher dead-letters the messages older than that instead of delivering them (the
 // stream itself has no age limit, which would delete them unseen).
 //

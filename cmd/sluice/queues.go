@@ -29,6 +29,7 @@ type natsConfig struct {
 	cert     string
 	key      string
 	replicas int
+	idemMax  int64
 }
 
 // flags registers the NATS flags; server adds --nats-listen, which only a long-running
@@ -43,6 +44,7 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 	fs.StringVar(&c.ca, "nats-ca", "", "`file` of CA certificates that the NATS servers' TLS certificates are checked against")
 	fs.StringVar(&c.cert, "nats-cert", "", "client certificate `file` for NATS TLS (with --nats-key)")
 	fs.StringVar(&c.key, "nats-key", "", "client key `file` for NATS TLS")
+	fs.Int64Var(&c.idemMax, "idempotency-max-bytes", queue.DefaultIdempotencyMaxBytes, "byte cap of the idempotency key bucket (and of each queue's key stream); new keys past 90% of it get 503; 0: no cap")
 	fs.IntVar(&c.replicas, "replicas", 0, "stream `replicas` of the queues: 0 means 3 on a NATS cluster, 1 on a single server or the embedded one")
 }
 
@@ -53,6 +55,7 @@ type natsConn struct {
 	embedded *queue.Embedded
 	unlock   func() // releases --data-dir
 	replicas int
+	idemMax  int64  // --idempotency-max-bytes
 	where    string // for logs: "embedded nats in DIR" or the server URL
 }
 
@@ -90,7 +93,7 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 				replicas = 3
 			}
 		}
-		return &natsConn{nc: nc, replicas: replicas, where: "nats " + nc.ConnectedUrlRedacted()}, nil
+		return &natsConn{nc: nc, replicas: replicas, idemMax: cfg.idemMax, where: "nats " + nc.ConnectedUrlRedacted()}, nil
 	}
 	// nats-server does not guard its store directory: two processes on one directory
 	// would corrupt each other's files. The lock is released by the kernel when the
@@ -114,7 +117,7 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	if u := emb.ClientURL(); u != "" {
 		where += " listening on " + u
 	}
-	return &natsConn{nc: nc, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), where: where}, nil
+	return &natsConn{nc: nc, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), idemMax: cfg.idemMax, where: where}, nil
 }
 
 func cmpOr(v, fallback int) int {
@@ -192,7 +195,8 @@ type queues struct {
 func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer, log *slog.Logger) (*queues, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := queue.Open(ctx, c.nc, queue.WithReplicas(c.replicas), queue.WithRegisterer(reg), queue.WithLogger(log))
+	store, err := queue.Open(ctx, c.nc, queue.WithReplicas(c.replicas), queue.WithRegisterer(reg), queue.WithLogger(log),
+		queue.WithIdempotencyMaxBytes(c.idemMax))
 	if err != nil {
 		return nil, fmt.Errorf("queues: %w", err)
 	}
