@@ -27,6 +27,10 @@ var (
 	ErrInvalidConfig = errors.New("queue: invalid config")
 	// ErrInvalidRequest: a Request lacks a required field or has a malformed one.
 	ErrInvalidRequest = errors.New("queue: invalid request")
+	// ErrForged: a parked message or a stored record does not carry this store's
+	// signature (written by someone without the signing key, altered, or signed with
+	// another key). It must not be acted on.
+	ErrForged = errors.New("queue: forged")
 )
 
 // FullError is returned (wrapped) when a queue refuses a message because it is full.

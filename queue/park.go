@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -29,7 +28,10 @@ type Receipt struct {
 	Duplicate bool
 }
 
-// idemRecord is the value of an idempotency key in IdempotencyBucket.
+// idemKind names idempotency records in their signatures (see Store.seal).
+const idemKind = "idempotency"
+
+// idemRecord is the value of an idempotency key in IdempotencyBucket (sealed).
 type idemRecord struct {
 	Ticket      string    `json:"ticket"`
 	Fingerprint string    `json:"fingerprint"`
@@ -111,6 +113,7 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 		}
 	}
 
+	s.sign(m)
 	ack, err := s.js.PublishMsg(ctx, m.encode(q.subject(m.Ticket)), jetstream.WithExpectStream(q.StreamName()))
 	if err != nil {
 		return Receipt{}, s.publishError(ctx, q, err)
@@ -136,8 +139,11 @@ func (s *Store) claimKey(ctx context.Context, q *Queue, m *Message) (string, boo
 	cfg := q.Config()
 	for range 3 {
 		rec := idemRecord{Ticket: NewTicket(), Fingerprint: m.Fingerprint, Queue: q.name, CreatedAt: time.Now().UTC()}
-		val, _ := json.Marshal(rec)
-		_, err := s.idem.Create(ctx, key, val, jetstream.KeyTTL(cfg.IdempotencyTTL))
+		val, err := s.seal(idemKind, key, rec)
+		if err != nil {
+			return "", false, err
+		}
+		_, err = s.idem.Create(ctx, key, val, jetstream.KeyTTL(cfg.IdempotencyTTL))
 		if err == nil {
 			return rec.Ticket, false, nil
 		}
@@ -152,7 +158,15 @@ func (s *Store) claimKey(ctx context.Context, q *Queue, m *Message) (string, boo
 			return "", false, unavailable("idempotency key", err)
 		}
 		var prev idemRecord
-		if err := json.Unmarshal(entry.Value(), &prev); err != nil || !ValidTicket(prev.Ticket) {
+		if err := s.unseal(idemKind, key, entry.Value(), &prev); errors.Is(err, ErrForged) {
+			// Not written by sluice: it decides nothing. Remove it (unless it changed
+			// meanwhile) and claim the key afresh.
+			s.log.Warn("removing a forged idempotency record", "key", key)
+			if err := s.idem.Delete(ctx, key, jetstream.LastRevision(entry.Revision())); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+				return "", false, unavailable("idempotency key", err)
+			}
+			continue
+		} else if err != nil || !ValidTicket(prev.Ticket) {
 			return "", false, fmt.Errorf("%w: corrupt idempotency record", ErrUnavailable)
 		}
 		if prev.Fingerprint != m.Fingerprint {

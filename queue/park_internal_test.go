@@ -20,7 +20,7 @@ func TestIdempotencyCrashBetweenKeyAndPublish(t *testing.T) {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := Open(ctx, srv.Conn)
+	s, err := Open(ctx, srv.Conn, WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,8 +34,12 @@ func TestIdempotencyCrashBetweenKeyAndPublish(t *testing.T) {
 	// Step 1 of Park happened, then the process died.
 	crashed := NewTicket()
 	m := &Message{Request: *req}
-	val, _ := json.Marshal(idemRecord{Ticket: crashed, Fingerprint: Fingerprint(&m.Request), Queue: "orders"})
-	if _, err := s.idem.Create(ctx, idemKey("c1", `"crash"`), val, jetstream.KeyTTL(time.Hour)); err != nil {
+	key := idemKey("c1", `"crash"`)
+	val, err := s.seal(idemKind, key, idemRecord{Ticket: crashed, Fingerprint: Fingerprint(&m.Request), Queue: "orders"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.idem.Create(ctx, key, val, jetstream.KeyTTL(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Status(ctx, crashed); err != ErrNotFound {
@@ -59,5 +63,35 @@ func TestIdempotencyCrashBetweenKeyAndPublish(t *testing.T) {
 	}
 	if d, _ := q.Depth(ctx); d != 1 {
 		t.Fatalf("depth %d after the second retry", d)
+	}
+}
+
+// An idempotency record that sluice did not write decides nothing: a forged one that
+// maps a client's key to a ticket of the attacker's choice is replaced, and the order
+// gets a ticket of its own.
+func TestForgedIdempotencyRecordIsReplaced(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Open(ctx, srv.Conn, WithSigningKey(natstest.SigningKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Declare(ctx, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	req := &Request{Queue: "orders", Method: "POST", Path: "/v1/orders", Body: []byte(`{"sku":1}`), Client: "c1", IdempotencyKey: `"k"`}
+	planted := NewTicket()
+	val, _ := json.Marshal(idemRecord{Ticket: planted, Fingerprint: Fingerprint(req), Queue: "orders"})
+	if _, err := s.idem.Create(ctx, idemKey("c1", `"k"`), val, jetstream.KeyTTL(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.Park(ctx, req)
+	if err != nil || rc.Ticket == planted || rc.Duplicate {
+		t.Fatalf("park over a forged key: %+v %v", rc, err)
+	}
+	// The key now holds the genuine record: a repeat gets the same ticket.
+	if rc2, err := s.Park(ctx, req); err != nil || rc2.Ticket != rc.Ticket || !rc2.Duplicate {
+		t.Fatalf("repeat: %+v %v", rc2, err)
 	}
 }
