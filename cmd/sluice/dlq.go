@@ -122,7 +122,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer conn.close()
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(conn.replicas), queue.WithLogger(log))
+	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(conn.replicas), queue.WithLogger(log), queue.WithSigningKey(conn.key))
 	if err != nil {
 		return fail(err)
 	}

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -29,6 +31,8 @@ type natsConfig struct {
 	cert     string
 	key      string
 	replicas int
+	queueKey string // --queue-key as given (base64)
+	signKey  []byte // decoded by check
 }
 
 // flags registers the NATS flags; server adds --nats-listen, which only a long-running
@@ -43,6 +47,7 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 	fs.StringVar(&c.ca, "nats-ca", "", "`file` of CA certificates that the NATS servers' TLS certificates are checked against")
 	fs.StringVar(&c.cert, "nats-cert", "", "client certificate `file` for NATS TLS (with --nats-key)")
 	fs.StringVar(&c.key, "nats-key", "", "client key `file` for NATS TLS")
+	fs.StringVar(&c.queueKey, "queue-key", "", "`base64` of the secret (at least 32 bytes) that signs parked orders and ticket records; every process sharing the queues needs the same one; required with --nats; empty with the embedded server: generated once and kept in DATA_DIR/"+queueKeyFile)
 	fs.IntVar(&c.replicas, "replicas", 0, "stream `replicas` of the queues: 0 means 3 on a NATS cluster, 1 on a single server or the embedded one")
 }
 
@@ -50,6 +55,7 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 // there is one.
 type natsConn struct {
 	nc       *nats.Conn
+	key      []byte // signs the queues' messages and records
 	embedded *queue.Embedded
 	unlock   func() // releases --data-dir
 	replicas int
@@ -90,7 +96,7 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 				replicas = 3
 			}
 		}
-		return &natsConn{nc: nc, replicas: replicas, where: "nats " + nc.ConnectedUrlRedacted()}, nil
+		return &natsConn{nc: nc, key: cfg.signKey, replicas: replicas, where: "nats " + nc.ConnectedUrlRedacted()}, nil
 	}
 	// nats-server does not guard its store directory: two processes on one directory
 	// would corrupt each other's files. The lock is released by the kernel when the
@@ -98,6 +104,16 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	unlock, err := lockDataDir(cfg.dataDir)
 	if err != nil {
 		return nil, err
+	}
+	key := cfg.signKey
+	if key == nil {
+		if key, err = loadQueueKey(cfg.dataDir); err != nil {
+			unlock()
+			return nil, err
+		}
+	} else if kept, err := readQueueKey(filepath.Join(cfg.dataDir, queueKeyFile)); err == nil && !bytes.Equal(kept, key) {
+		log.Warn("--queue-key differs from the key kept in --data-dir: orders parked under that key will be dead-lettered as forged",
+			"file", filepath.Join(cfg.dataDir, queueKeyFile))
 	}
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen})
 	if err != nil {
@@ -114,7 +130,7 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	if u := emb.ClientURL(); u != "" {
 		where += " listening on " + u
 	}
-	return &natsConn{nc: nc, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), where: where}, nil
+	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), where: where}, nil
 }
 
 func cmpOr(v, fallback int) int {
@@ -192,7 +208,7 @@ type queues struct {
 func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer, log *slog.Logger) (*queues, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := queue.Open(ctx, c.nc, queue.WithReplicas(c.replicas), queue.WithRegisterer(reg), queue.WithLogger(log))
+	store, err := queue.Open(ctx, c.nc, queue.WithReplicas(c.replicas), queue.WithRegisterer(reg), queue.WithLogger(log), queue.WithSigningKey(c.key))
 	if err != nil {
 		return nil, fmt.Errorf("queues: %w", err)
 	}

@@ -490,8 +490,15 @@ func loadTLS(prefix, ca, cert, key string) (*tls.Config, error) {
 // check checks the NATS flags before anything connects: the credentials and TLS
 // files must be readable and well-formed (nats.go reads them again at each
 // connection). Without --nats they have no use: the embedded server is reached in
-// process. check then warns and clears them.
+// process. check then warns and clears them. Then the queue key (checkQueueKey).
 func (c *natsConfig) check(log *slog.Logger) error {
+	if err := c.checkConn(log); err != nil {
+		return err
+	}
+	return c.checkQueueKey()
+}
+
+func (c *natsConfig) checkConn(log *slog.Logger) error {
 	if c.url == "" {
 		for _, f := range []struct {
 			name  string
