@@ -173,7 +173,7 @@ func exportedMetrics(t *testing.T) map[string]exportedMetric {
 	ns := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	qs, err := queue.Open(ctx, ns.Conn, queue.WithRegisterer(rec), queue.WithLogger(log))
+	qs, err := queue.Open(ctx, ns.Conn, queue.WithRegisterer(rec), queue.WithLogger(log), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}

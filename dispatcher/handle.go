@@ -24,8 +24,16 @@ type prepared struct {
 	cfg    queue.Config
 }
 
-// prepare checks one fetched message: it must be a parked request whose ticket is not
-// final yet. ok is false when the message was settled here.
+// Reasons of dead letters that were never attempted (the first word of the reason
+// stored with the dead letter; also the reason label of sluice_queue_rejected_total).
+const (
+	reasonForged  = "forged"  // no valid signature: not an order sluice accepted
+	reasonInvalid = "invalid" // signed, but cannot be delivered (e.g. a path without a leading '/')
+)
+
+// prepare checks one fetched message: it must be a parked request, signed with the
+// store's key, deliverable, whose ticket is not final yet. ok is false when the message
+// was settled here.
 func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok bool) {
 	m, err := queue.Decode(jm)
 	if err != nil {
@@ -38,7 +46,18 @@ func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok 
 		r.pinID = pin
 		r.mu.Unlock()
 	}
+	if err := r.store.Verify(m); err != nil {
+		r.reject(m, jm, reasonForged, err)
+		return p, false
+	}
 	cfg := r.config()
+	r.mu.Lock()
+	tgt := r.target
+	r.mu.Unlock()
+	if err := tgt.check(m); err != nil {
+		r.reject(m, jm, reasonInvalid, err)
+		return p, false
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	rec, err := r.store.Record(rctx, m.Ticket)
 	cancel()
@@ -257,6 +276,31 @@ func (r *runner) keepKey(m *queue.Message) {
 	if err := r.store.KeepKey(ctx, m); err != nil {
 		r.log.Warn("cannot refresh the idempotency key", "ticket", m.Ticket, "err", err)
 	}
+}
+
+// reject dead-letters a message that must never be delivered, with the reason first in
+// its dead-letter reason. A forged message touches neither the ticket record nor the
+// events: its ticket may be a genuine order's, which must not be marked dead by it.
+func (r *runner) reject(m *queue.Message, jm jetstream.Msg, reason string, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	why := reason + ": " + cause.Error()
+	if err := r.store.DeadLetter(ctx, m, 0, why); err != nil {
+		r.log.Warn("cannot dead-letter; retrying later", "ticket", m.Ticket, "err", err)
+		_ = jm.NakWithDelay(time.Second)
+		return
+	}
+	if reason != reasonForged {
+		rec := &queue.Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: queue.StatusDead,
+			ReceivedAt: m.ReceivedAt, LastError: why}
+		r.keepKey(m)
+		r.save(rec, 5)
+		r.event(queue.DeadSubject(m.Queue), rec, 0)
+	}
+	r.m.dead.Inc()
+	r.m.rejected(reason).Inc()
+	r.log.Error("dead-lettered without delivery", "reason", reason, "ticket", m.Ticket, "seq", m.Seq, "err", cause)
+	_ = jm.TermWithReason(why)
 }
 
 // save writes the record, trying up to tries times.

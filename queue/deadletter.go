@@ -87,6 +87,9 @@ func (s *Store) eachDead(ctx context.Context, queue string, fn func(DeadLetter) 
 // requeue.{ticket}.{dead-letter seq}, so a repeated requeue after a crash is a
 // duplicate), then the dead letter is deleted.
 //
+// Signatures are kept: a genuine order verifies again, a forged one (see Verify) stays
+// forged, and its ticket's record is left alone.
+//
 // The queue need not be declared on this store (a tool such as `sluice dlq` knows no
 // rules): its stream must exist, and records then get the default lifetime.
 func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (int, error) {
@@ -124,8 +127,13 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 			Status:     StatusQueued,
 			ReceivedAt: m.ReceivedAt,
 		}
-		if err := s.SaveRecord(ctx, rec); err != nil {
-			return moved, err
+		// A forged one goes back as it is (and is dead-lettered again), without
+		// touching the record of the ticket it names, which may be a genuine order's.
+		forged := s.Verify(m) != nil
+		if !forged {
+			if err := s.SaveRecord(ctx, rec); err != nil {
+				return moved, err
+			}
 		}
 		m.Queue = queue
 		msg := m.encode(subjectFor(queue, m.Ticket))
@@ -133,10 +141,12 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 		if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(StreamName(queue))); err != nil {
 			// The message is still a dead letter: say so again (best effort; the
 			// context may be what failed).
-			rec.Status, rec.Attempts, rec.LastError = StatusDead, dl.Attempts, dl.Reason
-			restoreCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = s.SaveRecord(restoreCtx, rec)
-			cancel()
+			if !forged {
+				rec.Status, rec.Attempts, rec.LastError = StatusDead, dl.Attempts, dl.Reason
+				restoreCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_ = s.SaveRecord(restoreCtx, rec)
+				cancel()
+			}
 			if q == nil {
 				var apiErr *jetstream.APIError
 				if errors.As(err, &apiErr) && isFull(apiErr) {

@@ -42,6 +42,16 @@
 // dispatcher dead-letters the messages older than that instead of delivering them (the
 // stream itself has no age limit, which would delete them unseen).
 //
+// # Signatures
+//
+// Every parked message carries an HMAC-SHA256 (HeaderSignature) by the Store's signing
+// key (WithSigningKey) over everything that decides its delivery; ticket and
+// idempotency records are stored sealed with the same key. Store.Verify tells a genuine
+// message from a forged one (ErrForged); records that do not verify are treated as
+// absent. Whoever can publish on sluice.q.> or write the buckets without the key can
+// therefore have nothing delivered and no genuine order skipped. (They can still delete
+// or purge; NATS permissions guard that.)
+//
 // Tickets are 128-bit random values; knowing one is what lets a caller read its status
 // (the ingress does not scope status reads by client).
 package queue

@@ -33,6 +33,10 @@ var (
 	// ErrKeyStoreFull: the idempotency bucket is at its byte cap; nothing was accepted
 	// (ingress: 503). It matches ErrUnavailable too.
 	ErrKeyStoreFull = fmt.Errorf("%w: the idempotency key store is full", ErrUnavailable)
+	// ErrForged: a parked message or a stored record does not carry this store's
+	// signature (written by someone without the signing key, altered, or signed with
+	// another key). It must not be acted on.
+	ErrForged = errors.New("queue: forged")
 )
 
 // KeyLimitError is returned (wrapped) when a client scope has used up its idempotency

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -22,7 +23,7 @@ func openInternal(t *testing.T, cfg Config, opts ...Option) (*Store, *Queue, con
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	s, err := Open(ctx, srv.Conn, opts...)
+	s, err := Open(ctx, srv.Conn, append([]Option{WithSigningKey(natstest.SigningKey())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,5 +225,26 @@ func TestKeepKey(t *testing.T) {
 	}
 	if e, err := s.idem.Get(ctx, key); err != nil || e == nil {
 		t.Fatalf("missing key not created: %v", err)
+	}
+}
+
+// An idempotency record that sluice did not write decides nothing: a forged one that
+// maps a client's key to a ticket of the attacker's choice is replaced, and the order
+// gets a ticket of its own.
+func TestForgedIdempotencyRecordIsReplaced(t *testing.T) {
+	s, _, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	req := keyedOrder("c1", `"k"`, `{"sku":1}`)
+	planted := NewTicket()
+	val, _ := json.Marshal(idemRecord{Ticket: planted, Fingerprint: Fingerprint(req), Queue: "orders"})
+	if _, err := s.idem.Create(ctx, idemKey("c1", `"k"`), val); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.Park(ctx, req)
+	if err != nil || rc.Ticket == planted || rc.Duplicate {
+		t.Fatalf("park over a forged key: %+v %v", rc, err)
+	}
+	// The key now holds the genuine record: a repeat gets the same ticket.
+	if rc2, err := s.Park(ctx, req); err != nil || rc2.Ticket != rc.Ticket || !rc2.Duplicate {
+		t.Fatalf("repeat: %+v %v", rc2, err)
 	}
 }

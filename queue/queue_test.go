@@ -33,7 +33,7 @@ func openStore(t *testing.T, srv *natstest.Server, cfgs ...queue.Config) *queue.
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := queue.Open(ctx, srv.Conn)
+	s, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +169,7 @@ func TestParkStatusAndPosition(t *testing.T) {
 	srv := natstest.Start(t)
 	reg := prometheus.NewRegistry()
 	ctx := ctxT(t)
-	s, err := queue.Open(ctx, srv.Conn, queue.WithRegisterer(reg))
+	s, err := queue.Open(ctx, srv.Conn, queue.WithRegisterer(reg), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -518,7 +518,7 @@ func TestDeadLetters(t *testing.T) {
 
 	// A tool without the rules (sluice dlq) requeues through a store that never
 	// declared the queue.
-	tool, err := queue.Open(ctx, srv.Conn)
+	tool, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -576,7 +576,7 @@ func TestEmbeddedSurvivesRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { nc.Close(); e.Shutdown() })
-		s, err := queue.Open(ctxT(t), nc)
+		s, err := queue.Open(ctxT(t), nc, queue.WithSigningKey(natstest.SigningKey()))
 		if err != nil {
 			t.Fatal(err)
 		}

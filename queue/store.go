@@ -71,6 +71,7 @@ type options struct {
 	publishTimeout time.Duration
 	deadMaxAge     time.Duration
 	idemMaxBytes   int64
+	signingKey     []byte
 }
 
 // WithReplicas sets the replica count of the shared resources: the dead-letter stream
@@ -125,6 +126,7 @@ type Store struct {
 
 // Open prepares the shared resources (dead-letter stream and key-value buckets),
 // creating or updating them, and returns a Store without queues; add them with Declare.
+// A signing key (WithSigningKey) is required.
 func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	o := options{replicas: 1, publishTimeout: 5 * time.Second, idemMaxBytes: DefaultIdempotencyMaxBytes}
 	for _, opt := range opts {
@@ -132,6 +134,9 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	}
 	if o.logger == nil {
 		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := checkKey(o.signingKey); err != nil {
+		return nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -250,13 +251,14 @@ func (b *clusterBench) start(ctx context.Context) (err error) {
 		return err
 	}
 	fmt.Fprintf(b.stderr, "starting %d sluice replicas…\n", b.cfg.replicas)
+	queueKey := base64.StdEncoding.EncodeToString(benchKey()) // shared by the replicas, like their NATS
 	for i := range b.cfg.replicas {
 		listen, admin := freeAddr(), freeAddr()
 		r := &benchReplica{name: fmt.Sprintf("sluice-%d", i+1), url: "http://" + listen, admin: "http://" + admin,
 			log: filepath.Join(b.dir, fmt.Sprintf("sluice-%d.log", i+1)), done: make(chan struct{})}
 		args := []string{"serve", "--rules", rulesPath, "--upstream", "http://" + b.up.Addr,
 			"--listen", listen, "--admin-listen", admin, "--log-level", "warn",
-			"--data-dir", filepath.Join(b.dir, r.name), "--nats", b.nats.URL(), "--replicas", "3",
+			"--data-dir", filepath.Join(b.dir, r.name), "--nats", b.nats.URL(), "--queue-key", queueKey, "--replicas", "3",
 			"--redis", "redis://" + b.redis.Addr() + "/0",
 			"--delivery-timeout", b.cfg.deliveryTimeout.String(), "--ack-wait", b.cfg.ackWait.String(),
 			"--failover-after", b.cfg.failoverAfter.String()}

@@ -397,7 +397,7 @@ func TestCluster(t *testing.T) {
 	env.up, env.down = newUpstream(t, 0), newClDownstream(t)
 	rulesPath := writeRules(t, t.TempDir(), clusterRules(env.down.URL))
 	args := append([]string{"--rules", rulesPath, "--upstream", env.up.URL, "--log-level", "info",
-		"--nats", env.nats.URL(), "--replicas", "3", "--redis", "redis://" + env.redis.Addr() + "/0"}, clDispatchFlags...)
+		"--nats", env.nats.URL(), "--queue-key", testQueueKey, "--replicas", "3", "--redis", "redis://" + env.redis.Addr() + "/0"}, clDispatchFlags...)
 	for range 2 {
 		env.replicas = append(env.replicas, startSluice(t, args...))
 	}

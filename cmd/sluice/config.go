@@ -344,6 +344,9 @@ func maskSecret(name, value string) string {
 	if value == "" {
 		return ""
 	}
+	if name == "queue-key" {
+		return mask
+	}
 	for _, word := range []string{"token", "password", "passwd", "secret"} {
 		if strings.Contains(name, word) {
 			return mask

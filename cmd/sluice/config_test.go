@@ -282,6 +282,7 @@ rules: [a.yaml]
 upstream: http://orders:8080
 redis: redis://redis:6379/0
 nats: nats://127.0.0.1:1
+queue-key: `+testQueueKey+`
 delivery-timeout: 5s
 `)
 	got := printedConfig(t, "dispatch", "--config", file)
@@ -307,7 +308,7 @@ delivery-timeout: 5s
 }
 
 func TestPrintConfigMasksSecretsAndRoundTrips(t *testing.T) {
-	secrets := []string{"hunter2", "s3cret-token", "natspass", "natstoken", "redispw"}
+	secrets := []string{"hunter2", "s3cret-token", "natspass", "natstoken", "redispw", testQueueKey}
 	file := writeFile(t, "sluice.yaml", `
 rules: [a.yaml, b.yaml]
 upstream: http://orders:8080
@@ -315,6 +316,7 @@ admin-token: s3cret-token
 redis: redis://app:hunter2@redis:6379/0
 nats: [nats://natstoken@n1:4222, "nats://user:natspass@n2:4222", nats://n3:4222]
 nats-key: /etc/sluice/nats.key
+queue-key: `+testQueueKey+`
 shutdown-timeout: 45s
 shadow: true
 max-body: 1048576
@@ -333,6 +335,7 @@ max-body: 1048576
 		"redis":          {"redis://app:****@redis:6379/0", "file"},
 		"nats":           {"nats://****@n1:4222,nats://user:****@n2:4222,nats://n3:4222", "file"},
 		"nats-key":       {"/etc/sluice/nats.key", "file"}, // a path, not a secret
+		"queue-key":      {"****", "file"},
 		"rules":          {"a.yaml,b.yaml", "file"},
 		"log-level":      {"debug", "flag"},
 		"upstream":       {"http://orders:8080", "file"},
@@ -386,6 +389,7 @@ func TestMaskSecret(t *testing.T) {
 		{"nats", "tls://u:p@a:4222", "tls://u:****@a:4222"},
 		{"upstream", "http://u:p@orders", "http://u:****@orders"},
 		{"nats-key", "/etc/key.pem", "/etc/key.pem"},
+		{"queue-key", "c2VjcmV0", "****"},
 		{"listen", "127.0.0.1:8080", "127.0.0.1:8080"},
 	} {
 		if got := maskSecret(tc.name, tc.value); got != tc.want {

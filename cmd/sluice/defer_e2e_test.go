@@ -511,8 +511,8 @@ func TestDispatchKilledLosesNoAcceptedOrder(t *testing.T) {
 	up, down := newUpstream(t, 0), newDownstream(t, 300*time.Millisecond)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 20/s}\nmax_in_flight: 4"))
 	natsAddr := freeAddr(t)
-	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr)
-	dispatchArgs := append([]string{"--rules", rulesPath, "--nats", "nats://" + natsAddr}, dispatchFlags...)
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--queue-key", testQueueKey)
+	dispatchArgs := append([]string{"--rules", rulesPath, "--nats", "nats://" + natsAddr, "--queue-key", testQueueKey}, dispatchFlags...)
 	d1 := startCommand(t, "dispatch", dispatchArgs...)
 	if r := send(t, "GET", d1.admin+"/readyz", nil); r.status != 200 {
 		t.Fatalf("dispatch /readyz: %d %s", r.status, r.body)
@@ -546,8 +546,8 @@ func TestDispatchShutdownFinishesDeliveries(t *testing.T) {
 	up, down := newUpstream(t, 0), newDownstream(t, 1500*time.Millisecond)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}\nmax_in_flight: 3"))
 	natsAddr := freeAddr(t)
-	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr)
-	d := startCommand(t, "dispatch", "--rules", rulesPath, "--nats", "nats://"+natsAddr)
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--queue-key", testQueueKey)
+	d := startCommand(t, "dispatch", "--rules", rulesPath, "--nats", "nats://"+natsAddr, "--queue-key", testQueueKey)
 	warmUp(t, front.url, "/v1/orders")
 	var tickets []string
 	for i := range 6 {
@@ -605,6 +605,9 @@ func TestDeadLetterRequeue(t *testing.T) {
 	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--data-dir", dataDir)
 	natsURL := "nats://" + natsAddr
 
+	// serve generated the key and kept it in the data directory; dlq reaching the
+	// queues over --nats needs the same one.
+	key := keptQueueKey(t, dataDir)
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
 		t.Fatal(err)
@@ -657,12 +660,12 @@ func TestDeadLetterRequeue(t *testing.T) {
 		t.Errorf("dlq on a locked data dir: %d %s", code, stderr)
 	}
 
-	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", natsURL)
+	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", natsURL, "--queue-key", key)
 	if code != 0 || !strings.Contains(stdout, "TICKET") || !strings.Contains(stdout, a.Ticket) || !strings.Contains(stdout, b.Ticket) {
 		t.Fatalf("dlq list: %d\n%s%s", code, stdout, stderr)
 	}
 	t.Logf("sluice dlq list orders:\n%s", stdout)
-	code, stdout, stderr = runSluice(t, "dlq", "list", "--json", "orders", a.Ticket, "--nats", natsURL)
+	code, stdout, stderr = runSluice(t, "dlq", "list", "--json", "orders", a.Ticket, "--nats", natsURL, "--queue-key", key)
 	var listed []deadLetterJSON
 	if code != 0 || json.Unmarshal([]byte(stdout), &listed) != nil || len(listed) != 1 ||
 		listed[0].Ticket != a.Ticket || listed[0].Attempts != 2 || listed[0].Queue != "orders" ||
@@ -672,7 +675,7 @@ func TestDeadLetterRequeue(t *testing.T) {
 
 	// Healthy again: requeue one ticket; it is delivered under its own ticket.
 	down.failing.Store(false)
-	code, stdout, stderr = runSluice(t, "dlq", "requeue", "orders", a.Ticket, "--nats", natsURL)
+	code, stdout, stderr = runSluice(t, "dlq", "requeue", "orders", a.Ticket, "--nats", natsURL, "--queue-key", key)
 	if code != 0 || !strings.Contains(stdout, "requeued 1 dead letters") {
 		t.Fatalf("dlq requeue: %d %s %s", code, stdout, stderr)
 	}
@@ -684,15 +687,15 @@ func TestDeadLetterRequeue(t *testing.T) {
 		t.Errorf("deliveries: %v", count)
 	}
 	// A ticket that is no dead letter (any more) is an error.
-	if code, _, stderr = runSluice(t, "dlq", "requeue", "orders", a.Ticket, "--nats", natsURL); code != 1 || !strings.Contains(stderr, "no dead letter") {
+	if code, _, stderr = runSluice(t, "dlq", "requeue", "orders", a.Ticket, "--nats", natsURL, "--queue-key", key); code != 1 || !strings.Contains(stderr, "no dead letter") {
 		t.Errorf("requeue of a delivered ticket: %d %s", code, stderr)
 	}
 
 	// Purge without --yes asks nothing and does nothing.
-	if code, _, stderr = runSluice(t, "dlq", "purge", "orders", "--nats", natsURL); code != 2 || !strings.Contains(stderr, "--yes") {
+	if code, _, stderr = runSluice(t, "dlq", "purge", "orders", "--nats", natsURL, "--queue-key", key); code != 2 || !strings.Contains(stderr, "--yes") {
 		t.Errorf("purge without --yes: %d %s", code, stderr)
 	}
-	if code, stdout, stderr = runSluice(t, "dlq", "purge", "orders", "--yes", "--nats", natsURL); code != 0 || !strings.Contains(stdout, "purged 1 dead letters") {
+	if code, stdout, stderr = runSluice(t, "dlq", "purge", "orders", "--yes", "--nats", natsURL, "--queue-key", key); code != 0 || !strings.Contains(stdout, "purged 1 dead letters") {
 		t.Errorf("purge: %d %s %s", code, stdout, stderr)
 	}
 	if st, _ := getStatus(t, p.url, b.Ticket); st.Status != "dead" {

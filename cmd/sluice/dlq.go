@@ -123,7 +123,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(conn.replicas), queue.WithLogger(log),
-		queue.WithIdempotencyMaxBytes(conn.idemMax))
+		queue.WithIdempotencyMaxBytes(conn.idemMax), queue.WithSigningKey(conn.key))
 	if err != nil {
 		return fail(err)
 	}

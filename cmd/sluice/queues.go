@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -30,6 +32,8 @@ type natsConfig struct {
 	key      string
 	replicas int
 	idemMax  int64
+	queueKey string // --queue-key as given (base64)
+	signKey  []byte // decoded by check
 }
 
 // flags registers the NATS flags; server adds --nats-listen, which only a long-running
@@ -45,6 +49,7 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 	fs.StringVar(&c.cert, "nats-cert", "", "client certificate `file` for NATS TLS (with --nats-key)")
 	fs.StringVar(&c.key, "nats-key", "", "client key `file` for NATS TLS")
 	fs.Int64Var(&c.idemMax, "idempotency-max-bytes", queue.DefaultIdempotencyMaxBytes, "byte cap of the idempotency key bucket (and of each queue's key stream); new keys past 90% of it get 503; 0: no cap")
+	fs.StringVar(&c.queueKey, "queue-key", "", "`base64` of the secret (at least 32 bytes) that signs parked orders and ticket records; every process sharing the queues needs the same one; required with --nats; empty with the embedded server: generated once and kept in DATA_DIR/"+queueKeyFile)
 	fs.IntVar(&c.replicas, "replicas", 0, "stream `replicas` of the queues: 0 means 3 on a NATS cluster, 1 on a single server or the embedded one")
 }
 
@@ -52,6 +57,7 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 // there is one.
 type natsConn struct {
 	nc       *nats.Conn
+	key      []byte // signs the queues' messages and records
 	embedded *queue.Embedded
 	unlock   func() // releases --data-dir
 	replicas int
@@ -93,7 +99,7 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 				replicas = 3
 			}
 		}
-		return &natsConn{nc: nc, replicas: replicas, idemMax: cfg.idemMax, where: "nats " + nc.ConnectedUrlRedacted()}, nil
+		return &natsConn{nc: nc, key: cfg.signKey, replicas: replicas, idemMax: cfg.idemMax, where: "nats " + nc.ConnectedUrlRedacted()}, nil
 	}
 	// nats-server does not guard its store directory: two processes on one directory
 	// would corrupt each other's files. The lock is released by the kernel when the
@@ -101,6 +107,16 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	unlock, err := lockDataDir(cfg.dataDir)
 	if err != nil {
 		return nil, err
+	}
+	key := cfg.signKey
+	if key == nil {
+		if key, err = loadQueueKey(cfg.dataDir); err != nil {
+			unlock()
+			return nil, err
+		}
+	} else if kept, err := readQueueKey(filepath.Join(cfg.dataDir, queueKeyFile)); err == nil && !bytes.Equal(kept, key) {
+		log.Warn("--queue-key differs from the key kept in --data-dir: orders parked under that key will be dead-lettered as forged",
+			"file", filepath.Join(cfg.dataDir, queueKeyFile))
 	}
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen})
 	if err != nil {
@@ -117,7 +133,7 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	if u := emb.ClientURL(); u != "" {
 		where += " listening on " + u
 	}
-	return &natsConn{nc: nc, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), idemMax: cfg.idemMax, where: where}, nil
+	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), idemMax: cfg.idemMax, where: where}, nil
 }
 
 func cmpOr(v, fallback int) int {
@@ -196,7 +212,7 @@ func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer,
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	store, err := queue.Open(ctx, c.nc, queue.WithReplicas(c.replicas), queue.WithRegisterer(reg), queue.WithLogger(log),
-		queue.WithIdempotencyMaxBytes(c.idemMax))
+		queue.WithIdempotencyMaxBytes(c.idemMax), queue.WithSigningKey(c.key))
 	if err != nil {
 		return nil, fmt.Errorf("queues: %w", err)
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -384,13 +386,22 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	deferrer := ingress.NewQueueDeferrer(g.queues.store, g.log)
 	mw := ingress.New(g.watcher, store,
 		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
-		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer))
+		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer),
+		ingress.WithIdempotencyScopeKey(subKey(g.nats.key, "idempotency scope")))
 	proxy := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
 		ingress.WithProxyClientIdentity(ids))
 	mux := http.NewServeMux()
 	mux.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
 	mux.Handle("/", mw.Wrap(proxy))
 	return mux, nil
+}
+
+// subKey derives the key of one purpose from the queue key, so that no two uses of
+// the secret can be played against each other.
+func subKey(key []byte, purpose string) []byte {
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte("sluice " + purpose))
+	return mac.Sum(nil)
 }
 
 // openRedis returns a client of the Redis (or Redis Cluster, with addr= parameters)
@@ -490,8 +501,15 @@ func loadTLS(prefix, ca, cert, key string) (*tls.Config, error) {
 // check checks the NATS flags before anything connects: the credentials and TLS
 // files must be readable and well-formed (nats.go reads them again at each
 // connection). Without --nats they have no use: the embedded server is reached in
-// process. check then warns and clears them.
+// process. check then warns and clears them. Then the queue key (checkQueueKey).
 func (c *natsConfig) check(log *slog.Logger) error {
+	if err := c.checkConn(log); err != nil {
+		return err
+	}
+	return c.checkQueueKey()
+}
+
+func (c *natsConfig) checkConn(log *slog.Logger) error {
 	if c.url == "" {
 		for _, f := range []struct {
 			name  string

@@ -134,3 +134,8 @@ func (s *Server) Restart() {
 	s.Shutdown()
 	s.start(s.port)
 }
+
+// SigningKey returns a fixed signing key for queue.WithSigningKey in tests (40 bytes).
+// Processes of one test must share it, as replicas do; a test of forgery signs with
+// another key.
+func SigningKey() []byte { return []byte("sluice test key: not a secret, 40 bytes.") }
