@@ -748,8 +748,8 @@ func (r *clusterReport) write(w io.Writer) error {
 	return tw.Flush()
 }
 
-// benchDownstream is the orders API: it deduplicates by Idempotency-Key and records
-// when each request arrived.
+// benchDownstream is the orders API: it counts deliveries per ticket (Sluice-Ticket;
+// the Idempotency-Key is the client's own) and records when each request arrived.
 type benchDownstream struct {
 	mu       sync.Mutex
 	count    map[string]int
@@ -761,7 +761,7 @@ func newBenchDownstream() *benchDownstream { return &benchDownstream{count: map[
 func (d *benchDownstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	_, _ = io.Copy(io.Discard, r.Body)
-	key := r.Header.Get("Idempotency-Key")
+	key := r.Header.Get("Sluice-Ticket")
 	d.mu.Lock()
 	d.arrivals = append(d.arrivals, now)
 	d.count[key]++

@@ -95,17 +95,18 @@ const clArrivalJitter = 100 * time.Millisecond
 // dispatcher comes back after 4s, a queue pinned to a dead dispatcher moves after 1s.
 var clDispatchFlags = []string{"--delivery-timeout", "3s", "--ack-wait", "4s", "--failover-after", "1s"}
 
-// clDownstream is the orders API: it deduplicates by Idempotency-Key (a repeat gets the
-// first answer again and is counted as a suppressed duplicate), and records when each
-// request arrived and under which key each order (X-Order) came.
+// clDownstream is the orders API: it counts deliveries per ticket (Sluice-Ticket; a
+// repeat is counted as a suppressed duplicate), checks that each order carries its
+// client's own Idempotency-Key, and records when each request arrived and under which
+// ticket each order (X-Order) came.
 type clDownstream struct {
 	*httptest.Server
 
 	mu         sync.Mutex
-	count      map[string]int    // deliveries per Idempotency-Key
-	orderOfKey map[string]string // Idempotency-Key → X-Order
-	keyOfOrder map[string]string // X-Order → Idempotency-Key
-	mismatches []string          // orders seen under two keys
+	count      map[string]int    // deliveries per ticket
+	orderOfKey map[string]string // ticket → X-Order
+	keyOfOrder map[string]string // X-Order → ticket
+	mismatches []string          // orders seen under two tickets or with another key
 	arrivals   []time.Time       // every request
 }
 
@@ -114,8 +115,11 @@ func newClDownstream(t *testing.T) *clDownstream {
 	d.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		io.Copy(io.Discard, r.Body)
-		key, order := r.Header.Get("Idempotency-Key"), r.Header.Get("X-Order")
+		key, order := r.Header.Get("Sluice-Ticket"), r.Header.Get("X-Order")
 		d.mu.Lock()
+		if got := r.Header.Get("Idempotency-Key"); got != strconv.Quote(order) {
+			d.mismatches = append(d.mismatches, fmt.Sprintf("order %s delivered with Idempotency-Key %s, not the client's", order, got))
+		}
 		d.arrivals = append(d.arrivals, now)
 		d.count[key]++
 		d.orderOfKey[key] = order
