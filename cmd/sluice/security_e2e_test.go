@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
 )
 
 // runSluiceEnv is runSluice with extra environment variables (KEY=VALUE), for
@@ -317,4 +320,105 @@ func TestEncryptionAtRest(t *testing.T) {
 	if out := plain.output.String(); !strings.Contains(out, "parked requests, their headers (Authorization, Cookie…) and bodies are stored in clear") {
 		t.Errorf("no warning without a key:\n%s", out)
 	}
+}
+
+// TestSharedClusterAccount runs sluice on a NATS server configured with
+// deploy/nats/accounts.conf, as its user sluice: with only those permissions every
+// queue operation works (declare, park, deliver, acknowledge, records, events, dead
+// letters, dlq list, requeue and purge) and no permission violation is logged. The
+// user events receives the events and can do nothing else; a client without
+// credentials is refused.
+func TestSharedClusterAccount(t *testing.T) {
+	const sluicePW, eventsPW = "sluice-pw-0123456789abcdef0123456789", "events-pw-0123456789abcdef0123456789"
+	t.Setenv("NATS_SLUICE_PASSWORD", sluicePW)
+	t.Setenv("NATS_EVENTS_PASSWORD", eventsPW)
+	srv := natstest.StartConfig(t, filepath.Join("..", "..", "deploy", "nats", "accounts.conf"))
+	hostPort := strings.TrimPrefix(srv.URL, "nats://")
+	sluiceURL := "nats://sluice:" + sluicePW + "@" + hostPort
+
+	if _, err := nats.Connect(srv.URL, nats.Timeout(10*time.Second)); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
+		t.Errorf("connect without credentials: %v", err)
+	}
+	var violations syncBuffer
+	events := srv.Connect(t, nats.UserInfo("events", eventsPW), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		fmt.Fprintln(&violations, err)
+	}))
+	done := make(chan *nats.Msg, 16)
+	if _, err := events.ChanSubscribe("sluice.done.>", done); err != nil {
+		t.Fatal(err)
+	}
+	dead := make(chan *nats.Msg, 16)
+	if _, err := events.ChanSubscribe("sluice.dead.>", dead); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	up, down := newUpstream(t, 0), newDownstream(t, 0)
+	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}\nmax_attempts: 2\nbackoff: {initial: 50ms, max: 200ms}"))
+	p := startSluice(t, append([]string{"--rules", rulesPath, "--upstream", up.URL, "--nats", sluiceURL}, dispatchFlags...)...)
+	warmUp(t, p.url, "/v1/orders")
+	ok := mustDefer(t, p.url, "/v1/orders", "ok-1")
+	waitStatus(t, p.url, ok.Ticket, "done", 60*time.Second)
+	select {
+	case m := <-done:
+		if !strings.Contains(string(m.Data), ok.Ticket) {
+			t.Errorf("done event %s", m.Data)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("the events user got no completion event")
+	}
+	// Same key, same payload: the idempotency bucket answers with the same ticket.
+	k1 := mustDefer(t, p.url, "/v1/orders", "idem", "Idempotency-Key", `"shared-1"`)
+	if k2 := mustDefer(t, p.url, "/v1/orders", "idem", "Idempotency-Key", `"shared-1"`); k2.Ticket != k1.Ticket {
+		t.Errorf("idempotent resubmission: tickets %s and %s", k1.Ticket, k2.Ticket)
+	}
+	waitStatus(t, p.url, k1.Ticket, "done", 60*time.Second)
+
+	down.failing.Store(true)
+	bad := mustDefer(t, p.url, "/v1/orders", "bad-1")
+	waitStatus(t, p.url, bad.Ticket, "dead", 60*time.Second)
+	select {
+	case <-dead:
+	case <-time.After(30 * time.Second):
+		t.Error("the events user got no dead-letter event")
+	}
+	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", sluiceURL)
+	if code != exitOK || !strings.Contains(stdout, bad.Ticket) {
+		t.Errorf("dlq list as sluice: exit %d\n%s%s", code, stdout, stderr)
+	}
+	down.failing.Store(false)
+	if code, stdout, stderr = runSluice(t, "dlq", "requeue", "orders", "--nats", sluiceURL); code != exitOK {
+		t.Errorf("dlq requeue as sluice: exit %d\n%s%s", code, stdout, stderr)
+	}
+	waitStatus(t, p.url, bad.Ticket, "done", 60*time.Second)
+	down.failing.Store(true)
+	bad2 := mustDefer(t, p.url, "/v1/orders", "bad-2")
+	waitStatus(t, p.url, bad2.Ticket, "dead", 60*time.Second)
+	if code, stdout, stderr = runSluice(t, "dlq", "purge", "orders", "--yes", "--nats", sluiceURL); code != exitOK || !strings.Contains(stdout, "purged 1") {
+		t.Errorf("dlq purge as sluice: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if out := p.output.String(); strings.Contains(strings.ToLower(out), "permissions violation") {
+		t.Errorf("sluice hit a permission it lacks:\n%s", grepLines(strings.ToLower(out), "permissions violation"))
+	}
+
+	// The events user reads events, and nothing else: no queue, no JetStream API, no
+	// forged order.
+	if _, err := events.SubscribeSync("sluice.q.>"); err != nil {
+		t.Fatal(err)
+	}
+	if err := events.Publish("sluice.q.orders.aaaaaaaaaaaaaaaaaaaaaaaaaa", []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := events.Request("$JS.API.STREAM.PURGE."+queue.StreamName("orders"), nil, 2*time.Second); err == nil {
+		t.Error("the events user purged the queue")
+	}
+	if err := events.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the server's refusals", 30*time.Second, func() bool {
+		v := violations.String()
+		return strings.Contains(v, `Subscription to "sluice.q.>"`) && strings.Contains(v, `Publish to "sluice.q.orders.`)
+	})
 }
