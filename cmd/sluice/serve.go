@@ -83,7 +83,8 @@ const ingressHelp = `Usage: sluice ingress --rules FILE_OR_DIR[,…] --upstream 
 Runs the front door alone: sluice serve without dispatchers (serve --dispatch=false).
 Deferred requests are parked in the queues, to be delivered by sluice dispatch
 processes sharing the same NATS: --nats URL, or the embedded server started here with
---nats-listen ADDR for the dispatchers to connect to.
+--nats-listen ADDR and --nats-listen-token for the dispatchers to connect to (with
+--nats nats://ADDR and --nats-token).
 `
 
 const dispatchHelp = `Usage: sluice dispatch --rules FILE_OR_DIR[,…] [--nats URL | --data-dir DIR --nats-listen ADDR] [flags]
