@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,23 @@ func TestNATSListenNeedsCredentials(t *testing.T) {
 	}
 }
 
+// natsListenRE finds the embedded server's listener in the start-up log line.
+var natsListenRE = regexp.MustCompile(`listening on (?:nats|tls)://(127\.0\.0\.1:[0-9]+)`)
+
+// natsListenAddr is the address of p's --nats-listen 127.0.0.1:0, from its log: a
+// port the server chose itself cannot be taken by another test meanwhile.
+func natsListenAddr(t *testing.T, p *sluiceProcess) string {
+	t.Helper()
+	var addr string
+	waitFor(t, "the NATS listener in the log", 30*time.Second, func() bool {
+		if m := natsListenRE.FindStringSubmatch(p.output.String()); m != nil {
+			addr = m[1]
+		}
+		return addr != ""
+	})
+	return addr
+}
+
 // rawNATS speaks the NATS protocol by hand, as an attacker without a client library
 // would: CONNECT without credentials, then subscribe to every parked order, publish a
 // forged one and ask JetStream to purge the queue. It returns what the server said.
@@ -136,8 +154,8 @@ func TestNATSListenRefusesUnauthenticatedClients(t *testing.T) {
 	t.Parallel()
 	up, down := newUpstream(t, 0), newDownstream(t, 0)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 20/s}"))
-	natsAddr := freeAddr(t)
-	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--nats-listen-token", testNATSToken)
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", "127.0.0.1:0", "--nats-listen-token", testNATSToken)
+	natsAddr := natsListenAddr(t, front)
 	warmUp(t, front.url, "/v1/orders")
 	a := mustDefer(t, front.url, "/v1/orders", "parked-1", "Authorization", "Bearer victim-secret")
 
@@ -208,9 +226,9 @@ func TestNATSListenClientCertificates(t *testing.T) {
 	other := newTestPKI(t) // another CA: its certificates are no credential here
 	up, down := newUpstream(t, 0), newDownstream(t, 0)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 20/s}"))
-	natsAddr := freeAddr(t)
-	startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr,
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", "127.0.0.1:0",
 		"--nats-listen-cert", pki.serverCert, "--nats-listen-key", pki.serverKey, "--nats-listen-ca", pki.ca)
+	natsAddr := natsListenAddr(t, front)
 	url := "tls://" + natsAddr
 	for _, tc := range []struct {
 		name string
