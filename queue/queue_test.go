@@ -599,7 +599,7 @@ func TestEmbeddedSurvivesRestart(t *testing.T) {
 		t.Fatalf("after restart: %+v %v", st, err)
 	}
 
-	e3, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	e3, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Token: "0123456789abcdef0123456789abcdef"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -191,6 +193,9 @@ func parseFile(name string, data []byte, probs *problemList) *fileDef {
 	if root == nil {
 		return nil
 	}
+	if !w.rulesShaped(root) {
+		return nil
+	}
 	f := &fileDef{path: name}
 	w.fields(root, "the file", fileFields, func(key string, k, v *yaml.Node) {
 		switch key {
@@ -224,9 +229,29 @@ func parseFile(name string, data []byte, probs *problemList) *fileDef {
 	return f
 }
 
-// yamlError reports a YAML syntax error; yaml.v3 puts the line in the text.
+// rulesShaped reports whether root can be a rules file: a mapping with at least one
+// field of a rules file. Anything else (a symlink to /etc/passwd, a key, another
+// program's YAML) is one problem that quotes nothing of the file, not a problem per
+// unknown key: its keys and values may be secrets, and problems reach the logs.
+func (w *walker) rulesShaped(root *yaml.Node) bool {
+	if root.Kind != yaml.MappingNode {
+		w.errf(root, "not a rules file: the top level must be a mapping with a domain, got %s", kindName(root))
+		return false
+	}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if k := root.Content[i]; k.Tag == "!!merge" || slices.Contains(fileFields, k.Value) {
+			return true
+		}
+	}
+	w.errf(root, "not a rules file: none of its top-level fields is one of %s", strings.Join(fileFields, ", "))
+	return false
+}
+
+// yamlError reports a YAML syntax error; yaml.v3 puts the line in the text. Quoted
+// parts of its message (an anchor's name, a character) come from the file, which may
+// not be YAML at all: they are cut, so that nothing of it reaches the logs.
 func (w *walker) yamlError(err error) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg := unquote(strings.TrimPrefix(err.Error(), "yaml: "))
 	line := 0
 	if rest, ok := strings.CutPrefix(msg, "line "); ok {
 		if i := strings.IndexByte(rest, ':'); i > 0 {
@@ -594,4 +619,31 @@ func (w *walker) positive(v *yaml.Node, what string) int64 {
 		return 0
 	}
 	return n
+}
+
+// unquote drops every quoted part of msg longer than one character: yaml.v3 quotes
+// single characters of its grammar (expected ',' or '}'), but names from the file (an
+// anchor) too.
+func unquote(msg string) string {
+	var b strings.Builder
+	rest := msg
+	for {
+		i := strings.IndexAny(rest, "'\"`")
+		if i < 0 {
+			b.WriteString(rest)
+			break
+		}
+		j := strings.IndexByte(rest[i+1:], rest[i])
+		if j < 0 {
+			b.WriteString(rest)
+			break
+		}
+		quoted := rest[i : i+j+2]
+		b.WriteString(rest[:i])
+		if utf8.RuneCountInString(quoted) <= 3 {
+			b.WriteString(quoted)
+		}
+		rest = rest[i+j+2:]
+	}
+	return strings.Join(strings.Fields(b.String()), " ")
 }

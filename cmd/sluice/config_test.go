@@ -308,7 +308,7 @@ delivery-timeout: 5s
 }
 
 func TestPrintConfigMasksSecretsAndRoundTrips(t *testing.T) {
-	secrets := []string{"hunter2", "s3cret-token", "natspass", "natstoken", "redispw", testQueueKey}
+	secrets := []string{"hunter2", "s3cret-token", "natspass", "natstoken", "redispw", "listen-token-0123456789abcdef0123", "client-token-0123456789abcdef0123", "at-rest-key-0123456789abcdef01234", testQueueKey}
 	file := writeFile(t, "sluice.yaml", `
 rules: [a.yaml, b.yaml]
 upstream: http://orders:8080
@@ -317,11 +317,15 @@ redis: redis://app:hunter2@redis:6379/0
 nats: [nats://natstoken@n1:4222, "nats://user:natspass@n2:4222", nats://n3:4222]
 nats-key: /etc/sluice/nats.key
 queue-key: `+testQueueKey+`
+nats-listen-token: listen-token-0123456789abcdef0123
+nats-token: client-token-0123456789abcdef0123
+encryption-key-file: /etc/sluice/at-rest.key
 shutdown-timeout: 45s
 shadow: true
 max-body: 1048576
 `)
 	t.Setenv("SLUICE_REDIS_PASSWORD", "redispw")
+	t.Setenv("SLUICE_ENCRYPTION_KEY", "at-rest-key-0123456789abcdef01234")
 	_, out, errOut := runIn(t, "serve", "--config", file, "--print-config", "--log-level", "debug")
 	for _, s := range secrets {
 		if strings.Contains(out+errOut, s) {
@@ -330,17 +334,21 @@ max-body: 1048576
 	}
 	got := parsePrinted(t, out)
 	for key, want := range map[string]setting{
-		"admin-token":    {"****", "file"},
-		"redis-password": {"****", "env SLUICE_REDIS_PASSWORD"},
-		"redis":          {"redis://app:****@redis:6379/0", "file"},
-		"nats":           {"nats://****@n1:4222,nats://user:****@n2:4222,nats://n3:4222", "file"},
-		"nats-key":       {"/etc/sluice/nats.key", "file"}, // a path, not a secret
-		"queue-key":      {"****", "file"},
-		"rules":          {"a.yaml,b.yaml", "file"},
-		"log-level":      {"debug", "flag"},
-		"upstream":       {"http://orders:8080", "file"},
-		"admin-listen":   {"127.0.0.1:9090", "default"},
-		"redis-ca":       {"", "default"},
+		"admin-token":         {"****", "file"},
+		"redis-password":      {"****", "env SLUICE_REDIS_PASSWORD"},
+		"redis":               {"redis://app:****@redis:6379/0", "file"},
+		"nats":                {"nats://****@n1:4222,nats://user:****@n2:4222,nats://n3:4222", "file"},
+		"nats-key":            {"/etc/sluice/nats.key", "file"}, // a path, not a secret
+		"nats-listen-token":   {"****", "file"},
+		"nats-token":          {"****", "file"},
+		"encryption-key":      {"****", "env SLUICE_ENCRYPTION_KEY"},
+		"encryption-key-file": {"/etc/sluice/at-rest.key", "file"},
+		"queue-key":           {"****", "file"},
+		"rules":               {"a.yaml,b.yaml", "file"},
+		"log-level":           {"debug", "flag"},
+		"upstream":            {"http://orders:8080", "file"},
+		"admin-listen":        {"127.0.0.1:9090", "default"},
+		"redis-ca":            {"", "default"},
 	} {
 		if got[key] != want {
 			t.Errorf("%s = %+v, want %+v", key, got[key], want)
@@ -351,6 +359,7 @@ max-body: 1048576
 	// stand for themselves), every value now from the file.
 	again := writeFile(t, "printed.yaml", out)
 	os.Unsetenv("SLUICE_REDIS_PASSWORD") // t.Setenv restores it
+	os.Unsetenv("SLUICE_ENCRYPTION_KEY")
 	got2 := printedConfig(t, "serve", "--config", again)
 	if len(got2) != len(got) {
 		t.Errorf("%d keys, then %d", len(got), len(got2))
@@ -390,6 +399,10 @@ func TestMaskSecret(t *testing.T) {
 		{"upstream", "http://u:p@orders", "http://u:****@orders"},
 		{"nats-key", "/etc/key.pem", "/etc/key.pem"},
 		{"queue-key", "c2VjcmV0", "****"},
+		{"encryption-key", "k", "****"},
+		{"encryption-key-file", "/etc/sluice/at-rest.key", "/etc/sluice/at-rest.key"},
+		{"nats-listen-token", "t", "****"},
+		{"nats-token", "t", "****"},
 		{"listen", "127.0.0.1:8080", "127.0.0.1:8080"},
 	} {
 		if got := maskSecret(tc.name, tc.value); got != tc.want {

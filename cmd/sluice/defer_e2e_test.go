@@ -511,8 +511,8 @@ func TestDispatchKilledLosesNoAcceptedOrder(t *testing.T) {
 	up, down := newUpstream(t, 0), newDownstream(t, 300*time.Millisecond)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 20/s}\nmax_in_flight: 4"))
 	natsAddr := freeAddr(t)
-	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--queue-key", testQueueKey)
-	dispatchArgs := append([]string{"--rules", rulesPath, "--nats", "nats://" + natsAddr, "--queue-key", testQueueKey}, dispatchFlags...)
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--nats-listen-token", testNATSToken, "--queue-key", testQueueKey)
+	dispatchArgs := append([]string{"--rules", rulesPath, "--nats", "nats://" + natsAddr, "--nats-token", testNATSToken, "--queue-key", testQueueKey}, dispatchFlags...)
 	d1 := startCommand(t, "dispatch", dispatchArgs...)
 	if r := send(t, "GET", d1.admin+"/readyz", nil); r.status != 200 {
 		t.Fatalf("dispatch /readyz: %d %s", r.status, r.body)
@@ -546,8 +546,8 @@ func TestDispatchShutdownFinishesDeliveries(t *testing.T) {
 	up, down := newUpstream(t, 0), newDownstream(t, 1500*time.Millisecond)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}\nmax_in_flight: 3"))
 	natsAddr := freeAddr(t)
-	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--queue-key", testQueueKey)
-	d := startCommand(t, "dispatch", "--rules", rulesPath, "--nats", "nats://"+natsAddr, "--queue-key", testQueueKey)
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--nats-listen-token", testNATSToken, "--queue-key", testQueueKey)
+	d := startCommand(t, "dispatch", "--rules", rulesPath, "--nats", "nats://"+testNATSToken+"@"+natsAddr, "--queue-key", testQueueKey)
 	warmUp(t, front.url, "/v1/orders")
 	var tickets []string
 	for i := range 6 {
@@ -576,6 +576,9 @@ func TestDispatchShutdownFinishesDeliveries(t *testing.T) {
 	}
 }
 
+// testNATSToken is the --nats-listen-token of the tests' embedded servers.
+const testNATSToken = "test-token-0123456789abcdef0123456789"
+
 // runSluice runs the binary to completion and returns its exit status and output.
 func runSluice(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -602,8 +605,8 @@ func TestDeadLetterRequeue(t *testing.T) {
 		"outflow: {rate: 50/s}\nmax_attempts: 2\nbackoff: {initial: 50ms, max: 200ms}"))
 	natsAddr := freeAddr(t)
 	dataDir := t.TempDir()
-	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--data-dir", dataDir)
-	natsURL := "nats://" + natsAddr
+	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--nats-listen-token", testNATSToken, "--data-dir", dataDir)
+	natsURL := "nats://" + testNATSToken + "@" + natsAddr
 
 	// serve generated the key and kept it in the data directory; dlq reaching the
 	// queues over --nats needs the same one.

@@ -34,8 +34,10 @@ attempts.
 
 It connects to --nats, or else starts the embedded NATS server on --data-dir. That
 works only while no sluice runs there: a running sluice serve, ingress or dispatch
-holds its data directory, so start it with --nats-listen ADDR and pass --nats
-nats://ADDR here. --config FILE reads the NATS flags from the config file of those
+holds its data directory, so start it with --nats-listen ADDR and
+--nats-listen-token (or SLUICE_NATS_LISTEN_TOKEN), and pass --nats nats://ADDR and
+the token (--nats-token or SLUICE_NATS_TOKEN) here. An encrypted data directory
+needs its --encryption-key here too. --config FILE reads the NATS flags from the config file of those
 commands (its other keys are ignored); --json, --limit and --yes are never read from
 a file.
 
@@ -113,8 +115,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	conn, err := openNATS(cfg.nats, log)
 	if errors.Is(err, errDataDirLocked) {
 		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it. "+
-			"Start that sluice with --nats-listen ADDR (for example --nats-listen 127.0.0.1:4222) "+
-			"and pass --nats nats://ADDR to sluice dlq", err))
+			"Start that sluice with --nats-listen ADDR and --nats-listen-token TOKEN (for example --nats-listen 127.0.0.1:4222) "+
+			"and pass --nats nats://ADDR and --nats-token TOKEN to sluice dlq", err))
 	}
 	if err != nil {
 		return fail(err)

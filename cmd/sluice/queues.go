@@ -27,6 +27,7 @@ type natsConfig struct {
 	dataDir  string
 	listen   string
 	creds    string
+	token    string
 	ca       string
 	cert     string
 	key      string
@@ -34,7 +35,18 @@ type natsConfig struct {
 	idemMax  int64
 	queueKey string // --queue-key as given (base64)
 	signKey  []byte // decoded by check
+
+	// The embedded server's listener: its clients' credentials, a token or TLS
+	// client certificates (verified against listenCA).
+	listenToken, listenCert, listenKey, listenCA string
+	// The embedded server's store is encrypted at rest with this key (or the one in
+	// encryptionKeyFile); check reads the file into encryptionKey.
+	encryptionKey, encryptionKeyFile string
 }
+
+// minSecretLen is the shortest token or encryption key taken: both guard everything
+// parked, and a key can be attacked offline on a copy of the data directory.
+const minSecretLen = 32
 
 // flags registers the NATS flags; server adds --nats-listen, which only a long-running
 // command's embedded server has use for.
@@ -42,9 +54,16 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 	fs.StringVar(&c.url, "nats", "", "`URL`s of a NATS server or cluster with JetStream (comma-separated); empty: run an embedded server")
 	fs.StringVar(&c.dataDir, "data-dir", "sluice-data", "`directory` of the embedded NATS server's JetStream files (one process at a time)")
 	if server {
-		fs.StringVar(&c.listen, "nats-listen", "", "`address` where the embedded NATS server accepts clients (for sluice dispatch, ingress and dlq elsewhere); empty: in-process only")
+		fs.StringVar(&c.listen, "nats-listen", "", "`address` where the embedded NATS server accepts clients (for sluice dispatch, ingress and dlq elsewhere), who must give --nats-listen-token or a client certificate; empty: in-process only")
+		fs.StringVar(&c.listenToken, "nats-listen-token", "", "`token` that clients of --nats-listen must give (--nats-token), at least 32 characters (best from SLUICE_NATS_LISTEN_TOKEN)")
+		fs.StringVar(&c.listenCert, "nats-listen-cert", "", "certificate `file` of --nats-listen: clients must use TLS (with --nats-listen-key)")
+		fs.StringVar(&c.listenKey, "nats-listen-key", "", "key `file` of --nats-listen-cert")
+		fs.StringVar(&c.listenCA, "nats-listen-ca", "", "CA certificates `file`: clients of --nats-listen must present a certificate it signed (with --nats-listen-cert)")
 	}
+	fs.StringVar(&c.encryptionKey, "encryption-key", "", "`key` that encrypts the embedded NATS server's data directory at rest, at least 32 characters (best from SLUICE_ENCRYPTION_KEY or --encryption-key-file); without it parked orders are stored in clear")
+	fs.StringVar(&c.encryptionKeyFile, "encryption-key-file", "", "`file` holding --encryption-key")
 	fs.StringVar(&c.creds, "nats-creds", "", "NATS credentials `file` (JWT and nkey)")
+	fs.StringVar(&c.token, "nats-token", "", "`token` for --nats, such as the --nats-listen-token of another sluice (best from SLUICE_NATS_TOKEN)")
 	fs.StringVar(&c.ca, "nats-ca", "", "`file` of CA certificates that the NATS servers' TLS certificates are checked against")
 	fs.StringVar(&c.cert, "nats-cert", "", "client certificate `file` for NATS TLS (with --nats-key)")
 	fs.StringVar(&c.key, "nats-key", "", "client key `file` for NATS TLS")
@@ -76,6 +95,9 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	}
 	if cfg.creds != "" {
 		opts = append(opts, nats.UserCredentials(cfg.creds))
+	}
+	if cfg.token != "" {
+		opts = append(opts, nats.Token(cfg.token))
 	}
 	if cfg.ca != "" {
 		opts = append(opts, nats.RootCAs(cfg.ca))
@@ -118,7 +140,17 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 		log.Warn("--queue-key differs from the key kept in --data-dir: orders parked under that key will be dead-lettered as forged",
 			"file", filepath.Join(cfg.dataDir, queueKeyFile))
 	}
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen})
+	listenTLS, err := cfg.listenTLS()
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen,
+		Token: cfg.listenToken, TLS: listenTLS, EncryptionKey: cfg.encryptionKey})
+	if errors.Is(err, queue.ErrEncryptionKey) {
+		unlock()
+		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w; give the key it was written with in --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file", cfg.dataDir, err)
+	}
 	if err != nil {
 		unlock()
 		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w", cfg.dataDir, err)

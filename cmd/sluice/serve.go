@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -84,7 +85,8 @@ const ingressHelp = `Usage: sluice ingress --rules FILE_OR_DIR[,…] --upstream 
 Runs the front door alone: sluice serve without dispatchers (serve --dispatch=false).
 Deferred requests are parked in the queues, to be delivered by sluice dispatch
 processes sharing the same NATS: --nats URL, or the embedded server started here with
---nats-listen ADDR for the dispatchers to connect to.
+--nats-listen ADDR and --nats-listen-token for the dispatchers to connect to (with
+--nats nats://ADDR and --nats-token).
 `
 
 const dispatchHelp = `Usage: sluice dispatch --rules FILE_OR_DIR[,…] [--nats URL | --data-dir DIR --nats-listen ADDR] [flags]
@@ -345,6 +347,10 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		return nil, &unusableError{err}
 	}
 	ready["nats"] = g.nats.ready
+	if g.nats.embedded != nil && cfg.nats.encryptionKey == "" {
+		log.Warn("the data directory is not encrypted: parked requests, their headers (Authorization, Cookie…) and bodies are stored in clear in --data-dir; "+
+			"give --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file to encrypt it at rest", "data_dir", cfg.nats.dataDir)
+	}
 	var disp []dispatcher.Option
 	if cfg.dispatch {
 		disp = cfg.disp.options()
@@ -501,7 +507,9 @@ func loadTLS(prefix, ca, cert, key string) (*tls.Config, error) {
 // check checks the NATS flags before anything connects: the credentials and TLS
 // files must be readable and well-formed (nats.go reads them again at each
 // connection). Without --nats they have no use: the embedded server is reached in
-// process. check then warns and clears them. Then the queue key (checkQueueKey).
+// process. check then warns and clears them; and the other way round for the flags
+// of the embedded server. It reads --encryption-key-file. Then the queue key
+// (checkQueueKey).
 func (c *natsConfig) check(log *slog.Logger) error {
 	if err := c.checkConn(log); err != nil {
 		return err
@@ -510,25 +518,113 @@ func (c *natsConfig) check(log *slog.Logger) error {
 }
 
 func (c *natsConfig) checkConn(log *slog.Logger) error {
-	if c.url == "" {
-		for _, f := range []struct {
-			name  string
-			value *string
-		}{{"nats-creds", &c.creds}, {"nats-ca", &c.ca}, {"nats-cert", &c.cert}, {"nats-key", &c.key}} {
+	type flagValue struct {
+		name  string
+		value *string
+	}
+	unused := func(flags []flagValue, why string) {
+		for _, f := range flags {
 			if *f.value != "" {
-				log.Warn("--" + f.name + " has no effect without --nats: the embedded NATS server needs no credentials or TLS")
+				log.Warn("--" + f.name + " has no effect " + why)
 				*f.value = ""
 			}
 		}
+	}
+	if c.url != "" {
+		unused([]flagValue{{"nats-listen", &c.listen}, {"nats-listen-token", &c.listenToken}, {"nats-listen-cert", &c.listenCert},
+			{"nats-listen-key", &c.listenKey}, {"nats-listen-ca", &c.listenCA}, {"encryption-key", &c.encryptionKey},
+			{"encryption-key-file", &c.encryptionKeyFile}}, "with --nats: it configures the embedded NATS server")
+		if c.creds != "" {
+			if _, err := os.ReadFile(c.creds); err != nil {
+				return fmt.Errorf("--nats-creds: %w", err)
+			}
+			if c.token != "" {
+				return errors.New("--nats-token and --nats-creds: give one of them")
+			}
+		}
+		_, err := loadTLS("nats", c.ca, c.cert, c.key)
+		return err
+	}
+	unused([]flagValue{{"nats-creds", &c.creds}, {"nats-token", &c.token}, {"nats-ca", &c.ca}, {"nats-cert", &c.cert}, {"nats-key", &c.key}},
+		"without --nats: sluice reaches its embedded NATS server in process")
+	if err := c.readEncryptionKey(log); err != nil {
+		return err
+	}
+	if c.listen == "" {
+		unused([]flagValue{{"nats-listen-token", &c.listenToken}, {"nats-listen-cert", &c.listenCert},
+			{"nats-listen-key", &c.listenKey}, {"nats-listen-ca", &c.listenCA}}, "without --nats-listen")
 		return nil
 	}
-	if c.creds != "" {
-		if _, err := os.ReadFile(c.creds); err != nil {
-			return fmt.Errorf("--nats-creds: %w", err)
+	if c.listenToken != "" {
+		if err := checkSecret("nats-listen-token", c.listenToken); err != nil {
+			return err
 		}
 	}
-	_, err := loadTLS("nats", c.ca, c.cert, c.key)
+	switch {
+	case c.listenCert != "" && c.listenKey == "":
+		return errors.New("--nats-listen-cert needs --nats-listen-key")
+	case c.listenKey != "" && c.listenCert == "":
+		return errors.New("--nats-listen-key needs --nats-listen-cert")
+	case c.listenCA != "" && c.listenCert == "":
+		return errors.New("--nats-listen-ca needs --nats-listen-cert and --nats-listen-key: client certificates are checked in TLS")
+	case c.listenToken == "" && c.listenCA == "":
+		// Whoever reaches an open listener reads, forges and erases parked orders.
+		return errors.New("--nats-listen needs --nats-listen-token (or SLUICE_NATS_LISTEN_TOKEN), or TLS client certificates " +
+			"(--nats-listen-cert, --nats-listen-key and --nats-listen-ca): NATS clients must authenticate")
+	}
+	_, err := c.listenTLS()
 	return err
+}
+
+// listenTLS is the TLS of --nats-listen: the server certificate, and with
+// --nats-listen-ca verified client certificates; nil without --nats-listen-cert.
+func (c *natsConfig) listenTLS() (*tls.Config, error) {
+	if c.listen == "" || c.listenCert == "" {
+		return nil, nil
+	}
+	conf, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: c.listenCert, KeyFile: c.listenKey, CaFile: c.listenCA, Verify: c.listenCA != ""})
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen-cert / --nats-listen-key / --nats-listen-ca: %w", err)
+	}
+	return conf, nil
+}
+
+// readEncryptionKey takes --encryption-key, or reads it from --encryption-key-file
+// (without the trailing newline), and checks it.
+func (c *natsConfig) readEncryptionKey(log *slog.Logger) error {
+	if c.encryptionKeyFile != "" {
+		if c.encryptionKey != "" {
+			return errors.New("--encryption-key and --encryption-key-file: give one of them")
+		}
+		b, err := os.ReadFile(c.encryptionKeyFile)
+		if err != nil {
+			return fmt.Errorf("--encryption-key-file: %w", err)
+		}
+		if fi, err := os.Stat(c.encryptionKeyFile); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			log.Warn("--encryption-key-file can be read by other users than its owner", "file", c.encryptionKeyFile, "mode", fi.Mode().Perm().String())
+		}
+		c.encryptionKey = strings.TrimRight(string(b), "\r\n")
+		if err := checkSecret("encryption-key-file", c.encryptionKey); err != nil {
+			return err
+		}
+		return nil
+	}
+	if c.encryptionKey != "" {
+		return checkSecret("encryption-key", c.encryptionKey)
+	}
+	return nil
+}
+
+// checkSecret refuses a token or key that is short enough to guess, or that has
+// spaces or control characters (most likely a copy-and-paste accident).
+func checkSecret(flag, v string) error {
+	if len(v) < minSecretLen {
+		return fmt.Errorf("--%s: at least %d characters, not %d (for example: openssl rand -hex 32)", flag, minSecretLen, len(v))
+	}
+	if strings.IndexFunc(v, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 {
+		return fmt.Errorf("--%s: spaces and control characters are not allowed", flag)
+	}
+	return nil
 }
 
 // newHTTPServer sets every timeout, so a slow or idle client cannot hold a connection
