@@ -43,7 +43,7 @@ func TestForgedOrdersThroughTheBinary(t *testing.T) {
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL,
 		"outflow: {rate: 50/s}\nmax_attempts: 100\nbackoff: {initial: 100ms, max: 300ms}"))
 	natsAddr, dataDir := freeAddr(t), t.TempDir()
-	args := []string{"--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--data-dir", dataDir}
+	args := []string{"--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--nats-listen-token", testNATSToken, "--data-dir", dataDir}
 	p := startSluice(t, args...)
 
 	fi, err := os.Stat(filepath.Join(dataDir, queueKeyFile))
@@ -62,8 +62,8 @@ func TestForgedOrdersThroughTheBinary(t *testing.T) {
 	a := mustDefer(t, p.url, "/v1/orders", "genuine")
 	waitFor(t, "a first failed attempt", 30*time.Second, func() bool { return down.failures.Load() >= 1 })
 
-	// TODO(issue 9 point 1): connect with the --nats-listen-token once that flag exists.
-	nc, err := nats.Connect("nats://" + natsAddr)
+	// The attacker here holds the NATS token: the signature is what stops it.
+	nc, err := nats.Connect("nats://"+natsAddr, nats.Token(testNATSToken))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestForgedOrdersThroughTheBinary(t *testing.T) {
 	}
 	var listed []deadLetterJSON
 	waitFor(t, "four forged dead letters", 30*time.Second, func() bool {
-		code, stdout, _ := runSluice(t, "dlq", "list", "--json", "orders", "--nats", "nats://"+natsAddr, "--queue-key", key)
+		code, stdout, _ := runSluice(t, "dlq", "list", "--json", "orders", "--nats", "nats://"+natsAddr, "--nats-token", testNATSToken, "--queue-key", key)
 		listed = nil
 		return code == 0 && json.Unmarshal([]byte(stdout), &listed) == nil && len(listed) == 4
 	})

@@ -154,7 +154,7 @@ func TestNATSListenRefusesUnauthenticatedClients(t *testing.T) {
 	t.Parallel()
 	up, down := newUpstream(t, 0), newDownstream(t, 0)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 20/s}"))
-	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", "127.0.0.1:0", "--nats-listen-token", testNATSToken)
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", "127.0.0.1:0", "--nats-listen-token", testNATSToken, "--queue-key", testQueueKey)
 	natsAddr := natsListenAddr(t, front)
 	warmUp(t, front.url, "/v1/orders")
 	a := mustDefer(t, front.url, "/v1/orders", "parked-1", "Authorization", "Bearer victim-secret")
@@ -187,7 +187,7 @@ func TestNATSListenRefusesUnauthenticatedClients(t *testing.T) {
 	}
 
 	// sluice's own tools, with the token: given three ways.
-	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", "nats://"+natsAddr)
+	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", "nats://"+natsAddr, "--queue-key", testQueueKey)
 	if code != exitFailure || !strings.Contains(strings.ToLower(stderr), "authorization violation") {
 		t.Errorf("dlq without the token: exit %d\n%s%s", code, stdout, stderr)
 	}
@@ -200,7 +200,7 @@ func TestNATSListenRefusesUnauthenticatedClients(t *testing.T) {
 		{"SLUICE_NATS_TOKEN", []string{"SLUICE_NATS_TOKEN=" + testNATSToken}, []string{"--nats", "nats://" + natsAddr}},
 		{"token in the URL", nil, []string{"--nats", "nats://" + testNATSToken + "@" + natsAddr}},
 	} {
-		code, stdout, stderr := runSluiceEnv(t, tc.env, append([]string{"dlq", "list", "orders"}, tc.args...)...)
+		code, stdout, stderr := runSluiceEnv(t, tc.env, append([]string{"dlq", "list", "orders", "--queue-key", testQueueKey}, tc.args...)...)
 		if code != exitOK || !strings.Contains(stderr, "no dead letters in queue orders") {
 			t.Errorf("dlq list with %s: exit %d\n%s%s", tc.name, code, stdout, stderr)
 		}
@@ -210,7 +210,7 @@ func TestNATSListenRefusesUnauthenticatedClients(t *testing.T) {
 	if st, _ := getStatus(t, front.url, a.Ticket); st.Status != "queued" {
 		t.Fatalf("ticket %s after the attacks: %+v", a.Ticket, st)
 	}
-	startCommand(t, "dispatch", "--rules", rulesPath, "--nats", "nats://"+natsAddr, "--nats-token", testNATSToken)
+	startCommand(t, "dispatch", "--rules", rulesPath, "--nats", "nats://"+natsAddr, "--nats-token", testNATSToken, "--queue-key", testQueueKey)
 	down.waitArrived(t, []string{a.Ticket}, 60*time.Second)
 	if _, count, _ := down.snapshot(); count[a.Ticket] != 1 {
 		t.Errorf("the parked order was delivered %d times", count[a.Ticket])
@@ -240,7 +240,7 @@ func TestNATSListenClientCertificates(t *testing.T) {
 		{"a certificate of another CA", []string{"--nats", url, "--nats-ca", pki.ca, "--nats-cert", other.clientCert, "--nats-key", other.clientKey}, false},
 		{"a certificate of the CA", []string{"--nats", url, "--nats-ca", pki.ca, "--nats-cert", pki.clientCert, "--nats-key", pki.clientKey}, true},
 	} {
-		code, stdout, stderr := runSluice(t, append([]string{"dlq", "list", "orders"}, tc.args...)...)
+		code, stdout, stderr := runSluice(t, append([]string{"dlq", "list", "orders", "--queue-key", testQueueKey}, tc.args...)...)
 		if (code == exitOK) != tc.ok || (!tc.ok && code != exitFailure) {
 			t.Errorf("dlq list, %s: exit %d, want success %v\n%s%s", tc.name, code, tc.ok, stdout, stderr)
 		}
@@ -375,7 +375,7 @@ func TestSharedClusterAccount(t *testing.T) {
 
 	up, down := newUpstream(t, 0), newDownstream(t, 0)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}\nmax_attempts: 2\nbackoff: {initial: 50ms, max: 200ms}"))
-	p := startSluice(t, append([]string{"--rules", rulesPath, "--upstream", up.URL, "--nats", sluiceURL}, dispatchFlags...)...)
+	p := startSluice(t, append([]string{"--rules", rulesPath, "--upstream", up.URL, "--nats", sluiceURL, "--queue-key", testQueueKey}, dispatchFlags...)...)
 	warmUp(t, p.url, "/v1/orders")
 	ok := mustDefer(t, p.url, "/v1/orders", "ok-1")
 	waitStatus(t, p.url, ok.Ticket, "done", 60*time.Second)
@@ -402,19 +402,19 @@ func TestSharedClusterAccount(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Error("the events user got no dead-letter event")
 	}
-	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", sluiceURL)
+	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", sluiceURL, "--queue-key", testQueueKey)
 	if code != exitOK || !strings.Contains(stdout, bad.Ticket) {
 		t.Errorf("dlq list as sluice: exit %d\n%s%s", code, stdout, stderr)
 	}
 	down.failing.Store(false)
-	if code, stdout, stderr = runSluice(t, "dlq", "requeue", "orders", "--nats", sluiceURL); code != exitOK {
+	if code, stdout, stderr = runSluice(t, "dlq", "requeue", "orders", "--nats", sluiceURL, "--queue-key", testQueueKey); code != exitOK {
 		t.Errorf("dlq requeue as sluice: exit %d\n%s%s", code, stdout, stderr)
 	}
 	waitStatus(t, p.url, bad.Ticket, "done", 60*time.Second)
 	down.failing.Store(true)
 	bad2 := mustDefer(t, p.url, "/v1/orders", "bad-2")
 	waitStatus(t, p.url, bad2.Ticket, "dead", 60*time.Second)
-	if code, stdout, stderr = runSluice(t, "dlq", "purge", "orders", "--yes", "--nats", sluiceURL); code != exitOK || !strings.Contains(stdout, "purged 1") {
+	if code, stdout, stderr = runSluice(t, "dlq", "purge", "orders", "--yes", "--nats", sluiceURL, "--queue-key", testQueueKey); code != exitOK || !strings.Contains(stdout, "purged 1") {
 		t.Errorf("dlq purge as sluice: exit %d\n%s%s", code, stdout, stderr)
 	}
 	if out := p.output.String(); strings.Contains(strings.ToLower(out), "permissions violation") {
