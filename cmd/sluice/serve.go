@@ -339,7 +339,7 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	}
 
 	ready := map[string]func(context.Context) error{}
-	if g.nats, err = openNATS(cfg.nats, log); err != nil {
+	if g.nats, err = openNATS(cfg.nats, log, true); err != nil {
 		return nil, &unusableError{err}
 	}
 	ready["nats"] = g.nats.ready
@@ -347,14 +347,13 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	if cfg.dispatch {
 		disp = cfg.disp.options()
 	}
-	if g.queues, err = newQueues(g.nats, disp, reg, log); err != nil {
-		return nil, &unusableError{err}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	g.queues = newQueues(g.nats, disp, reg, log)
+	// A first attempt before serving, so that a reachable NATS (the embedded one
+	// always) has the queues declared when the front door opens. What fails for want
+	// of NATS is retried in the background by run; the process never exits for it.
+	ctx, cancel := context.WithTimeout(context.Background(), declareTimeout)
 	defer cancel()
-	if err := g.queues.sync(ctx, g.watcher.Set()); err != nil {
-		return nil, &unusableError{err}
-	}
+	g.queues.declare(ctx, g.watcher.Set())
 
 	if mode.front {
 		handler, err := g.frontDoor(upstream, ids, reg, ready)
@@ -381,7 +380,7 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 		store = g.store
 		ready["redis"] = func(ctx context.Context) error { return g.redis.Ping(ctx).Err() }
 	}
-	deferrer := ingress.NewQueueDeferrer(g.queues.store, g.log)
+	deferrer := ingress.NewQueueDeferrer(g.queues, g.log)
 	mw := ingress.New(g.watcher, store,
 		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
 		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer))
@@ -571,7 +570,7 @@ func (g *gateway) run(ctx context.Context) error {
 
 	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
 	defer stopDispatch()
-	g.queues.dispatch(dispatchCtx)
+	g.queues.run(dispatchCtx, g.reloads)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -584,12 +583,6 @@ wait:
 			if e := g.watcher.Reload(); e != nil {
 				g.log.Warn("rules reload on SIGHUP refused", "err", e)
 			}
-		case set := <-g.reloads:
-			declareCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			if e := g.queues.sync(declareCtx, set); e != nil {
-				g.log.Error("queues of the new rules not declared", "err", e)
-			}
-			cancel()
 		case <-ctx.Done():
 			break wait
 		case err = <-errs:
@@ -599,9 +592,9 @@ wait:
 	g.log.Info("shutting down", "timeout", g.cfg.process.shutdownTimeout)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), g.cfg.process.shutdownTimeout)
 	defer cancel()
-	// The front door and the dispatchers stop together: a request parked while the
-	// front door drains stays in its queue for the next dispatcher, so neither has to
-	// wait for the other. Both get the same deadline.
+	// The front door and the dispatchers (and the declaring of queues) stop together:
+	// a request parked while the front door drains stays in its queue for the next
+	// dispatcher, so neither has to wait for the other. Both get the same deadline.
 	stopDispatch()
 	var wg sync.WaitGroup
 	for _, hs := range servers {

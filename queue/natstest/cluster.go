@@ -156,15 +156,53 @@ func NewCluster(n int, opts ...ClusterOption) (*Cluster, error) {
 	return c, nil
 }
 
+// PrepareCluster prepares an n-node cluster like StartCluster (ports, directories and
+// configuration) without starting it, for tests of programs that start before their
+// NATS: URL is known at once, and Start starts the nodes. Whatever runs is killed when
+// the test ends.
+func PrepareCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	bin, err := ServerBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := prepareCluster(t.TempDir(), false, bin, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.t = t
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Start starts every node that does not run and waits until the cluster is Ready.
+func (c *Cluster) Start() error {
+	for i := range c.nodes {
+		if !c.Running(i) {
+			if err := c.start(i); err != nil {
+				return err
+			}
+		}
+	}
+	return c.Ready(context.Background())
+}
+
 // newCluster writes the nodes' configurations into dir, starts them and waits until
 // the cluster is Ready; on failure the nodes started are killed.
 func newCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err error) {
+	if c, err = prepareCluster(dir, ownDir, bin, n); err != nil {
+		return nil, err
+	}
+	if err := c.Start(); err != nil {
+		c.Shutdown()
+		return nil, err
+	}
+	return c, nil
+}
+
+// prepareCluster chooses the nodes' ports and writes their configurations into dir.
+func prepareCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err error) {
 	c = &Cluster{dir: dir, ownDir: ownDir, bin: bin}
-	defer func() {
-		if err != nil {
-			c.Shutdown()
-		}
-	}()
 	ports, err := freePorts(3 * n)
 	if err != nil {
 		return nil, err
@@ -202,14 +240,6 @@ cluster {
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
 			return nil, err
 		}
-	}
-	for i := range c.nodes {
-		if err := c.start(i); err != nil {
-			return nil, err
-		}
-	}
-	if err := c.Ready(context.Background()); err != nil {
-		return nil, err
 	}
 	return c, nil
 }
