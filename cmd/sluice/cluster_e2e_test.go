@@ -777,7 +777,13 @@ func TestServeBeforeNATSCluster(t *testing.T) {
 	if r := send(t, "GET", p.url+"/v1/limited", nil); r.status != http.StatusOK || r.header.Get("X-Upstream") != "yes" {
 		t.Fatalf("allowed request with no NATS: %d %q", r.status, r.body)
 	}
-	// READYZ-PLACEHOLDER
+	// The replica serves: ready. NATS trouble shows in the status only.
+	if r := send(t, "GET", p.admin+"/readyz", nil); r.status != http.StatusOK {
+		t.Errorf("/readyz with no NATS: %d %s, want 200 (the replica serves)", r.status, r.body)
+	}
+	if st, _ := getStatusJSON(t, p, ""); st.Dependencies["nats"].State != "down" || st.Dependencies["nats"].LastError == "" {
+		t.Errorf("status with no NATS: %+v, want nats down with its error", st.Dependencies["nats"])
+	}
 	// A reload while the declaration is retried: the newest set is what gets declared.
 	writeRules(t, filepath.Dir(rulesPath), clusterRules(down.URL)+"  later:\n    outflow: {rate: 5/s}\n    downstream: "+down.URL+"\n")
 	clWait(t, "the rules reloaded", 30*time.Second, func() bool { return strings.Contains(p.output.String(), "rules: reloaded") })
@@ -814,6 +820,10 @@ func TestServeBeforeNATSCluster(t *testing.T) {
 	})
 	clWait(t, "the order delivered downstream", 60*time.Second, func() bool { return len(down.missing([]string{ticket})) == 0 })
 	waitStatus(t, p.url, ticket, "done", 30*time.Second)
+	clWait(t, "status: nats up", 30*time.Second, func() bool {
+		st, _ := getStatusJSON(t, p, "")
+		return st.Dependencies["nats"].State == "up"
+	})
 
 	out := p.output.String()
 	if n := strings.Count(out, "queues not declared yet"); n != 1 {

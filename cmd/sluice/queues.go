@@ -14,9 +14,11 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -157,14 +159,6 @@ func cmpOr(v, fallback int) int {
 	return fallback
 }
 
-// ready is the NATS readiness check of /readyz.
-func (c *natsConn) ready(context.Context) error {
-	if !c.nc.IsConnected() {
-		return errNotConnected
-	}
-	return nil
-}
-
 // close drains the connection (pending acknowledgements go out), stops the embedded
 // server and releases the data directory.
 func (c *natsConn) close() {
@@ -221,6 +215,7 @@ type queues struct {
 
 	mu       sync.Mutex
 	replicas int
+	declErr  error // of the latest declaration; nil once every queue is declared
 	disp     *dispatcher.Dispatcher
 	ctx      context.Context // dispatchers run until it ends
 	running  map[string]bool
@@ -305,6 +300,9 @@ func (q *queues) open(ctx context.Context) (*queue.Store, error) {
 func (q *queues) declare(ctx context.Context, set *rules.Set) bool {
 	q.pending = set
 	err := q.sync(ctx, set)
+	q.mu.Lock()
+	q.declErr = err
+	q.mu.Unlock()
 	if err == nil || isRefusal(err) {
 		if err != nil {
 			// Retrying cannot help: the rules are wrong for the queue package.
@@ -324,6 +322,40 @@ func (q *queues) declare(ctx context.Context, set *rules.Set) bool {
 		q.log.Debug("queues still not declared", "attempts", q.attempts, "err", err)
 	}
 	return false
+}
+
+// health is the NATS check of /sluice/v1/status: down while not connected or not
+// answering, degraded while JetStream does not answer (no meta leader) or the queues
+// are not all declared.
+func (q *queues) health(ctx context.Context) ingress.DependencyReport {
+	nc := q.conn.nc
+	store := q.store.Load()
+	q.mu.Lock()
+	declErr := q.declErr
+	q.mu.Unlock()
+	declared := store != nil && declErr == nil
+	detail := map[string]any{"queues_declared": declared, "embedded": q.conn.embedded != nil}
+	if !nc.IsConnected() {
+		return ingress.DependencyReport{State: ingress.DependencyDown, Err: errNotConnected, Detail: detail}
+	}
+	detail["server"] = nc.ConnectedUrlRedacted()
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return ingress.DependencyReport{State: ingress.DependencyDown, Err: fmt.Errorf("NATS does not answer: %w", err), Detail: detail}
+	}
+	js, err := jetstream.New(nc)
+	if err == nil {
+		_, err = js.AccountInfo(ctx)
+	}
+	switch {
+	case err != nil:
+		return ingress.DependencyReport{State: ingress.DependencyDegraded, Err: fmt.Errorf("JetStream does not answer: %w", err), Detail: detail}
+	case !declared:
+		if declErr == nil {
+			declErr = errors.New("the queues are not declared yet")
+		}
+		return ingress.DependencyReport{State: ingress.DependencyDegraded, Err: declErr, Detail: detail}
+	}
+	return ingress.DependencyReport{State: ingress.DependencyUp, Detail: detail}
 }
 
 // isRefusal reports whether every error in err is a refusal of the configuration

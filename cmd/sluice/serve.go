@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -275,17 +276,19 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // gateway is a running serve, ingress or dispatch: the parts it is made of, for run
 // to start and stop in order.
 type gateway struct {
-	mode    gatewayMode
-	cfg     gatewayConfig
-	log     *slog.Logger
-	watcher *rules.Watcher
-	redis   redis.UniversalClient
-	store   *limiter.Redis
-	nats    *natsConn
-	queues  *queues
-	reloads chan *rules.Set
-	front   *http.Server // nil in dispatch
-	admin   *http.Server // nil without --admin-listen
+	mode     gatewayMode
+	cfg      gatewayConfig
+	log      *slog.Logger
+	watcher  *rules.Watcher
+	redis    redis.UniversalClient
+	store    *limiter.Redis
+	nats     *natsConn
+	queues   *queues
+	reloads  chan *rules.Set
+	front    *http.Server // nil in dispatch
+	admin    *http.Server // nil without --admin-listen
+	adminAPI *ingress.Admin
+	deps     *ingress.Dependencies
 }
 
 func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
@@ -338,11 +341,14 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		return nil, err
 	}
 
-	ready := map[string]func(context.Context) error{}
+	// Redis and NATS are every replica's: their trouble shows in /sluice/v1/status and
+	// the metrics, never in /readyz, which would take every replica out at once.
+	g.deps = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),
+		ingress.WithSecrets(cfg.secrets()...))
+	reg.MustRegister(g.deps)
 	if g.nats, err = openNATS(cfg.nats, log, true); err != nil {
 		return nil, &unusableError{err}
 	}
-	ready["nats"] = g.nats.ready
 	var disp []dispatcher.Option
 	if cfg.dispatch {
 		disp = cfg.disp.options()
@@ -354,31 +360,32 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	ctx, cancel := context.WithTimeout(context.Background(), declareTimeout)
 	defer cancel()
 	g.queues.declare(ctx, g.watcher.Set())
+	g.deps.Add("nats", g.queues.health)
 
 	if mode.front {
-		handler, err := g.frontDoor(upstream, ids, reg, ready)
+		handler, err := g.frontDoor(upstream, ids, reg)
 		if err != nil {
 			return nil, err
 		}
 		g.front = newHTTPServer(cfg.front.listen, handler, log)
 	}
 	if cfg.admin.listen != "" {
-		admin := &ingress.Admin{Gatherer: reg, Rules: g.watcher, Ready: ready, Token: cfg.admin.token}
-		g.admin = newHTTPServer(cfg.admin.listen, admin.Handler(), log)
+		g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: cfg.admin.token}
+		g.admin = newHTTPServer(cfg.admin.listen, g.adminAPI.Handler(), log)
 	}
 	return g, nil
 }
 
 // frontDoor builds the front door's handler: ticket status, and every other request
-// through the limiter to the proxy or the queues. It adds the Redis readiness check
-// when limits live there.
-func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry, ready map[string]func(context.Context) error) (http.Handler, error) {
+// through the limiter to the proxy or the queues. It adds the Redis dependency when
+// limits live there.
+func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {
 		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log))
 		store = g.store
-		ready["redis"] = func(ctx context.Context) error { return g.redis.Ping(ctx).Err() }
+		g.deps.Add("redis", g.redisHealth)
 	}
 	deferrer := ingress.NewQueueDeferrer(g.queues, g.log)
 	mw := ingress.New(g.watcher, store,
@@ -390,6 +397,45 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	mux.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
 	mux.Handle("/", mw.Wrap(proxy))
 	return mux, nil
+}
+
+// dependencyTimeout bounds each check of a dependency (Redis, NATS) in
+// /sluice/v1/status and the sluice_dependency_up gauge.
+const dependencyTimeout = 2 * time.Second
+
+// redisHealth is the Redis check of /sluice/v1/status: whether Redis answers, whether
+// the limiter still decides without it, and the failure modes of the rules' limits,
+// which decide meanwhile.
+func (g *gateway) redisHealth(ctx context.Context) ingress.DependencyReport {
+	modes := map[limiter.FailureMode]int{}
+	if set := g.watcher.Set(); set != nil {
+		for _, r := range set.Rules() {
+			for _, l := range r.Limits {
+				modes[cmp.Or(l.FailureMode, limiter.FailLocal)]++
+			}
+		}
+	}
+	detail := map[string]any{"limiter_fallback": g.store.Down(), "fallback_decisions": g.store.Fallbacks(), "failure_modes": modes}
+	if err := g.store.Ping(ctx); err != nil {
+		return ingress.DependencyReport{State: ingress.DependencyDown, Err: err, Detail: detail}
+	}
+	if g.store.Down() {
+		return ingress.DependencyReport{State: ingress.DependencyDegraded, Detail: detail,
+			Err: errors.New("redis answers; the limiter decides without it until its next probe")}
+	}
+	return ingress.DependencyReport{State: ingress.DependencyUp, Detail: detail}
+}
+
+// secrets returns the passwords the flags hold, which a status must never show.
+func (c gatewayConfig) secrets() []string {
+	out := []string{c.front.redis.password}
+	for _, raw := range append(strings.Split(c.nats.url, ","), c.front.redis.url) {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err == nil && u.User != nil {
+			p, _ := u.User.Password()
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // openRedis returns a client of the Redis (or Redis Cluster, with addr= parameters)
@@ -438,6 +484,9 @@ func openRedis(c redisConfig, log *slog.Logger) (redis.UniversalClient, error) {
 		if err := configure(&opts.Password, &opts.TLSConfig); err != nil {
 			return nil, err
 		}
+		// Calls end at their context's deadline, not after the read timeout and its
+		// retries: a hung Redis must not hold a check or a decision past its bound.
+		opts.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(opts), nil
 	}
 	opts, err := redis.ParseURL(c.url)
@@ -447,6 +496,7 @@ func openRedis(c redisConfig, log *slog.Logger) (redis.UniversalClient, error) {
 	if err := configure(&opts.Password, &opts.TLSConfig); err != nil {
 		return nil, err
 	}
+	opts.ContextTimeoutEnabled = true
 	return redis.NewClient(opts), nil
 }
 
@@ -590,19 +640,25 @@ wait:
 		}
 	}
 	g.log.Info("shutting down", "timeout", g.cfg.process.shutdownTimeout)
+	if g.adminAPI != nil {
+		// Unready first, so that load balancers stop sending; the admin listener is
+		// the last to close, so /readyz says so while the rest drains.
+		g.adminAPI.Drain()
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), g.cfg.process.shutdownTimeout)
 	defer cancel()
+	shutdown := func(hs *http.Server) {
+		if e := hs.Shutdown(shutdownCtx); e != nil {
+			g.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
+		}
+	}
 	// The front door and the dispatchers (and the declaring of queues) stop together:
 	// a request parked while the front door drains stays in its queue for the next
 	// dispatcher, so neither has to wait for the other. Both get the same deadline.
 	stopDispatch()
 	var wg sync.WaitGroup
-	for _, hs := range servers {
-		wg.Go(func() {
-			if e := hs.Shutdown(shutdownCtx); e != nil {
-				g.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
-			}
-		})
+	if g.front != nil {
+		wg.Go(func() { shutdown(g.front) })
 	}
 	wg.Go(func() {
 		if !g.queues.wait(shutdownCtx) {
@@ -612,6 +668,9 @@ wait:
 		}
 	})
 	wg.Wait()
+	if g.admin != nil {
+		shutdown(g.admin)
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
