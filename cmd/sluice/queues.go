@@ -60,6 +60,7 @@ type natsConn struct {
 	unlock   func() // releases --data-dir
 	replicas int    // --replicas; 0: decided by what the connection reaches
 	where    string // for logs: "embedded nats in DIR" or the server URLs
+	lastErr  *atomic.Pointer[error]
 }
 
 // openNATS connects to the queues' NATS. With --nats and background, a server that
@@ -67,15 +68,27 @@ type natsConn struct {
 // (a long-running command must outlive a NATS rollout); without background (a
 // one-shot command) it is.
 func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, error) {
+	var lastErr atomic.Pointer[error] // of the latest failed connection attempt
 	opts := []nats.Option{
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				lastErr.Store(&err)
+			}
+		}),
 		nats.Name("sluice"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(-1), // never buffer publishes: a 202 needs a real ack
 		nats.RetryOnFailedConnect(background),
-		nats.ConnectHandler(func(nc *nats.Conn) { log.Info("NATS connected", "server", nc.ConnectedUrlRedacted()) }),
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			lastErr.Store(nil)
+			log.Info("NATS connected", "server", nc.ConnectedUrlRedacted())
+		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			lastErr.Store(nil)
+			log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted())
+		}),
 	}
 	if cfg.creds != "" {
 		opts = append(opts, nats.UserCredentials(cfg.creds))
@@ -94,7 +107,7 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 		if !nc.IsConnected() {
 			log.Warn("NATS not reachable yet; connecting in the background (defers answer 503 meanwhile)", "nats", redactURLs(cfg.url))
 		}
-		return &natsConn{nc: nc, replicas: cfg.replicas, where: "nats " + redactURLs(cfg.url)}, nil
+		return &natsConn{nc: nc, replicas: cfg.replicas, where: "nats " + redactURLs(cfg.url), lastErr: &lastErr}, nil
 	}
 	// nats-server does not guard its store directory: two processes on one directory
 	// would corrupt each other's files. The lock is released by the kernel when the
@@ -118,7 +131,7 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 	if u := emb.ClientURL(); u != "" {
 		where += " listening on " + u
 	}
-	return &natsConn{nc: nc, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), where: where}, nil
+	return &natsConn{nc: nc, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), where: where, lastErr: &lastErr}, nil
 }
 
 // redactURLs returns comma-separated URLs with their passwords masked, for logs.
@@ -141,7 +154,7 @@ func (c *natsConn) replicaCount() (int, error) {
 		return c.replicas, nil
 	}
 	if !c.nc.IsConnected() {
-		return 0, errNotConnected
+		return 0, c.notConnected()
 	}
 	if c.nc.ConnectedClusterName() != "" {
 		return 3, nil
@@ -151,6 +164,19 @@ func (c *natsConn) replicaCount() (int, error) {
 
 // errNotConnected: the connection to NATS is not up (yet).
 var errNotConnected = errors.New("not connected to NATS")
+
+// notConnected returns errNotConnected with the connection's last error (refused,
+// authorization violation…), so that the log and the status say why.
+func (c *natsConn) notConnected() error {
+	err := c.nc.LastError()
+	if p := c.lastErr.Load(); p != nil {
+		err = *p
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", errNotConnected, err)
+	}
+	return errNotConnected
+}
 
 func cmpOr(v, fallback int) int {
 	if v != 0 {
@@ -274,7 +300,7 @@ func (q *queues) open(ctx context.Context) (*queue.Store, error) {
 	}
 	if !q.conn.nc.IsConnected() {
 		// A request now would fail at once anyway; say why.
-		return nil, errNotConnected
+		return nil, q.conn.notConnected()
 	}
 	store, err := queue.Open(ctx, q.conn.nc, queue.WithReplicas(replicas), queue.WithRegisterer(q.reg), queue.WithLogger(q.log))
 	if err != nil {
@@ -336,7 +362,7 @@ func (q *queues) health(ctx context.Context) ingress.DependencyReport {
 	declared := store != nil && declErr == nil
 	detail := map[string]any{"queues_declared": declared, "embedded": q.conn.embedded != nil}
 	if !nc.IsConnected() {
-		return ingress.DependencyReport{State: ingress.DependencyDown, Err: errNotConnected, Detail: detail}
+		return ingress.DependencyReport{State: ingress.DependencyDown, Err: q.conn.notConnected(), Detail: detail}
 	}
 	detail["server"] = nc.ConnectedUrlRedacted()
 	if err := nc.FlushWithContext(ctx); err != nil {
