@@ -251,8 +251,9 @@ func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, st
 	return exitOK
 }
 
-// unusableError marks a start-up failure of something the flags name correctly (NATS
-// unreachable, the data directory in use): exit status 1, not 2.
+// unusableError marks a start-up failure of something the flags name correctly (the
+// data directory in use, the embedded NATS server failing to start; an unreachable
+// --nats is waited for instead): exit status 1, not 2.
 type unusableError struct{ err error }
 
 func (e *unusableError) Error() string { return e.err.Error() }
