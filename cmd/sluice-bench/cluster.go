@@ -293,12 +293,9 @@ func (r *benchReplica) start(ctx context.Context, bin string, args []string) err
 	go func() { _ = r.cmd.Wait(); logf.Close(); close(r.done) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := http.Get(r.admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		// Ready (serving) and its queues declared: /readyz does not wait for NATS.
+		if r.ready() {
+			return nil
 		}
 		select {
 		case <-r.done:
@@ -311,6 +308,30 @@ func (r *benchReplica) start(ctx context.Context, bin string, args []string) err
 			return fmt.Errorf("%s not ready after 60s:\n%s", r.name, tailFile(r.log))
 		}
 	}
+}
+
+// ready reports whether the replica's /readyz answers 200 and its status shows NATS
+// up (the queues declared).
+func (r *benchReplica) ready() bool {
+	resp, err := http.Get(r.admin + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	resp, err = http.Get(r.admin + "/sluice/v1/status")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Dependencies map[string]struct {
+			State string `json:"state"`
+		} `json:"dependencies"`
+	}
+	return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Dependencies["nats"].State == "up"
 }
 
 func (r *benchReplica) kill() {

@@ -201,6 +201,9 @@ func TestOpenRedisOptions(t *testing.T) {
 			t.Errorf("username %q password %q db %d addr %q", opts.Username, opts.Password, opts.DB, opts.Addr)
 		}
 		checkTLS(t, opts.TLSConfig, "redis.internal")
+		if !opts.ContextTimeoutEnabled {
+			t.Error("ContextTimeoutEnabled off: a hung Redis holds calls past their deadline")
+		}
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c, err := openRedis(redisConfig{url: "rediss://r1:6380?addr=r2:6380&addr=r3:6380", password: "pw", ca: pki.ca, cert: pki.clientCert, key: pki.clientKey}, log)
@@ -213,6 +216,9 @@ func TestOpenRedisOptions(t *testing.T) {
 			t.Errorf("password %q addrs %v", opts.Password, opts.Addrs)
 		}
 		checkTLS(t, opts.TLSConfig, "r1")
+		if !opts.ContextTimeoutEnabled {
+			t.Error("ContextTimeoutEnabled off: a hung Redis holds calls past their deadline")
+		}
 	})
 	t.Run("system roots", func(t *testing.T) {
 		c, err := openRedis(redisConfig{url: "rediss://:pw@redis.internal:6380"}, log)

@@ -112,7 +112,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail(fmt.Errorf("no sluice data in --data-dir %s (give the directory sluice serve uses, or --nats URL): %w", cfg.nats.dataDir, err))
 		}
 	}
-	conn, err := openNATS(cfg.nats, log)
+	conn, err := openNATS(cfg.nats, log, false)
 	if errors.Is(err, errDataDirLocked) {
 		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it. "+
 			"Start that sluice with --nats-listen ADDR and --nats-listen-token TOKEN (for example --nats-listen 127.0.0.1:4222) "+
@@ -124,7 +124,11 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer conn.close()
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(conn.replicas), queue.WithLogger(log),
+	replicas, err := conn.replicaCount()
+	if err != nil {
+		return fail(err)
+	}
+	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(replicas), queue.WithLogger(log),
 		queue.WithIdempotencyMaxBytes(conn.idemMax), queue.WithSigningKey(conn.key))
 	if err != nil {
 		return fail(err)

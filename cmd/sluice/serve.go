@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -254,8 +255,9 @@ func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, st
 	return exitOK
 }
 
-// unusableError marks a start-up failure of something the flags name correctly (NATS
-// unreachable, the data directory in use): exit status 1, not 2.
+// unusableError marks a start-up failure of something the flags name correctly (the
+// data directory in use, the embedded NATS server failing to start; an unreachable
+// --nats is waited for instead): exit status 1, not 2.
 type unusableError struct{ err error }
 
 func (e *unusableError) Error() string { return e.err.Error() }
@@ -279,17 +281,19 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // gateway is a running serve, ingress or dispatch: the parts it is made of, for run
 // to start and stop in order.
 type gateway struct {
-	mode    gatewayMode
-	cfg     gatewayConfig
-	log     *slog.Logger
-	watcher *rules.Watcher
-	redis   redis.UniversalClient
-	store   *limiter.Redis
-	nats    *natsConn
-	queues  *queues
-	reloads chan *rules.Set
-	front   *http.Server // nil in dispatch
-	admin   *http.Server // nil without --admin-listen
+	mode     gatewayMode
+	cfg      gatewayConfig
+	log      *slog.Logger
+	watcher  *rules.Watcher
+	redis    redis.UniversalClient
+	store    *limiter.Redis
+	nats     *natsConn
+	queues   *queues
+	reloads  chan *rules.Set
+	front    *http.Server // nil in dispatch
+	admin    *http.Server // nil without --admin-listen
+	adminAPI *ingress.Admin
+	deps     *ingress.Dependencies
 }
 
 func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
@@ -342,11 +346,14 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		return nil, err
 	}
 
-	ready := map[string]func(context.Context) error{}
-	if g.nats, err = openNATS(cfg.nats, log); err != nil {
+	// Redis and NATS are every replica's: their trouble shows in /sluice/v1/status and
+	// the metrics, never in /readyz, which would take every replica out at once.
+	g.deps = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),
+		ingress.WithSecrets(cfg.secrets()...))
+	reg.MustRegister(g.deps)
+	if g.nats, err = openNATS(cfg.nats, log, true); err != nil {
 		return nil, &unusableError{err}
 	}
-	ready["nats"] = g.nats.ready
 	if g.nats.embedded != nil && cfg.nats.encryptionKey == "" {
 		log.Warn("the data directory is not encrypted: parked requests, their headers (Authorization, Cookie…) and bodies are stored in clear in --data-dir; "+
 			"give --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file to encrypt it at rest", "data_dir", cfg.nats.dataDir)
@@ -355,41 +362,41 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	if cfg.dispatch {
 		disp = cfg.disp.options()
 	}
-	if g.queues, err = newQueues(g.nats, disp, reg, log); err != nil {
-		return nil, &unusableError{err}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	g.queues = newQueues(g.nats, disp, reg, log)
+	// A first attempt before serving, so that a reachable NATS (the embedded one
+	// always) has the queues declared when the front door opens. What fails for want
+	// of NATS is retried in the background by run; the process never exits for it.
+	ctx, cancel := context.WithTimeout(context.Background(), declareTimeout)
 	defer cancel()
-	if err := g.queues.sync(ctx, g.watcher.Set()); err != nil {
-		return nil, &unusableError{err}
-	}
+	g.queues.declare(ctx, g.watcher.Set())
+	g.deps.Add("nats", g.queues.health)
 
 	if mode.front {
-		handler, err := g.frontDoor(upstream, ids, reg, ready)
+		handler, err := g.frontDoor(upstream, ids, reg)
 		if err != nil {
 			return nil, err
 		}
 		g.front = newHTTPServer(cfg.front.listen, handler, log)
 	}
 	if cfg.admin.listen != "" {
-		admin := &ingress.Admin{Gatherer: reg, Rules: g.watcher, Ready: ready, Token: cfg.admin.token}
-		g.admin = newHTTPServer(cfg.admin.listen, admin.Handler(), log)
+		g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: cfg.admin.token}
+		g.admin = newHTTPServer(cfg.admin.listen, g.adminAPI.Handler(), log)
 	}
 	return g, nil
 }
 
 // frontDoor builds the front door's handler: ticket status, and every other request
-// through the limiter to the proxy or the queues. It adds the Redis readiness check
-// when limits live there.
-func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry, ready map[string]func(context.Context) error) (http.Handler, error) {
+// through the limiter to the proxy or the queues. It adds the Redis dependency when
+// limits live there.
+func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {
 		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log))
 		store = g.store
-		ready["redis"] = func(ctx context.Context) error { return g.redis.Ping(ctx).Err() }
+		g.deps.Add("redis", g.redisHealth)
 	}
-	deferrer := ingress.NewQueueDeferrer(g.queues.store, g.log)
+	deferrer := ingress.NewQueueDeferrer(g.queues, g.log)
 	mw := ingress.New(g.watcher, store,
 		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
 		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer),
@@ -408,6 +415,45 @@ func subKey(key []byte, purpose string) []byte {
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte("sluice " + purpose))
 	return mac.Sum(nil)
+}
+
+// dependencyTimeout bounds each check of a dependency (Redis, NATS) in
+// /sluice/v1/status and the sluice_dependency_up gauge.
+const dependencyTimeout = 2 * time.Second
+
+// redisHealth is the Redis check of /sluice/v1/status: whether Redis answers, whether
+// the limiter still decides without it, and the failure modes of the rules' limits,
+// which decide meanwhile.
+func (g *gateway) redisHealth(ctx context.Context) ingress.DependencyReport {
+	modes := map[limiter.FailureMode]int{}
+	if set := g.watcher.Set(); set != nil {
+		for _, r := range set.Rules() {
+			for _, l := range r.Limits {
+				modes[cmp.Or(l.FailureMode, limiter.FailLocal)]++
+			}
+		}
+	}
+	detail := map[string]any{"limiter_fallback": g.store.Down(), "fallback_decisions": g.store.Fallbacks(), "failure_modes": modes}
+	if err := g.store.Ping(ctx); err != nil {
+		return ingress.DependencyReport{State: ingress.DependencyDown, Err: err, Detail: detail}
+	}
+	if g.store.Down() {
+		return ingress.DependencyReport{State: ingress.DependencyDegraded, Detail: detail,
+			Err: errors.New("redis answers; the limiter decides without it until its next probe")}
+	}
+	return ingress.DependencyReport{State: ingress.DependencyUp, Detail: detail}
+}
+
+// secrets returns the passwords the flags hold, which a status must never show.
+func (c gatewayConfig) secrets() []string {
+	out := []string{c.front.redis.password}
+	for _, raw := range append(strings.Split(c.nats.url, ","), c.front.redis.url) {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err == nil && u.User != nil {
+			p, _ := u.User.Password()
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // openRedis returns a client of the Redis (or Redis Cluster, with addr= parameters)
@@ -456,6 +502,9 @@ func openRedis(c redisConfig, log *slog.Logger) (redis.UniversalClient, error) {
 		if err := configure(&opts.Password, &opts.TLSConfig); err != nil {
 			return nil, err
 		}
+		// Calls end at their context's deadline, not after the read timeout and its
+		// retries: a hung Redis must not hold a check or a decision past its bound.
+		opts.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(opts), nil
 	}
 	opts, err := redis.ParseURL(c.url)
@@ -465,6 +514,7 @@ func openRedis(c redisConfig, log *slog.Logger) (redis.UniversalClient, error) {
 	if err := configure(&opts.Password, &opts.TLSConfig); err != nil {
 		return nil, err
 	}
+	opts.ContextTimeoutEnabled = true
 	return redis.NewClient(opts), nil
 }
 
@@ -685,7 +735,7 @@ func (g *gateway) run(ctx context.Context) error {
 
 	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
 	defer stopDispatch()
-	g.queues.dispatch(dispatchCtx)
+	g.queues.run(dispatchCtx, g.reloads)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -698,12 +748,6 @@ wait:
 			if e := g.watcher.Reload(); e != nil {
 				g.log.Warn("rules reload on SIGHUP refused", "err", e)
 			}
-		case set := <-g.reloads:
-			declareCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			if e := g.queues.sync(declareCtx, set); e != nil {
-				g.log.Error("queues of the new rules not declared", "err", e)
-			}
-			cancel()
 		case <-ctx.Done():
 			break wait
 		case err = <-errs:
@@ -711,19 +755,25 @@ wait:
 		}
 	}
 	g.log.Info("shutting down", "timeout", g.cfg.process.shutdownTimeout)
+	if g.adminAPI != nil {
+		// Unready first, so that load balancers stop sending; the admin listener is
+		// the last to close, so /readyz says so while the rest drains.
+		g.adminAPI.Drain()
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), g.cfg.process.shutdownTimeout)
 	defer cancel()
-	// The front door and the dispatchers stop together: a request parked while the
-	// front door drains stays in its queue for the next dispatcher, so neither has to
-	// wait for the other. Both get the same deadline.
+	shutdown := func(hs *http.Server) {
+		if e := hs.Shutdown(shutdownCtx); e != nil {
+			g.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
+		}
+	}
+	// The front door and the dispatchers (and the declaring of queues) stop together:
+	// a request parked while the front door drains stays in its queue for the next
+	// dispatcher, so neither has to wait for the other. Both get the same deadline.
 	stopDispatch()
 	var wg sync.WaitGroup
-	for _, hs := range servers {
-		wg.Go(func() {
-			if e := hs.Shutdown(shutdownCtx); e != nil {
-				g.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
-			}
-		})
+	if g.front != nil {
+		wg.Go(func() { shutdown(g.front) })
 	}
 	wg.Go(func() {
 		if !g.queues.wait(shutdownCtx) {
@@ -733,6 +783,9 @@ wait:
 		}
 	})
 	wg.Wait()
+	if g.admin != nil {
+		shutdown(g.admin)
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
