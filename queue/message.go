@@ -35,7 +35,7 @@ import (
 // Headers not kept: hop-by-hop headers (Connection and those it names, Keep-Alive,
 // Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE, Trailer,
 // Transfer-Encoding, Upgrade), Host, Content-Length, Expect, Idempotency-Key (delivery
-// sends the ticket instead) and the queue's SensitiveHeaders.
+// sends the ticket instead) and the queue's DropHeaders.
 const (
 	HeaderMsgID          = jetstream.MsgIDHeader
 	HeaderTicket         = "Sluice-Ticket"
@@ -148,14 +148,15 @@ var hopByHop = []string{
 
 // KeptHeader returns a copy of h without the headers that are never stored: hop-by-hop
 // headers (including those named in Connection), Host, Content-Length, Expect,
-// Idempotency-Key and the given sensitive ones. Values with CR or LF are dropped.
-func KeptHeader(h http.Header, sensitive []string) http.Header {
+// Idempotency-Key and the names in dropHeaders (a queue's DropHeaders). Values with CR
+// or LF are dropped.
+func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 	out := make(http.Header, len(h))
-	drop := make(map[string]bool, len(hopByHop)+len(sensitive))
+	drop := make(map[string]bool, len(hopByHop)+len(dropHeaders))
 	for _, k := range hopByHop {
 		drop[k] = true
 	}
-	for _, k := range sensitive {
+	for _, k := range dropHeaders {
 		drop[textproto.CanonicalMIMEHeaderKey(k)] = true
 	}
 	for _, v := range h.Values("Connection") {

@@ -55,7 +55,6 @@ type options struct {
 	logger         *slog.Logger
 	registerer     prometheus.Registerer
 	publishTimeout time.Duration
-	deadMaxAge     time.Duration
 }
 
 // WithReplicas sets the replica count of the shared resources: the dead-letter stream
@@ -72,10 +71,6 @@ func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { 
 // WithPublishTimeout bounds how long Park waits for JetStream to acknowledge
 // (default 5s). Past it Park fails with ErrUnavailable.
 func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.publishTimeout = d } }
-
-// WithDeadLetterMaxAge makes JetStream drop dead letters older than d (default 0: they
-// are kept until re-queued or purged).
-func WithDeadLetterMaxAge(d time.Duration) Option { return func(o *options) { o.deadMaxAge = d } }
 
 // Store parks requests in JetStream queues and keeps their tickets. It is safe for
 // concurrent use. One Store per process and NATS connection is the intended use; the
@@ -120,10 +115,13 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Discard:     jetstream.DiscardOld,
-		MaxAge:      o.deadMaxAge,
 		Replicas:    o.replicas,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
+		// Each dead letter carries its queue's dead_letter_max_age as a TTL. A stream
+		// made by an older sluice is updated to allow it; its dead letters, written
+		// without a TTL, stay until re-queued or purged.
+		AllowMsgTTL: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: dead-letter stream: %v", ErrUnavailable, err)
@@ -175,7 +173,7 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	cfg.SensitiveHeaders = append([]string(nil), cfg.SensitiveHeaders...)
+	cfg.DropHeaders = append([]string(nil), cfg.DropHeaders...)
 	maxMsgs := cfg.MaxDepth
 	if maxMsgs < 0 {
 		maxMsgs = -1
