@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +22,7 @@ const DefaultDeferMemory = 64 << 20
 const memoryRetryAfter = time.Second
 
 // readChunk is how much of a body of unknown length is read, and reserved, at a time.
-const readChunk = 64 << 10
+const readChunk = 32 << 10
 
 // memoryBudget caps the bytes of deferred bodies held in memory at once. It never
 // waits: a request that does not fit is refused at once, so a flood of large bodies
@@ -85,45 +87,93 @@ func (b *memoryBudget) readBody(r *http.Request, limit queue.BodyLimit) (body []
 		}
 		return body, n, nil
 	}
-	// Unknown length: grow by doubling (from readChunk), reserving the new buffer before
-	// it is made and giving back the old one once it is copied; never past limit+1,
-	// which is enough to know the body is too large.
+	return b.readUnsized(r.Body, limit)
+}
+
+// chunks holds the chunks of bodies of unknown length while they are read: a body that
+// turns out too large, or is refused for memory, leaves them for the next one instead
+// of garbage.
+var chunks = sync.Pool{New: func() any { return new([readChunk]byte) }}
+
+// readUnsized reads a body of unknown length a chunk at a time, reserving each chunk
+// before it is read and stopping at limit+1 bytes, then copies it into one buffer (the
+// chunks and the buffer are reserved together for that moment, so such a body can be
+// at most half the budget).
+func (b *memoryBudget) readUnsized(r io.Reader, limit queue.BodyLimit) ([]byte, int64, error) {
+	if half := b.max / 2 / readChunk * readChunk; b.max > 0 && half < limit.Bytes {
+		limit = queue.BodyLimit{Bytes: half, By: "--defer-memory"}
+	}
+	var (
+		parts    []*[readChunk]byte
+		total    int64
+		reserved int64
+	)
 	defer func() {
-		if err != nil {
-			b.give(reserved)
-			body, reserved = nil, 0
+		for _, c := range parts {
+			chunks.Put(c)
 		}
+		b.give(reserved)
 	}()
 	for {
-		if len(body) == cap(body) {
-			if int64(len(body)) > limit.Bytes {
-				return nil, reserved, &bodyTooLargeError{limit}
-			}
-			size := min(max(2*int64(cap(body)), readChunk), limit.Bytes+1)
-			if !b.take(size) {
-				return nil, reserved, errNoMemory
-			}
-			grown := make([]byte, len(body), size)
-			copy(grown, body)
-			b.give(reserved)
-			body, reserved = grown, size
+		if total > limit.Bytes {
+			return nil, 0, &bodyTooLargeError{limit}
 		}
-		n, err := r.Body.Read(body[len(body):cap(body)])
-		body = body[:len(body)+n]
-		if errors.Is(err, io.EOF) {
-			if int64(len(body)) > limit.Bytes {
-				return nil, reserved, &bodyTooLargeError{limit}
-			}
-			return body, reserved, nil
+		if !b.take(readChunk) {
+			return nil, 0, errNoMemory
+		}
+		reserved += readChunk
+		c := chunks.Get().(*[readChunk]byte)
+		parts = append(parts, c)
+		n, err := io.ReadFull(r, c[:min(readChunk, limit.Bytes+1-total)])
+		total += int64(n)
+		if n == 0 { // the end, found past a full chunk
+			chunks.Put(c)
+			parts = parts[:len(parts)-1]
+			b.give(readChunk)
+			reserved -= readChunk
+		}
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
 		}
 		if err != nil {
-			return nil, reserved, err
+			return nil, 0, err
 		}
+	}
+	if total > limit.Bytes {
+		return nil, 0, &bodyTooLargeError{limit}
+	}
+	if !b.take(total) {
+		return nil, 0, errNoMemory
+	}
+	body := make([]byte, 0, total)
+	for _, c := range parts {
+		body = append(body, c[:min(readChunk, total-int64(len(body)))]...)
+	}
+	return body, total, nil
+}
+
+// drainLimit bounds what writeBodyError reads of a refused body, beside the
+// middleware's --max-body.
+const drainLimit = 32 << 20
+
+// writeBodyError answers a body that readBody refused, at once, and only then reads
+// what is left of it, into nothing (never into memory; at most --max-body and
+// drainLimit): a client still sending its body would otherwise find the connection
+// reset under it, which destroys the answer, and it would retry blindly. A client that
+// waits for 100 Continue before sending has sent nothing more and is left alone.
+func writeBodyError(w http.ResponseWriter, r *http.Request, err error) {
+	rc := http.NewResponseController(w)
+	// Lets the body be read after the answer is written (net/http would close it).
+	duplex := rc.EnableFullDuplex() == nil
+	w.Header().Set("Connection", "close")
+	writeBodyProblem(w, err)
+	if duplex && !strings.EqualFold(r.Header.Get("Expect"), "100-continue") {
+		_ = rc.Flush()
+		_, _ = io.CopyN(io.Discard, r.Body, drainLimit)
 	}
 }
 
-// writeBodyError answers a body that readBody refused.
-func writeBodyError(w http.ResponseWriter, err error) {
+func writeBodyProblem(w http.ResponseWriter, err error) {
 	var tooLarge *bodyTooLargeError
 	var maxBytes *http.MaxBytesError
 	switch {

@@ -217,4 +217,15 @@ func TestDeferMemoryBudget(t *testing.T) {
 	if w := f.post(newCountingReader(budget), budget); w.Code != http.StatusAccepted {
 		t.Errorf("body of the whole budget: %d %s", w.Code, w.Body)
 	}
+	// A chunked body is read in chunks and then copied into one buffer: it may be half
+	// the budget.
+	if w := f.post(newCountingReader(budget/2+1), -1); w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), "--defer-memory") {
+		t.Errorf("chunked body over half the budget: %d %s", w.Code, w.Body)
+	}
+	if w := f.post(newCountingReader(budget/2), -1); w.Code != http.StatusAccepted {
+		t.Errorf("chunked body of half the budget: %d %s", w.Code, w.Body)
+	}
+	if used := f.deferrer.memory.used.Load(); used != 0 {
+		t.Errorf("%d bytes of the budget still reserved", used)
+	}
 }

@@ -79,7 +79,7 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 	body, reserved, err := q.memory.readBody(r, limit)
 	defer q.memory.give(reserved)
 	if err != nil {
-		writeBodyError(w, err)
+		writeBodyError(w, r, err)
 		return
 	}
 	req.Body = body

@@ -29,6 +29,9 @@ type natsConfig struct {
 	cert     string
 	key      string
 	replicas int
+	// maxBody is the largest body a queue takes: the embedded server's max payload
+	// makes room for it (0: NATS's default max payload).
+	maxBody int64
 }
 
 // flags registers the NATS flags; server adds --nats-listen, which only a long-running
@@ -99,7 +102,7 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen})
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen, MaxPayload: embeddedPayload(cfg.maxBody)})
 	if err != nil {
 		unlock()
 		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w", cfg.dataDir, err)
@@ -216,6 +219,11 @@ func (q *queues) sync(ctx context.Context, set *rules.Set) error {
 		if _, err := q.store.Declare(ctx, cfg); err != nil {
 			errs = append(errs, fmt.Errorf("queue %s: %w", rq.Name, err))
 			continue
+		}
+		if payload := q.store.Conn().MaxPayload(); payload < cfg.MaxBody {
+			q.log.Warn("the NATS server's max payload is smaller than the queue's max_body: larger bodies get 413 "+
+				"(raise max_payload on the NATS servers; the embedded server's follows max_body at start)",
+				"queue", rq.Name, "max_body", cfg.MaxBody, "max_payload", payload)
 		}
 		q.startDispatching(rq.Name)
 	}
