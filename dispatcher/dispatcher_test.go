@@ -268,7 +268,7 @@ func baseConfig(name, downstream string) queue.Config {
 		MaxAttempts: 5,
 		Backoff:     queue.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 		Downstream:  downstream,
-		SensitiveHeaders: []string{
+		DropHeaders: []string{
 			"Authorization",
 		},
 	}

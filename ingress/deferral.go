@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -19,6 +18,8 @@ import (
 type Parker interface {
 	Park(ctx context.Context, req *queue.Request) (queue.Receipt, error)
 	Status(ctx context.Context, ticket string) (*queue.Record, error)
+	// BodyLimit is the largest body req may have to be stored (req.Body unset).
+	BodyLimit(req *queue.Request) (queue.BodyLimit, error)
 }
 
 // DeferredPath is where clients follow their tickets: DeferredPath + ticket.
@@ -29,14 +30,19 @@ const DeferredPath = "/sluice/v1/deferred/"
 type QueueDeferrer struct {
 	parker Parker
 	log    *slog.Logger
+	memory memoryBudget
 }
 
 // NewQueueDeferrer returns a deferrer that parks with p.
-func NewQueueDeferrer(p Parker, log *slog.Logger) *QueueDeferrer {
+func NewQueueDeferrer(p Parker, log *slog.Logger, opts ...DeferrerOption) *QueueDeferrer {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &QueueDeferrer{parker: p, log: log}
+	q := &QueueDeferrer{parker: p, log: log, memory: memoryBudget{max: DefaultDeferMemory}}
+	for _, o := range opts {
+		o(q)
+	}
+	return q
 }
 
 // unavailableRetryAfter is what a client is told to wait when the queue cannot be
@@ -52,33 +58,37 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 			"Idempotency-Key must be a structured-field string (or a token) of 1 to 255 printable characters."))
 		return
 	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-			writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
-				"The request body is larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes."))
-			return
-		}
-		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body could not be read."))
-		return
-	}
 	header := d.Header
 	if header == nil {
 		header = r.Header.Clone()
 		setForwarded(nil, r, header)
 	}
-	receipt, err := q.parker.Park(r.Context(), &queue.Request{
+	req := &queue.Request{
 		Queue:          d.Queue.Name,
 		Rule:           d.Rule.Name,
 		Method:         r.Method,
 		Path:           r.URL.EscapedPath(),
 		RawQuery:       r.URL.RawQuery,
 		Header:         header,
-		Body:           body,
 		Client:         d.Client,
 		IdempotencyKey: key,
 		ReceivedAt:     time.Now(),
-	})
+	}
+	// The body is read only as far as the queue can store it, into memory reserved
+	// until it is parked.
+	limit, err := q.parker.BodyLimit(req)
+	if err != nil {
+		q.parkFailed(w, d, err)
+		return
+	}
+	body, reserved, err := q.memory.readBody(r, limit)
+	defer q.memory.give(reserved)
+	if err != nil {
+		writeBodyError(w, r, err)
+		return
+	}
+	req.Body = body
+	receipt, err := q.parker.Park(r.Context(), req)
 	if err != nil {
 		q.parkFailed(w, d, err)
 		return

@@ -24,14 +24,20 @@ type DeadLetter struct {
 // DeadLetter copies m to the dead-letter stream and waits for the acknowledgement. The
 // dispatcher calls it before it terminates the message in the queue; a repeat for the
 // same queued message (after a crash in between) is dropped by the duplicate window.
+// The dead letter expires after its queue's DeadLetterMaxAge (the default when the
+// queue is not declared on s).
 func (s *Store) DeadLetter(ctx context.Context, m *Message, attempts int, reason string) error {
+	ttl := DefaultDeadLetterMaxAge
+	if q, err := s.Queue(m.Queue); err == nil {
+		ttl = q.Config().DeadLetterMaxAge
+	}
 	msg := m.encode(deadSubjectFor(m.Queue, m.Ticket))
 	msg.Header.Set(HeaderMsgID, "dead."+m.Ticket+"."+strconv.FormatUint(m.Seq, 10))
 	msg.Header.Set(HeaderDeadReason, oneLine(reason))
 	msg.Header.Set(HeaderDeadAttempts, strconv.Itoa(attempts))
 	msg.Header.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
 	msg.Header.Set(HeaderDeadSeq, strconv.FormatUint(m.Seq, 10))
-	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(DeadStream)); err != nil {
+	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(DeadStream), jetstream.WithMsgTTL(ttl)); err != nil {
 		return unavailable("dead letter", err)
 	}
 	return nil

@@ -10,7 +10,9 @@
 //	                              trimmed), duplicate window, replicas from Config
 //	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher)
 //	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
-//	                              (limits retention: listed, re-queued, purged on demand)
+//	                              (limits retention: listed, re-queued, purged on demand;
+//	                              each expires after its queue's DeadLetterMaxAge, a
+//	                              per-message TTL)
 //	kv      sluice_tickets        ticket → Record (status, attempts, result); per-key TTL
 //	kv      sluice_idempotency    {client hash}.{key hash} → ticket and payload fingerprint;
 //	                              create-if-absent after the order is stored; byte cap

@@ -37,7 +37,7 @@ import (
 // Headers not kept: hop-by-hop headers (Connection and those it names, Keep-Alive,
 // Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE, Trailer,
 // Transfer-Encoding, Upgrade), Host, Content-Length, Expect and the queue's
-// SensitiveHeaders. The client's Idempotency-Key is kept as sent (Sluice-H-Idempotency-Key),
+// DropHeaders. The client's Idempotency-Key is kept as sent (Sluice-H-Idempotency-Key),
 // so a delivery carries the same key as a proxied request of the same order.
 const (
 	HeaderMsgID          = jetstream.MsgIDHeader
@@ -155,14 +155,14 @@ var hopByHop = []string{
 
 // KeptHeader returns a copy of h without the headers that are never stored: hop-by-hop
 // headers (including those named in Connection), Host, Content-Length, Expect and the
-// given sensitive ones. Values with CR or LF are dropped.
-func KeptHeader(h http.Header, sensitive []string) http.Header {
+// names in dropHeaders (a queue's DropHeaders). Values with CR or LF are dropped.
+func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 	out := make(http.Header, len(h))
-	drop := make(map[string]bool, len(hopByHop)+len(sensitive))
+	drop := make(map[string]bool, len(hopByHop)+len(dropHeaders))
 	for _, k := range hopByHop {
 		drop[k] = true
 	}
-	for _, k := range sensitive {
+	for _, k := range dropHeaders {
 		drop[textproto.CanonicalMIMEHeaderKey(k)] = true
 	}
 	for _, v := range h.Values("Connection") {

@@ -107,7 +107,7 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	}
 	cfg := q.Config()
 	m := &Message{Request: *req}
-	m.Header = KeptHeader(req.Header, cfg.SensitiveHeaders)
+	m.Header = KeptHeader(req.Header, cfg.DropHeaders)
 	if m.ReceivedAt.IsZero() {
 		m.ReceivedAt = time.Now()
 	}

@@ -78,19 +78,19 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("valid config: %v", err)
 	}
 	bad := queue.Config{
-		Name:             "bad name",
-		Outflow:          limiter.Rate{Count: -1, Period: time.Second},
-		MaxAge:           time.Minute,
-		DuplicateWindow:  time.Hour,
-		Backoff:          queue.Backoff{Initial: time.Minute, Max: time.Second},
-		Downstream:       "nats:orders.*",
-		SensitiveHeaders: []string{"bad header"},
+		Name:            "bad name",
+		Outflow:         limiter.Rate{Count: -1, Period: time.Second},
+		MaxAge:          time.Minute,
+		DuplicateWindow: time.Hour,
+		Backoff:         queue.Backoff{Initial: time.Minute, Max: time.Second},
+		Downstream:      "nats:orders.*",
+		DropHeaders:     []string{"bad header"},
 	}
 	err := bad.Validate()
 	if err == nil || !errors.Is(err, queue.ErrInvalidConfig) {
 		t.Fatalf("want ErrInvalidConfig, got %v", err)
 	}
-	for _, want := range []string{"name", "outflow", "duplicate window", "backoff max", "subject", "sensitive header"} {
+	for _, want := range []string{"name", "outflow", "duplicate window", "backoff max", "subject", "drop_headers"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("problems %q lack %q", err, want)
 		}
@@ -174,7 +174,7 @@ func TestParkStatusAndPosition(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := testConfig("orders")
-	cfg.SensitiveHeaders = []string{"Authorization"}
+	cfg.DropHeaders = []string{"Authorization"}
 	if _, err := s.Declare(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}

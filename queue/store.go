@@ -69,7 +69,6 @@ type options struct {
 	logger         *slog.Logger
 	registerer     prometheus.Registerer
 	publishTimeout time.Duration
-	deadMaxAge     time.Duration
 	idemMaxBytes   int64
 	signingKey     []byte
 }
@@ -95,10 +94,6 @@ func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.pu
 // dispatchers' refreshes of existing keys. Every process opening the store should
 // pass the same value: the last one to open sets it.
 func WithIdempotencyMaxBytes(n int64) Option { return func(o *options) { o.idemMaxBytes = n } }
-
-// WithDeadLetterMaxAge makes JetStream drop dead letters older than d (default 0: they
-// are kept until re-queued or purged).
-func WithDeadLetterMaxAge(d time.Duration) Option { return func(o *options) { o.deadMaxAge = d } }
 
 // Store parks requests in JetStream queues and keeps their tickets. It is safe for
 // concurrent use. One Store per process and NATS connection is the intended use; the
@@ -150,10 +145,13 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Discard:     jetstream.DiscardOld,
-		MaxAge:      o.deadMaxAge,
 		Replicas:    o.replicas,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
+		// Each dead letter carries its queue's dead_letter_max_age as a TTL. A stream
+		// made by an older sluice is updated to allow it; its dead letters, written
+		// without a TTL, stay until re-queued or purged.
+		AllowMsgTTL: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: dead-letter stream: %v", ErrUnavailable, err)
@@ -211,7 +209,7 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	cfg.SensitiveHeaders = append([]string(nil), cfg.SensitiveHeaders...)
+	cfg.DropHeaders = append([]string(nil), cfg.DropHeaders...)
 	cfg.ResultHeaders = append([]string(nil), cfg.ResultHeaders...)
 	maxMsgs := cfg.MaxDepth
 	if maxMsgs < 0 {

@@ -3,6 +3,7 @@ package rules
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -606,8 +607,11 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			MaxInFlight: int(min(qd.maxInFlight, 1_000_000)),
 			Backoff:     queue.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
 			Downstream:  qd.downstream,
-
 			MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queue.MaxIdempotencyKeysLimit+1)),
+			MaxBody:     qd.maxBody,
+			DropHeaders: qd.dropHeaders,
+			// 0 (unset or unreadable) takes the default.
+			DeadLetterMaxAge: qd.deadMaxAge,
 		}.WithDefaults(),
 		Domain: fd.domain,
 		File:   file,
@@ -625,17 +629,23 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 		c.errf(file, qd.nameNode, "queue %q needs a downstream (an http:// or https:// URL, or nats:SUBJECT)", qd.name)
 	}
 	for _, h := range qd.resultHdrs {
-		if err := queue.CheckResultHeader(h.name); err != nil {
-			c.errf(file, h.node, "result_headers: %v", err)
-			continue
-		}
 		q.ResultHeaders = append(q.ResultHeaders, http.CanonicalHeaderKey(h.name))
 	}
-	if q.MaxIdempotencyKeys > queue.MaxIdempotencyKeysLimit {
-		c.errf(file, qd.maxIdemNode, "max_idempotency_keys must be at most %d", queue.MaxIdempotencyKeysLimit)
-	}
-	if q.Backoff.Max < q.Backoff.Initial {
-		c.errf(file, qd.backoffNode, "backoff max (%v) is shorter than initial (%v)", q.Backoff.Max, q.Backoff.Initial)
+	// The queue package's validator decides what a valid queue is; the name, outflow
+	// and downstream were checked above, while reading them, with the file's words.
+	var invalid interface{ Unwrap() []error }
+	if err := q.Config.Validate(); errors.As(err, &invalid) {
+		for _, e := range invalid.Unwrap() {
+			var ce *queue.ConfigError
+			if !errors.As(e, &ce) || ce.Field == "name" || ce.Field == "outflow" || ce.Field == "downstream" {
+				continue
+			}
+			n := qd.nodes[ce.Field]
+			if n == nil {
+				n = qd.nameNode
+			}
+			c.errf(file, n, "%s", ce.Problem)
+		}
 	}
 	c.queues[q.Name] = q
 	c.qNodes[q.Name] = qd.nameNode

@@ -135,12 +135,15 @@ type queueDef struct {
 	maxAttempts int64
 	maxInFlight int64
 	backoff     queue.Backoff
-	backoffNode *yaml.Node
 	downstream  string
 	hasDown     bool
 	resultHdrs  []nameRef
 	maxIdemKeys int64
-	maxIdemNode *yaml.Node
+	maxBody     int64
+	dropHeaders []string
+	deadMaxAge  time.Duration
+	// nodes holds each field's value, where queue.Config.Validate's problems are reported.
+	nodes map[string]*yaml.Node
 }
 
 var (
@@ -153,7 +156,7 @@ var (
 	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields  = []string{"name", "value", "present"}
 	entryFields   = []string{"key", "value", "from", "default"}
-	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "result_headers", "max_idempotency_keys"}
+	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys"}
 	outflowFields = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields = []string{"initial", "max"}
 )
@@ -560,8 +563,9 @@ func (w *walker) entry(n *yaml.Node) entryDef {
 }
 
 func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
-	q := &queueDef{node: n, name: name, nameNode: nameNode}
+	q := &queueDef{node: n, name: name, nameNode: nameNode, nodes: map[string]*yaml.Node{}}
 	w.fields(n, "queue "+name, queueFields, func(key string, k, v *yaml.Node) {
+		q.nodes[key] = v
 		switch key {
 		case "outflow":
 			q.outflow, q.hasOutflow = w.outflow(v)
@@ -577,7 +581,6 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 		case "max_in_flight":
 			q.maxInFlight = w.positive(v, key)
 		case "backoff":
-			q.backoffNode = v
 			w.fields(v, "backoff", backoffFields, func(key string, k, v *yaml.Node) {
 				d, _ := w.duration(v, "backoff "+key)
 				if key == "initial" {
@@ -592,7 +595,17 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 		case "result_headers":
 			q.resultHdrs = w.names(v, key)
 		case "max_idempotency_keys":
-			q.maxIdemKeys, q.maxIdemNode = w.positive(v, key), v
+			q.maxIdemKeys = w.positive(v, key)
+		case "max_body":
+			q.maxBody = w.size(v, key)
+		case "drop_headers":
+			for _, hn := range w.items(v, key) {
+				if h, ok := w.str(hn, "header name"); ok {
+					q.dropHeaders = append(q.dropHeaders, h)
+				}
+			}
+		case "dead_letter_max_age":
+			q.deadMaxAge, _ = w.duration(v, key)
 		}
 	})
 	return q

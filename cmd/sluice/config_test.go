@@ -412,14 +412,14 @@ func TestMaskSecret(t *testing.T) {
 }
 
 // TestConfigKeys pins down what the loader relies on: every key is a flag of the
-// flag package's own kinds (their String and Set round-trip), and the list flags are
+// flag package's own kinds or a sizeFlag (their String and Set round-trip), and the list flags are
 // exactly those whose help says comma-separated.
 func TestConfigKeys(t *testing.T) {
 	for name, f := range keyFlags() {
 		switch flagKind(f).(type) {
-		case string, bool, int, int64, time.Duration:
+		case string, bool, int, int64, time.Duration, sizeFlag:
 		default:
-			t.Errorf("--%s is a %T: the config file and --print-config handle string, bool, int, int64 and duration flags", name, f.Value)
+			t.Errorf("--%s is a %T: the config file and --print-config handle string, bool, int, int64, duration and size flags", name, f.Value)
 		}
 		if comma := strings.Contains(f.Usage, "comma-separated"); comma != listFlags[name] {
 			t.Errorf("--%s: comma-separated in its help is %v, a list key is %v", name, comma, listFlags[name])

@@ -112,6 +112,8 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail(fmt.Errorf("no sluice data in --data-dir %s (give the directory sluice serve uses, or --nats URL): %w", cfg.nats.dataDir, err))
 		}
 	}
+	// Requeueing carries dead letters of any size back.
+	cfg.nats.maxBody = queue.MaxMaxBody
 	conn, err := openNATS(cfg.nats, log, false)
 	if errors.Is(err, errDataDirLocked) {
 		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it. "+

@@ -48,6 +48,10 @@ type natsConfig struct {
 	// The embedded server's store is encrypted at rest with this key (or the one in
 	// encryptionKeyFile); check reads the file into encryptionKey.
 	encryptionKey, encryptionKeyFile string
+
+	// maxBody is the largest body a queue takes: the embedded server's max payload
+	// makes room for it (0: NATS's default max payload).
+	maxBody int64
 }
 
 // minSecretLen is the shortest token or encryption key taken: both guard everything
@@ -163,7 +167,7 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 		return nil, err
 	}
 	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen,
-		Token: cfg.listenToken, TLS: listenTLS, EncryptionKey: cfg.encryptionKey})
+		Token: cfg.listenToken, TLS: listenTLS, EncryptionKey: cfg.encryptionKey, MaxPayload: embeddedPayload(cfg.maxBody)})
 	if errors.Is(err, queue.ErrEncryptionKey) {
 		unlock()
 		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w; give the key it was written with in --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file", cfg.dataDir, err)
@@ -330,6 +334,15 @@ func (q *queues) Park(ctx context.Context, req *queue.Request) (queue.Receipt, e
 	return s.Park(ctx, req)
 }
 
+// BodyLimit implements ingress.Parker.
+func (q *queues) BodyLimit(req *queue.Request) (queue.BodyLimit, error) {
+	s := q.store.Load()
+	if s == nil {
+		return queue.BodyLimit{}, fmt.Errorf("%w: the queues are not declared yet", queue.ErrUnavailable)
+	}
+	return s.BodyLimit(req)
+}
+
 // Status implements ingress.Parker.
 func (q *queues) Status(ctx context.Context, ticket string) (*queue.Record, error) {
 	s := q.store.Load()
@@ -468,6 +481,11 @@ func (q *queues) sync(ctx context.Context, set *rules.Set) error {
 		if _, err := store.Declare(ctx, cfg); err != nil {
 			errs = append(errs, fmt.Errorf("queue %s: %w", rq.Name, err))
 			continue
+		}
+		if payload := q.conn.nc.MaxPayload(); payload < cfg.MaxBody {
+			q.log.Warn("the NATS server's max payload is smaller than the queue's max_body: larger bodies get 413 "+
+				"(raise max_payload on the NATS servers; the embedded server's follows max_body at start)",
+				"queue", rq.Name, "max_body", cfg.MaxBody, "max_payload", payload)
 		}
 		q.startDispatching(rq.Name)
 	}

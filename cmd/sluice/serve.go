@@ -120,6 +120,7 @@ type frontConfig struct {
 	trustedProxies string
 	ipv6Prefix     int
 	maxBody        int64
+	deferMemory    sizeFlag
 	maxKeys        int
 	shadow         bool
 }
@@ -131,6 +132,8 @@ func (c *frontConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
 	fs.Int64Var(&c.maxBody, "max-body", ingress.DefaultMaxBody, "largest request body in `bytes`; larger ones get 413")
+	c.deferMemory = ingress.DefaultDeferMemory
+	fs.Var(&c.deferMemory, "defer-memory", "most `bytes` of deferred request bodies held in memory at once (like 64MiB); past it 503 with Retry-After")
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
 }
@@ -346,12 +349,17 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		return nil, err
 	}
 
+	if mode.front {
+		setMemoryLimit(int64(cfg.front.deferMemory), g.watcher.Set(), cfg.dispatch, log)
+	}
 	// Redis and NATS are every replica's: their trouble shows in /sluice/v1/status and
 	// the metrics, never in /readyz, which would take every replica out at once.
 	g.deps = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),
 		ingress.WithSecrets(cfg.secrets()...))
 	reg.MustRegister(g.deps)
-	if g.nats, err = openNATS(cfg.nats, log, true); err != nil {
+	natsCfg := cfg.nats
+	natsCfg.maxBody = largestMaxBody(g.watcher.Set())
+	if g.nats, err = openNATS(natsCfg, log, true); err != nil {
 		return nil, &unusableError{err}
 	}
 	if g.nats.embedded != nil && cfg.nats.encryptionKey == "" {
@@ -396,7 +404,7 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 		store = g.store
 		g.deps.Add("redis", g.redisHealth)
 	}
-	deferrer := ingress.NewQueueDeferrer(g.queues, g.log)
+	deferrer := ingress.NewQueueDeferrer(g.queues, g.log, ingress.WithDeferMemory(int64(cfg.deferMemory)))
 	mw := ingress.New(g.watcher, store,
 		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
 		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer),
@@ -677,6 +685,9 @@ func checkSecret(flag, v string) error {
 	return nil
 }
 
+// maxHeaderBytes caps the request headers the front door reads.
+const maxHeaderBytes = 64 << 10
+
 // newHTTPServer sets every timeout, so a slow or idle client cannot hold a connection
 // (or a goroutine) forever.
 func newHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
@@ -687,7 +698,7 @@ func newHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
 		ReadTimeout:       60 * time.Second,
 		WriteTimeout:      90 * time.Second,
 		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 }

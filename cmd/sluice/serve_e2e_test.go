@@ -46,10 +46,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func buildSluice(dir string) (string, error) {
+func buildSluice(dir string) (string, error) { return buildSluiceRace(dir, raceEnabled) }
+
+func buildSluiceRace(dir string, race bool) (string, error) {
 	bin := filepath.Join(dir, "sluice")
 	args := []string{"build", "-o", bin}
-	if raceEnabled {
+	if race {
 		// `go test -race` checks the binary's goroutines (serve, dispatch, dlq) too.
 		args = append(args, "-race")
 	}
@@ -131,6 +133,12 @@ func startSluice(t *testing.T, args ...string) *sluiceProcess {
 // wins) and args, and waits until it answers /healthz. It is killed at the end of the
 // test.
 func startCommand(t *testing.T, command string, args ...string) *sluiceProcess {
+	t.Helper()
+	return startBinary(t, sluiceBinary, command, args...)
+}
+
+// startBinary is startCommand with another build of sluice.
+func startBinary(t *testing.T, sluiceBinary, command string, args ...string) *sluiceProcess {
 	t.Helper()
 	if sluiceBinary == "" {
 		t.Fatal("the sluice binary was not built")
