@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -55,7 +54,7 @@ func newBodyFixture(t *testing.T, cfg queue.Config, opts ...DeferrerOption) *bod
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(5*time.Second))
+	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(5*time.Second), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,18 +78,25 @@ func newBodyFixture(t *testing.T, cfg queue.Config, opts ...DeferrerOption) *bod
 
 // request is what the deferrer parks for post (without the body).
 func (f *bodyFixture) request() *queue.Request {
-	ids, _ := NewClientIdentity(nil, 0)
+	r := f.newRequest(nil, 0)
+	header := r.Header.Clone()
+	setForwarded(nil, r, header) // as the deferrer parks it
 	return &queue.Request{Queue: "orders", Rule: f.rule, Method: "POST", Path: "/v1/orders", RawQuery: "x=1",
-		Header: http.Header{"Content-Type": {"application/json"}}, Client: clientHash(ids.Group(netip.MustParseAddr("198.51.100.1")))}
+		Header: header, Client: strings.Repeat("0", 32)} // a scope is 32 hex digits (idempotencyScope)
+}
+
+func (f *bodyFixture) newRequest(body io.Reader, contentLength int64) *http.Request {
+	r := httptest.NewRequest("POST", "/v1/orders?x=1", body)
+	r.ContentLength = contentLength
+	r.Header.Set("Content-Type", "application/json")
+	r.RemoteAddr = "198.51.100.1:1000"
+	return r
 }
 
 // post sends a request with body and Content-Length contentLength (-1: unknown, as
 // for a chunked body).
 func (f *bodyFixture) post(body io.Reader, contentLength int64) *httptest.ResponseRecorder {
-	r := httptest.NewRequest("POST", "/v1/orders?x=1", body)
-	r.ContentLength = contentLength
-	r.Header.Set("Content-Type", "application/json")
-	r.RemoteAddr = "198.51.100.1:1000"
+	r := f.newRequest(body, contentLength)
 	w := httptest.NewRecorder()
 	f.handler.ServeHTTP(w, r)
 	return w

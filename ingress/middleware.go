@@ -312,7 +312,7 @@ func (m *Middleware) idempotencyScope(rt *rules.Route, r *http.Request, client n
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// clientHash names a client in logs and idempotency scopes without its address.
+// clientHash names a client in logs without its address.
 func clientHash(p netip.Prefix) string {
 	b, _ := p.MarshalText()
 	sum := sha256.Sum256(b)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
 )
 
 // TestEmbeddedListenerNeedsCredentials: there is no listener that anyone who reaches
@@ -78,7 +79,7 @@ func TestEmbeddedTokenGuardsEveryConnection(t *testing.T) {
 		t.Fatalf("in-process Connect: %v", err)
 	}
 	defer nc.Close()
-	if _, err := queue.Open(ctxT(t), nc); err != nil {
+	if _, err := queue.Open(ctxT(t), nc, queue.WithSigningKey(natstest.SigningKey())); err != nil {
 		t.Fatalf("queue.Open on the in-process connection: %v", err)
 	}
 }
@@ -127,7 +128,7 @@ func TestEmbeddedEncryptionAtRest(t *testing.T) {
 			e.Shutdown()
 			t.Fatal(err)
 		}
-		s, err := queue.Open(ctxT(t), nc)
+		s, err := queue.Open(ctxT(t), nc, queue.WithSigningKey(natstest.SigningKey()))
 		if err == nil {
 			_, err = s.Declare(ctxT(t), testConfig("orders"))
 		}

@@ -33,10 +33,10 @@ func TestIdempotencyFieldsProblems(t *testing.T) {
 		name, route, queue string
 		want               string // FILE:LINE:COL: substring
 	}{
-		{"Set-Cookie in result_headers", "", "    result_headers: [X-Order-Id, set-cookie]\n", "t.yaml:17:34: result_headers: Set-Cookie is never kept"},
-		{"not a header name", "", "    result_headers: [\"X Order\"]\n", `t.yaml:17:22: result_headers: "X Order" is not a header name`},
+		{"Set-Cookie in result_headers", "", "    result_headers: [X-Order-Id, set-cookie]\n", "t.yaml:17:21: result_headers: Set-Cookie is never kept"},
+		{"not a header name", "", "    result_headers: [\"X Order\"]\n", `t.yaml:17:21: result_headers: "X Order" is not a header name`},
 		{"zero key cap", "", "    max_idempotency_keys: 0\n", "t.yaml:17:27: max_idempotency_keys must be at least 1"},
-		{"key cap too large", "", "    max_idempotency_keys: 20000000\n", "t.yaml:17:27: max_idempotency_keys must be at most 10000000"},
+		{"key cap too large", "", "    max_idempotency_keys: 20000000\n", "t.yaml:17:27: max_idempotency_keys must be between 1 and 10000000"},
 		{"bad scope source", "    idempotency_scope: [header:X-Api-Key, cookie:session]\n", "", `t.yaml:11:43: idempotency_scope "cookie:session": must be header:NAME`},
 		{"unknown path param", "    idempotency_scope: [\"path:{shop}\"]\n", "", `t.yaml:11:25: idempotency_scope "path:{shop}": path_pattern "/v1/{tenant}/orders" has no {shop}`},
 	}
