@@ -365,6 +365,11 @@ func TestCompose(t *testing.T) {
 		if svc, ok := hosts[redisHost]; !ok || c.listenPort(t, svc) != redisPort || !c.Services[svc].exposes(redisPort) {
 			t.Errorf("%s: --redis %s: no service listens there", name, g.value("redis"))
 		}
+		// The replicas share NATS, so they need the one signing key, from the
+		// environment of whoever runs compose (never written in the file).
+		if k := g.value("queue-key"); !strings.HasPrefix(k, "${SLUICE_QUEUE_KEY:?") {
+			t.Errorf("%s: --queue-key %q, want ${SLUICE_QUEUE_KEY:?…} (required, from the environment)", name, k)
+		}
 		var natsURLs []string
 		for _, u := range g.list("nats") {
 			h, p := urlHostPort(t, name+" --nats", u)

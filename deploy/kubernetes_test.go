@@ -577,6 +577,16 @@ func checkKubernetesSluice(t *testing.T, objs, monitoring k8sObjects, ns string,
 			t.Errorf("%s: --%s %s: no Service port with pods behind it", where, flag, g.value(flag))
 		}
 	}
+	// Replicas sharing NATS share the signing key, kept in a Secret, not in the manifests.
+	queueKeyFromSecret := false
+	for _, e := range ctr.Env {
+		if vf, ok := e.ValueFrom.(map[string]any); ok && e.Name == "SLUICE_QUEUE_KEY" && vf["secretKeyRef"] != nil {
+			queueKeyFromSecret = true
+		}
+	}
+	if len(g.list("nats")) > 0 && !queueKeyFromSecret {
+		t.Errorf("%s: --nats without SLUICE_QUEUE_KEY from a Secret: sluice refuses to start", where)
+	}
 	var natsPods []string
 	var natsSet *k8sObject
 	for _, u := range g.list("nats") {

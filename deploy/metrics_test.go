@@ -169,11 +169,12 @@ func exportedMetrics(t *testing.T) map[string]exportedMetric {
 
 	ingress.New(w, store, ingress.WithRegisterer(rec), ingress.WithLogger(log))
 	ingress.NewProxy(&url.URL{Scheme: "http", Host: "127.0.0.1:1"}, ingress.WithProxyRegisterer(rec), ingress.WithProxyLogger(log))
+	rec.MustRegister(ingress.NewDependencies()) // sluice_dependency_up, as serve registers it
 
 	ns := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	qs, err := queue.Open(ctx, ns.Conn, queue.WithRegisterer(rec), queue.WithLogger(log))
+	qs, err := queue.Open(ctx, ns.Conn, queue.WithRegisterer(rec), queue.WithLogger(log), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}

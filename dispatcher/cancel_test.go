@@ -55,7 +55,7 @@ func TestRetiredQueueStopsItsDispatcher(t *testing.T) {
 	if _, err := r.store.AdoptOrphans(ctxT(t), nil); err != nil {
 		t.Fatal(err)
 	}
-	other, err := queue.Open(ctxT(t), srv.Conn)
+	other, err := queue.Open(ctxT(t), srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,7 @@ func TestClusterR3SurvivesANodeCrash(t *testing.T) {
 	cfg.Outflow = limiter.PerSecond(20)
 
 	nc := c.Connect(t)
-	store, err := queue.Open(ctxT(t), nc, queue.WithReplicas(3))
+	store, err := queue.Open(ctxT(t), nc, queue.WithReplicas(3), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}

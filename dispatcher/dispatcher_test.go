@@ -130,7 +130,7 @@ func ctxT(t *testing.T) context.Context {
 
 func openStore(t *testing.T, nc *nats.Conn, cfg queue.Config) (*queue.Store, *queue.Queue) {
 	t.Helper()
-	s, err := queue.Open(ctxT(t), nc)
+	s, err := queue.Open(ctxT(t), nc, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func startClusterReplica(t *testing.T, c *natstest.Cluster, cfg queue.Config, op
 func startReplicaOn(t *testing.T, nc *nats.Conn, cfg queue.Config, name string, opts ...dispatcher.Option) *replica {
 	t.Helper()
 	r := &replica{name: name, nc: nc, done: make(chan struct{})}
-	store, err := queue.Open(ctxT(t), r.nc, queue.WithReplicas(cfg.WithDefaults().Replicas))
+	store, err := queue.Open(ctxT(t), r.nc, queue.WithReplicas(cfg.WithDefaults().Replicas), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func baseConfig(name, downstream string) queue.Config {
 		MaxAttempts: 5,
 		Backoff:     queue.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 		Downstream:  downstream,
-		SensitiveHeaders: []string{
+		DropHeaders: []string{
 			"Authorization",
 		},
 	}

@@ -24,8 +24,16 @@ type prepared struct {
 	cfg    queue.Config
 }
 
-// prepare checks one fetched message: it must be a parked request whose ticket is not
-// final yet. ok is false when the message was settled here.
+// Reasons of dead letters that were never attempted (the first word of the reason
+// stored with the dead letter; also the reason label of sluice_queue_rejected_total).
+const (
+	reasonForged  = "forged"  // no valid signature: not an order sluice accepted
+	reasonInvalid = "invalid" // signed, but cannot be delivered (e.g. a path without a leading '/')
+)
+
+// prepare checks one fetched message: it must be a parked request, signed with the
+// store's key, deliverable, whose ticket is not final yet. ok is false when the message
+// was settled here.
 func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok bool) {
 	m, err := queue.Decode(jm)
 	if err != nil {
@@ -38,7 +46,18 @@ func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok 
 		r.pinID = pin
 		r.mu.Unlock()
 	}
+	if err := r.store.Verify(m); err != nil {
+		r.reject(m, jm, reasonForged, err)
+		return p, false
+	}
 	cfg := r.config()
+	r.mu.Lock()
+	tgt := r.target
+	r.mu.Unlock()
+	if err := tgt.check(m); err != nil {
+		r.reject(m, jm, reasonInvalid, err)
+		return p, false
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	rec, err := r.store.Record(rctx, m.Ticket)
 	cancel()
@@ -46,6 +65,7 @@ func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok 
 	switch {
 	case err == nil && rec.Status.Final():
 		r.log.Debug("ticket already final; acknowledging", "ticket", m.Ticket, "status", rec.Status)
+		r.keepKey(m)
 		_ = jm.Ack()
 		return p, false
 	case errors.Is(err, queue.ErrNotFound):
@@ -155,6 +175,8 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	ctx = context.WithValue(ctx, deliveryKey{}, Delivery{Ticket: m.Ticket, Queue: m.Queue, Attempt: rec.Attempts + 1, Start: start})
 	out := tgt.deliver(ctx, m)
 	cancel()
+	// Only allow-listed response headers are kept at rest and shown by the monitor.
+	out.header = cfg.ResultHeader(out.header)
 	r.m.duration.Observe(time.Since(start).Seconds())
 
 	switch out.kind {
@@ -178,6 +200,7 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	case outcomeFailed:
 		rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusFailed, out.describe(), time.Time{}
 		rec.Result = out.result()
+		r.keepKey(m)
 		if !r.save(rec, 5) {
 			_ = jm.NakWithDelay(time.Second)
 			return
@@ -192,6 +215,7 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 func (r *runner) done(m *queue.Message, jm jetstream.Msg, rec *queue.Record, out outcome, start time.Time) {
 	rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusDone, "", time.Time{}
 	rec.Result = out.result()
+	r.keepKey(m)
 	if !r.save(rec, 5) {
 		// Without the record the ticket would vanish: deliver again later (same
 		// Idempotency-Key, so the downstream sees one order).
@@ -243,11 +267,48 @@ func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Recor
 		return
 	}
 	rec.Status, rec.NextAttemptAt = queue.StatusDead, time.Time{}
+	r.keepKey(m)
 	r.save(rec, 5)
 	r.event(queue.DeadSubject(m.Queue), rec, 0)
 	r.m.dead.Inc()
 	r.log.Warn("dead-lettered", "ticket", m.Ticket, "attempts", rec.Attempts, "err", rec.LastError)
 	_ = jm.TermWithReason("dead-lettered: " + rec.LastError)
+}
+
+// keepKey gives the idempotency key of a message whose order is final its final
+// lifetime (queue.Store.KeepKey), before the final record is written and the message
+// acknowledged. A failure is logged: the key then keeps the lifetime it had.
+func (r *runner) keepKey(m *queue.Message) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.store.KeepKey(ctx, m); err != nil {
+		r.log.Warn("cannot refresh the idempotency key", "ticket", m.Ticket, "err", err)
+	}
+}
+
+// reject dead-letters a message that must never be delivered, with the reason first in
+// its dead-letter reason. A forged message touches neither the ticket record nor the
+// events: its ticket may be a genuine order's, which must not be marked dead by it.
+func (r *runner) reject(m *queue.Message, jm jetstream.Msg, reason string, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	why := reason + ": " + cause.Error()
+	if err := r.store.DeadLetter(ctx, m, 0, why); err != nil {
+		r.log.Warn("cannot dead-letter; retrying later", "ticket", m.Ticket, "err", err)
+		_ = jm.NakWithDelay(time.Second)
+		return
+	}
+	if reason != reasonForged {
+		rec := &queue.Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: queue.StatusDead,
+			ReceivedAt: m.ReceivedAt, LastError: why}
+		r.keepKey(m)
+		r.save(rec, 5)
+		r.event(queue.DeadSubject(m.Queue), rec, 0)
+	}
+	r.m.dead.Inc()
+	r.m.rejected(reason).Inc()
+	r.log.Error("dead-lettered without delivery", "reason", reason, "ticket", m.Ticket, "seq", m.Seq, "err", cause)
+	_ = jm.TermWithReason(why)
 }
 
 // save writes the record, trying up to tries times.

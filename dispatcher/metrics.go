@@ -11,6 +11,7 @@ type metrics struct {
 	retried   *prometheus.CounterVec
 	failed    *prometheus.CounterVec
 	dead      *prometheus.CounterVec
+	rejected  *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
 	wait      *prometheus.HistogramVec
 	paused    *prometheus.GaugeVec
@@ -32,8 +33,12 @@ func newMetrics() *metrics {
 		}, []string{"queue"}),
 		dead: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_queue_dead_total",
-			Help: "Messages moved to the dead-letter stream after max attempts.",
+			Help: "Messages moved to the dead-letter stream: out of attempts, expired, forged or invalid.",
 		}, []string{"queue"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_queue_rejected_total",
+			Help: "Messages dead-lettered without any delivery attempt, by reason: forged (no valid signature) or invalid (cannot be delivered, e.g. a path without a leading '/').",
+		}, []string{"queue", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_delivery_duration_seconds",
 			Help:    "Duration of delivery attempts, any outcome.",
@@ -64,7 +69,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 		}
 		return c, nil
 	}
-	for _, p := range []**prometheus.CounterVec{&m.delivered, &m.retried, &m.failed, &m.dead} {
+	for _, p := range []**prometheus.CounterVec{&m.delivered, &m.retried, &m.failed, &m.dead, &m.rejected} {
 		c, err := reg(*p)
 		if err != nil {
 			return err
@@ -118,4 +123,8 @@ func (m *metrics) forQueue(q string) queueMetrics {
 
 func (q queueMetrics) retried(reason string) prometheus.Counter {
 	return q.m.retried.WithLabelValues(q.queue, reason)
+}
+
+func (q queueMetrics) rejected(reason string) prometheus.Counter {
+	return q.m.rejected.WithLabelValues(q.queue, reason)
 }

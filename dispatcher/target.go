@@ -56,6 +56,8 @@ func (o outcome) result() *queue.Result {
 
 // target delivers a message to a queue's downstream.
 type target interface {
+	// check tells whether m can be delivered at all (an error: never).
+	check(m *queue.Message) error
 	deliver(ctx context.Context, m *queue.Message) outcome
 }
 
@@ -89,14 +91,37 @@ type httpTarget struct {
 	defaultPause time.Duration
 }
 
-// URL returns the delivery URL of m: the base URL's path (without a trailing slash)
-// followed by the original escaped path and query.
+// deliveryURL returns the delivery URL of m: the base URL's scheme and host, its path
+// (without a trailing slash) followed by the parked escaped path, and the parked query.
+// It is assembled from url.URL fields, never parsed from a joined string, so nothing in
+// the parked path or query can change the host. The parked path must start with a
+// single '/' (so "@host/x", "//host/x" and "http://host/x" are refused) and be validly
+// escaped; the query must hold no spaces, control characters or '#'.
 func deliveryURL(base *url.URL, m *queue.Message) (*url.URL, error) {
-	raw := base.Scheme + "://" + base.Host + strings.TrimSuffix(base.EscapedPath(), "/") + m.Path
-	if m.RawQuery != "" {
-		raw += "?" + m.RawQuery
+	if !strings.HasPrefix(m.Path, "/") || strings.HasPrefix(m.Path, "//") {
+		return nil, fmt.Errorf("path %q does not start with a single '/'", m.Path)
 	}
-	return url.Parse(raw)
+	path, err := url.PathUnescape(m.Path)
+	if err != nil {
+		return nil, fmt.Errorf("path %q: %w", m.Path, err)
+	}
+	if i := strings.IndexFunc(m.RawQuery, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '#' }); i >= 0 {
+		return nil, fmt.Errorf("query holds %q", m.RawQuery[i])
+	}
+	return &url.URL{
+		Scheme: base.Scheme,
+		Host:   base.Host,
+		Path:   strings.TrimSuffix(base.Path, "/") + path,
+		// Kept when it is a valid encoding of Path (EscapedPath checks), so that
+		// "/a%2Fb" reaches the downstream as sent.
+		RawPath:  strings.TrimSuffix(base.EscapedPath(), "/") + m.Path,
+		RawQuery: m.RawQuery,
+	}, nil
+}
+
+func (t *httpTarget) check(m *queue.Message) error {
+	_, err := deliveryURL(t.base, m)
+	return err
 }
 
 func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
@@ -104,17 +129,23 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 	if err != nil {
 		return outcome{kind: outcomeFailed, err: fmt.Errorf("bad delivery URL: %w", err)}
 	}
-	req, err := http.NewRequestWithContext(ctx, m.Method, u.String(), bytes.NewReader(m.Body))
+	req, err := http.NewRequestWithContext(ctx, m.Method, "/", bytes.NewReader(m.Body))
 	if err != nil {
 		return outcome{kind: outcomeFailed, err: fmt.Errorf("bad request: %w", err)}
 	}
+	req.URL, req.Host = u, u.Host
 	if len(m.Body) == 0 {
 		req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
 	}
 	for k, vs := range m.Header {
 		req.Header[k] = append([]string(nil), vs...)
 	}
-	req.Header.Set("Idempotency-Key", m.Ticket)
+	// The downstream sees the client's own key, exactly as sent (as a proxied request
+	// of the same order would), or the ticket when the client sent none.
+	req.Header.Set(queue.HeaderTicket, m.Ticket)
+	if len(req.Header.Values("Idempotency-Key")) == 0 {
+		req.Header.Set("Idempotency-Key", m.Ticket)
+	}
 	resp, err := t.client.Do(req)
 	if err != nil {
 		var ne net.Error
@@ -190,6 +221,13 @@ func (t *natsTarget) recheck() {
 	t.mu.Lock()
 	t.checkedAt = time.Time{}
 	t.mu.Unlock()
+}
+
+// check refuses what an HTTP delivery would: consumers of the subject may well build
+// URLs from the path and query headers.
+func (t *natsTarget) check(m *queue.Message) error {
+	_, err := deliveryURL(&url.URL{}, m)
+	return err
 }
 
 func (t *natsTarget) deliver(ctx context.Context, m *queue.Message) outcome {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,9 +21,11 @@ import (
 // Admin serves the operations endpoints, on a listener of their own:
 //
 //	/healthz                  200 while the process runs (never behind the token)
-//	/readyz                   200 when rules are loaded and every readiness check passes
+//	/readyz                   200 while this process can serve: rules loaded, every
+//	                          readiness check passing, not shutting down (see Drain)
 //	/metrics                  Prometheus metrics
 //	/sluice/v1/rules          the active rules, as JSON
+//	/sluice/v1/status         the shared dependencies (Redis, NATS), as JSON
 //	/sluice/v1/queues…        queue operations (QueueAPI), when Queues is set
 //	/sluice/v1/openapi.json   the OpenAPI document of these endpoints
 //
@@ -30,14 +33,19 @@ import (
 type Admin struct {
 	Gatherer prometheus.Gatherer
 	Rules    RulesSource
-	// Ready are named readiness checks (Redis and NATS reachable), each bounded by a
-	// short timeout.
+	// Ready are named readiness checks of this process, each bounded by a short
+	// timeout. Services shared by every replica belong in Dependencies instead: their
+	// outage would make every replica unready at once.
 	Ready map[string]func(context.Context) error
-	Token string
+	// Dependencies are shown by /sluice/v1/status; nil: none.
+	Dependencies *Dependencies
+	Token        string
 	// Extra adds handlers under their patterns ("GET /path").
 	Extra map[string]http.Handler
 	// Queues serves the queue operations (nil: none).
 	Queues *QueueAPI
+
+	draining atomic.Bool
 }
 
 // Route is an endpoint: a net/http ServeMux pattern ("GET /path/{name}") and its handler.
@@ -57,6 +65,7 @@ func (a *Admin) Routes() []Route {
 		{"GET /readyz", http.HandlerFunc(a.readyz)},
 		{"GET /metrics", promhttp.HandlerFor(a.Gatherer, promhttp.HandlerOpts{})},
 		{"GET /sluice/v1/rules", http.HandlerFunc(a.rules)},
+		{"GET /sluice/v1/status", http.HandlerFunc(a.status)},
 		{"GET " + OpenAPIPath, http.HandlerFunc(serveOpenAPI)},
 	}
 	if a.Queues != nil {
@@ -67,6 +76,10 @@ func (a *Admin) Routes() []Route {
 	}
 	return routes
 }
+
+// Drain makes /readyz answer 503 from now on: the process is shutting down, and load
+// balancers should stop sending before its listeners close.
+func (a *Admin) Drain() { a.draining.Store(true) }
 
 // Handler returns the admin endpoints' handler.
 func (a *Admin) Handler() http.Handler {
@@ -100,17 +113,7 @@ func (a *Admin) authorize(next http.Handler) http.Handler {
 const readyTimeout = 2 * time.Second
 
 func (a *Admin) readyz(w http.ResponseWriter, r *http.Request) {
-	failures := map[string]string{}
-	if a.Rules == nil || a.Rules.Set() == nil {
-		failures["rules"] = "no rules loaded"
-	}
-	for name, check := range a.Ready {
-		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
-		if err := check(ctx); err != nil {
-			failures[name] = err.Error()
-		}
-		cancel()
-	}
+	failures := a.unready(r.Context())
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	if len(failures) > 0 {
@@ -119,6 +122,46 @@ func (a *Admin) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = json.NewEncoder(w).Encode(map[string]any{"ready": true})
+}
+
+// unready returns why this process cannot serve, by check; empty: ready.
+func (a *Admin) unready(ctx context.Context) map[string]string {
+	failures := map[string]string{}
+	if a.draining.Load() {
+		failures["shutdown"] = "shutting down"
+	}
+	if a.Rules == nil || a.Rules.Set() == nil {
+		failures["rules"] = "no rules loaded"
+	}
+	for name, check := range a.Ready {
+		cctx, cancel := context.WithTimeout(ctx, readyTimeout)
+		if err := check(cctx); err != nil {
+			failures[name] = err.Error()
+		}
+		cancel()
+	}
+	return failures
+}
+
+// statusView is the JSON shape of /sluice/v1/status.
+type statusView struct {
+	// Ready is what /readyz says; the dependencies do not change it.
+	Ready        bool                        `json:"ready"`
+	ShuttingDown bool                        `json:"shutting_down,omitempty"`
+	Dependencies map[string]DependencyStatus `json:"dependencies"`
+}
+
+func (a *Admin) status(w http.ResponseWriter, r *http.Request) {
+	v := statusView{Ready: len(a.unready(r.Context())) == 0, ShuttingDown: a.draining.Load(),
+		Dependencies: map[string]DependencyStatus{}}
+	if a.Dependencies != nil {
+		v.Dependencies = a.Dependencies.Status(r.Context())
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
 }
 
 // rulesView is the JSON shape of /sluice/v1/rules.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -19,6 +18,8 @@ import (
 type Parker interface {
 	Park(ctx context.Context, req *queue.Request) (queue.Receipt, error)
 	Status(ctx context.Context, ticket string) (*queue.Record, error)
+	// BodyLimit is the largest body req may have to be stored (req.Body unset).
+	BodyLimit(req *queue.Request) (queue.BodyLimit, error)
 	Cancel(ctx context.Context, ticket string) error
 }
 
@@ -30,14 +31,19 @@ const DeferredPath = "/sluice/v1/deferred/"
 type QueueDeferrer struct {
 	parker Parker
 	log    *slog.Logger
+	memory memoryBudget
 }
 
 // NewQueueDeferrer returns a deferrer that parks with p.
-func NewQueueDeferrer(p Parker, log *slog.Logger) *QueueDeferrer {
+func NewQueueDeferrer(p Parker, log *slog.Logger, opts ...DeferrerOption) *QueueDeferrer {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &QueueDeferrer{parker: p, log: log}
+	q := &QueueDeferrer{parker: p, log: log, memory: memoryBudget{max: DefaultDeferMemory}}
+	for _, o := range opts {
+		o(q)
+	}
+	return q
 }
 
 // unavailableRetryAfter is what a client is told to wait when the queue cannot be
@@ -53,28 +59,37 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 			"Idempotency-Key must be a structured-field string (or a token) of 1 to 255 printable characters."))
 		return
 	}
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-			writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
-				"The request body is larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes."))
-			return
-		}
-		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body could not be read."))
-		return
+	header := d.Header
+	if header == nil {
+		header = r.Header.Clone()
+		setForwarded(nil, r, header)
 	}
-	receipt, err := q.parker.Park(r.Context(), &queue.Request{
+	req := &queue.Request{
 		Queue:          d.Queue.Name,
 		Rule:           d.Rule.Name,
 		Method:         r.Method,
 		Path:           r.URL.EscapedPath(),
 		RawQuery:       r.URL.RawQuery,
-		Header:         r.Header,
-		Body:           body,
+		Header:         header,
 		Client:         d.Client,
 		IdempotencyKey: key,
 		ReceivedAt:     time.Now(),
-	})
+	}
+	// The body is read only as far as the queue can store it, into memory reserved
+	// until it is parked.
+	limit, err := q.parker.BodyLimit(req)
+	if err != nil {
+		q.parkFailed(w, d, err)
+		return
+	}
+	body, reserved, err := q.memory.readBody(r, limit)
+	defer q.memory.give(reserved)
+	if err != nil {
+		writeBodyError(w, r, err)
+		return
+	}
+	req.Body = body
+	receipt, err := q.parker.Park(r.Context(), req)
 	if err != nil {
 		q.parkFailed(w, d, err)
 		return
@@ -87,7 +102,7 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 	_ = json.NewEncoder(w).Encode(acceptedBody{
 		Ticket:            receipt.Ticket,
 		Queue:             receipt.Queue,
-		Status:            string(queue.StatusQueued),
+		Status:            string(receipt.Status),
 		Position:          receipt.Position,
 		EstimatedDelivery: receipt.EstimatedDelivery.UTC().Format(time.RFC3339),
 		Duplicate:         receipt.Duplicate,
@@ -98,7 +113,7 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 type acceptedBody struct {
 	Ticket            string `json:"ticket"`
 	Queue             string `json:"queue"`
-	Status            string `json:"status"`
+	Status            string `json:"status,omitempty"` // empty: a repeat of an order settled long ago
 	Position          uint64 `json:"position"`
 	EstimatedDelivery string `json:"estimated_delivery"`
 	Duplicate         bool   `json:"duplicate,omitempty"`
@@ -115,6 +130,18 @@ func (q *QueueDeferrer) parkFailed(w http.ResponseWriter, d Deferral, err error)
 		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
 		writeProblem(w, simpleProblem(http.StatusTooManyRequests,
 			"The queue "+d.Queue.Name+" is full; retry in "+strconv.FormatInt(ceilSeconds(wait), 10)+" s."))
+	case errors.Is(err, queue.ErrTooManyKeys):
+		wait := max(queue.RetryAfter(err), time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
+		writeProblem(w, simpleProblem(http.StatusTooManyRequests,
+			"Too many idempotency keys: this client has used the "+strconv.Itoa(d.Queue.MaxIdempotencyKeys)+
+				" Idempotency-Keys the queue "+d.Queue.Name+" accepts per client (max_idempotency_keys) within "+
+				d.Queue.IdempotencyTTL.String()+"; retry in "+strconv.FormatInt(ceilSeconds(wait), 10)+" s."))
+	case errors.Is(err, queue.ErrKeyStoreFull):
+		q.log.Warn("idempotency key store full", "queue", d.Queue.Name, "err", err)
+		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
+		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
+			"The idempotency key store is full; nothing was accepted. Retry later."))
 	case errors.Is(err, queue.ErrTooLarge):
 		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge, "The request is too large to be queued."))
 	default:

@@ -50,7 +50,7 @@ func newDeferFixture(t *testing.T) *deferFixture {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(2*time.Second))
+	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(2*time.Second), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}

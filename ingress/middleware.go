@@ -6,11 +6,15 @@ package ingress
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"hash"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,9 +47,14 @@ type Deferrer interface {
 type Deferral struct {
 	Queue *rules.Queue
 	Rule  *rules.Rule
-	// Client identifies the client for idempotency-key scoping: a hash of its
-	// address group, never the raw address.
+	// Client is the idempotency scope of the caller: a hash of its address group and
+	// of the route's idempotency_scope sources (by default its Authorization and Cookie
+	// headers), never a raw address or credential. Callers with different credentials
+	// behind one address never share a key.
 	Client string
+	// Header is what to park of the request's header: the client's, with the
+	// forwarding headers set as on a proxied request (nil: use the request's).
+	Header http.Header
 	// RetryAfter is when the request would have been allowed.
 	RetryAfter time.Duration
 }
@@ -58,6 +67,7 @@ type Middleware struct {
 	deferrer Deferrer
 	shadow   bool
 	maxBody  int64
+	scopeKey []byte
 	log      *slog.Logger
 	metrics  *metrics
 
@@ -82,6 +92,13 @@ func WithShadow(on bool) Option { return func(m *Middleware) { m.shadow = on } }
 // WithMaxBody caps request bodies: larger ones are answered 413 (default 10 MiB; 0 or
 // less means no cap).
 func WithMaxBody(n int64) Option { return func(m *Middleware) { m.maxBody = n } }
+
+// WithIdempotencyScopeKey keys the hash that names idempotency scopes (HMAC-SHA256)
+// with a secret every replica shares, so that what is stored in NATS cannot be tested
+// against guessed credentials. Without it the hash is a plain SHA-256.
+func WithIdempotencyScopeKey(key []byte) Option {
+	return func(m *Middleware) { m.scopeKey = slices.Clone(key) }
+}
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.log = l } }
@@ -141,7 +158,10 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 		case v.violated == nil:
 			next.ServeHTTP(w, r)
 		case v.violated.OnLimit == rules.Defer && m.deferrer != nil:
-			m.deferrer.Defer(w, r, Deferral{Queue: v.violated.Queue, Rule: v.violated, Client: clientHash(client), RetryAfter: v.retryAfter})
+			h := r.Header.Clone()
+			setForwarded(m.ids, r, h)
+			m.deferrer.Defer(w, r, Deferral{Queue: v.violated.Queue, Rule: v.violated, Client: m.idempotencyScope(route, r, client),
+				Header: h, RetryAfter: v.retryAfter})
 		default:
 			m.log.Debug("rate limited", "rule", v.violated.Name, "route", route.Name,
 				"client", clientHash(client), "retry_after", v.retryAfter)
@@ -276,7 +296,23 @@ func quotaWindow(l limiter.Limit) time.Duration {
 	return l.Period
 }
 
-// clientHash names a client in logs and idempotency scopes without its address.
+// idempotencyScope names the caller of r for Idempotency-Key scoping: a hash of its
+// address group and of the route's idempotency_scope sources (rules.Route.WriteScope).
+func (m *Middleware) idempotencyScope(rt *rules.Route, r *http.Request, client netip.Prefix) string {
+	var h hash.Hash
+	if len(m.scopeKey) > 0 {
+		h = hmac.New(sha256.New, m.scopeKey)
+	} else {
+		h = sha256.New()
+	}
+	b, _ := client.MarshalText()
+	io.WriteString(h, "sluice idempotency scope v1\x00")
+	rt.WriteScope(h, r, client.Addr())
+	h.Write(b)
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// clientHash names a client in logs without its address.
 func clientHash(p netip.Prefix) string {
 	b, _ := p.MarshalText()
 	sum := sha256.Sum256(b)

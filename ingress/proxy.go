@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -62,10 +63,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(upstream)
-			if cfg.ids != nil && cfg.ids.peerTrusted(pr.In) {
-				pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
-			}
-			pr.SetXForwarded()
+			setForwarded(cfg.ids, pr.In, pr.Out.Header)
 			pr.Out.Host = pr.In.Host // the upstream sees the host the client asked for
 		},
 		Transport: instrumentedTransport{next: transport, metrics: newUpstreamMetrics(cfg.reg)},
@@ -82,4 +80,26 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) *httputil.ReverseProxy {
 			writeProblem(w, simpleProblem(http.StatusBadGateway, "The upstream could not be reached."))
 		},
 	}
+}
+
+// forwardingHeaders are the headers that tell a server who asked and how; setForwarded
+// writes them from the real connection, whatever the client sent.
+var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// setForwarded sets the forwarding headers of a request made on behalf of in, into out:
+// the client's Forwarded and X-Forwarded-* are dropped; X-Forwarded-For is the peer
+// address, appended to the chain the peer sent only when the peer is a trusted proxy
+// (ids); X-Forwarded-Host and -Proto come from in's host and connection. Proxied
+// requests and parked (deferred) ones both get their headers here, so a downstream sees
+// the same either way.
+func setForwarded(ids *ClientIdentity, in *http.Request, out http.Header) {
+	for _, h := range forwardingHeaders {
+		delete(out, h)
+	}
+	if ids != nil && ids.peerTrusted(in) {
+		if chain := in.Header["X-Forwarded-For"]; len(chain) > 0 {
+			out["X-Forwarded-For"] = slices.Clone(chain)
+		}
+	}
+	(&httputil.ProxyRequest{In: in, Out: &http.Request{Header: out}}).SetXForwarded()
 }

@@ -27,8 +27,24 @@ import (
 //
 // Pauses are the queue consumer's pause on the server, so they hold on every replica.
 type QueueAPI struct {
-	Store *queue.Store
+	// Store gives the queue store: nil until the queues are declared (NATS may come
+	// later than the process); the API answers 503 meanwhile.
+	Store interface{ Load() *queue.Store }
 	Log   *slog.Logger
+}
+
+func (a *QueueAPI) store() *queue.Store { return a.Store.Load() }
+
+// whenOpen answers 503 until the store is open (it never closes again).
+func (a *QueueAPI) whenOpen(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.store() == nil {
+			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
+			writeProblem(w, simpleProblem(http.StatusServiceUnavailable, "The queues are not declared yet: NATS is not reachable."))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Queue API limits.
@@ -44,7 +60,7 @@ const (
 
 // Routes returns the queue API's endpoints.
 func (a *QueueAPI) Routes() []Route {
-	return []Route{
+	routes := []Route{
 		{"GET /sluice/v1/queues", http.HandlerFunc(a.list)},
 		{"GET /sluice/v1/queues/{queue}", a.withQueue(a.show)},
 		{"POST /sluice/v1/queues/{queue}/pause", a.withQueue(a.pause)},
@@ -54,6 +70,10 @@ func (a *QueueAPI) Routes() []Route {
 		{"POST /sluice/v1/queues/{queue}/dead/requeue", http.HandlerFunc(a.requeue)},
 		{"DELETE /sluice/v1/queues/{queue}/dead", http.HandlerFunc(a.purge)},
 	}
+	for i := range routes {
+		routes[i].Handler = a.whenOpen(routes[i].Handler)
+	}
+	return routes
 }
 
 // QueueView is the JSON of one queue.
@@ -98,7 +118,7 @@ func newQueueView(in queue.Info, now time.Time) QueueView {
 }
 
 func (a *QueueAPI) list(w http.ResponseWriter, r *http.Request) {
-	qs := a.Store.Queues()
+	qs := a.store().Queues()
 	slices.SortFunc(qs, func(x, y *queue.Queue) int { return cmp.Compare(x.Name(), y.Name()) })
 	out := struct {
 		Queues []QueueView `json:"queues"`
@@ -121,7 +141,7 @@ func (a *QueueAPI) list(w http.ResponseWriter, r *http.Request) {
 // withQueue resolves {queue} to a queue of the store (404 otherwise).
 func (a *QueueAPI) withQueue(h func(http.ResponseWriter, *http.Request, *queue.Queue)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q, err := a.Store.Queue(r.PathValue("queue"))
+		q, err := a.store().Queue(r.PathValue("queue"))
 		if err != nil {
 			a.fail(w, err)
 			return
@@ -199,7 +219,7 @@ func (a *QueueAPI) retire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := r.PathValue("queue")
-	n, err := a.Store.Retire(r.Context(), name, drop)
+	n, err := a.store().Retire(r.Context(), name, drop)
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -247,7 +267,7 @@ func (a *QueueAPI) deadList(w http.ResponseWriter, r *http.Request) {
 	if !a.queueExists(w, r, name) {
 		return
 	}
-	dls, err := a.Store.DeadLetters(r.Context(), name, limit)
+	dls, err := a.store().DeadLetters(r.Context(), name, limit)
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -312,7 +332,7 @@ func (a *QueueAPI) requeue(w http.ResponseWriter, r *http.Request) {
 	if !a.queueExists(w, r, name) {
 		return
 	}
-	n, err := a.Store.Requeue(r.Context(), name, ts...)
+	n, err := a.store().Requeue(r.Context(), name, ts...)
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -339,7 +359,7 @@ func (a *QueueAPI) purge(w http.ResponseWriter, r *http.Request) {
 	if !a.queueExists(w, r, name) {
 		return
 	}
-	n, err := a.Store.PurgeDeadLetters(r.Context(), name, ts...)
+	n, err := a.store().PurgeDeadLetters(r.Context(), name, ts...)
 	if err != nil {
 		a.fail(w, err)
 		return
@@ -352,14 +372,14 @@ func (a *QueueAPI) purge(w http.ResponseWriter, r *http.Request) {
 // queueExists answers 404 unless name is a queue of the store or has a stream (dead
 // letters of a retired queue stay reachable while its stream exists).
 func (a *QueueAPI) queueExists(w http.ResponseWriter, r *http.Request, name string) bool {
-	if _, err := a.Store.Queue(name); err == nil {
+	if _, err := a.store().Queue(name); err == nil {
 		return true
 	}
 	if !queue.ValidName(name) {
 		a.fail(w, queue.ErrUnknownQueue)
 		return false
 	}
-	_, err := a.Store.JetStream().Stream(r.Context(), queue.StreamName(name))
+	_, err := a.store().JetStream().Stream(r.Context(), queue.StreamName(name))
 	if err != nil {
 		a.fail(w, queue.ErrUnknownQueue)
 		return false

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -196,7 +197,7 @@ func newQueueAPIFixture(t *testing.T) *queueAPIFixture {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn)
+	store, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +207,7 @@ func newQueueAPIFixture(t *testing.T) *queueAPIFixture {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	a := &Admin{Gatherer: reg, Rules: StaticRules{set}, Token: "tok", Queues: &QueueAPI{Store: store}}
+	a := &Admin{Gatherer: reg, Rules: StaticRules{set}, Token: "tok", Queues: &QueueAPI{Store: loaded(store)}}
 	return &queueAPIFixture{t: t, store: store, handler: a.Handler(), admin: a, doc: loadOpenAPI(t)}
 }
 
@@ -460,4 +461,11 @@ func TestCancelHandler(t *testing.T) {
 		t.Errorf("cancel a done order: %d %s", w.Code, w.Body)
 	}
 	doc.conforms(t, docPath, "DELETE", w)
+}
+
+// loaded is a store source that has store open already.
+func loaded(store *queue.Store) *atomic.Pointer[queue.Store] {
+	var p atomic.Pointer[queue.Store]
+	p.Store(store)
+	return &p
 }

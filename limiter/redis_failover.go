@@ -119,10 +119,17 @@ func (r *Redis) probe() {
 	}
 }
 
-// ping checks that Redis answers: every master of a Cluster.
+// ping checks that Redis answers within the store's timeout.
 func (r *Redis) ping() error {
 	ctx, cancel := context.WithTimeout(context.Background(), max(r.timeout, 100*time.Millisecond))
 	defer cancel()
+	return r.Ping(ctx)
+}
+
+// Ping checks that Redis answers: every master of a Cluster. It is bounded by ctx's
+// deadline when the client honours it (ContextTimeoutEnabled). It does not change
+// whether decisions fall back (see Down).
+func (r *Redis) Ping(ctx context.Context) error {
 	if c, ok := r.client.(*redis.ClusterClient); ok {
 		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
 			return m.Ping(ctx).Err()

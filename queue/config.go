@@ -22,6 +22,22 @@ const (
 	DefaultReplicas        = 1
 	DefaultDuplicateWindow = 2 * time.Minute
 	DefaultIdempotencyTTL  = 24 * time.Hour
+	// DefaultMaxBody is the largest request body a queue stores unless its MaxBody
+	// says otherwise: NATS's default max payload.
+	DefaultMaxBody = 1 << 20
+	// MaxMaxBody is the most MaxBody may be: NATS advises against larger messages, and
+	// every byte of a body is held in memory while it is parked and delivered.
+	MaxMaxBody = 8 << 20
+	// DefaultDeadLetterMaxAge is how long dead letters are kept unless DeadLetterMaxAge
+	// says otherwise.
+	DefaultDeadLetterMaxAge = 14 * 24 * time.Hour
+)
+
+// Idempotency key caps (see Config.MaxIdempotencyKeys).
+const (
+	DefaultMaxIdempotencyKeys = 10_000
+	// MaxIdempotencyKeysLimit is the largest MaxIdempotencyKeys accepted.
+	MaxIdempotencyKeysLimit = 10_000_000
 )
 
 // Backoff configures the retry delay after failed delivery attempts: exponential from
@@ -70,9 +86,24 @@ type Config struct {
 	// used, and how long a ticket's status record is kept after its last change
 	// (default 24h). It must be at least MaxAge so that a key outlives its message.
 	IdempotencyTTL time.Duration
-	// SensitiveHeaders are request header names that are never stored or forwarded,
-	// in addition to the hop-by-hop headers.
-	SensitiveHeaders []string
+	// MaxBody is the largest request body the queue stores, in bytes (default 1 MiB,
+	// at most 8 MiB). The ingress answers 413 to a larger one without reading it. A
+	// NATS server whose max payload cannot hold it lowers it (see Store.BodyLimit).
+	MaxBody int64
+	// DropHeaders are request header names that are never stored, so never delivered
+	// either (beside the hop-by-hop headers, which never are): credentials the
+	// downstream does not need, for example.
+	DropHeaders []string
+	// DeadLetterMaxAge is how long a dead letter of this queue is kept before JetStream
+	// deletes it (default 14 days; a per-message TTL, so each queue keeps its own).
+	DeadLetterMaxAge time.Duration
+	// ResultHeaders are downstream response headers kept in a ticket's result (and shown
+	// by its monitor) besides DefaultResultHeaders. Set-Cookie is refused.
+	ResultHeaders []string
+	// MaxIdempotencyKeys caps the idempotency keys one client scope may record in this
+	// queue within IdempotencyTTL (default 10,000); past it Park fails with
+	// ErrTooManyKeys.
+	MaxIdempotencyKeys int
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -109,68 +140,109 @@ func (c Config) WithDefaults() Config {
 	if c.IdempotencyTTL == 0 {
 		c.IdempotencyTTL = max(DefaultIdempotencyTTL, c.MaxAge)
 	}
+	if c.MaxIdempotencyKeys == 0 {
+		c.MaxIdempotencyKeys = DefaultMaxIdempotencyKeys
+	}
+	if c.MaxBody == 0 {
+		c.MaxBody = DefaultMaxBody
+	}
+	if c.DeadLetterMaxAge == 0 {
+		c.DeadLetterMaxAge = DefaultDeadLetterMaxAge
+	}
 	return c
 }
 
+// ConfigError is one problem of a Config. errors.Is(err, ErrInvalidConfig) holds for it.
+type ConfigError struct {
+	Queue string
+	// Field is the setting at fault, named as in a rules file: max_bytes,
+	// drop_headers, backoff…
+	Field   string
+	Problem string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("%v: queue %q: %s", ErrInvalidConfig, e.Queue, e.Problem)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
 // Validate reports every problem of the configuration (after defaults) at once, joined
-// with errors.Join; each wraps ErrInvalidConfig.
+// with errors.Join; each is a *ConfigError. The rules package validates its queues
+// with it, so a rules file and a library caller get the same answers.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: queue %q: %s", ErrInvalidConfig, c.Name, fmt.Sprintf(format, args...)))
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &ConfigError{Queue: c.Name, Field: field, Problem: fmt.Sprintf(format, args...)})
 	}
 	if !nameRE.MatchString(c.Name) {
-		bad("name must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'")
+		bad("name", "name must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'")
 	}
 	if !c.Outflow.Valid() {
-		bad("outflow rate must be positive, for example 50/s")
+		bad("outflow", "outflow rate must be positive, for example 50/s")
 	} else if c.Outflow.PerSecondFloat() > 1e6 {
-		bad("outflow rate %s is above 1,000,000/s", c.Outflow)
+		bad("outflow", "outflow rate %s is above 1,000,000/s", c.Outflow)
 	}
 	if c.MaxBytes < 0 {
-		bad("max_bytes must not be negative")
+		bad("max_bytes", "max_bytes must not be negative")
 	}
 	if c.MaxAge < 0 {
-		bad("max_age must not be negative")
+		bad("max_age", "max_age must not be negative")
 	}
 	if c.MaxAttempts < 1 {
-		bad("max_attempts must be at least 1")
+		bad("max_attempts", "max_attempts must be at least 1")
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > math.MaxInt32 {
-		bad("max_in_flight must be at least 1")
+		bad("max_in_flight", "max_in_flight must be at least 1")
 	}
 	if c.Backoff.Initial <= 0 {
-		bad("backoff initial must be positive")
+		bad("backoff", "backoff initial must be positive")
 	}
 	if c.Backoff.Max < c.Backoff.Initial {
-		bad("backoff max (%s) is below its initial delay (%s)", c.Backoff.Max, c.Backoff.Initial)
+		bad("backoff", "backoff max (%s) is shorter than initial (%s)", c.Backoff.Max, c.Backoff.Initial)
 	}
 	if c.Replicas < 1 || c.Replicas > 5 {
-		bad("replicas must be between 1 and 5")
+		bad("replicas", "replicas must be between 1 and 5")
 	}
 	if c.DuplicateWindow < 0 {
-		bad("duplicate window must not be negative")
+		bad("duplicate_window", "duplicate window must not be negative")
 	}
 	if c.MaxAge > 0 && c.DuplicateWindow > c.MaxAge {
-		bad("duplicate window (%s) is longer than max_age (%s)", c.DuplicateWindow, c.MaxAge)
+		bad("duplicate_window", "duplicate window (%s) is longer than max_age (%s)", c.DuplicateWindow, c.MaxAge)
 	}
 	if c.IdempotencyTTL < time.Second {
-		bad("idempotency TTL must be at least 1s")
+		bad("idempotency_ttl", "idempotency TTL must be at least 1s")
 	}
 	if c.MaxAge > 0 && c.IdempotencyTTL < c.MaxAge {
-		bad("idempotency TTL (%s) is shorter than max_age (%s): a key would be forgotten while its message still waits", c.IdempotencyTTL, c.MaxAge)
+		bad("idempotency_ttl", "idempotency TTL (%s) is shorter than max_age (%s): a key would be forgotten while its message still waits", c.IdempotencyTTL, c.MaxAge)
 	}
 	if c.IdempotencyTTL < c.Backoff.Max {
-		bad("idempotency TTL (%s) is shorter than the backoff max (%s)", c.IdempotencyTTL, c.Backoff.Max)
+		bad("idempotency_ttl", "idempotency TTL (%s) is shorter than the backoff max (%s)", c.IdempotencyTTL, c.Backoff.Max)
 	}
 	if err := validateDownstream(c.Downstream); err != nil {
-		bad("downstream: %v", err)
+		bad("downstream", "downstream: %v", err)
 	}
-	for _, h := range c.SensitiveHeaders {
-		if h == "" || strings.ContainsAny(h, " :\t\r\n") {
-			bad("sensitive header %q is not a header name", h)
+	if c.MaxBody < 1 || c.MaxBody > MaxMaxBody {
+		bad("max_body", "max_body must be between 1 byte and 8MiB, got %d bytes", c.MaxBody)
+	}
+	for _, h := range c.DropHeaders {
+		if !validHeaderName(h) {
+			bad("drop_headers", "drop_headers: %q is not a header name", h)
 		}
+	}
+	for _, h := range c.ResultHeaders {
+		if err := CheckResultHeader(h); err != nil {
+			bad("result_headers", "result_headers: %v", err)
+		}
+	}
+	if c.MaxIdempotencyKeys < 1 || c.MaxIdempotencyKeys > MaxIdempotencyKeysLimit {
+		bad("max_idempotency_keys", "max_idempotency_keys must be between 1 and %d", MaxIdempotencyKeysLimit)
+	}
+	// JetStream's per-message TTLs count whole seconds.
+	if c.DeadLetterMaxAge < time.Second {
+		bad("dead_letter_max_age", "dead_letter_max_age must be at least 1s, got %s", c.DeadLetterMaxAge)
 	}
 	return errors.Join(errs...)
 }

@@ -25,14 +25,20 @@ type DeadLetter struct {
 // DeadLetter copies m to the dead-letter stream and waits for the acknowledgement. The
 // dispatcher calls it before it terminates the message in the queue; a repeat for the
 // same queued message (after a crash in between) is dropped by the duplicate window.
+// The dead letter expires after its queue's DeadLetterMaxAge (the default when the
+// queue is not declared on s).
 func (s *Store) DeadLetter(ctx context.Context, m *Message, attempts int, reason string) error {
+	ttl := DefaultDeadLetterMaxAge
+	if q, err := s.Queue(m.Queue); err == nil {
+		ttl = q.Config().DeadLetterMaxAge
+	}
 	msg := m.encode(deadSubjectFor(m.Queue, m.Ticket))
 	msg.Header.Set(HeaderMsgID, "dead."+m.Ticket+"."+strconv.FormatUint(m.Seq, 10))
 	msg.Header.Set(HeaderDeadReason, oneLine(reason))
 	msg.Header.Set(HeaderDeadAttempts, strconv.Itoa(attempts))
 	msg.Header.Set(HeaderDeadAt, time.Now().UTC().Format(time.RFC3339Nano))
 	msg.Header.Set(HeaderDeadSeq, strconv.FormatUint(m.Seq, 10))
-	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(DeadStream)); err != nil {
+	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(DeadStream), jetstream.WithMsgTTL(ttl)); err != nil {
 		return unavailable("dead letter", err)
 	}
 	return nil
@@ -88,6 +94,9 @@ func (s *Store) eachDead(ctx context.Context, queue string, fn func(DeadLetter) 
 // requeue.{ticket}.{dead-letter seq}, so a repeated requeue after a crash is a
 // duplicate), then the dead letter is deleted.
 //
+// Signatures are kept: a genuine order verifies again, a forged one (see Verify) stays
+// forged, and its ticket's record is left alone.
+//
 // The queue need not be declared on this store (a tool such as `sluice dlq` knows no
 // rules): its stream must exist, and records then get the default lifetime.
 func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (int, error) {
@@ -125,8 +134,13 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 			Status:     StatusQueued,
 			ReceivedAt: m.ReceivedAt,
 		}
-		if err := s.SaveRecord(ctx, rec); err != nil {
-			return moved, err
+		// A forged one goes back as it is (and is dead-lettered again), without
+		// touching the record of the ticket it names, which may be a genuine order's.
+		forged := s.Verify(m) != nil
+		if !forged {
+			if err := s.SaveRecord(ctx, rec); err != nil {
+				return moved, err
+			}
 		}
 		m.Queue = queue
 		msg := m.encode(subjectFor(queue, m.Ticket))
@@ -134,10 +148,12 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 		if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(StreamName(queue))); err != nil {
 			// The message is still a dead letter: say so again (best effort; the
 			// context may be what failed).
-			rec.Status, rec.Attempts, rec.LastError = StatusDead, dl.Attempts, dl.Reason
-			restoreCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = s.SaveRecord(restoreCtx, rec)
-			cancel()
+			if !forged {
+				rec.Status, rec.Attempts, rec.LastError = StatusDead, dl.Attempts, dl.Reason
+				restoreCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_ = s.SaveRecord(restoreCtx, rec)
+				cancel()
+			}
 			if q == nil {
 				var apiErr *jetstream.APIError
 				if errors.As(err, &apiErr) && isFull(apiErr) {

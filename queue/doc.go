@@ -10,10 +10,15 @@
 //	                              trimmed), duplicate window, replicas from Config
 //	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher)
 //	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
-//	                              (limits retention: listed, re-queued, purged on demand)
+//	                              (limits retention: listed, re-queued, purged on demand;
+//	                              each expires after its queue's DeadLetterMaxAge, a
+//	                              per-message TTL)
 //	kv      sluice_tickets        ticket → Record (status, attempts, result); per-key TTL
 //	kv      sluice_idempotency    {client hash}.{key hash} → ticket and payload fingerprint;
-//	                              create-if-absent, per-key TTL
+//	                              create-if-absent after the order is stored; byte cap
+//	stream  SLUICE_KEYS_{queue}   one slot per accepted key on sluice.keys.{queue}.{client
+//	                              hash}, MaxIdempotencyKeys per subject (discard-new per
+//	                              subject), per-message TTL IdempotencyTTL
 //	subject sluice.done.{queue}   Event per order that reached done or failed
 //	subject sluice.dead.{queue}   Event per dead-lettered order
 //
@@ -33,11 +38,21 @@
 // whose acknowledgement was lost): the client then retries, and with an Idempotency-Key
 // the retry maps to the stored message.
 //
-// Lifetimes: an idempotency key is remembered for the queue's IdempotencyTTL (default
-// 24h, at least MaxAge) from its first use; a ticket record for IdempotencyTTL after its
-// last change. A message waits in the queue until it is delivered; with MaxAge set, a
+// Lifetimes: an idempotency key is remembered from its order's acceptance until the
+// order is final, then for the queue's IdempotencyTTL (default 24h, at least MaxAge;
+// see Store.KeepKey); a ticket record for IdempotencyTTL after its last change. A message waits in the queue until it is delivered; with MaxAge set, a
 // dispatcher dead-letters the messages older than that instead of delivering them (the
 // stream itself has no age limit, which would delete them unseen).
+//
+// # Signatures
+//
+// Every parked message carries an HMAC-SHA256 (HeaderSignature) by the Store's signing
+// key (WithSigningKey) over everything that decides its delivery; ticket and
+// idempotency records are stored sealed with the same key. Store.Verify tells a genuine
+// message from a forged one (ErrForged); records that do not verify are treated as
+// absent. Whoever can publish on sluice.q.> or write the buckets without the key can
+// therefore have nothing delivered and no genuine order skipped. (They can still delete
+// or purge; NATS permissions guard that.)
 //
 // Tickets are 128-bit random values; knowing one is what lets a caller read its status
 // (the ingress does not scope status reads by client).

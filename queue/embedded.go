@@ -2,10 +2,13 @@ package queue
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -13,13 +16,37 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// Errors of StartEmbedded that callers branch on.
+var (
+	// ErrUnauthenticated: a listener was asked for without a token or verified TLS
+	// client certificates. Whoever reaches an open listener reads, forges and erases
+	// parked orders, so there is none.
+	ErrUnauthenticated = errors.New("queue: a NATS listener needs a token or TLS client certificates")
+	// ErrEncryptionKey: the data directory is encrypted at rest and no key, or not
+	// the key it was written with, was given.
+	ErrEncryptionKey = errors.New("queue: the encryption key of the data directory is missing or wrong")
+)
+
 // EmbeddedConfig configures the in-process NATS server of `sluice serve`.
 type EmbeddedConfig struct {
 	// DataDir is where JetStream keeps its files (required).
 	DataDir string
 	// Listen is a host:port for NATS clients, for example "127.0.0.1:4222". Empty: no
-	// listener at all; only in-process connections (Connect) reach the server.
+	// listener at all; only in-process connections (Connect) reach the server. A
+	// listener requires Token, or TLS that verifies client certificates.
 	Listen string
+	// Token, when set, is required from every client, in-process ones too (Connect
+	// gives it).
+	Token string
+	// TLS, when set, is the listener's TLS: clients must use it. With ClientAuth
+	// tls.RequireAndVerifyClientCert (and ClientCAs) a client certificate is the
+	// client's credential. In-process connections do not use TLS.
+	TLS *tls.Config
+	// EncryptionKey, when set, encrypts the JetStream store at rest with the server's
+	// own cipher (ChaCha20-Poly1305; keys derived from it per stream). A directory
+	// written in clear is encrypted when opened with a key; one written with a key
+	// cannot be opened without it (ErrEncryptionKey).
+	EncryptionKey string
 	// ServerName names the server (default "sluice").
 	ServerName string
 	// MaxPayload is the largest message (headers and body) accepted, in bytes
@@ -41,7 +68,8 @@ type EmbeddedConfig struct {
 // to fall back on, so an acknowledged message survives a crash of the process or the
 // machine.
 type Embedded struct {
-	srv *server.Server
+	srv   *server.Server
+	token string
 }
 
 // StartEmbedded starts the server and waits until it accepts connections.
@@ -49,16 +77,33 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("queue: embedded NATS needs a data directory")
 	}
+	if cfg.Listen != "" && cfg.Token == "" && (cfg.TLS == nil || cfg.TLS.ClientAuth != tls.RequireAndVerifyClientCert) {
+		return nil, ErrUnauthenticated
+	}
+	// nats-server skips a stream it cannot decrypt and starts without it; sluice would
+	// then declare the queue again, empty, over the old files. So a key that is
+	// missing is found before the start, and a wrong one by counting what loaded.
+	stored, encrypted := storedStreams(cfg.DataDir)
+	if cfg.EncryptionKey == "" && encrypted > 0 {
+		return nil, fmt.Errorf("%w: %d of its %d streams are encrypted at rest, and no key was given", ErrEncryptionKey, encrypted, stored)
+	}
 	opts := &server.Options{
-		ServerName:   cfg.ServerName,
-		JetStream:    true,
-		StoreDir:     cfg.DataDir,
-		SyncAlways:   true,
-		SyncInterval: 2 * time.Minute,
-		NoSigs:       true,
-		NoLog:        cfg.Logger == nil,
-		MaxPayload:   cfg.MaxPayload,
-		Debug:        cfg.Debug,
+		ServerName:      cfg.ServerName,
+		JetStream:       true,
+		StoreDir:        cfg.DataDir,
+		SyncAlways:      true,
+		SyncInterval:    2 * time.Minute,
+		NoSigs:          true,
+		NoLog:           cfg.Logger == nil,
+		MaxPayload:      cfg.MaxPayload,
+		Debug:           cfg.Debug,
+		Authorization:   cfg.Token,
+		JetStreamKey:    cfg.EncryptionKey,
+		JetStreamCipher: server.ChaCha,
+	}
+	if cfg.TLS != nil {
+		opts.TLS, opts.TLSConfig = true, cfg.TLS
+		opts.TLSVerify = cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert
 	}
 	if opts.ServerName == "" {
 		opts.ServerName = "sluice"
@@ -104,7 +149,29 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		srv.WaitForShutdown()
 		return nil, errors.New("queue: embedded NATS started without JetStream")
 	}
-	return &Embedded{srv: srv}, nil
+	if loaded := srv.GlobalAccount().JetStreamUsage().Streams; loaded < stored {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		if encrypted > 0 {
+			return nil, fmt.Errorf("%w: %d of its %d streams do not open with the key given", ErrEncryptionKey, stored-loaded, stored)
+		}
+		return nil, fmt.Errorf("queue: embedded NATS opened %d of the %d streams in %s; refusing to start without the others", loaded, stored, cfg.DataDir)
+	}
+	return &Embedded{srv: srv, token: cfg.Token}, nil
+}
+
+// storedStreams counts the streams of the global account in dir, and those of them
+// that are encrypted (nats-server keeps an encrypted stream's key in meta.key beside
+// its meta.inf).
+func storedStreams(dir string) (stored, encrypted int) {
+	metas, _ := filepath.Glob(filepath.Join(dir, "jetstream", server.DEFAULT_GLOBAL_ACCOUNT, "streams", "*", "meta.inf"))
+	for _, m := range metas {
+		stored++
+		if _, err := os.Stat(filepath.Join(filepath.Dir(m), "meta.key")); err == nil {
+			encrypted++
+		}
+	}
+	return stored, encrypted
 }
 
 // Server returns the underlying nats-server.
@@ -121,12 +188,16 @@ func (e *Embedded) ClientURL() string {
 // Connect opens an in-process connection (no TCP), whether or not the server listens.
 // It reconnects forever and does not buffer publishes while disconnected (see Store).
 func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
-	all := append([]nats.Option{
+	all := []nats.Option{
 		nats.InProcessServer(e.srv),
 		nats.Name("sluice"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectBufSize(-1),
-	}, opts...)
+	}
+	if e.token != "" {
+		all = append(all, nats.Token(e.token))
+	}
+	all = append(all, opts...)
 	return nats.Connect("", all...)
 }
 

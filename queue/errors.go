@@ -42,7 +42,35 @@ var (
 	ErrDeclared = errors.New("queue: the queue is declared by the rules")
 	// ErrNotEmpty: Retire was asked for a queue that still holds orders or dead letters.
 	ErrNotEmpty = errors.New("queue: the queue still holds orders")
+	// ErrTooManyKeys: the client scope has MaxIdempotencyKeys keys accepted in the
+	// queue within IdempotencyTTL (ingress: 429). The error is a *KeyLimitError.
+	ErrTooManyKeys = errors.New("queue: too many idempotency keys for this client")
+	// ErrKeyStoreFull: the idempotency bucket is at its byte cap; nothing was accepted
+	// (ingress: 503). It matches ErrUnavailable too.
+	ErrKeyStoreFull = fmt.Errorf("%w: the idempotency key store is full", ErrUnavailable)
+	// ErrForged: a parked message or a stored record does not carry this store's
+	// signature (written by someone without the signing key, altered, or signed with
+	// another key). It must not be acted on.
+	ErrForged = errors.New("queue: forged")
 )
+
+// KeyLimitError is returned (wrapped) when a client scope has used up its idempotency
+// keys in a queue. errors.Is(err, ErrTooManyKeys) holds for it.
+type KeyLimitError struct {
+	Queue string
+	// Limit is the queue's MaxIdempotencyKeys.
+	Limit int
+	// RetryAfter is when the client's oldest key slot expires.
+	RetryAfter time.Duration
+}
+
+func (e *KeyLimitError) Error() string {
+	return fmt.Sprintf("queue %q: this client has %d idempotency keys within the idempotency TTL, the most allowed; retry after %s",
+		e.Queue, e.Limit, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrTooManyKeys) true.
+func (e *KeyLimitError) Is(target error) bool { return target == ErrTooManyKeys }
 
 // FullError is returned (wrapped) when a queue refuses a message because it is full.
 // errors.Is(err, ErrFull) holds for it.
@@ -62,11 +90,16 @@ func (e *FullError) Error() string {
 // Is makes errors.Is(err, ErrFull) true.
 func (e *FullError) Is(target error) bool { return target == ErrFull }
 
-// RetryAfter returns the suggested retry delay of a *FullError in err's chain, or 0.
+// RetryAfter returns the suggested retry delay of a *FullError or *KeyLimitError in
+// err's chain, or 0.
 func RetryAfter(err error) time.Duration {
 	var fe *FullError
 	if errors.As(err, &fe) {
 		return fe.RetryAfter
+	}
+	var ke *KeyLimitError
+	if errors.As(err, &ke) {
+		return ke.RetryAfter
 	}
 	return 0
 }

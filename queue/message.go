@@ -19,7 +19,8 @@ import (
 // NATS header names of a parked message. The message data is the request body; the
 // request line, the metadata and the kept request headers travel as NATS headers:
 //
-//	Nats-Msg-Id             the ticket (JetStream's duplicate window dedupes republishes)
+//	Nats-Msg-Id             the ticket, or "k."+scoped key for an order with an idempotency
+//	                        key (JetStream's duplicate window dedupes republishes)
 //	Sluice-Ticket           the ticket
 //	Sluice-Queue            queue name
 //	Sluice-Rule             name of the rule that deferred the request
@@ -30,12 +31,14 @@ import (
 //	Sluice-Client           hash of the client key (never a raw key or IP)
 //	Sluice-Idempotency-Key  the client's Idempotency-Key, if any
 //	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
+//	Sluice-Signature        HMAC of all the above, the headers and the body (see Store.Verify)
 //	Sluice-H-{Name}         each kept request header, canonical name, every value
 //
 // Headers not kept: hop-by-hop headers (Connection and those it names, Keep-Alive,
 // Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE, Trailer,
-// Transfer-Encoding, Upgrade), Host, Content-Length, Expect, Idempotency-Key (delivery
-// sends the ticket instead) and the queue's SensitiveHeaders.
+// Transfer-Encoding, Upgrade), Host, Content-Length, Expect and the queue's
+// DropHeaders. The client's Idempotency-Key is kept as sent (Sluice-H-Idempotency-Key),
+// so a delivery carries the same key as a proxied request of the same order.
 const (
 	HeaderMsgID          = jetstream.MsgIDHeader
 	HeaderTicket         = "Sluice-Ticket"
@@ -89,11 +92,15 @@ type Message struct {
 	Ticket string
 	// Fingerprint is the payload fingerprint used for idempotency (see Fingerprint).
 	Fingerprint string
+	// Signature is the value of HeaderSignature: set by Park, kept as it is by dead
+	// letters and re-queueing, checked by Store.Verify.
+	Signature string
 
 	// Set when the message is read back from JetStream.
 	Seq       uint64    // stream sequence
 	Delivered uint64    // JetStream delivery count (counts pauses and crash redeliveries too)
 	StoredAt  time.Time // when JetStream stored it
+	subject   string    // where it was read from
 }
 
 var ticketEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
@@ -143,19 +150,19 @@ func Fingerprint(r *Request) string {
 var hopByHop = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-	"Host", "Content-Length", "Expect", "Idempotency-Key",
+	"Host", "Content-Length", "Expect",
 }
 
 // KeptHeader returns a copy of h without the headers that are never stored: hop-by-hop
-// headers (including those named in Connection), Host, Content-Length, Expect,
-// Idempotency-Key and the given sensitive ones. Values with CR or LF are dropped.
-func KeptHeader(h http.Header, sensitive []string) http.Header {
+// headers (including those named in Connection), Host, Content-Length, Expect and the
+// names in dropHeaders (a queue's DropHeaders). Values with CR or LF are dropped.
+func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 	out := make(http.Header, len(h))
-	drop := make(map[string]bool, len(hopByHop)+len(sensitive))
+	drop := make(map[string]bool, len(hopByHop)+len(dropHeaders))
 	for _, k := range hopByHop {
 		drop[k] = true
 	}
-	for _, k := range sensitive {
+	for _, k := range dropHeaders {
 		drop[textproto.CanonicalMIMEHeaderKey(k)] = true
 	}
 	for _, v := range h.Values("Connection") {
@@ -228,6 +235,7 @@ func (m *Message) encode(subject string) *nats.Msg {
 	setIf(h, HeaderClient, m.Client)
 	setIf(h, HeaderIdempotencyKey, m.IdempotencyKey)
 	h.Set(HeaderFingerprint, m.Fingerprint)
+	setIf(h, HeaderSignature, m.Signature)
 	for k, vs := range m.Header {
 		for _, v := range vs {
 			h.Add(HeaderPrefix+k, v)
@@ -248,6 +256,7 @@ func Decode(jm jetstream.Msg) (*Message, error) {
 	if err != nil {
 		return nil, err
 	}
+	m.subject = jm.Subject()
 	if md, err := jm.Metadata(); err == nil {
 		m.Seq = md.Sequence.Stream
 		m.Delivered = md.NumDelivered
@@ -263,6 +272,7 @@ func decodeRaw(rm *jetstream.RawStreamMsg) (*Message, error) {
 	}
 	m.Seq = rm.Sequence
 	m.StoredAt = rm.Time
+	m.subject = rm.Subject
 	return m, nil
 }
 
@@ -270,6 +280,7 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 	m := &Message{
 		Ticket:      h.Get(HeaderTicket),
 		Fingerprint: h.Get(HeaderFingerprint),
+		Signature:   h.Get(HeaderSignature),
 		Request: Request{
 			Queue:          h.Get(HeaderQueue),
 			Rule:           h.Get(HeaderRule),
@@ -301,9 +312,11 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 }
 
 // Headers returns the metadata headers of m, as published to nats:SUBJECT downstreams
-// (without Nats-Msg-Id; the publisher sets its own).
+// (without Nats-Msg-Id, which the publisher sets, and without the signature, which only
+// sluice can check).
 func (m *Message) Headers() nats.Header {
 	msg := m.encode("_")
 	msg.Header.Del(HeaderMsgID)
+	msg.Header.Del(HeaderSignature)
 	return msg.Header
 }

@@ -36,7 +36,7 @@ func TestOrphanAdoptedAndRetired(t *testing.T) {
 
 	// The "restart": a new store whose rules declare only "new".
 	reg := prometheus.NewRegistry()
-	s, err := queue.Open(ctx, srv.Conn, queue.WithRegisterer(reg))
+	s, err := queue.Open(ctx, srv.Conn, queue.WithRegisterer(reg), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}

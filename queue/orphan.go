@@ -83,7 +83,7 @@ func (s *Store) AdoptOrphans(ctx context.Context, declared []string) ([]Orphan, 
 		} else if stream, err := s.js.Stream(ctx, info.Config.Name); err != nil {
 			return nil, unavailable("stream of "+name, err)
 		} else {
-			o.Queue = s.add(cfg, stream, true)
+			o.Queue = s.add(cfg, stream, nil, true)
 		}
 		orphans = append(orphans, o)
 	}
@@ -152,8 +152,10 @@ func (s *Store) Retire(ctx context.Context, name string, drop bool) (uint64, err
 			return 0, err
 		}
 	}
-	if err := s.js.DeleteStream(ctx, StreamName(name)); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return 0, unavailable("delete stream of "+name, err)
+	for _, stream := range []string{StreamName(name), KeyStreamName(name)} {
+		if err := s.js.DeleteStream(ctx, stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return 0, unavailable("delete stream "+stream, err)
+		}
 	}
 	if q != nil {
 		s.forget(q)

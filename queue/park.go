@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -18,13 +17,17 @@ import (
 type Receipt struct {
 	Ticket string
 	Queue  string
+	// Status is the order's status: StatusQueued for a new order; for a repeat, what the
+	// earlier order has reached (done, failed, dead…), or "" when that is no longer
+	// known (its record expired).
+	Status Status
 	// Position estimates the number of queued messages up to and including this one
 	// (0 once delivery has started).
 	Position uint64
 	// EstimatedDelivery estimates when delivery starts, from the position and the
 	// queue's outflow rate.
 	EstimatedDelivery time.Time
-	// Duplicate is true when the request repeated an earlier one (same client,
+	// Duplicate is true when the request repeated an earlier one (same client scope,
 	// idempotency key and payload); Ticket is then the earlier ticket.
 	Duplicate bool
 }
@@ -37,37 +40,63 @@ type idemRecord struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-// idemKey is the bucket key of a client's idempotency key:
-// {sha256(client)[:16 bytes]}.{sha256(key)}, both hex. Neither the client identity nor
-// the key itself appear in NATS.
-func idemKey(client, key string) string {
+// idemKind names idempotency records in their signatures (see Store.seal).
+const idemKind = "idempotency"
+
+// scopeToken is a client scope as one subject token: hex of sha256(client)[:16].
+func scopeToken(client string) string {
 	c := sha256.Sum256([]byte(client))
-	k := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(c[:16]) + "." + hex.EncodeToString(k[:])
+	return hex.EncodeToString(c[:16])
 }
+
+// idemKey is the bucket key of a client's idempotency key: {scopeToken(client)}.
+// {sha256(key)}, both hex. Neither the client scope nor the key itself appear in NATS.
+func idemKey(client, key string) string {
+	k := sha256.Sum256([]byte(key))
+	return scopeToken(client) + "." + hex.EncodeToString(k[:])
+}
+
+// keyMsgID is the Nats-Msg-Id of an order with an idempotency key (and of its key
+// slot): the stream's duplicate window then stores one order per key, however many
+// requests race or retry.
+func keyMsgID(key string) string { return "k." + key }
+
+// keyReserve is the share of the idempotency bucket's bytes that new keys may fill; the
+// rest is kept for the dispatchers' refreshes of existing keys (see Store.KeepKey).
+const keyReserve = 0.9
 
 // Park stores req in its queue and returns once JetStream has acknowledged it (the
 // message is on disk — on every replica of an R3 stream — before Park returns a
 // receipt). Errors: ErrUnknownQueue, ErrInvalidRequest, ErrFull (a *FullError with a
-// retry delay), ErrUnavailable, ErrIdempotencyConflict, ErrTooLarge.
+// retry delay), ErrUnavailable, ErrKeyStoreFull, ErrTooManyKeys (a *KeyLimitError),
+// ErrIdempotencyConflict, ErrTooLarge. After an error nothing was accepted and no key
+// recorded: the same key works again.
 //
-// Idempotency (req.IdempotencyKey set). The key is scoped by req.Client and kept for the
-// queue's IdempotencyTTL. The order of writes makes every crash safe:
+// Idempotency (req.IdempotencyKey set). The key K is scoped by req.Client (see idemKey)
+// and recorded only for an accepted order:
 //
-//  1. create-if-absent of the key in IdempotencyBucket with a fresh ticket and the
-//     payload fingerprint. If the key exists: a different fingerprint is
-//     ErrIdempotencyConflict; the same fingerprint reuses the stored ticket.
-//  2. for a reused ticket, is the message known? The ticket record exists with a status
-//     past queued (the dispatcher writes it before it acknowledges the message), or the
-//     message is still in the queue's stream. Then the earlier ticket is returned and
-//     nothing is published.
-//  3. otherwise publish with Nats-Msg-Id = ticket and wait for the PubAck.
+//  1. K recorded already: a different payload fingerprint is ErrIdempotencyConflict;
+//     the same one gets the earlier ticket and its status. Nothing is published.
+//  2. the bucket is within keyReserve of its byte cap (else ErrKeyStoreFull), and a
+//     slot is taken for K in the queue's key stream, on the client's subject, whose
+//     per-subject limit is MaxIdempotencyKeys (discard-new: ErrTooManyKeys). Slots
+//     expire after IdempotencyTTL, so the cap counts the keys accepted within it.
+//  3. publish with Nats-Msg-Id = "k."+K and wait for the PubAck. Refused (full queue,
+//     too large…): the slot is deleted and the error returned. A duplicate PubAck
+//     (a concurrent or retried request with K, within the duplicate window): the
+//     stored message at the acked sequence gives the ticket and fingerprint.
+//  4. create-if-absent of K with the ticket and fingerprint, without a TTL: a key
+//     lives until its order is final, then the dispatcher gives it IdempotencyTTL
+//     (KeepKey). If K cannot be recorded, the message and slot are deleted and
+//     ErrUnavailable (or ErrKeyStoreFull) returned.
 //
-// A crash between 1 and 3 leaves a key whose message does not exist. The client got no
-// receipt; its retry finds the key, sees no message at step 2 and publishes it with the
-// stored ticket. Two concurrent requests with one key both publish with the same
-// Nats-Msg-Id; the stream's duplicate window keeps one message and both get the same
-// ticket. A message that expired by max_age is published again on a retry.
+// Crash safety. A crash before 3 leaves at most a slot (freed by its TTL) and no order.
+// A crash between 3 and 4 leaves an order without a key and a client without a receipt:
+// its retry within the duplicate window is a duplicate PubAck and records K with the
+// stored ticket (or, once the order was delivered and its message gone, finds K, which
+// the dispatcher records when the order becomes final, before it acknowledges the
+// message); a retry after the window and after delivery is a new order, which the
+// downstream still recognises: it carries the client's own Idempotency-Key.
 func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	if err := req.validate(); err != nil {
 		return Receipt{}, err
@@ -78,110 +107,326 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	}
 	cfg := q.Config()
 	m := &Message{Request: *req}
-	m.Header = KeptHeader(req.Header, cfg.SensitiveHeaders)
+	m.Header = KeptHeader(req.Header, cfg.DropHeaders)
 	if m.ReceivedAt.IsZero() {
 		m.ReceivedAt = time.Now()
 	}
 	m.Fingerprint = Fingerprint(&m.Request)
+	m.Ticket = NewTicket()
 
 	if !s.connected() {
 		return Receipt{}, fmt.Errorf("%w: not connected to NATS", ErrUnavailable)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.publishTimeout)
 	defer cancel()
-
-	duplicate := false
-	if req.IdempotencyKey == "" {
-		m.Ticket = NewTicket()
-	} else {
-		ticket, existing, err := s.claimKey(ctx, q, m)
-		if err != nil {
-			return Receipt{}, err
-		}
-		m.Ticket = ticket
-		if existing {
-			rc, ok, err := s.knownReceipt(ctx, q, ticket)
-			if err != nil {
-				return Receipt{}, err
-			}
-			if ok {
-				return rc, nil
-			}
-			duplicate = true // known key, message missing: publish it (see above)
-		}
+	if req.IdempotencyKey != "" {
+		return s.parkKeyed(ctx, q, m)
 	}
-
-	ack, err := s.js.PublishMsg(ctx, m.encode(q.subject(m.Ticket)), jetstream.WithExpectStream(q.StreamName()))
+	ack, err := s.publish(ctx, q, m, m.Ticket)
 	if err != nil {
-		return Receipt{}, s.publishError(ctx, q, err)
+		return Receipt{}, err
+	}
+	return q.receipt(ctx, m.Ticket, ack.Sequence, ack.Duplicate), nil
+}
+
+func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string) (*jetstream.PubAck, error) {
+	s.sign(m)
+	msg := m.encode(q.subject(m.Ticket))
+	msg.Header.Set(HeaderMsgID, msgID)
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(q.StreamName()))
+	if err != nil {
+		return nil, s.publishError(ctx, q, err)
 	}
 	if !ack.Duplicate {
 		s.metrics.parked.WithLabelValues(q.name).Inc()
 	}
-	now := time.Now()
-	pos := q.position(ctx, ack.Sequence)
-	return Receipt{
-		Ticket:            m.Ticket,
-		Queue:             q.name,
-		Position:          pos,
-		EstimatedDelivery: q.eta(now, pos),
-		Duplicate:         duplicate || ack.Duplicate,
-	}, nil
+	return ack, nil
 }
 
-// claimKey implements step 1 of Park's idempotency: it returns the ticket for the key
-// and whether the key existed before.
-func (s *Store) claimKey(ctx context.Context, q *Queue, m *Message) (string, bool, error) {
+func (q *Queue) receipt(ctx context.Context, ticket string, seq uint64, duplicate bool) Receipt {
+	pos := q.position(ctx, seq)
+	return Receipt{Ticket: ticket, Queue: q.name, Status: StatusQueued, Position: pos,
+		EstimatedDelivery: q.eta(time.Now(), pos), Duplicate: duplicate}
+}
+
+// parkKeyed is Park for a request with an idempotency key (steps 1 to 4).
+func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, error) {
 	key := idemKey(m.Client, m.IdempotencyKey)
-	cfg := q.Config()
-	for range 3 {
-		rec := idemRecord{Ticket: NewTicket(), Fingerprint: m.Fingerprint, Queue: q.name, CreatedAt: time.Now().UTC()}
-		val, _ := json.Marshal(rec)
-		_, err := s.idem.Create(ctx, key, val, jetstream.KeyTTL(cfg.IdempotencyTTL))
-		if err == nil {
-			return rec.Ticket, false, nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return "", false, unavailable("idempotency key", err)
-		}
-		entry, err := s.idem.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue // expired or removed between the two calls
-		}
-		if err != nil {
-			return "", false, unavailable("idempotency key", err)
-		}
-		var prev idemRecord
-		if err := json.Unmarshal(entry.Value(), &prev); err != nil || !ValidTicket(prev.Ticket) {
-			return "", false, fmt.Errorf("%w: corrupt idempotency record", ErrUnavailable)
-		}
-		if prev.Fingerprint != m.Fingerprint {
-			return "", false, ErrIdempotencyConflict
-		}
-		return prev.Ticket, true, nil
+	if rc, ok, err := s.repeat(ctx, q, key, m.Fingerprint); ok || err != nil {
+		return rc, err
 	}
-	return "", false, fmt.Errorf("%w: idempotency key keeps changing", ErrUnavailable)
+	if err := s.keyRoom(ctx); err != nil {
+		return Receipt{}, err
+	}
+	slot, err := s.takeSlot(ctx, q, m.Client, key)
+	if err != nil {
+		return Receipt{}, err
+	}
+	ack, err := s.publish(ctx, q, m, keyMsgID(key))
+	if err != nil {
+		s.undo(ctx, q, 0, slot)
+		return Receipt{}, err
+	}
+	if ack.Duplicate {
+		s.undo(ctx, q, 0, slot) // the first request holds the key's slot
+		return s.duplicate(ctx, q, key, m.Fingerprint, ack.Sequence)
+	}
+	rec := idemRecord{Ticket: m.Ticket, Fingerprint: m.Fingerprint, Queue: q.name, CreatedAt: time.Now().UTC()}
+	prev, err := s.recordKey(ctx, key, rec)
+	if err != nil || prev.Ticket != m.Ticket {
+		// Not recorded, or recorded for another order (possible only beyond the
+		// duplicate window): this order must not stay.
+		s.undo(ctx, q, ack.Sequence, slot)
+		if err != nil {
+			return Receipt{}, err
+		}
+		return s.repeatOf(ctx, q, prev, m.Fingerprint)
+	}
+	return q.receipt(ctx, m.Ticket, ack.Sequence, false), nil
 }
 
-// knownReceipt implements step 2 of Park's idempotency.
-func (s *Store) knownReceipt(ctx context.Context, q *Queue, ticket string) (Receipt, bool, error) {
-	now := time.Now()
-	rec, err := s.Record(ctx, ticket)
-	switch {
-	case err == nil && rec.Status != StatusQueued:
-		return Receipt{Ticket: ticket, Queue: rec.Queue, EstimatedDelivery: now, Duplicate: true}, true, nil
-	case err != nil && !errors.Is(err, ErrNotFound):
+// repeat implements step 1: ok is true when key is recorded (then rc or err is the answer).
+func (s *Store) repeat(ctx context.Context, q *Queue, key, fingerprint string) (Receipt, bool, error) {
+	prev, found, err := s.getKey(ctx, key)
+	if err != nil || !found {
 		return Receipt{}, false, err
 	}
-	raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return Receipt{}, false, nil
+	rc, err := s.repeatOf(ctx, q, prev, fingerprint)
+	return rc, true, err
+}
+
+// repeatOf answers a request whose key is recorded as prev.
+func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerprint string) (Receipt, error) {
+	if prev.Fingerprint != fingerprint {
+		return Receipt{}, ErrIdempotencyConflict
+	}
+	now := time.Now()
+	rc := Receipt{Ticket: prev.Ticket, Queue: prev.Queue, EstimatedDelivery: now, Duplicate: true}
+	rec, err := s.Record(ctx, prev.Ticket)
+	switch {
+	case err == nil && rec.Status != StatusQueued:
+		rc.Status = rec.Status
+		return rc, nil
+	case err != nil && !errors.Is(err, ErrNotFound):
+		return Receipt{}, err
+	}
+	if pq, err := s.Queue(prev.Queue); err == nil {
+		q = pq
+	}
+	raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(prev.Ticket))
+	switch {
+	case err == nil:
+		return q.receipt(ctx, prev.Ticket, raw.Sequence, true), nil
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		if rec != nil {
+			rc.Status = rec.Status
+		}
+		return rc, nil // final long ago: its record expired before the key
+	default:
+		return Receipt{}, unavailable("message lookup", err)
+	}
+}
+
+// duplicate answers a request whose publish was a duplicate of the message at seq
+// (step 3).
+func (s *Store) duplicate(ctx context.Context, q *Queue, key, fingerprint string, seq uint64) (Receipt, error) {
+	raw, err := q.stream.GetMsg(ctx, seq)
+	if err == nil && raw.Header.Get(HeaderMsgID) == keyMsgID(key) {
+		m, derr := decodeRaw(raw)
+		if derr == nil {
+			derr = s.Verify(m) // a forged message cannot lend its ticket
+		}
+		if derr != nil {
+			return Receipt{}, fmt.Errorf("%w: %v", ErrUnavailable, derr)
+		}
+		if m.Fingerprint != fingerprint {
+			return Receipt{}, ErrIdempotencyConflict
+		}
+		// The first request may have died before step 4: record the key for it.
+		rec := idemRecord{Ticket: m.Ticket, Fingerprint: m.Fingerprint, Queue: q.name, CreatedAt: time.Now().UTC()}
+		prev, err := s.recordKey(ctx, key, rec)
+		if err != nil {
+			return Receipt{}, err
+		}
+		if prev.Ticket != m.Ticket {
+			return s.repeatOf(ctx, q, prev, fingerprint)
+		}
+		return q.receipt(ctx, m.Ticket, seq, true), nil
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return Receipt{}, unavailable("message lookup", err)
+	}
+	// Delivered and acknowledged meanwhile: the dispatcher recorded the key first.
+	if rc, ok, err := s.repeat(ctx, q, key, fingerprint); ok || err != nil {
+		return rc, err
+	}
+	return Receipt{}, fmt.Errorf("%w: the order with this idempotency key is being settled; retry", ErrUnavailable)
+}
+
+func (s *Store) getKey(ctx context.Context, key string) (idemRecord, bool, error) {
+	entry, err := s.idem.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return idemRecord{}, false, nil
 	}
 	if err != nil {
-		return Receipt{}, false, unavailable("message lookup", err)
+		return idemRecord{}, false, unavailable("idempotency key", err)
 	}
-	pos := q.position(ctx, raw.Sequence)
-	return Receipt{Ticket: ticket, Queue: q.name, Position: pos, EstimatedDelivery: q.eta(now, pos), Duplicate: true}, true, nil
+	var rec idemRecord
+	err = s.unseal(idemKind, key, entry.Value(), &rec)
+	if errors.Is(err, ErrForged) {
+		// Not written by sluice: it decides nothing. Remove it (unless it changed
+		// meanwhile) so that the key can be recorded for a real order.
+		s.log.Warn("removing a forged idempotency record", "key", key)
+		if err := s.idem.Delete(ctx, key, jetstream.LastRevision(entry.Revision())); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			return idemRecord{}, false, unavailable("idempotency key", err)
+		}
+		return idemRecord{}, false, nil
+	}
+	if err != nil || !ValidTicket(rec.Ticket) {
+		return idemRecord{}, false, fmt.Errorf("%w: corrupt idempotency record", ErrUnavailable)
+	}
+	return rec, true, nil
+}
+
+// recordKey creates key with rec unless it exists; it returns the record the key holds.
+func (s *Store) recordKey(ctx context.Context, key string, rec idemRecord) (idemRecord, error) {
+	val, err := s.seal(idemKind, key, rec)
+	if err != nil {
+		return idemRecord{}, err
+	}
+	for range 3 {
+		_, err := s.idem.Create(ctx, key, val)
+		if err == nil {
+			return rec, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return idemRecord{}, keyStoreError(err)
+		}
+		prev, found, err := s.getKey(ctx, key)
+		if err != nil {
+			return idemRecord{}, err
+		}
+		if found {
+			return prev, nil
+		}
+	}
+	return idemRecord{}, fmt.Errorf("%w: idempotency key keeps changing", ErrUnavailable)
+}
+
+// keyStoreError maps a failed write to the bucket or a key stream.
+func keyStoreError(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && isFull(apiErr) {
+		return fmt.Errorf("%w (%s)", ErrKeyStoreFull, apiErr.Description)
+	}
+	return unavailable("idempotency key", err)
+}
+
+// keyRoom fails with ErrKeyStoreFull when the idempotency bucket holds more than
+// keyReserve of its byte cap (stream info at most a second old).
+func (s *Store) keyRoom(ctx context.Context) error {
+	if s.opts.idemMaxBytes <= 0 {
+		return nil
+	}
+	info, err := s.idemInfo.streamInfo(ctx, time.Second)
+	if err != nil {
+		return err
+	}
+	if float64(info.State.Bytes) >= keyReserve*float64(s.opts.idemMaxBytes) {
+		return fmt.Errorf("%w: %d of %d bytes used", ErrKeyStoreFull, info.State.Bytes, s.opts.idemMaxBytes)
+	}
+	return nil
+}
+
+// takeSlot implements step 2's slot: it returns the slot's sequence in the queue's key
+// stream (0 when the publish was a duplicate: a racing request with the key holds it).
+func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uint64, error) {
+	cfg := q.Config()
+	msg := nats.NewMsg(keySubjectFor(q.name, scopeToken(client)))
+	msg.Header.Set(HeaderMsgID, keyMsgID(key))
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(KeyStreamName(q.name)), jetstream.WithMsgTTL(cfg.IdempotencyTTL))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "per subject") {
+			return 0, q.keyLimitError(ctx, msg.Subject)
+		}
+		return 0, keyStoreError(err)
+	}
+	if ack.Duplicate {
+		return 0, nil
+	}
+	return ack.Sequence, nil
+}
+
+// keyLimitError says when the client's oldest key slot expires.
+func (q *Queue) keyLimitError(ctx context.Context, subject string) error {
+	cfg := q.Config()
+	e := &KeyLimitError{Queue: q.name, Limit: cfg.MaxIdempotencyKeys, RetryAfter: time.Second}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	if raw, err := q.keys.GetMsg(fctx, 1, jetstream.WithGetMsgSubject(subject)); err == nil {
+		e.RetryAfter = max(time.Until(raw.Time.Add(cfg.IdempotencyTTL)).Round(time.Second), time.Second)
+	}
+	return e
+}
+
+// undo deletes what a refused request wrote: its message (seq, 0: none) and its key
+// slot (slot, 0: none). It runs even when ctx has ended.
+func (s *Store) undo(ctx context.Context, q *Queue, seq, slot uint64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if seq != 0 {
+		if err := q.stream.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			s.log.Warn("cannot withdraw an order whose idempotency key was not recorded; it will be delivered",
+				"queue", q.name, "seq", seq, "err", err)
+		}
+	}
+	if slot != 0 {
+		if err := q.keys.DeleteMsg(ctx, slot); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			s.log.Warn("cannot free an idempotency key slot; it expires with its TTL", "queue", q.name, "err", err)
+		}
+	}
+}
+
+// KeepKey gives the idempotency key of m, whose order has become final (done, failed or
+// dead), its final lifetime: the queue's IdempotencyTTL from now. A key recorded for
+// another ticket is left alone; a missing one (ingress died before recording it) is
+// created. The dispatcher calls it before it writes the final record and acknowledges
+// the message, so a key is never gone while its order is still queued.
+func (s *Store) KeepKey(ctx context.Context, m *Message) error {
+	if m.IdempotencyKey == "" {
+		return nil
+	}
+	ttl := DefaultIdempotencyTTL
+	if q, err := s.Queue(m.Queue); err == nil {
+		ttl = q.Config().IdempotencyTTL
+	}
+	key := idemKey(m.Client, m.IdempotencyKey)
+	entry, err := s.idem.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		val, err := s.seal(idemKind, key, idemRecord{Ticket: m.Ticket, Fingerprint: m.Fingerprint, Queue: m.Queue, CreatedAt: time.Now().UTC()})
+		if err != nil {
+			return err
+		}
+		if _, err := s.idem.Create(ctx, key, val, jetstream.KeyTTL(ttl)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			return keyStoreError(err)
+		}
+		return nil
+	case err != nil:
+		return unavailable("idempotency key", err)
+	}
+	var rec idemRecord
+	if err := s.unseal(idemKind, key, entry.Value(), &rec); err != nil || rec.Ticket != m.Ticket {
+		return nil
+	}
+	msg := nats.NewMsg("$KV." + IdempotencyBucket + "." + key)
+	msg.Data = entry.Value()
+	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(ttl), jetstream.WithExpectStream("KV_"+IdempotencyBucket),
+		jetstream.WithExpectLastSequencePerSubject(entry.Revision())); err != nil {
+		return keyStoreError(err)
+	}
+	return nil
 }
 
 // JetStream API error codes Park tells apart.

@@ -3,6 +3,8 @@ package queue
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -13,52 +15,239 @@ import (
 	"github.com/sluicehq/sluice/queue/natstest"
 )
 
-// A crash between recording the idempotency key and publishing leaves a key without a
-// message; the client got no receipt. Its retry must publish the message under the
-// recorded ticket rather than hand out a ticket for nothing.
-func TestIdempotencyCrashBetweenKeyAndPublish(t *testing.T) {
+func keyedOrder(client, key, body string) *Request {
+	return &Request{Queue: "orders", Method: "POST", Path: "/v1/orders", Body: []byte(body),
+		Header: http.Header{"Content-Type": {"application/json"}}, Client: client, IdempotencyKey: key}
+}
+
+func openInternal(t *testing.T, cfg Config, opts ...Option) (*Store, *Queue, context.Context) {
+	t.Helper()
 	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := Open(ctx, srv.Conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	s, err := Open(ctx, srv.Conn, append([]Option{WithSigningKey(natstest.SigningKey())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := s.Declare(ctx, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	q, err := s.Declare(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &Request{Queue: "orders", Method: "POST", Path: "/v1/orders", Body: []byte(`{"sku":1}`),
-		Header: http.Header{"Content-Type": {"application/json"}}, Client: "c1", IdempotencyKey: `"crash"`}
+	return s, q, ctx
+}
 
-	// Step 1 of Park happened, then the process died.
-	crashed := NewTicket()
-	m := &Message{Request: *req}
-	val, _ := json.Marshal(idemRecord{Ticket: crashed, Fingerprint: Fingerprint(&m.Request), Queue: "orders"})
-	if _, err := s.idem.Create(ctx, idemKey("c1", `"crash"`), val, jetstream.KeyTTL(time.Hour)); err != nil {
+// keyCount is the number of live keys in the idempotency bucket.
+func keyCount(t *testing.T, ctx context.Context, s *Store) int {
+	t.Helper()
+	keys, err := s.idem.ListKeys(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Status(ctx, crashed); err != ErrNotFound {
-		t.Fatalf("ticket known before the retry: %v", err)
+	n := 0
+	for range keys.Keys() {
+		n++
 	}
+	return n
+}
 
+func slotCount(t *testing.T, ctx context.Context, q *Queue) uint64 {
+	t.Helper()
+	info, err := q.keys.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// A crash between the publish and recording the key leaves an order without a key and
+// a client without a receipt. Its retry must get the stored order's ticket (the
+// duplicate window) and record the key; nothing is parked twice.
+func TestIdempotencyCrashBetweenPublishAndKey(t *testing.T) {
+	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	req := keyedOrder("c1", `"crash"`, `{"sku":1}`)
+	// Steps 2 and 3 of Park happened, then the process died.
+	m := &Message{Request: *req, Ticket: NewTicket()}
+	m.Header = KeptHeader(req.Header, nil)
+	m.Fingerprint = Fingerprint(&m.Request)
+	key := idemKey("c1", `"crash"`)
+	if _, err := s.publish(ctx, q, m, keyMsgID(key)); err != nil {
+		t.Fatal(err)
+	}
+	if n := keyCount(t, ctx, s); n != 0 {
+		t.Fatalf("%d keys before the retry", n)
+	}
 	rc, err := s.Park(ctx, req)
-	if err != nil || rc.Ticket != crashed || !rc.Duplicate {
-		t.Fatalf("retry: %+v %v", rc, err)
+	if err != nil || rc.Ticket != m.Ticket || !rc.Duplicate {
+		t.Fatalf("retry: %+v %v, want ticket %s", rc, err, m.Ticket)
 	}
-	raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(crashed))
-	if err != nil || string(raw.Data) != `{"sku":1}` || raw.Header.Get(HeaderMsgID) != crashed {
-		t.Fatalf("message not published under the recorded ticket: %v %v", raw, err)
+	if d, _ := q.Depth(ctx); d != 1 || keyCount(t, ctx, s) != 1 {
+		t.Fatalf("depth %d, keys %d", d, keyCount(t, ctx, s))
 	}
-	if d, _ := q.Depth(ctx); d != 1 {
-		t.Fatalf("depth %d", d)
+	// The same key with another payload, racing the crashed one: 422, nothing stored.
+	if _, err := s.Park(ctx, keyedOrder("c1", `"crash"`, `{"sku":2}`)); !errors.Is(err, ErrIdempotencyConflict) {
+		t.Fatalf("other payload: %v", err)
 	}
-	// A second retry finds the message and publishes nothing more.
-	if rc2, err := s.Park(ctx, req); err != nil || rc2.Ticket != crashed {
-		t.Fatalf("second retry %+v %v", rc2, err)
+	// Delivered meanwhile (message gone): the dispatcher kept the key; a retry maps to it.
+	if err := s.KeepKey(ctx, m); err != nil {
+		t.Fatal(err)
 	}
-	if d, _ := q.Depth(ctx); d != 1 {
-		t.Fatalf("depth %d after the second retry", d)
+	if err := q.stream.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := s.Park(ctx, req); err != nil || rc.Ticket != m.Ticket {
+		t.Fatalf("retry after delivery: %+v %v", rc, err)
+	}
+	if d, _ := q.Depth(ctx); d != 0 {
+		t.Fatalf("a delivered order was parked again (depth %d)", d)
+	}
+}
+
+// Refused requests leave no key and no slot, so the same key works afterwards.
+func TestRefusedLeavesNoKey(t *testing.T) {
+	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxDepth: 2, Downstream: "http://127.0.0.1:1"})
+	for i := range 2 {
+		if _, err := s.Park(ctx, keyedOrder("c1", fmt.Sprint("ok-", i), "{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 50 {
+		if _, err := s.Park(ctx, keyedOrder("c1", fmt.Sprint("refused-", i), "{}")); !errors.Is(err, ErrFull) {
+			t.Fatalf("full queue: %v", err)
+		}
+	}
+	if n, slots := keyCount(t, ctx, s), slotCount(t, ctx, q); n != 2 || slots != 2 {
+		t.Fatalf("after 50 refusals: %d keys, %d slots; want 2 and 2", n, slots)
+	}
+	if err := q.stream.Purge(ctx); err != nil { // the queue drained
+		t.Fatal(err)
+	}
+	if rc, err := s.Park(ctx, keyedOrder("c1", "refused-0", `{"fixed":true}`)); err != nil || rc.Duplicate {
+		t.Fatalf("a refused key used again: %+v %v", rc, err)
+	}
+}
+
+// The per-client key cap: past it ErrTooManyKeys with a retry delay; another client is
+// unaffected; a refused order takes no slot; repeats of a known key are not new keys.
+func TestKeyCapPerClient(t *testing.T) {
+	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 3,
+		IdempotencyTTL: time.Hour, Downstream: "http://127.0.0.1:1"})
+	for i := range 3 {
+		if _, err := s.Park(ctx, keyedOrder("c1", fmt.Sprint("k", i), "{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rc, err := s.Park(ctx, keyedOrder("c1", "k0", "{}")); err != nil || !rc.Duplicate {
+		t.Fatalf("repeat at the cap: %+v %v", rc, err)
+	}
+	_, err := s.Park(ctx, keyedOrder("c1", "k3", "{}"))
+	var ke *KeyLimitError
+	if !errors.Is(err, ErrTooManyKeys) || !errors.As(err, &ke) || ke.Limit != 3 || ke.RetryAfter < 59*time.Minute || ke.RetryAfter > time.Hour {
+		t.Fatalf("past the cap: %v (%+v)", err, ke)
+	}
+	if _, err := s.Park(ctx, keyedOrder("c2", "k3", "{}")); err != nil {
+		t.Fatalf("another client: %v", err)
+	}
+	// Without a key a capped client still parks.
+	if _, err := s.Park(ctx, keyedOrder("c1", "", "{}")); err != nil {
+		t.Fatalf("no key: %v", err)
+	}
+	if n, slots := keyCount(t, ctx, s), slotCount(t, ctx, q); n != 4 || slots != 4 {
+		t.Fatalf("%d keys, %d slots; want 4", n, slots)
+	}
+}
+
+// The bucket's byte cap: new keys are refused with ErrKeyStoreFull (a 503) and nothing
+// is accepted; requests without a key still park.
+func TestKeyStoreFull(t *testing.T) {
+	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"},
+		WithIdempotencyMaxBytes(4096))
+	accepted, refused := 0, false
+	for i := 0; i < 200 && !refused; i++ {
+		_, err := s.Park(ctx, keyedOrder("c1", fmt.Sprint("k", i), "{}"))
+		switch {
+		case err == nil:
+			accepted++
+		case errors.Is(err, ErrKeyStoreFull) && errors.Is(err, ErrUnavailable):
+			refused = true
+		default:
+			t.Fatalf("park %d: %v", i, err)
+		}
+	}
+	if !refused || accepted == 0 {
+		t.Fatalf("accepted %d, refused %v", accepted, refused)
+	}
+	if d, _ := q.Depth(ctx); int(d) != accepted || keyCount(t, ctx, s) != accepted {
+		t.Fatalf("depth %d, keys %d, accepted %d", d, keyCount(t, ctx, s), accepted)
+	}
+	if _, err := s.Park(ctx, keyedOrder("c1", "", "{}")); err != nil {
+		t.Fatalf("no key: %v", err)
+	}
+	t.Logf("4096-byte cap: %d keys accepted before refusals", accepted)
+}
+
+// KeepKey gives a final order's key its TTL; a key that now belongs to another ticket
+// is left alone; a missing one is created.
+func TestKeepKey(t *testing.T) {
+	s, _, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), IdempotencyTTL: 2 * time.Second,
+		Backoff: Backoff{Initial: time.Second, Max: time.Second}, Downstream: "http://127.0.0.1:1"})
+	rc, err := s.Park(ctx, keyedOrder("c1", "k", "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := idemKey("c1", "k")
+	m := &Message{Request: *keyedOrder("c1", "k", "{}"), Ticket: NewTicket()}
+	if err := s.KeepKey(ctx, m); err != nil { // another ticket: untouched, no TTL
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if rec, found, err := s.getKey(ctx, key); err != nil || !found || rec.Ticket != rc.Ticket {
+		t.Fatalf("key of a pending order gone or changed: %+v %v %v", rec, found, err)
+	}
+	m.Ticket = rc.Ticket
+	if err := s.KeepKey(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, found, err := s.getKey(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the key of a final order never expired")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Missing (the ingress died before recording it): created with the TTL.
+	if err := s.KeepKey(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.idem.Get(ctx, key); err != nil || e == nil {
+		t.Fatalf("missing key not created: %v", err)
+	}
+}
+
+// An idempotency record that sluice did not write decides nothing: a forged one that
+// maps a client's key to a ticket of the attacker's choice is replaced, and the order
+// gets a ticket of its own.
+func TestForgedIdempotencyRecordIsReplaced(t *testing.T) {
+	s, _, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	req := keyedOrder("c1", `"k"`, `{"sku":1}`)
+	planted := NewTicket()
+	val, _ := json.Marshal(idemRecord{Ticket: planted, Fingerprint: Fingerprint(req), Queue: "orders"})
+	if _, err := s.idem.Create(ctx, idemKey("c1", `"k"`), val); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.Park(ctx, req)
+	if err != nil || rc.Ticket == planted || rc.Duplicate {
+		t.Fatalf("park over a forged key: %+v %v", rc, err)
+	}
+	// The key now holds the genuine record: a repeat gets the same ticket.
+	if rc2, err := s.Park(ctx, req); err != nil || rc2.Ticket != rc.Ticket || !rc2.Duplicate {
+		t.Fatalf("repeat: %+v %v", rc2, err)
 	}
 }
 

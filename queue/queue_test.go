@@ -33,7 +33,7 @@ func openStore(t *testing.T, srv *natstest.Server, cfgs ...queue.Config) *queue.
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := queue.Open(ctx, srv.Conn)
+	s, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,19 +78,19 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("valid config: %v", err)
 	}
 	bad := queue.Config{
-		Name:             "bad name",
-		Outflow:          limiter.Rate{Count: -1, Period: time.Second},
-		MaxAge:           time.Minute,
-		DuplicateWindow:  time.Hour,
-		Backoff:          queue.Backoff{Initial: time.Minute, Max: time.Second},
-		Downstream:       "nats:orders.*",
-		SensitiveHeaders: []string{"bad header"},
+		Name:            "bad name",
+		Outflow:         limiter.Rate{Count: -1, Period: time.Second},
+		MaxAge:          time.Minute,
+		DuplicateWindow: time.Hour,
+		Backoff:         queue.Backoff{Initial: time.Minute, Max: time.Second},
+		Downstream:      "nats:orders.*",
+		DropHeaders:     []string{"bad header"},
 	}
 	err := bad.Validate()
 	if err == nil || !errors.Is(err, queue.ErrInvalidConfig) {
 		t.Fatalf("want ErrInvalidConfig, got %v", err)
 	}
-	for _, want := range []string{"name", "outflow", "duplicate window", "backoff max", "subject", "sensitive header"} {
+	for _, want := range []string{"name", "outflow", "duplicate window", "backoff max", "subject", "drop_headers"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("problems %q lack %q", err, want)
 		}
@@ -137,10 +137,14 @@ func TestParseRate(t *testing.T) {
 func TestKeptHeaderAndFingerprint(t *testing.T) {
 	req := order("q", `{"sku":1}`)
 	h := queue.KeptHeader(req.Header, []string{"authorization"})
-	for _, gone := range []string{"Connection", "X-Drop-Me", "Authorization", "Idempotency-Key", "Proxy-Authorization"} {
+	for _, gone := range []string{"Connection", "X-Drop-Me", "Authorization", "Proxy-Authorization"} {
 		if h.Get(gone) != "" {
 			t.Errorf("%s kept", gone)
 		}
+	}
+	// The client's own key is kept exactly as sent: the downstream receives it.
+	if h.Get("Idempotency-Key") != `"k"` {
+		t.Errorf("Idempotency-Key %q, want the raw header value", h.Get("Idempotency-Key"))
 	}
 	if h.Get("Content-Type") != "application/json" || h.Get("X-Request-Id") != "r-1" {
 		t.Errorf("kept headers: %v", h)
@@ -165,12 +169,12 @@ func TestParkStatusAndPosition(t *testing.T) {
 	srv := natstest.Start(t)
 	reg := prometheus.NewRegistry()
 	ctx := ctxT(t)
-	s, err := queue.Open(ctx, srv.Conn, queue.WithRegisterer(reg))
+	s, err := queue.Open(ctx, srv.Conn, queue.WithRegisterer(reg), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig("orders")
-	cfg.SensitiveHeaders = []string{"Authorization"}
+	cfg.DropHeaders = []string{"Authorization"}
 	if _, err := s.Declare(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +337,7 @@ func TestIdempotency(t *testing.T) {
 	req := order("orders", `{"sku":1}`)
 	req.IdempotencyKey = `"abc"`
 	first, err := s.Park(ctx, req)
-	if err != nil || first.Duplicate {
+	if err != nil || first.Duplicate || first.Status != queue.StatusQueued {
 		t.Fatalf("first: %+v %v", first, err)
 	}
 	again := order("orders", `{"sku":1}`)
@@ -368,7 +372,7 @@ func TestIdempotency(t *testing.T) {
 		t.Fatal(err)
 	}
 	fourth, err := s.Park(ctx, again)
-	if err != nil || fourth.Ticket != first.Ticket || !fourth.Duplicate {
+	if err != nil || fourth.Ticket != first.Ticket || !fourth.Duplicate || fourth.Status != queue.StatusDone {
 		t.Fatalf("repeat after done: %+v %v", fourth, err)
 	}
 	if d, _ := q.Depth(ctx); d != 0 {
@@ -514,7 +518,7 @@ func TestDeadLetters(t *testing.T) {
 
 	// A tool without the rules (sluice dlq) requeues through a store that never
 	// declared the queue.
-	tool, err := queue.Open(ctx, srv.Conn)
+	tool, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -572,7 +576,7 @@ func TestEmbeddedSurvivesRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { nc.Close(); e.Shutdown() })
-		s, err := queue.Open(ctxT(t), nc)
+		s, err := queue.Open(ctxT(t), nc, queue.WithSigningKey(natstest.SigningKey()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -595,7 +599,7 @@ func TestEmbeddedSurvivesRestart(t *testing.T) {
 		t.Fatalf("after restart: %+v %v", st, err)
 	}
 
-	e3, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	e3, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Token: "0123456789abcdef0123456789abcdef"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,11 @@ type Record struct {
 	rev uint64
 }
 
-// Record returns the stored record of a ticket, or ErrNotFound.
+// ticketKind names ticket records in their signatures (see Store.seal).
+const ticketKind = "ticket"
+
+// Record returns the stored record of a ticket, or ErrNotFound. A record without this
+// store's signature is not found (the error wraps ErrNotFound and ErrForged).
 func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 	if !ValidTicket(ticket) {
 		return nil, ErrNotFound
@@ -88,8 +92,14 @@ func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 		return nil, unavailable("ticket record", err)
 	}
 	var rec Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return nil, fmt.Errorf("queue: corrupt record of ticket %s: %w", ticket, err)
+	if err := s.unseal(ticketKind, ticket, e.Value(), &rec); err != nil {
+		if errors.Is(err, ErrForged) {
+			// Only sluice writes records: another one is not there as far as
+			// sluice is concerned (it is overwritten by the next genuine one).
+			s.log.Warn("ignoring a forged ticket record", "ticket", ticket)
+			return nil, fmt.Errorf("%w: %w", ErrNotFound, err)
+		}
+		return nil, err
 	}
 	rec.rev = e.Revision()
 	return &rec, nil
@@ -112,7 +122,7 @@ func (s *Store) saveRecord(ctx context.Context, rec *Record, opts ...jetstream.P
 		ttl = q.Config().IdempotencyTTL
 	}
 	rec.UpdatedAt = time.Now().UTC()
-	val, err := json.Marshal(rec)
+	val, err := s.seal(ticketKind, rec.Ticket, rec)
 	if err != nil {
 		return err
 	}
@@ -175,6 +185,9 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		m, err := decodeRaw(raw)
 		if err != nil {
 			return nil, err
+		}
+		if err := s.Verify(m); err != nil {
+			continue // not an order sluice accepted: nothing to say about it
 		}
 		rec := &Record{
 			Ticket:     ticket,

@@ -35,6 +35,20 @@ const (
 	IdempotencyBucket = "sluice_idempotency"
 )
 
+// KeyStreamPrefix + queue name is a queue's key stream: one slot per idempotency key
+// accepted within IdempotencyTTL, on sluice.keys.{queue}.{client scope}, at most
+// MaxIdempotencyKeys per subject (discard-new per subject), each slot with a TTL.
+const KeyStreamPrefix = "SLUICE_KEYS_"
+
+// KeyStreamName returns the key stream name of a queue.
+func KeyStreamName(queue string) string { return KeyStreamPrefix + queue }
+
+func keySubjectFor(queue, scope string) string { return "sluice.keys." + queue + "." + scope }
+
+// DefaultIdempotencyMaxBytes is the default byte cap of the idempotency bucket (and of
+// each queue's key stream).
+const DefaultIdempotencyMaxBytes = 256 << 20
+
 // StreamName returns the stream name of a queue.
 func StreamName(queue string) string { return StreamPrefix + queue }
 
@@ -55,7 +69,8 @@ type options struct {
 	logger         *slog.Logger
 	registerer     prometheus.Registerer
 	publishTimeout time.Duration
-	deadMaxAge     time.Duration
+	idemMaxBytes   int64
+	signingKey     []byte
 }
 
 // WithReplicas sets the replica count of the shared resources: the dead-letter stream
@@ -73,9 +88,12 @@ func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { 
 // (default 5s). Past it Park fails with ErrUnavailable.
 func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.publishTimeout = d } }
 
-// WithDeadLetterMaxAge makes JetStream drop dead letters older than d (default 0: they
-// are kept until re-queued or purged).
-func WithDeadLetterMaxAge(d time.Duration) Option { return func(o *options) { o.deadMaxAge = d } }
+// WithIdempotencyMaxBytes caps the bytes of the idempotency bucket, and of each queue's
+// key stream (default DefaultIdempotencyMaxBytes; 0 or negative: no cap). New keys are
+// refused (ErrKeyStoreFull) once the bucket holds 90% of it: the rest is kept for the
+// dispatchers' refreshes of existing keys. Every process opening the store should
+// pass the same value: the last one to open sets it.
+func WithIdempotencyMaxBytes(n int64) Option { return func(o *options) { o.idemMaxBytes = n } }
 
 // Store parks requests in JetStream queues and keeps their tickets. It is safe for
 // concurrent use. One Store per process and NATS connection is the intended use; the
@@ -94,19 +112,26 @@ type Store struct {
 	dead    jetstream.Stream
 	metrics *storeMetrics
 
+	// idemInfo serves the idempotency bucket's cached stream info (Park's byte check).
+	idemInfo *Queue
+
 	mu     sync.RWMutex
 	queues map[string]*Queue
 }
 
 // Open prepares the shared resources (dead-letter stream and key-value buckets),
 // creating or updating them, and returns a Store without queues; add them with Declare.
+// A signing key (WithSigningKey) is required.
 func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
-	o := options{replicas: 1, publishTimeout: 5 * time.Second}
+	o := options{replicas: 1, publishTimeout: 5 * time.Second, idemMaxBytes: DefaultIdempotencyMaxBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	if o.logger == nil {
 		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if err := checkKey(o.signingKey); err != nil {
+		return nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -120,21 +145,25 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Discard:     jetstream.DiscardOld,
-		MaxAge:      o.deadMaxAge,
 		Replicas:    o.replicas,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
+		// Each dead letter carries its queue's dead_letter_max_age as a TTL. A stream
+		// made by an older sluice is updated to allow it; its dead letters, written
+		// without a TTL, stay until re-queued or purged.
+		AllowMsgTTL: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: dead-letter stream: %v", ErrUnavailable, err)
 	}
-	bucket := func(name, desc string) (jetstream.KeyValue, error) {
+	bucket := func(name, desc string, maxBytes int64) (jetstream.KeyValue, error) {
 		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      name,
 			Description: desc,
 			History:     1,
 			Storage:     jetstream.FileStorage,
 			Replicas:    o.replicas,
+			MaxBytes:    maxBytes,
 			// Enables per-key TTLs (every entry is written with one).
 			LimitMarkerTTL: time.Minute,
 		})
@@ -143,12 +172,17 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		}
 		return kv, nil
 	}
-	if s.tickets, err = bucket(TicketsBucket, "sluice ticket status and results"); err != nil {
+	if s.tickets, err = bucket(TicketsBucket, "sluice ticket status and results", 0); err != nil {
 		return nil, err
 	}
-	if s.idem, err = bucket(IdempotencyBucket, "sluice idempotency keys"); err != nil {
+	if s.idem, err = bucket(IdempotencyBucket, "sluice idempotency keys", max(o.idemMaxBytes, -1)); err != nil {
 		return nil, err
 	}
+	idemStream, err := js.Stream(ctx, "KV_"+IdempotencyBucket)
+	if err != nil {
+		return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, IdempotencyBucket, err)
+	}
+	s.idemInfo = &Queue{store: s, name: IdempotencyBucket, stream: idemStream}
 	s.metrics = newStoreMetrics(s)
 	if o.registerer != nil {
 		if err := s.metrics.register(o.registerer); err != nil {
@@ -176,7 +210,8 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
-	cfg.SensitiveHeaders = append([]string(nil), cfg.SensitiveHeaders...)
+	cfg.DropHeaders = append([]string(nil), cfg.DropHeaders...)
+	cfg.ResultHeaders = append([]string(nil), cfg.ResultHeaders...)
 	maxMsgs := cfg.MaxDepth
 	if maxMsgs < 0 {
 		maxMsgs = -1
@@ -205,11 +240,30 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
 	}
-	return s.add(cfg, stream, false), nil
+	keys, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:                 KeyStreamName(cfg.Name),
+		Description:          "sluice idempotency key slots of queue " + cfg.Name,
+		Subjects:             []string{keySubjectFor(cfg.Name, "*")},
+		Retention:            jetstream.LimitsPolicy,
+		Storage:              jetstream.FileStorage,
+		Discard:              jetstream.DiscardNew,
+		DiscardNewPerSubject: true,
+		MaxMsgsPerSubject:    int64(cfg.MaxIdempotencyKeys),
+		MaxBytes:             max(s.opts.idemMaxBytes, -1),
+		AllowMsgTTL:          true,
+		Duplicates:           cfg.DuplicateWindow,
+		Replicas:             cfg.Replicas,
+		AllowDirect:          true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
+	}
+	return s.add(cfg, stream, keys, false), nil
 }
 
-// add adds (or updates) a queue of the store.
-func (s *Store) add(cfg Config, stream jetstream.Stream, orphaned bool) *Queue {
+// add adds (or updates) a queue of the store. keys is nil for an orphaned queue: the
+// rules no longer name it, so nothing is parked in it.
+func (s *Store) add(cfg Config, stream, keys jetstream.Stream, orphaned bool) *Queue {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queues[cfg.Name]
@@ -217,7 +271,7 @@ func (s *Store) add(cfg Config, stream jetstream.Stream, orphaned bool) *Queue {
 		q = &Queue{store: s, name: cfg.Name}
 		s.queues[cfg.Name] = q
 	}
-	q.stream = stream
+	q.stream, q.keys = stream, keys
 	q.cfg.Store(&cfg)
 	q.orphaned.Store(orphaned)
 	return q
@@ -251,6 +305,7 @@ type Queue struct {
 	name     string
 	cfg      atomic.Pointer[Config]
 	stream   jetstream.Stream
+	keys     jetstream.Stream // key slots (KeyStreamName); nil for an orphan
 	orphaned atomic.Bool
 
 	samples outflowSamples

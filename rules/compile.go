@@ -3,6 +3,7 @@ package rules
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -597,15 +598,20 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	// Unset fields take the queue package's defaults (max_bytes and max_age: none).
 	q := &Queue{
 		Config: queue.Config{
-			Name:        qd.name,
-			Outflow:     qd.outflow,
-			MaxDepth:    qd.maxDepth,
-			MaxBytes:    qd.maxBytes,
-			MaxAge:      qd.maxAge,
-			MaxAttempts: int(min(qd.maxAttempts, 1_000_000)),
-			MaxInFlight: int(min(qd.maxInFlight, 1_000_000)),
-			Backoff:     queue.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
-			Downstream:  qd.downstream,
+			Name:               qd.name,
+			Outflow:            qd.outflow,
+			MaxDepth:           qd.maxDepth,
+			MaxBytes:           qd.maxBytes,
+			MaxAge:             qd.maxAge,
+			MaxAttempts:        int(min(qd.maxAttempts, 1_000_000)),
+			MaxInFlight:        int(min(qd.maxInFlight, 1_000_000)),
+			Backoff:            queue.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
+			Downstream:         qd.downstream,
+			MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queue.MaxIdempotencyKeysLimit+1)),
+			MaxBody:            qd.maxBody,
+			DropHeaders:        qd.dropHeaders,
+			// 0 (unset or unreadable) takes the default.
+			DeadLetterMaxAge: qd.deadMaxAge,
 		}.WithDefaults(),
 		Domain: fd.domain,
 		File:   file,
@@ -622,8 +628,24 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	if qd.downNode == nil {
 		c.errf(file, qd.nameNode, "queue %q needs a downstream (an http:// or https:// URL, or nats:SUBJECT)", qd.name)
 	}
-	if q.Backoff.Max < q.Backoff.Initial {
-		c.errf(file, qd.backoffNode, "backoff max (%v) is shorter than initial (%v)", q.Backoff.Max, q.Backoff.Initial)
+	for _, h := range qd.resultHdrs {
+		q.ResultHeaders = append(q.ResultHeaders, http.CanonicalHeaderKey(h.name))
+	}
+	// The queue package's validator decides what a valid queue is; the name, outflow
+	// and downstream were checked above, while reading them, with the file's words.
+	var invalid interface{ Unwrap() []error }
+	if err := q.Config.Validate(); errors.As(err, &invalid) {
+		for _, e := range invalid.Unwrap() {
+			var ce *queue.ConfigError
+			if !errors.As(e, &ce) || ce.Field == "name" || ce.Field == "outflow" || ce.Field == "downstream" {
+				continue
+			}
+			n := qd.nodes[ce.Field]
+			if n == nil {
+				n = qd.nameNode
+			}
+			c.errf(file, n, "%s", ce.Problem)
+		}
 	}
 	c.queues[q.Name] = q
 	c.qNodes[q.Name] = qd.nameNode
@@ -745,6 +767,22 @@ func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
 		rt.descs = append(rt.descs, cd)
 	}
 	rt.allStatic = !slices.ContainsFunc(rt.descs, func(cd compiledDesc) bool { return !cd.static })
+	rt.IdempotencyScope = DefaultIdempotencyScope
+	if rd.scopeNode != nil {
+		rt.IdempotencyScope = []RouteEntry{}
+		for _, sn := range rd.scope {
+			e := RouteEntry{Key: "idempotency_scope"}
+			if err := parseFrom(&e, sn.name, rt); err != nil {
+				bad(sn.node, "idempotency_scope %q: %v", sn.name, err)
+				continue
+			}
+			rt.IdempotencyScope = append(rt.IdempotencyScope, e)
+		}
+		if len(rd.scope) > maxDepth {
+			bad(rd.scopeNode, "idempotency_scope lists more than %d sources", maxDepth)
+		}
+	}
+	rt.scope = compileDesc(0, rt.IdempotencyScope, rt.params).entries
 	if rd.nameNode != nil && c.routeNm[rd.name] == nil {
 		c.routeNm[rd.name] = rt
 	}

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -261,17 +262,22 @@ queues:
     max_in_flight: 2
     backoff: {initial: 250ms, max: 1m}
     downstream: http://b.internal:9000/base
+    max_body: 8MiB
+    drop_headers: [Authorization, cookie]
+    dead_letter_max_age: 30d
 `)
 	a, b := s.Queue("a"), s.Queue("b")
 	if a.Outflow != (limiter.Rate{Count: 5, Period: time.Second}) || a.MaxDepth != queue.DefaultMaxDepth || a.MaxBytes != 0 || a.MaxAge != 0 ||
 		a.MaxAttempts != queue.DefaultMaxAttempts || a.MaxInFlight != queue.DefaultMaxInFlight ||
 		a.Backoff != (queue.Backoff{Initial: queue.DefaultBackoffInitial, Max: queue.DefaultBackoffMax}) ||
-		a.NATSSubject() != "work.a" || a.Downstream != "nats:work.a" {
+		a.NATSSubject() != "work.a" || a.Downstream != "nats:work.a" ||
+		a.MaxBody != queue.DefaultMaxBody || a.DropHeaders != nil || a.DeadLetterMaxAge != 14*24*time.Hour {
 		t.Errorf("a = %+v", a)
 	}
 	if b.Outflow != (limiter.Rate{Count: 3000, Period: 10 * time.Minute}) || b.MaxDepth != 7 || b.MaxBytes != 512<<20 || b.MaxAge != 48*time.Hour ||
 		b.MaxAttempts != 3 || b.MaxInFlight != 2 || b.Backoff != (queue.Backoff{Initial: 250 * time.Millisecond, Max: time.Minute}) ||
-		b.NATSSubject() != "" || b.Downstream != "http://b.internal:9000/base" {
+		b.NATSSubject() != "" || b.Downstream != "http://b.internal:9000/base" ||
+		b.MaxBody != 8<<20 || !slices.Equal(b.DropHeaders, []string{"Authorization", "cookie"}) || b.DeadLetterMaxAge != 30*24*time.Hour {
 		t.Errorf("b = %+v", b)
 	}
 	if got := b.Outflow.Interval(); got != 200*time.Millisecond {

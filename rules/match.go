@@ -3,11 +3,14 @@ package rules
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
+	"io"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -662,4 +665,47 @@ func (n *patNode) find(rest string, r *http.Request, host string) *Route {
 		return n.param.find(tail, r, host)
 	}
 	return nil
+}
+
+// WriteScope writes to w what tells the caller of r apart for idempotency keys, beside
+// its address: for each of the route's IdempotencyScope sources, its name and the
+// request's values (every value of a header), each length-prefixed so that different
+// inputs never write the same bytes. The values are credentials: callers hash them.
+func (rt *Route) WriteScope(w io.Writer, r *http.Request, clientIP netip.Addr) {
+	var (
+		p, host = cleanPath(r.URL.Path), requestHost(r)
+		t       ipText
+		n       [8]byte
+	)
+	t.set(clientIP)
+	scope := rt.scope
+	if len(scope) != len(rt.IdempotencyScope) { // a Route not made by Load
+		scope = compileDesc(0, rt.IdempotencyScope, rt.params).entries
+	}
+	field := func(s string) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		_, _ = w.Write(n[:])
+		_, _ = io.WriteString(w, s)
+	}
+	for i, e := range rt.IdempotencyScope {
+		field(e.source())
+		ce := &scope[i]
+		if ce.kind == FromHeader {
+			vs := r.Header[ce.name]
+			field(strconv.Itoa(len(vs)))
+			for _, s := range vs {
+				field(s)
+			}
+			continue
+		}
+		var v val
+		switch {
+		case !ce.get(r, &t, p, host, &v):
+			field("-")
+		case v.ip:
+			field("+" + string(t.b[:t.n]))
+		default:
+			field("+" + v.s)
+		}
+	}
 }

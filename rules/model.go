@@ -173,6 +173,13 @@ func (e RouteEntry) source() string {
 	return "value"
 }
 
+// DefaultIdempotencyScope is the idempotency scope of a route that names none: the
+// caller's credentials as HTTP carries them.
+var DefaultIdempotencyScope = []RouteEntry{
+	{Key: "idempotency_scope", From: FromHeader, Name: "Authorization"},
+	{Key: "idempotency_scope", From: FromHeader, Name: "Cookie"},
+}
+
 // HeaderMatch is one header condition of a route: the header equals Value, or (when
 // Present is non-nil) is present or absent.
 type HeaderMatch struct {
@@ -200,10 +207,14 @@ type Route struct {
 	// Descriptors are the route's descriptor lists; each one that can be built from a
 	// request is checked.
 	Descriptors [][]RouteEntry
-	File        string
-	Line        int
+	// IdempotencyScope are the sources that, with the client's address group, tell
+	// callers apart for Idempotency-Key scoping (default DefaultIdempotencyScope).
+	IdempotencyScope []RouteEntry
+	File             string
+	Line             int
 
 	order     int // position in the set, for ties
+	scope     []compiledEntry
 	methods   []string
 	host      string // lower case; "*.x" matches subdomains of x
 	headers   []compiledHeader

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -115,6 +117,8 @@ type routeDef struct {
 	headers     []headerDef
 	descs       [][]entryDef
 	descNodes   []*yaml.Node
+	scope       []nameRef
+	scopeNode   *yaml.Node
 }
 
 type queueDef struct {
@@ -131,9 +135,15 @@ type queueDef struct {
 	maxAttempts int64
 	maxInFlight int64
 	backoff     queue.Backoff
-	backoffNode *yaml.Node
 	downstream  string
 	hasDown     bool
+	resultHdrs  []nameRef
+	maxIdemKeys int64
+	maxBody     int64
+	dropHeaders []string
+	deadMaxAge  time.Duration
+	// nodes holds each field's value, where queue.Config.Validate's problems are reported.
+	nodes map[string]*yaml.Node
 }
 
 var (
@@ -142,11 +152,11 @@ var (
 	optFields     = []string{"algorithm", "burst", "failure_mode", "forgive_rejected"}
 	limitFields   = append([]string{"unit", "window", "requests_per_unit"}, optFields...)
 	envoyFields   = append([]string{"unlimited", "name", "replaces"}, limitFields...)
-	routeFields   = []string{"name", "match", "descriptors"}
+	routeFields   = []string{"name", "match", "descriptors", "idempotency_scope"}
 	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields  = []string{"name", "value", "present"}
 	entryFields   = []string{"key", "value", "from", "default"}
-	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream"}
+	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys"}
 	outflowFields = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields = []string{"initial", "max"}
 )
@@ -186,6 +196,9 @@ func parseFile(name string, data []byte, probs *problemList) *fileDef {
 	if root == nil {
 		return nil
 	}
+	if !w.rulesShaped(root) {
+		return nil
+	}
 	f := &fileDef{path: name}
 	w.fields(root, "the file", fileFields, func(key string, k, v *yaml.Node) {
 		switch key {
@@ -219,9 +232,29 @@ func parseFile(name string, data []byte, probs *problemList) *fileDef {
 	return f
 }
 
-// yamlError reports a YAML syntax error; yaml.v3 puts the line in the text.
+// rulesShaped reports whether root can be a rules file: a mapping with at least one
+// field of a rules file. Anything else (a symlink to /etc/passwd, a key, another
+// program's YAML) is one problem that quotes nothing of the file, not a problem per
+// unknown key: its keys and values may be secrets, and problems reach the logs.
+func (w *walker) rulesShaped(root *yaml.Node) bool {
+	if root.Kind != yaml.MappingNode {
+		w.errf(root, "not a rules file: the top level must be a mapping with a domain, got %s", kindName(root))
+		return false
+	}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if k := root.Content[i]; k.Tag == "!!merge" || slices.Contains(fileFields, k.Value) {
+			return true
+		}
+	}
+	w.errf(root, "not a rules file: none of its top-level fields is one of %s", strings.Join(fileFields, ", "))
+	return false
+}
+
+// yamlError reports a YAML syntax error; yaml.v3 puts the line in the text. Quoted
+// parts of its message (an anchor's name, a character) come from the file, which may
+// not be YAML at all: they are cut, so that nothing of it reaches the logs.
 func (w *walker) yamlError(err error) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	msg := unquote(strings.TrimPrefix(err.Error(), "yaml: "))
 	line := 0
 	if rest, ok := strings.CutPrefix(msg, "line "); ok {
 		if i := strings.IndexByte(rest, ':'); i > 0 {
@@ -450,6 +483,9 @@ func (w *walker) route(n *yaml.Node) *routeDef {
 				r.descs = append(r.descs, list)
 				r.descNodes = append(r.descNodes, ln)
 			}
+		case "idempotency_scope":
+			r.scopeNode = v
+			r.scope = w.names(v, key)
 		}
 	})
 	return r
@@ -527,8 +563,9 @@ func (w *walker) entry(n *yaml.Node) entryDef {
 }
 
 func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
-	q := &queueDef{node: n, name: name, nameNode: nameNode}
+	q := &queueDef{node: n, name: name, nameNode: nameNode, nodes: map[string]*yaml.Node{}}
 	w.fields(n, "queue "+name, queueFields, func(key string, k, v *yaml.Node) {
+		q.nodes[key] = v
 		switch key {
 		case "outflow":
 			q.outflow, q.hasOutflow = w.outflow(v)
@@ -544,7 +581,6 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 		case "max_in_flight":
 			q.maxInFlight = w.positive(v, key)
 		case "backoff":
-			q.backoffNode = v
 			w.fields(v, "backoff", backoffFields, func(key string, k, v *yaml.Node) {
 				d, _ := w.duration(v, "backoff "+key)
 				if key == "initial" {
@@ -556,9 +592,36 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 		case "downstream":
 			q.downstream, q.hasDown = w.downstream(v)
 			q.downNode = v
+		case "result_headers":
+			q.resultHdrs = w.names(v, key)
+		case "max_idempotency_keys":
+			q.maxIdemKeys = w.positive(v, key)
+		case "max_body":
+			q.maxBody = w.size(v, key)
+		case "drop_headers":
+			for _, hn := range w.items(v, key) {
+				if h, ok := w.str(hn, "header name"); ok {
+					q.dropHeaders = append(q.dropHeaders, h)
+				}
+			}
+		case "dead_letter_max_age":
+			q.deadMaxAge, _ = w.duration(v, key)
 		}
 	})
 	return q
+}
+
+// names reads a list of strings, each with its node.
+func (w *walker) names(v *yaml.Node, what string) []nameRef {
+	var out []nameRef
+	for _, n := range w.items(v, what) {
+		if n = w.resolve(n); n != nil {
+			if s, ok := w.str(n, what+" entry"); ok {
+				out = append(out, nameRef{name: s, node: n})
+			}
+		}
+	}
+	return out
 }
 
 // positive reads a whole number of at least 1; 0 means "not set" to the caller.
@@ -569,4 +632,31 @@ func (w *walker) positive(v *yaml.Node, what string) int64 {
 		return 0
 	}
 	return n
+}
+
+// unquote drops every quoted part of msg longer than one character: yaml.v3 quotes
+// single characters of its grammar (expected ',' or '}'), but names from the file (an
+// anchor) too.
+func unquote(msg string) string {
+	var b strings.Builder
+	rest := msg
+	for {
+		i := strings.IndexAny(rest, "'\"`")
+		if i < 0 {
+			b.WriteString(rest)
+			break
+		}
+		j := strings.IndexByte(rest[i+1:], rest[i])
+		if j < 0 {
+			b.WriteString(rest)
+			break
+		}
+		quoted := rest[i : i+j+2]
+		b.WriteString(rest[:i])
+		if utf8.RuneCountInString(quoted) <= 3 {
+			b.WriteString(quoted)
+		}
+		rest = rest[i+j+2:]
+	}
+	return strings.Join(strings.Fields(b.String()), " ")
 }

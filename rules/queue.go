@@ -83,7 +83,7 @@ func (w *walker) size(v *yaml.Node, what string) int64 {
 	if !ok {
 		return 0
 	}
-	n, err := parseSize(s)
+	n, err := ParseSize(s)
 	if err != nil {
 		w.errf(v, "%s: %v", what, err)
 		return 0
@@ -91,7 +91,10 @@ func (w *walker) size(v *yaml.Node, what string) int64 {
 	return n
 }
 
-func parseSize(s string) (int64, error) {
+// ParseSize reads a byte count as rules files write it: a whole number of at least 1,
+// optionally with a unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB; any case). The sluice
+// command reads its size flags with it too.
+func ParseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	i := 0
 	for i < len(t) && t[i] >= '0' && t[i] <= '9' {

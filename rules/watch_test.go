@@ -389,3 +389,76 @@ func TestWatchLifecycle(t *testing.T) {
 		t.Errorf("Watch() = %v", err)
 	}
 }
+
+// lockedBuffer is a log destination that the watcher's goroutine and the test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestWatchRefusesNonRulesFilesWithoutQuotingThem: a rules file replaced by a symlink
+// to a file that is no rules file (passwd, a key, an env file, another program's
+// YAML, broken YAML naming an anchor) is refused, and neither the error nor the log
+// carries a byte of it: only the file, the position and a plain message.
+func TestWatchRefusesNonRulesFilesWithoutQuotingThem(t *testing.T) {
+	const secret = "hunter2-S3CR3T-wJalrXUtnFEMI"
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"passwd", "root:x:0:0:" + secret + ":/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/usr/sbin/nologin\n",
+			":1:1: not a rules file: the top level must be a mapping with a domain, got a string"},
+		{"env file", "AWS_SECRET_ACCESS_KEY=" + secret + "\nDB_PASSWORD=" + secret + "\n",
+			":1:1: not a rules file: the top level must be a mapping with a domain, got a string"},
+		{"private key", "-----BEGIN PRIVATE KEY-----\n" + secret + "\n-----END PRIVATE KEY-----\n",
+			":1:1: not a rules file: the top level must be a mapping with a domain, got a string"},
+		{"number", "4111111111111111\n", ":1:1: not a rules file: the top level must be a mapping with a domain, got a whole number"},
+		{"list", "- " + secret + "\n", ":1:1: not a rules file: the top level must be a mapping with a domain, got a list"},
+		{"other YAML", "db_password: " + secret + "\n" + secret + ": x\n",
+			":1:1: not a rules file: none of its top-level fields is one of domain, descriptors, routes, queues, shadow_mode"},
+		{"unknown anchor", "domain: *" + secret + "\n", ": invalid YAML: unknown anchor referenced"},
+		{"broken YAML", "password: '" + secret + "\n", ":2:1: invalid YAML: found unexpected end of stream"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := write(t, dir, "rules.yaml", versioned(1))
+			target := write(t, t.TempDir(), "target", tc.content)
+			var logs lockedBuffer
+			w := watch(t, []string{file}, WatchOptions{Poll: true, PollInterval: time.Hour,
+				Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+			if err := os.Remove(file); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(target, file); err != nil {
+				t.Fatal(err)
+			}
+			err := w.Reload()
+			var ps Problems
+			if !errors.As(err, &ps) || rate(w) != 1 {
+				t.Fatalf("Reload = %v, rate %d: want refused, old rules serving", err, rate(w))
+			}
+			if got := ps.Error(); !strings.Contains(got, file+tc.want) {
+				t.Errorf("problems:\n%s\nwant %q", got, file+tc.want)
+			}
+			waitFor(t, "the refusal logged", func() bool { return strings.Contains(logs.String(), "rules: new rules refused") })
+			for what, text := range map[string]string{"error": ps.Error(), "log": logs.String()} {
+				for _, leak := range []string{secret, "root:x", "4111111111111111", "AWS_SECRET", "db_password", "PRIVATE KEY"} {
+					if strings.Contains(text, leak) {
+						t.Errorf("the %s quotes the file (%q):\n%s", what, leak, text)
+					}
+				}
+			}
+		})
+	}
+}

@@ -187,10 +187,22 @@ func kindName(n *yaml.Node) string {
 	case yaml.SequenceNode:
 		return "a list"
 	case yaml.ScalarNode:
-		if isNull(n) {
+		// The value itself is never quoted: the file may be anything (a symlink to
+		// /etc/passwd, a key file) and its text must not reach logs; the position says
+		// where to look.
+		switch n.Tag {
+		case "!!null":
 			return "nothing"
+		case "!!int":
+			return "a whole number"
+		case "!!float":
+			return "a decimal number"
+		case "!!bool":
+			return "true or false"
+		case "!!timestamp":
+			return "a timestamp"
 		}
-		return fmt.Sprintf("%q", n.Value)
+		return "a string"
 	}
 	return "something else"
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -250,13 +251,14 @@ func (b *clusterBench) start(ctx context.Context) (err error) {
 		return err
 	}
 	fmt.Fprintf(b.stderr, "starting %d sluice replicas…\n", b.cfg.replicas)
+	queueKey := base64.StdEncoding.EncodeToString(benchKey()) // shared by the replicas, like their NATS
 	for i := range b.cfg.replicas {
 		listen, admin := freeAddr(), freeAddr()
 		r := &benchReplica{name: fmt.Sprintf("sluice-%d", i+1), url: "http://" + listen, admin: "http://" + admin,
 			log: filepath.Join(b.dir, fmt.Sprintf("sluice-%d.log", i+1)), done: make(chan struct{})}
 		args := []string{"serve", "--rules", rulesPath, "--upstream", "http://" + b.up.Addr,
 			"--listen", listen, "--admin-listen", admin, "--log-level", "warn",
-			"--data-dir", filepath.Join(b.dir, r.name), "--nats", b.nats.URL(), "--replicas", "3",
+			"--data-dir", filepath.Join(b.dir, r.name), "--nats", b.nats.URL(), "--queue-key", queueKey, "--replicas", "3",
 			"--redis", "redis://" + b.redis.Addr() + "/0",
 			"--delivery-timeout", b.cfg.deliveryTimeout.String(), "--ack-wait", b.cfg.ackWait.String(),
 			"--failover-after", b.cfg.failoverAfter.String()}
@@ -291,12 +293,9 @@ func (r *benchReplica) start(ctx context.Context, bin string, args []string) err
 	go func() { _ = r.cmd.Wait(); logf.Close(); close(r.done) }()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		resp, err := http.Get(r.admin + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
+		// Ready (serving) and its queues declared: /readyz does not wait for NATS.
+		if r.ready() {
+			return nil
 		}
 		select {
 		case <-r.done:
@@ -309,6 +308,30 @@ func (r *benchReplica) start(ctx context.Context, bin string, args []string) err
 			return fmt.Errorf("%s not ready after 60s:\n%s", r.name, tailFile(r.log))
 		}
 	}
+}
+
+// ready reports whether the replica's /readyz answers 200 and its status shows NATS
+// up (the queues declared).
+func (r *benchReplica) ready() bool {
+	resp, err := http.Get(r.admin + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false
+	}
+	resp, err = http.Get(r.admin + "/sluice/v1/status")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Dependencies map[string]struct {
+			State string `json:"state"`
+		} `json:"dependencies"`
+	}
+	return json.NewDecoder(resp.Body).Decode(&st) == nil && st.Dependencies["nats"].State == "up"
 }
 
 func (r *benchReplica) kill() {
@@ -746,8 +769,8 @@ func (r *clusterReport) write(w io.Writer) error {
 	return tw.Flush()
 }
 
-// benchDownstream is the orders API: it deduplicates by Idempotency-Key and records
-// when each request arrived.
+// benchDownstream is the orders API: it counts deliveries per ticket (Sluice-Ticket;
+// the Idempotency-Key is the client's own) and records when each request arrived.
 type benchDownstream struct {
 	mu       sync.Mutex
 	count    map[string]int
@@ -759,7 +782,7 @@ func newBenchDownstream() *benchDownstream { return &benchDownstream{count: map[
 func (d *benchDownstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	_, _ = io.Copy(io.Discard, r.Body)
-	key := r.Header.Get("Idempotency-Key")
+	key := r.Header.Get("Sluice-Ticket")
 	d.mu.Lock()
 	d.arrivals = append(d.arrivals, now)
 	d.count[key]++

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -386,7 +387,7 @@ func paceDispatcher(ctx context.Context, r limiter.Rate, d, _ time.Duration) ([]
 		return nil, err
 	}
 	defer srv.close()
-	store, err := queue.Open(ctx, nc)
+	store, err := queue.Open(ctx, nc, queue.WithSigningKey(benchKey()))
 	if err != nil {
 		return nil, err
 	}
@@ -560,7 +561,7 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	}); err != nil {
 		return nil, err
 	}
-	store, err := queue.Open(ctx, nc)
+	store, err := queue.Open(ctx, nc, queue.WithSigningKey(benchKey()))
 	if err != nil {
 		return nil, err
 	}
@@ -698,4 +699,12 @@ func tempNATS() (nc *nats.Conn, stop func(), err error) {
 		emb.Shutdown()
 		os.RemoveAll(dir)
 	}, nil
+}
+
+// benchKey returns a fresh signing key: the queues of a measurement live only as long
+// as it does.
+func benchKey() []byte {
+	k := make([]byte, queue.MinSigningKey)
+	_, _ = rand.Read(k) // crypto/rand never fails
+	return k
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -95,17 +96,18 @@ const clArrivalJitter = 100 * time.Millisecond
 // dispatcher comes back after 4s, a queue pinned to a dead dispatcher moves after 1s.
 var clDispatchFlags = []string{"--delivery-timeout", "3s", "--ack-wait", "4s", "--failover-after", "1s"}
 
-// clDownstream is the orders API: it deduplicates by Idempotency-Key (a repeat gets the
-// first answer again and is counted as a suppressed duplicate), and records when each
-// request arrived and under which key each order (X-Order) came.
+// clDownstream is the orders API: it counts deliveries per ticket (Sluice-Ticket; a
+// repeat is counted as a suppressed duplicate), checks that each order carries its
+// client's own Idempotency-Key, and records when each request arrived and under which
+// ticket each order (X-Order) came.
 type clDownstream struct {
 	*httptest.Server
 
 	mu         sync.Mutex
-	count      map[string]int    // deliveries per Idempotency-Key
-	orderOfKey map[string]string // Idempotency-Key → X-Order
-	keyOfOrder map[string]string // X-Order → Idempotency-Key
-	mismatches []string          // orders seen under two keys
+	count      map[string]int    // deliveries per ticket
+	orderOfKey map[string]string // ticket → X-Order
+	keyOfOrder map[string]string // X-Order → ticket
+	mismatches []string          // orders seen under two tickets or with another key
 	arrivals   []time.Time       // every request
 }
 
@@ -114,8 +116,11 @@ func newClDownstream(t *testing.T) *clDownstream {
 	d.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		io.Copy(io.Discard, r.Body)
-		key, order := r.Header.Get("Idempotency-Key"), r.Header.Get("X-Order")
+		key, order := r.Header.Get("Sluice-Ticket"), r.Header.Get("X-Order")
 		d.mu.Lock()
+		if got := r.Header.Get("Idempotency-Key"); got != strconv.Quote(order) {
+			d.mismatches = append(d.mismatches, fmt.Sprintf("order %s delivered with Idempotency-Key %s, not the client's", order, got))
+		}
 		d.arrivals = append(d.arrivals, now)
 		d.count[key]++
 		d.orderOfKey[key] = order
@@ -397,7 +402,7 @@ func TestCluster(t *testing.T) {
 	env.up, env.down = newUpstream(t, 0), newClDownstream(t)
 	rulesPath := writeRules(t, t.TempDir(), clusterRules(env.down.URL))
 	args := append([]string{"--rules", rulesPath, "--upstream", env.up.URL, "--log-level", "info",
-		"--nats", env.nats.URL(), "--replicas", "3", "--redis", "redis://" + env.redis.Addr() + "/0"}, clDispatchFlags...)
+		"--nats", env.nats.URL(), "--queue-key", testQueueKey, "--replicas", "3", "--redis", "redis://" + env.redis.Addr() + "/0"}, clDispatchFlags...)
 	for range 2 {
 		env.replicas = append(env.replicas, startSluice(t, args...))
 	}
@@ -739,4 +744,112 @@ func clMaxInWindow(times []time.Time, w time.Duration) int {
 		most = max(most, j-i)
 	}
 	return most
+}
+
+// sluice serve starts before its NATS cluster exists (a NATS rollout, pods started in
+// any order): it does not exit, proxies what its rules allow, answers defers 503 with
+// Retry-After, logs the wait once, and once the cluster forms it declares the queues
+// and delivers what it then accepts.
+func TestServeBeforeNATSCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a 3-node NATS cluster and sluice as processes")
+	}
+	cluster := natstest.PrepareCluster(t, 3) // ports known, nothing running
+	up, down := newUpstream(t, 0), newClDownstream(t)
+	rulesPath := writeRules(t, t.TempDir(), clusterRules(down.URL))
+	p := startSluice(t, append([]string{"--rules", rulesPath, "--upstream", up.URL,
+		"--nats", cluster.URL(), "--queue-key", testQueueKey, "--replicas", "3"}, clDispatchFlags...)...)
+
+	order := func(key string) result {
+		t.Helper()
+		r, err := postOrder(p.url, "/v1/orders", key, fmt.Sprintf(`{"order":%q}`, key), "Idempotency-Key", strconv.Quote(key))
+		if err != nil {
+			t.Fatalf("order %s: %v\n%s", key, err, p.output)
+		}
+		return r
+	}
+	// The orders rule allows one order an hour; it is proxied.
+	if r := order("first"); r.status != http.StatusOK || r.header.Get("X-Upstream") != "yes" {
+		t.Fatalf("first order with no NATS: %d %q, want 200 from the upstream", r.status, r.body)
+	}
+	for i := range 3 {
+		r := order(fmt.Sprintf("early-%d", i))
+		if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" {
+			t.Fatalf("deferred order with no NATS: %d (Retry-After %q) %q, want 503 with Retry-After", r.status, r.header.Get("Retry-After"), r.body)
+		}
+	}
+	if r := send(t, "GET", p.url+"/v1/limited", nil); r.status != http.StatusOK || r.header.Get("X-Upstream") != "yes" {
+		t.Fatalf("allowed request with no NATS: %d %q", r.status, r.body)
+	}
+	// The replica serves: ready. NATS trouble shows in the status only.
+	if r := send(t, "GET", p.admin+"/readyz", nil); r.status != http.StatusOK {
+		t.Errorf("/readyz with no NATS: %d %s, want 200 (the replica serves)", r.status, r.body)
+	}
+	if st, _ := getStatusJSON(t, p, ""); st.Dependencies["nats"].State != "down" || st.Dependencies["nats"].LastError == "" {
+		t.Errorf("status with no NATS: %+v, want nats down with its error", st.Dependencies["nats"])
+	}
+	// A reload while the declaration is retried: the newest set is what gets declared.
+	writeRules(t, filepath.Dir(rulesPath), clusterRules(down.URL)+"  later:\n    outflow: {rate: 5/s}\n    downstream: "+down.URL+"\n")
+	clWait(t, "the rules reloaded", 30*time.Second, func() bool { return strings.Contains(p.output.String(), "rules: reloaded") })
+	select {
+	case <-p.done:
+		t.Fatalf("sluice exited with no NATS:\n%s", p.output)
+	default:
+	}
+
+	if err := cluster.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// A client retrying with the same key, as a 503 asks: accepted once declared.
+	var ticket string
+	clWait(t, "a deferred order accepted once the cluster runs", 90*time.Second, func() bool {
+		r := order("after-start")
+		switch r.status {
+		case http.StatusAccepted:
+			var a accepted
+			if err := json.Unmarshal([]byte(r.body), &a); err != nil || !queue.ValidTicket(a.Ticket) {
+				t.Fatalf("202 body %q: %v", r.body, err)
+			}
+			ticket = a.Ticket
+			return true
+		case http.StatusServiceUnavailable:
+			if r.header.Get("Retry-After") == "" {
+				t.Fatalf("503 without Retry-After: %s", r.body)
+			}
+			time.Sleep(200 * time.Millisecond)
+			return false
+		}
+		t.Fatalf("order while the cluster forms: %d %s", r.status, r.body)
+		return false
+	})
+	clWait(t, "the order delivered downstream", 60*time.Second, func() bool { return len(down.missing([]string{ticket})) == 0 })
+	waitStatus(t, p.url, ticket, "done", 30*time.Second)
+	clWait(t, "status: nats up", 30*time.Second, func() bool {
+		st, _ := getStatusJSON(t, p, "")
+		return st.Dependencies["nats"].State == "up"
+	})
+
+	out := p.output.String()
+	if n := strings.Count(out, "queues not declared yet"); n != 1 {
+		t.Errorf("the wait for NATS logged %d times, want once (at the state change):\n%s", n, out)
+	}
+	if !strings.Contains(out, "queues declared") || !strings.Contains(out, `msg=dispatching queue=orders`) ||
+		!strings.Contains(out, `msg=dispatching queue=later`) {
+		t.Errorf("no log of the queues declared and dispatched:\n%s", out)
+	}
+	js, err := jetstream.New(cluster.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, name := range []string{queue.StreamName("orders"), queue.StreamName("later"), queue.DeadStream} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		if r := s.CachedInfo().Config.Replicas; r != 3 {
+			t.Errorf("stream %s has %d replicas, want 3", name, r)
+		}
+	}
 }

@@ -335,6 +335,10 @@ func printConfig(w io.Writer, fs *flag.FlagSet, src *flagSources) error {
 // mask replaces a secret in --print-config.
 const mask = "****"
 
+// secretFlags are secrets whose names do not say so (--nats-key and --redis-key name
+// files, not keys).
+var secretFlags = map[string]bool{"encryption-key": true, "queue-key": true}
+
 // maskSecret masks value if the flag's name says it is a secret (a token, a
 // password), and otherwise the credentials of every URL in it (comma-separated):
 // the password (redis://:secret@host becomes redis://:****@host), or the user of a
@@ -343,6 +347,9 @@ const mask = "****"
 func maskSecret(name, value string) string {
 	if value == "" {
 		return ""
+	}
+	if secretFlags[name] {
+		return mask
 	}
 	for _, word := range []string{"token", "password", "passwd", "secret"} {
 		if strings.Contains(name, word) {

@@ -282,6 +282,7 @@ rules: [a.yaml]
 upstream: http://orders:8080
 redis: redis://redis:6379/0
 nats: nats://127.0.0.1:1
+queue-key: `+testQueueKey+`
 delivery-timeout: 5s
 `)
 	got := printedConfig(t, "dispatch", "--config", file)
@@ -307,7 +308,7 @@ delivery-timeout: 5s
 }
 
 func TestPrintConfigMasksSecretsAndRoundTrips(t *testing.T) {
-	secrets := []string{"hunter2", "s3cret-token", "natspass", "natstoken", "redispw"}
+	secrets := []string{"hunter2", "s3cret-token", "natspass", "natstoken", "redispw", "listen-token-0123456789abcdef0123", "client-token-0123456789abcdef0123", "at-rest-key-0123456789abcdef01234", testQueueKey}
 	file := writeFile(t, "sluice.yaml", `
 rules: [a.yaml, b.yaml]
 upstream: http://orders:8080
@@ -315,11 +316,16 @@ admin-token: s3cret-token
 redis: redis://app:hunter2@redis:6379/0
 nats: [nats://natstoken@n1:4222, "nats://user:natspass@n2:4222", nats://n3:4222]
 nats-key: /etc/sluice/nats.key
+queue-key: `+testQueueKey+`
+nats-listen-token: listen-token-0123456789abcdef0123
+nats-token: client-token-0123456789abcdef0123
+encryption-key-file: /etc/sluice/at-rest.key
 shutdown-timeout: 45s
 shadow: true
 max-body: 1048576
 `)
 	t.Setenv("SLUICE_REDIS_PASSWORD", "redispw")
+	t.Setenv("SLUICE_ENCRYPTION_KEY", "at-rest-key-0123456789abcdef01234")
 	_, out, errOut := runIn(t, "serve", "--config", file, "--print-config", "--log-level", "debug")
 	for _, s := range secrets {
 		if strings.Contains(out+errOut, s) {
@@ -328,16 +334,21 @@ max-body: 1048576
 	}
 	got := parsePrinted(t, out)
 	for key, want := range map[string]setting{
-		"admin-token":    {"****", "file"},
-		"redis-password": {"****", "env SLUICE_REDIS_PASSWORD"},
-		"redis":          {"redis://app:****@redis:6379/0", "file"},
-		"nats":           {"nats://****@n1:4222,nats://user:****@n2:4222,nats://n3:4222", "file"},
-		"nats-key":       {"/etc/sluice/nats.key", "file"}, // a path, not a secret
-		"rules":          {"a.yaml,b.yaml", "file"},
-		"log-level":      {"debug", "flag"},
-		"upstream":       {"http://orders:8080", "file"},
-		"admin-listen":   {"127.0.0.1:9090", "default"},
-		"redis-ca":       {"", "default"},
+		"admin-token":         {"****", "file"},
+		"redis-password":      {"****", "env SLUICE_REDIS_PASSWORD"},
+		"redis":               {"redis://app:****@redis:6379/0", "file"},
+		"nats":                {"nats://****@n1:4222,nats://user:****@n2:4222,nats://n3:4222", "file"},
+		"nats-key":            {"/etc/sluice/nats.key", "file"}, // a path, not a secret
+		"nats-listen-token":   {"****", "file"},
+		"nats-token":          {"****", "file"},
+		"encryption-key":      {"****", "env SLUICE_ENCRYPTION_KEY"},
+		"encryption-key-file": {"/etc/sluice/at-rest.key", "file"},
+		"queue-key":           {"****", "file"},
+		"rules":               {"a.yaml,b.yaml", "file"},
+		"log-level":           {"debug", "flag"},
+		"upstream":            {"http://orders:8080", "file"},
+		"admin-listen":        {"127.0.0.1:9090", "default"},
+		"redis-ca":            {"", "default"},
 	} {
 		if got[key] != want {
 			t.Errorf("%s = %+v, want %+v", key, got[key], want)
@@ -348,6 +359,7 @@ max-body: 1048576
 	// stand for themselves), every value now from the file.
 	again := writeFile(t, "printed.yaml", out)
 	os.Unsetenv("SLUICE_REDIS_PASSWORD") // t.Setenv restores it
+	os.Unsetenv("SLUICE_ENCRYPTION_KEY")
 	got2 := printedConfig(t, "serve", "--config", again)
 	if len(got2) != len(got) {
 		t.Errorf("%d keys, then %d", len(got), len(got2))
@@ -386,6 +398,11 @@ func TestMaskSecret(t *testing.T) {
 		{"nats", "tls://u:p@a:4222", "tls://u:****@a:4222"},
 		{"upstream", "http://u:p@orders", "http://u:****@orders"},
 		{"nats-key", "/etc/key.pem", "/etc/key.pem"},
+		{"queue-key", "c2VjcmV0", "****"},
+		{"encryption-key", "k", "****"},
+		{"encryption-key-file", "/etc/sluice/at-rest.key", "/etc/sluice/at-rest.key"},
+		{"nats-listen-token", "t", "****"},
+		{"nats-token", "t", "****"},
 		{"listen", "127.0.0.1:8080", "127.0.0.1:8080"},
 	} {
 		if got := maskSecret(tc.name, tc.value); got != tc.want {
@@ -395,14 +412,14 @@ func TestMaskSecret(t *testing.T) {
 }
 
 // TestConfigKeys pins down what the loader relies on: every key is a flag of the
-// flag package's own kinds (their String and Set round-trip), and the list flags are
+// flag package's own kinds or a sizeFlag (their String and Set round-trip), and the list flags are
 // exactly those whose help says comma-separated.
 func TestConfigKeys(t *testing.T) {
 	for name, f := range keyFlags() {
 		switch flagKind(f).(type) {
-		case string, bool, int, int64, time.Duration:
+		case string, bool, int, int64, time.Duration, sizeFlag:
 		default:
-			t.Errorf("--%s is a %T: the config file and --print-config handle string, bool, int, int64 and duration flags", name, f.Value)
+			t.Errorf("--%s is a %T: the config file and --print-config handle string, bool, int, int64, duration and size flags", name, f.Value)
 		}
 		if comma := strings.Contains(f.Usage, "comma-separated"); comma != listFlags[name] {
 			t.Errorf("--%s: comma-separated in its help is %v, a list key is %v", name, comma, listFlags[name])

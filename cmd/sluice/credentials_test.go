@@ -139,6 +139,12 @@ func TestCredentialFlagErrors(t *testing.T) {
 		{"nats creds missing, from the environment", dispatch, map[string]string{"SLUICE_NATS_CREDS": missing}, "--nats-creds: open " + missing},
 		{"dlq nats CA missing", with(dlq, "--nats-ca", missing), nil, "sluice dlq: --nats-ca: open " + missing},
 		{"dlq nats creds missing", with(dlq, "--nats-creds", missing), nil, "sluice dlq: --nats-creds: open " + missing},
+		{"queue key missing with --nats", dispatch, nil, "sluice dispatch: --queue-key (or SLUICE_QUEUE_KEY) is required with --nats"},
+		{"ingress queue key missing with --nats", []string{"ingress", "--rules", "x.yaml", "--upstream", "http://127.0.0.1:1", "--nats", "nats://127.0.0.1:1"}, nil,
+			"sluice ingress: --queue-key (or SLUICE_QUEUE_KEY) is required"},
+		{"queue key too short", with(serve, "--queue-key", "c2hvcnQga2V5"), nil, "sluice serve: --queue-key: 9 bytes, want at least 32"},
+		{"queue key not base64", with(dispatch, "--queue-key", "not base64!"), nil, "sluice dispatch: --queue-key: not base64"},
+		{"queue key too short, from the environment", dlq, map[string]string{"SLUICE_QUEUE_KEY": "c2hvcnQga2V5"}, "sluice dlq: --queue-key: 9 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
@@ -195,6 +201,9 @@ func TestOpenRedisOptions(t *testing.T) {
 			t.Errorf("username %q password %q db %d addr %q", opts.Username, opts.Password, opts.DB, opts.Addr)
 		}
 		checkTLS(t, opts.TLSConfig, "redis.internal")
+		if !opts.ContextTimeoutEnabled {
+			t.Error("ContextTimeoutEnabled off: a hung Redis holds calls past their deadline")
+		}
 	})
 	t.Run("cluster", func(t *testing.T) {
 		c, err := openRedis(redisConfig{url: "rediss://r1:6380?addr=r2:6380&addr=r3:6380", password: "pw", ca: pki.ca, cert: pki.clientCert, key: pki.clientKey}, log)
@@ -207,6 +216,9 @@ func TestOpenRedisOptions(t *testing.T) {
 			t.Errorf("password %q addrs %v", opts.Password, opts.Addrs)
 		}
 		checkTLS(t, opts.TLSConfig, "r1")
+		if !opts.ContextTimeoutEnabled {
+			t.Error("ContextTimeoutEnabled off: a hung Redis holds calls past their deadline")
+		}
 	})
 	t.Run("system roots", func(t *testing.T) {
 		c, err := openRedis(redisConfig{url: "rediss://:pw@redis.internal:6380"}, log)

@@ -312,7 +312,8 @@ func TestDeferDeliversInOrderExactlyOnce(t *testing.T) {
 	up, down := newUpstream(t, 0), newDownstream(t, 0)
 	// One delivery at a time, so the arrival order at the downstream is the order of
 	// the queue and nothing else.
-	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}\nmax_in_flight: 1"))
+	// X-Downstream is kept in results only because result_headers lists it.
+	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}\nmax_in_flight: 1\nresult_headers: [X-Downstream]"))
 	p := startSluice(t, append([]string{"--rules", rulesPath, "--upstream", up.URL}, dispatchFlags...)...)
 	warmUp(t, p.url, "/v1/orders")
 
@@ -511,8 +512,8 @@ func TestDispatchKilledLosesNoAcceptedOrder(t *testing.T) {
 	up, down := newUpstream(t, 0), newDownstream(t, 300*time.Millisecond)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 20/s}\nmax_in_flight: 4"))
 	natsAddr := freeAddr(t)
-	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr)
-	dispatchArgs := append([]string{"--rules", rulesPath, "--nats", "nats://" + natsAddr}, dispatchFlags...)
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--nats-listen-token", testNATSToken, "--queue-key", testQueueKey)
+	dispatchArgs := append([]string{"--rules", rulesPath, "--nats", "nats://" + natsAddr, "--nats-token", testNATSToken, "--queue-key", testQueueKey}, dispatchFlags...)
 	d1 := startCommand(t, "dispatch", dispatchArgs...)
 	if r := send(t, "GET", d1.admin+"/readyz", nil); r.status != 200 {
 		t.Fatalf("dispatch /readyz: %d %s", r.status, r.body)
@@ -546,8 +547,8 @@ func TestDispatchShutdownFinishesDeliveries(t *testing.T) {
 	up, down := newUpstream(t, 0), newDownstream(t, 1500*time.Millisecond)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}\nmax_in_flight: 3"))
 	natsAddr := freeAddr(t)
-	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr)
-	d := startCommand(t, "dispatch", "--rules", rulesPath, "--nats", "nats://"+natsAddr)
+	front := startCommand(t, "ingress", "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--nats-listen-token", testNATSToken, "--queue-key", testQueueKey)
+	d := startCommand(t, "dispatch", "--rules", rulesPath, "--nats", "nats://"+testNATSToken+"@"+natsAddr, "--queue-key", testQueueKey)
 	warmUp(t, front.url, "/v1/orders")
 	var tickets []string
 	for i := range 6 {
@@ -576,6 +577,9 @@ func TestDispatchShutdownFinishesDeliveries(t *testing.T) {
 	}
 }
 
+// testNATSToken is the --nats-listen-token of the tests' embedded servers.
+const testNATSToken = "test-token-0123456789abcdef0123456789"
+
 // runSluice runs the binary to completion and returns its exit status and output.
 func runSluice(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -602,9 +606,12 @@ func TestDeadLetterRequeue(t *testing.T) {
 		"outflow: {rate: 50/s}\nmax_attempts: 2\nbackoff: {initial: 50ms, max: 200ms}"))
 	natsAddr := freeAddr(t)
 	dataDir := t.TempDir()
-	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--data-dir", dataDir)
-	natsURL := "nats://" + natsAddr
+	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--nats-listen", natsAddr, "--nats-listen-token", testNATSToken, "--data-dir", dataDir)
+	natsURL := "nats://" + testNATSToken + "@" + natsAddr
 
+	// serve generated the key and kept it in the data directory; dlq reaching the
+	// queues over --nats needs the same one.
+	key := keptQueueKey(t, dataDir)
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
 		t.Fatal(err)
@@ -657,12 +664,12 @@ func TestDeadLetterRequeue(t *testing.T) {
 		t.Errorf("dlq on a locked data dir: %d %s", code, stderr)
 	}
 
-	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", natsURL)
+	code, stdout, stderr := runSluice(t, "dlq", "list", "orders", "--nats", natsURL, "--queue-key", key)
 	if code != 0 || !strings.Contains(stdout, "TICKET") || !strings.Contains(stdout, a.Ticket) || !strings.Contains(stdout, b.Ticket) {
 		t.Fatalf("dlq list: %d\n%s%s", code, stdout, stderr)
 	}
 	t.Logf("sluice dlq list orders:\n%s", stdout)
-	code, stdout, stderr = runSluice(t, "dlq", "list", "--json", "orders", a.Ticket, "--nats", natsURL)
+	code, stdout, stderr = runSluice(t, "dlq", "list", "--json", "orders", a.Ticket, "--nats", natsURL, "--queue-key", key)
 	var listed []ingress.DeadLetterView
 	if code != 0 || json.Unmarshal([]byte(stdout), &listed) != nil || len(listed) != 1 ||
 		listed[0].Ticket != a.Ticket || listed[0].Attempts != 2 || listed[0].Queue != "orders" ||
@@ -672,7 +679,7 @@ func TestDeadLetterRequeue(t *testing.T) {
 
 	// Healthy again: requeue one ticket; it is delivered under its own ticket.
 	down.failing.Store(false)
-	code, stdout, stderr = runSluice(t, "dlq", "requeue", "orders", a.Ticket, "--nats", natsURL)
+	code, stdout, stderr = runSluice(t, "dlq", "requeue", "orders", a.Ticket, "--nats", natsURL, "--queue-key", key)
 	if code != 0 || !strings.Contains(stdout, "requeued 1 dead letters") {
 		t.Fatalf("dlq requeue: %d %s %s", code, stdout, stderr)
 	}
@@ -684,15 +691,15 @@ func TestDeadLetterRequeue(t *testing.T) {
 		t.Errorf("deliveries: %v", count)
 	}
 	// A ticket that is no dead letter (any more) is an error.
-	if code, _, stderr = runSluice(t, "dlq", "requeue", "orders", a.Ticket, "--nats", natsURL); code != 1 || !strings.Contains(stderr, "no dead letter") {
+	if code, _, stderr = runSluice(t, "dlq", "requeue", "orders", a.Ticket, "--nats", natsURL, "--queue-key", key); code != 1 || !strings.Contains(stderr, "no dead letter") {
 		t.Errorf("requeue of a delivered ticket: %d %s", code, stderr)
 	}
 
 	// Purge without --yes asks nothing and does nothing.
-	if code, _, stderr = runSluice(t, "dlq", "purge", "orders", "--nats", natsURL); code != 2 || !strings.Contains(stderr, "--yes") {
+	if code, _, stderr = runSluice(t, "dlq", "purge", "orders", "--nats", natsURL, "--queue-key", key); code != 2 || !strings.Contains(stderr, "--yes") {
 		t.Errorf("purge without --yes: %d %s", code, stderr)
 	}
-	if code, stdout, stderr = runSluice(t, "dlq", "purge", "orders", "--yes", "--nats", natsURL); code != 0 || !strings.Contains(stdout, "purged 1 dead letters") {
+	if code, stdout, stderr = runSluice(t, "dlq", "purge", "orders", "--yes", "--nats", natsURL, "--queue-key", key); code != 0 || !strings.Contains(stdout, "purged 1 dead letters") {
 		t.Errorf("purge: %d %s %s", code, stdout, stderr)
 	}
 	if st, _ := getStatus(t, p.url, b.Ticket); st.Status != "dead" {
@@ -751,7 +758,8 @@ func TestDeferIdempotencyAndFullQueue(t *testing.T) {
 		t.Errorf("repeat after delivery: ticket %s, want %s", a.Ticket, tickets[0])
 	}
 	waitQueueEmpty(t, p.admin, "orders")
-	if _, count, _ := down.snapshot(); len(count) != 1 || count[tickets[0]] != 1 || down.started.Load() != 1 {
+	// The downstream receives the client's own key, as sent.
+	if _, count, _ := down.snapshot(); len(count) != 1 || count[`"order-42"`] != 1 || down.started.Load() != 1 {
 		t.Errorf("downstream: %v in %d requests, want one delivery", count, down.started.Load())
 	}
 

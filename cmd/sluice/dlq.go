@@ -39,9 +39,11 @@ With --admin URL it works through the admin API of a running sluice (its
 most 10,000. Otherwise it connects to --nats, or else starts the embedded NATS server
 on --data-dir. That works only while no sluice runs there: a running sluice serve,
 ingress or dispatch holds its data directory, so use --admin, or start it with
---nats-listen ADDR and pass --nats nats://ADDR here. --config FILE reads the NATS
-flags and --admin-token from the config file of those commands (its other keys are
-ignored); --json, --limit and --yes are never read from a file.
+--nats-listen ADDR and --nats-listen-token (or SLUICE_NATS_LISTEN_TOKEN), and pass
+--nats nats://ADDR and the token (--nats-token or SLUICE_NATS_TOKEN) here. An
+encrypted data directory needs its --encryption-key here too. --config FILE reads the
+NATS flags and --admin-token from the config file of those commands (its other keys
+are ignored); --json, --limit and --yes are never read from a file.
 
 Exit status: 0 done, 1 failed (NATS unreachable, unknown queue or ticket, queue full),
 2 bad usage (including purge without --yes).
@@ -123,11 +125,13 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail(fmt.Errorf("no sluice data in --data-dir %s (give the directory sluice serve uses, or --nats URL): %w", cfg.nats.dataDir, err))
 		}
 	}
-	conn, err := openNATS(cfg.nats, log)
+	// Requeueing carries dead letters of any size back.
+	cfg.nats.maxBody = queue.MaxMaxBody
+	conn, err := openNATS(cfg.nats, log, false)
 	if errors.Is(err, errDataDirLocked) {
 		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it. "+
-			"Start that sluice with --nats-listen ADDR (for example --nats-listen 127.0.0.1:4222) "+
-			"and pass --nats nats://ADDR to sluice dlq", err))
+			"Start that sluice with --nats-listen ADDR and --nats-listen-token TOKEN (for example --nats-listen 127.0.0.1:4222) "+
+			"and pass --nats nats://ADDR and --nats-token TOKEN to sluice dlq", err))
 	}
 	if err != nil {
 		return fail(err)
@@ -135,7 +139,12 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer conn.close()
 	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(conn.replicas), queue.WithLogger(log))
+	replicas, err := conn.replicaCount()
+	if err != nil {
+		return fail(err)
+	}
+	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(replicas), queue.WithLogger(log),
+		queue.WithIdempotencyMaxBytes(conn.idemMax), queue.WithSigningKey(conn.key))
 	if err != nil {
 		return fail(err)
 	}

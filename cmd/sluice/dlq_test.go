@@ -35,7 +35,8 @@ func TestGatewayAndDLQUsage(t *testing.T) {
 		{"purge needs --yes", []string{"dlq", "purge", "orders", ticket}, exitUsage, "", "add --yes"},
 		{"dlq bad flag after the queue", []string{"dlq", "list", "orders", "--jsn"}, exitUsage, "", "-jsn"},
 		{"dlq on a directory without data", []string{"dlq", "list", "orders", "--data-dir", missing}, exitFailure, "", "no sluice data in --data-dir"},
-		{"dlq NATS unreachable", []string{"dlq", "list", "orders", "--nats", "nats://127.0.0.1:1"}, exitFailure, "", "--nats:"},
+		{"dlq NATS unreachable", []string{"dlq", "list", "orders", "--nats", "nats://127.0.0.1:1", "--queue-key", testQueueKey}, exitFailure, "", "--nats:"},
+		{"dlq --nats needs a queue key", []string{"dlq", "list", "orders", "--nats", "nats://127.0.0.1:1"}, exitUsage, "", "--queue-key (or SLUICE_QUEUE_KEY) is required with --nats"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer

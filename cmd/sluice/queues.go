@@ -1,18 +1,26 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -25,11 +33,30 @@ type natsConfig struct {
 	dataDir  string
 	listen   string
 	creds    string
+	token    string
 	ca       string
 	cert     string
 	key      string
 	replicas int
+	idemMax  int64
+	queueKey string // --queue-key as given (base64)
+	signKey  []byte // decoded by check
+
+	// The embedded server's listener: its clients' credentials, a token or TLS
+	// client certificates (verified against listenCA).
+	listenToken, listenCert, listenKey, listenCA string
+	// The embedded server's store is encrypted at rest with this key (or the one in
+	// encryptionKeyFile); check reads the file into encryptionKey.
+	encryptionKey, encryptionKeyFile string
+
+	// maxBody is the largest body a queue takes: the embedded server's max payload
+	// makes room for it (0: NATS's default max payload).
+	maxBody int64
 }
+
+// minSecretLen is the shortest token or encryption key taken: both guard everything
+// parked, and a key can be attacked offline on a copy of the data directory.
+const minSecretLen = 32
 
 // flags registers the NATS flags; server adds --nats-listen, which only a long-running
 // command's embedded server has use for.
@@ -37,12 +64,21 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 	fs.StringVar(&c.url, "nats", "", "`URL`s of a NATS server or cluster with JetStream (comma-separated); empty: run an embedded server")
 	fs.StringVar(&c.dataDir, "data-dir", "sluice-data", "`directory` of the embedded NATS server's JetStream files (one process at a time)")
 	if server {
-		fs.StringVar(&c.listen, "nats-listen", "", "`address` where the embedded NATS server accepts clients (for sluice dispatch, ingress and dlq elsewhere); empty: in-process only")
+		fs.StringVar(&c.listen, "nats-listen", "", "`address` where the embedded NATS server accepts clients (for sluice dispatch, ingress and dlq elsewhere), who must give --nats-listen-token or a client certificate; empty: in-process only")
+		fs.StringVar(&c.listenToken, "nats-listen-token", "", "`token` that clients of --nats-listen must give (--nats-token), at least 32 characters (best from SLUICE_NATS_LISTEN_TOKEN)")
+		fs.StringVar(&c.listenCert, "nats-listen-cert", "", "certificate `file` of --nats-listen: clients must use TLS (with --nats-listen-key)")
+		fs.StringVar(&c.listenKey, "nats-listen-key", "", "key `file` of --nats-listen-cert")
+		fs.StringVar(&c.listenCA, "nats-listen-ca", "", "CA certificates `file`: clients of --nats-listen must present a certificate it signed (with --nats-listen-cert)")
 	}
+	fs.StringVar(&c.encryptionKey, "encryption-key", "", "`key` that encrypts the embedded NATS server's data directory at rest, at least 32 characters (best from SLUICE_ENCRYPTION_KEY or --encryption-key-file); without it parked orders are stored in clear")
+	fs.StringVar(&c.encryptionKeyFile, "encryption-key-file", "", "`file` holding --encryption-key")
 	fs.StringVar(&c.creds, "nats-creds", "", "NATS credentials `file` (JWT and nkey)")
+	fs.StringVar(&c.token, "nats-token", "", "`token` for --nats, such as the --nats-listen-token of another sluice (best from SLUICE_NATS_TOKEN)")
 	fs.StringVar(&c.ca, "nats-ca", "", "`file` of CA certificates that the NATS servers' TLS certificates are checked against")
 	fs.StringVar(&c.cert, "nats-cert", "", "client certificate `file` for NATS TLS (with --nats-key)")
 	fs.StringVar(&c.key, "nats-key", "", "client key `file` for NATS TLS")
+	fs.Int64Var(&c.idemMax, "idempotency-max-bytes", queue.DefaultIdempotencyMaxBytes, "byte cap of the idempotency key bucket (and of each queue's key stream); new keys past 90% of it get 503; 0: no cap")
+	fs.StringVar(&c.queueKey, "queue-key", "", "`base64` of the secret (at least 32 bytes) that signs parked orders and ticket records; every process sharing the queues needs the same one; required with --nats; empty with the embedded server: generated once and kept in DATA_DIR/"+queueKeyFile)
 	fs.IntVar(&c.replicas, "replicas", 0, "stream `replicas` of the queues: 0 means 3 on a NATS cluster, 1 on a single server or the embedded one")
 }
 
@@ -50,23 +86,47 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 // there is one.
 type natsConn struct {
 	nc       *nats.Conn
+	key      []byte // signs the queues' messages and records
 	embedded *queue.Embedded
 	unlock   func() // releases --data-dir
-	replicas int
-	where    string // for logs: "embedded nats in DIR" or the server URL
+	replicas int    // --replicas; 0: decided by what the connection reaches
+	idemMax  int64  // --idempotency-max-bytes
+	where    string // for logs: "embedded nats in DIR" or the server URLs
+	lastErr  *atomic.Pointer[error]
 }
 
-func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
+// openNATS connects to the queues' NATS. With --nats and background, a server that
+// cannot be reached yet is no error: the connection keeps trying in the background
+// (a long-running command must outlive a NATS rollout); without background (a
+// one-shot command) it is.
+func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, error) {
+	var lastErr atomic.Pointer[error] // of the latest failed connection attempt
 	opts := []nats.Option{
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				lastErr.Store(&err)
+			}
+		}),
 		nats.Name("sluice"),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(-1), // never buffer publishes: a 202 needs a real ack
+		nats.RetryOnFailedConnect(background),
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			lastErr.Store(nil)
+			log.Info("NATS connected", "server", nc.ConnectedUrlRedacted())
+		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			lastErr.Store(nil)
+			log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted())
+		}),
 	}
 	if cfg.creds != "" {
 		opts = append(opts, nats.UserCredentials(cfg.creds))
+	}
+	if cfg.token != "" {
+		opts = append(opts, nats.Token(cfg.token))
 	}
 	if cfg.ca != "" {
 		opts = append(opts, nats.RootCAs(cfg.ca))
@@ -79,18 +139,10 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--nats: %w", err)
 		}
-		// A replica count the server cannot hold makes every declaration fail, so the
-		// default follows what we are connected to: R3 on a cluster (a single server
-		// reports no cluster name), R1 on a lone server such as another sluice's
-		// embedded one.
-		replicas := cfg.replicas
-		if replicas == 0 {
-			replicas = 1
-			if nc.ConnectedClusterName() != "" {
-				replicas = 3
-			}
+		if !nc.IsConnected() {
+			log.Warn("NATS not reachable yet; connecting in the background (defers answer 503 meanwhile)", "nats", redactURLs(cfg.url))
 		}
-		return &natsConn{nc: nc, replicas: replicas, where: "nats " + nc.ConnectedUrlRedacted()}, nil
+		return &natsConn{nc: nc, key: cfg.signKey, replicas: cfg.replicas, idemMax: cfg.idemMax, where: "nats " + redactURLs(cfg.url), lastErr: &lastErr}, nil
 	}
 	// nats-server does not guard its store directory: two processes on one directory
 	// would corrupt each other's files. The lock is released by the kernel when the
@@ -99,7 +151,27 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen})
+	key := cfg.signKey
+	if key == nil {
+		if key, err = loadQueueKey(cfg.dataDir); err != nil {
+			unlock()
+			return nil, err
+		}
+	} else if kept, err := readQueueKey(filepath.Join(cfg.dataDir, queueKeyFile)); err == nil && !bytes.Equal(kept, key) {
+		log.Warn("--queue-key differs from the key kept in --data-dir: orders parked under that key will be dead-lettered as forged",
+			"file", filepath.Join(cfg.dataDir, queueKeyFile))
+	}
+	listenTLS, err := cfg.listenTLS()
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen,
+		Token: cfg.listenToken, TLS: listenTLS, EncryptionKey: cfg.encryptionKey, MaxPayload: embeddedPayload(cfg.maxBody)})
+	if errors.Is(err, queue.ErrEncryptionKey) {
+		unlock()
+		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w; give the key it was written with in --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file", cfg.dataDir, err)
+	}
 	if err != nil {
 		unlock()
 		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w", cfg.dataDir, err)
@@ -114,7 +186,51 @@ func openNATS(cfg natsConfig, log *slog.Logger) (*natsConn, error) {
 	if u := emb.ClientURL(); u != "" {
 		where += " listening on " + u
 	}
-	return &natsConn{nc: nc, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), where: where}, nil
+	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), idemMax: cfg.idemMax, where: where, lastErr: &lastErr}, nil
+}
+
+// redactURLs returns comma-separated URLs with their passwords masked, for logs.
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// replicaCount returns the stream replica count of the queues: --replicas, else R3 on
+// a cluster (a single server reports no cluster name) and R1 on a lone server such as
+// another sluice's embedded one, since a count the server cannot hold makes every
+// declaration fail. It is known once connected.
+func (c *natsConn) replicaCount() (int, error) {
+	if c.replicas != 0 {
+		return c.replicas, nil
+	}
+	if !c.nc.IsConnected() {
+		return 0, c.notConnected()
+	}
+	if c.nc.ConnectedClusterName() != "" {
+		return 3, nil
+	}
+	return 1, nil
+}
+
+// errNotConnected: the connection to NATS is not up (yet).
+var errNotConnected = errors.New("not connected to NATS")
+
+// notConnected returns errNotConnected with the connection's last error (refused,
+// authorization violation…), so that the log and the status say why.
+func (c *natsConn) notConnected() error {
+	err := c.nc.LastError()
+	if p := c.lastErr.Load(); p != nil {
+		err = *p
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", errNotConnected, err)
+	}
+	return errNotConnected
 }
 
 func cmpOr(v, fallback int) int {
@@ -122,14 +238,6 @@ func cmpOr(v, fallback int) int {
 		return v
 	}
 	return fallback
-}
-
-// ready is the NATS readiness check of /readyz.
-func (c *natsConn) ready(context.Context) error {
-	if !c.nc.IsConnected() {
-		return errors.New("not connected to NATS")
-	}
-	return nil
 }
 
 // close drains the connection (pending acknowledgements go out), stops the embedded
@@ -173,57 +281,236 @@ func (c dispatchConfig) options() []dispatcher.Option {
 	return opts
 }
 
-// queues keeps the declared queues in step with the rules, and, when it has a
-// dispatcher, drains each one.
+// queues keeps the declared queues in step with the rules, and, when it has
+// dispatcher options, drains each one. Until the queue store is open (the shared
+// streams and buckets exist) and a queue is declared, parking in it fails with
+// queue.ErrUnavailable or queue.ErrUnknownQueue, which the front door answers with 503
+// and Retry-After.
 type queues struct {
-	store    *queue.Store
-	replicas int
-	disp     *dispatcher.Dispatcher // nil: park only
+	conn     *natsConn
+	dispOpts []dispatcher.Option // nil: park only
+	reg      prometheus.Registerer
 	log      *slog.Logger
 
-	mu      sync.Mutex
-	ctx     context.Context // dispatchers run until it ends
-	running map[string]bool
-	wg      sync.WaitGroup
+	store atomic.Pointer[queue.Store] // nil until open
+
+	mu       sync.Mutex
+	replicas int
+	declErr  error // of the latest declaration; nil once every queue is declared
+	disp     *dispatcher.Dispatcher
+	ctx      context.Context // dispatchers run until it ends
+	running  map[string]bool
+	wg       sync.WaitGroup // dispatchers and the declaring loop
+
+	// State of the declaration, owned by whoever declares (declare at start, then
+	// the loop of run): the set still to declare and since when it fails.
+	pending     *rules.Set
+	failingFrom time.Time
+	attempts    int
 }
 
-// newQueues opens the queue store on c and, unless disp is nil, a dispatcher with
-// those options.
-func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer, log *slog.Logger) (*queues, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	store, err := queue.Open(ctx, c.nc, queue.WithReplicas(c.replicas), queue.WithRegisterer(reg), queue.WithLogger(log))
+// Declaring is retried with this backoff while it fails for want of NATS: unreachable,
+// no quorum, streams that cannot be placed yet.
+const (
+	declareRetryMin = 250 * time.Millisecond
+	declareRetryMax = 10 * time.Second
+	// declareTimeout bounds one attempt: a cluster without a meta leader does not
+	// answer at all.
+	declareTimeout = 10 * time.Second
+)
+
+// newQueues returns the queues on c; nothing is opened until declare. Unless disp is
+// nil, the queues get a dispatcher with those options.
+func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer, log *slog.Logger) *queues {
+	return &queues{conn: c, dispOpts: disp, reg: reg, log: log}
+}
+
+// errNotDeclared answers what needs the store while NATS has not let it open yet.
+var errNotDeclared = fmt.Errorf("%w: the queues are not declared yet", queue.ErrUnavailable)
+
+// opened returns the store, or errNotDeclared until it is open.
+func (q *queues) opened() (*queue.Store, error) {
+	if s := q.store.Load(); s != nil {
+		return s, nil
+	}
+	return nil, errNotDeclared
+}
+
+// Park, BodyLimit, Cancel and Status implement ingress.Parker.
+
+func (q *queues) Park(ctx context.Context, req *queue.Request) (queue.Receipt, error) {
+	s, err := q.opened()
+	if err != nil {
+		return queue.Receipt{}, err
+	}
+	return s.Park(ctx, req)
+}
+
+func (q *queues) BodyLimit(req *queue.Request) (queue.BodyLimit, error) {
+	s, err := q.opened()
+	if err != nil {
+		return queue.BodyLimit{}, err
+	}
+	return s.BodyLimit(req)
+}
+
+func (q *queues) Cancel(ctx context.Context, ticket string) error {
+	s, err := q.opened()
+	if err != nil {
+		return err
+	}
+	return s.Cancel(ctx, ticket)
+}
+
+func (q *queues) Status(ctx context.Context, ticket string) (*queue.Record, error) {
+	s, err := q.opened()
+	if err != nil {
+		return nil, err
+	}
+	return s.Status(ctx, ticket)
+}
+
+// open opens the queue store (creating the dead-letter stream and the key-value
+// buckets) and the dispatcher, once.
+func (q *queues) open(ctx context.Context) (*queue.Store, error) {
+	if s := q.store.Load(); s != nil {
+		return s, nil
+	}
+	replicas, err := q.conn.replicaCount()
+	if err != nil {
+		return nil, err
+	}
+	if !q.conn.nc.IsConnected() {
+		// A request now would fail at once anyway; say why.
+		return nil, q.conn.notConnected()
+	}
+	store, err := queue.Open(ctx, q.conn.nc, queue.WithReplicas(replicas), queue.WithRegisterer(q.reg), queue.WithLogger(q.log),
+		queue.WithIdempotencyMaxBytes(q.conn.idemMax), queue.WithSigningKey(q.conn.key))
 	if err != nil {
 		return nil, fmt.Errorf("queues: %w", err)
 	}
-	q := &queues{store: store, replicas: c.replicas, log: log}
-	if disp != nil {
-		opts := append([]dispatcher.Option{dispatcher.WithRegisterer(reg), dispatcher.WithLogger(log)}, disp...)
-		if q.disp, err = dispatcher.New(store, opts...); err != nil {
+	var disp *dispatcher.Dispatcher
+	if q.dispOpts != nil {
+		opts := append([]dispatcher.Option{dispatcher.WithRegisterer(q.reg), dispatcher.WithLogger(q.log)}, q.dispOpts...)
+		if disp, err = dispatcher.New(store, opts...); err != nil {
 			return nil, fmt.Errorf("dispatcher: %w", err)
 		}
 	}
-	return q, nil
+	q.mu.Lock()
+	q.replicas, q.disp = replicas, disp
+	q.mu.Unlock()
+	q.store.Store(store)
+	return store, nil
 }
 
-// sync declares every queue of set (creating or updating its stream) and starts a
-// dispatcher for each new one. Queues that left the rules but still have a stream
-// keep draining with the configuration stored with it (orphans, reported here). It
-// returns every declaration error at once.
+// declare tries once to declare every queue of set (see sync). What fails for want
+// of NATS stays pending for run to retry; it logs when declaring starts or stops
+// failing, not at every attempt. It reports whether set is fully declared.
+func (q *queues) declare(ctx context.Context, set *rules.Set) bool {
+	q.pending = set
+	err := q.sync(ctx, set)
+	q.mu.Lock()
+	q.declErr = err
+	q.mu.Unlock()
+	if err == nil || isRefusal(err) {
+		if err != nil {
+			// Retrying cannot help: the rules are wrong for the queue package.
+			q.log.Error("queues of the rules refused", "err", err)
+		}
+		if !q.failingFrom.IsZero() {
+			q.log.Info("queues declared", "failed_for", time.Since(q.failingFrom).Round(time.Millisecond), "attempts", q.attempts+1)
+		}
+		q.pending, q.failingFrom, q.attempts = nil, time.Time{}, 0
+		return true
+	}
+	q.attempts++
+	if q.failingFrom.IsZero() {
+		q.failingFrom = time.Now()
+		q.log.Warn("queues not declared yet; defers answer 503 until they are; retrying in the background", "err", err)
+	} else {
+		q.log.Debug("queues still not declared", "attempts", q.attempts, "err", err)
+	}
+	return false
+}
+
+// health is the NATS check of /sluice/v1/status: down while not connected or not
+// answering, degraded while JetStream does not answer (no meta leader) or the queues
+// are not all declared.
+func (q *queues) health(ctx context.Context) ingress.DependencyReport {
+	nc := q.conn.nc
+	store := q.store.Load()
+	q.mu.Lock()
+	declErr := q.declErr
+	q.mu.Unlock()
+	declared := store != nil && declErr == nil
+	detail := map[string]any{"queues_declared": declared, "embedded": q.conn.embedded != nil}
+	if !nc.IsConnected() {
+		return ingress.DependencyReport{State: ingress.DependencyDown, Err: q.conn.notConnected(), Detail: detail}
+	}
+	detail["server"] = nc.ConnectedUrlRedacted()
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return ingress.DependencyReport{State: ingress.DependencyDown, Err: fmt.Errorf("NATS does not answer: %w", err), Detail: detail}
+	}
+	js, err := jetstream.New(nc)
+	if err == nil {
+		_, err = js.AccountInfo(ctx)
+	}
+	switch {
+	case err != nil:
+		return ingress.DependencyReport{State: ingress.DependencyDegraded, Err: fmt.Errorf("JetStream does not answer: %w", err), Detail: detail}
+	case !declared:
+		if declErr == nil {
+			declErr = errors.New("the queues are not declared yet")
+		}
+		return ingress.DependencyReport{State: ingress.DependencyDegraded, Err: declErr, Detail: detail}
+	}
+	return ingress.DependencyReport{State: ingress.DependencyUp, Detail: detail}
+}
+
+// isRefusal reports whether every error in err is a refusal of the configuration
+// itself (which no retry changes), not trouble with NATS.
+func isRefusal(err error) bool {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !isRefusal(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return errors.Is(err, queue.ErrInvalidConfig)
+}
+
+// sync opens the store if need be, declares every queue of set (creating or updating
+// its stream) and starts a dispatcher for each new one. Queues that left the rules but
+// still have a stream keep draining with the configuration stored with it (orphans,
+// reported here). It returns every declaration error at once.
 func (q *queues) sync(ctx context.Context, set *rules.Set) error {
+	store, err := q.open(ctx)
+	if err != nil {
+		return err
+	}
+	q.mu.Lock()
+	replicas := q.replicas
+	q.mu.Unlock()
 	var errs []error
 	var names []string
 	for _, rq := range set.Queues() {
 		names = append(names, rq.Name)
 		cfg := rq.Config
-		cfg.Replicas = q.replicas // where the queues live decides, not the rules file
-		if _, err := q.store.Declare(ctx, cfg); err != nil {
+		cfg.Replicas = replicas // where the queues live decides, not the rules file
+		if _, err := store.Declare(ctx, cfg); err != nil {
 			errs = append(errs, fmt.Errorf("queue %s: %w", rq.Name, err))
 			continue
 		}
+		if payload := q.conn.nc.MaxPayload(); payload < cfg.MaxBody {
+			q.log.Warn("the NATS server's max payload is smaller than the queue's max_body: larger bodies get 413 "+
+				"(raise max_payload on the NATS servers; the embedded server's follows max_body at start)",
+				"queue", rq.Name, "max_body", cfg.MaxBody, "max_payload", payload)
+		}
 		q.startDispatching(rq.Name)
 	}
-	orphans, err := q.store.AdoptOrphans(ctx, names)
+	orphans, err := store.AdoptOrphans(ctx, names)
 	if err != nil {
 		return errors.Join(append(errs, fmt.Errorf("orphaned queues: %w", err))...)
 	}
@@ -260,16 +547,74 @@ func (q *queues) startDispatching(name string) {
 	})
 }
 
-// dispatch starts the dispatchers of the declared queues, and of queues declared
-// later, until ctx ends. Without a dispatcher it does nothing.
-func (q *queues) dispatch(ctx context.Context) {
+// run starts the dispatchers of the declared queues, and of queues declared later,
+// until ctx ends; and declares the queues of the newest set from sets, as well as
+// the set declare left pending, retrying with backoff until they are declared.
+func (q *queues) run(ctx context.Context, sets <-chan *rules.Set) {
 	q.mu.Lock()
 	q.ctx, q.running = ctx, map[string]bool{}
 	q.mu.Unlock()
 	// Samples for the achieved outflow of the queue API.
-	q.wg.Go(func() { q.store.SampleOutflow(ctx, 5*time.Second) })
-	for _, dq := range q.store.Queues() {
-		q.startDispatching(dq.Name())
+	q.wg.Go(func() { q.sampleOutflow(ctx) })
+	if s := q.store.Load(); s != nil {
+		for _, dq := range s.Queues() {
+			q.startDispatching(dq.Name())
+		}
+	}
+	q.wg.Go(func() { q.keepDeclared(ctx, sets) })
+}
+
+// outflowSampleEvery is how often the achieved outflow of the queues is sampled.
+const outflowSampleEvery = 5 * time.Second
+
+// sampleOutflow samples the queues' achieved outflow once the store is open.
+func (q *queues) sampleOutflow(ctx context.Context) {
+	wait := time.NewTicker(outflowSampleEvery)
+	defer wait.Stop()
+	for q.store.Load() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wait.C:
+		}
+	}
+	q.store.Load().SampleOutflow(ctx, outflowSampleEvery)
+}
+
+// keepDeclared is the declaring loop of run.
+func (q *queues) keepDeclared(ctx context.Context, sets <-chan *rules.Set) {
+	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(declareRetryMin),
+		backoff.WithMaxInterval(declareRetryMax), backoff.WithMaxElapsedTime(0))
+	retry := time.NewTimer(b.NextBackOff())
+	defer retry.Stop()
+	if q.pending == nil {
+		retry.Stop()
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case set := <-sets:
+			// The newest set is what counts, also when an older one is still pending.
+			q.pending = set
+			b.Reset()
+		case <-retry.C:
+		}
+		if q.pending == nil {
+			continue
+		}
+		actx, cancel := context.WithTimeout(ctx, declareTimeout)
+		done := q.declare(actx, q.pending)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if done {
+			retry.Stop()
+			b.Reset()
+		} else {
+			retry.Reset(b.NextBackOff())
+		}
 	}
 }
 

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -19,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -82,7 +86,8 @@ const ingressHelp = `Usage: sluice ingress --rules FILE_OR_DIR[,…] --upstream 
 Runs the front door alone: sluice serve without dispatchers (serve --dispatch=false).
 Deferred requests are parked in the queues, to be delivered by sluice dispatch
 processes sharing the same NATS: --nats URL, or the embedded server started here with
---nats-listen ADDR for the dispatchers to connect to.
+--nats-listen ADDR and --nats-listen-token for the dispatchers to connect to (with
+--nats nats://ADDR and --nats-token).
 `
 
 const dispatchHelp = `Usage: sluice dispatch --rules FILE_OR_DIR[,…] [--nats URL | --data-dir DIR --nats-listen ADDR] [flags]
@@ -115,6 +120,7 @@ type frontConfig struct {
 	trustedProxies string
 	ipv6Prefix     int
 	maxBody        int64
+	deferMemory    sizeFlag
 	maxKeys        int
 	shadow         bool
 }
@@ -126,6 +132,8 @@ func (c *frontConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
 	fs.Int64Var(&c.maxBody, "max-body", ingress.DefaultMaxBody, "largest request body in `bytes`; larger ones get 413")
+	c.deferMemory = ingress.DefaultDeferMemory
+	fs.Var(&c.deferMemory, "defer-memory", "most `bytes` of deferred request bodies held in memory at once (like 64MiB); past it 503 with Retry-After")
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
 }
@@ -250,8 +258,9 @@ func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, st
 	return exitOK
 }
 
-// unusableError marks a start-up failure of something the flags name correctly (NATS
-// unreachable, the data directory in use): exit status 1, not 2.
+// unusableError marks a start-up failure of something the flags name correctly (the
+// data directory in use, the embedded NATS server failing to start; an unreachable
+// --nats is waited for instead): exit status 1, not 2.
 type unusableError struct{ err error }
 
 func (e *unusableError) Error() string { return e.err.Error() }
@@ -275,17 +284,19 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // gateway is a running serve, ingress or dispatch: the parts it is made of, for run
 // to start and stop in order.
 type gateway struct {
-	mode    gatewayMode
-	cfg     gatewayConfig
-	log     *slog.Logger
-	watcher *rules.Watcher
-	redis   redis.UniversalClient
-	store   *limiter.Redis
-	nats    *natsConn
-	queues  *queues
-	reloads chan *rules.Set
-	front   *http.Server // nil in dispatch
-	admin   *http.Server // nil without --admin-listen
+	mode     gatewayMode
+	cfg      gatewayConfig
+	log      *slog.Logger
+	watcher  *rules.Watcher
+	redis    redis.UniversalClient
+	store    *limiter.Redis
+	nats     *natsConn
+	queues   *queues
+	reloads  chan *rules.Set
+	front    *http.Server // nil in dispatch
+	admin    *http.Server // nil without --admin-listen
+	adminAPI *ingress.Admin
+	deps     *ingress.Dependencies
 }
 
 func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
@@ -338,54 +349,67 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		return nil, err
 	}
 
-	ready := map[string]func(context.Context) error{}
-	if g.nats, err = openNATS(cfg.nats, log); err != nil {
+	if mode.front {
+		setMemoryLimit(int64(cfg.front.deferMemory), g.watcher.Set(), cfg.dispatch, log)
+	}
+	// Redis and NATS are every replica's: their trouble shows in /sluice/v1/status and
+	// the metrics, never in /readyz, which would take every replica out at once.
+	g.deps = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),
+		ingress.WithSecrets(cfg.secrets()...))
+	reg.MustRegister(g.deps)
+	natsCfg := cfg.nats
+	natsCfg.maxBody = largestMaxBody(g.watcher.Set())
+	if g.nats, err = openNATS(natsCfg, log, true); err != nil {
 		return nil, &unusableError{err}
 	}
-	ready["nats"] = g.nats.ready
+	if g.nats.embedded != nil && cfg.nats.encryptionKey == "" {
+		log.Warn("the data directory is not encrypted: parked requests, their headers (Authorization, Cookie…) and bodies are stored in clear in --data-dir; "+
+			"give --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file to encrypt it at rest", "data_dir", cfg.nats.dataDir)
+	}
 	var disp []dispatcher.Option
 	if cfg.dispatch {
 		disp = cfg.disp.options()
 	}
-	if g.queues, err = newQueues(g.nats, disp, reg, log); err != nil {
-		return nil, &unusableError{err}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	g.queues = newQueues(g.nats, disp, reg, log)
+	// A first attempt before serving, so that a reachable NATS (the embedded one
+	// always) has the queues declared when the front door opens. What fails for want
+	// of NATS is retried in the background by run; the process never exits for it.
+	ctx, cancel := context.WithTimeout(context.Background(), declareTimeout)
 	defer cancel()
-	if err := g.queues.sync(ctx, g.watcher.Set()); err != nil {
-		return nil, &unusableError{err}
-	}
+	g.queues.declare(ctx, g.watcher.Set())
+	g.deps.Add("nats", g.queues.health)
 
 	if mode.front {
-		handler, err := g.frontDoor(upstream, ids, reg, ready)
+		handler, err := g.frontDoor(upstream, ids, reg)
 		if err != nil {
 			return nil, err
 		}
 		g.front = newHTTPServer(cfg.front.listen, handler, log)
 	}
 	if cfg.admin.listen != "" {
-		admin := &ingress.Admin{Gatherer: reg, Rules: g.watcher, Ready: ready, Token: cfg.admin.token,
-			Queues: &ingress.QueueAPI{Store: g.queues.store, Log: log}}
-		g.admin = newHTTPServer(cfg.admin.listen, admin.Handler(), log)
+		g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: cfg.admin.token,
+			Queues: &ingress.QueueAPI{Store: &g.queues.store, Log: log}}
+		g.admin = newHTTPServer(cfg.admin.listen, g.adminAPI.Handler(), log)
 	}
 	return g, nil
 }
 
 // frontDoor builds the front door's handler: ticket status, and every other request
-// through the limiter to the proxy or the queues. It adds the Redis readiness check
-// when limits live there.
-func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry, ready map[string]func(context.Context) error) (http.Handler, error) {
+// through the limiter to the proxy or the queues. It adds the Redis dependency when
+// limits live there.
+func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {
 		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log))
 		store = g.store
-		ready["redis"] = func(ctx context.Context) error { return g.redis.Ping(ctx).Err() }
+		g.deps.Add("redis", g.redisHealth)
 	}
-	deferrer := ingress.NewQueueDeferrer(g.queues.store, g.log)
+	deferrer := ingress.NewQueueDeferrer(g.queues, g.log, ingress.WithDeferMemory(int64(cfg.deferMemory)))
 	mw := ingress.New(g.watcher, store,
 		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
-		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer))
+		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer),
+		ingress.WithIdempotencyScopeKey(subKey(g.nats.key, "idempotency scope")))
 	proxy := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
 		ingress.WithProxyClientIdentity(ids))
 	mux := http.NewServeMux()
@@ -393,6 +417,53 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	mux.Handle("DELETE "+ingress.DeferredPath+"{ticket}", deferrer.CancelHandler())
 	mux.Handle("/", mw.Wrap(proxy))
 	return mux, nil
+}
+
+// subKey derives the key of one purpose from the queue key, so that no two uses of
+// the secret can be played against each other.
+func subKey(key []byte, purpose string) []byte {
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte("sluice " + purpose))
+	return mac.Sum(nil)
+}
+
+// dependencyTimeout bounds each check of a dependency (Redis, NATS) in
+// /sluice/v1/status and the sluice_dependency_up gauge.
+const dependencyTimeout = 2 * time.Second
+
+// redisHealth is the Redis check of /sluice/v1/status: whether Redis answers, whether
+// the limiter still decides without it, and the failure modes of the rules' limits,
+// which decide meanwhile.
+func (g *gateway) redisHealth(ctx context.Context) ingress.DependencyReport {
+	modes := map[limiter.FailureMode]int{}
+	if set := g.watcher.Set(); set != nil {
+		for _, r := range set.Rules() {
+			for _, l := range r.Limits {
+				modes[cmp.Or(l.FailureMode, limiter.FailLocal)]++
+			}
+		}
+	}
+	detail := map[string]any{"limiter_fallback": g.store.Down(), "fallback_decisions": g.store.Fallbacks(), "failure_modes": modes}
+	if err := g.store.Ping(ctx); err != nil {
+		return ingress.DependencyReport{State: ingress.DependencyDown, Err: err, Detail: detail}
+	}
+	if g.store.Down() {
+		return ingress.DependencyReport{State: ingress.DependencyDegraded, Detail: detail,
+			Err: errors.New("redis answers; the limiter decides without it until its next probe")}
+	}
+	return ingress.DependencyReport{State: ingress.DependencyUp, Detail: detail}
+}
+
+// secrets returns the passwords the flags hold, which a status must never show.
+func (c gatewayConfig) secrets() []string {
+	out := []string{c.front.redis.password}
+	for _, raw := range append(strings.Split(c.nats.url, ","), c.front.redis.url) {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err == nil && u.User != nil {
+			p, _ := u.User.Password()
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // openRedis returns a client of the Redis (or Redis Cluster, with addr= parameters)
@@ -441,6 +512,9 @@ func openRedis(c redisConfig, log *slog.Logger) (redis.UniversalClient, error) {
 		if err := configure(&opts.Password, &opts.TLSConfig); err != nil {
 			return nil, err
 		}
+		// Calls end at their context's deadline, not after the read timeout and its
+		// retries: a hung Redis must not hold a check or a decision past its bound.
+		opts.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(opts), nil
 	}
 	opts, err := redis.ParseURL(c.url)
@@ -450,6 +524,7 @@ func openRedis(c redisConfig, log *slog.Logger) (redis.UniversalClient, error) {
 	if err := configure(&opts.Password, &opts.TLSConfig); err != nil {
 		return nil, err
 	}
+	opts.ContextTimeoutEnabled = true
 	return redis.NewClient(opts), nil
 }
 
@@ -492,28 +567,128 @@ func loadTLS(prefix, ca, cert, key string) (*tls.Config, error) {
 // check checks the NATS flags before anything connects: the credentials and TLS
 // files must be readable and well-formed (nats.go reads them again at each
 // connection). Without --nats they have no use: the embedded server is reached in
-// process. check then warns and clears them.
+// process. check then warns and clears them; and the other way round for the flags
+// of the embedded server. It reads --encryption-key-file. Then the queue key
+// (checkQueueKey).
 func (c *natsConfig) check(log *slog.Logger) error {
-	if c.url == "" {
-		for _, f := range []struct {
-			name  string
-			value *string
-		}{{"nats-creds", &c.creds}, {"nats-ca", &c.ca}, {"nats-cert", &c.cert}, {"nats-key", &c.key}} {
+	if err := c.checkConn(log); err != nil {
+		return err
+	}
+	return c.checkQueueKey()
+}
+
+func (c *natsConfig) checkConn(log *slog.Logger) error {
+	type flagValue struct {
+		name  string
+		value *string
+	}
+	unused := func(flags []flagValue, why string) {
+		for _, f := range flags {
 			if *f.value != "" {
-				log.Warn("--" + f.name + " has no effect without --nats: the embedded NATS server needs no credentials or TLS")
+				log.Warn("--" + f.name + " has no effect " + why)
 				*f.value = ""
 			}
 		}
+	}
+	if c.url != "" {
+		unused([]flagValue{{"nats-listen", &c.listen}, {"nats-listen-token", &c.listenToken}, {"nats-listen-cert", &c.listenCert},
+			{"nats-listen-key", &c.listenKey}, {"nats-listen-ca", &c.listenCA}, {"encryption-key", &c.encryptionKey},
+			{"encryption-key-file", &c.encryptionKeyFile}}, "with --nats: it configures the embedded NATS server")
+		if c.creds != "" {
+			if _, err := os.ReadFile(c.creds); err != nil {
+				return fmt.Errorf("--nats-creds: %w", err)
+			}
+			if c.token != "" {
+				return errors.New("--nats-token and --nats-creds: give one of them")
+			}
+		}
+		_, err := loadTLS("nats", c.ca, c.cert, c.key)
+		return err
+	}
+	unused([]flagValue{{"nats-creds", &c.creds}, {"nats-token", &c.token}, {"nats-ca", &c.ca}, {"nats-cert", &c.cert}, {"nats-key", &c.key}},
+		"without --nats: sluice reaches its embedded NATS server in process")
+	if err := c.readEncryptionKey(log); err != nil {
+		return err
+	}
+	if c.listen == "" {
+		unused([]flagValue{{"nats-listen-token", &c.listenToken}, {"nats-listen-cert", &c.listenCert},
+			{"nats-listen-key", &c.listenKey}, {"nats-listen-ca", &c.listenCA}}, "without --nats-listen")
 		return nil
 	}
-	if c.creds != "" {
-		if _, err := os.ReadFile(c.creds); err != nil {
-			return fmt.Errorf("--nats-creds: %w", err)
+	if c.listenToken != "" {
+		if err := checkSecret("nats-listen-token", c.listenToken); err != nil {
+			return err
 		}
 	}
-	_, err := loadTLS("nats", c.ca, c.cert, c.key)
+	switch {
+	case c.listenCert != "" && c.listenKey == "":
+		return errors.New("--nats-listen-cert needs --nats-listen-key")
+	case c.listenKey != "" && c.listenCert == "":
+		return errors.New("--nats-listen-key needs --nats-listen-cert")
+	case c.listenCA != "" && c.listenCert == "":
+		return errors.New("--nats-listen-ca needs --nats-listen-cert and --nats-listen-key: client certificates are checked in TLS")
+	case c.listenToken == "" && c.listenCA == "":
+		// Whoever reaches an open listener reads, forges and erases parked orders.
+		return errors.New("--nats-listen needs --nats-listen-token (or SLUICE_NATS_LISTEN_TOKEN), or TLS client certificates " +
+			"(--nats-listen-cert, --nats-listen-key and --nats-listen-ca): NATS clients must authenticate")
+	}
+	_, err := c.listenTLS()
 	return err
 }
+
+// listenTLS is the TLS of --nats-listen: the server certificate, and with
+// --nats-listen-ca verified client certificates; nil without --nats-listen-cert.
+func (c *natsConfig) listenTLS() (*tls.Config, error) {
+	if c.listen == "" || c.listenCert == "" {
+		return nil, nil
+	}
+	conf, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: c.listenCert, KeyFile: c.listenKey, CaFile: c.listenCA, Verify: c.listenCA != ""})
+	if err != nil {
+		return nil, fmt.Errorf("--nats-listen-cert / --nats-listen-key / --nats-listen-ca: %w", err)
+	}
+	return conf, nil
+}
+
+// readEncryptionKey takes --encryption-key, or reads it from --encryption-key-file
+// (without the trailing newline), and checks it.
+func (c *natsConfig) readEncryptionKey(log *slog.Logger) error {
+	if c.encryptionKeyFile != "" {
+		if c.encryptionKey != "" {
+			return errors.New("--encryption-key and --encryption-key-file: give one of them")
+		}
+		b, err := os.ReadFile(c.encryptionKeyFile)
+		if err != nil {
+			return fmt.Errorf("--encryption-key-file: %w", err)
+		}
+		if fi, err := os.Stat(c.encryptionKeyFile); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			log.Warn("--encryption-key-file can be read by other users than its owner", "file", c.encryptionKeyFile, "mode", fi.Mode().Perm().String())
+		}
+		c.encryptionKey = strings.TrimRight(string(b), "\r\n")
+		if err := checkSecret("encryption-key-file", c.encryptionKey); err != nil {
+			return err
+		}
+		return nil
+	}
+	if c.encryptionKey != "" {
+		return checkSecret("encryption-key", c.encryptionKey)
+	}
+	return nil
+}
+
+// checkSecret refuses a token or key that is short enough to guess, or that has
+// spaces or control characters (most likely a copy-and-paste accident).
+func checkSecret(flag, v string) error {
+	if len(v) < minSecretLen {
+		return fmt.Errorf("--%s: at least %d characters, not %d (for example: openssl rand -hex 32)", flag, minSecretLen, len(v))
+	}
+	if strings.IndexFunc(v, func(r rune) bool { return r <= ' ' || r == 0x7f }) >= 0 {
+		return fmt.Errorf("--%s: spaces and control characters are not allowed", flag)
+	}
+	return nil
+}
+
+// maxHeaderBytes caps the request headers the front door reads.
+const maxHeaderBytes = 64 << 10
 
 // newHTTPServer sets every timeout, so a slow or idle client cannot hold a connection
 // (or a goroutine) forever.
@@ -525,7 +700,7 @@ func newHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
 		ReadTimeout:       60 * time.Second,
 		WriteTimeout:      90 * time.Second,
 		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 }
@@ -573,7 +748,7 @@ func (g *gateway) run(ctx context.Context) error {
 
 	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
 	defer stopDispatch()
-	g.queues.dispatch(dispatchCtx)
+	g.queues.run(dispatchCtx, g.reloads)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -586,12 +761,6 @@ wait:
 			if e := g.watcher.Reload(); e != nil {
 				g.log.Warn("rules reload on SIGHUP refused", "err", e)
 			}
-		case set := <-g.reloads:
-			declareCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			if e := g.queues.sync(declareCtx, set); e != nil {
-				g.log.Error("queues of the new rules not declared", "err", e)
-			}
-			cancel()
 		case <-ctx.Done():
 			break wait
 		case err = <-errs:
@@ -599,19 +768,25 @@ wait:
 		}
 	}
 	g.log.Info("shutting down", "timeout", g.cfg.process.shutdownTimeout)
+	if g.adminAPI != nil {
+		// Unready first, so that load balancers stop sending; the admin listener is
+		// the last to close, so /readyz says so while the rest drains.
+		g.adminAPI.Drain()
+	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), g.cfg.process.shutdownTimeout)
 	defer cancel()
-	// The front door and the dispatchers stop together: a request parked while the
-	// front door drains stays in its queue for the next dispatcher, so neither has to
-	// wait for the other. Both get the same deadline.
+	shutdown := func(hs *http.Server) {
+		if e := hs.Shutdown(shutdownCtx); e != nil {
+			g.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
+		}
+	}
+	// The front door and the dispatchers (and the declaring of queues) stop together:
+	// a request parked while the front door drains stays in its queue for the next
+	// dispatcher, so neither has to wait for the other. Both get the same deadline.
 	stopDispatch()
 	var wg sync.WaitGroup
-	for _, hs := range servers {
-		wg.Go(func() {
-			if e := hs.Shutdown(shutdownCtx); e != nil {
-				g.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
-			}
-		})
+	if g.front != nil {
+		wg.Go(func() { shutdown(g.front) })
 	}
 	wg.Go(func() {
 		if !g.queues.wait(shutdownCtx) {
@@ -621,6 +796,9 @@ wait:
 		}
 	})
 	wg.Wait()
+	if g.admin != nil {
+		shutdown(g.admin)
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

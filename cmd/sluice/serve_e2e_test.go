@@ -46,10 +46,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func buildSluice(dir string) (string, error) {
+func buildSluice(dir string) (string, error) { return buildSluiceRace(dir, raceEnabled) }
+
+func buildSluiceRace(dir string, race bool) (string, error) {
 	bin := filepath.Join(dir, "sluice")
 	args := []string{"build", "-o", bin}
-	if raceEnabled {
+	if race {
 		// `go test -race` checks the binary's goroutines (serve, dispatch, dlq) too.
 		args = append(args, "-race")
 	}
@@ -131,6 +133,12 @@ func startSluice(t *testing.T, args ...string) *sluiceProcess {
 // wins) and args, and waits until it answers /healthz. It is killed at the end of the
 // test.
 func startCommand(t *testing.T, command string, args ...string) *sluiceProcess {
+	t.Helper()
+	return startBinary(t, sluiceBinary, command, args...)
+}
+
+// startBinary is startCommand with another build of sluice.
+func startBinary(t *testing.T, sluiceBinary, command string, args ...string) *sluiceProcess {
 	t.Helper()
 	if sluiceBinary == "" {
 		t.Fatal("the sluice binary was not built")
@@ -434,8 +442,21 @@ func TestServeTwoReplicasShareOneLimit(t *testing.T) {
 	}
 }
 
+// SIGTERM: /readyz answers 503 at once, so load balancers stop sending, while the
+// requests under way finish; then the process exits 0.
 func TestServeShutdownFinishesRequestsUnderWay(t *testing.T) {
-	up := newUpstream(t, 700*time.Millisecond)
+	// The upstream holds every request until the test has seen /readyz turn 503.
+	gate := make(chan struct{})
+	var release sync.Once
+	open := func() { release.Do(func() { close(gate) }) }
+	up := &upstream{}
+	up.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		<-gate
+		up.hits.Add(1)
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(open) // runs first: up.Close waits for the handlers
 	rulesPath := writeRules(t, t.TempDir(), e2eRules(100))
 	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL)
 	const inFlight = 10
@@ -466,9 +487,24 @@ func TestServeShutdownFinishesRequestsUnderWay(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	if r := send(t, "GET", p.admin+"/readyz", nil); r.status != 200 {
+		t.Fatalf("/readyz before SIGTERM: %d %s", r.status, r.body)
+	}
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		r := send(t, "GET", p.admin+"/readyz", nil)
+		if r.status == http.StatusServiceUnavailable && strings.Contains(r.body, "shutting down") {
+			break
+		}
+		if r.status != 200 || time.Now().After(deadline) {
+			t.Fatalf("/readyz after SIGTERM with requests under way: %d %s, want 503 shutting down", r.status, r.body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	open()
 	for range inFlight {
 		if s := <-statuses; s != 200 {
 			t.Fatalf("a request under way at shutdown got %d", s)

@@ -2,16 +2,22 @@ package natstest
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -34,6 +40,7 @@ type node struct {
 	log         string
 	clientPort  int
 	clusterPort int
+	httpPort    int // monitoring: /jsz tells the meta leader's view of its peers
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -94,7 +101,7 @@ func buildServer() (string, error) {
 }
 
 // StartCluster starts an n-node JetStream cluster (every write synced, like sluice's
-// embedded server) in t.TempDir() and waits until JetStream answers. The processes are
+// embedded server) in t.TempDir() and waits until it is Ready. The processes are
 // killed when the test ends, and (on Linux) when the test binary dies.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
@@ -149,24 +156,63 @@ func NewCluster(n int, opts ...ClusterOption) (*Cluster, error) {
 	return c, nil
 }
 
-// newCluster writes the nodes' configurations into dir, starts them and waits until
-// JetStream answers; on failure the nodes started are killed.
-func newCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err error) {
-	c = &Cluster{dir: dir, ownDir: ownDir, bin: bin}
-	defer func() {
-		if err != nil {
-			c.Shutdown()
+// PrepareCluster prepares an n-node cluster like StartCluster (ports, directories and
+// configuration) without starting it, for tests of programs that start before their
+// NATS: URL is known at once, and Start starts the nodes. Whatever runs is killed when
+// the test ends.
+func PrepareCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	bin, err := ServerBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := prepareCluster(t.TempDir(), false, bin, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.t = t
+	t.Cleanup(c.Close)
+	return c
+}
+
+// Start starts every node that does not run and waits until the cluster is Ready.
+func (c *Cluster) Start() error {
+	for i := range c.nodes {
+		if !c.Running(i) {
+			if err := c.start(i); err != nil {
+				return err
+			}
 		}
-	}()
-	ports, err := freePorts(2 * n)
+	}
+	return c.Ready(context.Background())
+}
+
+// newCluster writes the nodes' configurations into dir, starts them and waits until
+// the cluster is Ready; on failure the nodes started are killed.
+func newCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err error) {
+	if c, err = prepareCluster(dir, ownDir, bin, n); err != nil {
+		return nil, err
+	}
+	if err := c.Start(); err != nil {
+		c.Shutdown()
+		return nil, err
+	}
+	return c, nil
+}
+
+// prepareCluster chooses the nodes' ports and writes their configurations into dir.
+func prepareCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err error) {
+	c = &Cluster{dir: dir, ownDir: ownDir, bin: bin}
+	ports, err := freePorts(3 * n)
 	if err != nil {
 		return nil, err
 	}
 	for i := range n {
 		c.nodes = append(c.nodes, &node{
 			name:        fmt.Sprintf("n%d", i+1),
-			clientPort:  ports[2*i],
-			clusterPort: ports[2*i+1],
+			clientPort:  ports[3*i],
+			clusterPort: ports[3*i+1],
+			httpPort:    ports[3*i+2],
 		})
 	}
 	for _, nd := range c.nodes {
@@ -180,6 +226,7 @@ func newCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err err
 		nd.log = filepath.Join(c.dir, nd.name+".log")
 		conf := fmt.Sprintf(`server_name: %s
 listen: 127.0.0.1:%d
+http: 127.0.0.1:%d
 jetstream {
   store_dir: %q
   sync_interval: always
@@ -189,18 +236,10 @@ cluster {
   listen: 127.0.0.1:%d
   routes: [%s]
 }
-`, nd.name, nd.clientPort, filepath.Join(c.dir, nd.name), nd.clusterPort, strings.Join(routes, ", "))
+`, nd.name, nd.clientPort, nd.httpPort, filepath.Join(c.dir, nd.name), nd.clusterPort, strings.Join(routes, ", "))
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
 			return nil, err
 		}
-	}
-	for i := range c.nodes {
-		if err := c.start(i); err != nil {
-			return nil, err
-		}
-	}
-	if err := c.Ready(context.Background()); err != nil {
-		return nil, err
 	}
 	return c, nil
 }
@@ -304,8 +343,8 @@ func (c *Cluster) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
 	return nc
 }
 
-// WaitReady waits until JetStream answers through the running nodes (a meta leader is
-// elected), failing the test after 60s.
+// WaitReady waits until the running nodes form a healthy JetStream cluster (see
+// Ready), failing the test after 60s.
 func (c *Cluster) WaitReady() {
 	if c.t != nil {
 		c.t.Helper()
@@ -315,29 +354,20 @@ func (c *Cluster) WaitReady() {
 	}
 }
 
-// Ready waits until JetStream answers through the running nodes (a meta leader is
-// elected): at most 60s, or until ctx is done.
+// ReadyStream is the stream Ready creates and deletes to prove that replicated
+// streams can be placed.
+const ReadyStream = "NATSTEST_READY"
+
+// Ready waits until the running nodes form a healthy JetStream cluster: a meta leader
+// is elected, sees every other running node as a current, online peer of the meta
+// group, and a file stream with as many replicas as nodes run (at most 3) can be
+// placed. JetStream answering is not enough: until the leader has heard from every
+// peer, creating an R3 stream fails with "no suitable peers for placement". It waits
+// at most 60s, or until ctx is done.
 func (c *Cluster) Ready(ctx context.Context) error {
-	var urls []string
-	for i, nd := range c.nodes {
-		if c.Running(i) {
-			urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", nd.clientPort))
-		}
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.Timeout(5*time.Second))
-	if err != nil {
-		return fmt.Errorf("natstest: connect: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := js.AccountInfo(actx)
-		cancel()
+		err := c.ready(ctx)
 		if err == nil {
 			return nil
 		}
@@ -346,6 +376,105 @@ func (c *Cluster) Ready(ctx context.Context) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// ready checks once what Ready waits for.
+func (c *Cluster) ready(ctx context.Context) error {
+	var running []*node
+	for i, nd := range c.nodes {
+		if c.Running(i) {
+			running = append(running, nd)
+		}
+	}
+	if len(running) == 0 {
+		return errors.New("no node runs")
+	}
+	meta, err := c.metaLeaderView(ctx, running)
+	if err != nil {
+		return err
+	}
+	for _, nd := range running {
+		if nd.name == meta.Leader {
+			continue
+		}
+		i := slices.IndexFunc(meta.Replicas, func(p *server.PeerInfo) bool { return p.Name == nd.name })
+		switch {
+		case i < 0:
+			return fmt.Errorf("meta leader %s does not know %s yet", meta.Leader, nd.name)
+		case !meta.Replicas[i].Current || meta.Replicas[i].Offline:
+			return fmt.Errorf("meta leader %s: peer %s is not current (offline %v)", meta.Leader, nd.name, meta.Replicas[i].Offline)
+		}
+	}
+	return c.probeStream(ctx, running)
+}
+
+// metaLeaderView returns the meta group as its leader sees it (followers' views of
+// their peers are not kept up to date), from the leader's monitoring endpoint.
+func (c *Cluster) metaLeaderView(ctx context.Context, running []*node) (*server.MetaClusterInfo, error) {
+	for _, nd := range running {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		info, err := jsz(rctx, nd.httpPort)
+		cancel()
+		if err == nil && info != nil && info.Meta != nil && info.Meta.Leader == nd.name {
+			return info.Meta, nil
+		}
+	}
+	return nil, errors.New("no meta leader")
+}
+
+// jsz reads /jsz?leader-only=true of a node: nil (and no error) when it is not the
+// meta leader.
+func jsz(ctx context.Context, port int) (*server.JSInfo, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/jsz?leader-only=true", port), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil, nil
+	}
+	var info server.JSInfo
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
+		return nil, fmt.Errorf("/jsz: %w", err)
+	}
+	return &info, nil
+}
+
+// probeStream creates and deletes ReadyStream with a replica for each running node
+// (at most 3): the final proof that the leader can place replicated streams.
+func (c *Cluster) probeStream(ctx context.Context, running []*node) error {
+	var urls []string
+	for _, nd := range running {
+		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", nd.clientPort))
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.Timeout(5*time.Second))
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := js.CreateOrUpdateStream(pctx, jetstream.StreamConfig{
+		Name:     ReadyStream,
+		Subjects: []string{"natstest.ready"},
+		Storage:  jetstream.FileStorage,
+		Replicas: min(3, len(running)),
+	}); err != nil {
+		return fmt.Errorf("probe stream R%d: %w", min(3, len(running)), err)
+	}
+	if err := js.DeleteStream(pctx, ReadyStream); err != nil {
+		return fmt.Errorf("delete the probe stream: %w", err)
+	}
+	return nil
 }
 
 // Running reports whether node i runs.

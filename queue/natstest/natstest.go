@@ -31,6 +31,7 @@ type Server struct {
 
 	t    testing.TB
 	port int
+	base *server.Options // from a configuration file (StartConfig); nil: Start's
 
 	mu  sync.Mutex
 	srv *server.Server
@@ -48,20 +49,33 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// StartConfig starts a server configured by a nats-server configuration file (its
+// accounts, users and permissions), on a loopback port and with JetStream in a fresh
+// temporary directory whatever the file says. Conn is nil: the file decides who may
+// connect, so the test connects with Connect and the credentials it means to try.
+func StartConfig(t testing.TB, path string) *Server {
+	t.Helper()
+	base, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("natstest: %s: %v", path, err)
+	}
+	s := &Server{t: t, Dir: t.TempDir(), base: base}
+	s.start(server.RANDOM_PORT)
+	t.Cleanup(s.Shutdown)
+	s.URL = fmt.Sprintf("nats://127.0.0.1:%d", s.port)
+	return s
+}
+
 func (s *Server) start(port int) {
 	s.t.Helper()
-	opts := &server.Options{
-		ServerName:   "natstest",
-		Host:         "127.0.0.1",
-		Port:         port,
-		JetStream:    true,
-		StoreDir:     s.Dir,
-		SyncAlways:   true,
-		SyncInterval: 2 * time.Minute,
-		NoSigs:       true,
-		NoLog:        true,
-		HTTPPort:     0,
+	opts := &server.Options{ServerName: "natstest"}
+	if s.base != nil {
+		opts = s.base.Clone()
 	}
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", port, 0
+	opts.JetStream, opts.StoreDir = true, s.Dir
+	opts.SyncAlways, opts.SyncInterval = true, 2*time.Minute
+	opts.NoSigs, opts.NoLog = true, true
 	var srv *server.Server
 	var err error
 	// The port of a restarted server may still be held for a moment.
@@ -134,3 +148,8 @@ func (s *Server) Restart() {
 	s.Shutdown()
 	s.start(s.port)
 }
+
+// SigningKey returns a fixed signing key for queue.WithSigningKey in tests (40 bytes).
+// Processes of one test must share it, as replicas do; a test of forgery signs with
+// another key.
+func SigningKey() []byte { return []byte("sluice test key: not a secret, 40 bytes.") }

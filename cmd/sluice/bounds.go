@@ -1,0 +1,92 @@
+package main
+
+// What bounds the memory of the front door: deferred bodies are read only as far as
+// their queue can store them, into a budget of --defer-memory; the embedded NATS
+// server's max payload makes room for the largest body a queue takes; the Go runtime's
+// memory limit makes the garbage collector return what bodies leave behind.
+
+import (
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strconv"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// largestMaxBody is the largest max_body of the queues of set (0 without queues).
+func largestMaxBody(set *rules.Set) int64 {
+	var n int64
+	for _, q := range set.Queues() {
+		n = max(n, q.MaxBody)
+	}
+	return n
+}
+
+// embeddedPayload is the embedded NATS server's max payload for queues whose largest
+// max_body is maxBody: that body (at least the default), the request headers the front
+// door reads at most, and sluice's own headers. 0 (no queues) is NATS's default.
+func embeddedPayload(maxBody int64) int32 {
+	if maxBody <= 0 {
+		return 0
+	}
+	return int32(max(maxBody, queue.DefaultMaxBody) + maxHeaderBytes + queue.MetadataRoom)
+}
+
+// setMemoryLimit gives the Go runtime a soft memory limit (unless GOMEMLIMIT is set):
+// the bodies of deferred requests are garbage moments after they are parked, and the
+// collector, left to its pace, lets the heap grow to twice its peak before collecting
+// them. The limit is what the process is expected to need: memoryLimit.
+func setMemoryLimit(deferMemory int64, set *rules.Set, dispatching bool, log *slog.Logger) {
+	if _, given := os.LookupEnv("GOMEMLIMIT"); given {
+		return
+	}
+	limit := memoryLimit(deferMemory, set, dispatching)
+	debug.SetMemoryLimit(limit)
+	log.Debug("Go memory limit set", "bytes", limit)
+}
+
+// memoryLimit is twice --defer-memory (the bodies being read, and their copies inside
+// NATS while they are stored), plus for a dispatching process the deliveries under way
+// (max_in_flight × max_body of each queue), plus 64 MiB for the rest of the process.
+// It is soft: a process that needs more collects more often, it does not fail.
+func memoryLimit(deferMemory int64, set *rules.Set, dispatching bool) int64 {
+	limit := 2*deferMemory + 64<<20
+	if dispatching {
+		for _, q := range set.Queues() {
+			limit += int64(q.MaxInFlight) * q.MaxBody
+		}
+	}
+	return limit
+}
+
+// sizeFlag is a flag holding a byte count, written as in rules files: 67108864, 64MiB,
+// 1GB (see rules.ParseSize).
+type sizeFlag int64
+
+func (s *sizeFlag) Set(v string) error {
+	n, err := rules.ParseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = sizeFlag(n)
+	return nil
+}
+
+// String writes the size in the largest binary unit that divides it.
+func (s *sizeFlag) String() string {
+	n := int64(*s)
+	for _, u := range []struct {
+		name string
+		size int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// Get implements flag.Getter.
+func (s *sizeFlag) Get() any { return *s }

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+func TestLoadQueueKey(t *testing.T) {
+	dir := t.TempDir()
+	key, err := loadQueueKey(dir)
+	if err != nil || len(key) != 32 {
+		t.Fatalf("new key: %d bytes, %v", len(key), err)
+	}
+	path := filepath.Join(dir, queueKeyFile)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runtime.GOOS != "windows" && fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v", fi.Mode().Perm())
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".queue.key-*")); len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+	again, err := loadQueueKey(dir)
+	if err != nil || !bytes.Equal(again, key) {
+		t.Fatalf("second load: %v", err)
+	}
+	if other, _ := loadQueueKey(t.TempDir()); bytes.Equal(other, key) {
+		t.Error("two directories got the same key")
+	}
+
+	// What the file must not be: each refused with a message naming it, and left
+	// as it is (orders were signed with it).
+	good := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)) + "\n"
+	for _, tc := range []struct {
+		name, content string
+		mode          os.FileMode
+		want          string
+	}{
+		{"readable by others", good, 0o644, "may be read by others (mode 0644)"},
+		{"readable by the group", good, 0o640, "may be read by others"},
+		{"not base64", "not a key\n", 0o600, "not base64"},
+		{"too short", base64.StdEncoding.EncodeToString([]byte("short")), 0o600, "5 bytes, want at least 32"},
+		{"empty", "", 0o600, "0 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if runtime.GOOS == "windows" && tc.mode != 0o600 {
+				t.Skip("no permission bits")
+			}
+			dir := t.TempDir()
+			path := filepath.Join(dir, queueKeyFile)
+			if err := os.WriteFile(path, []byte(tc.content), tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(path, tc.mode); err != nil { // past the umask
+				t.Fatal(err)
+			}
+			_, err := loadQueueKey(dir)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("err %v, want %q and the path", err, tc.want)
+			}
+			if b, _ := os.ReadFile(path); string(b) != tc.content {
+				t.Error("the key file was changed")
+			}
+		})
+	}
+	t.Run("symlink", func(t *testing.T) {
+		dir := t.TempDir()
+		target := filepath.Join(t.TempDir(), "k")
+		if err := os.WriteFile(target, []byte(good), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, filepath.Join(dir, queueKeyFile)); err != nil {
+			t.Skip(err)
+		}
+		if _, err := loadQueueKey(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Fatalf("err %v", err)
+		}
+	})
+}
+
+func TestParseQueueKey(t *testing.T) {
+	raw := bytes.Repeat([]byte{0xfb}, 40)
+	for _, tc := range []struct {
+		in   string
+		want []byte
+	}{
+		{base64.StdEncoding.EncodeToString(raw), raw},
+		{base64.RawStdEncoding.EncodeToString(raw[:32]), raw[:32]},
+		{" " + base64.StdEncoding.EncodeToString(raw) + "\n", raw},
+		{base64.URLEncoding.EncodeToString(raw), nil}, // one alphabet, documented
+		{base64.StdEncoding.EncodeToString(raw[:31]), nil},
+	} {
+		got, err := parseQueueKey(tc.in)
+		switch {
+		case tc.want == nil && err == nil:
+			t.Errorf("%q: accepted", tc.in)
+		case tc.want != nil && (err != nil || !bytes.Equal(got, tc.want)):
+			t.Errorf("%q: %x %v", tc.in, got, err)
+		}
+	}
+}

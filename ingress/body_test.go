@@ -1,0 +1,237 @@
+package ingress
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// countingReader is a request body that records how much of it was read.
+type countingReader struct {
+	r    io.Reader
+	read atomic.Int64
+}
+
+func newCountingReader(n int) *countingReader {
+	return &countingReader{r: bytes.NewReader(bytes.Repeat([]byte("b"), n))}
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+// bodyFixture is the front door with a defer rule over its limit (the first request
+// uses the quota) and the queue "orders" declared with cfg on a real NATS server (the
+// server's default max payload: 1 MiB).
+type bodyFixture struct {
+	handler  http.Handler
+	rule     string
+	deferrer *QueueDeferrer
+	queue    *queue.Queue
+	limit    queue.BodyLimit // the queue's body limit for fixture requests
+}
+
+func newBodyFixture(t *testing.T, cfg queue.Config, opts ...DeferrerOption) *bodyFixture {
+	t.Helper()
+	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(deferRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(5*time.Second), queue.WithSigningKey(natstest.SigningKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Name, cfg.Outflow, cfg.Downstream = "orders", limiter.PerSecond(10), "http://127.0.0.1:1"
+	q, err := store.Declare(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewQueueDeferrer(store, nil, opts...)
+	m := New(StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
+	f := &bodyFixture{handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })),
+		rule: set.Rules()[0].Name, deferrer: d, queue: q}
+	if w := f.post(strings.NewReader("{}"), 2); w.Code != http.StatusOK {
+		t.Fatalf("first request (within the limit): %d", w.Code)
+	}
+	if f.limit, err = store.BodyLimit(f.request()); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// request is what the deferrer parks for post (without the body).
+func (f *bodyFixture) request() *queue.Request {
+	r := f.newRequest(nil, 0)
+	header := r.Header.Clone()
+	setForwarded(nil, r, header) // as the deferrer parks it
+	return &queue.Request{Queue: "orders", Rule: f.rule, Method: "POST", Path: "/v1/orders", RawQuery: "x=1",
+		Header: header, Client: strings.Repeat("0", 32)} // a scope is 32 hex digits (idempotencyScope)
+}
+
+func (f *bodyFixture) newRequest(body io.Reader, contentLength int64) *http.Request {
+	r := httptest.NewRequest("POST", "/v1/orders?x=1", body)
+	r.ContentLength = contentLength
+	r.Header.Set("Content-Type", "application/json")
+	r.RemoteAddr = "198.51.100.1:1000"
+	return r
+}
+
+// post sends a request with body and Content-Length contentLength (-1: unknown, as
+// for a chunked body).
+func (f *bodyFixture) post(body io.Reader, contentLength int64) *httptest.ResponseRecorder {
+	r := f.newRequest(body, contentLength)
+	w := httptest.NewRecorder()
+	f.handler.ServeHTTP(w, r)
+	return w
+}
+
+func (f *bodyFixture) depth(t *testing.T) uint64 {
+	t.Helper()
+	n, err := f.queue.Depth(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestDeferBodyOverTheQueueLimit(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  queue.Config
+		by   string
+	}{
+		{"server max payload", queue.Config{}, "max payload"},
+		{"max_body", queue.Config{MaxBody: 1000}, "max_body"},
+		// A body that can never fit in the queue is 413, not 429 "full" forever.
+		{"max_bytes", queue.Config{MaxBytes: 16 << 10}, "max_bytes"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newBodyFixture(t, tc.cfg)
+			if !strings.Contains(f.limit.By, tc.by) {
+				t.Fatalf("limit %v, want one set by %s", f.limit, tc.by)
+			}
+			over := int(f.limit.Bytes) + 1
+			check := func(what string, w *httptest.ResponseRecorder) {
+				t.Helper()
+				if w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), strconv.FormatInt(f.limit.Bytes, 10)+" bytes") ||
+					!strings.Contains(w.Body.String(), tc.by) {
+					t.Errorf("%s: %d %s, want 413 naming %v", what, w.Code, w.Body, f.limit)
+				}
+			}
+			// Content-Length over the limit: refused before a byte is read.
+			body := newCountingReader(2 << 20)
+			check("Content-Length", f.post(body, 2<<20))
+			if n := body.read.Load(); n != 0 {
+				t.Errorf("Content-Length over the limit: %d bytes read, want 0", n)
+			}
+			// Unknown length: read no further than one byte past the limit.
+			body = newCountingReader(2 << 20)
+			check("chunked", f.post(body, -1))
+			if n := body.read.Load(); n > int64(over) {
+				t.Errorf("chunked: %d bytes read, want at most %d", n, over)
+			}
+			// One byte less is stored, either way (into an empty queue: max_bytes holds
+			// one such body).
+			for _, cl := range []int64{int64(over - 1), -1} {
+				if w := f.post(newCountingReader(over-1), cl); w.Code != http.StatusAccepted {
+					t.Errorf("body of the limit (Content-Length %d): %d %s", cl, w.Code, w.Body)
+				}
+				if d := f.depth(t); d != 1 {
+					t.Errorf("queue depth %d, want 1", d)
+				}
+				if err := f.queue.Stream().Purge(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if used := f.deferrer.memory.used.Load(); used != 0 {
+				t.Errorf("%d bytes of the memory budget still reserved", used)
+			}
+		})
+	}
+}
+
+func TestDeferMemoryBudget(t *testing.T) {
+	const budget = 256 << 10
+	f := newBodyFixture(t, queue.Config{}, WithDeferMemory(budget))
+	// Other requests hold all but 1000 bytes.
+	if !f.deferrer.memory.take(budget - 1000) {
+		t.Fatal("cannot take the budget")
+	}
+	for _, tc := range []struct {
+		name string
+		size int
+		cl   int64
+	}{
+		{"Content-Length", 2000, 2000},
+		{"chunked", 100 << 10, -1},
+	} {
+		body := newCountingReader(tc.size)
+		w := f.post(body, tc.cl)
+		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+			t.Errorf("%s over the budget: %d (Retry-After %q) %s, want 503 with Retry-After", tc.name, w.Code, w.Header().Get("Retry-After"), w.Body)
+		}
+		if n := body.read.Load(); n > 0 {
+			t.Errorf("%s over the budget: %d bytes read, want 0", tc.name, n)
+		}
+	}
+	// A body that fits in what is left is taken.
+	if w := f.post(newCountingReader(900), 900); w.Code != http.StatusAccepted {
+		t.Errorf("900 bytes with 1000 free: %d %s", w.Code, w.Body)
+	}
+	// A chunked body that outgrows what is left part way is refused then.
+	f.deferrer.memory.give(budget - 1000)
+	if !f.deferrer.memory.take(budget - 100<<10) {
+		t.Fatal("cannot take the budget")
+	}
+	body := newCountingReader(200 << 10)
+	if w := f.post(body, -1); w.Code != http.StatusServiceUnavailable {
+		t.Errorf("chunked body outgrowing the budget: %d %s", w.Code, w.Body)
+	}
+	if n := body.read.Load(); n == 0 || n > 100<<10 {
+		t.Errorf("chunked body outgrowing the budget: %d bytes read, want some, at most the free 100 KiB", n)
+	}
+	f.deferrer.memory.give(budget - 100<<10)
+	if d := f.depth(t); d != 1 {
+		t.Errorf("queue depth %d, want 1: a 503 accepts nothing", d)
+	}
+	if used := f.deferrer.memory.used.Load(); used != 0 {
+		t.Errorf("%d bytes of the budget still reserved after every request ended", used)
+	}
+	// A body larger than the whole budget could never be taken: 413, not "retry later".
+	w := f.post(newCountingReader(budget+1), budget+1)
+	if w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), "--defer-memory") {
+		t.Errorf("body over the whole budget: %d %s", w.Code, w.Body)
+	}
+	if w := f.post(newCountingReader(budget), budget); w.Code != http.StatusAccepted {
+		t.Errorf("body of the whole budget: %d %s", w.Code, w.Body)
+	}
+	// A chunked body is read in chunks and then copied into one buffer: it may be half
+	// the budget.
+	if w := f.post(newCountingReader(budget/2+1), -1); w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), "--defer-memory") {
+		t.Errorf("chunked body over half the budget: %d %s", w.Code, w.Body)
+	}
+	if w := f.post(newCountingReader(budget/2), -1); w.Code != http.StatusAccepted {
+		t.Errorf("chunked body of half the budget: %d %s", w.Code, w.Body)
+	}
+	if used := f.deferrer.memory.used.Load(); used != 0 {
+		t.Errorf("%d bytes of the budget still reserved", used)
+	}
+}
