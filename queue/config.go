@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -255,45 +256,69 @@ func (c Config) NATSSubject() string {
 	return ""
 }
 
+// reservedSubjects are where no queue may deliver: sluice's own subjects (queues, key
+// slots, dead letters, done and dead events) and NATS's ($JS, $KV, $SYS…). Work
+// published there would forge sluice's messages or call the server's APIs.
+var reservedSubjects = []string{"sluice.", "$"}
+
+// validateDownstream is the one check of a downstream: the rules package reports its
+// problems with their position. Messages never quote credentials.
 func validateDownstream(d string) error {
 	if d == "" {
-		return errors.New("required: an http(s):// URL or nats:SUBJECT")
+		return errors.New("required: an http:// or https:// URL, or nats:SUBJECT")
 	}
 	if subj, ok := strings.CutPrefix(d, "nats:"); ok {
-		if !validSubject(subj) {
-			return fmt.Errorf("%q is not a valid NATS subject (no wildcards, no empty tokens)", subj)
-		}
-		for _, reserved := range []string{"sluice.q.", "sluice.dlq.", "$"} {
-			if strings.HasPrefix(subj, reserved) {
-				return fmt.Errorf("subject %q is in the reserved namespace %q", subj, reserved)
-			}
-		}
-		return nil
+		return checkSubject(subj)
 	}
 	u, err := url.Parse(d)
 	if err != nil {
-		return err
+		return errors.New("not a valid URL") // the error would quote it, credentials and all
 	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("%q: scheme must be http, https or nats", d)
+	shown := d
+	if u.User != nil {
+		shown = u.Redacted()
 	}
-	if u.Host == "" {
-		return fmt.Errorf("%q has no host", d)
+	switch {
+	case u.Scheme != "http" && u.Scheme != "https":
+		return fmt.Errorf("%q must be an http:// or https:// URL or nats:SUBJECT", shown)
+	case u.Host == "" || u.Hostname() == "":
+		return fmt.Errorf("URL %q has no host", shown)
+	case u.User != nil:
+		// Downstream URLs appear in logs and admin pages.
+		return fmt.Errorf("URL %q must not carry credentials", shown)
+	case u.RawQuery != "" || u.ForceQuery:
+		return fmt.Errorf("URL %q must not have a query: it is a base URL, each order's own path and query are appended", shown)
+	case u.Fragment != "":
+		return fmt.Errorf("URL %q must not have a #fragment", shown)
 	}
-	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-		return fmt.Errorf("%q: a base URL takes no query, fragment or user info", d)
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("URL %q has an invalid port", shown)
+		}
 	}
 	return nil
 }
 
-func validSubject(s string) bool {
-	if s == "" || strings.ContainsAny(s, " \t\r\n*>") {
-		return false
+// checkSubject accepts a literal NATS subject to publish on: dot-separated non-empty
+// tokens, no wildcards, no white space, outside the reserved namespaces.
+func checkSubject(s string) error {
+	if s == "" {
+		return errors.New("nats: needs a subject, like nats:orders.paced")
 	}
-	for _, tok := range strings.Split(s, ".") {
-		if tok == "" {
-			return false
+	for tok := range strings.SplitSeq(s, ".") {
+		switch {
+		case tok == "":
+			return fmt.Errorf("NATS subject %q has an empty token", s)
+		case strings.ContainsAny(tok, "*>"):
+			return fmt.Errorf("NATS subject %q has a wildcard; work is published on a literal subject", s)
+		case strings.ContainsAny(tok, " \t\r\n\x00"):
+			return fmt.Errorf("NATS subject %q contains white space", s)
 		}
 	}
-	return true
+	for _, reserved := range reservedSubjects {
+		if strings.HasPrefix(s, reserved) {
+			return fmt.Errorf("NATS subject %q is reserved: subjects that start with sluice. or $ belong to sluice and to NATS", s)
+		}
+	}
+	return nil
 }

@@ -95,11 +95,21 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("problems %q lack %q", err, want)
 		}
 	}
-	for _, d := range []string{"ftp://x", "http://", "http://h/p?q=1", "nats:sluice.q.x", "nats:"} {
+	for _, d := range []string{"ftp://x", "http://", "http://h/p?q=1", "http://h/?", "http://h#f", "http://:80", "http://h:99999",
+		"nats:sluice.q.x", "nats:sluice.q.*", "nats:sluice.done.q", "nats:$JS.API.STREAM.LIST", "nats:$KV.b.k", "nats:a.b*",
+		"nats:a b", "nats:a..b", "nats:", " http://h"} {
 		c := testConfig("q")
 		c.Downstream = d
 		if c.Validate() == nil {
 			t.Errorf("downstream %q accepted", d)
+		}
+	}
+	// A refused downstream is reported without its credentials.
+	for _, d := range []string{"ftp://u:s3cret@x", "https://u:s3cret@x/?q=1", "http://u:s3cret@x:99999", "http://u:s3cret@[::1"} {
+		c := testConfig("q")
+		c.Downstream = d
+		if err := c.Validate(); err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("downstream %q: %v", d, err)
 		}
 	}
 	for _, d := range []string{"https://orders.example/api/", "nats:orders.created"} {

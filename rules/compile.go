@@ -573,21 +573,9 @@ func limitTag(l limiter.Limit) string {
 	return code + limiter.FormatDuration(l.Period)
 }
 
-var queueNameOK = func(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
-			return false
-		}
-	}
-	return true
-}
-
 func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	file := fd.path
-	if !queueNameOK(qd.name) {
+	if !queue.ValidName(qd.name) {
 		c.errf(file, qd.nameNode, "queue name %q: use 1 to 64 letters, digits, _ or - (it names a JetStream stream and NATS subjects)", qd.name)
 		return
 	}
@@ -617,27 +605,36 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 		File:   file,
 		Line:   qd.nameNode.Line,
 	}
+	// Fields already reported while reading them (missing, of the wrong type or form)
+	// are not reported again by the queue package's validator.
+	reported := map[string]bool{"name": true} // checked above, with the file's words
 	switch {
 	case qd.outflowNode == nil:
 		c.errf(file, qd.nameNode, "queue %q needs an outflow (like outflow: {rate: 50/s})", qd.name)
-	case qd.hasOutflow:
+		reported["outflow"] = true
+	case !qd.hasOutflow:
+		reported["outflow"] = true
+	default:
 		if err := (limiter.Limit{Algorithm: limiter.LeakyBucket, Rate: q.Outflow.Count, Period: q.Outflow.Period}).Validate(); err != nil {
 			c.errf(file, qd.outflowNode, "outflow: %v", err)
+			reported["outflow"] = true
 		}
 	}
 	if qd.downNode == nil {
 		c.errf(file, qd.nameNode, "queue %q needs a downstream (an http:// or https:// URL, or nats:SUBJECT)", qd.name)
 	}
+	reported["downstream"] = !qd.hasDown
 	for _, h := range qd.resultHdrs {
 		q.ResultHeaders = append(q.ResultHeaders, http.CanonicalHeaderKey(h.name))
 	}
-	// The queue package's validator decides what a valid queue is; the name, outflow
-	// and downstream were checked above, while reading them, with the file's words.
+	// The queue package's validator decides what a valid queue is (what rules check,
+	// a reload and the start accept is what the queue package declares); the problems
+	// are reported here with their position.
 	var invalid interface{ Unwrap() []error }
 	if err := q.Config.Validate(); errors.As(err, &invalid) {
 		for _, e := range invalid.Unwrap() {
 			var ce *queue.ConfigError
-			if !errors.As(e, &ce) || ce.Field == "name" || ce.Field == "outflow" || ce.Field == "downstream" {
+			if !errors.As(e, &ce) || reported[ce.Field] {
 				continue
 			}
 			n := qd.nodes[ce.Field]

@@ -2,7 +2,6 @@ package rules
 
 import (
 	"fmt"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -116,65 +115,8 @@ func ParseSize(s string) (int64, error) {
 	return n * m, nil
 }
 
-// downstream reads `http://…`, `https://…` or `nats:SUBJECT`.
+// downstream reads `http://…`, `https://…` or `nats:SUBJECT`; the queue package
+// validates it (see queue.Config.Validate).
 func (w *walker) downstream(v *yaml.Node) (string, bool) {
-	s, ok := w.str(v, "downstream")
-	if !ok {
-		return "", false
-	}
-	d, err := parseDownstream(s)
-	if err != nil {
-		w.errf(v, "downstream: %v", err)
-		return "", false
-	}
-	return d, true
-}
-
-func parseDownstream(s string) (string, error) {
-	if subj, ok := strings.CutPrefix(s, "nats:"); ok {
-		if err := checkSubject(subj); err != nil {
-			return "", err
-		}
-		return "nats:" + subj, nil
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return "", fmt.Errorf("invalid URL %q", s)
-	}
-	switch {
-	case u.Scheme != "http" && u.Scheme != "https":
-		return "", fmt.Errorf("%q must be an http:// or https:// URL or nats:SUBJECT", s)
-	case u.Host == "" || u.Hostname() == "":
-		return "", fmt.Errorf("URL %q has no host", s)
-	case u.User != nil:
-		// Downstream URLs appear in logs and admin pages.
-		return "", fmt.Errorf("URL %q must not carry credentials", u.Redacted())
-	case u.Fragment != "":
-		return "", fmt.Errorf("URL %q must not have a #fragment", s)
-	}
-	if p := u.Port(); p != "" {
-		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			return "", fmt.Errorf("URL %q has an invalid port", s)
-		}
-	}
-	return u.String(), nil
-}
-
-// checkSubject accepts a literal NATS subject to publish on: dot-separated non-empty
-// tokens, no wildcards, no white space.
-func checkSubject(s string) error {
-	if s == "" {
-		return fmt.Errorf("nats: needs a subject, like nats:orders.paced")
-	}
-	for tok := range strings.SplitSeq(s, ".") {
-		switch {
-		case tok == "":
-			return fmt.Errorf("NATS subject %q has an empty token", s)
-		case tok == "*" || tok == ">":
-			return fmt.Errorf("NATS subject %q has a wildcard; work is published on a literal subject", s)
-		case strings.ContainsAny(tok, " \t\r\n\x00"):
-			return fmt.Errorf("NATS subject %q contains white space", s)
-		}
-	}
-	return nil
+	return w.str(v, "downstream")
 }
