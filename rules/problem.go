@@ -17,6 +17,9 @@ var (
 	ErrNoPaths = errors.New("no rules files given")
 	// ErrClosed is returned by Watcher.Reload after Close.
 	ErrClosed = errors.New("rules watcher closed")
+	// ErrNotPrepared is matched by the error of a reload that WatchOptions.Prepare
+	// refused: the rules are valid, but what they need (their queues) is not ready.
+	ErrNotPrepared = errors.New("rules not activated")
 )
 
 // Problem is one thing wrong with a rules set, located in its file. Line and Col are

@@ -36,8 +36,19 @@ type WatchOptions struct {
 	// it reloads, so an editor's save (write, rename, chmod) or a ConfigMap swap is read
 	// once, complete; default 100ms.
 	Debounce time.Duration
+	// Prepare, when set, is called with every valid new set before it becomes active,
+	// from the goroutine that reloads (the watcher's, or Reload's caller), one call at
+	// a time. The sluice command declares the set's queues in it, so that a set goes
+	// live only once every queue it names exists. When it returns nil the set becomes
+	// active at once; an error refuses the set as invalid rules are refused (logged,
+	// counted as a failure, the active set keeps serving), with one difference: since
+	// what Prepare needs may come back, the same content is prepared again on the next
+	// reload attempt (a file event, a poll, Reload), though a repeated refusal is
+	// neither counted nor logged again. The first load (Watch) is not prepared.
+	Prepare func(*Set) error
 	// OnReload, when set, is called after every reload attempt that found changed
-	// content, from the goroutine that reloaded. It must not block for long.
+	// content (but not after a repeated refusal of the same content), from the
+	// goroutine that reloaded. It must not block for long.
 	OnReload func(ReloadResult)
 }
 
@@ -46,8 +57,9 @@ type ReloadResult struct {
 	// Set is the active set after the attempt: the new one, or the old one when Err is
 	// set.
 	Set *Set
-	// Err is why the new content was refused (Problems for invalid rules); nil when the
-	// new set was activated.
+	// Err is why the new content was refused (Problems for invalid rules, an error
+	// wrapping ErrNotPrepared when WatchOptions.Prepare refused it); nil when the new
+	// set was activated.
 	Err error
 }
 
@@ -72,6 +84,7 @@ type Watcher struct {
 	mu         sync.Mutex // serialises reloads
 	failedVer  string     // content that was last refused, not refused again
 	failedErr  error
+	retryVer   string // content that Prepare refused, prepared again on every attempt
 	reloads    *prometheus.CounterVec
 	lastOK     prometheus.Gauge
 	registered bool
@@ -341,7 +354,7 @@ func (w *Watcher) reload(why string) error {
 	}
 	old := w.cur.Load()
 	if ver == old.Version() {
-		w.failedVer, w.failedErr = "", nil
+		w.failedVer, w.failedErr, w.retryVer = "", nil, ""
 		return nil
 	}
 	if ver == w.failedVer {
@@ -351,6 +364,26 @@ func (w *Watcher) reload(why string) error {
 	if err == nil {
 		s, err = Parse(files...)
 	}
+	if err == nil && w.opts.Prepare != nil {
+		if err = w.opts.Prepare(s); err != nil {
+			err = fmt.Errorf("%w: %w", ErrNotPrepared, err)
+			repeated := ver == w.retryVer
+			w.retryVer = ver
+			if repeated {
+				w.log.Debug("rules: new rules still refused; the active rules keep serving", "trigger", why,
+					"version", short(ver), "active_version", short(old.Version()), "error", err)
+				return err
+			}
+			w.reloads.WithLabelValues("failure").Inc()
+			w.log.Error("rules: new rules refused; the active rules keep serving; retried on the next reload attempt", "trigger", why,
+				"version", short(ver), "active_version", short(old.Version()), "error", err)
+			if w.opts.OnReload != nil {
+				w.opts.OnReload(ReloadResult{Set: old, Err: err})
+			}
+			return err
+		}
+	}
+	w.retryVer = ""
 	if err != nil {
 		w.failedVer, w.failedErr = ver, err
 		w.reloads.WithLabelValues("failure").Inc()

@@ -244,6 +244,89 @@ func TestWatchRefusesInvalidRules(t *testing.T) {
 	}
 }
 
+// TestWatchPrepareRefusesTheWholeSet: a set that Prepare refuses never becomes active:
+// the old set keeps serving, the refusal is counted and logged once, and the same
+// content is prepared again on the next attempt (what Prepare needs may come back);
+// Prepare sees the new set before it is active; invalid rules are not prepared.
+func TestWatchPrepareRefusesTheWholeSet(t *testing.T) {
+	dir := t.TempDir()
+	file := write(t, dir, "rules.yaml", versioned(1))
+	errQueues := errors.New("queue orders: insufficient storage")
+	var (
+		mu       sync.Mutex
+		refuse   = true
+		prepared []int64 // the rate of each set prepared
+		sawNew   bool    // Prepare ran while the new set was active
+	)
+	var w *Watcher
+	var logs lockedBuffer
+	results := make(chan ReloadResult, 10)
+	// Reloads only when asked, so that every Prepare call is one the test made.
+	w = watch(t, []string{dir}, WatchOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Poll: true, PollInterval: time.Hour,
+		OnReload: func(r ReloadResult) { results <- r },
+		Prepare: func(s *Set) error {
+			mu.Lock()
+			defer mu.Unlock()
+			prepared = append(prepared, s.Rules()[0].Limits[0].Rate)
+			if w.Set() == s {
+				sawNew = true
+			}
+			if refuse {
+				return errQueues
+			}
+			return nil
+		}})
+	old := w.Set()
+	preparedRates := func() []int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]int64(nil), prepared...)
+	}
+
+	writeAtomic(t, file, versioned(2))
+	if err := w.Reload(); !errors.Is(err, ErrNotPrepared) || !errors.Is(err, errQueues) {
+		t.Fatalf("Reload = %v", err)
+	}
+	if res := <-results; !errors.Is(res.Err, ErrNotPrepared) || res.Set != old {
+		t.Fatalf("reload result = %+v", res)
+	}
+	if w.Set() != old || counter(w, "failure") != 1 || counter(w, "success") != 0 || fmt.Sprint(preparedRates()) != "[2]" {
+		t.Fatalf("after refusal: set changed %v, failure %v, success %v, prepared %v",
+			w.Set() != old, counter(w, "failure"), counter(w, "success"), preparedRates())
+	}
+	waitFor(t, "the refusal logged", func() bool {
+		return strings.Contains(logs.String(), "rules: new rules refused") && strings.Contains(logs.String(), "insufficient storage")
+	})
+	// The same content is prepared again, refused again: neither counted nor logged again.
+	if err := w.Reload(); !errors.Is(err, ErrNotPrepared) || w.Set() != old || counter(w, "failure") != 1 || fmt.Sprint(preparedRates()) != "[2 2]" {
+		t.Fatalf("Reload = %v, failure %v, prepared %v", err, counter(w, "failure"), preparedRates())
+	}
+	if n := strings.Count(logs.String(), "rules: new rules refused"); n != 1 {
+		t.Errorf("the refusal was logged %d times:\n%s", n, logs.String())
+	}
+	// Invalid rules are refused before Prepare.
+	writeAtomic(t, file, invalidRules)
+	if err := w.Reload(); !errors.Is(err, ErrInvalid) || fmt.Sprint(preparedRates()) != "[2 2]" || counter(w, "failure") != 2 {
+		t.Fatalf("invalid rules: Reload = %v, prepared %v, failure %v", err, preparedRates(), counter(w, "failure"))
+	}
+	// Back to the refused content, once Prepare accepts: active.
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	writeAtomic(t, file, versioned(2))
+	if err := w.Reload(); err != nil || rate(w) != 2 || counter(w, "success") != 1 {
+		t.Fatalf("Reload = %v, rate %d, success %v", err, rate(w), counter(w, "success"))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if sawNew {
+		t.Error("Prepare ran after its set became active")
+	}
+	if fmt.Sprint(prepared) != "[2 2 2]" {
+		t.Errorf("prepared %v", prepared)
+	}
+}
+
 func TestWatchUnreadableFilesAreRefused(t *testing.T) {
 	dir := t.TempDir()
 	file := write(t, dir, "rules.yaml", versioned(1))
