@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/url"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,11 +288,19 @@ func (c dispatchConfig) options() []dispatcher.Option {
 // streams and buckets exist) and a queue is declared, parking in it fails with
 // queue.ErrUnavailable or queue.ErrUnknownQueue, which the front door answers with 503
 // and Retry-After.
+//
+// Reloads declare first (prepare): once the store is open, a new rules set goes live
+// only after every queue it names is declared, so a defer to a queue it adds never
+// meets an undeclared queue; a set whose queues cannot be declared is refused as a
+// whole and retried by the loop of run. While the store is not open, a new set goes
+// live at once (defers answer 503 whichever set is active) and the loop declares the
+// newest one as soon as NATS lets it.
 type queues struct {
 	conn     *natsConn
 	dispOpts []dispatcher.Option // nil: park only
 	reg      prometheus.Registerer
 	log      *slog.Logger
+	reload   func() error // reads the rules files again (rules.Watcher.Reload)
 
 	store atomic.Pointer[queue.Store] // nil until open
 
@@ -302,11 +312,20 @@ type queues struct {
 	running  map[string]bool
 	wg       sync.WaitGroup // dispatchers and the declaring loop
 
-	// State of the declaration, owned by whoever declares (declare at start, then
-	// the loop of run): the set still to declare and since when it fails.
-	pending     *rules.Set
+	// Declaring, one at a time: at start (declare), on a reload (prepare) and in the
+	// loop of run (catchUp).
+	declMu sync.Mutex
+	// want is the set whose queues are declared, or are to be: the active set, or
+	// the one a reload is activating. pending: not all declared yet (for want of
+	// NATS), retried by the loop; failingFrom and attempts say since when.
+	want        *rules.Set
+	pending     bool
 	failingFrom time.Time
 	attempts    int
+	// refused: a reload was refused because its queues could not be declared; the
+	// loop retries it.
+	refused bool
+	kick    chan struct{} // wakes the loop: something to declare or to retry
 }
 
 // Declaring is retried with this backoff while it fails for want of NATS: unreachable,
@@ -320,9 +339,18 @@ const (
 )
 
 // newQueues returns the queues on c; nothing is opened until declare. Unless disp is
-// nil, the queues get a dispatcher with those options.
-func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer, log *slog.Logger) *queues {
-	return &queues{conn: c, dispOpts: disp, reg: reg, log: log}
+// nil, the queues get a dispatcher with those options. reload reads the rules again
+// (to retry a refused reload).
+func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer, log *slog.Logger, reload func() error) *queues {
+	return &queues{conn: c, dispOpts: disp, reg: reg, log: log, reload: reload, kick: make(chan struct{}, 1)}
+}
+
+// wake makes the loop of run look for work; it never blocks.
+func (q *queues) wake() {
+	select {
+	case q.kick <- struct{}{}:
+	default:
+	}
 }
 
 // errNotDeclared answers what needs the store while NATS has not let it open yet.
@@ -403,12 +431,26 @@ func (q *queues) open(ctx context.Context) (*queue.Store, error) {
 	return store, nil
 }
 
-// declare tries once to declare every queue of set (see sync). What fails for want
-// of NATS stays pending for run to retry; it logs when declaring starts or stops
-// failing, not at every attempt. It reports whether set is fully declared.
-func (q *queues) declare(ctx context.Context, set *rules.Set) bool {
-	q.pending = set
-	err := q.sync(ctx, set)
+// declare tries once, at start, to declare the queues of live, the active set (or of
+// the set a reload has activated meanwhile). What fails for want of NATS stays pending
+// for the loop of run to retry. It reports whether the set is fully declared.
+func (q *queues) declare(ctx context.Context, live *rules.Set) bool {
+	q.declMu.Lock()
+	defer q.declMu.Unlock()
+	if q.want == nil {
+		q.want, q.pending = live, true
+	}
+	if !q.pending {
+		return true
+	}
+	return q.declareWant(ctx)
+}
+
+// declareWant tries once to declare every queue of q.want (see sync); declMu is held.
+// It logs when declaring starts or stops failing, not at every attempt. It reports
+// whether q.want is fully declared, or refused for good.
+func (q *queues) declareWant(ctx context.Context) bool {
+	err := q.sync(ctx, q.want)
 	q.mu.Lock()
 	q.declErr = err
 	q.mu.Unlock()
@@ -417,10 +459,7 @@ func (q *queues) declare(ctx context.Context, set *rules.Set) bool {
 			// Retrying cannot help: the rules are wrong for the queue package.
 			q.log.Error("queues of the rules refused", "err", err)
 		}
-		if !q.failingFrom.IsZero() {
-			q.log.Info("queues declared", "failed_for", time.Since(q.failingFrom).Round(time.Millisecond), "attempts", q.attempts+1)
-		}
-		q.pending, q.failingFrom, q.attempts = nil, time.Time{}, 0
+		q.declared()
 		return true
 	}
 	q.attempts++
@@ -431,6 +470,133 @@ func (q *queues) declare(ctx context.Context, set *rules.Set) bool {
 		q.log.Debug("queues still not declared", "attempts", q.attempts, "err", err)
 	}
 	return false
+}
+
+// declared records that q.want is declared; declMu is held.
+func (q *queues) declared() {
+	if !q.failingFrom.IsZero() {
+		q.log.Info("queues declared", "failed_for", time.Since(q.failingFrom).Round(time.Millisecond), "attempts", q.attempts+1)
+	}
+	q.pending, q.failingFrom, q.attempts = false, time.Time{}, 0
+}
+
+// prepare is the rules watcher's Prepare: it declares the queues of a new set before
+// the set goes live. Once the store is open, a set whose queues cannot all be declared
+// is refused; the active set's queues are then declared again as they were, so that
+// nothing of the refused set stays in force (a queue it added keeps its stream, empty,
+// reported as orphaned), and the loop of run retries the reload with backoff, unless
+// the queue package refused the configuration itself. While the store is not open,
+// the set goes live and the loop declares it.
+func (q *queues) prepare(set *rules.Set) error {
+	q.declMu.Lock()
+	defer q.declMu.Unlock()
+	store := q.store.Load()
+	if store == nil {
+		q.want, q.pending = set, true
+		q.wake()
+		return nil
+	}
+	added, changed, removed := queueChanges(q.want, set)
+	if !q.pending && len(added) == 0 && len(changed) == 0 && !removed {
+		// Its queues are declared already, as the active set has them: nothing to ask
+		// NATS, so a change of limits or routes goes live while NATS is away too.
+		q.want, q.refused = set, false
+		for _, dq := range store.Queues() {
+			if dq.Orphaned() {
+				q.log.Warn(orphanDraining, "queue", dq.Name())
+			}
+		}
+		return nil
+	}
+	if q.pending {
+		changed = otherQueues(set, added) // the active set is not all declared: all of them
+	}
+	ctx, cancel := context.WithTimeout(q.lifetime(), declareTimeout)
+	defer cancel()
+	// New queues first: the server refuses a new queue more often than a change, and
+	// then nothing of the active set was touched.
+	err := q.declareQueues(ctx, store, added)
+	touched := err == nil && len(changed) > 0
+	if err == nil {
+		err = q.declareQueues(ctx, store, changed)
+	}
+	adopting := err == nil
+	if err == nil {
+		err = q.adoptOrphans(ctx, store, set, true)
+	}
+	if err == nil {
+		q.mu.Lock()
+		q.declErr = nil
+		q.mu.Unlock()
+		q.want, q.refused = set, false
+		q.declared()
+		return nil
+	}
+	if q.want != nil {
+		// Back to the active set: what the refused set changed is declared again as
+		// the active set has it; queues it added stay, empty, as orphans.
+		var undo []*rules.Queue
+		for _, wq := range q.want.Queues() {
+			if adopting || touched && slices.ContainsFunc(changed, func(c *rules.Queue) bool { return c.Name == wq.Name }) {
+				undo = append(undo, wq)
+			}
+		}
+		rctx, rcancel := context.WithTimeout(q.lifetime(), declareTimeout)
+		defer rcancel()
+		rerr := q.declareQueues(rctx, store, undo)
+		if rerr == nil {
+			rerr = q.adoptOrphans(rctx, store, q.want, false)
+		}
+		if rerr != nil {
+			// The loop declares the active set again until it succeeds.
+			q.log.Warn("the active rules' queues could not be declared again after a refused reload; retrying in the background", "err", rerr)
+			q.mu.Lock()
+			q.declErr = rerr
+			q.mu.Unlock()
+			q.pending = true
+			if q.failingFrom.IsZero() {
+				q.failingFrom = time.Now()
+			}
+		}
+	}
+	q.refused = !isRefusal(err)
+	q.wake()
+	return fmt.Errorf("its queues could not be declared: %w", err)
+}
+
+// lifetime ends when the process stops (once run has started).
+func (q *queues) lifetime() context.Context {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.ctx != nil {
+		return q.ctx
+	}
+	return context.Background()
+}
+
+// catchUp is one round of the loop of run: it declares what is pending, then retries
+// a reload that was refused for want of NATS.
+func (q *queues) catchUp(ctx context.Context) {
+	q.declMu.Lock()
+	if q.pending {
+		q.declareWant(ctx)
+	}
+	retry := q.refused
+	q.refused = false // prepare sets it again if the retry is refused too
+	q.declMu.Unlock()
+	if retry && ctx.Err() == nil {
+		// The rules files as they are now: the refused content, or what replaced it.
+		if err := q.reload(); err != nil && !errors.Is(err, rules.ErrNotPrepared) {
+			q.log.Debug("retried rules reload", "err", err)
+		}
+	}
+}
+
+// idle reports whether the loop of run has nothing to retry.
+func (q *queues) idle() bool {
+	q.declMu.Lock()
+	defer q.declMu.Unlock()
+	return !q.pending && !q.refused
 }
 
 // health is the NATS check of /sluice/v1/status: down while not connected or not
@@ -490,13 +656,21 @@ func (q *queues) sync(ctx context.Context, set *rules.Set) error {
 	if err != nil {
 		return err
 	}
+	err = q.declareQueues(ctx, store, set.Queues())
+	if oerr := q.adoptOrphans(ctx, store, set, true); oerr != nil {
+		return errors.Join(err, oerr)
+	}
+	return err
+}
+
+// declareQueues declares the queues rqs and starts a dispatcher for each new one. It
+// returns every declaration error at once.
+func (q *queues) declareQueues(ctx context.Context, store *queue.Store, rqs []*rules.Queue) error {
 	q.mu.Lock()
 	replicas := q.replicas
 	q.mu.Unlock()
 	var errs []error
-	var names []string
-	for _, rq := range set.Queues() {
-		names = append(names, rq.Name)
+	for _, rq := range rqs {
 		cfg := rq.Config
 		cfg.Replicas = replicas // where the queues live decides, not the rules file
 		if _, err := store.Declare(ctx, cfg); err != nil {
@@ -510,21 +684,73 @@ func (q *queues) sync(ctx context.Context, set *rules.Set) error {
 		}
 		q.startDispatching(rq.Name)
 	}
+	return errors.Join(errs...)
+}
+
+const orphanDraining = "queue left the rules; draining it with the configuration it was declared with (sluice queue retire it once empty)"
+
+// queueChanges compares the queues of set with those of from (nil: none): the ones
+// from does not have, the ones it configures otherwise, and whether from has queues
+// that set has not.
+func queueChanges(from, set *rules.Set) (added, changed []*rules.Queue, removed bool) {
+	configs := map[string]queue.Config{}
+	if from != nil {
+		for _, rq := range from.Queues() {
+			configs[rq.Name] = rq.Config
+		}
+	}
+	kept := 0
+	for _, rq := range set.Queues() {
+		c, ok := configs[rq.Name]
+		switch {
+		case !ok:
+			added = append(added, rq)
+		case !reflect.DeepEqual(c, rq.Config):
+			changed = append(changed, rq)
+			kept++
+		default:
+			kept++
+		}
+	}
+	return added, changed, kept < len(configs)
+}
+
+// otherQueues returns the queues of set that are not in some.
+func otherQueues(set *rules.Set, some []*rules.Queue) []*rules.Queue {
+	var out []*rules.Queue
+	for _, rq := range set.Queues() {
+		if !slices.Contains(some, rq) {
+			out = append(out, rq)
+		}
+	}
+	return out
+}
+
+// adoptOrphans marks the queues that set does not name as orphans, which keep
+// draining with the configuration stored with their streams, and logs them if report.
+func (q *queues) adoptOrphans(ctx context.Context, store *queue.Store, set *rules.Set, report bool) error {
+	var names []string
+	for _, rq := range set.Queues() {
+		names = append(names, rq.Name)
+	}
 	orphans, err := store.AdoptOrphans(ctx, names)
 	if err != nil {
-		return errors.Join(append(errs, fmt.Errorf("orphaned queues: %w", err))...)
+		return fmt.Errorf("orphaned queues: %w", err)
 	}
 	for _, o := range orphans {
-		if o.Queue == nil {
-			q.log.Error("a queue that left the rules holds orders it cannot drain: put it back in the rules, or sluice queue retire --drop it",
-				"queue", o.Name, "depth", o.Depth, "err", o.Err)
+		switch {
+		case o.Queue == nil:
+			if report {
+				q.log.Error("a queue that left the rules holds orders it cannot drain: put it back in the rules, or sluice queue retire --drop it",
+					"queue", o.Name, "depth", o.Depth, "err", o.Err)
+			}
 			continue
+		case report:
+			q.log.Warn(orphanDraining, "queue", o.Name, "depth", o.Depth)
 		}
-		q.log.Warn("queue left the rules; draining it with the configuration it was declared with (sluice queue retire it once empty)",
-			"queue", o.Name, "depth", o.Depth)
 		q.startDispatching(o.Name)
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 func (q *queues) startDispatching(name string) {
@@ -548,9 +774,9 @@ func (q *queues) startDispatching(name string) {
 }
 
 // run starts the dispatchers of the declared queues, and of queues declared later,
-// until ctx ends; and declares the queues of the newest set from sets, as well as
-// the set declare left pending, retrying with backoff until they are declared.
-func (q *queues) run(ctx context.Context, sets <-chan *rules.Set) {
+// until ctx ends; and keeps declaring what is pending and retrying refused reloads,
+// with backoff, until they succeed.
+func (q *queues) run(ctx context.Context) {
 	q.mu.Lock()
 	q.ctx, q.running = ctx, map[string]bool{}
 	q.mu.Unlock()
@@ -561,7 +787,7 @@ func (q *queues) run(ctx context.Context, sets <-chan *rules.Set) {
 			q.startDispatching(dq.Name())
 		}
 	}
-	q.wg.Go(func() { q.keepDeclared(ctx, sets) })
+	q.wg.Go(func() { q.keepDeclared(ctx) })
 }
 
 // outflowSampleEvery is how often the achieved outflow of the queues is sampled.
@@ -582,34 +808,35 @@ func (q *queues) sampleOutflow(ctx context.Context) {
 }
 
 // keepDeclared is the declaring loop of run.
-func (q *queues) keepDeclared(ctx context.Context, sets <-chan *rules.Set) {
+func (q *queues) keepDeclared(ctx context.Context) {
 	b := backoff.NewExponentialBackOff(backoff.WithInitialInterval(declareRetryMin),
 		backoff.WithMaxInterval(declareRetryMax), backoff.WithMaxElapsedTime(0))
 	retry := time.NewTimer(b.NextBackOff())
 	defer retry.Stop()
-	if q.pending == nil {
+	if q.idle() {
 		retry.Stop()
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case set := <-sets:
-			// The newest set is what counts, also when an older one is still pending.
-			q.pending = set
-			b.Reset()
+		case <-q.kick:
+			b.Reset() // new work: a new set or a fresh refusal
 		case <-retry.C:
 		}
-		if q.pending == nil {
-			continue
-		}
 		actx, cancel := context.WithTimeout(ctx, declareTimeout)
-		done := q.declare(actx, q.pending)
+		q.catchUp(actx)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		if done {
+		// A retried reload refused again woke the loop: that is no news. What is left
+		// to do is read after it, so nothing is missed.
+		select {
+		case <-q.kick:
+		default:
+		}
+		if q.idle() {
 			retry.Stop()
 			b.Reset()
 		} else {

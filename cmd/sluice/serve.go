@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -284,23 +285,24 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 // gateway is a running serve, ingress or dispatch: the parts it is made of, for run
 // to start and stop in order.
 type gateway struct {
-	mode     gatewayMode
-	cfg      gatewayConfig
-	log      *slog.Logger
-	watcher  *rules.Watcher
-	redis    redis.UniversalClient
-	store    *limiter.Redis
-	nats     *natsConn
-	queues   *queues
-	reloads  chan *rules.Set
-	front    *http.Server // nil in dispatch
-	admin    *http.Server // nil without --admin-listen
-	adminAPI *ingress.Admin
-	deps     *ingress.Dependencies
+	mode    gatewayMode
+	cfg     gatewayConfig
+	log     *slog.Logger
+	watcher *rules.Watcher
+	redis   redis.UniversalClient
+	store   *limiter.Redis
+	nats    *natsConn
+	queues  *queues
+	// declaring is queues once reloads may declare through it (Prepare).
+	declaring atomic.Pointer[queues]
+	front     *http.Server // nil in dispatch
+	admin     *http.Server // nil without --admin-listen
+	adminAPI  *ingress.Admin
+	deps      *ingress.Dependencies
 }
 
 func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
-	g := &gateway{mode: mode, cfg: cfg, log: log, reloads: make(chan *rules.Set, 1)}
+	g := &gateway{mode: mode, cfg: cfg, log: log}
 	defer func() {
 		if err != nil {
 			g.close()
@@ -335,15 +337,14 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	// Reloads declare first: a new set goes live once its queues are declared (see
+	// queues.prepare), on file changes and SIGHUP alike.
 	g.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log,
-		OnReload: func(r rules.ReloadResult) {
-			if r.Err == nil {
-				select { // the newest set is what counts; run declares it
-				case <-g.reloads:
-				default:
-				}
-				g.reloads <- r.Set
+		Prepare: func(s *rules.Set) error {
+			if q := g.declaring.Load(); q != nil {
+				return q.prepare(s)
 			}
+			return nil // before the queues exist: their first declaration takes the active set
 		}})
 	if err != nil {
 		return nil, err
@@ -370,10 +371,12 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	if cfg.dispatch {
 		disp = cfg.disp.options()
 	}
-	g.queues = newQueues(g.nats, disp, reg, log)
+	g.queues = newQueues(g.nats, disp, reg, log, g.watcher.Reload)
+	g.declaring.Store(g.queues)
 	// A first attempt before serving, so that a reachable NATS (the embedded one
 	// always) has the queues declared when the front door opens. What fails for want
 	// of NATS is retried in the background by run; the process never exits for it.
+	// The active set is read once reloads go through the queues, so none is missed.
 	ctx, cancel := context.WithTimeout(context.Background(), declareTimeout)
 	defer cancel()
 	g.queues.declare(ctx, g.watcher.Set())
@@ -748,7 +751,7 @@ func (g *gateway) run(ctx context.Context) error {
 
 	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
 	defer stopDispatch()
-	g.queues.run(dispatchCtx, g.reloads)
+	g.queues.run(dispatchCtx)
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
