@@ -94,19 +94,15 @@ type httpTarget struct {
 // deliveryURL returns the delivery URL of m: the base URL's scheme and host, its path
 // (without a trailing slash) followed by the parked escaped path, and the parked query.
 // It is assembled from url.URL fields, never parsed from a joined string, so nothing in
-// the parked path or query can change the host. The parked path must start with a
-// single '/' (so "@host/x", "//host/x" and "http://host/x" are refused) and be validly
-// escaped; the query must hold no spaces, control characters or '#'.
+// the parked path or query can change the host; queue.CheckTarget says which paths and
+// queries are refused.
 func deliveryURL(base *url.URL, m *queue.Message) (*url.URL, error) {
-	if !strings.HasPrefix(m.Path, "/") || strings.HasPrefix(m.Path, "//") {
-		return nil, fmt.Errorf("path %q does not start with a single '/'", m.Path)
+	if err := queue.CheckTarget(m.Path, m.RawQuery); err != nil {
+		return nil, err
 	}
 	path, err := url.PathUnescape(m.Path)
 	if err != nil {
 		return nil, fmt.Errorf("path %q: %w", m.Path, err)
-	}
-	if i := strings.IndexFunc(m.RawQuery, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '#' }); i >= 0 {
-		return nil, fmt.Errorf("query holds %q", m.RawQuery[i])
 	}
 	return &url.URL{
 		Scheme: base.Scheme,

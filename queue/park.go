@@ -213,7 +213,7 @@ func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerp
 	if pq, err := s.Queue(prev.Queue); err == nil {
 		q = pq
 	}
-	raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(prev.Ticket))
+	raw, _, err := s.parked(ctx, q, prev.Ticket)
 	switch {
 	case err == nil:
 		return q.receipt(ctx, prev.Ticket, raw.Sequence, true), nil
@@ -223,7 +223,7 @@ func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerp
 		}
 		return rc, nil // final long ago: its record expired before the key
 	default:
-		return Receipt{}, unavailable("message lookup", err)
+		return Receipt{}, err
 	}
 }
 

@@ -166,7 +166,7 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 			}
 			if rec.Status == StatusQueued {
 				if q, err := s.Queue(rec.Queue); err == nil {
-					if raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket)); err == nil {
+					if raw, _, err := s.parked(ctx, q, ticket); err == nil {
 						rec.Position = q.position(ctx, raw.Sequence)
 					}
 				}
@@ -175,19 +175,12 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		return rec, nil
 	}
 	for _, q := range s.Queues() {
-		raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket))
+		raw, m, err := s.parked(ctx, q, ticket)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, unavailable("message lookup", err)
-		}
-		m, err := decodeRaw(raw)
-		if err != nil {
 			return nil, err
-		}
-		if err := s.Verify(m); err != nil {
-			continue // not an order sluice accepted: nothing to say about it
 		}
 		rec := &Record{
 			Ticket:     ticket,
@@ -209,6 +202,36 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		return rec, nil
 	}
 	return nil, ErrNotFound
+}
+
+// maxForgedCopies bounds how many messages on a ticket's subject parked finds wrong
+// before it gives up: forgeries published there cost a lookup each.
+const maxForgedCopies = 16
+
+// parked returns the order sluice parked in q under ticket, skipping messages on its
+// subject that do not verify (forgeries published on it): the last one first, then
+// from the oldest. jetstream.ErrMsgNotFound when there is none.
+func (s *Store) parked(ctx context.Context, q *Queue, ticket string) (*jetstream.RawStreamMsg, *Message, error) {
+	subject := q.subject(ticket)
+	raw, err := q.stream.GetLastMsgForSubject(ctx, subject)
+	for seq, tries := uint64(1), 0; ; tries++ {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil, err
+		}
+		if err != nil {
+			return nil, nil, unavailable("message lookup", err)
+		}
+		if m, derr := decodeRaw(raw); derr == nil && s.Verify(m) == nil {
+			return raw, m, nil
+		}
+		if tries == maxForgedCopies {
+			return nil, nil, fmt.Errorf("%w: more than %d forged messages on %s", jetstream.ErrMsgNotFound, maxForgedCopies, subject)
+		}
+		if tries > 0 {
+			seq = raw.Sequence + 1
+		}
+		raw, err = q.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+	}
 }
 
 // Event is published (JSON) on DoneSubject when an order reached done or failed, and on
