@@ -168,17 +168,14 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 		}
 		delay := retryDelay(cfg.Backoff, rec.Attempts)
 		rec.Status, rec.NextAttemptAt = queue.StatusQueued, time.Now().Add(delay)
-		r.save(rec, 2)
+		r.save(rec)
 		r.m.retried("error").Inc()
 		r.log.Info("delivery failed; retrying", "ticket", m.Ticket, "attempt", rec.Attempts, "err", rec.LastError, "in", delay)
 		_ = jm.NakWithDelay(delay)
 	case outcomeFailed:
 		rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusFailed, out.describe(), time.Time{}
 		rec.Result = out.result()
-		if !r.save(rec, 5) {
-			_ = jm.NakWithDelay(time.Second)
-			return
-		}
+		r.save(rec)
 		r.event(queue.DoneSubject(m.Queue), rec, out.status)
 		r.m.failed.Inc()
 		r.log.Info("downstream refused the order; failed", "ticket", m.Ticket, "status", out.status)
@@ -189,12 +186,9 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 func (r *runner) done(m *queue.Message, jm jetstream.Msg, rec *queue.Record, out outcome, start time.Time) {
 	rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusDone, "", time.Time{}
 	rec.Result = out.result()
-	if !r.save(rec, 5) {
-		// Without the record the ticket would vanish: deliver again later (same
-		// Idempotency-Key, so the downstream sees one order).
-		_ = jm.NakWithDelay(time.Second)
-		return
-	}
+	// The order is acknowledged whether or not its record could be written: delivering
+	// it again because the store had no room for the record would keep the store full.
+	r.save(rec)
 	r.event(queue.DoneSubject(m.Queue), rec, out.status)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -219,7 +213,7 @@ func (r *runner) throttled(m *queue.Message, jm jetstream.Msg, rec *queue.Record
 	r.pause(until)
 	rec.Status, rec.NextAttemptAt = queue.StatusQueued, until
 	rec.LastError = fmt.Sprintf("%s; queue paused for %s", out.describe(), pause.Round(time.Millisecond))
-	r.save(rec, 2)
+	r.save(rec)
 	r.m.retried("throttled").Inc()
 	_ = jm.NakWithDelay(pause)
 }
@@ -230,32 +224,35 @@ func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Recor
 	if err := r.store.DeadLetter(ctx, m, rec.Attempts, rec.LastError); err != nil {
 		r.log.Warn("cannot dead-letter; retrying later", "ticket", m.Ticket, "err", err)
 		rec.Status = queue.StatusQueued
-		r.save(rec, 1)
+		r.save(rec)
 		_ = jm.NakWithDelay(retryDelay(cfg.Backoff, 1))
 		return
 	}
 	rec.Status, rec.NextAttemptAt = queue.StatusDead, time.Time{}
-	r.save(rec, 5)
+	r.save(rec)
 	r.event(queue.DeadSubject(m.Queue), rec, 0)
 	r.m.dead.Inc()
 	r.log.Warn("dead-lettered", "ticket", m.Ticket, "attempts", rec.Attempts, "err", rec.LastError)
 	_ = jm.TermWithReason("dead-lettered: " + rec.LastError)
 }
 
-// save writes the record, trying up to tries times.
-func (r *runner) save(rec *queue.Record, tries int) bool {
-	var err error
-	for i := range tries {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = r.store.SaveRecord(ctx, rec)
-		cancel()
-		if err == nil {
-			return true
-		}
-		time.Sleep(time.Duration(100*(i+1)) * time.Millisecond)
+// save writes the record. When JetStream refuses it (store full, NATS unreachable) the
+// record is kept in memory and written later (maintain flushes it), so that settling an
+// order never waits on its bookkeeping. False: the record is lost (memory bound
+// reached); the order is settled all the same.
+func (r *runner) save(rec *queue.Record) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := r.store.SaveRecord(ctx, rec)
+	cancel()
+	if err == nil {
+		return true
 	}
-	r.log.Warn("cannot save the ticket record", "ticket", rec.Ticket, "err", err)
-	return false
+	if kerr := r.store.KeepRecord(rec); kerr != nil {
+		r.log.Error("cannot save the ticket record nor keep it for later; its status is lost", "ticket", rec.Ticket, "status", rec.Status, "err", err)
+		return false
+	}
+	r.log.Debug("ticket record kept in memory to be written later", "ticket", rec.Ticket, "err", err)
+	return true
 }
 
 func (r *runner) event(subject string, rec *queue.Record, status int) {

@@ -68,6 +68,19 @@ func (r *runner) run(ctx context.Context) {
 	r.deliveries.Wait()
 	r.unpin()
 	r.m.paused.Set(0)
+	r.flushRecords(context.Background())
+}
+
+// flushRecords writes the ticket records that JetStream refused earlier (see save).
+func (r *runner) flushRecords(ctx context.Context) {
+	if r.store.KeptRecords() == 0 {
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if left, err := r.store.FlushRecords(fctx); err != nil {
+		r.log.Debug("ticket records still refused", "left", left, "err", err)
+	}
 }
 
 // setup creates or updates the consumer, retrying until it works or ctx ends.
@@ -208,6 +221,7 @@ func (r *runner) maintain(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		r.flushRecords(ctx)
 		if cfg := r.q.Config(); !sameQueueConfig(cfg, r.config()) {
 			if err := r.ensureConsumer(ctx); err != nil {
 				r.log.Warn("cannot apply the new queue config", "err", err)

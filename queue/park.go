@@ -89,6 +89,11 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.publishTimeout)
 	defer cancel()
+	// Past the high-water mark the rest of the store is for draining: the records of
+	// delivered orders must find room, or delivering would wait on them.
+	if err := s.usage.check(ctx); err != nil {
+		return Receipt{}, err
+	}
 
 	duplicate := false
 	if req.IdempotencyKey == "" {
@@ -111,10 +116,12 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 		}
 	}
 
-	ack, err := s.js.PublishMsg(ctx, m.encode(q.subject(m.Ticket)), jetstream.WithExpectStream(q.StreamName()))
+	msg := m.encode(q.subject(m.Ticket))
+	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(q.StreamName()))
 	if err != nil {
 		return Receipt{}, s.publishError(ctx, q, err)
 	}
+	s.usage.add(len(msg.Subject) + len(msg.Data) + 64*len(msg.Header))
 	if !ack.Duplicate {
 		s.metrics.parked.WithLabelValues(q.name).Inc()
 	}
@@ -189,6 +196,7 @@ const (
 	errCodeStoreFailed   = 10077 // "maximum messages exceeded", "maximum bytes exceeded", …
 	errCodeMsgTooLarge   = 10054
 	errCodeStreamMissing = 10059
+	errCodeNoResources   = 10023 // "insufficient resources": the server's store is full
 )
 
 func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
@@ -199,6 +207,8 @@ func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
 			return fmt.Errorf("%w (%s)", q.fullError(fctx), apiErr.Description)
+		case apiErr.ErrorCode == errCodeNoResources:
+			return fmt.Errorf("%w: %w: publish to %q: %s", ErrUnavailable, ErrStorageFull, q.name, apiErr.Description)
 		case apiErr.ErrorCode == errCodeMsgTooLarge || strings.Contains(apiErr.Description, "message size exceeds"):
 			return fmt.Errorf("%w: %s", ErrTooLarge, apiErr.Description)
 		}

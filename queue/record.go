@@ -68,10 +68,15 @@ type Record struct {
 	RetryAfter time.Duration `json:"-"`
 }
 
-// Record returns the stored record of a ticket, or ErrNotFound.
+// Record returns the record of a ticket, or ErrNotFound: the copy held in memory
+// (KeepRecord) when there is one, as it is newer than the stored one, else the stored
+// one.
 func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 	if !ValidTicket(ticket) {
 		return nil, ErrNotFound
+	}
+	if rec := s.kept.get(ticket); rec != nil {
+		return rec, nil
 	}
 	e, err := s.tickets.Get(ctx, ticket)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -88,11 +93,25 @@ func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 }
 
 // SaveRecord writes a ticket record (UpdatedAt is set to now). Its lifetime is the
-// IdempotencyTTL of the record's queue (the default 24h for an undeclared queue).
+// IdempotencyTTL of the record's queue (the default 24h for an undeclared queue). A
+// copy of an older record of the ticket held by KeepRecord is dropped once this one is
+// written.
 func (s *Store) SaveRecord(ctx context.Context, rec *Record) error {
 	if !ValidTicket(rec.Ticket) {
 		return fmt.Errorf("%w: bad ticket %q", ErrInvalidRequest, rec.Ticket)
 	}
+	// Shared with the other direct writes; FlushRecords takes it exclusively, so that it
+	// never writes a kept copy over a newer record written here.
+	s.kept.write.RLock()
+	defer s.kept.write.RUnlock()
+	if err := s.writeRecord(ctx, rec); err != nil {
+		return err
+	}
+	s.kept.drop(rec.Ticket, nil)
+	return nil
+}
+
+func (s *Store) writeRecord(ctx context.Context, rec *Record) error {
 	ttl := DefaultIdempotencyTTL
 	if q, err := s.Queue(rec.Queue); err == nil {
 		ttl = q.Config().IdempotencyTTL

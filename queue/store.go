@@ -56,6 +56,8 @@ type options struct {
 	registerer     prometheus.Registerer
 	publishTimeout time.Duration
 	deadMaxAge     time.Duration
+	keptBytes      int64
+	storeLimit     int64
 }
 
 // WithReplicas sets the replica count of the shared resources: the dead-letter stream
@@ -77,6 +79,23 @@ func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.pu
 // are kept until re-queued or purged).
 func WithDeadLetterMaxAge(d time.Duration) Option { return func(o *options) { o.deadMaxAge = d } }
 
+// WithKeptRecordsBytes bounds the ticket records held in memory when JetStream refuses
+// them (see KeepRecord; default DefaultKeptRecordsBytes).
+func WithKeptRecordsBytes(n int64) Option { return func(o *options) { o.keptBytes = n } }
+
+// WithStoreLimit tells the Store how many bytes of JetStream file storage its account
+// may use: the embedded server's max store, or a cluster's per-account limit when the
+// account has none of its own (an account limit is read from the server at Open and the
+// smaller one is used). Park refuses new orders with ErrStorageFull once the account
+// uses HighWater of it, so that the rest stays free for what draining the queues
+// writes (ticket records, dead letters). 0: only an account limit counts; without one
+// Park fails only when JetStream itself refuses.
+func WithStoreLimit(n int64) Option { return func(o *options) { o.storeLimit = n } }
+
+// HighWater is the share of the store limit (WithStoreLimit) past which Park refuses
+// new orders.
+const HighWater = 0.85
+
 // Store parks requests in JetStream queues and keeps their tickets. It is safe for
 // concurrent use. One Store per process and NATS connection is the intended use; the
 // connection belongs to the caller (Close does not close it).
@@ -93,6 +112,8 @@ type Store struct {
 	idem    jetstream.KeyValue
 	dead    jetstream.Stream
 	metrics *storeMetrics
+	kept    *keptRecords
+	usage   storeUsage
 
 	mu     sync.RWMutex
 	queues map[string]*Queue
@@ -101,7 +122,7 @@ type Store struct {
 // Open prepares the shared resources (dead-letter stream and key-value buckets),
 // creating or updating them, and returns a Store without queues; add them with Declare.
 func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
-	o := options{replicas: 1, publishTimeout: 5 * time.Second}
+	o := options{replicas: 1, publishTimeout: 5 * time.Second, keptBytes: DefaultKeptRecordsBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -112,7 +133,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}}
+	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes)}
 	s.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        DeadStream,
 		Description: "sluice dead letters of every queue",
@@ -149,6 +170,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if s.idem, err = bucket(IdempotencyBucket, "sluice idempotency keys"); err != nil {
 		return nil, err
 	}
+	s.usage.init(ctx, js, o.storeLimit, o.logger)
 	s.metrics = newStoreMetrics(s)
 	if o.registerer != nil {
 		if err := s.metrics.register(o.registerer); err != nil {

@@ -192,7 +192,12 @@ type queues struct {
 func newQueues(c *natsConn, disp []dispatcher.Option, reg prometheus.Registerer, log *slog.Logger) (*queues, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := queue.Open(ctx, c.nc, queue.WithReplicas(c.replicas), queue.WithRegisterer(reg), queue.WithLogger(log))
+	var limit int64 // a cluster's account limit, if any, is read by Open
+	if c.embedded != nil {
+		limit = c.embedded.MaxStore()
+	}
+	store, err := queue.Open(ctx, c.nc, queue.WithReplicas(c.replicas), queue.WithRegisterer(reg), queue.WithLogger(log),
+		queue.WithStoreLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("queues: %w", err)
 	}
