@@ -30,6 +30,8 @@ type options struct {
 	defaultPause    time.Duration
 	maxPause        time.Duration
 	clock           Clock
+	circuitAfter    int
+	circuitMaxProbe time.Duration
 }
 
 // WithLogger sets the logger (default: discard).
@@ -71,6 +73,14 @@ func WithDefaultPause(d time.Duration) Option { return func(o *options) { o.defa
 
 // WithMaxPause caps the pause a downstream's Retry-After can impose (default 1h).
 func WithMaxPause(d time.Duration) Option { return func(o *options) { o.maxPause = d } }
+
+// WithCircuit sets when a queue's circuit opens — after `after` consecutive attempts
+// that found the downstream down (connection refused or unreachable, or no answer
+// within the delivery timeout; default 3) — and the longest wait between the probes
+// while it is open (default 30s; the first is 1s, doubling).
+func WithCircuit(after int, maxProbeInterval time.Duration) Option {
+	return func(o *options) { o.circuitAfter, o.circuitMaxProbe = after, maxProbeInterval }
+}
 
 // WithPacerClock sets the clock of the dispatcher's pacers (default SystemClock).
 func WithPacerClock(c Clock) Option { return func(o *options) { o.clock = c } }
@@ -121,6 +131,8 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 		defaultPause:    time.Second,
 		maxPause:        time.Hour,
 		clock:           SystemClock{},
+		circuitAfter:    3,
+		circuitMaxProbe: 30 * time.Second,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -128,8 +140,11 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 	if o.logger == nil {
 		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if o.deliveryTimeout <= 0 || o.pinnedTTL <= 0 || o.defaultPause <= 0 || o.maxPause <= 0 {
+	if o.deliveryTimeout <= 0 || o.pinnedTTL <= 0 || o.defaultPause <= 0 || o.maxPause <= 0 || o.circuitMaxProbe <= 0 {
 		return nil, errors.New("dispatcher: timeouts and pauses must be positive")
+	}
+	if o.circuitAfter < 1 {
+		return nil, errors.New("dispatcher: the circuit needs at least 1 failed attempt to open")
 	}
 	if o.ackWait > 0 && o.ackWait <= o.deliveryTimeout {
 		return nil, fmt.Errorf("dispatcher: ack wait %s must exceed the delivery timeout %s", o.ackWait, o.deliveryTimeout)

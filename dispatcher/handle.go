@@ -76,7 +76,13 @@ func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok 
 func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
 	for p := range ready {
 		if ctx.Err() != nil {
-			_ = p.jm.Nak()
+			handBack(p.jm)
+			continue
+		}
+		// While the circuit is open one order at a time probes the downstream.
+		probe, ok := r.cb.admit(ctx)
+		if !ok {
+			handBack(p.jm)
 			continue
 		}
 		// A pause longer than a pull request's life: give the message back until the
@@ -86,20 +92,31 @@ func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
 		r.mu.Unlock()
 		now := time.Now()
 		if until := r.pacer.PausedUntil(); until.Sub(now) > fetchWait {
+			r.cb.cancel(probe)
 			_ = p.jm.NakWithDelay(until.Sub(now))
 			continue
 		}
 		start, err := r.pacer.Wait(ctx)
 		if err != nil { // shutting down: hand it to another dispatcher at once
-			_ = p.jm.Nak()
+			r.cb.cancel(probe)
+			handBack(p.jm)
 			continue
 		}
 		r.deliveries.Add(1)
 		go func() {
 			defer r.deliveries.Done()
-			r.deliver(p.m, p.jm, p.rec, p.stored, p.cfg, start)
+			r.deliver(p.m, p.jm, p.rec, p.stored, p.cfg, start, probe)
 		}()
 	}
+}
+
+// handBack returns a message this dispatcher will not deliver (it is stopping) for
+// immediate redelivery to another one. A nak with a delay, not a plain one: the server
+// keeps a plain nak in memory only, so after a restart of the server (the embedded one
+// restarts with sluice) the message would wait out its ack wait; a delayed nak is stored
+// as the message's new deadline.
+func handBack(jm jetstream.Msg) {
+	_ = jm.NakWithDelay(time.Millisecond)
 }
 
 // Delivery describes the delivery attempt an outgoing request belongs to.
@@ -124,8 +141,8 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 }
 
 // deliver runs one delivery attempt and settles the message. stored tells whether the
-// ticket has a record already.
-func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, stored bool, cfg queue.Config, start time.Time) {
+// ticket has a record already; probe whether the attempt probes an open circuit.
+func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, stored bool, cfg queue.Config, start time.Time, probe bool) {
 	// A ticket without a record reads as delivering once its message has been handed
 	// to a dispatcher (queue.Store.Status asks the consumer), which saves a synced write
 	// per delivery. A record from an earlier attempt or pause is set to delivering
@@ -153,6 +170,9 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	cancel()
 	r.m.duration.Observe(time.Since(start).Seconds())
 	<-marked
+	if r.downstreamDown(m, jm, rec, out, probe) {
+		return
+	}
 
 	switch out.kind {
 	case outcomeDone:
@@ -160,8 +180,18 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	case outcomeThrottled:
 		r.throttled(m, jm, rec, out)
 	case outcomeRetry:
-		rec.Attempts++
 		rec.LastError = out.describe()
+		if out.down == downRefused {
+			// Nothing reached the downstream: not the order's failed attempt.
+			delay := retryDelay(cfg.Backoff, rec.Attempts+1)
+			rec.Status, rec.NextAttemptAt = queue.StatusQueued, time.Now().Add(delay)
+			r.save(rec)
+			r.m.retried("unreachable").Inc()
+			r.log.Info("downstream unreachable; retrying", "ticket", m.Ticket, "err", rec.LastError, "in", delay)
+			_ = jm.NakWithDelay(delay)
+			return
+		}
+		rec.Attempts++
 		if rec.Attempts >= cfg.MaxAttempts {
 			r.deadLetter(m, jm, rec, cfg)
 			return
@@ -210,7 +240,7 @@ func (r *runner) throttled(m *queue.Message, jm jetstream.Msg, rec *queue.Record
 	}
 	pause = min(pause, r.d.opts.maxPause)
 	until := time.Now().Add(pause)
-	r.pause(until)
+	r.pause(until, "queue paused by the downstream")
 	rec.Status, rec.NextAttemptAt = queue.StatusQueued, until
 	rec.LastError = fmt.Sprintf("%s; queue paused for %s", out.describe(), pause.Round(time.Millisecond))
 	r.save(rec)
@@ -234,6 +264,38 @@ func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Recor
 	r.m.dead.Inc()
 	r.log.Warn("dead-lettered", "ticket", m.Ticket, "attempts", rec.Attempts, "err", rec.LastError)
 	_ = jm.TermWithReason("dead-lettered: " + rec.LastError)
+}
+
+// downstreamDown feeds the attempt's outcome to the circuit. While the circuit is open
+// (this attempt may have opened it) a failed attempt is settled here: the order waits
+// for the next probe, its attempts unchanged, and the queue is paused until then. It
+// reports whether it settled the message.
+func (r *runner) downstreamDown(m *queue.Message, jm jetstream.Msg, rec *queue.Record, out outcome, probe bool) bool {
+	down := out.down
+	if out.kind != outcomeRetry {
+		down = downNone // any answer means the downstream is up
+	}
+	now := time.Now()
+	open, until, changed := r.cb.record(down, probe, now)
+	switch {
+	case changed && open:
+		r.m.circuit.Set(1)
+		r.log.Warn("downstream down; circuit open: queue paused, one order at a time probes it", "err", out.describe())
+	case changed:
+		r.m.circuit.Set(0)
+		r.log.Info("downstream answers again; circuit closed")
+	}
+	if !open {
+		return false
+	}
+	r.pause(until, "")
+	rec.Status, rec.NextAttemptAt = queue.StatusQueued, until
+	rec.LastError = out.describe() + "; downstream down, queue paused"
+	r.save(rec)
+	r.m.retried("circuit").Inc()
+	r.log.Debug("downstream still down", "ticket", m.Ticket, "probe", probe, "next_probe", until)
+	_ = jm.NakWithDelay(max(until.Sub(now), 10*time.Millisecond))
+	return true
 }
 
 // save writes the record. When JetStream refuses it (store full, NATS unreachable) the

@@ -23,6 +23,7 @@ type runner struct {
 	log   *slog.Logger
 	pacer *Pacer
 	m     queueMetrics
+	cb    *circuit
 
 	deliveries sync.WaitGroup
 
@@ -44,6 +45,7 @@ func newRunner(d *Dispatcher, q *queue.Queue) *runner {
 		log:   d.log.With("queue", q.Name()),
 		pacer: NewPacer(cfg.Outflow, WithClock(d.opts.clock)),
 		m:     d.metrics.forQueue(q.Name()),
+		cb:    newCircuit(d.opts.circuitAfter, d.opts.circuitMaxProbe),
 		cfg:   cfg,
 	}
 }
@@ -64,10 +66,16 @@ func (r *runner) run(ctx context.Context) {
 		r.maintain(ctx)
 	}()
 	r.fetchLoop(ctx)
+	// The hand-backs of the messages not started are on their way before anything
+	// else stops (the connection, or the embedded server with the process).
+	if nc := r.store.Conn(); !nc.IsClosed() {
+		_ = nc.FlushTimeout(2 * time.Second)
+	}
 	<-maintDone
 	r.deliveries.Wait()
 	r.unpin()
 	r.m.paused.Set(0)
+	r.m.circuit.Set(0)
 	r.flushRecords(context.Background())
 }
 
@@ -175,10 +183,17 @@ func (r *runner) fetchLoop(ctx context.Context) {
 		r.mu.Lock()
 		cons, fetchWait := r.cons, r.fetchWait
 		r.mu.Unlock()
-		fctx, cancel := context.WithTimeout(ctx, fetchWait)
+		// The pull request runs its course (at most the fetch wait) even when ctx ends:
+		// a message the server sends while the request is being given up would reach
+		// no one and wait out its ack wait; this way it is handed back.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchWait)
 		batch, err := cons.Fetch(1, jetstream.FetchContext(fctx), jetstream.FetchPriorityGroup(queue.PriorityGroup))
 		if err == nil {
 			for jm := range batch.Messages() {
+				if ctx.Err() != nil {
+					handBack(jm)
+					continue
+				}
 				if p, ok := r.prepare(ctx, jm); ok {
 					ready <- p
 				}
@@ -243,7 +258,7 @@ func (r *runner) maintain(ctx context.Context) {
 			r.serverPause = maxTime(r.serverPause, until)
 			r.mu.Unlock()
 		}
-		if info.Paused || r.pacer.PausedUntil().After(now) {
+		if info.Paused || r.pacer.PausedUntil().After(now) || r.cb.isOpen() {
 			r.m.paused.Set(1)
 		} else {
 			r.m.paused.Set(0)
@@ -281,8 +296,9 @@ func (r *runner) unpin() {
 }
 
 // pause stops the queue until until: locally at once, and on the server (every
-// replica) unless a pause at least as long is already set there.
-func (r *runner) pause(until time.Time) {
+// replica) unless a pause at least as long is already set there. why is logged when
+// the server pause is set ("": not logged).
+func (r *runner) pause(until time.Time, why string) {
 	r.pacer.PauseUntil(until)
 	r.m.paused.Set(1)
 	r.mu.Lock()
@@ -301,7 +317,9 @@ func (r *runner) pause(until time.Time) {
 		r.mu.Unlock()
 		return
 	}
-	r.log.Info("queue paused by the downstream", "until", until.UTC().Format(time.RFC3339Nano))
+	if why != "" {
+		r.log.Info(why, "until", until.UTC().Format(time.RFC3339Nano))
+	}
 }
 
 func maxTime(a, b time.Time) time.Time {

@@ -36,6 +36,7 @@ type outcome struct {
 	truncated  bool
 	retryAfter time.Duration
 	err        error
+	down       downKind // a failed attempt that found the downstream down (see circuit)
 	subject    string
 	seq        uint64
 }
@@ -119,9 +120,9 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 	if err != nil {
 		var ne net.Error
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-			return outcome{kind: outcomeRetry, err: fmt.Errorf("delivery timed out: %w", err)}
+			return outcome{kind: outcomeRetry, down: transportFailure(err), err: fmt.Errorf("delivery timed out: %w", err)}
 		}
-		return outcome{kind: outcomeRetry, err: fmt.Errorf("delivery failed: %w", err)}
+		return outcome{kind: outcomeRetry, down: transportFailure(err), err: fmt.Errorf("delivery failed: %w", err)}
 	}
 	body, truncated, readErr := readCapped(resp.Body, queue.MaxResultBody)
 	_ = resp.Body.Close()
