@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/dispatcher"
@@ -157,3 +158,44 @@ func TestDownstreamDownOpensCircuit(t *testing.T) {
 	t.Logf("probes while down: %.0f", gather(t, reg, "sluice_queue_retried_total", "queue", "flaky", "reason", "circuit"))
 }
 
+// A nats: downstream whose stream disappears after the declaration is a downstream
+// that is down: the circuit opens and the orders wait, attempts unchanged, until a
+// stream captures the subject again.
+func TestNATSDownstreamWithoutStreamWaits(t *testing.T) {
+	srv := natstest.Start(t)
+	js, _ := jetstream.New(srv.Conn)
+	streamCfg := jetstream.StreamConfig{Name: "OUT", Subjects: []string{"orders.out"}}
+	if _, err := js.CreateStream(ctxT(t), streamCfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig("tojs", "nats:orders.out")
+	cfg.MaxAttempts = 1
+	store, _ := openStore(t, srv.Conn, cfg)
+	reg := prometheus.NewRegistry()
+	startReplica(t, srv, cfg, "a", dispatcher.WithRegisterer(reg), dispatcher.WithCircuit(2, time.Second))
+	if err := js.DeleteStream(ctxT(t), "OUT"); err != nil {
+		t.Fatal(err)
+	}
+	tickets := park(t, store, "tojs", 0, 5)
+	waitFor(t, "the circuit to open", 30*time.Second, func() bool {
+		return gather(t, reg, "sluice_queue_circuit_open", "queue", "tojs") == 1
+	})
+	out, err := js.CreateStream(ctxT(t), streamCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "every order in the stream", 30*time.Second, func() bool {
+		info, err := out.Info(ctxT(t))
+		return err == nil && info.State.Msgs == uint64(len(tickets))
+	})
+	for _, tk := range tickets {
+		var st *queue.Record
+		waitFor(t, "status done", 20*time.Second, func() bool {
+			st, err = store.Status(ctxT(t), tk)
+			return err == nil && st.Status == queue.StatusDone
+		})
+		if st.Attempts != 0 {
+			t.Errorf("order %s: %d attempts counted while no stream captured the subject", tk, st.Attempts)
+		}
+	}
+}

@@ -267,7 +267,7 @@ func (r *runner) maintain(ctx context.Context) {
 }
 
 func sameQueueConfig(a, b queue.Config) bool {
-	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream &&
+	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream && a.Delivery == b.Delivery &&
 		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff
 }
 

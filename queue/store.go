@@ -197,6 +197,9 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
+	if err := s.checkDownstreamStream(ctx, cfg); err != nil {
+		return nil, err
+	}
 	cfg.SensitiveHeaders = append([]string(nil), cfg.SensitiveHeaders...)
 	maxMsgs := cfg.MaxDepth
 	if maxMsgs < 0 {
@@ -235,6 +238,24 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 	q.stream = stream
 	q.cfg.Store(&cfg)
 	return q, nil
+}
+
+// checkDownstreamStream makes sure the subject of an at-least-once nats: downstream is
+// captured by a stream. Checked at every declaration (start, reload); a stream deleted
+// later makes deliveries fail as a downstream that is down.
+func (s *Store) checkDownstreamStream(ctx context.Context, cfg Config) error {
+	subj := cfg.NATSSubject()
+	if subj == "" || cfg.Delivery == AtMostOnce {
+		return nil
+	}
+	_, err := s.js.StreamNameBySubject(ctx, subj)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: queue %q, subject %q: create a stream for it (for example nats stream add --subjects %s), or give the queue delivery: at_most_once", ErrNoStream, cfg.Name, subj, subj)
+	}
+	return fmt.Errorf("%w: queue %q: looking up the stream of subject %q: %v", ErrUnavailable, cfg.Name, subj, err)
 }
 
 // Queue returns a declared queue.

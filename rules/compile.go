@@ -606,6 +606,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			MaxInFlight: int(min(qd.maxInFlight, 1_000_000)),
 			Backoff:     queue.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
 			Downstream:  qd.downstream,
+			Delivery:    qd.delivery,
 		}.WithDefaults(),
 		Domain: fd.domain,
 		File:   file,
@@ -621,6 +622,9 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	}
 	if qd.downNode == nil {
 		c.errf(file, qd.nameNode, "queue %q needs a downstream (an http:// or https:// URL, or nats:SUBJECT)", qd.name)
+	}
+	if q.Delivery == queue.AtMostOnce && qd.hasDown && q.NATSSubject() == "" {
+		c.errf(file, qd.delivNode, "delivery: at_most_once applies to nats: downstreams only")
 	}
 	if q.Backoff.Max < q.Backoff.Initial {
 		c.errf(file, qd.backoffNode, "backoff max (%v) is shorter than initial (%v)", q.Backoff.Max, q.Backoff.Initial)

@@ -134,6 +134,8 @@ type queueDef struct {
 	backoffNode *yaml.Node
 	downstream  string
 	hasDown     bool
+	delivery    queue.Delivery
+	delivNode   *yaml.Node
 }
 
 var (
@@ -146,7 +148,7 @@ var (
 	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields  = []string{"name", "value", "present"}
 	entryFields   = []string{"key", "value", "from", "default"}
-	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream"}
+	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "delivery"}
 	outflowFields = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields = []string{"initial", "max"}
 )
@@ -556,6 +558,15 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 		case "downstream":
 			q.downstream, q.hasDown = w.downstream(v)
 			q.downNode = v
+		case "delivery":
+			d, _ := w.str(v, key)
+			q.delivNode = v
+			switch queue.Delivery(d) {
+			case queue.AtLeastOnce, queue.AtMostOnce:
+				q.delivery = queue.Delivery(d)
+			default:
+				w.errf(v, "delivery %q: use at_least_once (the default) or at_most_once", d)
+			}
 		}
 	})
 	return q
