@@ -105,12 +105,19 @@ func WithPacerClock(c Clock) Option { return func(o *options) { o.clock = c } }
 // A 429 or 503 answer pauses the queue until its Retry-After (capped by WithMaxPause):
 // the dispatcher pauses the consumer on the server (PauseConsumer), which stops every
 // replica, and its own pacer; the message is retried after the pause and the attempt is
-// not counted. Other 5xx answers, timeouts and connection errors are failed attempts,
-// retried after an exponential backoff with jitter (NakWithDelay); other 4xx answers
-// end in status failed. After MaxAttempts failed attempts the message is copied to the
+// not counted. Other 5xx answers, timeouts and other network errors are failed
+// attempts, retried after an exponential backoff with jitter (NakWithDelay); a
+// connection that could not be made is retried the same way without counting. Such
+// failures on consecutive orders (WithCircuit) open the queue's circuit: the queue
+// pauses and one order at a time probes the downstream on a backoff, attempts not
+// counted, until an answer closes it. Other 4xx answers end in status failed. After MaxAttempts failed attempts the message is copied to the
 // dead-letter stream, an event goes to sluice.dead.{queue}, and the message is
 // terminated. Failed attempts are counted in the ticket record, because JetStream's
 // delivery count also counts pauses and crash redeliveries.
+//
+// Settling an order never waits on its bookkeeping: a ticket record JetStream refuses
+// is kept in memory (queue.Store.KeepRecord) and written later. A dispatcher that
+// stops hands the orders it fetched but did not start back at once.
 //
 // Before a delivery the dispatcher reads the ticket record; a ticket already done,
 // failed or dead is acknowledged without delivering it again (a redelivery after a crash
