@@ -183,17 +183,10 @@ func (r *runner) fetchLoop(ctx context.Context) {
 		r.mu.Lock()
 		cons, fetchWait := r.cons, r.fetchWait
 		r.mu.Unlock()
-		// The pull request runs its course (at most the fetch wait) even when ctx ends:
-		// a message the server sends while the request is being given up would reach
-		// no one and wait out its ack wait; this way it is handed back.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchWait)
+		fctx, cancel := context.WithTimeout(ctx, fetchWait)
 		batch, err := cons.Fetch(1, jetstream.FetchContext(fctx), jetstream.FetchPriorityGroup(queue.PriorityGroup))
 		if err == nil {
 			for jm := range batch.Messages() {
-				if ctx.Err() != nil {
-					handBack(jm)
-					continue
-				}
 				if p, ok := r.prepare(ctx, jm); ok {
 					ready <- p
 				}
