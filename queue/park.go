@@ -119,6 +119,11 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.publishTimeout)
 	defer cancel()
+	// Past the high-water mark the rest of the store is for draining: the records of
+	// delivered orders must find room, or delivering would wait on them.
+	if err := s.usage.check(ctx); err != nil {
+		return Receipt{}, err
+	}
 	if req.IdempotencyKey != "" {
 		return s.parkKeyed(ctx, q, m)
 	}
@@ -137,6 +142,7 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 	if err != nil {
 		return nil, s.publishError(ctx, q, err)
 	}
+	s.usage.add(len(msg.Subject) + len(msg.Data) + 64*len(msg.Header))
 	if !ack.Duplicate {
 		s.metrics.parked.WithLabelValues(q.name).Inc()
 	}
@@ -434,6 +440,7 @@ const (
 	errCodeStoreFailed   = 10077 // "maximum messages exceeded", "maximum bytes exceeded", …
 	errCodeMsgTooLarge   = 10054
 	errCodeStreamMissing = 10059
+	errCodeNoResources   = 10023 // "insufficient resources": the server's store is full
 )
 
 func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
@@ -444,6 +451,8 @@ func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
 			return fmt.Errorf("%w (%s)", q.fullError(fctx), apiErr.Description)
+		case apiErr.ErrorCode == errCodeNoResources:
+			return fmt.Errorf("%w: %w: publish to %q: %s", ErrUnavailable, ErrStorageFull, q.name, apiErr.Description)
 		case apiErr.ErrorCode == errCodeMsgTooLarge || strings.Contains(apiErr.Description, "message size exceeds"):
 			return fmt.Errorf("%w: %s", ErrTooLarge, apiErr.Description)
 		}

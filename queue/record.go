@@ -78,11 +78,16 @@ type Record struct {
 // ticketKind names ticket records in their signatures (see Store.seal).
 const ticketKind = "ticket"
 
-// Record returns the stored record of a ticket, or ErrNotFound. A record without this
-// store's signature is not found (the error wraps ErrNotFound and ErrForged).
+// Record returns the record of a ticket, or ErrNotFound: the copy held in memory
+// (KeepRecord) when there is one, as it is newer than the stored one, else the stored
+// one. A stored record without this store's signature is not found (the error wraps
+// ErrNotFound and ErrForged).
 func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 	if !ValidTicket(ticket) {
 		return nil, ErrNotFound
+	}
+	if rec := s.kept.get(ticket); rec != nil {
+		return rec, nil
 	}
 	e, err := s.tickets.Get(ctx, ticket)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -106,7 +111,9 @@ func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 }
 
 // SaveRecord writes a ticket record (UpdatedAt is set to now). Its lifetime is the
-// IdempotencyTTL of the record's queue (the default 24h for an undeclared queue).
+// IdempotencyTTL of the record's queue (the default 24h for an undeclared queue). A
+// copy of an older record of the ticket held by KeepRecord is dropped once this one is
+// written.
 func (s *Store) SaveRecord(ctx context.Context, rec *Record) error {
 	return s.saveRecord(ctx, rec)
 }
@@ -117,6 +124,18 @@ func (s *Store) saveRecord(ctx context.Context, rec *Record, opts ...jetstream.P
 	if !ValidTicket(rec.Ticket) {
 		return fmt.Errorf("%w: bad ticket %q", ErrInvalidRequest, rec.Ticket)
 	}
+	// Shared with the other direct writes; FlushRecords takes it exclusively, so that it
+	// never writes a kept copy over a newer record written here.
+	s.kept.write.RLock()
+	defer s.kept.write.RUnlock()
+	if err := s.writeRecord(ctx, rec, opts...); err != nil {
+		return err
+	}
+	s.kept.drop(rec.Ticket, nil)
+	return nil
+}
+
+func (s *Store) writeRecord(ctx context.Context, rec *Record, opts ...jetstream.PublishOpt) error {
 	ttl := DefaultIdempotencyTTL
 	if q, err := s.Queue(rec.Queue); err == nil {
 		ttl = q.Config().IdempotencyTTL

@@ -71,6 +71,8 @@ type options struct {
 	publishTimeout time.Duration
 	idemMaxBytes   int64
 	signingKey     []byte
+	keptBytes      int64
+	storeLimit     int64
 }
 
 // WithReplicas sets the replica count of the shared resources: the dead-letter stream
@@ -95,6 +97,23 @@ func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.pu
 // pass the same value: the last one to open sets it.
 func WithIdempotencyMaxBytes(n int64) Option { return func(o *options) { o.idemMaxBytes = n } }
 
+// WithKeptRecordsBytes bounds the ticket records held in memory when JetStream refuses
+// them (see KeepRecord; default DefaultKeptRecordsBytes).
+func WithKeptRecordsBytes(n int64) Option { return func(o *options) { o.keptBytes = n } }
+
+// WithStoreLimit tells the Store how many bytes of JetStream file storage its account
+// may use: the embedded server's max store, or a cluster's per-account limit when the
+// account has none of its own (an account limit is read from the server at Open and the
+// smaller one is used). Park refuses new orders with ErrStorageFull once the account
+// uses HighWater of it, so that the rest stays free for what draining the queues
+// writes (ticket records, dead letters). 0: only an account limit counts; without one
+// Park fails only when JetStream itself refuses.
+func WithStoreLimit(n int64) Option { return func(o *options) { o.storeLimit = n } }
+
+// HighWater is the share of the store limit (WithStoreLimit) past which Park refuses
+// new orders.
+const HighWater = 0.85
+
 // Store parks requests in JetStream queues and keeps their tickets. It is safe for
 // concurrent use. One Store per process and NATS connection is the intended use; the
 // connection belongs to the caller (Close does not close it).
@@ -111,6 +130,8 @@ type Store struct {
 	idem    jetstream.KeyValue
 	dead    jetstream.Stream
 	metrics *storeMetrics
+	kept    *keptRecords
+	usage   storeUsage
 
 	// idemInfo serves the idempotency bucket's cached stream info (Park's byte check).
 	idemInfo *Queue
@@ -123,7 +144,7 @@ type Store struct {
 // creating or updating them, and returns a Store without queues; add them with Declare.
 // A signing key (WithSigningKey) is required.
 func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
-	o := options{replicas: 1, publishTimeout: 5 * time.Second, idemMaxBytes: DefaultIdempotencyMaxBytes}
+	o := options{replicas: 1, publishTimeout: 5 * time.Second, idemMaxBytes: DefaultIdempotencyMaxBytes, keptBytes: DefaultKeptRecordsBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -137,7 +158,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}}
+	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes)}
 	s.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        DeadStream,
 		Description: "sluice dead letters of every queue",
@@ -183,6 +204,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, IdempotencyBucket, err)
 	}
 	s.idemInfo = &Queue{store: s, name: IdempotencyBucket, stream: idemStream}
+	s.usage.init(ctx, js, o.storeLimit, o.logger)
 	s.metrics = newStoreMetrics(s)
 	if o.registerer != nil {
 		if err := s.metrics.register(o.registerer); err != nil {
@@ -210,6 +232,9 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
+	if err := s.checkDownstreamStream(ctx, cfg); err != nil {
+		return nil, err
+	}
 	cfg.DropHeaders = append([]string(nil), cfg.DropHeaders...)
 	cfg.ResultHeaders = append([]string(nil), cfg.ResultHeaders...)
 	maxMsgs := cfg.MaxDepth
@@ -275,6 +300,24 @@ func (s *Store) add(cfg Config, stream, keys jetstream.Stream, orphaned bool) *Q
 	q.cfg.Store(&cfg)
 	q.orphaned.Store(orphaned)
 	return q
+}
+
+// checkDownstreamStream makes sure the subject of an at-least-once nats: downstream is
+// captured by a stream. Checked at every declaration (start, reload); a stream deleted
+// later makes deliveries fail as a downstream that is down.
+func (s *Store) checkDownstreamStream(ctx context.Context, cfg Config) error {
+	subj := cfg.NATSSubject()
+	if subj == "" || cfg.Delivery == AtMostOnce {
+		return nil
+	}
+	_, err := s.js.StreamNameBySubject(ctx, subj)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: queue %q, subject %q: create a stream for it (for example nats stream add --subjects %s), or give the queue delivery: at_most_once", ErrNoStream, cfg.Name, subj, subj)
+	}
+	return fmt.Errorf("%w: queue %q: looking up the stream of subject %q: %v", ErrUnavailable, cfg.Name, subj, err)
 }
 
 // Queue returns a declared (or adopted orphaned) queue.
