@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net/http"
 	"os"
@@ -43,7 +44,14 @@ func ExampleDispatcher_natsSubscriber() {
 	cons, _ := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy})
 
 	// sluice's side: a queue delivering to the subject, one order parked in it.
-	store, _ := queue.Open(ctx, nc)
+	// Every process sharing the queues signs with the same key (sluice's --queue-key).
+	key := make([]byte, 32)
+	_, _ = rand.Read(key)
+	store, err := queue.Open(ctx, nc, queue.WithSigningKey(key))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "nats:orders.accepted"}); err != nil {
 		fmt.Println(err)
 		return

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
 )
 
 // okCounter is a real HTTP downstream that answers 503 (Retry-After: 1) while down and
@@ -89,7 +90,10 @@ func TestFullStoreDrainsWhenDownstreamReturns(t *testing.T) {
 			cfg.Outflow = limiter.PerSecond(200)
 			cfg.MaxAttempts = 3 // a 503 must not count: none may die
 
-			store, err := queue.Open(ctxT(t), connect(), queue.WithStoreLimit(tc.limit))
+			// The key bucket's byte cap is reserved from the store: it must fit in 24 MB
+			// also when the store's size is not given (WithStoreLimit(0)).
+			store, err := queue.Open(ctxT(t), connect(), queue.WithStoreLimit(tc.limit), queue.WithSigningKey(natstest.SigningKey()),
+				queue.WithIdempotencyMaxBytes(1<<20))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -17,7 +17,7 @@ func TestKeptRecords(t *testing.T) {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := queue.Open(ctx, srv.Conn, queue.WithKeptRecordsBytes(4<<10))
+	s, err := queue.Open(ctx, srv.Conn, queue.WithKeptRecordsBytes(4<<10), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestParkStopsAtHighWater(t *testing.T) {
 	defer cancel()
 	cfg := testConfig("hw")
 	cfg.MaxDepth = -1
-	s, err := queue.Open(ctx, srv.Conn, queue.WithStoreLimit(2<<20))
+	s, err := queue.Open(ctx, srv.Conn, queue.WithStoreLimit(2<<20), queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -441,6 +441,7 @@ const (
 	errCodeMsgTooLarge   = 10054
 	errCodeStreamMissing = 10059
 	errCodeNoResources   = 10023 // "insufficient resources": the server's store is full
+	errCodeNoStorage     = 10047 // "insufficient storage resources available" for a stream's reservation
 )
 
 func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {

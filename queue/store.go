@@ -45,9 +45,22 @@ func KeyStreamName(queue string) string { return KeyStreamPrefix + queue }
 
 func keySubjectFor(queue, scope string) string { return "sluice.keys." + queue + "." + scope }
 
-// DefaultIdempotencyMaxBytes is the default byte cap of the idempotency bucket (and of
-// each queue's key stream).
+// DefaultIdempotencyMaxBytes is the default byte cap of the idempotency bucket (and,
+// counted in slots, of each queue's key stream: see keySlots).
 const DefaultIdempotencyMaxBytes = 256 << 20
+
+// keySlotBytes is about what one key slot takes in a key stream (subject, headers,
+// per-message overhead).
+const keySlotBytes = 256
+
+// keySlots is the most slots a queue's key stream holds for a byte cap of the key
+// stores (-1: no cap).
+func keySlots(maxBytes int64) int64 {
+	if maxBytes <= 0 {
+		return -1
+	}
+	return max(maxBytes/keySlotBytes, 1)
+}
 
 // StreamName returns the stream name of a queue.
 func StreamName(queue string) string { return StreamPrefix + queue }
@@ -60,6 +73,10 @@ func DoneSubject(queue string) string { return "sluice.done." + queue }
 func DeadSubject(queue string) string { return "sluice.dead." + queue }
 
 func deadSubjectFor(queue, ticket string) string { return "sluice.dlq." + queue + "." + ticket }
+
+// idemStoreShare: each key store's byte cap is at most 1/idemStoreShare of a store of
+// known size (see Open).
+const idemStoreShare = 16
 
 // Option configures a Store.
 type Option func(*options)
@@ -188,10 +205,26 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 			// Enables per-key TTLs (every entry is written with one).
 			LimitMarkerTTL: time.Minute,
 		})
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeNoStorage {
+			// A larger byte cap than the bucket has finds no room to reserve: the
+			// bucket as it is serves (another process sized it).
+			if kv, gerr := js.KeyValue(ctx, name); gerr == nil {
+				o.logger.Warn("key-value bucket kept at its byte cap: the store has no room to raise it", "bucket", name, "asked", maxBytes)
+				return kv, nil
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, name, err)
 		}
 		return kv, nil
+	}
+	s.usage.init(ctx, js, o.storeLimit, o.logger)
+	// A stream's byte cap is reserved from the store when the stream is made: the key
+	// stores (the bucket and every queue's key stream) take a share of a store of
+	// known size, never more than it holds.
+	if lim := s.usage.limit / idemStoreShare; lim > 0 && (o.idemMaxBytes <= 0 || o.idemMaxBytes > lim) {
+		o.idemMaxBytes, s.opts.idemMaxBytes = lim, lim
 	}
 	if s.tickets, err = bucket(TicketsBucket, "sluice ticket status and results", 0); err != nil {
 		return nil, err
@@ -204,7 +237,6 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, IdempotencyBucket, err)
 	}
 	s.idemInfo = &Queue{store: s, name: IdempotencyBucket, stream: idemStream}
-	s.usage.init(ctx, js, o.storeLimit, o.logger)
 	s.metrics = newStoreMetrics(s)
 	if o.registerer != nil {
 		if err := s.metrics.register(o.registerer); err != nil {
@@ -274,11 +306,13 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		Discard:              jetstream.DiscardNew,
 		DiscardNewPerSubject: true,
 		MaxMsgsPerSubject:    int64(cfg.MaxIdempotencyKeys),
-		MaxBytes:             max(s.opts.idemMaxBytes, -1),
-		AllowMsgTTL:          true,
-		Duplicates:           cfg.DuplicateWindow,
-		Replicas:             cfg.Replicas,
-		AllowDirect:          true,
+		// A count, not a byte cap: JetStream reserves a byte cap from the store for
+		// every stream that has one, and there is a key stream per queue.
+		MaxMsgs:     keySlots(s.opts.idemMaxBytes),
+		AllowMsgTTL: true,
+		Duplicates:  cfg.DuplicateWindow,
+		Replicas:    cfg.Replicas,
+		AllowDirect: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)

@@ -169,7 +169,7 @@ func TestValidationProblems(t *testing.T) {
 				"t.yaml:5:33: downstream: nats: needs a subject", `t.yaml:6:33: downstream: NATS subject "a.*" has a wildcard`,
 				`t.yaml:7:33: downstream: "orders-api:8080" must be an http:// or https:// URL or nats:SUBJECT`}},
 		{"bad delivery", "domain: d\nqueues:\n  a: {outflow: 1/s, downstream: 'nats:x', delivery: exactly_once}\n  b: {outflow: 1/s, downstream: 'http://x', delivery: at_most_once}\n",
-			[]string{`t.yaml:3:53: delivery "exactly_once": use at_least_once (the default) or at_most_once`, "t.yaml:4:55: delivery: at_most_once applies to nats: downstreams only"}},
+			[]string{`t.yaml:3:53: delivery "exactly_once": use at_least_once or at_most_once`, "t.yaml:4:55: delivery: at_most_once applies to nats: downstreams only"}},
 		{"bad queue name", "domain: d\nqueues:\n  'a b': {outflow: 1/s, downstream: 'nats:x'}\n",
 			[]string{`t.yaml:3:3: queue name "a b"`}},
 		{"bad outflow forms", "domain: d\nqueues:\n  a: {outflow: {rate: 5/s, unit: second}, downstream: 'nats:x'}\n  b: {outflow: 5/fortnight, downstream: 'nats:x'}\n  c: {outflow: {unit: second}, downstream: 'nats:x'}\n",
