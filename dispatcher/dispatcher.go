@@ -30,6 +30,8 @@ type options struct {
 	defaultPause    time.Duration
 	maxPause        time.Duration
 	clock           Clock
+	circuitAfter    int
+	circuitMaxProbe time.Duration
 }
 
 // WithLogger sets the logger (default: discard).
@@ -72,6 +74,14 @@ func WithDefaultPause(d time.Duration) Option { return func(o *options) { o.defa
 // WithMaxPause caps the pause a downstream's Retry-After can impose (default 1h).
 func WithMaxPause(d time.Duration) Option { return func(o *options) { o.maxPause = d } }
 
+// WithCircuit sets when a queue's circuit opens — after `after` consecutive attempts
+// that found the downstream down (connection refused or unreachable, or no answer
+// within the delivery timeout; default 3) — and the longest wait between the probes
+// while it is open (default 30s; the first is 1s, doubling).
+func WithCircuit(after int, maxProbeInterval time.Duration) Option {
+	return func(o *options) { o.circuitAfter, o.circuitMaxProbe = after, maxProbeInterval }
+}
+
 // WithPacerClock sets the clock of the dispatcher's pacers (default SystemClock).
 func WithPacerClock(c Clock) Option { return func(o *options) { o.clock = c } }
 
@@ -95,12 +105,19 @@ func WithPacerClock(c Clock) Option { return func(o *options) { o.clock = c } }
 // A 429 or 503 answer pauses the queue until its Retry-After (capped by WithMaxPause):
 // the dispatcher pauses the consumer on the server (PauseConsumer), which stops every
 // replica, and its own pacer; the message is retried after the pause and the attempt is
-// not counted. Other 5xx answers, timeouts and connection errors are failed attempts,
-// retried after an exponential backoff with jitter (NakWithDelay); other 4xx answers
-// end in status failed. After MaxAttempts failed attempts the message is copied to the
+// not counted. Other 5xx answers, timeouts and other network errors are failed
+// attempts, retried after an exponential backoff with jitter (NakWithDelay); a
+// connection that could not be made is retried the same way without counting. Such
+// failures on consecutive orders (WithCircuit) open the queue's circuit: the queue
+// pauses and one order at a time probes the downstream on a backoff, attempts not
+// counted, until an answer closes it. Other 4xx answers end in status failed. After MaxAttempts failed attempts the message is copied to the
 // dead-letter stream, an event goes to sluice.dead.{queue}, and the message is
 // terminated. Failed attempts are counted in the ticket record, because JetStream's
 // delivery count also counts pauses and crash redeliveries.
+//
+// Settling an order never waits on its bookkeeping: a ticket record JetStream refuses
+// is kept in memory (queue.Store.KeepRecord) and written later. A dispatcher that
+// stops hands the orders it fetched but did not start back at once.
 //
 // Before a delivery the dispatcher reads the ticket record; a ticket already done,
 // failed or dead is acknowledged without delivering it again (a redelivery after a crash
@@ -121,6 +138,8 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 		defaultPause:    time.Second,
 		maxPause:        time.Hour,
 		clock:           SystemClock{},
+		circuitAfter:    3,
+		circuitMaxProbe: 30 * time.Second,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -128,8 +147,11 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 	if o.logger == nil {
 		o.logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	if o.deliveryTimeout <= 0 || o.pinnedTTL <= 0 || o.defaultPause <= 0 || o.maxPause <= 0 {
+	if o.deliveryTimeout <= 0 || o.pinnedTTL <= 0 || o.defaultPause <= 0 || o.maxPause <= 0 || o.circuitMaxProbe <= 0 {
 		return nil, errors.New("dispatcher: timeouts and pauses must be positive")
+	}
+	if o.circuitAfter < 1 {
+		return nil, errors.New("dispatcher: the circuit needs at least 1 failed attempt to open")
 	}
 	if o.ackWait > 0 && o.ackWait <= o.deliveryTimeout {
 		return nil, fmt.Errorf("dispatcher: ack wait %s must exceed the delivery timeout %s", o.ackWait, o.deliveryTimeout)

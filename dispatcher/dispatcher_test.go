@@ -3,6 +3,7 @@ package dispatcher_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -621,6 +622,11 @@ func TestNATSDownstream(t *testing.T) {
 	stream := baseConfig("tojs", "nats:orders.created")
 	core := baseConfig("tocore", "nats:orders.core")
 	store, _ := openStore(t, srv.Conn, stream)
+	// At least once (the default) needs a stream that captures the subject.
+	if _, err := store.Declare(ctxT(t), core); !errors.Is(err, queue.ErrNoStream) || !strings.Contains(err.Error(), `"orders.core"`) {
+		t.Fatalf("declaring a subject no stream captures: %v", err)
+	}
+	core.Delivery = queue.AtMostOnce
 	if _, err := store.Declare(ctxT(t), core); err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,13 @@ func (r *runner) prepare(ctx context.Context, jm jetstream.Msg) (p prepared, ok 
 func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
 	for p := range ready {
 		if ctx.Err() != nil {
-			_ = p.jm.Nak()
+			handBack(p.jm)
+			continue
+		}
+		// While the circuit is open one order at a time probes the downstream.
+		probe, ok := r.cb.admit(ctx)
+		if !ok {
+			handBack(p.jm)
 			continue
 		}
 		// A pause longer than a pull request's life: give the message back until the
@@ -106,20 +112,31 @@ func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
 		r.mu.Unlock()
 		now := time.Now()
 		if until := r.pacer.PausedUntil(); until.Sub(now) > fetchWait {
+			r.cb.cancel(probe)
 			_ = p.jm.NakWithDelay(pauseNakDelay(until.Sub(now)))
 			continue
 		}
 		start, err := r.pacer.Wait(ctx)
 		if err != nil { // shutting down: hand it to another dispatcher at once
-			_ = p.jm.Nak()
+			r.cb.cancel(probe)
+			handBack(p.jm)
 			continue
 		}
 		r.deliveries.Add(1)
 		go func() {
 			defer r.deliveries.Done()
-			r.deliver(p.m, p.jm, p.rec, p.stored, p.cfg, start)
+			r.deliver(p.m, p.jm, p.rec, p.stored, p.cfg, start, probe)
 		}()
 	}
+}
+
+// handBack returns a message this dispatcher will not deliver (it is stopping) for
+// immediate redelivery to another one. A nak with a delay, not a plain one: the server
+// keeps a plain nak in memory only, so after a restart of the server (the embedded one
+// restarts with sluice) the message would wait out its ack wait; a delayed nak is stored
+// as the message's new deadline.
+func handBack(jm jetstream.Msg) {
+	_ = jm.NakWithDelay(time.Millisecond)
 }
 
 // Delivery describes the delivery attempt an outgoing request belongs to.
@@ -144,8 +161,8 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 }
 
 // deliver runs one delivery attempt and settles the message. stored tells whether the
-// ticket has a record already.
-func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, stored bool, cfg queue.Config, start time.Time) {
+// ticket has a record already; probe whether the attempt probes an open circuit.
+func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, stored bool, cfg queue.Config, start time.Time, probe bool) {
 	// A ticket without a record reads as delivering once its message has been handed
 	// to a dispatcher (queue.Store.Status asks the consumer), which saves a synced write
 	// per delivery. A record from an earlier attempt or pause is set to delivering
@@ -158,10 +175,12 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 		switch {
 		case errors.Is(err, queue.ErrCancelled):
 			r.log.Info("order cancelled before delivery; dropping it", "ticket", m.Ticket)
+			r.cb.cancel(probe)
 			_ = jm.TermWithReason("cancelled")
 			return
 		case err != nil && !errors.Is(err, queue.ErrUnavailable):
 			r.log.Debug("ticket record changed; trying later", "ticket", m.Ticket, "err", err)
+			r.cb.cancel(probe)
 			_ = jm.NakWithDelay(time.Second)
 			return
 		case err != nil:
@@ -178,6 +197,9 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	// Only allow-listed response headers are kept at rest and shown by the monitor.
 	out.header = cfg.ResultHeader(out.header)
 	r.m.duration.Observe(time.Since(start).Seconds())
+	if r.downstreamDown(m, jm, rec, out, probe) {
+		return
+	}
 
 	switch out.kind {
 	case outcomeDone:
@@ -185,15 +207,25 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 	case outcomeThrottled:
 		r.throttled(m, jm, rec, out)
 	case outcomeRetry:
-		rec.Attempts++
 		rec.LastError = out.describe()
+		if out.down == downRefused {
+			// Nothing reached the downstream: not the order's failed attempt.
+			delay := retryDelay(cfg.Backoff, rec.Attempts+1)
+			rec.Status, rec.NextAttemptAt = queue.StatusQueued, time.Now().Add(delay)
+			r.save(rec)
+			r.m.retried("unreachable").Inc()
+			r.log.Info("downstream unreachable; retrying", "ticket", m.Ticket, "err", rec.LastError, "in", delay)
+			_ = jm.NakWithDelay(delay)
+			return
+		}
+		rec.Attempts++
 		if rec.Attempts >= cfg.MaxAttempts {
 			r.deadLetter(m, jm, rec, cfg)
 			return
 		}
 		delay := retryDelay(cfg.Backoff, rec.Attempts)
 		rec.Status, rec.NextAttemptAt = queue.StatusQueued, time.Now().Add(delay)
-		r.save(rec, 2)
+		r.save(rec)
 		r.m.retried("error").Inc()
 		r.log.Info("delivery failed; retrying", "ticket", m.Ticket, "attempt", rec.Attempts, "err", rec.LastError, "in", delay)
 		_ = jm.NakWithDelay(delay)
@@ -201,10 +233,7 @@ func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, 
 		rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusFailed, out.describe(), time.Time{}
 		rec.Result = out.result()
 		r.keepKey(m)
-		if !r.save(rec, 5) {
-			_ = jm.NakWithDelay(time.Second)
-			return
-		}
+		r.save(rec)
 		r.event(queue.DoneSubject(m.Queue), rec, out.status)
 		r.m.failed.Inc()
 		r.log.Info("downstream refused the order; failed", "ticket", m.Ticket, "status", out.status)
@@ -216,12 +245,9 @@ func (r *runner) done(m *queue.Message, jm jetstream.Msg, rec *queue.Record, out
 	rec.Status, rec.LastError, rec.NextAttemptAt = queue.StatusDone, "", time.Time{}
 	rec.Result = out.result()
 	r.keepKey(m)
-	if !r.save(rec, 5) {
-		// Without the record the ticket would vanish: deliver again later (same
-		// Idempotency-Key, so the downstream sees one order).
-		_ = jm.NakWithDelay(time.Second)
-		return
-	}
+	// The order is acknowledged whether or not its record could be written: delivering
+	// it again because the store had no room for the record would keep the store full.
+	r.save(rec)
 	r.event(queue.DoneSubject(m.Queue), rec, out.status)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -243,10 +269,10 @@ func (r *runner) throttled(m *queue.Message, jm jetstream.Msg, rec *queue.Record
 	}
 	pause = min(pause, r.d.opts.maxPause)
 	until := time.Now().Add(pause)
-	r.pause(until)
+	r.pause(until, "queue paused by the downstream")
 	rec.Status, rec.NextAttemptAt = queue.StatusQueued, until
 	rec.LastError = fmt.Sprintf("%s; queue paused for %s", out.describe(), pause.Round(time.Millisecond))
-	r.save(rec, 2)
+	r.save(rec)
 	r.m.retried("throttled").Inc()
 	_ = jm.NakWithDelay(pauseNakDelay(pause))
 }
@@ -262,13 +288,13 @@ func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Recor
 	if err := r.store.DeadLetter(ctx, m, rec.Attempts, rec.LastError); err != nil {
 		r.log.Warn("cannot dead-letter; retrying later", "ticket", m.Ticket, "err", err)
 		rec.Status = queue.StatusQueued
-		r.save(rec, 1)
+		r.save(rec)
 		_ = jm.NakWithDelay(retryDelay(cfg.Backoff, 1))
 		return
 	}
 	rec.Status, rec.NextAttemptAt = queue.StatusDead, time.Time{}
 	r.keepKey(m)
-	r.save(rec, 5)
+	r.save(rec)
 	r.event(queue.DeadSubject(m.Queue), rec, 0)
 	r.m.dead.Inc()
 	r.log.Warn("dead-lettered", "ticket", m.Ticket, "attempts", rec.Attempts, "err", rec.LastError)
@@ -302,7 +328,7 @@ func (r *runner) reject(m *queue.Message, jm jetstream.Msg, reason string, cause
 		rec := &queue.Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: queue.StatusDead,
 			ReceivedAt: m.ReceivedAt, LastError: why}
 		r.keepKey(m)
-		r.save(rec, 5)
+		r.save(rec)
 		r.event(queue.DeadSubject(m.Queue), rec, 0)
 	}
 	r.m.dead.Inc()
@@ -311,20 +337,55 @@ func (r *runner) reject(m *queue.Message, jm jetstream.Msg, reason string, cause
 	_ = jm.TermWithReason(why)
 }
 
-// save writes the record, trying up to tries times.
-func (r *runner) save(rec *queue.Record, tries int) bool {
-	var err error
-	for i := range tries {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = r.store.SaveRecord(ctx, rec)
-		cancel()
-		if err == nil {
-			return true
-		}
-		time.Sleep(time.Duration(100*(i+1)) * time.Millisecond)
+// downstreamDown feeds the attempt's outcome to the circuit. While the circuit is open
+// (this attempt may have opened it) a failed attempt is settled here: the order waits
+// for the next probe, its attempts unchanged, and the queue is paused until then. It
+// reports whether it settled the message.
+func (r *runner) downstreamDown(m *queue.Message, jm jetstream.Msg, rec *queue.Record, out outcome, probe bool) bool {
+	down := out.down
+	if out.kind != outcomeRetry {
+		down = downNone // any answer means the downstream is up
 	}
-	r.log.Warn("cannot save the ticket record", "ticket", rec.Ticket, "err", err)
-	return false
+	now := time.Now()
+	open, until, changed := r.cb.record(down, probe, now)
+	switch {
+	case changed && open:
+		r.m.circuit.Set(1)
+		r.log.Warn("downstream down; circuit open: queue paused, one order at a time probes it", "err", out.describe())
+	case changed:
+		r.m.circuit.Set(0)
+		r.log.Info("downstream answers again; circuit closed")
+	}
+	if !open {
+		return false
+	}
+	r.pause(until, "")
+	rec.Status, rec.NextAttemptAt = queue.StatusQueued, until
+	rec.LastError = out.describe() + "; downstream down, queue paused"
+	r.save(rec)
+	r.m.retried("circuit").Inc()
+	r.log.Debug("downstream still down", "ticket", m.Ticket, "probe", probe, "next_probe", until)
+	_ = jm.NakWithDelay(max(until.Sub(now), 10*time.Millisecond))
+	return true
+}
+
+// save writes the record. When JetStream refuses it (store full, NATS unreachable) the
+// record is kept in memory and written later (maintain flushes it), so that settling an
+// order never waits on its bookkeeping. False: the record is lost (memory bound
+// reached); the order is settled all the same.
+func (r *runner) save(rec *queue.Record) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := r.store.SaveRecord(ctx, rec)
+	cancel()
+	if err == nil {
+		return true
+	}
+	if kerr := r.store.KeepRecord(rec); kerr != nil {
+		r.log.Error("cannot save the ticket record nor keep it for later; its status is lost", "ticket", rec.Ticket, "status", rec.Status, "err", err)
+		return false
+	}
+	r.log.Debug("ticket record kept in memory to be written later", "ticket", rec.Ticket, "err", err)
+	return true
 }
 
 func (r *runner) event(subject string, rec *queue.Record, status int) {

@@ -15,6 +15,7 @@ type metrics struct {
 	duration  *prometheus.HistogramVec
 	wait      *prometheus.HistogramVec
 	paused    *prometheus.GaugeVec
+	circuit   *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -25,7 +26,7 @@ func newMetrics() *metrics {
 		}, []string{"queue"}),
 		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_queue_retried_total",
-			Help: "Deliveries to be retried, by reason: throttled (downstream 429/503, queue paused, attempt not counted) or error (5xx, timeout, network).",
+			Help: "Deliveries to be retried, by reason: throttled (downstream 429/503, queue paused, attempt not counted), unreachable (no connection, attempt not counted), circuit (downstream down while the circuit is open, attempt not counted) or error (5xx, timeout, other network errors).",
 		}, []string{"queue", "reason"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_queue_failed_total",
@@ -51,7 +52,11 @@ func newMetrics() *metrics {
 		}, []string{"queue"}),
 		paused: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_queue_paused",
-			Help: "1 while the queue is paused by a downstream 429/503 Retry-After.",
+			Help: "1 while the queue is paused by a downstream 429/503 Retry-After or an open circuit.",
+		}, []string{"queue"}),
+		circuit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_queue_circuit_open",
+			Help: "1 while the queue's circuit is open: its downstream refused connections or timed out on consecutive orders; one order at a time probes it.",
 		}, []string{"queue"}),
 	}
 }
@@ -87,12 +92,14 @@ func (m *metrics) register(r prometheus.Registerer) error {
 			*p = v
 		}
 	}
-	c, err := reg(m.paused)
-	if err != nil {
-		return err
-	}
-	if v, ok := c.(*prometheus.GaugeVec); ok {
-		m.paused = v
+	for _, p := range []**prometheus.GaugeVec{&m.paused, &m.circuit} {
+		c, err := reg(*p)
+		if err != nil {
+			return err
+		}
+		if v, ok := c.(*prometheus.GaugeVec); ok {
+			*p = v
+		}
 	}
 	return nil
 }
@@ -106,6 +113,7 @@ type queueMetrics struct {
 	duration  prometheus.Observer
 	wait      prometheus.Observer
 	paused    prometheus.Gauge
+	circuit   prometheus.Gauge
 }
 
 func (m *metrics) forQueue(q string) queueMetrics {
@@ -118,6 +126,7 @@ func (m *metrics) forQueue(q string) queueMetrics {
 		duration:  m.duration.WithLabelValues(q),
 		wait:      m.wait.WithLabelValues(q),
 		paused:    m.paused.WithLabelValues(q),
+		circuit:   m.circuit.WithLabelValues(q),
 	}
 }
 

@@ -24,6 +24,7 @@ type runner struct {
 	log   *slog.Logger
 	pacer *Pacer
 	m     queueMetrics
+	cb    *circuit
 
 	deliveries sync.WaitGroup
 	gone       atomic.Bool // the queue was retired (see retired)
@@ -47,6 +48,7 @@ func newRunner(d *Dispatcher, q *queue.Queue) *runner {
 		log:   d.log.With("queue", q.Name()),
 		pacer: NewPacer(cfg.Outflow, WithClock(d.opts.clock)),
 		m:     d.metrics.forQueue(q.Name()),
+		cb:    newCircuit(d.opts.circuitAfter, d.opts.circuitMaxProbe),
 		cfg:   cfg,
 	}
 }
@@ -67,10 +69,29 @@ func (r *runner) run(ctx context.Context) {
 		r.maintain(ctx)
 	}()
 	r.fetchLoop(ctx)
+	// The hand-backs of the messages not started are on their way before anything
+	// else stops (the connection, or the embedded server with the process).
+	if nc := r.store.Conn(); !nc.IsClosed() {
+		_ = nc.FlushTimeout(2 * time.Second)
+	}
 	<-maintDone
 	r.deliveries.Wait()
 	r.unpin()
 	r.m.paused.Set(0)
+	r.m.circuit.Set(0)
+	r.flushRecords(context.Background())
+}
+
+// flushRecords writes the ticket records that JetStream refused earlier (see save).
+func (r *runner) flushRecords(ctx context.Context) {
+	if r.store.KeptRecords() == 0 {
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if left, err := r.store.FlushRecords(fctx); err != nil {
+		r.log.Debug("ticket records still refused", "left", left, "err", err)
+	}
 }
 
 // setup creates or updates the consumer, retrying until it works or ctx ends.
@@ -219,6 +240,7 @@ func (r *runner) maintain(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		r.flushRecords(ctx)
 		if cfg := r.q.Config(); !sameQueueConfig(cfg, r.config()) {
 			if err := r.ensureConsumer(ctx); err != nil {
 				r.log.Warn("cannot apply the new queue config", "err", err)
@@ -253,7 +275,7 @@ func (r *runner) maintain(ctx context.Context) {
 			r.pacer.Resume()
 			r.log.Info("queue resumed")
 		}
-		if info.Paused || r.pacer.PausedUntil().After(now) {
+		if info.Paused || r.pacer.PausedUntil().After(now) || r.cb.isOpen() {
 			r.m.paused.Set(1)
 		} else {
 			r.m.paused.Set(0)
@@ -278,7 +300,7 @@ func (r *runner) retired(ctx context.Context) bool {
 }
 
 func sameQueueConfig(a, b queue.Config) bool {
-	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream &&
+	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream && a.Delivery == b.Delivery &&
 		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff
 }
 
@@ -307,8 +329,9 @@ func (r *runner) unpin() {
 }
 
 // pause stops the queue until until: locally at once, and on the server (every
-// replica) unless a pause at least as long is already set there.
-func (r *runner) pause(until time.Time) {
+// replica) unless a pause at least as long is already set there. why is logged when
+// the server pause is set ("": not logged).
+func (r *runner) pause(until time.Time, why string) {
 	r.pacer.PauseUntil(until)
 	r.m.paused.Set(1)
 	r.mu.Lock()
@@ -331,7 +354,9 @@ func (r *runner) pause(until time.Time) {
 	r.mu.Lock()
 	r.pauseSetAt = time.Now()
 	r.mu.Unlock()
-	r.log.Info("queue paused by the downstream", "until", until.UTC().Format(time.RFC3339Nano))
+	if why != "" {
+		r.log.Info(why, "until", until.UTC().Format(time.RFC3339Nano))
+	}
 }
 
 func maxTime(a, b time.Time) time.Time {

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -36,6 +35,7 @@ type outcome struct {
 	truncated  bool
 	retryAfter time.Duration
 	err        error
+	down       downKind // a failed attempt that found the downstream down (see circuit)
 	subject    string
 	seq        uint64
 }
@@ -63,7 +63,7 @@ type target interface {
 
 func (d *Dispatcher) newTarget(cfg queue.Config) (target, error) {
 	if subj := cfg.NATSSubject(); subj != "" {
-		return &natsTarget{subject: subj, nc: d.store.Conn(), js: d.store.JetStream()}, nil
+		return &natsTarget{subject: subj, atMostOne: cfg.Delivery == queue.AtMostOnce, nc: d.store.Conn(), js: d.store.JetStream()}, nil
 	}
 	base, err := url.Parse(cfg.Downstream)
 	if err != nil {
@@ -94,19 +94,15 @@ type httpTarget struct {
 // deliveryURL returns the delivery URL of m: the base URL's scheme and host, its path
 // (without a trailing slash) followed by the parked escaped path, and the parked query.
 // It is assembled from url.URL fields, never parsed from a joined string, so nothing in
-// the parked path or query can change the host. The parked path must start with a
-// single '/' (so "@host/x", "//host/x" and "http://host/x" are refused) and be validly
-// escaped; the query must hold no spaces, control characters or '#'.
+// the parked path or query can change the host; queue.CheckTarget says which paths and
+// queries are refused.
 func deliveryURL(base *url.URL, m *queue.Message) (*url.URL, error) {
-	if !strings.HasPrefix(m.Path, "/") || strings.HasPrefix(m.Path, "//") {
-		return nil, fmt.Errorf("path %q does not start with a single '/'", m.Path)
+	if err := queue.CheckTarget(m.Path, m.RawQuery); err != nil {
+		return nil, err
 	}
 	path, err := url.PathUnescape(m.Path)
 	if err != nil {
 		return nil, fmt.Errorf("path %q: %w", m.Path, err)
-	}
-	if i := strings.IndexFunc(m.RawQuery, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '#' }); i >= 0 {
-		return nil, fmt.Errorf("query holds %q", m.RawQuery[i])
 	}
 	return &url.URL{
 		Scheme: base.Scheme,
@@ -150,9 +146,9 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 	if err != nil {
 		var ne net.Error
 		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-			return outcome{kind: outcomeRetry, err: fmt.Errorf("delivery timed out: %w", err)}
+			return outcome{kind: outcomeRetry, down: transportFailure(err), err: fmt.Errorf("delivery timed out: %w", err)}
 		}
-		return outcome{kind: outcomeRetry, err: fmt.Errorf("delivery failed: %w", err)}
+		return outcome{kind: outcomeRetry, down: transportFailure(err), err: fmt.Errorf("delivery failed: %w", err)}
 	}
 	body, truncated, readErr := readCapped(resp.Body, queue.MaxResultBody)
 	_ = resp.Body.Close()
@@ -189,38 +185,15 @@ func readCapped(r io.Reader, limit int) ([]byte, bool, error) {
 }
 
 // natsTarget publishes the body with the metadata headers to a subject: through
-// JetStream, waiting for the acknowledgement, when a stream captures the subject
-// (checked at most every 30s), else as a core publish followed by a flush.
+// JetStream, done once a stream acknowledged it (at least once; queue.Store.Declare
+// made sure a stream captures the subject), or for a queue with delivery at_most_once
+// as a core publish followed by a flush (done once the server has it, subscribers or
+// not).
 type natsTarget struct {
-	subject string
-	nc      *nats.Conn
-	js      jetstream.JetStream
-
-	mu        sync.Mutex
-	covered   bool
-	checkedAt time.Time
-}
-
-func (t *natsTarget) streamCovers(ctx context.Context) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if time.Since(t.checkedAt) < 30*time.Second {
-		return t.covered
-	}
-	_, err := t.js.StreamNameBySubject(ctx, t.subject)
-	switch {
-	case err == nil:
-		t.covered, t.checkedAt = true, time.Now()
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		t.covered, t.checkedAt = false, time.Now()
-	}
-	return t.covered
-}
-
-func (t *natsTarget) recheck() {
-	t.mu.Lock()
-	t.checkedAt = time.Time{}
-	t.mu.Unlock()
+	subject   string
+	atMostOne bool
+	nc        *nats.Conn
+	js        jetstream.JetStream
 }
 
 // check refuses what an HTTP delivery would: consumers of the subject may well build
@@ -235,21 +208,20 @@ func (t *natsTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 	msg.Header = m.Headers()
 	msg.Header.Set(queue.HeaderMsgID, m.Ticket)
 	msg.Data = m.Body
-	if t.streamCovers(ctx) {
+	if !t.atMostOne {
 		ack, err := t.js.PublishMsg(ctx, msg)
 		if err != nil {
-			if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
-				t.recheck()
-			}
-			return outcome{kind: outcomeRetry, err: fmt.Errorf("publish to %s: %w", t.subject, err)}
+			// No stream (deleted since the declaration) or no answer: the downstream is
+			// down, which opens the circuit rather than costing attempts.
+			return outcome{kind: outcomeRetry, down: publishFailure(err), err: fmt.Errorf("publish to %s: %w", t.subject, err)}
 		}
 		return outcome{kind: outcomeDone, subject: t.subject, seq: ack.Sequence}
 	}
 	if err := t.nc.PublishMsg(msg); err != nil {
-		return outcome{kind: outcomeRetry, err: fmt.Errorf("publish to %s: %w", t.subject, err)}
+		return outcome{kind: outcomeRetry, down: publishFailure(err), err: fmt.Errorf("publish to %s: %w", t.subject, err)}
 	}
 	if err := t.nc.FlushWithContext(ctx); err != nil {
-		return outcome{kind: outcomeRetry, err: fmt.Errorf("flush to %s: %w", t.subject, err)}
+		return outcome{kind: outcomeRetry, down: publishFailure(err), err: fmt.Errorf("flush to %s: %w", t.subject, err)}
 	}
 	return outcome{kind: outcomeDone, subject: t.subject}
 }

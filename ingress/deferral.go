@@ -59,6 +59,12 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 			"Idempotency-Key must be a structured-field string (or a token) of 1 to 255 printable characters."))
 		return
 	}
+	// What the dispatcher could not deliver is refused now, not accepted and then
+	// dead-lettered: a path such as "//host/x" or a query with a space.
+	if err := queue.CheckTarget(r.URL.EscapedPath(), r.URL.RawQuery); err != nil {
+		writeProblem(w, simpleProblem(http.StatusBadRequest, "This request cannot be queued: its "+err.Error()+"."))
+		return
+	}
 	header := d.Header
 	if header == nil {
 		header = r.Header.Clone()
@@ -142,6 +148,8 @@ func (q *QueueDeferrer) parkFailed(w http.ResponseWriter, d Deferral, err error)
 		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
 		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
 			"The idempotency key store is full; nothing was accepted. Retry later."))
+	case errors.Is(err, queue.ErrInvalidRequest):
+		writeProblem(w, simpleProblem(http.StatusBadRequest, "This request cannot be queued."))
 	case errors.Is(err, queue.ErrTooLarge):
 		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge, "The request is too large to be queued."))
 	default:

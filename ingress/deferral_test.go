@@ -192,3 +192,24 @@ func TestIdempotencyKeySyntax(t *testing.T) {
 		t.Errorf("absent header: %q, %v", key, ok)
 	}
 }
+
+// What the dispatcher would refuse to deliver is refused before anything is stored:
+// 400, and the queue stays empty.
+func TestDeferRefusesUndeliverableTargets(t *testing.T) {
+	f := newDeferFixture(t)
+	f.post(`{}`) // use up the limit
+	for _, query := range []string{"x=1\x01", "x=1#frag", "x=a b"} {
+		r := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{}`))
+		r.URL.RawQuery = query
+		r.RemoteAddr = "198.51.100.1:1000"
+		w := httptest.NewRecorder()
+		f.handler.ServeHTTP(w, r)
+		if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "cannot be queued") {
+			t.Errorf("query %q: %d %s, want 400", query, w.Code, w.Body)
+		}
+	}
+	q, _ := f.store.Queue("orders")
+	if depth, err := q.Depth(context.Background()); err != nil || depth != 0 {
+		t.Fatalf("queue depth %d, %v: nothing may be stored", depth, err)
+	}
+}

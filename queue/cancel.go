@@ -165,12 +165,12 @@ func (s *Store) findMessage(ctx context.Context, ticket, name string) (*Queue, *
 		qs = []*Queue{q}
 	}
 	for _, q := range qs {
-		raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket))
+		raw, _, err := s.parked(ctx, q, ticket)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, nil, unavailable("message lookup", err)
+			return nil, nil, err
 		}
 		return q, raw, nil
 	}

@@ -41,6 +41,19 @@ const (
 	MaxIdempotencyKeysLimit = 10_000_000
 )
 
+// Delivery is the delivery guarantee of a queue with a nats:SUBJECT downstream.
+type Delivery string
+
+const (
+	// AtLeastOnce (the default): the order is published through JetStream and is done
+	// only once a stream capturing the subject acknowledged it; Declare refuses a
+	// subject that no stream captures (ErrNoStream).
+	AtLeastOnce Delivery = "at_least_once"
+	// AtMostOnce: a core NATS publish, done once the server has it, whether or not
+	// anyone is subscribed. Only for nats: downstreams.
+	AtMostOnce Delivery = "at_most_once"
+)
+
 // Backoff configures the retry delay after failed delivery attempts: exponential from
 // Initial, doubling per failed attempt, capped at Max, with ±50% jitter.
 type Backoff struct {
@@ -78,6 +91,8 @@ type Config struct {
 	// Downstream is where messages go: an http:// or https:// base URL (the original
 	// path and query are appended) or nats:SUBJECT.
 	Downstream string
+	// Delivery is AtLeastOnce (default) or AtMostOnce, for a nats: downstream.
+	Delivery Delivery
 	// Replicas is the stream replica count (default 1; 3 on a JetStream cluster).
 	Replicas int
 	// DuplicateWindow is JetStream's Nats-Msg-Id duplicate window (default 2m).
@@ -131,6 +146,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Replicas == 0 {
 		c.Replicas = DefaultReplicas
+	}
+	if c.Delivery == "" {
+		c.Delivery = AtLeastOnce
 	}
 	if c.DuplicateWindow == 0 {
 		c.DuplicateWindow = DefaultDuplicateWindow
@@ -224,6 +242,12 @@ func (c Config) Validate() error {
 	}
 	if err := validateDownstream(c.Downstream); err != nil {
 		bad("downstream", "downstream: %v", err)
+	}
+	switch {
+	case c.Delivery != AtLeastOnce && c.Delivery != AtMostOnce:
+		bad("delivery", "delivery %q: use at_least_once or at_most_once", c.Delivery)
+	case c.Delivery == AtMostOnce && c.NATSSubject() == "":
+		bad("delivery", "delivery: at_most_once applies to nats: downstreams only")
 	}
 	if c.MaxBody < 1 || c.MaxBody > MaxMaxBody {
 		bad("max_body", "max_body must be between 1 byte and 8MiB, got %d bytes", c.MaxBody)

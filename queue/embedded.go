@@ -177,6 +177,15 @@ func storedStreams(dir string) (stored, encrypted int) {
 // Server returns the underlying nats-server.
 func (e *Embedded) Server() *server.Server { return e.srv }
 
+// MaxStore returns the JetStream file storage limit in force (MaxStore, or the server's
+// choice from the free disk space): what the queues' Store takes as WithStoreLimit.
+func (e *Embedded) MaxStore() int64 {
+	if c := e.srv.JetStreamConfig(); c != nil {
+		return c.MaxStore
+	}
+	return 0
+}
+
 // ClientURL returns the URL of the listener ("" without one).
 func (e *Embedded) ClientURL() string {
 	if e.srv.Addr() == nil {

@@ -14,6 +14,13 @@ var (
 	// ErrUnavailable: NATS / JetStream could not be reached or did not acknowledge in
 	// time; nothing was accepted (ingress: 503).
 	ErrUnavailable = errors.New("queue: unavailable")
+	// ErrStorageFull: JetStream storage is at the high-water mark (see WithStoreLimit)
+	// or refused the write for want of space. Park wraps it together with
+	// ErrUnavailable (ingress: 503): nothing was accepted.
+	ErrStorageFull = errors.New("queue: storage full")
+	// ErrNoStream: the nats:SUBJECT downstream of an at-least-once queue is captured by
+	// no JetStream stream, so a publish could not be acknowledged (Declare).
+	ErrNoStream = errors.New("queue: no JetStream stream captures the downstream subject")
 	// ErrIdempotencyConflict: the idempotency key was used before by the same client
 	// with a different payload (ingress: 422).
 	ErrIdempotencyConflict = errors.New("queue: idempotency key reused with a different payload")

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/textproto"
+	"net/url"
 	"strings"
 	"time"
 
@@ -206,12 +207,32 @@ func (r *Request) validate() error {
 		return fmt.Errorf("%w: no queue", ErrInvalidRequest)
 	case r.Method == "" || strings.ContainsAny(r.Method, " \t\r\n"):
 		return fmt.Errorf("%w: bad method %q", ErrInvalidRequest, r.Method)
-	case !strings.HasPrefix(r.Path, "/") || strings.ContainsAny(r.Path, " \t\r\n"):
-		return fmt.Errorf("%w: path must start with '/' and hold no white space", ErrInvalidRequest)
-	case strings.ContainsAny(r.RawQuery, "\r\n"):
-		return fmt.Errorf("%w: bad query", ErrInvalidRequest)
 	case strings.ContainsAny(r.Rule+r.Client+r.IdempotencyKey, "\r\n"):
 		return fmt.Errorf("%w: rule, client and idempotency key must not hold CR or LF", ErrInvalidRequest)
+	}
+	if err := CheckTarget(r.Path, r.RawQuery); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+	}
+	return nil
+}
+
+// CheckTarget reports whether an escaped path and a raw query can be delivered: the
+// path starts with a single '/' (so "@host/x", "//host/x" and "http://host/x" are
+// refused) and is validly escaped; the query holds no spaces, control characters or
+// '#'. Park refuses anything else, and the dispatcher refuses such a parked message,
+// so no parked path or query can send a delivery to another host.
+func CheckTarget(path, rawQuery string) error {
+	if !strings.HasPrefix(path, "/") || strings.HasPrefix(path, "//") {
+		return fmt.Errorf("path %q does not start with a single '/'", path)
+	}
+	if i := strings.IndexFunc(path, func(c rune) bool { return c <= ' ' || c == 0x7f }); i >= 0 {
+		return fmt.Errorf("path holds %q", path[i])
+	}
+	if _, err := url.PathUnescape(path); err != nil {
+		return fmt.Errorf("path %q: %w", path, err)
+	}
+	if i := strings.IndexFunc(rawQuery, func(c rune) bool { return c <= ' ' || c == 0x7f || c == '#' }); i >= 0 {
+		return fmt.Errorf("query holds %q", rawQuery[i])
 	}
 	return nil
 }

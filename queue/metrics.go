@@ -11,6 +11,8 @@ import (
 type storeMetrics struct {
 	store    *Store
 	parked   *prometheus.CounterVec
+	keptLost prometheus.Counter
+	kept     prometheus.GaugeFunc
 	depth    *prometheus.Desc
 	maxDepth *prometheus.Desc
 	outflow  *prometheus.Desc
@@ -24,6 +26,14 @@ func newStoreMetrics(s *Store) *storeMetrics {
 			Name: "sluice_queue_parked_total",
 			Help: "Requests parked in a queue (acknowledged by JetStream), not counting idempotent repeats.",
 		}, []string{"queue"}),
+		keptLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_queue_records_lost_total",
+			Help: "Ticket records that could not be written nor kept in memory for a later write (their orders were still settled; their status reads as unknown).",
+		}),
+		kept: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_queue_records_kept",
+			Help: "Ticket records held in memory because JetStream refused them (store full or unreachable), waiting to be written.",
+		}, func() float64 { return float64(s.KeptRecords()) }),
 		depth: prometheus.NewDesc("sluice_queue_depth",
 			"Messages waiting in a queue (from the stream state, at most a second old).",
 			[]string{"queue"}, nil),
@@ -50,6 +60,22 @@ func (m *storeMetrics) register(r prometheus.Registerer) error {
 			return err
 		}
 		m.parked = existing
+	}
+	if err := r.Register(m.keptLost); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return err
+		}
+		if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
+			m.keptLost = existing
+		}
+	}
+	// A second Store in one registry (tests) keeps the first one's gauge.
+	if err := r.Register(m.kept); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return err
+		}
 	}
 	if err := r.Register(queueCollector{m}); err != nil {
 		var are prometheus.AlreadyRegisteredError

@@ -119,6 +119,11 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opts.publishTimeout)
 	defer cancel()
+	// Past the high-water mark the rest of the store is for draining: the records of
+	// delivered orders must find room, or delivering would wait on them.
+	if err := s.usage.check(ctx); err != nil {
+		return Receipt{}, err
+	}
 	if req.IdempotencyKey != "" {
 		return s.parkKeyed(ctx, q, m)
 	}
@@ -137,6 +142,7 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 	if err != nil {
 		return nil, s.publishError(ctx, q, err)
 	}
+	s.usage.add(len(msg.Subject) + len(msg.Data) + 64*len(msg.Header))
 	if !ack.Duplicate {
 		s.metrics.parked.WithLabelValues(q.name).Inc()
 	}
@@ -213,7 +219,7 @@ func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerp
 	if pq, err := s.Queue(prev.Queue); err == nil {
 		q = pq
 	}
-	raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(prev.Ticket))
+	raw, _, err := s.parked(ctx, q, prev.Ticket)
 	switch {
 	case err == nil:
 		return q.receipt(ctx, prev.Ticket, raw.Sequence, true), nil
@@ -223,7 +229,7 @@ func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerp
 		}
 		return rc, nil // final long ago: its record expired before the key
 	default:
-		return Receipt{}, unavailable("message lookup", err)
+		return Receipt{}, err
 	}
 }
 
@@ -434,6 +440,8 @@ const (
 	errCodeStoreFailed   = 10077 // "maximum messages exceeded", "maximum bytes exceeded", …
 	errCodeMsgTooLarge   = 10054
 	errCodeStreamMissing = 10059
+	errCodeNoResources   = 10023 // "insufficient resources": the server's store is full
+	errCodeNoStorage     = 10047 // "insufficient storage resources available" for a stream's reservation
 )
 
 func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
@@ -444,6 +452,8 @@ func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 			defer cancel()
 			return fmt.Errorf("%w (%s)", q.fullError(fctx), apiErr.Description)
+		case apiErr.ErrorCode == errCodeNoResources:
+			return fmt.Errorf("%w: %w: publish to %q: %s", ErrUnavailable, ErrStorageFull, q.name, apiErr.Description)
 		case apiErr.ErrorCode == errCodeMsgTooLarge || strings.Contains(apiErr.Description, "message size exceeds"):
 			return fmt.Errorf("%w: %s", ErrTooLarge, apiErr.Description)
 		}

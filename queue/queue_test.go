@@ -119,7 +119,26 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("downstream %q: %v", d, err)
 		}
 	}
+	for _, tc := range []struct {
+		downstream string
+		delivery   queue.Delivery
+		ok         bool
+	}{
+		{"nats:orders.created", queue.AtMostOnce, true},
+		{"nats:orders.created", queue.AtLeastOnce, true},
+		{"http://orders:8080", queue.AtMostOnce, false},
+		{"nats:orders.created", "exactly_once", false},
+	} {
+		c := testConfig("q")
+		c.Downstream, c.Delivery = tc.downstream, tc.delivery
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("delivery %q to %s: %v", tc.delivery, tc.downstream, err)
+		}
+	}
 	c := testConfig("q").WithDefaults()
+	if c.Delivery != queue.AtLeastOnce {
+		t.Errorf("default delivery %q", c.Delivery)
+	}
 	if c.MaxDepth != queue.DefaultMaxDepth || c.IdempotencyTTL != 24*time.Hour || c.MaxAttempts != 8 {
 		t.Errorf("defaults: %+v", c)
 	}

@@ -78,11 +78,16 @@ type Record struct {
 // ticketKind names ticket records in their signatures (see Store.seal).
 const ticketKind = "ticket"
 
-// Record returns the stored record of a ticket, or ErrNotFound. A record without this
-// store's signature is not found (the error wraps ErrNotFound and ErrForged).
+// Record returns the record of a ticket, or ErrNotFound: the copy held in memory
+// (KeepRecord) when there is one, as it is newer than the stored one, else the stored
+// one. A stored record without this store's signature is not found (the error wraps
+// ErrNotFound and ErrForged).
 func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 	if !ValidTicket(ticket) {
 		return nil, ErrNotFound
+	}
+	if rec := s.kept.get(ticket); rec != nil {
+		return rec, nil
 	}
 	e, err := s.tickets.Get(ctx, ticket)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -106,7 +111,9 @@ func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 }
 
 // SaveRecord writes a ticket record (UpdatedAt is set to now). Its lifetime is the
-// IdempotencyTTL of the record's queue (the default 24h for an undeclared queue).
+// IdempotencyTTL of the record's queue (the default 24h for an undeclared queue). A
+// copy of an older record of the ticket held by KeepRecord is dropped once this one is
+// written.
 func (s *Store) SaveRecord(ctx context.Context, rec *Record) error {
 	return s.saveRecord(ctx, rec)
 }
@@ -117,6 +124,18 @@ func (s *Store) saveRecord(ctx context.Context, rec *Record, opts ...jetstream.P
 	if !ValidTicket(rec.Ticket) {
 		return fmt.Errorf("%w: bad ticket %q", ErrInvalidRequest, rec.Ticket)
 	}
+	// Shared with the other direct writes; FlushRecords takes it exclusively, so that it
+	// never writes a kept copy over a newer record written here.
+	s.kept.write.RLock()
+	defer s.kept.write.RUnlock()
+	if err := s.writeRecord(ctx, rec, opts...); err != nil {
+		return err
+	}
+	s.kept.drop(rec.Ticket, nil)
+	return nil
+}
+
+func (s *Store) writeRecord(ctx context.Context, rec *Record, opts ...jetstream.PublishOpt) error {
 	ttl := DefaultIdempotencyTTL
 	if q, err := s.Queue(rec.Queue); err == nil {
 		ttl = q.Config().IdempotencyTTL
@@ -166,7 +185,7 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 			}
 			if rec.Status == StatusQueued {
 				if q, err := s.Queue(rec.Queue); err == nil {
-					if raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket)); err == nil {
+					if raw, _, err := s.parked(ctx, q, ticket); err == nil {
 						rec.Position = q.position(ctx, raw.Sequence)
 					}
 				}
@@ -175,19 +194,12 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		return rec, nil
 	}
 	for _, q := range s.Queues() {
-		raw, err := q.stream.GetLastMsgForSubject(ctx, q.subject(ticket))
+		raw, m, err := s.parked(ctx, q, ticket)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
 		if err != nil {
-			return nil, unavailable("message lookup", err)
-		}
-		m, err := decodeRaw(raw)
-		if err != nil {
 			return nil, err
-		}
-		if err := s.Verify(m); err != nil {
-			continue // not an order sluice accepted: nothing to say about it
 		}
 		rec := &Record{
 			Ticket:     ticket,
@@ -209,6 +221,36 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		return rec, nil
 	}
 	return nil, ErrNotFound
+}
+
+// maxForgedCopies bounds how many messages on a ticket's subject parked finds wrong
+// before it gives up: forgeries published there cost a lookup each.
+const maxForgedCopies = 16
+
+// parked returns the order sluice parked in q under ticket, skipping messages on its
+// subject that do not verify (forgeries published on it): the last one first, then
+// from the oldest. jetstream.ErrMsgNotFound when there is none.
+func (s *Store) parked(ctx context.Context, q *Queue, ticket string) (*jetstream.RawStreamMsg, *Message, error) {
+	subject := q.subject(ticket)
+	raw, err := q.stream.GetLastMsgForSubject(ctx, subject)
+	for seq, tries := uint64(1), 0; ; tries++ {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil, err
+		}
+		if err != nil {
+			return nil, nil, unavailable("message lookup", err)
+		}
+		if m, derr := decodeRaw(raw); derr == nil && s.Verify(m) == nil {
+			return raw, m, nil
+		}
+		if tries == maxForgedCopies {
+			return nil, nil, fmt.Errorf("%w: more than %d forged messages on %s", jetstream.ErrMsgNotFound, maxForgedCopies, subject)
+		}
+		if tries > 0 {
+			seq = raw.Sequence + 1
+		}
+		raw, err = q.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+	}
 }
 
 // Event is published (JSON) on DoneSubject when an order reached done or failed, and on

@@ -45,9 +45,22 @@ func KeyStreamName(queue string) string { return KeyStreamPrefix + queue }
 
 func keySubjectFor(queue, scope string) string { return "sluice.keys." + queue + "." + scope }
 
-// DefaultIdempotencyMaxBytes is the default byte cap of the idempotency bucket (and of
-// each queue's key stream).
+// DefaultIdempotencyMaxBytes is the default byte cap of the idempotency bucket (and,
+// counted in slots, of each queue's key stream: see keySlots).
 const DefaultIdempotencyMaxBytes = 256 << 20
+
+// keySlotBytes is about what one key slot takes in a key stream (subject, headers,
+// per-message overhead).
+const keySlotBytes = 256
+
+// keySlots is the most slots a queue's key stream holds for a byte cap of the key
+// stores (-1: no cap).
+func keySlots(maxBytes int64) int64 {
+	if maxBytes <= 0 {
+		return -1
+	}
+	return max(maxBytes/keySlotBytes, 1)
+}
 
 // StreamName returns the stream name of a queue.
 func StreamName(queue string) string { return StreamPrefix + queue }
@@ -61,6 +74,10 @@ func DeadSubject(queue string) string { return "sluice.dead." + queue }
 
 func deadSubjectFor(queue, ticket string) string { return "sluice.dlq." + queue + "." + ticket }
 
+// idemStoreShare: each key store's byte cap is at most 1/idemStoreShare of a store of
+// known size (see Open).
+const idemStoreShare = 16
+
 // Option configures a Store.
 type Option func(*options)
 
@@ -71,6 +88,8 @@ type options struct {
 	publishTimeout time.Duration
 	idemMaxBytes   int64
 	signingKey     []byte
+	keptBytes      int64
+	storeLimit     int64
 }
 
 // WithReplicas sets the replica count of the shared resources: the dead-letter stream
@@ -95,6 +114,23 @@ func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.pu
 // pass the same value: the last one to open sets it.
 func WithIdempotencyMaxBytes(n int64) Option { return func(o *options) { o.idemMaxBytes = n } }
 
+// WithKeptRecordsBytes bounds the ticket records held in memory when JetStream refuses
+// them (see KeepRecord; default DefaultKeptRecordsBytes).
+func WithKeptRecordsBytes(n int64) Option { return func(o *options) { o.keptBytes = n } }
+
+// WithStoreLimit tells the Store how many bytes of JetStream file storage its account
+// may use: the embedded server's max store, or a cluster's per-account limit when the
+// account has none of its own (an account limit is read from the server at Open and the
+// smaller one is used). Park refuses new orders with ErrStorageFull once the account
+// uses HighWater of it, so that the rest stays free for what draining the queues
+// writes (ticket records, dead letters). 0: only an account limit counts; without one
+// Park fails only when JetStream itself refuses.
+func WithStoreLimit(n int64) Option { return func(o *options) { o.storeLimit = n } }
+
+// HighWater is the share of the store limit (WithStoreLimit) past which Park refuses
+// new orders.
+const HighWater = 0.85
+
 // Store parks requests in JetStream queues and keeps their tickets. It is safe for
 // concurrent use. One Store per process and NATS connection is the intended use; the
 // connection belongs to the caller (Close does not close it).
@@ -111,6 +147,8 @@ type Store struct {
 	idem    jetstream.KeyValue
 	dead    jetstream.Stream
 	metrics *storeMetrics
+	kept    *keptRecords
+	usage   storeUsage
 
 	// idemInfo serves the idempotency bucket's cached stream info (Park's byte check).
 	idemInfo *Queue
@@ -123,7 +161,7 @@ type Store struct {
 // creating or updating them, and returns a Store without queues; add them with Declare.
 // A signing key (WithSigningKey) is required.
 func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
-	o := options{replicas: 1, publishTimeout: 5 * time.Second, idemMaxBytes: DefaultIdempotencyMaxBytes}
+	o := options{replicas: 1, publishTimeout: 5 * time.Second, idemMaxBytes: DefaultIdempotencyMaxBytes, keptBytes: DefaultKeptRecordsBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -137,7 +175,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}}
+	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes)}
 	s.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        DeadStream,
 		Description: "sluice dead letters of every queue",
@@ -167,10 +205,26 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 			// Enables per-key TTLs (every entry is written with one).
 			LimitMarkerTTL: time.Minute,
 		})
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeNoStorage {
+			// A larger byte cap than the bucket has finds no room to reserve: the
+			// bucket as it is serves (another process sized it).
+			if kv, gerr := js.KeyValue(ctx, name); gerr == nil {
+				o.logger.Warn("key-value bucket kept at its byte cap: the store has no room to raise it", "bucket", name, "asked", maxBytes)
+				return kv, nil
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, name, err)
 		}
 		return kv, nil
+	}
+	s.usage.init(ctx, js, o.storeLimit, o.logger)
+	// A stream's byte cap is reserved from the store when the stream is made: the key
+	// stores (the bucket and every queue's key stream) take a share of a store of
+	// known size, never more than it holds.
+	if lim := s.usage.limit / idemStoreShare; lim > 0 && (o.idemMaxBytes <= 0 || o.idemMaxBytes > lim) {
+		o.idemMaxBytes, s.opts.idemMaxBytes = lim, lim
 	}
 	if s.tickets, err = bucket(TicketsBucket, "sluice ticket status and results", 0); err != nil {
 		return nil, err
@@ -210,6 +264,9 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
+	if err := s.checkDownstreamStream(ctx, cfg); err != nil {
+		return nil, err
+	}
 	cfg.DropHeaders = append([]string(nil), cfg.DropHeaders...)
 	cfg.ResultHeaders = append([]string(nil), cfg.ResultHeaders...)
 	maxMsgs := cfg.MaxDepth
@@ -249,11 +306,13 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 		Discard:              jetstream.DiscardNew,
 		DiscardNewPerSubject: true,
 		MaxMsgsPerSubject:    int64(cfg.MaxIdempotencyKeys),
-		MaxBytes:             max(s.opts.idemMaxBytes, -1),
-		AllowMsgTTL:          true,
-		Duplicates:           cfg.DuplicateWindow,
-		Replicas:             cfg.Replicas,
-		AllowDirect:          true,
+		// A count, not a byte cap: JetStream reserves a byte cap from the store for
+		// every stream that has one, and there is a key stream per queue.
+		MaxMsgs:     keySlots(s.opts.idemMaxBytes),
+		AllowMsgTTL: true,
+		Duplicates:  cfg.DuplicateWindow,
+		Replicas:    cfg.Replicas,
+		AllowDirect: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
@@ -275,6 +334,24 @@ func (s *Store) add(cfg Config, stream, keys jetstream.Stream, orphaned bool) *Q
 	q.cfg.Store(&cfg)
 	q.orphaned.Store(orphaned)
 	return q
+}
+
+// checkDownstreamStream makes sure the subject of an at-least-once nats: downstream is
+// captured by a stream. Checked at every declaration (start, reload); a stream deleted
+// later makes deliveries fail as a downstream that is down.
+func (s *Store) checkDownstreamStream(ctx context.Context, cfg Config) error {
+	subj := cfg.NATSSubject()
+	if subj == "" || cfg.Delivery == AtMostOnce {
+		return nil
+	}
+	_, err := s.js.StreamNameBySubject(ctx, subj)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: queue %q, subject %q: create a stream for it (for example nats stream add --subjects %s), or give the queue delivery: at_most_once", ErrNoStream, cfg.Name, subj, subj)
+	}
+	return fmt.Errorf("%w: queue %q: looking up the stream of subject %q: %v", ErrUnavailable, cfg.Name, subj, err)
 }
 
 // Queue returns a declared (or adopted orphaned) queue.

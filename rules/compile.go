@@ -600,6 +600,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			DropHeaders:        qd.dropHeaders,
 			// 0 (unset or unreadable) takes the default.
 			DeadLetterMaxAge: qd.deadMaxAge,
+			Delivery:         qd.delivery,
 		}.WithDefaults(),
 		Domain: fd.domain,
 		File:   file,

@@ -143,7 +143,8 @@ type queueDef struct {
 	dropHeaders []string
 	deadMaxAge  time.Duration
 	// nodes holds each field's value, where queue.Config.Validate's problems are reported.
-	nodes map[string]*yaml.Node
+	nodes    map[string]*yaml.Node
+	delivery queue.Delivery
 }
 
 var (
@@ -156,7 +157,7 @@ var (
 	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields  = []string{"name", "value", "present"}
 	entryFields   = []string{"key", "value", "from", "default"}
-	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys"}
+	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery"}
 	outflowFields = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields = []string{"initial", "max"}
 )
@@ -606,6 +607,9 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 			}
 		case "dead_letter_max_age":
 			q.deadMaxAge, _ = w.duration(v, key)
+		case "delivery":
+			d, _ := w.str(v, key)
+			q.delivery = queue.Delivery(d)
 		}
 	})
 	return q

@@ -189,6 +189,8 @@ func TestValidationProblems(t *testing.T) {
 			[]string{"t.yaml:3:33: downstream must be a string"}},
 		{"outflow above 1,000,000/s", "domain: d\nqueues:\n  q: {outflow: 2000000/s, downstream: 'nats:x'}\n  r: {outflow: {unit: second, requests_per_unit: 2000000}, downstream: 'nats:x'}\n",
 			[]string{"t.yaml:3:16: outflow rate 2000000/s is above 1,000,000/s", "t.yaml:4:16: outflow rate 2000000/s is above 1,000,000/s"}},
+		{"bad delivery", "domain: d\nqueues:\n  a: {outflow: 1/s, downstream: 'nats:x', delivery: exactly_once}\n  b: {outflow: 1/s, downstream: 'http://x', delivery: at_most_once}\n",
+			[]string{`t.yaml:3:53: delivery "exactly_once": use at_least_once or at_most_once`, "t.yaml:4:55: delivery: at_most_once applies to nats: downstreams only"}},
 		{"bad queue name", "domain: d\nqueues:\n  'a b': {outflow: 1/s, downstream: 'nats:x'}\n",
 			[]string{`t.yaml:3:3: queue name "a b"`}},
 		{"bad outflow forms", "domain: d\nqueues:\n  a: {outflow: {rate: 5/s, unit: second}, downstream: 'nats:x'}\n  b: {outflow: 5/fortnight, downstream: 'nats:x'}\n  c: {outflow: {unit: second}, downstream: 'nats:x'}\n",

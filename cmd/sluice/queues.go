@@ -412,8 +412,12 @@ func (q *queues) open(ctx context.Context) (*queue.Store, error) {
 		// A request now would fail at once anyway; say why.
 		return nil, q.conn.notConnected()
 	}
+	var limit int64 // a cluster's account limit, if any, is read by Open
+	if q.conn.embedded != nil {
+		limit = q.conn.embedded.MaxStore()
+	}
 	store, err := queue.Open(ctx, q.conn.nc, queue.WithReplicas(replicas), queue.WithRegisterer(q.reg), queue.WithLogger(q.log),
-		queue.WithIdempotencyMaxBytes(q.conn.idemMax), queue.WithSigningKey(q.conn.key))
+		queue.WithIdempotencyMaxBytes(q.conn.idemMax), queue.WithSigningKey(q.conn.key), queue.WithStoreLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("queues: %w", err)
 	}
