@@ -1,7 +1,11 @@
 package deploy_test
 
 import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"os"
@@ -75,8 +79,9 @@ func (e *envMap) UnmarshalYAML(n *yaml.Node) error {
 	out := envMap{}
 	switch n.Kind {
 	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			out[n.Content[i].Value] = n.Content[i+1].Value
+		// Decoding resolves merge keys (<<: *anchor).
+		if err := n.Decode((*map[string]string)(&out)); err != nil {
+			return err
 		}
 	case yaml.SequenceNode:
 		for _, c := range n.Content {
@@ -145,14 +150,178 @@ func (s *serviceNetworks) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// composeEnv is the environment of `docker compose up` in the tests: a value for
+// every variable that compose.yaml uses. The values are random, so one found in a
+// configuration can only have come from the environment, never from a file.
+var composeEnv = map[string]string{
+	"SLUICE_QUEUE_KEY":     base64.StdEncoding.EncodeToString(randomBytes(32)),
+	"NATS_SLUICE_PASSWORD": hex.EncodeToString(randomBytes(32)),
+	"NATS_EVENTS_PASSWORD": hex.EncodeToString(randomBytes(32)),
+	"NATS_ROUTE_PASSWORD":  hex.EncodeToString(randomBytes(32)),
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b) // never fails (crypto/rand)
+	return b
+}
+
+// loadCompose reads compose.yaml as `docker compose` does with composeEnv.
 func loadCompose(t *testing.T) composeFile {
 	t.Helper()
-	var c composeFile
-	decodeYAMLInto(t, filepath.Join(composeDir, "compose.yaml"), &c)
-	if len(c.Services) == 0 {
-		t.Fatal("compose.yaml: no services")
+	c, _, err := readCompose(composeEnv)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return c
+}
+
+// readCompose reads compose.yaml and interpolates its values with env, as `docker
+// compose` does; it returns the names of the variables the file uses.
+func readCompose(env map[string]string) (composeFile, []string, error) {
+	var c composeFile
+	path := filepath.Join(composeDir, "compose.yaml")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return c, nil, err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return c, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	used := map[string]bool{}
+	lookup := func(name string) (string, bool) {
+		used[name] = true
+		v, ok := env[name]
+		return v, ok
+	}
+	if err := interpolateNode(&doc, lookup, map[*yaml.Node]bool{}); err != nil {
+		return c, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := doc.Decode(&c); err != nil {
+		return c, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(c.Services) == 0 {
+		return c, nil, fmt.Errorf("%s: no services", path)
+	}
+	return c, slices.Sorted(maps.Keys(used)), nil
+}
+
+// interpolateNode interpolates every scalar value under n (mapping keys are not
+// interpolated, as in compose), each node once however many aliases reach it.
+func interpolateNode(n *yaml.Node, lookup func(string) (string, bool), seen map[*yaml.Node]bool) error {
+	if n == nil || seen[n] {
+		return nil
+	}
+	seen[n] = true
+	switch n.Kind {
+	case yaml.ScalarNode:
+		v, err := interpolate(n.Value, lookup)
+		if err != nil {
+			return fmt.Errorf("line %d: %w", n.Line, err)
+		}
+		n.Value = v
+	case yaml.AliasNode:
+		return interpolateNode(n.Alias, lookup, seen)
+	case yaml.MappingNode:
+		for i := 1; i < len(n.Content); i += 2 {
+			if err := interpolateNode(n.Content[i], lookup, seen); err != nil {
+				return err
+			}
+		}
+	default:
+		for _, c := range n.Content {
+			if err := interpolateNode(c, lookup, seen); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// interpolate substitutes variables in s as compose does: $$ is a $; $NAME and
+// ${NAME} the value (empty when unset); ${NAME:-default} and ${NAME-default} the
+// default when unset or empty (-: unset only); ${NAME:?message} and ${NAME?message}
+// an error when unset or empty; ${NAME:+alt} and ${NAME+alt} alt when set. A $
+// before anything else stays.
+func interpolate(s string, lookup func(string) (string, bool)) (string, error) {
+	isName := func(c byte, first bool) bool {
+		return c == '_' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || !first && '0' <= c && c <= '9'
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch next := s[i+1]; {
+		case next == '$':
+			b.WriteByte('$')
+			i++
+		case isName(next, true):
+			j := i + 1
+			for j < len(s) && isName(s[j], false) {
+				j++
+			}
+			v, _ := lookup(s[i+1 : j])
+			b.WriteString(v)
+			i = j - 1
+		case next == '{':
+			end, depth := -1, 0
+			for j := i + 1; j < len(s) && end < 0; j++ {
+				switch s[j] {
+				case '{':
+					depth++
+				case '}':
+					if depth--; depth == 0 {
+						end = j
+					}
+				}
+			}
+			if end < 0 {
+				return "", fmt.Errorf("%q: unclosed ${", s)
+			}
+			expr := s[i+2 : end]
+			n := 0
+			for n < len(expr) && isName(expr[n], n == 0) {
+				n++
+			}
+			name, rest := expr[:n], expr[n:]
+			if name == "" {
+				return "", fmt.Errorf("%q: invalid ${%s}", s, expr)
+			}
+			v, set := lookup(name)
+			colon := strings.HasPrefix(rest, ":")
+			if colon {
+				rest = rest[1:]
+			}
+			present := set && (!colon || v != "")
+			switch {
+			case rest == "" && !colon:
+				b.WriteString(v)
+			case strings.HasPrefix(rest, "-") && present:
+				b.WriteString(v)
+			case strings.HasPrefix(rest, "+") && !present:
+			case strings.HasPrefix(rest, "-"), strings.HasPrefix(rest, "+"):
+				alt, err := interpolate(rest[1:], lookup)
+				if err != nil {
+					return "", err
+				}
+				b.WriteString(alt)
+			case strings.HasPrefix(rest, "?"):
+				if !present {
+					return "", fmt.Errorf("required variable %s is missing a value: %s", name, rest[1:])
+				}
+				b.WriteString(v)
+			default:
+				return "", fmt.Errorf("%q: invalid ${%s}", s, expr)
+			}
+			i = end
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String(), nil
 }
 
 // mount is one short-syntax volume of a service.
@@ -191,6 +360,41 @@ func (s composeService) hostPath(p string) (string, mount) {
 		}
 	}
 	return best, bestM
+}
+
+// mountInto copies the files and directories that the service's bind mounts put in
+// its container to the same paths under a temporary directory, and returns the path
+// of the container's file p there: a configuration read from it finds its includes
+// as in the container.
+func (s composeService) mountInto(t *testing.T, p string) string {
+	t.Helper()
+	root := t.TempDir()
+	for _, v := range s.Volumes {
+		m := parseMount(v)
+		if m.named {
+			continue
+		}
+		src, dst := filepath.Join(composeDir, m.source), filepath.Join(root, m.target)
+		fi, err := os.Stat(src)
+		if err != nil {
+			t.Fatalf("bind mount %s: %v", m.source, err)
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if fi.IsDir() {
+			err = os.CopyFS(dst, os.DirFS(src))
+		} else {
+			var data []byte
+			if data, err = os.ReadFile(src); err == nil {
+				err = os.WriteFile(dst, data, 0o644)
+			}
+		}
+		if err != nil {
+			t.Fatalf("bind mount %s: %v", m.source, err)
+		}
+	}
+	return filepath.Join(root, p)
 }
 
 func (s composeService) exposes(port int) bool {
@@ -366,10 +570,14 @@ func TestCompose(t *testing.T) {
 			t.Errorf("%s: --redis %s: no service listens there", name, g.value("redis"))
 		}
 		// The replicas share NATS, so they need the one signing key, from the
-		// environment of whoever runs compose (never written in the file).
-		if k := g.value("queue-key"); !strings.HasPrefix(k, "${SLUICE_QUEUE_KEY:?") {
-			t.Errorf("%s: --queue-key %q, want ${SLUICE_QUEUE_KEY:?…} (required, from the environment)", name, k)
+		// environment of whoever runs compose (never written in the file; that it is
+		// required, TestComposeVariables checks).
+		if k := g.value("queue-key"); k != composeEnv["SLUICE_QUEUE_KEY"] {
+			t.Errorf("%s: --queue-key is not $SLUICE_QUEUE_KEY: every replica needs the one key, from the environment", name)
 		}
+		// NATS admits only the user sluice of accounts.conf, with its password from
+		// the environment.
+		sluiceUser := checkNATSClient(t, "compose "+name, g, natsNodes.users)
 		var natsURLs []string
 		for _, u := range g.list("nats") {
 			h, p := urlHostPort(t, name+" --nats", u)
@@ -394,7 +602,9 @@ func TestCompose(t *testing.T) {
 			t.Errorf("%s: --upstream %s: no service listens there", name, g.value("upstream"))
 		}
 
-		checkComposeRules(t, name, s, g, c, hosts)
+		if set := checkComposeRules(t, name, s, g, c, hosts); set != nil && sluiceUser != nil {
+			checkNATSDownstreams(t, "compose "+name, sluiceUser, set)
+		}
 		checkTrustedProxies(t, name, s, g, c)
 	}
 	slices.Sort(listenPorts)
@@ -423,8 +633,9 @@ func TestCompose(t *testing.T) {
 // checkComposeRules loads exactly the rules a replica loads (its --rules, through its
 // bind mounts) with the real validator, and checks that every queue delivers to a
 // host of the compose file on a port it listens on, that every example domain of
-// deploy/rules is served, and that rules are mounted read-only.
-func checkComposeRules(t *testing.T, name string, s composeService, g gatewayConfig, c composeFile, hosts map[string]string) {
+// deploy/rules is served, and that rules are mounted read-only. It returns the rules
+// (nil when they have problems).
+func checkComposeRules(t *testing.T, name string, s composeService, g gatewayConfig, c composeFile, hosts map[string]string) *rules.Set {
 	t.Helper()
 	var paths []string
 	for _, p := range g.list("rules") {
@@ -439,12 +650,12 @@ func checkComposeRules(t *testing.T, name string, s composeService, g gatewayCon
 		paths = append(paths, hp)
 	}
 	if len(paths) == 0 {
-		return
+		return nil
 	}
 	set, err := rules.Load(paths...)
 	if err != nil {
 		t.Errorf("%s: the rules it loads have problems:\n%v", name, err)
-		return
+		return nil
 	}
 	examples, err := rules.Load(rulesDir)
 	if err != nil {
@@ -469,6 +680,7 @@ func checkComposeRules(t *testing.T, name string, s composeService, g gatewayCon
 			t.Errorf("%s: queue %s delivers to port %d; %s listens on %d", name, q.Name, p, svc, c.listenPort(t, svc))
 		}
 	}
+	return set
 }
 
 // checkTrustedProxies: the load balancer's address is trusted, on a network shared
@@ -528,6 +740,7 @@ func checkTrustedProxies(t *testing.T, name string, s composeService, g gatewayC
 type natsCluster struct {
 	services    []string // compose services or pods
 	clientAddrs []string // host:port, sorted
+	users       map[string]*server.User
 }
 
 // loadNATSConfig parses a nats-server configuration file with the real parser of
@@ -564,9 +777,11 @@ func checkNATSImage(t *testing.T, where, image string) {
 }
 
 // checkComposeNATS checks the NATS services: one configuration parsed by the real
-// nats-server parser per node, unique server names, JetStream on a named volume,
-// routes to exactly the nodes of the file, and ports that match expose and the
-// health check.
+// nats-server parser per node (with the files its container mounts, for its
+// includes), unique server names, JetStream on a named volume, routes to exactly
+// the nodes of the file, ports that match expose and the health check, and
+// authentication of clients and routes with passwords from the environment
+// (checkNATSAuth), the same users on every node.
 func checkComposeNATS(t *testing.T, c composeFile) natsCluster {
 	t.Helper()
 	var cl natsCluster
@@ -590,7 +805,13 @@ func checkComposeNATS(t *testing.T, c composeFile) natsCluster {
 		if hp == "" {
 			t.Fatalf("compose %s: --config %q is not mounted", name, cfg)
 		}
-		opts := loadNATSConfig(t, hp, s.Environment)
+		opts := loadNATSConfig(t, s.mountInto(t, cfg), s.Environment)
+		users := checkNATSAuth(t, "compose "+name, opts, slices.Collect(maps.Values(composeEnv)))
+		if cl.users == nil {
+			cl.users = users
+		} else if !slices.Equal(slices.Sorted(maps.Keys(users)), slices.Sorted(maps.Keys(cl.users))) {
+			t.Errorf("compose %s: users %v, other nodes %v", name, slices.Sorted(maps.Keys(users)), slices.Sorted(maps.Keys(cl.users)))
+		}
 		nodes = append(nodes, node{name, opts})
 		cl.services = append(cl.services, name)
 		cl.clientAddrs = append(cl.clientAddrs, net.JoinHostPort(name, strconv.Itoa(opts.Port)))
@@ -847,6 +1068,63 @@ func TestComposeRulesCopies(t *testing.T) {
 		}
 		if _, err := rules.Load(cp); err != nil {
 			t.Errorf("%s:\n%v", cp, err)
+		}
+	}
+}
+
+// TestComposeVariables: every variable that compose.yaml uses is required
+// (${NAME:?…}): no default, so no secret has a value written in the file, and
+// `docker compose up` without one stops, naming it. The test gives each a value.
+func TestComposeVariables(t *testing.T) {
+	_, names, err := readCompose(composeEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"SLUICE_QUEUE_KEY", "NATS_SLUICE_PASSWORD", "NATS_EVENTS_PASSWORD", "NATS_ROUTE_PASSWORD"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("compose.yaml does not use $%s", want)
+		}
+	}
+	for _, name := range names {
+		if _, ok := composeEnv[name]; !ok {
+			t.Errorf("compose.yaml uses $%s: give it a value in composeEnv", name)
+			continue
+		}
+		env := maps.Clone(composeEnv)
+		delete(env, name)
+		if _, _, err := readCompose(env); err == nil || !strings.Contains(err.Error(), "required variable "+name) {
+			t.Errorf("without $%s compose starts (%v): write ${%s:?how to make one}", name, err, name)
+		}
+		env[name] = ""
+		if _, _, err := readCompose(env); err == nil {
+			t.Errorf("with $%s empty compose starts: write ${%s:?…}, with the colon", name, name)
+		}
+	}
+}
+
+// TestComposeInterpolate pins the interpolation that the compose tests read the
+// file with to compose's.
+func TestComposeInterpolate(t *testing.T) {
+	env := map[string]string{"A": "a", "EMPTY": ""}
+	lookup := func(n string) (string, bool) { v, ok := env[n]; return v, ok }
+	for _, c := range []struct{ in, want, err string }{
+		{in: "x$A-${A}y", want: "xa-ay"},
+		{in: "$$A $$ $(cmd) 5$", want: "$A $ $(cmd) 5$"},
+		{in: "${B:-d} ${EMPTY:-d} ${EMPTY-d} ${B-d$A}", want: "d d  da"},
+		{in: "${A:+alt} ${EMPTY:+alt} ${EMPTY+alt} ${B+alt}", want: "alt  alt "},
+		{in: "${A:?need A} ${EMPTY?fine}", want: "a "},
+		{in: "${B:?export B=$(openssl rand -hex 32)}", err: "required variable B is missing a value: export B=$(openssl rand -hex 32)"},
+		{in: "${EMPTY:?need it}", err: "required variable EMPTY"},
+		{in: "${A", err: "unclosed"},
+		{in: "${}", err: "invalid"},
+		{in: "${A#x}", err: "invalid"},
+	} {
+		got, err := interpolate(c.in, lookup)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%q: error %v, want %q", c.in, err, c.err)
+		case c.err == "" && (err != nil || got != c.want):
+			t.Errorf("%q: %q, %v; want %q", c.in, got, err, c.want)
 		}
 	}
 }

@@ -2,18 +2,22 @@ package deploy_test
 
 import (
 	"bytes"
+	"encoding/hex"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/rules"
@@ -87,7 +91,15 @@ type k8sContainer struct {
 	Env     []struct {
 		Name      string `yaml:"name"`
 		Value     string `yaml:"value"`
-		ValueFrom any    `yaml:"valueFrom"`
+		ValueFrom *struct {
+			SecretKeyRef *struct {
+				Name string `yaml:"name"`
+				Key  string `yaml:"key"`
+			} `yaml:"secretKeyRef"`
+			FieldRef *struct {
+				FieldPath string `yaml:"fieldPath"`
+			} `yaml:"fieldRef"`
+		} `yaml:"valueFrom"`
 	} `yaml:"env"`
 	EnvFrom []struct {
 		ConfigMapRef *struct {
@@ -252,6 +264,63 @@ func loadKubernetes(t *testing.T, dir string) k8sObjects {
 	}
 	return objs
 }
+
+// k8sSecrets stands in for the Secrets that are made by hand: a random value for
+// each key that a secretKeyRef names, the same for every reference to it. A value
+// found in a configuration can only have come from a Secret.
+type k8sSecrets map[string]string // "NAME/KEY" → value
+
+func (s k8sSecrets) value(name, key string) string {
+	k := name + "/" + key
+	if _, ok := s[k]; !ok {
+		s[k] = hex.EncodeToString(randomBytes(32))
+	}
+	return s[k]
+}
+
+func (s k8sSecrets) values() []string { return slices.Collect(maps.Values(s)) }
+
+// env returns the environment of a container of pod: its envFrom ConfigMaps, then
+// its env in order, values from Secrets (secrets) and the pod's name (fieldRef
+// metadata.name), $(NAME) replaced by an earlier variable as Kubernetes does ($$ is
+// a $; an unknown name stays as written).
+func (c k8sContainer) env(t *testing.T, objs k8sObjects, pod string, secrets k8sSecrets) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, ef := range c.EnvFrom {
+		if ef.ConfigMapRef == nil {
+			continue
+		}
+		cm := objs.get("ConfigMap", ef.ConfigMapRef.Name)
+		if cm == nil {
+			t.Fatalf("container %s: envFrom ConfigMap %s does not exist", c.Name, ef.ConfigMapRef.Name)
+		}
+		maps.Copy(env, cm.Data)
+	}
+	for _, e := range c.Env {
+		switch vf := e.ValueFrom; {
+		case vf == nil:
+			env[e.Name] = k8sDependentVarRE.ReplaceAllStringFunc(e.Value, func(ref string) string {
+				if ref[1] == '$' {
+					return ref[1:]
+				}
+				if v, ok := env[ref[2:len(ref)-1]]; ok {
+					return v
+				}
+				return ref
+			})
+		case vf.SecretKeyRef != nil:
+			env[e.Name] = secrets.value(vf.SecretKeyRef.Name, vf.SecretKeyRef.Key)
+		case vf.FieldRef != nil && vf.FieldRef.FieldPath == "metadata.name":
+			env[e.Name] = pod
+		default:
+			env[e.Name] = "" // a resource, or another field of the pod
+		}
+	}
+	return env
+}
+
+var k8sDependentVarRE = regexp.MustCompile(`\$?\$\([A-Za-z_][A-Za-z0-9_.-]*\)`)
 
 // containerPort resolves a port name or number of a container.
 func (c k8sContainer) containerPort(p intOrString) (int, bool) {
@@ -431,8 +500,14 @@ func TestKubernetes(t *testing.T) {
 		}
 	}
 
-	checkKubernetesSluice(t, objs, monitoring, ns, kz)
-	checkKubernetesNATS(t, objs)
+	// Passwords and keys live in Secrets made by hand: a Secret in the manifests
+	// would put its values in the repository.
+	for _, o := range all.ofKind("Secret") {
+		t.Errorf("%s: Secret %s: create it by hand (deploy/README.md), never in the manifests", o.file, o.Metadata.Name)
+	}
+	secrets := k8sSecrets{}
+	users := checkKubernetesNATS(t, objs, secrets)
+	checkKubernetesSluice(t, objs, monitoring, ns, kz, secrets, users)
 
 	// Alert rules for the operator: the same groups as deploy/prometheus/alerts.yaml.
 	pr := monitoring.get("PrometheusRule", "sluice")
@@ -449,8 +524,9 @@ func TestKubernetes(t *testing.T) {
 }
 
 // checkKubernetesSluice checks the sluice Deployment against the binary and the
-// objects it refers to.
-func checkKubernetesSluice(t *testing.T, objs, monitoring k8sObjects, ns string, kz kustomization) {
+// objects it refers to, and that it connects to NATS as one of users, with the
+// password of the Secret the servers have it from.
+func checkKubernetesSluice(t *testing.T, objs, monitoring k8sObjects, ns string, kz kustomization, secrets k8sSecrets, users map[string]*server.User) {
 	t.Helper()
 	ic := loadImageConfig(t)
 	var dep *k8sObject
@@ -472,34 +548,20 @@ func checkKubernetesSluice(t *testing.T, objs, monitoring k8sObjects, ns string,
 	if dep.Kind != "Deployment" || dep.Spec.Replicas == nil || *dep.Spec.Replicas != 3 {
 		t.Errorf("%s: want a Deployment of 3 replicas", where)
 	}
-	env := map[string]string{}
-	for k, v := range ic.env {
-		env[k] = v
-	}
 	for _, ef := range ctr.EnvFrom {
 		if ef.ConfigMapRef == nil {
 			continue
 		}
-		cm := objs.get("ConfigMap", ef.ConfigMapRef.Name)
-		if cm == nil {
-			t.Fatalf("%s: envFrom ConfigMap %s does not exist", where, ef.ConfigMapRef.Name)
-		}
-		for k, v := range cm.Data {
-			if !strings.HasPrefix(k, "SLUICE_") {
-				t.Errorf("%s: ConfigMap %s: %s is not a SLUICE_* setting", where, cm.Metadata.Name, k)
+		if cm := objs.get("ConfigMap", ef.ConfigMapRef.Name); cm != nil {
+			for k := range cm.Data {
+				if !strings.HasPrefix(k, "SLUICE_") {
+					t.Errorf("%s: ConfigMap %s: %s is not a SLUICE_* setting", where, cm.Metadata.Name, k)
+				}
 			}
-			env[k] = v
 		}
 	}
-	for _, e := range ctr.Env {
-		if strings.HasPrefix(e.Name, "SLUICE_") {
-			if e.ValueFrom != nil {
-				env[e.Name] = "" // from a Secret: its name is checked, not its value
-				continue
-			}
-			env[e.Name] = e.Value
-		}
-	}
+	env := maps.Clone(ic.env)
+	maps.Copy(env, ctr.env(t, objs, dep.Metadata.Name+"-pod", secrets))
 	g := parseSluiceArgs(t, where, ctr.Args, env)
 	if g.cmd != "serve" {
 		t.Errorf("%s: sluice %s, want serve", where, g.cmd)
@@ -578,15 +640,12 @@ func checkKubernetesSluice(t *testing.T, objs, monitoring k8sObjects, ns string,
 		}
 	}
 	// Replicas sharing NATS share the signing key, kept in a Secret, not in the manifests.
-	queueKeyFromSecret := false
-	for _, e := range ctr.Env {
-		if vf, ok := e.ValueFrom.(map[string]any); ok && e.Name == "SLUICE_QUEUE_KEY" && vf["secretKeyRef"] != nil {
-			queueKeyFromSecret = true
-		}
-	}
-	if len(g.list("nats")) > 0 && !queueKeyFromSecret {
+	if len(g.list("nats")) > 0 && !slices.Contains(secrets.values(), g.value("queue-key")) {
 		t.Errorf("%s: --nats without SLUICE_QUEUE_KEY from a Secret: sluice refuses to start", where)
 	}
+	// NATS admits only the user sluice of accounts.conf, with the password of the
+	// Secret the NATS pods have it from (every replica: one pod template).
+	sluiceUser := checkNATSClient(t, where, g, users)
 	var natsPods []string
 	var natsSet *k8sObject
 	for _, u := range g.list("nats") {
@@ -663,6 +722,9 @@ func checkKubernetesSluice(t *testing.T, objs, monitoring k8sObjects, ns string,
 		if err != nil {
 			t.Errorf("%s: the rules it mounts have problems:\n%v", where, err)
 		} else {
+			if sluiceUser != nil {
+				checkNATSDownstreams(t, where, sluiceUser, set)
+			}
 			for _, q := range set.Queues() {
 				if q.NATSSubject() != "" {
 					continue
@@ -724,9 +786,12 @@ func checkKubernetesSluice(t *testing.T, objs, monitoring k8sObjects, ns string,
 }
 
 // checkKubernetesNATS: the StatefulSet runs the config of its ConfigMap, which the
-// real nats-server parser accepts for every pod; routes name every pod through the
-// headless Service on the cluster port; JetStream stores on the claim template.
-func checkKubernetesNATS(t *testing.T, objs k8sObjects) {
+// real nats-server parser accepts for every pod (with the ConfigMap's other keys
+// beside it for its includes: accounts.conf, a copy of deploy/nats/accounts.conf);
+// routes name every pod through the headless Service on the cluster port; JetStream
+// stores on the claim template; clients and routes authenticate with passwords from
+// Secrets (checkNATSAuth). It returns the users of the configuration.
+func checkKubernetesNATS(t *testing.T, objs k8sObjects, secrets k8sSecrets) map[string]*server.User {
 	t.Helper()
 	var sts *k8sObject
 	for _, w := range objs.ofKind("StatefulSet") {
@@ -774,19 +839,30 @@ func checkKubernetesNATS(t *testing.T, objs k8sObjects) {
 	if cm == nil || cm.Data[key] == "" {
 		t.Fatalf("%s: --config %s is not a mounted ConfigMap key", where, cfg)
 	}
-	path := filepath.Join(t.TempDir(), key)
-	if err := os.WriteFile(path, []byte(cm.Data[key]), 0o644); err != nil {
-		t.Fatal(err)
+	// The volume holds every key of the ConfigMap.
+	dir := t.TempDir()
+	for k, v := range cm.Data {
+		if err := os.WriteFile(filepath.Join(dir, k), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	env := map[string]string{}
-	for _, e := range ctr.Env {
-		env[e.Name] = e.Value
+	path := filepath.Join(dir, key)
+	if acc, err := os.ReadFile(filepath.Join("nats", "accounts.conf")); err != nil {
+		t.Fatal(err)
+	} else if cm.Data["accounts.conf"] != string(acc) {
+		t.Errorf("ConfigMap %s: accounts.conf differs from deploy/nats/accounts.conf", cm.Metadata.Name)
 	}
 	var names []string
+	var users map[string]*server.User
 	for i := 0; i < *sts.Spec.Replicas; i++ {
 		pod := sts.Metadata.Name + "-" + strconv.Itoa(i)
-		env["POD_NAME"] = pod // fieldRef metadata.name
-		opts := loadNATSConfig(t, path, env)
+		opts := loadNATSConfig(t, path, ctr.env(t, objs, pod, secrets))
+		u := checkNATSAuth(t, where+" pod "+pod, opts, secrets.values())
+		if users == nil {
+			users = u
+		} else if !slices.Equal(slices.Sorted(maps.Keys(u)), slices.Sorted(maps.Keys(users))) {
+			t.Errorf("%s: pods with different users", where)
+		}
 		names = append(names, opts.ServerName)
 		if !opts.JetStream {
 			t.Errorf("%s: JetStream is off", where)
@@ -832,4 +908,5 @@ func checkKubernetesNATS(t *testing.T, objs k8sObjects) {
 	if len(slices.Compact(slices.Sorted(slices.Values(names)))) != len(names) || slices.Contains(names, "") {
 		t.Errorf("%s: server names %v are not unique", where, names)
 	}
+	return users
 }

@@ -53,11 +53,16 @@ func Start(t testing.TB) *Server {
 // accounts, users and permissions), on a loopback port and with JetStream in a fresh
 // temporary directory whatever the file says. Conn is nil: the file decides who may
 // connect, so the test connects with Connect and the credentials it means to try.
-func StartConfig(t testing.TB, path string) *Server {
+// Each adjust changes the options read from the file before the server starts (for
+// example the cluster listener and routes of a file written for other hosts).
+func StartConfig(t testing.TB, path string, adjust ...func(*server.Options)) *Server {
 	t.Helper()
 	base, err := server.ProcessConfigFile(path)
 	if err != nil {
 		t.Fatalf("natstest: %s: %v", path, err)
+	}
+	for _, f := range adjust {
+		f(base)
 	}
 	s := &Server{t: t, Dir: t.TempDir(), base: base}
 	s.start(server.RANDOM_PORT)
