@@ -103,6 +103,7 @@ under way finish within --shutdown-timeout.
 // the flag groups of its parts.
 type gatewayConfig struct {
 	rules       string
+	mergeDoms   bool
 	front       frontConfig
 	admin       adminConfig
 	process     processConfig
@@ -164,6 +165,7 @@ func (c *processConfig) flags(fs *flag.FlagSet) {
 
 func (m gatewayMode) flags(fs *flag.FlagSet, c *gatewayConfig) {
 	fs.StringVar(&c.rules, "rules", "", "rules `files or directories`, comma-separated (required)")
+	fs.BoolVar(&c.mergeDoms, "merge-domains", false, mergeDomainsUsage)
 	if m.front {
 		c.front.flags(fs)
 	}
@@ -336,6 +338,7 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	g.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log,
+		MergeDomains: cfg.mergeDoms,
 		OnReload: func(r rules.ReloadResult) {
 			if r.Err == nil {
 				select { // the newest set is what counts; run declares it
