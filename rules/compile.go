@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"path"
@@ -28,23 +29,50 @@ type File struct {
 // Parse validates and compiles rules files given by content. Each file is one domain. It
 // returns every problem at once as Problems (which match ErrInvalid), and no Set then.
 func Parse(files ...File) (*Set, error) {
+	return ParseWith(files)
+}
+
+// Option changes how files are loaded (Parse, Load and their With forms).
+type Option func(*loadConfig)
+
+type loadConfig struct {
+	merge bool
+}
+
+// MergeDomains lets several files share a domain, as Envoy's service does with
+// MERGE_DOMAIN_CONFIG: their descriptors join one tree (a descriptor repeated across
+// the files is a problem, as within one file), their routes and `replaces` see each
+// other. Without it a domain written in two files is a problem.
+func MergeDomains() Option { return func(c *loadConfig) { c.merge = true } }
+
+func newLoadConfig(opts []Option) loadConfig {
+	var c loadConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	return c
+}
+
+// ParseWith is Parse with options.
+func ParseWith(files []File, opts ...Option) (*Set, error) {
 	if len(files) == 0 {
 		return nil, ErrNoPaths
 	}
 	var probs problemList
-	s := compile(files, &probs)
+	s := compile(files, &probs, newLoadConfig(opts))
 	if err := probs.result(); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// domain is one file's descriptor tree.
+// domain is one domain's descriptor tree: one file's, or several merged.
 type domain struct {
-	name   string
-	file   string
-	root   *node
-	shadow bool
+	name string
+	file string // the first file that defines it
+	root *node
 	// byName finds the rules that `replaces` can name.
 	byName map[string][]*Rule
 	// dynamicKeys are the keys some route fills from the request.
@@ -56,21 +84,57 @@ type domain struct {
 type node struct {
 	rule *Rule
 	kids map[string]*group // by key
+	// share is Envoy's share_threshold on a wildcard descriptor: every value it
+	// matches counts on one counter (the value does not select the counter).
+	share bool
 }
 
 // group is every descriptor of one key at one level: the most specific match wins.
 type group struct {
 	exact map[string]*node
-	wild  []wildNode // values ending in *, in file order
+	wild  []wildNode // values with a *, in file order
 	any   *node      // the descriptor without a value
 
-	wildSeen map[string]bool // while compiling: wildcard prefixes already defined
+	wildSeen map[string]bool // while compiling: wildcard values already defined
 }
 
-// wildNode is a descriptor whose value ends in *: it matches values with that prefix.
+// wildNode is a descriptor whose value has a *: each * stands for any run of
+// characters, none included. A value whose only * ends it is a prefix (Envoy's first
+// wildcards); any other is split at its stars into parts.
 type wildNode struct {
 	prefix string
+	parts  []string // nil for a prefix
 	n      *node
+}
+
+// matches reports whether s fits the pattern. Each part after the first is found at its
+// leftmost place after the previous one: for * alone that is always a match when one
+// exists, so the work is linear in s per part, whatever the request sends.
+func (w wildNode) matches(s string) bool {
+	if w.parts == nil {
+		return strings.HasPrefix(s, w.prefix)
+	}
+	first, last := w.parts[0], w.parts[len(w.parts)-1]
+	if len(s) < len(first)+len(last) || !strings.HasPrefix(s, first) || !strings.HasSuffix(s, last) {
+		return false
+	}
+	s = s[len(first) : len(s)-len(last)]
+	for _, p := range w.parts[1 : len(w.parts)-1] {
+		i := strings.Index(s, p)
+		if i < 0 {
+			return false
+		}
+		s = s[i+len(p):]
+	}
+	return true
+}
+
+// newWildNode compiles a value with at least one *.
+func newWildNode(value string, n *node) wildNode {
+	if strings.IndexByte(value, '*') == len(value)-1 {
+		return wildNode{prefix: value[:len(value)-1], n: n}
+	}
+	return wildNode{parts: strings.Split(value, "*"), n: n}
 }
 
 type compiler struct {
@@ -92,7 +156,7 @@ func (c *compiler) errf(file string, n *yaml.Node, format string, args ...any) {
 	c.probs.add(file, line, col, format, args...)
 }
 
-func compile(files []File, probs *problemList) *Set {
+func compile(files []File, probs *problemList, cfg loadConfig) *Set {
 	c := &compiler{
 		reach:   4_000_000,
 		probs:   probs,
@@ -119,31 +183,55 @@ func compile(files []File, probs *problemList) *Set {
 			c.queue(fd, qd)
 		}
 	}
-	doms := map[string]*fileDef{}
+	// Domains next, each with the files that define it (several only when merging).
+	var order []*domain
+	members := map[*domain][]*fileDef{}
+	of := map[*fileDef]*domain{}
 	for _, fd := range defs {
 		if fd.domain == "" {
 			continue
 		}
-		if prev, dup := doms[fd.domain]; dup {
-			c.errf(fd.path, fd.domainNode, "domain %q is already defined in %s", fd.domain, prev.path)
+		d := s.domains[fd.domain]
+		switch {
+		case d != nil && !cfg.merge:
+			c.errf(fd.path, fd.domainNode, "domain %q is already defined in %s (to merge files of one domain, as Envoy's MERGE_DOMAIN_CONFIG, use --merge-domains)", fd.domain, d.file)
 			continue
+		case d == nil:
+			d = &domain{name: fd.domain, file: fd.path, root: &node{}, byName: map[string][]*Rule{}, dynamicKeys: map[string]bool{}}
+			s.domains[d.name] = d
+			s.domainNames = append(s.domainNames, d.name)
+			order = append(order, d)
 		}
-		doms[fd.domain] = fd
-		d := &domain{name: fd.domain, file: fd.path, root: &node{}, shadow: fd.shadow,
-			byName: map[string][]*Rule{}, dynamicKeys: map[string]bool{}}
-		for _, rd := range fd.routes {
-			for _, list := range rd.descs {
-				for _, e := range list {
-					if e.from != "" && !slices.Contains([]string{"method", "host"}, e.from) {
-						d.dynamicKeys[e.key] = true
+		members[d] = append(members[d], fd)
+		of[fd] = d
+	}
+	for _, d := range order {
+		fds := members[d]
+		// Rule names hide values that routes fill from requests, in any file of the domain.
+		for _, fd := range fds {
+			for _, rd := range fd.routes {
+				for _, list := range rd.descs {
+					for _, e := range list {
+						if e.from != "" && !slices.Contains([]string{"method", "host"}, e.from) {
+							d.dynamicKeys[e.key] = true
+						}
 					}
 				}
 			}
 		}
-		c.descriptors(fd, d, d.root, fd.descriptors, nil)
-		c.replaces(fd, d)
-		s.domains[d.name] = d
-		s.domainNames = append(s.domainNames, d.name)
+		for _, fd := range fds {
+			c.descriptors(fd, d, d.root, fd.descriptors, nil)
+		}
+		for _, fd := range fds {
+			c.replaces(fd, d)
+		}
+	}
+	// Routes last, in file order (their order breaks ties), once every tree is whole.
+	for _, fd := range defs {
+		d := of[fd]
+		if d == nil {
+			continue
+		}
 		for _, rd := range fd.routes {
 			if rt := c.route(fd, d, rd); rt != nil {
 				rt.order = len(s.routes)
@@ -163,8 +251,23 @@ func compile(files []File, probs *problemList) *Set {
 
 // level is one step of a descriptor path, for names and rule ids.
 type level struct {
-	key, value string
+	key, value string // value as written, stars included
 	wild       bool
+}
+
+// hashed is what of lv goes into rule ids, with its kind: the value (=), nothing (?),
+// a prefix (*: the value without its only, final star, so the rules of the first
+// wildcards keep their keys) or a pattern (%: the value, stars included).
+func (lv level) hashed() (string, string) {
+	switch {
+	case lv.value == "":
+		return "", "?"
+	case !lv.wild:
+		return lv.value, "="
+	case strings.IndexByte(lv.value, '*') == len(lv.value)-1:
+		return lv.value[:len(lv.value)-1], "*"
+	}
+	return lv.value, "%"
 }
 
 func (c *compiler) descriptors(fd *fileDef, d *domain, parent *node, defs []*descDef, path []level) {
@@ -190,17 +293,18 @@ func (c *compiler) descriptors(fd *fileDef, d *domain, parent *node, defs []*des
 				continue
 			}
 			g.any = n
-		case strings.HasSuffix(dd.value, "*"):
-			lv.value, lv.wild = strings.TrimSuffix(dd.value, "*"), true
-			if g.wildSeen[lv.value] {
+		case strings.Contains(dd.value, "*"):
+			lv.wild = true
+			if g.wildSeen[dd.value] {
 				c.errf(fd.path, at, "duplicate descriptor: key %q with value %q is already defined at this level", dd.key, dd.value)
 				continue
 			}
 			if g.wildSeen == nil {
 				g.wildSeen = map[string]bool{}
 			}
-			g.wildSeen[lv.value] = true
-			g.wild = append(g.wild, wildNode{prefix: lv.value, n: n})
+			g.wildSeen[dd.value] = true
+			g.wild = append(g.wild, newWildNode(dd.value, n))
+			n.share = dd.share
 		default:
 			if g.exact == nil {
 				g.exact = map[string]*node{}
@@ -219,6 +323,9 @@ func (c *compiler) descriptors(fd *fileDef, d *domain, parent *node, defs []*des
 					}
 				}
 			}
+		}
+		if dd.share && !lv.wild {
+			c.errf(fd.path, dd.shareNode, "share_threshold applies only to a value with a wildcard (*), whose matching values then share one counter; this descriptor has none")
 		}
 		d.nodes++
 		p := append(slices.Clip(path), lv)
@@ -246,12 +353,23 @@ func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule
 		}
 		return nil
 	}
+	// Envoy reads name and replaces only inside rate_limit: beside it they are ignored
+	// there, so a descriptor Envoy would load must not give them a meaning here.
+	// Beside rate_limits or sluice's fields, which Envoy refuses, they are sluice's.
+	if dd.rateLimits == nil && len(dd.extensions) == 0 {
+		for _, side := range []*yaml.Node{dd.sideName, dd.sideReplaces} {
+			if side != nil {
+				c.errf(file, side, "%s beside rate_limit: Envoy's rate limit service reads it only inside rate_limit and ignores it here, so this file would limit differently there; move it into rate_limit", side.Value)
+			}
+		}
+	}
 	r := &Rule{
 		Domain:         d.name,
 		Descriptor:     describe(path),
 		OnLimit:        Reject,
-		Shadow:         dd.shadow || d.shadow,
+		Shadow:         dd.shadow,
 		DetailedMetric: dd.detailed,
+		Metadata:       dd.metadata,
 		File:           file,
 		Line:           dd.node.Line,
 		envoyName:      dd.name.name,
@@ -369,11 +487,23 @@ func (c *compiler) period(file string, ld *limitDef) (period int64, ok bool) {
 	switch {
 	case ld.unitNode != nil && ld.winNode != nil:
 		c.errf(file, ld.winNode, "give either unit or window, not both")
+	case ld.multNode != nil && ld.unitNode == nil:
+		c.errf(file, ld.multNode, "unit_multiplier goes with unit (a window is written whole: window: 5m)")
 	case ld.unitNode != nil:
 		d, known := limiter.UnitPeriod(ld.unit)
 		if !known {
 			c.errf(file, ld.unitNode, "unknown unit %q (known: second, minute, hour, day, week, month, year; or use window: 30s)", ld.unit)
 			return 0, false
+		}
+		if ld.multNode != nil {
+			if ld.mult < 1 {
+				return 0, false // reported while parsing
+			}
+			if int64(d) > math.MaxInt64/ld.mult {
+				c.errf(file, ld.multNode, "unit_multiplier %d makes the period too long", ld.mult)
+				return 0, false
+			}
+			d *= time.Duration(ld.mult)
 		}
 		return int64(d), true
 	case ld.winNode != nil:
@@ -460,12 +590,9 @@ func describe(path []level) string {
 			b.WriteByte('/')
 		}
 		b.WriteString(lv.key)
-		if lv.value != "" || lv.wild {
+		if lv.value != "" {
 			b.WriteByte('=')
 			b.WriteString(lv.value)
-			if lv.wild {
-				b.WriteByte('*')
-			}
 		}
 	}
 	return b.String()
@@ -483,14 +610,15 @@ func (c *compiler) ruleName(d *domain, dd *descDef, path []level) string {
 	for _, lv := range path {
 		b.WriteByte('.')
 		b.WriteString(safeName(lv.key))
-		if lv.value == "" && !lv.wild {
+		if lv.value == "" {
 			continue
 		}
 		b.WriteByte('_')
-		if showValue(d, lv) {
-			b.WriteString(lv.value)
+		v, _ := lv.hashed()
+		if showValue(d, v, lv.key) {
+			b.WriteString(v)
 		} else {
-			sum := sha256.Sum256([]byte(lv.value))
+			sum := sha256.Sum256([]byte(v))
 			b.WriteString("h" + hex.EncodeToString(sum[:4]))
 		}
 		if lv.wild {
@@ -503,9 +631,8 @@ func (c *compiler) ruleName(d *domain, dd *descDef, path []level) string {
 // showValue decides whether a value written in the file may appear in a rule name: not
 // when routes fill its key from requests (it is then someone's API key, user or
 // address), nor when it looks like an address, nor when it is long or unusual.
-func showValue(d *domain, lv level) bool {
-	v := lv.value
-	if d.dynamicKeys[lv.key] || len(v) > 32 {
+func showValue(d *domain, v, key string) bool {
+	if d.dynamicKeys[key] || len(v) > 32 {
 		return false
 	}
 	if strings.IndexFunc(v, func(r rune) bool { return unsafeRune(r) || r == ':' || r == '*' }) >= 0 {
@@ -533,14 +660,8 @@ func keyPrefixes(dom string, path []level, limits []limiter.Limit) ([]string, []
 	h := sha256.New()
 	fmt.Fprintf(h, "%d:%s", len(dom), dom)
 	for _, lv := range path {
-		kind := "="
-		switch {
-		case lv.wild:
-			kind = "*"
-		case lv.value == "":
-			kind = "?"
-		}
-		fmt.Fprintf(h, "|%d:%s%s%d:%s", len(lv.key), lv.key, kind, len(lv.value), lv.value)
+		v, kind := lv.hashed()
+		fmt.Fprintf(h, "|%d:%s%s%d:%s", len(lv.key), lv.key, kind, len(v), v)
 	}
 	id := hex.EncodeToString(h.Sum(nil)[:8])
 	kd := strings.Map(func(r rune) rune {

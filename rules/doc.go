@@ -3,9 +3,11 @@
 // the active set current as files change.
 //
 // A rules file is YAML in the format of the Envoy / Lyft rate limit service (domain,
-// nested descriptors of key and optional value, rate_limit with unit and
-// requests_per_unit, unlimited, name, replaces, shadow_mode, detailed_metric), which
-// loads unchanged and means the same, plus sluice's extensions: per-descriptor
+// nested descriptors of key and optional value, wildcard values with * anywhere,
+// rate_limit with unit, unit_multiplier and requests_per_unit, unlimited, name,
+// replaces, shadow_mode, detailed_metric, value_to_metric, share_threshold, metadata),
+// which loads unchanged and means the same (the README lists what still differs, such
+// as quota_mode, which is refused), plus sluice's extensions: per-descriptor
 // algorithm, burst, window, several limits (rate_limits), on_limit reject or defer,
 // queue and failure_mode; routes that turn requests into descriptors; and queues. The
 // README's Rules section documents every field and default.

@@ -1,6 +1,8 @@
 package rules
 
 import (
+	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -242,10 +244,246 @@ queues:
 	}
 }
 
-func TestGlobalShadowMode(t *testing.T) {
-	s := mustParse(t, "domain: d\nshadow_mode: true\ndescriptors:\n  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}\n")
-	if !s.Rules()[0].Shadow {
-		t.Error("file-wide shadow_mode not applied")
+// A top-level shadow_mode is accepted by Envoy's service and ignored (every rule stays
+// enforced): true is refused rather than shadow the file; false means the same in both.
+func TestTopLevelShadowMode(t *testing.T) {
+	got := problems(t, "domain: d\nshadow_mode: true\ndescriptors:\n  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}\n")
+	if len(got) != 1 || !strings.HasPrefix(got[0], "t.yaml:2:14: shadow_mode at the top of the file: Envoy's rate limit service ignores it") {
+		t.Errorf("problems = %q", got)
+	}
+	s := mustParse(t, "domain: d\nshadow_mode: false\ndescriptors:\n  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}\n")
+	if s.Rules()[0].Shadow {
+		t.Error("shadow_mode: false at the top shadowed a rule")
+	}
+}
+
+// Keys of the first wildcards (one final *), exact values and keys without value are
+// the ones sluice computed before wildcards anywhere: counters survive the upgrade.
+func TestWildcardKeysUnchanged(t *testing.T) {
+	s := mustParse(t, "domain: k\ndescriptors:\n  - {key: w, value: foo*, rate_limit: {unit: minute, requests_per_unit: 5}}\n  - {key: a, value: '*', rate_limit: {unit: minute, requests_per_unit: 5}}\n  - {key: e, value: x, rate_limit: {unit: minute, requests_per_unit: 5}}\n  - {key: n, rate_limit: {unit: minute, requests_per_unit: 5}}\n  - {key: g, value: 'a*b', rate_limit: {unit: minute, requests_per_unit: 5}}\n  - {key: g, value: 'a*', rate_limit: {unit: minute, requests_per_unit: 5}}\n")
+	tests := []struct {
+		desc      []Entry
+		key, name string
+	}{
+		{ents("w", "foo1"), "sl:k:cb18d455e8bd6aa3:fw1m:vCMlSWUFRxqxNZjnaOEk3Q", "k.w_foo*"},
+		{ents("a", "z"), "sl:k:701bae474717686a:fw1m:t7_iYbDvL6NXzS8dPvHXWQ", "k.a_*"},
+		{ents("e", "x"), "sl:k:d50120a10c6690d2:fw1m", "k.e_x"},
+		{ents("n", "v"), "sl:k:f99a40afe5339134:fw1m:4984-10WWgm10me30OJE_w", "k.n"},
+	}
+	for _, tc := range tests {
+		cs := s.Evaluate("k", [][]Entry{tc.desc}, nil)
+		if len(cs) != 1 || cs[0].Key(0) != tc.key || cs[0].Rule.Name != tc.name {
+			t.Errorf("%v: got %v", tc.desc, cs)
+			continue
+		}
+	}
+	// a*b and a* are different rules with different counters.
+	ab := s.Evaluate("k", [][]Entry{ents("g", "axb")}, nil)
+	a := s.Evaluate("k", [][]Entry{ents("g", "axc")}, nil)
+	if len(ab) != 1 || len(a) != 1 || ab[0].Rule == a[0].Rule || strings.HasPrefix(ab[0].Key(0), a[0].Key(0)[:30]) {
+		t.Errorf("a*b and a* share a rule or counter: %v %v", ab, a)
+	}
+}
+
+func TestWildcardPatterns(t *testing.T) {
+	tests := []struct {
+		pattern string
+		yes, no []string
+	}{
+		{"foo*", []string{"foo", "foobar"}, []string{"fo", "xfoo"}},
+		{"*", []string{"", "anything"}, nil},
+		{"bar*b", []string{"barb", "barab", "bar-b-b"}, []string{"bar", "barbx", "xbarb"}},
+		{"*.example.com", []string{"a.example.com", "a.b.example.com", ".example.com"}, []string{"example.com", "a.example.com.evil", "aexample.com"}},
+		{"/api/*/action", []string{"/api/v1/action", "/api//action", "/api/v1/v2/action"}, []string{"/api/v1/actions", "/api/action", "api/v1/action"}},
+		{"a*b*c", []string{"abc", "aXbYc", "abbc", "abcbc"}, []string{"ab", "acb", "aXbY", "bc"}},
+		{"**", []string{"", "x"}, nil},
+		{"a**b", []string{"ab", "axxb"}, []string{"a", "ba"}},
+		{"*ab*ab*", []string{"abab", "xabyabz"}, []string{"aba", "ab"}},
+	}
+	for _, tc := range tests {
+		w := newWildNode(tc.pattern, nil)
+		for _, v := range tc.yes {
+			if !w.matches(v) {
+				t.Errorf("%q does not match %q", tc.pattern, v)
+			}
+		}
+		for _, v := range tc.no {
+			if w.matches(v) {
+				t.Errorf("%q matches %q", tc.pattern, v)
+			}
+		}
+	}
+	// A hostile value: long, almost matching. Linear work, right answer.
+	long := strings.Repeat("a", 1<<20)
+	if newWildNode("*a*b*", nil).matches(long) || !newWildNode("*a*a*", nil).matches(long) {
+		t.Error("long value matched wrongly")
+	}
+}
+
+// Wildcards anywhere apply to values routes take from requests, client addresses
+// included (which are matched without building a string unless a pattern needs one).
+func TestWildcardsOnRoutes(t *testing.T) {
+	s := mustParse(t, `domain: edge
+descriptors:
+  - key: ip
+    value: "10.*.0.1"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: ip
+    value: "192.168.*"
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: host
+    value: "*.example.com"
+    rate_limit: {unit: second, requests_per_unit: 3}
+routes:
+  - name: all
+    descriptors:
+      - [{key: ip, from: client_ip}]
+      - [{key: host, from: host}]
+`)
+	tests := []struct {
+		ip, host string
+		want     string
+	}{
+		{"10.7.0.1", "a.example.com", "1/1s, 3/1s"},
+		{"10.7.0.2", "example.com", ""},
+		{"192.168.4.4", "x.example.com", "2/1s, 3/1s"},
+		{"::ffff:192.168.4.4", "evil.com", "2/1s"},
+	}
+	for _, tc := range tests {
+		r := req("GET", "/", "Host", tc.host)
+		_, cs := s.Match(r, netip.MustParseAddr(tc.ip), nil)
+		if got := describeLimits(cs); got != tc.want {
+			t.Errorf("%s %s: got %q, want %q", tc.ip, tc.host, got, tc.want)
+		}
+	}
+	// Each address and host counts on its own counter.
+	_, a := s.Match(req("GET", "/", "Host", "a.example.com"), netip.MustParseAddr("10.1.0.1"), nil)
+	_, b := s.Match(req("GET", "/", "Host", "b.example.com"), netip.MustParseAddr("10.2.0.1"), nil)
+	if len(a) != 2 || len(b) != 2 || a[0].Key(0) == b[0].Key(0) || a[1].Key(0) == b[1].Key(0) {
+		t.Errorf("values share counters: %v %v", a, b)
+	}
+}
+
+func TestMetadataAndMetricFields(t *testing.T) {
+	s := mustParse(t, `domain: m
+descriptors:
+  - key: route
+    value: api/*
+    value_to_metric: true
+    share_threshold: true
+    descriptors:
+      - key: user
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 5}
+        metadata:
+          backend: {name: svc-a, weight: 3, tags: [x, y], ratio: 0.5, on: true, none: null}
+`)
+	r := s.Rules()[0]
+	want := map[string]any{"backend": map[string]any{"name": "svc-a", "weight": 3, "tags": []any{"x", "y"}, "ratio": 0.5, "on": true, "none": nil}}
+	if fmt.Sprint(r.Metadata) != fmt.Sprint(want) || !r.DetailedMetric {
+		t.Errorf("metadata = %#v, detailed = %v", r.Metadata, r.DetailedMetric)
+	}
+	// Request values never reach the rule name (the metric label).
+	cs := s.Evaluate("m", [][]Entry{ents("route", "api/secret-token", "user", "alice")}, nil)
+	if len(cs) != 1 || strings.Contains(cs[0].Rule.Name, "secret") || strings.Contains(cs[0].Rule.Name, "alice") {
+		t.Errorf("checks %v", cs)
+	}
+}
+
+func TestUnitMultiplier(t *testing.T) {
+	s := mustParse(t, "domain: d\ndescriptors:\n  - {key: a, rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 20}}\n  - {key: b, rate_limits: [{unit: second, unit_multiplier: 30, requests_per_unit: 2}]}\n")
+	if got := s.Rules()[0].Limits[0].Period; got != 5*time.Minute {
+		t.Errorf("a period = %v", got)
+	}
+	if got := s.Rules()[1].Limits[0].Period; got != 30*time.Second {
+		t.Errorf("b period = %v", got)
+	}
+}
+
+// With MergeDomains, files sharing a domain form one tree: descriptors, routes and
+// replaces see each other; a descriptor repeated across them is a problem, as Envoy's.
+func TestMergeDomains(t *testing.T) {
+	a := File{Name: "a.yaml", Data: []byte("domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, unit: second, requests_per_unit: 5}\n")}
+	b := File{Name: "b.yaml", Data: []byte(`domain: shop
+descriptors:
+  - key: plan
+    value: gold
+    descriptors:
+      - key: user
+        rate_limit: {replaces: [{name: per_user}], unit: second, requests_per_unit: 50}
+routes:
+  - name: gold
+    descriptors:
+      - [{key: user, from: "header:X-User"}]
+      - [{key: plan, from: "header:X-Plan"}, {key: user, from: "header:X-User"}]
+`)}
+	if _, err := Parse(a, b); err == nil {
+		t.Fatal("two files of one domain loaded without MergeDomains")
+	}
+	s, err := ParseWith([]File{a, b}, MergeDomains())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Domains(); len(got) != 1 || got[0] != "shop" {
+		t.Errorf("domains = %v", got)
+	}
+	_, cs := s.Match(req("GET", "/", "X-User", "u", "X-Plan", "gold"), netip.Addr{}, nil)
+	if got := describeLimits(cs); got != "50/1s" {
+		t.Errorf("gold user: %q (the rule of b.yaml must replace the one of a.yaml)", got)
+	}
+	_, cs = s.Match(req("GET", "/", "X-User", "u"), netip.Addr{}, nil)
+	if got := describeLimits(cs); got != "5/1s" {
+		t.Errorf("user: %q", got)
+	}
+	dup := File{Name: "c.yaml", Data: []byte("domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")}
+	_, err = ParseWith([]File{a, dup}, MergeDomains())
+	if err == nil || !strings.Contains(err.Error(), `c.yaml:3:10: duplicate descriptor: key "user" without value`) {
+		t.Errorf("repeated descriptor across merged files: %v", err)
+	}
+
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", string(a.Data))
+	write(t, dir, "b.yaml", string(b.Data))
+	if _, err := LoadWith([]string{dir}); err == nil {
+		t.Error("LoadWith without MergeDomains loaded a shared domain")
+	}
+	if _, err := LoadWith([]string{dir}, MergeDomains()); err != nil {
+		t.Error(err)
+	}
+	w, err := Watch([]string{dir}, WatchOptions{MergeDomains: true, Poll: true, PollInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	write(t, dir, "c.yaml", "domain: shop\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 9}\n")
+	if err := w.Reload(); err != nil {
+		t.Fatalf("reload of a third file of the domain: %v", err)
+	}
+	if got := describeLimits(w.Set().Evaluate("shop", [][]Entry{ents("ip", "1")}, nil)); got != "9/1s" {
+		t.Errorf("after reload: %q", got)
+	}
+}
+
+// Match counts a rule once per request however many lists reach it with the same
+// values (sluice's routes); Evaluate charges every descriptor it is sent, as Envoy.
+func TestDuplicateDescriptors(t *testing.T) {
+	s := mustParse(t, `domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 1}
+routes:
+  - name: r
+    descriptors:
+      - [{key: user, from: "header:X-User"}]
+      - [{key: user, from: "query:user"}]
+`)
+	_, cs := s.Match(req("GET", "/?user=u", "X-User", "u"), netip.Addr{}, nil)
+	if len(cs) != 1 {
+		t.Errorf("Match: %d checks, want 1", len(cs))
+	}
+	cs = s.Evaluate("d", [][]Entry{ents("user", "u"), ents("user", "v"), ents("user", "u")}, nil)
+	if len(cs) != 3 || cs[0].Key(0) != cs[2].Key(0) || cs[0].Key(0) == cs[1].Key(0) || cs[2].Descriptor != 2 {
+		t.Errorf("Evaluate: %v", cs)
 	}
 }
 

@@ -63,8 +63,10 @@ func (s *Set) Match(r *http.Request, clientIP netip.Addr, dst []Check) (*Route, 
 
 // Evaluate looks descriptors up in domain as Envoy's rate limit service answers a
 // RateLimitRequest, for programs that build descriptors themselves: each descriptor
-// yields a check when it reaches a rule, then `replaces` and duplicates are applied as
-// in Match. Unknown domains yield nothing.
+// yields a check when it reaches a rule (Check.Descriptor is its index), then
+// `replaces` is applied as in Match. Unlike Match, a descriptor sent twice yields two
+// checks on the same counter, so the request is charged twice, as Envoy's service
+// charges every descriptor it is sent. Unknown domains yield nothing.
 func (s *Set) Evaluate(domain string, descriptors [][]Entry, dst []Check) []Check {
 	d := s.domains[domain]
 	if d == nil {
@@ -87,7 +89,7 @@ func (s *Set) Evaluate(domain string, descriptors [][]Entry, dst []Check) []Chec
 			dst = append(dst, makeCheck(rule, i, hashed, &hb))
 		}
 	}
-	return settle(dst, start)
+	return settle(dst, start, false)
 }
 
 // val is one descriptor entry's key and value while a request is matched. A client
@@ -103,6 +105,14 @@ type val struct {
 type ipText struct {
 	b [48]byte
 	n int
+	s string // the text as a string, made when a wildcard pattern needs it
+}
+
+func (t *ipText) str() string {
+	if t.s == "" && t.n > 0 {
+		t.s = string(t.b[:t.n])
+	}
+	return t.s
 }
 
 func (t *ipText) set(a netip.Addr) {
@@ -115,9 +125,10 @@ func (g *group) lookup(v *val) (*node, bool) {
 	return g.lookupIP(v, nil)
 }
 
-// lookupIP finds the most specific descriptor of g for v: the exact value, then the
-// first wildcard (value ending in *) whose prefix matches, then the descriptor without
-// value. exact reports the first case, where the value needs no hashing into the key.
+// lookupIP finds the most specific descriptor of g for v, as Envoy ranks them: the
+// exact value, then the first wildcard (a value with *) in file order that matches,
+// then the descriptor without value. exact reports the first case, where the value
+// needs no hashing into the key.
 func (g *group) lookupIP(v *val, t *ipText) (n *node, exact bool) {
 	if v.ip {
 		n = g.exact[string(t.b[:t.n])]
@@ -127,12 +138,18 @@ func (g *group) lookupIP(v *val, t *ipText) (n *node, exact bool) {
 	if n != nil {
 		return n, true
 	}
-	for _, w := range g.wild {
-		if v.ip {
+	for i := range g.wild {
+		w := &g.wild[i]
+		switch {
+		case !v.ip:
+			if w.matches(v.s) {
+				return w.n, false
+			}
+		case w.parts == nil: // a prefix: compared in place, without a string
 			if t.n >= len(w.prefix) && string(t.b[:len(w.prefix)]) == w.prefix {
 				return w.n, false
 			}
-		} else if strings.HasPrefix(v.s, w.prefix) {
+		case w.matches(t.str()):
 			return w.n, false
 		}
 	}
@@ -141,7 +158,9 @@ func (g *group) lookupIP(v *val, t *ipText) (n *node, exact bool) {
 
 // walk follows vals down d's tree as Envoy does: one level per entry, no backtracking,
 // and the rule counts only on the level of the last entry. Values matched by a
-// wildcard or a descriptor without value are written into hb: they select the counter.
+// wildcard or a descriptor without value are written into hb: they select the counter,
+// as the request's values make Envoy's cache key; except under a share_threshold
+// wildcard, whose values all count on one counter.
 func (d *domain) walk(vals []val, t *ipText, hb *hashBuf) (rule *Rule, hashed bool) {
 	n := d.root
 	for i := range vals {
@@ -154,7 +173,7 @@ func (d *domain) walk(vals []val, t *ipText, hb *hashBuf) (rule *Rule, hashed bo
 		if m == nil {
 			return nil, false
 		}
-		if !exact {
+		if !exact && !m.share {
 			hb.add(i, v, t)
 			hashed = true
 		}
@@ -244,14 +263,15 @@ func makeCheck(rule *Rule, desc int, hashed bool, hb *hashBuf) Check {
 	return c
 }
 
-// settle applies `replaces` and drops duplicates among the checks dst[start:].
-func settle(dst []Check, start int) []Check {
+// settle applies `replaces` among the checks dst[start:] and, with dedupe, drops
+// repeats of an earlier check.
+func settle(dst []Check, start int, dedupe bool) []Check {
 	cs := dst[start:]
 	if len(cs) < 2 {
 		return dst
 	}
 	var d dropSet
-	d.compute(cs)
+	d.compute(cs, dedupe)
 	out := start
 	for i := range cs {
 		if !d.has(i) {
@@ -286,7 +306,7 @@ func (d *dropSet) has(i int) bool {
 	return d.small&(1<<i) != 0
 }
 
-func (d *dropSet) compute(cs []Check) {
+func (d *dropSet) compute(cs []Check, dedupe bool) {
 	if len(cs) > 64 {
 		d.big = make([]bool, len(cs))
 	}
@@ -299,7 +319,7 @@ func (d *dropSet) compute(cs []Check) {
 			}
 		}
 		for j := range i {
-			if cs[j].Rule == cs[i].Rule && cs[j].keys == cs[i].keys {
+			if dedupe && cs[j].Rule == cs[i].Rule && cs[j].keys == cs[i].keys {
 				d.mark(i)
 				break
 			}
@@ -411,7 +431,7 @@ func (rt *Route) eval(r *http.Request, clientIP netip.Addr, p, host string, dst 
 				dst = append(dst, cd.staticCheck)
 			}
 		}
-		return settle(dst, start)
+		return settle(dst, start, true)
 	}
 	// The scratch space is zeroed once per request, not once per descriptor list.
 	var (
@@ -432,7 +452,7 @@ func (rt *Route) eval(r *http.Request, clientIP netip.Addr, p, host string, dst 
 			dst = append(dst, c)
 		}
 	}
-	return settle(dst, start)
+	return settle(dst, start, true)
 }
 
 func (rt *Route) evalDynamic(cd *compiledDesc, r *http.Request, t *ipText, p, host string, vals *[maxDepth]val, hb *hashBuf) (Check, bool) {

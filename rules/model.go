@@ -55,6 +55,11 @@ type Rule struct {
 	// into the stats name; sluice never puts request values into metric labels, so the
 	// flag is only carried for the ingress to log the (hashed) key.
 	DetailedMetric bool
+	// Metadata is Envoy's per-descriptor `metadata`, as written: a JSON-like mapping
+	// (map[string]any, []any, string, int, float64, bool, nil). Envoy's service returns
+	// it to the client when the descriptor is under its limit; sluice only carries it
+	// (for the gRPC service), never into logs or metric labels. Shared: do not modify.
+	Metadata map[string]any
 	// Replaces lists the names of rules this one replaces when both match one request
 	// (Envoy's `replaces`).
 	Replaces []string

@@ -22,7 +22,6 @@ type fileDef struct {
 	path        string
 	domain      string
 	domainNode  *yaml.Node
-	shadow      bool
 	descriptors []*descDef
 	routes      []*routeDef
 	queues      []*queueDef
@@ -37,6 +36,8 @@ type limitDef struct {
 	winNode   *yaml.Node
 	rpu       int64
 	rpuNode   *yaml.Node
+	mult      int64 // Envoy's unit_multiplier: the period is mult units
+	multNode  *yaml.Node
 	unlimited bool
 	opts      limitOpts
 }
@@ -69,13 +70,20 @@ type descDef struct {
 	rlsNode    *yaml.Node
 	name       nameRef
 	replaces   []nameRef
-	shadow     bool
-	detailed   bool
-	opts       limitOpts
-	onLimit    OnLimit
-	onLimitN   *yaml.Node
-	queue      nameRef
-	children   []*descDef
+	// sideName and sideReplaces are name and replaces written on the descriptor itself
+	// rather than inside rate_limit, where Envoy reads them.
+	sideName     *yaml.Node
+	sideReplaces *yaml.Node
+	shadow       bool
+	detailed     bool
+	share        bool // Envoy's share_threshold
+	shareNode    *yaml.Node
+	metadata     map[string]any
+	opts         limitOpts
+	onLimit      OnLimit
+	onLimitN     *yaml.Node
+	queue        nameRef
+	children     []*descDef
 	// extensions are the sluice-only fields set on the descriptor, for "has no effect".
 	extensions []*yaml.Node
 }
@@ -149,9 +157,9 @@ type queueDef struct {
 
 var (
 	fileFields    = []string{"domain", "descriptors", "routes", "queues", "shadow_mode"}
-	descFields    = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric", "name", "replaces", "algorithm", "burst", "on_limit", "queue", "failure_mode", "forgive_rejected"}
+	descFields    = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "quota_mode", "name", "replaces", "algorithm", "burst", "on_limit", "queue", "failure_mode", "forgive_rejected"}
 	optFields     = []string{"algorithm", "burst", "failure_mode", "forgive_rejected"}
-	limitFields   = append([]string{"unit", "window", "requests_per_unit"}, optFields...)
+	limitFields   = append([]string{"unit", "unit_multiplier", "window", "requests_per_unit"}, optFields...)
 	envoyFields   = append([]string{"unlimited", "name", "replaces"}, limitFields...)
 	routeFields   = []string{"name", "match", "descriptors", "idempotency_scope"}
 	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
@@ -207,7 +215,12 @@ func parseFile(name string, data []byte, probs *problemList) *fileDef {
 			f.domain, _ = w.str(v, "domain")
 			f.domainNode = v
 		case "shadow_mode":
-			f.shadow, _ = w.boolean(v, "shadow_mode")
+			// Envoy's service accepts shadow_mode here but reads it only on descriptors:
+			// its rules stay enforced. Shadowing the whole file instead would change what
+			// the file means, so true is refused (false means the same in both).
+			if on, _ := w.boolean(v, "shadow_mode"); on {
+				w.errf(v, "shadow_mode at the top of the file: Envoy's rate limit service ignores it there and enforces every rule, so sluice refuses it rather than shadow the whole file; set shadow_mode on each descriptor, or run sluice with --shadow")
+			}
 		case "descriptors":
 			f.descriptors = w.descriptors(v, 1)
 		case "routes":
@@ -324,10 +337,25 @@ func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
 			d.shadow, _ = w.boolean(v, "shadow_mode")
 		case "detailed_metric":
 			d.detailed, _ = w.boolean(v, "detailed_metric")
+		case "value_to_metric":
+			// Envoy: the request's value goes into the stat name. sluice's metric labels
+			// are rule names, never request values, so it only needs to be a boolean.
+			_, _ = w.boolean(v, "value_to_metric")
+		case "share_threshold":
+			d.share, _ = w.boolean(v, "share_threshold")
+			d.shareNode = v
+		case "metadata":
+			d.metadata = w.metadata(v)
+		case "quota_mode":
+			if on, _ := w.boolean(v, "quota_mode"); on {
+				w.errf(v, "quota_mode is not supported: in Envoy a quota-mode descriptor over its limit still answers OK and only reports the exhausted quota in metadata (the request is denied when every quota-mode descriptor is exhausted); sluice would either enforce the limit or ignore it, and both change what the file means. Use shadow_mode to count without enforcing")
+			}
 		case "name":
 			d.name = w.nameRef(v, "name", d.name)
+			d.sideName = k
 		case "replaces":
 			d.replaces = append(d.replaces, w.replaces(v)...)
+			d.sideReplaces = k
 		case "on_limit":
 			d.extensions = append(d.extensions, k)
 			d.onLimitN = v
@@ -400,6 +428,14 @@ func (w *walker) limit(n *yaml.Node, what string, known []string, d *descDef) *l
 		case "window":
 			l.window, _ = w.duration(v, "window")
 			l.winNode = v
+		case "unit_multiplier":
+			l.multNode = v
+			if n, ok := w.integer(v, "unit_multiplier"); ok {
+				if n < 1 {
+					w.errf(v, "unit_multiplier must be at least 1, got %d", n)
+				}
+				l.mult = n
+			}
 		case "requests_per_unit":
 			l.rpuNode = v
 			if n, ok := w.integer(v, "requests_per_unit"); ok {

@@ -18,13 +18,18 @@ import (
 // reported at once, as Problems (errors.Is(err, ErrInvalid)); a set with any problem is
 // never returned.
 func Load(paths ...string) (*Set, error) {
+	return LoadWith(paths)
+}
+
+// LoadWith is Load with options (MergeDomains).
+func LoadWith(paths []string, opts ...Option) (*Set, error) {
 	if len(paths) == 0 {
 		return nil, ErrNoPaths
 	}
 	var probs problemList
 	files := readPaths(paths, &probs)
 	// Unreadable files do not stop the others from being checked: every problem at once.
-	s := compile(files, &probs)
+	s := compile(files, &probs, newLoadConfig(opts))
 	if err := probs.result(); err != nil {
 		return nil, err
 	}

@@ -117,6 +117,26 @@ func TestValidationProblems(t *testing.T) {
 			[]string{`t.yaml:5:10: duplicate descriptor: key "a" with value "x"`}},
 		{"duplicate descriptor without value", "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n      - key: b\n",
 			[]string{`t.yaml:6:14: duplicate descriptor: key "b" without value`}},
+		{"share_threshold without wildcard", "domain: d\ndescriptors:\n  - key: a\n    value: x\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			[]string{"t.yaml:5:22: share_threshold applies only to a value with a wildcard"}},
+		{"share_threshold without value", "domain: d\ndescriptors:\n  - key: a\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			[]string{"t.yaml:4:22: share_threshold applies only to a value with a wildcard"}},
+		{"quota_mode", "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			[]string{"t.yaml:4:17: quota_mode is not supported: in Envoy a quota-mode descriptor over its limit still answers OK"}},
+		{"name beside rate_limit", "domain: d\ndescriptors:\n  - key: a\n    name: n\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			[]string{"t.yaml:4:5: name beside rate_limit: Envoy's rate limit service reads it only inside rate_limit"}},
+		{"replaces beside rate_limit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: n, unit: second, requests_per_unit: 1}\n  - key: b\n    replaces: [{name: n}]\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			[]string{"t.yaml:6:5: replaces beside rate_limit"}},
+		{"unit_multiplier zero", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, unit_multiplier: 0, requests_per_unit: 1}\n",
+			[]string{"t.yaml:4:49: unit_multiplier must be at least 1, got 0"}},
+		{"unit_multiplier with window", "domain: d\ndescriptors:\n  - key: a\n    rate_limits: [{window: 5s, unit_multiplier: 2, requests_per_unit: 1}]\n",
+			[]string{"t.yaml:4:49: unit_multiplier goes with unit"}},
+		{"unit_multiplier too large", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: year, unit_multiplier: 1000, requests_per_unit: 1}\n",
+			[]string{"t.yaml:4:47: unit_multiplier 1000 makes the period too long"}},
+		{"metadata not a mapping", "domain: d\ndescriptors:\n  - key: a\n    metadata: [x]\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			[]string{"t.yaml:4:15: metadata must be a mapping, got a list"}},
+		{"value_to_metric not a boolean", "domain: d\ndescriptors:\n  - key: a\n    value_to_metric: lots\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+			[]string{"t.yaml:4:22: value_to_metric must be true or false"}},
 		{"same key different values is fine, missing key is not", "domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n    value: y\n  - value: z\n",
 			[]string{"t.yaml:7:5: descriptor has no key"}},
 		{"replaces naming nothing", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      replaces: [{name: ghost}]\n",
@@ -297,7 +317,7 @@ func TestCrossFileProblems(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	want := []string{
-		`b.yaml:1:9: domain "shop" is already defined in a.yaml`,
+		`b.yaml:1:9: domain "shop" is already defined in a.yaml (to merge files of one domain, as Envoy's MERGE_DOMAIN_CONFIG, use --merge-domains)`,
 		`b.yaml:3:3: queue "q" is already defined in a.yaml`,
 	}
 	if got := err.Error(); got != strings.Join(want, "\n") {

@@ -50,6 +50,15 @@ type WatchOptions struct {
 	// content (but not after a repeated refusal of the same content), from the
 	// goroutine that reloaded. It must not block for long.
 	OnReload func(ReloadResult)
+	// MergeDomains lets several files share a domain (see the option MergeDomains).
+	MergeDomains bool
+}
+
+func (o *WatchOptions) loadOptions() []Option {
+	if o.MergeDomains {
+		return []Option{MergeDomains()}
+	}
+	return nil
 }
 
 // ReloadResult reports one reload attempt.
@@ -120,7 +129,7 @@ func Watch(paths []string, opts WatchOptions) (*Watcher, error) {
 	if w.log == nil {
 		w.log = slog.Default()
 	}
-	s, err := Load(paths...)
+	s, err := LoadWith(paths, opts.loadOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -362,7 +371,7 @@ func (w *Watcher) reload(why string) error {
 	}
 	var s *Set
 	if err == nil {
-		s, err = Parse(files...)
+		s, err = ParseWith(files, w.opts.loadOptions()...)
 	}
 	if err == nil && w.opts.Prepare != nil {
 		if err = w.opts.Prepare(s); err != nil {

@@ -312,3 +312,56 @@ func editDistance(a, b string) int {
 	}
 	return prev[len(b)]
 }
+
+// metadata reads Envoy's descriptor metadata: a mapping whose values are strings,
+// numbers, booleans, null, lists or mappings with string keys, as a JSON-like value
+// (map[string]any, []any, string, int64, float64, bool, nil).
+func (w *walker) metadata(n *yaml.Node) map[string]any {
+	if n.Kind != yaml.MappingNode {
+		if !isNull(n) {
+			w.errf(n, "metadata must be a mapping, got %s", kindName(n))
+		}
+		return nil
+	}
+	m, _ := w.metaValue(n, 0).(map[string]any)
+	return m
+}
+
+func (w *walker) metaValue(n *yaml.Node, depth int) any {
+	if depth > maxYAMLDepth {
+		w.errf(n, "metadata nested more than %d levels deep", maxYAMLDepth)
+		return nil
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		ps, _ := w.pairs(n, "metadata", 0)
+		m := make(map[string]any, len(ps))
+		for _, p := range ps {
+			if v := w.resolve(p.val); v != nil {
+				m[p.key] = w.metaValue(v, depth+1)
+			}
+		}
+		return m
+	case yaml.SequenceNode:
+		l := make([]any, 0, len(n.Content))
+		for _, e := range n.Content {
+			if e = w.resolve(e); e != nil {
+				l = append(l, w.metaValue(e, depth+1))
+			}
+		}
+		return l
+	case yaml.ScalarNode:
+		var v any
+		switch n.Tag {
+		case "!!null":
+			return nil
+		case "!!int", "!!float", "!!bool":
+			if n.Decode(&v) == nil {
+				return v
+			}
+		}
+		return n.Value
+	}
+	w.errf(n, "metadata: unsupported value, got %s", kindName(n))
+	return nil
+}

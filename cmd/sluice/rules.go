@@ -26,8 +26,12 @@ Flags (anywhere among the paths):
   -H, --header 'Name: value'
                           a request header for --explain (repeatable; Host sets the host)
   --ip ADDR               the client address for --explain
+  --merge-domains         let files share a domain (as sluice serve --merge-domains)
   -h, --help              show this help
 `
+
+// mergeDomainsUsage is the help of --merge-domains, on every command that loads rules.
+const mergeDomainsUsage = "let several rules files share a domain: their descriptors join one tree, as Envoy's MERGE_DOMAIN_CONFIG (a descriptor repeated across them is an error)"
 
 // runRules runs `sluice rules ...`; args are the arguments after "rules".
 func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -58,6 +62,7 @@ func runRulesCheck(ctx context.Context, args []string, stdout, stderr io.Writer)
 		ex      *explainRequest
 		headers []string
 		ip      string
+		opts    []rules.Option
 	)
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice rules check: "+format+"\nRun 'sluice rules check -h' for usage.\n", a...)
@@ -107,6 +112,14 @@ func runRulesCheck(ctx context.Context, args []string, stdout, stderr io.Writer)
 				return usageErr("--ip needs an address")
 			}
 			ip = v
+		case "merge-domains":
+			if hasInline && inline != "true" {
+				if inline != "false" {
+					return usageErr("--merge-domains takes true or false")
+				}
+				continue
+			}
+			opts = append(opts, rules.MergeDomains())
 		default:
 			return usageErr("unknown flag %s", a)
 		}
@@ -127,7 +140,7 @@ func runRulesCheck(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 
-	set, err := rules.Load(paths...)
+	set, err := rules.LoadWith(paths, opts...)
 	var probs rules.Problems
 	switch {
 	case errors.As(err, &probs):

@@ -41,6 +41,11 @@ queues:
   orders: {outflow: 50/s, downstream: "http://orders:8080"}
 `), 0o644)
 	os.WriteFile(bad, []byte("domain: shop2\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: -1}\n    on_limit: defer\n"), 0o644)
+	// Two files of one domain: refused unless --merge-domains (Envoy's MERGE_DOMAIN_CONFIG).
+	part1 := filepath.Join(dir, "part1.yaml")
+	part2 := filepath.Join(dir, "part2.yaml")
+	os.WriteFile(part1, []byte("domain: split\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o644)
+	os.WriteFile(part2, []byte("domain: split\ndescriptors:\n  - key: b\n    value: 'x*y'\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 2}\n"), 0o644)
 
 	tests := []struct {
 		name   string
@@ -68,7 +73,13 @@ queues:
 			"skipped: the request has no header:X-User-Id", "skipped: the request has no client_ip"}, ""},
 		{"explain without route", []string{"check", good, "--explain", "GET", "/health"}, 0, []string{"route: none matches"}, ""},
 		{"explain invalid rules", []string{"check", bad, "--explain", "GET", "/"}, 1, []string{"unknown unit"}, ""},
-		{"help", []string{"check", "-h"}, 0, []string{"Usage:"}, ""},
+		{"one domain in two files", []string{"check", part1, part2}, 1, []string{
+			part2 + `:1:9: domain "split" is already defined in ` + part1 + " (to merge files of one domain, as Envoy's MERGE_DOMAIN_CONFIG, use --merge-domains)"}, "1 problem"},
+		{"merged domains", []string{"check", "--merge-domains", part1, part2}, 0, []string{"ok: 1 domain, 2 descriptors, 0 routes, 0 queues\n"}, ""},
+		{"merged domains, explicit true", []string{"check", part1, part2, "--merge-domains=true"}, 0, []string{"ok: 1 domain"}, ""},
+		{"merged domains, false", []string{"check", part1, part2, "--merge-domains=false"}, 1, []string{"already defined"}, "1 problem"},
+		{"merged domains, bad value", []string{"check", part1, "--merge-domains=maybe"}, 2, nil, "--merge-domains takes true or false"},
+		{"help", []string{"check", "-h"}, 0, []string{"Usage:", "--merge-domains"}, ""},
 		{"rules help", []string{"--help"}, 0, []string{"sluice rules check"}, ""},
 		{"no command", nil, 2, nil, "Usage:"},
 		{"unknown command", []string{"lint", good}, 2, nil, `unknown command "lint"`},

@@ -104,6 +104,7 @@ under way finish within --shutdown-timeout.
 // the flag groups of its parts.
 type gatewayConfig struct {
 	rules       string
+	mergeDoms   bool
 	front       frontConfig
 	admin       adminConfig
 	process     processConfig
@@ -165,6 +166,7 @@ func (c *processConfig) flags(fs *flag.FlagSet) {
 
 func (m gatewayMode) flags(fs *flag.FlagSet, c *gatewayConfig) {
 	fs.StringVar(&c.rules, "rules", "", "rules `files or directories`, comma-separated (required)")
+	fs.BoolVar(&c.mergeDoms, "merge-domains", false, mergeDomainsUsage)
 	if m.front {
 		c.front.flags(fs)
 	}
@@ -340,6 +342,7 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	// Reloads declare first: a new set goes live once its queues are declared (see
 	// queues.prepare), on file changes and SIGHUP alike.
 	g.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log,
+		MergeDomains: cfg.mergeDoms,
 		Prepare: func(s *rules.Set) error {
 			if q := g.declaring.Load(); q != nil {
 				return q.prepare(s)
