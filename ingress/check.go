@@ -1,6 +1,8 @@
 package ingress
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -58,9 +60,9 @@ func originalRequest(r *http.Request) (*http.Request, error) {
 	if uri == "" {
 		return nil, checkError("The check names no request: send X-Forwarded-Uri or X-Original-URI.")
 	}
-	u, err := url.ParseRequestURI(uri)
-	if err != nil || !strings.HasPrefix(uri, "/") {
-		return nil, checkError("X-Forwarded-Uri / X-Original-URI must be an origin-form path and query, like /v1/orders?x=1.")
+	u, err := ParseOriginForm(uri)
+	if err != nil {
+		return nil, checkError("X-Forwarded-Uri / X-Original-URI: " + err.Error())
 	}
 	orig := r.Clone(r.Context())
 	orig.Method, orig.URL, orig.RequestURI = method, u, uri
@@ -71,6 +73,24 @@ func originalRequest(r *http.Request) (*http.Request, error) {
 		orig.Header.Del(h)
 	}
 	return orig, nil
+}
+
+// ErrNotOriginForm is returned by ParseOriginForm.
+var ErrNotOriginForm = errors.New("want an origin-form path and query, like /v1/orders?x=1")
+
+// ParseOriginForm parses the path and query of a request a proxy describes. A path
+// that starts with // stays a path (url.ParseRequestURI would read a host there), so
+// that the route matched is the one the proxy's request takes.
+func ParseOriginForm(uri string) (*url.URL, error) {
+	if !strings.HasPrefix(uri, "/") || strings.ContainsAny(uri, " \t\r\n#") {
+		return nil, ErrNotOriginForm
+	}
+	u, err := url.Parse("http://sluice.invalid" + uri)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotOriginForm, err)
+	}
+	u.Scheme, u.Host = "", ""
+	return u, nil
 }
 
 func firstHeader(h http.Header, names ...string) string {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -77,15 +76,15 @@ func httpRequest(ctx context.Context, req *authv3.CheckRequest) (*http.Request, 
 	if h == nil {
 		return nil, "", checkError("the check has no attributes.request.http")
 	}
-	u, err := url.ParseRequestURI(h.Path)
-	if err != nil || !strings.HasPrefix(h.Path, "/") {
-		return nil, "", checkError("attributes.request.http.path must be an origin-form path and query")
+	u, err := ingress.ParseOriginForm(h.Path)
+	if err != nil {
+		return nil, "", checkError("attributes.request.http.path: " + err.Error())
 	}
 	body := h.RawBody
 	if len(body) == 0 {
 		body = []byte(h.Body)
 	}
-	r, err := http.NewRequestWithContext(ctx, h.Method, h.Path, bytes.NewReader(body))
+	r, err := http.NewRequestWithContext(ctx, h.Method, "/", bytes.NewReader(body))
 	if err != nil {
 		return nil, "", checkError("attributes.request.http.method: not an HTTP method")
 	}
