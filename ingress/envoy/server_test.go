@@ -122,4 +122,3 @@ func TestServerMutualTLS(t *testing.T) {
 		t.Fatal("a plaintext client was served")
 	}
 }
-
