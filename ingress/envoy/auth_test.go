@@ -251,3 +251,15 @@ func TestCheckRefusesBadRequests(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckBodyOverTheCap(t *testing.T) {
+	set := parseRules(t, strings.Replace(authRules, "DOWNSTREAM", "http://127.0.0.1:1", 1))
+	mw := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithMaxBody(16))
+	c := authv3.NewAuthorizationClient(serve(t, NewServer(nil, NewAuthService(mw))))
+	body := strings.Repeat("x", 32)
+	code, _, p := denied(t, check(t, c, checkReq{method: "POST", path: "/v1/orders", source: "192.0.2.1", body: body,
+		headers: map[string]string{"content-length": "32"}}))
+	if code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("a body over --max-body: %d %v", code, p)
+	}
+}

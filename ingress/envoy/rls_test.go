@@ -447,3 +447,31 @@ func decisions(t *testing.T, reg *prometheus.Registry, rule, outcome string) flo
 	}
 	return 0
 }
+
+// Metric labels stay bounded: request values and unknown domains never become labels.
+func TestShouldRateLimitLabelsAreBounded(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := rlsClient(t, parseRules(t, rlsRules), limiter.NewMemory(), WithRegisterer(reg))
+	secret := desc("user", "sk_live_SECRET")
+	secret.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_SECOND}
+	ask(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{secret, desc("nothing", "sk_live_OTHER")}})
+	other := desc("user", "x")
+	other.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_SECOND}
+	ask(t, c, &rlsv3.RateLimitRequest{Domain: "attacker-chosen", Descriptors: []*rlcommon.RateLimitDescriptor{other}})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if strings.Contains(l.GetValue(), "sk_live") || strings.Contains(l.GetValue(), "attacker") {
+					t.Errorf("%s has the label %s=%q", mf.GetName(), l.GetName(), l.GetValue())
+				}
+			}
+		}
+	}
+	if decisions(t, reg, "per_user", ingress.OutcomeAllowed) != 1 {
+		t.Error("the override was not counted under its rule's name")
+	}
+}
