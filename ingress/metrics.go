@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -11,23 +12,44 @@ import (
 
 // Decision outcomes, the values of the outcome label.
 const (
-	outcomeAllowed      = "allowed"
-	outcomeRejected     = "rejected"
-	outcomeDeferred     = "deferred"
-	outcomeShadowDenied = "shadow_rejected" // over the limit, not enforced
-	outcomeError        = "error"           // the limiter failed and the rule's failure mode decided
+	OutcomeAllowed      = "allowed"
+	OutcomeRejected     = "rejected"
+	OutcomeDeferred     = "deferred"
+	OutcomeShadowDenied = "shadow_rejected" // over the limit, not enforced
+	OutcomeError        = "error"           // the limiter failed and the rule's failure mode decided
 )
 
-var outcomes = []string{outcomeAllowed, outcomeRejected, outcomeDeferred, outcomeShadowDenied, outcomeError}
+var outcomes = []string{OutcomeAllowed, OutcomeRejected, OutcomeDeferred, OutcomeShadowDenied, OutcomeError}
 
 var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
 
-// metrics are the ingress's Prometheus series. Labels are bounded: rule names come from
-// the rules files, never from requests.
-type metrics struct {
+// DecisionMetrics are the series of rate-limit decisions (sluice_decisions_total by rule
+// and outcome, sluice_decision_duration_seconds), shared by every decider of a process
+// on one registry: the front door, the ext_authz check and the Envoy rate limit service
+// count into the same series. Labels are bounded: rule names come from the rules files,
+// never from requests.
+type DecisionMetrics struct {
 	decisions        *prometheus.CounterVec
 	decisionDuration prometheus.Histogram
 }
+
+type metrics = DecisionMetrics
+
+// NewDecisionMetrics returns the decision series registered on reg (nil: not
+// registered). A second call with the same registry returns series that count into
+// the first one's.
+func NewDecisionMetrics(reg prometheus.Registerer) *DecisionMetrics { return newMetrics(reg) }
+
+// Count counts one decision of rule with outcome (one of the Outcome constants).
+func (m *DecisionMetrics) Count(rule, outcome string) {
+	m.decisions.WithLabelValues(rule, outcome).Inc()
+}
+
+// Observe records how long deciding one request took.
+func (m *DecisionMetrics) Observe(d time.Duration) { m.decisionDuration.Observe(d.Seconds()) }
+
+// InitRules creates every rule's series of set at 0.
+func (m *DecisionMetrics) InitRules(set *rules.Set) { m.initRules(set) }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
@@ -42,9 +64,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.decisionDuration)
+		m.decisions = registerShared(reg, m.decisions)
+		m.decisionDuration = registerShared(reg, m.decisionDuration)
 	}
 	return m
+}
+
+// registerShared registers c on reg, or returns the collector of the same description
+// registered before, so that two users of one registry count into the same series.
+func registerShared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	err := reg.Register(c)
+	var already prometheus.AlreadyRegisteredError
+	if errors.As(err, &already) {
+		if existing, ok := already.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	if err != nil {
+		panic(err) // as MustRegister: a clash of names is a programming error
+	}
+	return c
 }
 
 // upstreamMetrics count what the reverse proxy gets from the upstream.

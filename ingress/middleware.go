@@ -130,47 +130,73 @@ func New(src RulesSource, lim limiter.Limiter, opts ...Option) *Middleware {
 // Wrap returns a handler that decides each request before next sees it. Requests that
 // no route matches pass untouched.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if m.maxBody > 0 {
-			if r.ContentLength > m.maxBody {
-				writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
-					"The request body is larger than "+strconv.FormatInt(m.maxBody, 10)+" bytes."))
-				return
-			}
-			r.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
-		}
-		set := m.rules.Set()
-		if old := m.seen.Load(); old != set && m.seen.CompareAndSwap(old, set) {
-			m.metrics.initRules(set) // a new set: create its series at 0
-		}
-		client := m.ids.Group(m.ids.Addr(r))
-		buf := m.checks.Get().(*[]rules.Check)
-		defer m.checks.Put(buf)
-		route, checks := set.Match(r, client.Addr(), (*buf)[:0])
-		*buf = checks[:0]
-		if route == nil || len(checks) == 0 {
-			next.ServeHTTP(w, r)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "") })
+}
+
+// Authorize decides r as Wrap would, for an authorization check that a proxy (Envoy
+// ext_authz, nginx auth_request, Traefik ForwardAuth) makes on behalf of a request it
+// holds. It reports whether r may pass, having set on w the rate-limit headers for the
+// proxy to add to the response; otherwise it has answered on w what the proxy should
+// send the client: a 429 problem, or the 202 of an order parked by a defer rule.
+// bodyMissing, when not empty, says why r's body did not reach sluice: a defer rule
+// over its limit then answers 429 with that in the problem's detail, rather than park
+// an incomplete order.
+func (m *Middleware) Authorize(w http.ResponseWriter, r *http.Request, bodyMissing string) bool {
+	allowed := false
+	m.serve(w, r, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { allowed = true }), bodyMissing)
+	return allowed
+}
+
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, bodyMissing string) {
+	if m.maxBody > 0 {
+		if r.ContentLength > m.maxBody {
+			writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
+				"The request body is larger than "+strconv.FormatInt(m.maxBody, 10)+" bytes."))
 			return
 		}
-		v := m.decide(r.Context(), checks)
-		v.writeHeaders(w.Header())
-		switch {
-		case v.violated == nil:
-			next.ServeHTTP(w, r)
-		case v.violated.OnLimit == rules.Defer && m.deferrer != nil:
-			h := r.Header.Clone()
-			setForwarded(m.ids, r, h)
-			m.deferrer.Defer(w, r, Deferral{Queue: v.violated.Queue, Rule: v.violated, Client: m.idempotencyScope(route, r, client),
-				Header: h, RetryAfter: v.retryAfter})
-		default:
-			m.log.Debug("rate limited", "rule", v.violated.Name, "route", route.Name,
-				"client", clientHash(client), "retry_after", v.retryAfter)
-			secs := strconv.FormatInt(ceilSeconds(v.retryAfter), 10)
-			w.Header().Set("Retry-After", secs)
-			w.Header().Set("X-Ratelimit-Retry-After", secs)
-			writeProblem(w, quotaExceeded(v.violatedNames, v.closest.Limit, v.retryAfter))
+		r.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
+	}
+	set := m.rules.Set()
+	if old := m.seen.Load(); old != set && m.seen.CompareAndSwap(old, set) {
+		m.metrics.initRules(set) // a new set: create its series at 0
+	}
+	client := m.ids.Group(m.ids.Addr(r))
+	buf := m.checks.Get().(*[]rules.Check)
+	defer m.checks.Put(buf)
+	route, checks := set.Match(r, client.Addr(), (*buf)[:0])
+	*buf = checks[:0]
+	if route == nil || len(checks) == 0 {
+		next.ServeHTTP(w, r)
+		return
+	}
+	v := m.decide(r.Context(), checks)
+	v.writeHeaders(w.Header())
+	switch {
+	case v.violated == nil:
+		next.ServeHTTP(w, r)
+	case v.violated.OnLimit == rules.Defer && m.deferrer != nil && bodyMissing == "":
+		h := r.Header.Clone()
+		setForwarded(m.ids, r, h)
+		m.deferrer.Defer(w, r, Deferral{Queue: v.violated.Queue, Rule: v.violated, Client: m.idempotencyScope(route, r, client),
+			Header: h, RetryAfter: v.retryAfter})
+	default:
+		m.log.Debug("rate limited", "rule", v.violated.Name, "route", route.Name,
+			"client", clientHash(client), "retry_after", v.retryAfter)
+		SetRetryAfter(w.Header(), v.retryAfter)
+		p := quotaExceeded(v.violatedNames, v.closest.Limit, v.retryAfter)
+		if v.violated.OnLimit == rules.Defer && bodyMissing != "" {
+			p.Detail += " The rule defers requests over its limit, but " + bodyMissing
 		}
-	})
+		writeProblem(w, p)
+	}
+}
+
+// SetRetryAfter sets Retry-After and X-Ratelimit-Retry-After to d in whole seconds,
+// rounded up.
+func SetRetryAfter(h http.Header, d time.Duration) {
+	secs := strconv.FormatInt(ceilSeconds(d), 10)
+	h.Set("Retry-After", secs)
+	h.Set("X-Ratelimit-Retry-After", secs)
 }
 
 // verdict is the outcome of every check of one request.
@@ -192,39 +218,70 @@ func (m *Middleware) decide(ctx context.Context, checks []rules.Check) verdict {
 	for i := range checks {
 		c := &checks[i]
 		rule := c.Rule
-		over, failed := rule.Deny, false
-		worst := limiter.Decision{RetryAfter: denyRetryAfter}
-		if !rule.Deny {
-			worst.RetryAfter = 0
+		d, err := DecideCheck(ctx, m.limiter, c, 1)
+		if err != nil {
+			// Only an invalid limit errs, and rules never compile one: let the
+			// request through rather than fail it, and say so.
+			m.log.Error("limiter failed", "rule", rule.Name, "err", err)
 		}
-		for j, l := range rule.Limits {
-			d, err := m.limiter.AllowN(ctx, c.Key(j), l, 1)
-			if err != nil {
-				// Only an invalid limit errs, and rules never compile one: let the
-				// request through rather than fail it, and say so.
-				m.log.Error("limiter failed", "rule", rule.Name, "err", err)
-				failed = true
-				continue
-			}
-			if v.closestRule == nil || closer(d, v.closest) {
-				v.closest, v.closestRule, v.closestIdx = d, rule, j
-			}
-			if !d.Allowed {
-				over = true
-				worst.RetryAfter = max(worst.RetryAfter, d.RetryAfter)
-			}
+		if d.ClosestLimit >= 0 && (v.closestRule == nil || Closer(d.Closest, v.closest)) {
+			v.closest, v.closestRule, v.closestIdx = d.Closest, rule, d.ClosestLimit
 		}
-		outcome := outcomeAllowed
+		outcome := OutcomeAllowed
 		switch {
-		case over:
-			outcome = m.judge(&v, rule, worst.RetryAfter)
-		case failed:
-			outcome = outcomeError
+		case d.Over:
+			outcome = m.judge(&v, rule, d.RetryAfter)
+		case d.Failed:
+			outcome = OutcomeError
 		}
-		m.metrics.decisions.WithLabelValues(rule.Name, outcome).Inc()
+		m.metrics.Count(rule.Name, outcome)
 	}
-	m.metrics.decisionDuration.Observe(time.Since(start).Seconds())
+	m.metrics.Observe(time.Since(start))
 	return v
+}
+
+// RuleDecision is the outcome of every limit of one check.
+type RuleDecision struct {
+	// Over reports that a limit refused, or that the rule denies everything.
+	Over bool
+	// Failed reports that the limiter erred on some limit (only an invalid limit or
+	// request size does); that limit was skipped.
+	Failed bool
+	// Closest is the decision of the limit closest to running out, ClosestLimit its
+	// index in Rule.Limits (-1 when no limit was decided: unlimited, deny, failed).
+	Closest      limiter.Decision
+	ClosestLimit int
+	// RetryAfter is, when Over, the longest wait of the limits that refused.
+	RetryAfter time.Duration
+}
+
+// DecideCheck asks lim for n units under every limit of c, as the front door does for
+// each check of a request; it returns the first limiter error beside the decision.
+func DecideCheck(ctx context.Context, lim limiter.Limiter, c *rules.Check, n int64) (RuleDecision, error) {
+	rule := c.Rule
+	out := RuleDecision{Over: rule.Deny, ClosestLimit: -1}
+	if rule.Deny {
+		out.RetryAfter = denyRetryAfter
+	}
+	var first error
+	for j, l := range rule.Limits {
+		d, err := lim.AllowN(ctx, c.Key(j), l, n)
+		if err != nil {
+			out.Failed = true
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		if out.ClosestLimit < 0 || Closer(d, out.Closest) {
+			out.Closest, out.ClosestLimit = d, j
+		}
+		if !d.Allowed {
+			out.Over = true
+			out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
+		}
+	}
+	return out, first
 }
 
 // denyRetryAfter is what a block-list rule (requests_per_unit: 0) tells clients.
@@ -235,16 +292,16 @@ const denyRetryAfter = time.Hour
 func (m *Middleware) judge(v *verdict, rule *rules.Rule, retryAfter time.Duration) string {
 	if rule.Shadow || m.shadow {
 		m.log.Debug("over the limit in shadow mode", "rule", rule.Name, "retry_after", retryAfter)
-		return outcomeShadowDenied
+		return OutcomeShadowDenied
 	}
 	v.violatedNames = append(v.violatedNames, rule.Name)
 	if v.violated == nil || moreRestrictive(rule, retryAfter, v.violated, v.retryAfter) {
 		v.violated, v.retryAfter = rule, retryAfter
 	}
 	if rule.OnLimit == rules.Defer {
-		return outcomeDeferred
+		return OutcomeDeferred
 	}
-	return outcomeRejected
+	return OutcomeRejected
 }
 
 // moreRestrictive orders violations: rejecting is more restrictive than deferring,
@@ -257,9 +314,9 @@ func moreRestrictive(a *rules.Rule, aWait time.Duration, b *rules.Rule, bWait ti
 	return aWait > bWait
 }
 
-// closer reports whether a is closer to running out than b: fewer remaining, then a
-// longer wait.
-func closer(a, b limiter.Decision) bool {
+// Closer reports whether a is closer to running out than b: fewer remaining, then a
+// longer wait. The rate-limit headers describe the closest decision.
+func Closer(a, b limiter.Decision) bool {
 	if a.Remaining != b.Remaining {
 		return a.Remaining < b.Remaining
 	}
@@ -274,21 +331,27 @@ func (v *verdict) writeHeaders(h http.Header) {
 	if v.closestRule == nil {
 		return
 	}
-	d, l := v.closest, v.closestRule.Limits[v.closestIdx]
+	WriteRateLimitHeaders(h, v.closestRule, v.closestIdx, v.closest)
+}
+
+// WriteRateLimitHeaders sets X-Ratelimit-Limit, X-Ratelimit-Remaining, RateLimit-Policy
+// and RateLimit (draft-ietf-httpapi-ratelimit-headers-11) for decision d of
+// rule.Limits[limit].
+func WriteRateLimitHeaders(h http.Header, rule *rules.Rule, limit int, d limiter.Decision) {
+	l := rule.Limits[limit]
 	h.Set("X-Ratelimit-Limit", strconv.FormatInt(d.Limit, 10))
 	h.Set("X-Ratelimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-	name := v.closestRule.Name
-	if p, err := FormatPolicy(Policy{Name: name, Quota: d.Limit, Window: quotaWindow(l)}); err == nil {
+	if p, err := FormatPolicy(Policy{Name: rule.Name, Quota: d.Limit, Window: QuotaWindow(l)}); err == nil {
 		h.Set("RateLimit-Policy", p)
 	}
-	if s, err := FormatRateLimit(Status{Name: name, Remaining: d.Remaining, Reset: d.ResetAfter}); err == nil {
+	if s, err := FormatRateLimit(Status{Name: rule.Name, Remaining: d.Remaining, Reset: d.ResetAfter}); err == nil {
 		h.Set("RateLimit", s)
 	}
 }
 
-// quotaWindow is the time over which a limit grants its whole quota: the window, or
+// QuotaWindow is the time over which a limit grants its whole quota: the window, or
 // for the buckets the time to refill an empty bucket.
-func quotaWindow(l limiter.Limit) time.Duration {
+func QuotaWindow(l limiter.Limit) time.Duration {
 	switch l.Algorithm {
 	case limiter.TokenBucket, limiter.LeakyBucket:
 		return time.Duration(float64(l.Period) * float64(l.Capacity()) / float64(l.Rate))

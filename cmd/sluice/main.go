@@ -41,6 +41,7 @@ func init() {
 	commands = []command{
 		{"serve", "run the front door and the dispatchers: proxy, reject or defer, then deliver", runServe},
 		{"ingress", "run the front door alone (serve without dispatchers)", runIngress},
+		{"rls", "run Envoy's rate limit service and ext_authz alone: rules and limiter, no front door, no queues", runRLS},
 		{"dispatch", "run the dispatchers alone: drain the queues to their downstreams", runDispatch},
 		{"queue", "list, show, pause, resume or retire the queues of a running sluice", runQueue},
 		{"dlq", "list, re-queue or purge a queue's dead letters", runDLQ},

@@ -30,6 +30,7 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/envoy"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -51,6 +52,7 @@ type gatewayMode struct {
 	name    string
 	help    string
 	front   bool // runs the front door
+	rls     bool // decides for Envoy alone: limiter and rules, no front door, no queues
 	disp    bool // can run dispatchers
 	optOut  bool // has --dispatch to turn them off (serve)
 	admin   string
@@ -112,6 +114,7 @@ type gatewayConfig struct {
 	disp        dispatchConfig
 	dispatch    bool
 	printConfig bool
+	envoy       envoyConfig
 }
 
 // frontConfig configures the front door.
@@ -127,15 +130,19 @@ type frontConfig struct {
 	shadow         bool
 }
 
-func (c *frontConfig) flags(fs *flag.FlagSet) {
-	fs.StringVar(&c.upstream, "upstream", "", "`URL` of the upstream that allowed requests go to (required)")
-	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` of the front door")
+func (c *frontConfig) flags(fs *flag.FlagSet, front bool) {
+	if front {
+		fs.StringVar(&c.upstream, "upstream", "", "`URL` of the upstream that allowed requests go to (required)")
+		fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` of the front door")
+	}
 	c.redis.flags(fs)
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
 	fs.Int64Var(&c.maxBody, "max-body", ingress.DefaultMaxBody, "largest request body in `bytes`; larger ones get 413")
 	c.deferMemory = ingress.DefaultDeferMemory
-	fs.Var(&c.deferMemory, "defer-memory", "most `bytes` of deferred request bodies held in memory at once (like 64MiB); past it 503 with Retry-After")
+	if front {
+		fs.Var(&c.deferMemory, "defer-memory", "most `bytes` of deferred request bodies held in memory at once (like 64MiB); past it 503 with Retry-After")
+	}
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
 }
@@ -167,12 +174,15 @@ func (c *processConfig) flags(fs *flag.FlagSet) {
 func (m gatewayMode) flags(fs *flag.FlagSet, c *gatewayConfig) {
 	fs.StringVar(&c.rules, "rules", "", "rules `files or directories`, comma-separated (required)")
 	fs.BoolVar(&c.mergeDoms, "merge-domains", false, mergeDomainsUsage)
-	if m.front {
-		c.front.flags(fs)
+	if m.front || m.rls {
+		c.front.flags(fs, m.front)
+		c.envoy.flags(fs, m.front)
 	}
 	c.admin.flags(fs, m.admin)
 	c.process.flags(fs)
-	c.nats.flags(fs, true)
+	if !m.rls {
+		c.nats.flags(fs, true)
+	}
 	c.dispatch = m.disp
 	if m.disp {
 		c.disp.flags(fs)
@@ -294,10 +304,14 @@ type gateway struct {
 	redis   redis.UniversalClient
 	store   *limiter.Redis
 	nats    *natsConn
-	queues  *queues
+	queues  *queues // nil in rls
 	// declaring is queues once reloads may declare through it (Prepare).
 	declaring atomic.Pointer[queues]
-	front     *http.Server // nil in dispatch
+	front     *http.Server // nil in dispatch and rls
+	limiter   limiter.Limiter
+	grpc      *envoy.Server // nil without --grpc-listen
+	grpcLn    net.Listener
+	check     *http.Server // nil without --check-listen
 	admin     *http.Server // nil without --admin-listen
 	adminAPI  *ingress.Admin
 	deps      *ingress.Dependencies
@@ -315,14 +329,19 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	}
 	var upstream *url.URL
 	var ids *ingress.ClientIdentity
-	if mode.front {
+	if mode.front || mode.rls {
 		// Flags first, before anything is started.
-		if cfg.front.upstream == "" {
-			return nil, errors.New("--upstream is required")
+		if mode.front {
+			if cfg.front.upstream == "" {
+				return nil, errors.New("--upstream is required")
+			}
+			upstream, err = url.Parse(cfg.front.upstream)
+			if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
+				return nil, fmt.Errorf("--upstream %q: want an http:// or https:// URL", cfg.front.upstream)
+			}
 		}
-		upstream, err = url.Parse(cfg.front.upstream)
-		if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
-			return nil, fmt.Errorf("--upstream %q: want an http:// or https:// URL", cfg.front.upstream)
+		if err := cfg.envoy.check(mode); err != nil {
+			return nil, err
 		}
 		if ids, err = ingress.NewClientIdentity(strings.Split(cfg.front.trustedProxies, ","), cfg.front.ipv6Prefix); err != nil {
 			return nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
@@ -332,8 +351,10 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 			return nil, err
 		}
 	}
-	if err := cfg.nats.check(log); err != nil {
-		return nil, err
+	if !mode.rls {
+		if err := cfg.nats.check(log); err != nil {
+			return nil, err
+		}
 	}
 
 	reg := prometheus.NewRegistry()
@@ -361,6 +382,13 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	g.deps = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),
 		ingress.WithSecrets(cfg.secrets()...))
 	reg.MustRegister(g.deps)
+	if mode.rls {
+		if _, err := g.middleware(ids, nil, reg); err != nil {
+			return nil, err
+		}
+		g.openAdmin(reg)
+		return g, nil
+	}
 	natsCfg := cfg.nats
 	natsCfg.maxBody = largestMaxBody(g.watcher.Set())
 	if g.nats, err = openNATS(natsCfg, log, true); err != nil {
@@ -392,12 +420,20 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		}
 		g.front = newHTTPServer(cfg.front.listen, handler, log)
 	}
-	if cfg.admin.listen != "" {
-		g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: cfg.admin.token,
-			Queues: &ingress.QueueAPI{Store: &g.queues.store, Log: log}}
-		g.admin = newHTTPServer(cfg.admin.listen, g.adminAPI.Handler(), log)
-	}
+	g.openAdmin(reg)
 	return g, nil
+}
+
+// openAdmin builds the admin listener, when one is asked for.
+func (g *gateway) openAdmin(reg *prometheus.Registry) {
+	if g.cfg.admin.listen == "" {
+		return
+	}
+	g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: g.cfg.admin.token}
+	if g.queues != nil {
+		g.adminAPI.Queues = &ingress.QueueAPI{Store: &g.queues.store, Log: g.log}
+	}
+	g.admin = newHTTPServer(g.cfg.admin.listen, g.adminAPI.Handler(), g.log)
 }
 
 // frontDoor builds the front door's handler: ticket status, and every other request
@@ -405,17 +441,11 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 // limits live there.
 func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
 	cfg := g.cfg.front
-	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
-	if g.redis != nil {
-		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log))
-		store = g.store
-		g.deps.Add("redis", g.redisHealth)
-	}
 	deferrer := ingress.NewQueueDeferrer(g.queues, g.log, ingress.WithDeferMemory(int64(cfg.deferMemory)))
-	mw := ingress.New(g.watcher, store,
-		ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
-		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithDeferrer(deferrer),
-		ingress.WithIdempotencyScopeKey(subKey(g.nats.key, "idempotency scope")))
+	mw, err := g.middleware(ids, deferrer, reg)
+	if err != nil {
+		return nil, err
+	}
 	proxy := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
 		ingress.WithProxyClientIdentity(ids))
 	mux := http.NewServeMux()
@@ -423,6 +453,30 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	mux.Handle("DELETE "+ingress.DeferredPath+"{ticket}", deferrer.CancelHandler())
 	mux.Handle("/", mw.Wrap(proxy))
 	return mux, nil
+}
+
+// middleware builds the limiter and the middleware that decides on it: the front
+// door's, which the Envoy services share (with their own flags). It adds the Redis
+// dependency when limits live there. deferrer is nil where nothing can park.
+func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *ingress.QueueDeferrer, reg *prometheus.Registry) (*ingress.Middleware, error) {
+	cfg := g.cfg.front
+	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
+	if g.redis != nil {
+		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log))
+		store = g.store
+		g.deps.Add("redis", g.redisHealth)
+	}
+	g.limiter = store
+	opts := []ingress.Option{ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
+		ingress.WithLogger(g.log), ingress.WithRegisterer(reg)}
+	if deferrer != nil {
+		opts = append(opts, ingress.WithDeferrer(deferrer), ingress.WithIdempotencyScopeKey(subKey(g.nats.key, "idempotency scope")))
+	}
+	mw := ingress.New(g.watcher, store, opts...)
+	if err := g.envoyServers(mw, deferrer, reg); err != nil {
+		return nil, err
+	}
+	return mw, nil
 }
 
 // subKey derives the key of one purpose from the queue key, so that no two uses of
@@ -715,7 +769,7 @@ func newHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
 func (g *gateway) run(ctx context.Context) error {
 	defer g.close()
 	var servers []*http.Server
-	for _, hs := range []*http.Server{g.front, g.admin} {
+	for _, hs := range []*http.Server{g.front, g.check, g.admin} {
 		if hs != nil {
 			servers = append(servers, hs)
 		}
@@ -734,11 +788,24 @@ func (g *gateway) run(ctx context.Context) error {
 		listeners[i] = ln
 		hs.Addr = ln.Addr().String() // the real port when it was 0
 	}
-	errs := make(chan error, len(servers))
+	errs := make(chan error, len(servers)+1)
 	for i, hs := range servers {
 		go func() { errs <- hs.Serve(listeners[i]) }()
 	}
-	attrs := []any{"rules", g.watcher.Set().Summary().String(), "queues", g.nats.where}
+	attrs := []any{"rules", g.watcher.Set().Summary().String()}
+	if g.nats != nil {
+		attrs = append(attrs, "queues", g.nats.where)
+	}
+	if g.grpc != nil {
+		go func() { errs <- g.grpc.Serve(g.grpcLn) }()
+		attrs = append(attrs, "grpc", g.grpcLn.Addr().String())
+	}
+	if g.check != nil {
+		attrs = append(attrs, "check", g.check.Addr)
+	}
+	if g.mode.rls {
+		attrs = append(attrs, "limiter", g.limiterName())
+	}
 	if g.front != nil {
 		attrs = append(attrs, "listen", g.front.Addr, "upstream", g.cfg.front.upstream, "limiter", g.limiterName())
 	}
@@ -747,14 +814,16 @@ func (g *gateway) run(ctx context.Context) error {
 	}
 	attrs = append(attrs, "dispatch", g.cfg.dispatch)
 	g.log.Info("sluice "+g.mode.started, attrs...)
-	if g.front == nil && len(g.watcher.Set().Queues()) == 0 {
+	if g.front == nil && !g.mode.rls && len(g.watcher.Set().Queues()) == 0 {
 		// Only worth a warning where dispatching is all the process does.
 		g.log.Warn("the rules declare no queues: nothing to dispatch until a reload adds some")
 	}
 
 	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
 	defer stopDispatch()
-	g.queues.run(dispatchCtx)
+	if g.queues != nil {
+		g.queues.run(dispatchCtx)
+	}
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -794,8 +863,14 @@ wait:
 	if g.front != nil {
 		wg.Go(func() { shutdown(g.front) })
 	}
+	if g.check != nil {
+		wg.Go(func() { shutdown(g.check) })
+	}
+	if g.grpc != nil {
+		wg.Go(func() { g.grpc.Shutdown(shutdownCtx) })
+	}
 	wg.Go(func() {
-		if !g.queues.wait(shutdownCtx) {
+		if g.queues != nil && !g.queues.wait(shutdownCtx) {
 			// What was cut off is redelivered after the ack wait, with the same
 			// Idempotency-Key.
 			g.log.Warn("deliveries still under way at the shutdown deadline; they will be redelivered")
@@ -819,6 +894,9 @@ func (g *gateway) limiterName() string {
 }
 
 func (g *gateway) close() {
+	if g.grpcLn != nil {
+		g.grpcLn.Close() // when the server never served
+	}
 	if g.watcher != nil {
 		g.watcher.Close()
 	}

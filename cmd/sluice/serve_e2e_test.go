@@ -145,8 +145,11 @@ func startBinary(t *testing.T, sluiceBinary, command string, args ...string) *sl
 	}
 	admin := freeAddr(t)
 	p := &sluiceProcess{admin: "http://" + admin, output: &syncBuffer{}, done: make(chan struct{})}
-	base := []string{command, "--admin-listen", admin, "--log-level", "debug", "--data-dir", t.TempDir()}
-	if command != "dispatch" {
+	base := []string{command, "--admin-listen", admin, "--log-level", "debug"}
+	if command != "rls" { // rls has no queues
+		base = append(base, "--data-dir", t.TempDir())
+	}
+	if command != "dispatch" && command != "rls" {
 		listen := freeAddr(t)
 		p.url = "http://" + listen
 		base = append(base, "--listen", listen)

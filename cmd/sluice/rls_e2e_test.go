@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/limiter/redistest"
+)
+
+func grpcConn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func shouldRateLimit(t *testing.T, c rlsv3.RateLimitServiceClient, user string) *rlsv3.RateLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "e2e", Descriptors: []*rlcommon.RateLimitDescriptor{{
+		Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "route", Value: "orders"}, {Key: "user", Value: user}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// sluice rls and sluice serve --grpc-listen share one Redis with the front door: the
+// RLS of either and the front door count on the same counters.
+func TestRLSSharesRedisWithServe(t *testing.T) {
+	redistest.Require(t)
+	up := newUpstream(t, 0)
+	redisServer := redistest.Start(t)
+	rulesPath := writeRules(t, t.TempDir(), e2eRules(4))
+	redisURL := "redis://" + redisServer.Addr() + "/0"
+	rlsAddr, serveGRPC := freeAddr(t), freeAddr(t)
+	rls := startCommand(t, "rls", "--rules", rulesPath, "--redis", redisURL, "--grpc-listen", rlsAddr)
+	serve := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL, "--grpc-listen", serveGRPC)
+	alone := rlsv3.NewRateLimitServiceClient(grpcConn(t, rlsAddr))
+	beside := rlsv3.NewRateLimitServiceClient(grpcConn(t, serveGRPC))
+
+	if r := shouldRateLimit(t, alone, "u1"); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 3 {
+		t.Fatalf("rls, first: %v", r)
+	}
+	if r := send(t, "GET", serve.url+"/v1/orders", nil, "X-User-ID", "u1"); r.status != 200 || r.header.Get("X-Ratelimit-Remaining") != "2" {
+		t.Fatalf("front door, second: %d %v", r.status, r.header)
+	}
+	if r := shouldRateLimit(t, beside, "u1"); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 1 {
+		t.Fatalf("serve's RLS, third: %v", r)
+	}
+	shouldRateLimit(t, alone, "u1")
+	if r := shouldRateLimit(t, alone, "u1"); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("rls, fifth: %v", r)
+	}
+	if r := send(t, "GET", serve.url+"/v1/orders", nil, "X-User-ID", "u1"); r.status != 429 {
+		t.Fatalf("front door after the RLS used the quota: %d", r.status)
+	}
+	metrics := send(t, "GET", rls.admin+"/metrics", nil)
+	if !strings.Contains(metrics.body, `sluice_decisions_total{outcome="rejected",rule="orders_per_user"} 1`) {
+		t.Fatalf("rls /metrics:\n%s", grepLines(metrics.body, "sluice_decisions_total"))
+	}
+	if code := rls.stop(t); code != 0 {
+		t.Fatalf("sluice rls exited %d after SIGTERM", code)
+	}
+}
+
+// ext_authz on sluice serve: an order over a defer rule, with its body, is parked
+// and delivered downstream by the dispatcher; its ticket is followed on --check-listen.
+func TestExtAuthzDefersThroughServe(t *testing.T) {
+	down := newDownstream(t, 0)
+	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}"))
+	grpcAddr, checkAddr := freeAddr(t), freeAddr(t)
+	startSluice(t, "--rules", rulesPath, "--upstream", down.URL, "--grpc-listen", grpcAddr, "--check-listen", checkAddr)
+	c := authv3.NewAuthorizationClient(grpcConn(t, grpcAddr))
+	order := func(n string) *authv3.CheckResponse {
+		body := `{"order":"` + n + `"}`
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		resp, err := c.Check(ctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+			Source: &authv3.AttributeContext_Peer{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
+				SocketAddress: &corev3.SocketAddress{Address: "192.0.2.4"}}}},
+			Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
+				Method: "POST", Path: "/v1/orders", Host: "shop.example", RawBody: []byte(body),
+				Headers: map[string]string{"content-type": "application/json", "x-order": n, "idempotency-key": `"` + n + `"`}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if r := order("o1"); r.GetOkResponse() == nil {
+		t.Fatalf("first order: %v", r)
+	}
+	d := order("o2").GetDeniedResponse()
+	if d == nil || d.Status.GetCode() != http.StatusAccepted {
+		t.Fatalf("second order: %v", d)
+	}
+	var acc struct{ Ticket string }
+	if err := json.Unmarshal([]byte(d.Body), &acc); err != nil || acc.Ticket == "" {
+		t.Fatalf("202 body %q: %v", d.Body, err)
+	}
+	down.waitArrived(t, []string{`"o2"`}, 30*time.Second)
+	waitFor(t, "the ticket is done", 30*time.Second, func() bool {
+		resp, err := http.Get("http://" + checkAddr + "/sluice/v1/deferred/" + acc.Ticket)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == 200 && strings.Contains(string(b), `"status":"done"`)
+	})
+}

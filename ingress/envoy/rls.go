@@ -1,0 +1,350 @@
+// Package envoy offers sluice's decisions to proxies over the gRPC APIs of Envoy: the
+// rate limit service (envoy.service.ratelimit.v3.RateLimitService, which Envoy's HTTP
+// rate limit filter, Istio, Envoy Gateway, Contour and Gloo call) and the external
+// authorization service (envoy.service.auth.v3.Authorization, Envoy's ext_authz
+// filter), which can defer. Both decide with the rules, the limiter and the metrics of
+// the HTTP front door, so an Envoy and a sluice front door sharing one Redis share the
+// same counters.
+package envoy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Limits on one RateLimitRequest: more is refused as InvalidArgument.
+const (
+	MaxDescriptors = 64
+	// MaxHits is the largest hits_addend (the limiter's numbers are exact below 2^53).
+	MaxHits = 1 << 52
+)
+
+// RateLimitService implements envoy.service.ratelimit.v3.RateLimitService. Create it
+// with NewRateLimitService.
+type RateLimitService struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	rules   ingress.RulesSource
+	limiter limiter.Limiter
+	metrics *ingress.DecisionMetrics
+	shadow  bool
+	headers bool
+	log     *slog.Logger
+	seen    atomic.Pointer[rules.Set]
+}
+
+// Option configures a RateLimitService.
+type Option func(*RateLimitService)
+
+// WithShadow puts every rule in shadow mode, as Envoy's SHADOW_MODE: descriptors over
+// their limit keep the status OVER_LIMIT, the overall code is OK.
+func WithShadow(on bool) Option { return func(s *RateLimitService) { s.shadow = on } }
+
+// WithResponseHeaders turns response_headers_to_add on or off (default on):
+// X-Ratelimit-Limit, X-Ratelimit-Remaining, RateLimit-Policy and RateLimit for the
+// descriptor closest to running out, and Retry-After / X-Ratelimit-Retry-After when
+// the request is over the limit.
+func WithResponseHeaders(on bool) Option { return func(s *RateLimitService) { s.headers = on } }
+
+// WithRegisterer counts decisions in the front door's series on reg
+// (sluice_decisions_total{rule,outcome}, sluice_decision_duration_seconds).
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(s *RateLimitService) { s.metrics = ingress.NewDecisionMetrics(reg) }
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(s *RateLimitService) { s.log = l } }
+
+// NewRateLimitService returns a service deciding with lim on the rules src provides.
+func NewRateLimitService(src ingress.RulesSource, lim limiter.Limiter, opts ...Option) *RateLimitService {
+	s := &RateLimitService{rules: src, limiter: lim, headers: true, log: slog.Default()}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.metrics == nil {
+		s.metrics = ingress.NewDecisionMetrics(nil)
+	}
+	return s
+}
+
+// closest is the decision that the response headers describe.
+type closest struct {
+	rule  *rules.Rule
+	limit int
+	d     limiter.Decision
+}
+
+// ShouldRateLimit implements the rate limit service. Each descriptor is looked up in
+// the domain (rules.Set.Evaluate) and charged its hits_addend (the descriptor's, else
+// the request's, at least 1) under every limit of the rule it reaches; a descriptor
+// with a `limit` override is charged under that limit instead (a fixed window of the
+// override's unit, keyed by the domain and every entry of the descriptor), as Envoy's
+// service does, provided the domain exists. A descriptor that reaches no rule is OK
+// without a current_limit.
+func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if err := validate(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	start := time.Now()
+	set := s.rules.Set()
+	if old := s.seen.Load(); old != set && s.seen.CompareAndSwap(old, set) {
+		s.metrics.InitRules(set)
+	}
+	descs := make([][]rules.Entry, len(req.Descriptors))
+	for i, d := range req.Descriptors {
+		descs[i] = make([]rules.Entry, len(d.Entries))
+		for j, e := range d.Entries {
+			descs[i][j] = rules.Entry{Key: e.Key, Value: e.Value}
+		}
+	}
+	byDesc := make([]*rules.Check, len(descs))
+	checks := set.Evaluate(req.Domain, descs, nil)
+	for i := range checks {
+		byDesc[checks[i].Descriptor] = &checks[i]
+	}
+
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
+	var (
+		near       closest
+		over       bool
+		retryAfter time.Duration
+	)
+	for i, d := range req.Descriptors {
+		hits := hitsOf(req, d)
+		c := byDesc[i]
+		if o := d.GetLimit(); o != nil {
+			if !slices.Contains(set.Domains(), req.Domain) {
+				resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+				continue
+			}
+			var err error
+			if c, err = overrideCheck(req.Domain, d, o, c); err != nil {
+				return nil, status.Error(codes.InvalidArgument, fmt.Sprintf("descriptor %d: %v", i, err))
+			}
+		}
+		if c == nil || c.Rule.Unlimited || d.GetIsNegativeHits() {
+			// No rule; unlimited; or a refund, which sluice's limiter cannot give
+			// back: nothing is charged.
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+			continue
+		}
+		dec, err := ingress.DecideCheck(ctx, s.limiter, c, hits)
+		if err != nil {
+			s.log.Error("limiter failed", "rule", c.Rule.Name, "err", err)
+		}
+		st := descriptorStatus(c.Rule, dec)
+		outcome := ingress.OutcomeAllowed
+		switch {
+		case dec.Over && (c.Rule.Shadow || s.shadow):
+			outcome = ingress.OutcomeShadowDenied
+			if c.Rule.Shadow { // Envoy's descriptor shadow_mode: the descriptor is OK
+				st.Code = rlsv3.RateLimitResponse_OK
+			}
+		case dec.Over:
+			outcome = ingress.OutcomeRejected
+			over = true
+			retryAfter = max(retryAfter, dec.RetryAfter)
+		case dec.Failed:
+			outcome = ingress.OutcomeError
+		}
+		s.metrics.Count(c.Rule.Name, outcome)
+		resp.Statuses[i] = st
+		if dec.ClosestLimit >= 0 && (near.rule == nil || ingress.Closer(dec.Closest, near.d)) {
+			near = closest{rule: c.Rule, limit: dec.ClosestLimit, d: dec.Closest}
+		}
+	}
+	if over && !s.shadow {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if s.headers && near.rule != nil {
+		h := http.Header{}
+		ingress.WriteRateLimitHeaders(h, near.rule, near.limit, near.d)
+		if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+			ingress.SetRetryAfter(h, retryAfter)
+		}
+		resp.ResponseHeadersToAdd = headerValues(h)
+	}
+	s.metrics.Observe(time.Since(start))
+	return resp, nil
+}
+
+func validate(req *rlsv3.RateLimitRequest) error {
+	switch {
+	case req.GetDomain() == "":
+		return errors.New("domain must not be empty")
+	case len(req.GetDescriptors()) == 0:
+		return errors.New("descriptors must not be empty")
+	case len(req.Descriptors) > MaxDescriptors:
+		return fmt.Errorf("%d descriptors: at most %d", len(req.Descriptors), MaxDescriptors)
+	}
+	for i, d := range req.Descriptors {
+		if len(d.GetEntries()) == 0 {
+			return fmt.Errorf("descriptor %d has no entries", i)
+		}
+		if h := d.GetHitsAddend(); h != nil && h.Value > MaxHits {
+			return fmt.Errorf("descriptor %d: hits_addend %d: at most %d", i, h.Value, int64(MaxHits))
+		}
+	}
+	return nil
+}
+
+// hitsOf is what descriptor d costs: its own hits_addend, else the request's, and at
+// least 1 (a check always costs something: the limiter cannot peek).
+func hitsOf(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDescriptor) int64 {
+	n := int64(req.HitsAddend)
+	if h := d.GetHitsAddend(); h != nil {
+		n = int64(h.Value)
+	}
+	return max(n, 1)
+}
+
+// unitPeriods are the override units, as Envoy's service counts them.
+var unitPeriods = map[typev3.RateLimitUnit]time.Duration{
+	typev3.RateLimitUnit_SECOND: time.Second,
+	typev3.RateLimitUnit_MINUTE: time.Minute,
+	typev3.RateLimitUnit_HOUR:   time.Hour,
+	typev3.RateLimitUnit_DAY:    24 * time.Hour,
+	typev3.RateLimitUnit_MONTH:  30 * 24 * time.Hour,
+	typev3.RateLimitUnit_YEAR:   365 * 24 * time.Hour,
+}
+
+// overrideCheck is the check of a descriptor's `limit` override: a fixed window of
+// the override's unit (times its multiplier) with its own counter, keyed by the
+// domain, the unit and every entry. It keeps the name and failure mode of the rule
+// the descriptor reached (matched, may be nil); otherwise it is named DOMAIN.override,
+// which bounds the metric labels to the domains of the rules.
+func overrideCheck(domain string, d *rlcommon.RateLimitDescriptor, o *rlcommon.RateLimitDescriptor_RateLimitOverride, matched *rules.Check) (*rules.Check, error) {
+	period, ok := unitPeriods[o.Unit]
+	if !ok {
+		return nil, fmt.Errorf("limit override: unit %v is not one of second, minute, hour, day, month, year", o.Unit)
+	}
+	if m := o.GetUnitMultiplier(); m != nil && m.Value > 1 {
+		if int64(m.Value) > int64(1<<53/time.Microsecond)/int64(period) {
+			return nil, fmt.Errorf("limit override: unit_multiplier %d is too large", m.Value)
+		}
+		period *= time.Duration(m.Value)
+	}
+	rule := &rules.Rule{Name: domain + ".override", Domain: domain}
+	var mode limiter.FailureMode
+	if matched != nil {
+		rule.Name, rule.Shadow = matched.Rule.Name, matched.Rule.Shadow
+		if len(matched.Rule.Limits) > 0 {
+			mode = matched.Rule.Limits[0].FailureMode
+		}
+	}
+	if o.RequestsPerUnit == 0 {
+		rule.Deny = true // Envoy: a limit of 0 allows nothing
+	} else {
+		rule.Limits = []limiter.Limit{{Algorithm: limiter.FixedWindow, Rate: int64(o.RequestsPerUnit), Period: period, FailureMode: mode}}
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "sluice override v1\x00%d\x00%s", period, domain)
+	for _, e := range d.Entries {
+		fmt.Fprintf(h, "\x00%d:%s\x00%d:%s", len(e.Key), e.Key, len(e.Value), e.Value)
+	}
+	key := "sl:override:" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:16])
+	var keys []string
+	if !rule.Deny {
+		keys = []string{key}
+	}
+	c, err := rules.NewCheck(rule, keys...)
+	return &c, err
+}
+
+// descriptorStatus reports dec of rule: the limit closest to running out, what
+// remains of it, and the time until it resets (when over: until the request would be
+// allowed).
+func descriptorStatus(rule *rules.Rule, dec ingress.RuleDecision) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	if dec.Over {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if rule.Deny {
+		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: rule.Name}
+		return st
+	}
+	if dec.ClosestLimit < 0 {
+		return st
+	}
+	l, d := rule.Limits[dec.ClosestLimit], dec.Closest
+	st.CurrentLimit = currentLimit(rule.Name, l)
+	st.LimitRemaining = uint32(min(max(d.Remaining, 0), 1<<32-1))
+	wait := d.ResetAfter
+	if !d.Allowed && d.RetryAfter != limiter.Never {
+		wait = d.RetryAfter
+	}
+	st.DurationUntilReset = durationpb.New(wait)
+	return st
+}
+
+// currentLimit writes l as Envoy's RateLimit: the largest unit that divides the
+// period, with the multiplier for the rest (30s: SECOND × 30); UNKNOWN for periods
+// that are not whole seconds.
+func currentLimit(name string, l limiter.Limit) *rlsv3.RateLimitResponse_RateLimit {
+	out := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(l.Rate, 1<<32-1))}
+	units := []struct {
+		u rlsv3.RateLimitResponse_RateLimit_Unit
+		d time.Duration
+	}{
+		{rlsv3.RateLimitResponse_RateLimit_YEAR, 365 * 24 * time.Hour},
+		{rlsv3.RateLimitResponse_RateLimit_MONTH, 30 * 24 * time.Hour},
+		{rlsv3.RateLimitResponse_RateLimit_WEEK, 7 * 24 * time.Hour},
+		{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
+		{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
+		{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+		{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
+	}
+	for _, u := range units {
+		if l.Period%u.d == 0 {
+			out.Unit = u.u
+			if m := l.Period / u.d; m > 1 {
+				out.UnitMultiplier = wrapperspb.UInt32(uint32(min(int64(m), 1<<32-1)))
+			}
+			break
+		}
+	}
+	return out
+}
+
+// headerValues turns h into Envoy's header list, names in lower case (HTTP/2).
+func headerValues(h http.Header) []*corev3.HeaderValue {
+	out := make([]*corev3.HeaderValue, 0, len(h))
+	for _, k := range sortedKeys(h) {
+		for _, v := range h[k] {
+			out = append(out, &corev3.HeaderValue{Key: strings.ToLower(k), Value: v})
+		}
+	}
+	return out
+}
+
+func sortedKeys(h http.Header) []string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

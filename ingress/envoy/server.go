@@ -1,0 +1,104 @@
+package envoy
+
+import (
+	"context"
+	"crypto/tls"
+	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+)
+
+// Server is the gRPC server of the Envoy-facing services, with the standard health
+// service (grpc.health.v1: SERVING for "" and each service until Shutdown) and server
+// reflection.
+type Server struct {
+	*grpc.Server
+	health *health.Server
+	names  []string
+}
+
+// ServerOption configures a Server.
+type ServerOption func(*serverConfig)
+
+type serverConfig struct {
+	tls      *tls.Config
+	maxRecv  int
+	streams  uint32
+	idle     time.Duration
+	pingTime time.Duration
+}
+
+// DefaultMaxMessageBytes is the default largest message a Server receives.
+const DefaultMaxMessageBytes = 4 << 20
+
+// WithTLS serves TLS with conf (with ClientAuth and ClientCAs set for mutual TLS).
+func WithTLS(conf *tls.Config) ServerOption { return func(c *serverConfig) { c.tls = conf } }
+
+// WithMaxMessageBytes caps received messages (default DefaultMaxMessageBytes; an
+// ext_authz check carrying a request body needs room for it).
+func WithMaxMessageBytes(n int) ServerOption { return func(c *serverConfig) { c.maxRecv = n } }
+
+// WithKeepalive sets how long a connection may stay idle before it is closed, and how
+// often an idle connection is pinged (defaults 10 minutes and 1 minute).
+func WithKeepalive(idle, ping time.Duration) ServerOption {
+	return func(c *serverConfig) { c.idle, c.pingTime = idle, ping }
+}
+
+// NewServer returns a Server offering rls and auth (either may be nil).
+func NewServer(rls *RateLimitService, auth *AuthService, opts ...ServerOption) *Server {
+	c := serverConfig{maxRecv: DefaultMaxMessageBytes, streams: 1024, idle: 10 * time.Minute, pingTime: time.Minute}
+	for _, o := range opts {
+		o(&c)
+	}
+	gopts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(c.maxRecv),
+		grpc.MaxConcurrentStreams(c.streams),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: c.idle, Time: c.pingTime, Timeout: 20 * time.Second}),
+		// Envoy pings idle connections when told to; a peer pinging more often than
+		// every 10 s is cut off rather than allowed to keep the server busy.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+	if c.tls != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(c.tls)))
+	}
+	s := &Server{Server: grpc.NewServer(gopts...), health: health.NewServer()}
+	if rls != nil {
+		rlsv3.RegisterRateLimitServiceServer(s.Server, rls)
+		s.names = append(s.names, rlsv3.RateLimitService_ServiceDesc.ServiceName)
+	}
+	if auth != nil {
+		authv3.RegisterAuthorizationServer(s.Server, auth)
+		s.names = append(s.names, authv3.Authorization_ServiceDesc.ServiceName)
+	}
+	for _, n := range s.names {
+		s.health.SetServingStatus(n, healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(s.Server, s.health)
+	reflection.Register(s.Server)
+	return s
+}
+
+// Shutdown reports NOT_SERVING, so that Envoy's health checks turn elsewhere, then
+// stops taking calls and waits for those under way until ctx is done, when it closes
+// every connection.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		s.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.Stop()
+		<-done
+	}
+}
