@@ -97,12 +97,22 @@ type natsConn struct {
 	lastErr  *atomic.Pointer[error]
 }
 
+// inProcess names the embedded server's connection in logs and the status.
+const inProcess = "embedded (in process)"
+
 // openNATS connects to the queues' NATS. With --nats and background, a server that
 // cannot be reached yet is no error: the connection keeps trying in the background
 // (a long-running command must outlive a NATS rollout); without background (a
 // one-shot command) it is.
 func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, error) {
 	var lastErr atomic.Pointer[error] // of the latest failed connection attempt
+	// The embedded server is reached in process: its URL (no listener) says nothing.
+	server := func(nc *nats.Conn) string {
+		if cfg.url == "" {
+			return inProcess
+		}
+		return nc.ConnectedUrlRedacted()
+	}
 	opts := []nats.Option{
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -116,12 +126,12 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 		nats.RetryOnFailedConnect(background),
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			lastErr.Store(nil)
-			log.Info("NATS connected", "server", nc.ConnectedUrlRedacted())
+			log.Info("NATS connected", "server", server(nc))
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			lastErr.Store(nil)
-			log.Info("NATS reconnected", "server", nc.ConnectedUrlRedacted())
+			log.Info("NATS reconnected", "server", server(nc))
 		}),
 	}
 	if cfg.creds != "" {
@@ -617,7 +627,10 @@ func (q *queues) health(ctx context.Context) ingress.DependencyReport {
 	if !nc.IsConnected() {
 		return ingress.DependencyReport{State: ingress.DependencyDown, Err: q.conn.notConnected(), Detail: detail}
 	}
-	detail["server"] = nc.ConnectedUrlRedacted()
+	detail["server"] = inProcess
+	if q.conn.embedded == nil {
+		detail["server"] = nc.ConnectedUrlRedacted()
+	}
 	if err := nc.FlushWithContext(ctx); err != nil {
 		return ingress.DependencyReport{State: ingress.DependencyDown, Err: fmt.Errorf("NATS does not answer: %w", err), Detail: detail}
 	}
