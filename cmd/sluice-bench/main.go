@@ -1,7 +1,7 @@
 // Command sluice-bench measures sluice side by side with the libraries its users would
 // otherwise pick, in one process and one run, so the figures compare like with like.
 //
-//	go run ./cmd/sluice-bench limiter [--duration 2s] [--redis URL | --redis ''] [--json]
+//	go run -C cmd/sluice-bench . limiter [--duration 2s] [--redis URL | --redis ''] [--json]
 package main
 
 import (
