@@ -39,10 +39,14 @@ func (b *builtBinaries) build(t *testing.T) string {
 		if b.err != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", b.dir+string(filepath.Separator), "./cmd/sluice", "./cmd/sluice-bench")
-		cmd.Dir = moduleRoot
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.err = fmt.Errorf("go build ./cmd/sluice ./cmd/sluice-bench: %v\n%s", err, out)
+		// sluice-bench is a module of its own, built from its directory.
+		for _, dir := range []string{"cmd/sluice", "cmd/sluice-bench"} {
+			cmd := exec.Command("go", "build", "-o", b.dir+string(filepath.Separator), ".")
+			cmd.Dir = filepath.Join(moduleRoot, dir)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				b.err = fmt.Errorf("go build ./%s: %v\n%s", dir, err, out)
+				return
+			}
 		}
 	})
 	if b.err != nil {

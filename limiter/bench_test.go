@@ -12,7 +12,7 @@ import (
 
 // Benchmarks of the memory store's decision path, for every algorithm, on one key and
 // on 100k distinct keys. The side-by-side comparison with golang.org/x/time/rate is
-// `go run ./cmd/sluice-bench limiter`.
+// `go run -C cmd/sluice-bench . limiter`.
 //
 //	go test -run '^$' -bench . -benchmem ./limiter/
 //

@@ -8,14 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-redis/redis_rate/v10"
-
 	"github.com/sluicehq/sluice/limiter"
 )
 
 // Benchmarks of the Redis store against a real local redis-server, with 1, 16 and 64
-// concurrent callers, beside github.com/go-redis/redis_rate (GCRA in Lua, one EVALSHA
-// per decision) on the same server:
+// concurrent callers. The side-by-side comparison with github.com/go-redis/redis_rate
+// on the same server is `sluice-bench limiter` (cmd/sluice-bench, a module of its own
+// so that the library's users do not inherit its peers):
 //
 //	go test -run '^$' -bench 'Redis' -benchmem ./limiter/
 //
@@ -103,27 +102,6 @@ func BenchmarkRedisCluster(b *testing.B) {
 			runCallers(b, callers, func(i int64) {
 				if d, _ := r.AllowN(ctx, redisBenchKeys[i%int64(len(redisBenchKeys))], allowAll, 1); !d.Allowed {
 					b.Fatalf("denied: %+v", d)
-				}
-			})
-		})
-	}
-}
-
-func BenchmarkRedisRatePeer(b *testing.B) {
-	srv := shared.server(b)
-	if srv == nil {
-		b.Skip("redis-server not installed")
-	}
-	ctx := context.Background()
-	rl := redis_rate.NewLimiter(srv.Client())
-	allowAll := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
-	for _, callers := range benchCallers {
-		b.Run("allowed/callers="+strconv.Itoa(callers), func(b *testing.B) {
-			prefix := shared.uniquePrefix()
-			runCallers(b, callers, func(i int64) {
-				res, err := rl.Allow(ctx, prefix+redisBenchKeys[i%int64(len(redisBenchKeys))], allowAll)
-				if err != nil || res.Allowed == 0 {
-					b.Fatalf("%+v, %v", res, err)
 				}
 			})
 		})

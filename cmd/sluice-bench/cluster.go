@@ -216,8 +216,8 @@ func (b *clusterBench) start(ctx context.Context) (err error) {
 	if b.cfg.sluicePath == "" {
 		fmt.Fprintln(b.stderr, "building sluice…")
 		b.cfg.sluicePath = filepath.Join(b.dir, "sluice")
-		if out, err := exec.CommandContext(ctx, "go", "build", "-o", b.cfg.sluicePath, "github.com/sluicehq/sluice/cmd/sluice").CombinedOutput(); err != nil {
-			return fmt.Errorf("go build ./cmd/sluice (run from within the repository, or pass --sluice): %v\n%s", err, out)
+		if err := buildSluice(ctx, b.cfg.sluicePath); err != nil {
+			return err
 		}
 	}
 	if b.cfg.natsServerPath == "" {

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -75,8 +76,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *sluicePath == "" {
 		fmt.Fprintln(stderr, "building sluice…")
 		*sluicePath = filepath.Join(dir, "sluice")
-		if out, err := exec.CommandContext(ctx, "go", "build", "-o", *sluicePath, "github.com/sluicehq/sluice/cmd/sluice").CombinedOutput(); err != nil {
-			return fail(fmt.Errorf("go build ./cmd/sluice (run from within the repository, or pass --sluice): %v\n%s", err, out))
+		if err := buildSluice(ctx, *sluicePath); err != nil {
+			return fail(err)
 		}
 	}
 	rulesPath := filepath.Join(dir, "rules.yaml")
@@ -191,6 +192,23 @@ func attack(u string, rate vegeta.Rate, workers uint64, d time.Duration) vegeta.
 	}
 	m.Close()
 	return m
+}
+
+// buildSluice builds the sluice binary to out, in the sluice module this tool is built
+// against (the repository root, through go.mod's replace): sluice's own go.mod and
+// go.sum pick its dependencies, not this module's.
+func buildSluice(ctx context.Context, out string) error {
+	const hint = "run from within the repository, or pass --sluice"
+	dir, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/sluicehq/sluice").Output()
+	if err != nil || strings.TrimSpace(string(dir)) == "" {
+		return fmt.Errorf("finding the sluice module (%s): %v", hint, err)
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/sluice")
+	cmd.Dir = strings.TrimSpace(string(dir))
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build ./cmd/sluice in %s (%s): %v\n%s", cmd.Dir, hint, err, msg)
+	}
+	return nil
 }
 
 func freeAddr() string {

@@ -413,8 +413,12 @@ func writeTable(w io.Writer, results []result) error {
 		rows = append(rows, []string{r.Scenario, strconv.Itoa(r.Callers), r.Store,
 			count(int(r.DecisionsPerSec)), fmt.Sprintf("%.1f", r.NsPerDecision), latency(r.MeanLatencyNs), ratio})
 	}
-	// Text columns align left and numbers right, which text/tabwriter cannot mix.
-	leftAligned := []bool{true, false, true, false, false, false, false}
+	return writeColumns(w, rows, []bool{true, false, true, false, false, false, false})
+}
+
+// writeColumns writes rows as aligned columns, text left and numbers right
+// (leftAligned per column), which text/tabwriter cannot mix.
+func writeColumns(w io.Writer, rows [][]string, leftAligned []bool) error {
 	width := make([]int, len(rows[0]))
 	for _, row := range rows {
 		for i, cell := range row {

@@ -1,7 +1,7 @@
 // Command sluice-bench measures sluice side by side with the libraries its users would
 // otherwise pick, in one process and one run, so the figures compare like with like.
 //
-//	go run ./cmd/sluice-bench limiter [--duration 2s] [--redis URL | --redis ''] [--json]
+//	go run -C cmd/sluice-bench . limiter [--duration 2s] [--redis URL | --redis ''] [--json]
 package main
 
 import (
@@ -31,11 +31,15 @@ var modes = []struct {
 	{"http", "requests per second and latency: upstream, plain reverse proxy, sluice serve", runHTTP},
 	{"parking", "orders parked per second through the ingress vs raw JetStream publishes", runParking},
 	{"pacing", "pacing accuracy at fixed outflow rates vs x/time/rate, a ticker and a deadline loop", runPacing},
+	{"rls", "ShouldRateLimit decisions per second and p99: sluice's rate limit service (memory, Redis) vs envoyproxy/ratelimit", runRLS},
 	{"cluster", "the clustered shape (3 NATS nodes, Redis, sluice replicas) under load and faults: a delivery report", runCluster},
 	// The servers that the http mode runs as processes of their own; upstream is also
 	// handy for trying sluice out (see the README's quick start).
 	{"upstream", "a small HTTP server answering {\"ok\":true}: sluice-bench upstream ADDR", runUpstream},
 	{"plain-proxy", "a plain httputil.ReverseProxy: sluice-bench plain-proxy ADDR UPSTREAM_URL", runPlainProxy},
+	// The services that the rls mode runs as processes of their own.
+	{"rls-server", "sluice's rate limit service alone: sluice-bench rls-server ADDR RULES_FILE [REDIS_URL]", runRLSServer},
+	{"envoy-ratelimit", "envoyproxy/ratelimit's service, configured by its environment variables", runEnvoyRatelimit},
 }
 
 func main() {
@@ -68,7 +72,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func usage(w io.Writer) {
 	fmt.Fprint(w, "sluice-bench measures sluice side by side with well-known peers.\n\nUsage:\n  sluice-bench <mode> [flags]\n\nModes:\n")
 	for _, m := range modes {
-		fmt.Fprintf(w, "  %-9s %s\n", m.name, m.summary)
+		fmt.Fprintf(w, "  %-15s %s\n", m.name, m.summary)
 	}
 	fmt.Fprint(w, "\nRun 'sluice-bench <mode> -h' for its flags.\n")
 }

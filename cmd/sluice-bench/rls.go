@@ -1,0 +1,591 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	envoyrunner "github.com/envoyproxy/ratelimit/src/service_cmd/runner"
+	envoysettings "github.com/envoyproxy/ratelimit/src/settings"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/envoy"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redistest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+const rlsHelp = `Usage: sluice-bench rls [flags]
+
+Measures envoy.service.ratelimit.v3 RateLimitService/ShouldRateLimit, the call that
+Envoy's rate limit filter makes, in one run on this machine:
+
+  sluice (memory)           sluice's service (package ingress/envoy) on the memory store
+  sluice (redis)            the same on a Redis store
+  envoyproxy/ratelimit      Envoy's own service (github.com/envoyproxy/ratelimit, built
+                            into this tool from its Go module) on the same Redis; it has
+                            no in-memory store, so the memory rows have no peer
+
+Each service is a process of its own (this executable, started again in the
+rls-server or envoy-ratelimit mode), both load the same Envoy-format rules file, and a
+redis-server of their own on a free port is shared by the Redis contenders. The load
+comes from this process: --callers concurrent callers, each on its own --keys
+descriptor values (user=…) used round-robin, one descriptor per request, over real gRPC
+clients (go-control-plane's generated types) on up to --conns connections. The limit
+(10^9 per hour) is never reached, so every call is a full decision that reaches the
+store; any OVER_LIMIT answer is reported as a warning. For each caller count the peer
+runs first.
+
+DECISIONS/S counts answered calls in the measured window (after a warm-up); P50 and
+P99 are the latencies one caller sees; VS PEER is sluice's decisions per second
+divided by envoyproxy/ratelimit's, P99 VS PEER sluice's p99 divided by its (below 1
+is better).
+
+envoyproxy/ratelimit runs with its defaults (REDIS_POOL_SIZE 10, no pipelining), stats
+off and logging at warn; --envoy-env passes more of its settings.
+
+Flags:
+`
+
+// rlsRules is the rules file both services load: Envoy's format, which sluice reads
+// unchanged. The limit is never reached in a run.
+const rlsRules = `domain: bench
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+`
+
+const (
+	rlsDomain = "bench"
+	rlsLimit  = 1_000_000_000
+)
+
+type rlsConfig struct {
+	duration, warmup time.Duration
+	callers          []int
+	keys, conns      int
+}
+
+type rlsResult struct {
+	Store           string  `json:"store"`
+	Service         string  `json:"service"`
+	Sluice          bool    `json:"sluice"`
+	Callers         int     `json:"callers"`
+	Decisions       int64   `json:"decisions"`
+	OverLimit       int64   `json:"over_limit"`
+	Seconds         float64 `json:"seconds"`
+	DecisionsPerSec float64 `json:"decisions_per_second"`
+	P50Ns           int64   `json:"p50_ns"`
+	P99Ns           int64   `json:"p99_ns"`
+	RatioVsPeer     float64 `json:"ratio_vs_peer,omitempty"`
+	P99RatioVsPeer  float64 `json:"p99_ratio_vs_peer,omitempty"`
+}
+
+// rlsTarget is one running service.
+type rlsTarget struct {
+	store, service, addr string
+	sluice               bool
+}
+
+type envList []string
+
+func (e *envList) String() string { return strings.Join(*e, " ") }
+
+func (e *envList) Set(v string) error {
+	k, _, ok := strings.Cut(v, "=")
+	if !ok || k == "" || strings.ContainsAny(k, " \t") {
+		return fmt.Errorf("%q is not KEY=VALUE", v)
+	}
+	*e = append(*e, v)
+	return nil
+}
+
+func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rls", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg rlsConfig
+	fs.DurationVar(&cfg.duration, "duration", 3*time.Second, "how long each measurement runs")
+	fs.DurationVar(&cfg.warmup, "warmup", 0, "warm-up before each measurement (default a quarter of --duration, at most 1s)")
+	callers := fs.String("callers", "1,16,64", "comma-separated counts of concurrent callers")
+	fs.IntVar(&cfg.keys, "keys", 1000, "descriptor values per caller, used round-robin")
+	fs.IntVar(&cfg.conns, "conns", 4, "gRPC connections shared by the callers (at most one per caller)")
+	withRedis := fs.Bool("redis", true, "also measure on Redis (starts a redis-server on a free port) against envoyproxy/ratelimit")
+	var envoyEnv envList
+	fs.Var(&envoyEnv, "envoy-env", "a setting of envoyproxy/ratelimit, `KEY=VALUE` (repeatable), e.g. REDIS_PIPELINE_WINDOW=150us")
+	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	if code, done := parseModeFlags(fs, args, rlsHelp, stdout); done {
+		return code
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if !given["warmup"] {
+		cfg.warmup = min(cfg.duration/4, time.Second)
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "sluice-bench rls: "+format+"\n", a...)
+		return exitUsage
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usageErr("unexpected argument %q", fs.Arg(0))
+	case cfg.duration <= 0 || cfg.warmup < 0:
+		return usageErr("--duration must be positive and --warmup not negative")
+	case cfg.keys < 1 || cfg.conns < 1:
+		return usageErr("--keys and --conns must be positive")
+	}
+	for _, f := range strings.Split(*callers, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > 10_000 {
+			return usageErr("--callers: %q is not a number from 1 to 10000", f)
+		}
+		cfg.callers = append(cfg.callers, n)
+	}
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "sluice-bench rls: %v\n", err)
+		return exitFailure
+	}
+
+	dir, err := os.MkdirTemp("", "sluice-bench-rls-")
+	if err != nil {
+		return fail(err)
+	}
+	defer os.RemoveAll(dir)
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesPath, []byte(rlsRules), 0o644); err != nil {
+		return fail(err)
+	}
+	procs := &children{dir: dir}
+	defer procs.stop()
+
+	fmt.Fprintln(stderr, "sluice-bench rls: starting the services…")
+	var targets []rlsTarget
+	addr := freeAddr()
+	if err := procs.start(ctx, "sluice-memory", nil, addr, "rls-server", addr, rulesPath); err != nil {
+		return fail(err)
+	}
+	targets = append(targets, rlsTarget{"memory", "sluice", addr, true})
+	if *withRedis {
+		srv, err := redistest.New()
+		if err != nil {
+			return fail(fmt.Errorf("starting redis-server (or pass --redis=false): %w", err))
+		}
+		defer srv.Close()
+		envoyAddr := freeAddr()
+		host, port, _ := net.SplitHostPort(envoyAddr)
+		env := append([]string{
+			"RUNTIME_ROOT=" + filepath.Join(dir, "envoy-runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
+			"RUNTIME_APPDIRECTORY=config", "RUNTIME_WATCH_ROOT=false",
+			"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn",
+			"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=SINGLE", "REDIS_URL=" + srv.Addr(),
+			"GRPC_HOST=" + host, "GRPC_PORT=" + port,
+			"HOST=127.0.0.1", "PORT=" + portOf(freeAddr()),
+			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + portOf(freeAddr()),
+		}, envoyEnv...)
+		confDir := filepath.Join(dir, "envoy-runtime", "ratelimit", "config")
+		if err := os.MkdirAll(confDir, 0o755); err != nil {
+			return fail(err)
+		}
+		if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(rlsRules), 0o644); err != nil {
+			return fail(err)
+		}
+		if err := procs.start(ctx, "envoyproxy-ratelimit", env, envoyAddr, "envoy-ratelimit"); err != nil {
+			return fail(err)
+		}
+		addr := freeAddr()
+		if err := procs.start(ctx, "sluice-redis", nil, addr, "rls-server", addr, rulesPath, "redis://"+srv.Addr()+"/0"); err != nil {
+			return fail(err)
+		}
+		targets = append(targets, rlsTarget{"redis", "envoyproxy/ratelimit", envoyAddr, false}, rlsTarget{"redis", "sluice", addr, true})
+	}
+
+	results, err := measureRLS(ctx, cfg, targets, stderr)
+	if err != nil {
+		return fail(err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(struct {
+			Go             string      `json:"go"`
+			GOMAXPROCS     int         `json:"gomaxprocs"`
+			EnvoyRatelimit string      `json:"envoyproxy_ratelimit"`
+			Duration       string      `json:"duration"`
+			Warmup         string      `json:"warmup"`
+			Results        []rlsResult `json:"results"`
+		}{runtime.Version(), runtime.GOMAXPROCS(0), moduleVersion("github.com/envoyproxy/ratelimit"),
+			cfg.duration.String(), cfg.warmup.String(), results})
+	} else {
+		err = writeRLSTable(stdout, results)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("writing the results: %w", err))
+	}
+	return exitOK
+}
+
+// measureRLS measures every target with every caller count: per store and caller
+// count the peer first, then sluice.
+func measureRLS(ctx context.Context, cfg rlsConfig, targets []rlsTarget, stderr io.Writer) ([]rlsResult, error) {
+	var stores []string
+	for _, t := range targets {
+		if !slices.Contains(stores, t.store) {
+			stores = append(stores, t.store)
+		}
+	}
+	p := newProgress(stderr, len(targets)*len(cfg.callers))
+	defer p.done()
+	var results []rlsResult
+	run := 0
+	for _, store := range stores {
+		for _, callers := range cfg.callers {
+			var peer *rlsResult
+			for _, t := range targets {
+				if t.store != store || t.sluice {
+					continue
+				}
+				p.step(fmt.Sprintf("%s, %s: %s", store, plural(callers, "caller"), t.service))
+				run++
+				r, err := measureRLSTarget(ctx, cfg, t, callers, run)
+				if err != nil {
+					return nil, fmt.Errorf("%s, %s, %s: %w", store, plural(callers, "caller"), t.service, err)
+				}
+				peer = &r
+			}
+			for _, t := range targets {
+				if t.store != store || !t.sluice {
+					continue
+				}
+				p.step(fmt.Sprintf("%s, %s: %s", store, plural(callers, "caller"), t.service))
+				run++
+				r, err := measureRLSTarget(ctx, cfg, t, callers, run)
+				if err != nil {
+					return nil, fmt.Errorf("%s, %s, %s: %w", store, plural(callers, "caller"), t.service, err)
+				}
+				if peer != nil && peer.DecisionsPerSec > 0 && peer.P99Ns > 0 {
+					r.RatioVsPeer = r.DecisionsPerSec / peer.DecisionsPerSec
+					r.P99RatioVsPeer = float64(r.P99Ns) / float64(peer.P99Ns)
+				}
+				results = append(results, r)
+			}
+			if peer != nil {
+				results = append(results, *peer)
+			}
+		}
+	}
+	for _, r := range results {
+		if r.OverLimit > 0 {
+			fmt.Fprintf(stderr, "sluice-bench: warning: %s (%s) answered OVER_LIMIT to %d of %d calls; the figures include them\n", r.Service, r.Store, r.OverLimit, r.Decisions)
+		}
+	}
+	return results, nil
+}
+
+// measureRLSTarget runs callers concurrent callers against t for cfg.warmup, then
+// records every call for cfg.duration. run makes the descriptor values of this
+// measurement its own, so that no measurement finds another's counters.
+func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, run int) (rlsResult, error) {
+	conns := make([]*grpc.ClientConn, min(callers, cfg.conns))
+	for i := range conns {
+		c, err := grpc.NewClient(t.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return rlsResult{}, err
+		}
+		defer c.Close()
+		conns[i] = c
+	}
+	runtime.GC() // the previous measurement's garbage is not this one's cost
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	const (
+		warming = iota
+		recording
+		stopped
+	)
+	var phase atomic.Int32
+	samples := make([][]time.Duration, callers)
+	over := make([]int64, callers)
+	var errOnce sync.Once
+	var firstErr error
+	var wg sync.WaitGroup
+	for id := range callers {
+		client := rlsv3.NewRateLimitServiceClient(conns[id%len(conns)])
+		// The requests are built before the clock starts; gRPC only reads them.
+		reqs := make([]*rlsv3.RateLimitRequest, cfg.keys)
+		for k := range reqs {
+			reqs[k] = rlsRequest(fmt.Sprintf("r%d-c%d-k%d", run, id, k))
+		}
+		wg.Go(func() {
+			lat := make([]time.Duration, 0, 1<<14)
+			for i := 0; ; i++ {
+				ph := phase.Load()
+				if ph == stopped {
+					break
+				}
+				start := time.Now()
+				resp, err := client.ShouldRateLimit(ctx, reqs[i%len(reqs)])
+				elapsed := time.Since(start)
+				if err != nil {
+					if phase.Load() != stopped { // after the end: calls cancelled
+						errOnce.Do(func() { firstErr = err })
+						phase.Store(stopped)
+					}
+					break
+				}
+				if ph == recording && phase.Load() == recording {
+					lat = append(lat, elapsed)
+					if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+						over[id]++
+					}
+				}
+			}
+			samples[id] = lat
+		})
+	}
+	sleep := func(d time.Duration) bool {
+		tm := time.NewTimer(d)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+			return phase.Load() != stopped
+		case <-ctx.Done():
+			return false
+		}
+	}
+	ok := sleep(cfg.warmup)
+	phase.CompareAndSwap(warming, recording)
+	t0 := time.Now()
+	ok = ok && sleep(cfg.duration)
+	phase.Store(stopped)
+	elapsed := time.Since(t0)
+	cancel()
+	wg.Wait()
+	switch {
+	case firstErr != nil:
+		return rlsResult{}, firstErr
+	case !ok:
+		return rlsResult{}, context.Cause(ctx)
+	}
+
+	var all []time.Duration
+	r := rlsResult{Store: t.store, Service: t.service, Sluice: t.sluice, Callers: callers, Seconds: elapsed.Seconds()}
+	for id := range samples {
+		all = append(all, samples[id]...)
+		r.OverLimit += over[id]
+	}
+	r.Decisions = int64(len(all))
+	if len(all) == 0 {
+		return r, errors.New("no call answered in the measured window")
+	}
+	slices.Sort(all)
+	r.DecisionsPerSec = float64(r.Decisions) / elapsed.Seconds()
+	r.P50Ns, r.P99Ns = int64(quantile(all, 0.50)), int64(quantile(all, 0.99))
+	return r, nil
+}
+
+// quantile returns the q-quantile of sorted (nearest rank).
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	i := int(q*float64(len(sorted))+0.999999) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func rlsRequest(user string) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{Domain: rlsDomain, Descriptors: []*rlcommon.RateLimitDescriptor{
+		{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: user}}},
+	}}
+}
+
+func writeRLSTable(w io.Writer, results []rlsResult) error {
+	rows := [][]string{{"STORE", "CALLERS", "SERVICE", "DECISIONS/S", "P50", "P99", "VS PEER", "P99 VS PEER"}}
+	for _, r := range results {
+		ratio, p99 := "", ""
+		if r.RatioVsPeer > 0 {
+			ratio, p99 = fmt.Sprintf("%.2fx", r.RatioVsPeer), fmt.Sprintf("%.2fx", r.P99RatioVsPeer)
+		}
+		rows = append(rows, []string{r.Store, strconv.Itoa(r.Callers), r.Service, count(int(r.DecisionsPerSec)),
+			latency(float64(r.P50Ns)), latency(float64(r.P99Ns)), ratio, p99})
+	}
+	return writeColumns(w, rows, []bool{true, false, true, false, false, false, false, false})
+}
+
+// moduleVersion is the version of module path built into this executable.
+func moduleVersion(path string) string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range bi.Deps {
+			if m.Path == path {
+				if m.Replace != nil {
+					return m.Replace.Version
+				}
+				return m.Version
+			}
+		}
+	}
+	return "unknown"
+}
+
+func portOf(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	return port
+}
+
+// children are the service processes of the rls mode: this executable in one of
+// its server modes, killed with the run (and by the kernel if the run dies first).
+type children struct {
+	dir   string
+	procs []*exec.Cmd
+}
+
+// start runs this executable with args and env, its output in a log file, and waits
+// until a ShouldRateLimit call to addr is answered with the benchmark's limit: the
+// service is up and has loaded the rules.
+func (c *children) start(ctx context.Context, name string, env []string, addr string, args ...string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	logPath := filepath.Join(c.dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(self, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	c.procs = append(c.procs, cmd)
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := client.ShouldRateLimit(callCtx, rlsRequest("probe"))
+		cancel()
+		if err == nil {
+			if len(resp.Statuses) == 1 && resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() == rlsLimit {
+				return nil
+			}
+			err = fmt.Errorf("answered %v without the benchmark's limit: the rules are not loaded", resp)
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("%s exited: %s", name, tail(logPath))
+		default:
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s on %s never answered: %w\n%s", name, addr, err, tail(logPath))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (c *children) stop() {
+	for _, p := range c.procs {
+		_ = p.Process.Kill()
+	}
+}
+
+// tail is the end of a child's log, for an error message.
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	b = bytes.TrimSpace(b)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// runRLSServer is sluice's side of the rls mode, a process of its own: the rate
+// limit service of package ingress/envoy on the memory store, or on Redis when a URL
+// is given, as `sluice rls` builds it.
+func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
+	if len(args) != 2 && len(args) != 3 {
+		fmt.Fprintln(stderr, "usage: sluice-bench rls-server ADDR RULES_FILE [REDIS_URL]")
+		return exitUsage
+	}
+	data, err := os.ReadFile(args[1])
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitUsage
+	}
+	set, err := rules.Parse(rules.File{Name: args[1], Data: data})
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitUsage
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var store limiter.Limiter = limiter.NewMemory()
+	if len(args) == 3 {
+		opts, err := redis.ParseURL(args[2])
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return exitUsage
+		}
+		opts.ContextTimeoutEnabled = true // as sluice's --redis client
+		client := redis.NewClient(opts)
+		defer client.Close()
+		r := limiter.NewRedis(client, limiter.WithRedisLogger(log))
+		defer r.Close()
+		store = r
+	}
+	ln, err := net.Listen("tcp", args[0])
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitFailure
+	}
+	srv := envoy.NewServer(envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log)), nil)
+	go func() {
+		<-ctx.Done()
+		srv.Stop()
+	}()
+	if err := srv.Serve(ln); err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// runEnvoyRatelimit is the peer of the rls mode, a process of its own:
+// envoyproxy/ratelimit's service as its own main runs it, configured by its
+// environment variables.
+func runEnvoyRatelimit(_ context.Context, args []string, _, stderr io.Writer) int {
+	if len(args) != 0 {
+		fmt.Fprintln(stderr, "usage: sluice-bench envoy-ratelimit (configured by envoyproxy/ratelimit's environment variables)")
+		return exitUsage
+	}
+	r := envoyrunner.NewRunner(envoysettings.NewSettings())
+	r.Run() // returns when the server stops; its errors exit the process
+	return exitOK
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter/redistest"
+)
+
+func TestRLSTable(t *testing.T) {
+	redistest.Require(t)
+	out, errOut, code := benchRun(t, "rls", "--duration", "100ms", "--warmup", "20ms", "--callers", "1,4", "--keys", "10", "--conns", "2")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if h := strings.Fields(lines[0]); len(h) < 7 || h[0] != "STORE" || h[3] != "DECISIONS/S" || h[5] != "P99" {
+		t.Fatalf("header %q", lines[0])
+	}
+	rows := lines[1:]
+	for _, want := range []struct {
+		store, service string
+		ratio          bool
+	}{
+		{"memory", "sluice", false},
+		{"redis", "sluice", true},
+		{"redis", "envoyproxy/ratelimit", false},
+	} {
+		for _, callers := range []string{"1", "4"} {
+			var found []string
+			for _, r := range rows {
+				if f := strings.Fields(r); len(f) >= 6 && f[0] == want.store && f[1] == callers && f[2] == want.service {
+					found = append(found, r)
+				}
+			}
+			if len(found) != 1 {
+				t.Errorf("%d rows for %s / %s callers / %s in\n%s", len(found), want.store, callers, want.service, out)
+				continue
+			}
+			if f := strings.Fields(found[0]); want.ratio != (len(f) == 8 && strings.HasSuffix(f[6], "x") && strings.HasSuffix(f[7], "x")) {
+				t.Errorf("row %q: ratios to the peer wanted: %v", found[0], want.ratio)
+			}
+		}
+	}
+	if strings.Contains(errOut, "OVER_LIMIT") {
+		t.Errorf("a service limited the benchmark's calls: %s", errOut)
+	}
+	if !strings.Contains(errOut, "[6/6]") {
+		t.Errorf("no progress on stderr: %q", errOut)
+	}
+}
+
+func TestRLSJSON(t *testing.T) {
+	out, errOut, code := benchRun(t, "rls", "--duration", "50ms", "--warmup", "0s", "--callers", "2", "--keys", "5", "--redis=false", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		EnvoyRatelimit string      `json:"envoyproxy_ratelimit"`
+		Results        []rlsResult `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not one JSON document: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(doc.EnvoyRatelimit, "v") {
+		t.Errorf("envoyproxy/ratelimit version %q", doc.EnvoyRatelimit)
+	}
+	if len(doc.Results) != 1 {
+		t.Fatalf("%d results, want 1 (memory, 2 callers): %s", len(doc.Results), out)
+	}
+	r := doc.Results[0]
+	if r.Store != "memory" || !r.Sluice || r.Callers != 2 || r.Decisions <= 0 || r.DecisionsPerSec <= 0 ||
+		r.P50Ns <= 0 || r.P99Ns < r.P50Ns || r.OverLimit != 0 || r.RatioVsPeer != 0 {
+		t.Errorf("result %+v", r)
+	}
+}
+
+func TestRLSUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"rls", "--duration", "0s"},
+		{"rls", "--callers", "1,x"},
+		{"rls", "--callers", "0"},
+		{"rls", "--keys", "0"},
+		{"rls", "--envoy-env", "NOEQUALS"},
+		{"rls", "extra"},
+		{"rls-server"},
+		{"rls-server", "127.0.0.1:0", "/nonexistent/rules.yaml"},
+		{"envoy-ratelimit", "extra"},
+	} {
+		if _, _, code := benchRun(t, args...); code != exitUsage {
+			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+}
+
+func TestQuantile(t *testing.T) {
+	s := make([]time.Duration, 100)
+	for i := range s {
+		s[i] = time.Duration(i + 1)
+	}
+	for q, want := range map[float64]time.Duration{0.5: 50, 0.99: 99, 1: 100, 0: 1} {
+		if got := quantile(s, q); got != want {
+			t.Errorf("quantile(%v) = %v, want %v", q, got, want)
+		}
+	}
+	if got := quantile([]time.Duration{7}, 0.99); got != 7 {
+		t.Errorf("one sample: %v", got)
+	}
+}
