@@ -23,6 +23,8 @@ var (
 	ErrConsumerGone = errors.New("queue: the consumer is gone")
 	// ErrFinal: the ticket is final already; Lease.Load acknowledged its message.
 	ErrFinal = errors.New("queue: the ticket is final already")
+	// ErrNotLoaded: a Lease was settled before Load read its record; nothing was done.
+	ErrNotLoaded = errors.New("queue: lease settled before Load")
 )
 
 // ConsumerConfig sets up the durable pull consumer that every dispatcher replica of a
@@ -286,7 +288,8 @@ func (s *Store) CheckQueue(ctx context.Context, name string) error {
 // The life of a lease: Verify (a forged order is only ever Dead), Load (the ticket's
 // record), Start (the delivery starts), then one of Done, Fail, Retry, Throttle or
 // Dead; Release hands an order back untouched. Load and Start settle the lease when
-// they return an error. A Lease is used by one goroutine at a time.
+// they return an error; Done, Fail, Retry and Throttle need Load first (else they do
+// nothing and return ErrNotLoaded). A Lease is used by one goroutine at a time.
 type Lease struct {
 	c    *Consumer
 	s    *Store
@@ -367,9 +370,13 @@ func (l *Lease) Start(ctx context.Context) error {
 }
 
 // CountAttempt counts a failed delivery attempt in the lease's record (written by the
-// settlement that follows) and returns the failed attempts so far. JetStream's delivery
-// count does not serve: it also counts pauses and crash redeliveries.
+// settlement that follows) and returns the failed attempts so far (0 before Load:
+// nothing to count in). JetStream's delivery count does not serve: it also counts
+// pauses and crash redeliveries.
 func (l *Lease) CountAttempt() int {
+	if l.rec == nil {
+		return 0
+	}
 	l.rec.Attempts++
 	return l.rec.Attempts
 }
@@ -382,6 +389,9 @@ func (l *Lease) CountAttempt() int {
 // acknowledged unseen (its record is done).
 func (l *Lease) Done(ctx context.Context, res *Result) error {
 	rec := l.rec
+	if rec == nil {
+		return ErrNotLoaded
+	}
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusDone, "", time.Time{}, res
 	l.keepKey(ctx)
 	l.save(ctx)
@@ -394,13 +404,17 @@ func (l *Lease) Done(ctx context.Context, res *Result) error {
 // Fail settles an order the downstream refused for good: status failed with cause as
 // the last error and the downstream's result, the completion event, and the message is
 // terminated.
-func (l *Lease) Fail(ctx context.Context, res *Result, cause string) {
+func (l *Lease) Fail(ctx context.Context, res *Result, cause string) error {
 	rec := l.rec
+	if rec == nil {
+		return ErrNotLoaded
+	}
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusFailed, cause, time.Time{}, res
 	l.keepKey(ctx)
 	l.save(ctx)
 	l.event(DoneSubject(rec.Queue), statusCode(res))
 	_ = l.jm.TermWithReason(fmt.Sprintf("downstream answered %d", statusCode(res)))
+	return nil
 }
 
 func statusCode(res *Result) int {
@@ -413,8 +427,8 @@ func statusCode(res *Result) int {
 // Retry settles the lease for another attempt after `after`: status queued, cause as
 // the last error, and the message is handed back for redelivery then. A failed
 // attempt is counted with CountAttempt first; without it the attempt does not count.
-func (l *Lease) Retry(ctx context.Context, after time.Duration, cause string) {
-	l.requeue(ctx, time.Now().Add(after), cause, after)
+func (l *Lease) Retry(ctx context.Context, after time.Duration, cause string) error {
+	return l.requeue(ctx, time.Now().Add(after), cause, after)
 }
 
 // ThrottleOption configures Lease.Throttle.
@@ -433,19 +447,23 @@ func RedeliverIn(d time.Duration) ThrottleOption {
 // (a downstream's Retry-After, or an open circuit): status queued, next attempt at
 // until, cause as the last error; the attempt does not count. The message is handed
 // back until then (at least 10ms), or for RedeliverIn.
-func (l *Lease) Throttle(ctx context.Context, until time.Time, cause string, opts ...ThrottleOption) {
+func (l *Lease) Throttle(ctx context.Context, until time.Time, cause string, opts ...ThrottleOption) error {
 	o := throttleOptions{redeliverIn: max(time.Until(until), 10*time.Millisecond)}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	l.requeue(ctx, until, cause, o.redeliverIn)
+	return l.requeue(ctx, until, cause, o.redeliverIn)
 }
 
-func (l *Lease) requeue(ctx context.Context, next time.Time, cause string, redeliverIn time.Duration) {
+func (l *Lease) requeue(ctx context.Context, next time.Time, cause string, redeliverIn time.Duration) error {
 	rec := l.rec
+	if rec == nil {
+		return ErrNotLoaded
+	}
 	rec.Status, rec.NextAttemptAt, rec.LastError = StatusQueued, next, cause
 	l.save(ctx)
 	_ = l.jm.NakWithDelay(redeliverIn)
+	return nil
 }
 
 // Release hands the message back for redelivery after `after`, its record untouched:
