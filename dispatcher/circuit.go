@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue"
 )
 
 // downKind tells how a failed attempt says the downstream is down rather than the
@@ -36,13 +36,12 @@ func transportFailure(err error) downKind {
 	return downNone
 }
 
-// publishFailure classifies an error of a NATS publish.
+// publishFailure classifies an error of queue.Store.Forward.
 func publishFailure(err error) downKind {
 	switch {
-	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
-		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected):
+	case errors.Is(err, queue.ErrUnavailable):
 		return downRefused
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+	case errors.Is(err, context.DeadlineExceeded):
 		return downTimeout
 	}
 	return downNone

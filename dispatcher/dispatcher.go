@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/queue"
@@ -221,18 +220,7 @@ func (d *Dispatcher) timing(cfg queue.Config) (fetchWait, pinnedTTL, ackWait tim
 	return fetchWait, pinnedTTL, ackWait
 }
 
-func (d *Dispatcher) consumerConfig(cfg queue.Config) jetstream.ConsumerConfig {
+func (d *Dispatcher) consumerConfig(cfg queue.Config) queue.ConsumerConfig {
 	_, pinnedTTL, ackWait := d.timing(cfg)
-	return jetstream.ConsumerConfig{
-		Durable:        queue.ConsumerName,
-		Description:    "sluice dispatchers",
-		AckPolicy:      jetstream.AckExplicitPolicy,
-		AckWait:        ackWait,
-		MaxDeliver:     -1,
-		MaxAckPending:  cfg.MaxInFlight,
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
-		PriorityPolicy: jetstream.PriorityPolicyPinned,
-		PriorityGroups: []string{queue.PriorityGroup},
-		PinnedTTL:      pinnedTTL,
-	}
+	return queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: pinnedTTL, MaxInFlight: cfg.MaxInFlight}
 }

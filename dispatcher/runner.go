@@ -3,15 +3,10 @@ package dispatcher
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
 )
@@ -31,21 +26,22 @@ type runner struct {
 
 	mu          sync.Mutex
 	cfg         queue.Config
-	cons        jetstream.Consumer
+	cons        *queue.Consumer
 	target      target
 	fetchWait   time.Duration
 	serverPause time.Time // pause we (or another replica) set on the server
 	pauseSetAt  time.Time // when serverPause was last confirmed (future: being set)
-	pinID       string
 }
 
 func newRunner(d *Dispatcher, q *queue.Queue) *runner {
 	cfg := q.Config()
+	log := d.log.With("queue", q.Name())
 	return &runner{
 		d:     d,
 		q:     q,
 		store: q.Store(),
-		log:   d.log.With("queue", q.Name()),
+		log:   log,
+		cons:  q.Consumer(queue.WithConsumerLogger(log)),
 		pacer: NewPacer(cfg.Outflow, WithClock(d.opts.clock)),
 		m:     d.metrics.forQueue(q.Name()),
 		cb:    newCircuit(d.opts.circuitAfter, d.opts.circuitMaxProbe),
@@ -71,9 +67,9 @@ func (r *runner) run(ctx context.Context) {
 	r.fetchLoop(ctx)
 	// The hand-backs of the messages not started are on their way before anything
 	// else stops (the connection, or the embedded server with the process).
-	if nc := r.store.Conn(); !nc.IsClosed() {
-		_ = nc.FlushTimeout(2 * time.Second)
-	}
+	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = r.cons.Flush(fctx)
+	cancel()
 	<-maintDone
 	r.deliveries.Wait()
 	r.unpin()
@@ -116,34 +112,13 @@ func (r *runner) setup(ctx context.Context) bool {
 	}
 }
 
-// ensureConsumer makes the shared consumer match the queue config, keeping a pause set
-// on the server, and takes a consumer handle of this runner's own (the handle carries
-// the pin id, so every runner needs its own).
+// ensureConsumer makes the shared consumer match the queue config, and applies the
+// config to this runner (target, pacing, fetch wait).
 func (r *runner) ensureConsumer(ctx context.Context) error {
 	cfg := r.q.Config()
-	want := r.d.consumerConfig(cfg)
-	stream := r.q.Stream()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	cons, err := stream.Consumer(cctx, queue.ConsumerName)
-	created := err != nil
-	switch {
-	case err == nil:
-		have := cons.CachedInfo().Config
-		if !sameConsumer(have, want) {
-			want.PauseUntil = have.PauseUntil
-			if _, err := stream.UpdateConsumer(cctx, want); err != nil {
-				return fmt.Errorf("update consumer: %w", err)
-			}
-		}
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		if _, err := stream.CreateOrUpdateConsumer(cctx, want); err != nil {
-			return fmt.Errorf("create consumer: %w", err)
-		}
-		if cons, err = stream.Consumer(cctx, queue.ConsumerName); err != nil {
-			return err
-		}
-	default:
+	if err := r.cons.Ensure(cctx, r.d.consumerConfig(cfg)); err != nil {
 		return err
 	}
 	target, err := r.d.newTarget(cfg)
@@ -153,20 +128,9 @@ func (r *runner) ensureConsumer(ctx context.Context) error {
 	fetchWait, _, _ := r.d.timing(cfg)
 	r.pacer.SetRate(cfg.Outflow)
 	r.mu.Lock()
-	// Keep the handle we have unless the consumer is new: it carries our pin id, and a
-	// fresh handle would lose the pin for a pinned TTL.
-	if r.cons == nil || created {
-		r.cons = cons
-	}
 	r.cfg, r.target, r.fetchWait = cfg, target, fetchWait
 	r.mu.Unlock()
 	return nil
-}
-
-func sameConsumer(a, b jetstream.ConsumerConfig) bool {
-	return a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
-		a.MaxAckPending == b.MaxAckPending && a.PriorityPolicy == b.PriorityPolicy &&
-		slices.Equal(a.PriorityGroups, b.PriorityGroups) && a.PinnedTTL == b.PinnedTTL
 }
 
 // fetchLoop asks for one message at a time until ctx ends. It checks each message
@@ -188,29 +152,21 @@ func (r *runner) fetchLoop(ctx context.Context) {
 	failWait := 50 * time.Millisecond
 	for ctx.Err() == nil && !r.gone.Load() {
 		r.mu.Lock()
-		cons, fetchWait := r.cons, r.fetchWait
+		fetchWait := r.fetchWait
 		r.mu.Unlock()
 		fctx, cancel := context.WithTimeout(ctx, fetchWait)
-		batch, err := cons.Fetch(1, jetstream.FetchContext(fctx), jetstream.FetchPriorityGroup(queue.PriorityGroup))
-		if err == nil {
-			for jm := range batch.Messages() {
-				if p, ok := r.prepare(ctx, jm); ok {
-					ready <- p
-				}
-			}
-			err = batch.Error()
-		}
+		l, err := r.cons.Next(fctx)
 		cancel()
+		if err == nil {
+			if p, ok := r.prepare(ctx, l); ok {
+				ready <- p
+			}
+		}
 		switch {
-		case err == nil, ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded),
-			errors.Is(err, jetstream.ErrNoMessages), errors.Is(err, nats.ErrTimeout):
+		case err == nil, ctx.Err() != nil, errors.Is(err, queue.ErrNoMessages):
 			failWait = 50 * time.Millisecond
 			continue
-		case errors.Is(err, jetstream.ErrPinIDMismatch):
-			// Another dispatcher holds the queue now; ask again without a pin id.
-			continue
-		case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrConsumerDeleted),
-			errors.Is(err, jetstream.ErrStreamNotFound):
+		case errors.Is(err, queue.ErrConsumerGone):
 			if r.retired(ctx) {
 				r.log.Info("queue retired; its dispatcher stops")
 				return
@@ -246,12 +202,9 @@ func (r *runner) maintain(ctx context.Context) {
 				r.log.Warn("cannot apply the new queue config", "err", err)
 			}
 		}
-		r.mu.Lock()
-		cons := r.cons
-		r.mu.Unlock()
 		asked := time.Now()
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		info, err := cons.Info(ictx)
+		paused, remaining, err := r.cons.PauseState(ictx)
 		cancel()
 		if err != nil {
 			if r.retired(ctx) {
@@ -262,8 +215,8 @@ func (r *runner) maintain(ctx context.Context) {
 		now := time.Now()
 		resumed := false
 		r.mu.Lock()
-		if info.Paused && info.PauseRemaining > 0 {
-			r.serverPause = maxTime(r.serverPause, now.Add(info.PauseRemaining))
+		if paused && remaining > 0 {
+			r.serverPause = maxTime(r.serverPause, now.Add(remaining))
 			r.pauseSetAt = now
 		} else if r.serverPause.After(now.Add(time.Second)) && r.pauseSetAt.Before(asked) {
 			// The pause on the server ended well before its time: an operator resumed
@@ -275,7 +228,7 @@ func (r *runner) maintain(ctx context.Context) {
 			r.pacer.Resume()
 			r.log.Info("queue resumed")
 		}
-		if info.Paused || r.pacer.PausedUntil().After(now) || r.cb.isOpen() {
+		if paused || r.pacer.PausedUntil().After(now) || r.cb.isOpen() {
 			r.m.paused.Set(1)
 		} else {
 			r.m.paused.Set(0)
@@ -286,13 +239,9 @@ func (r *runner) maintain(ctx context.Context) {
 // retired reports whether the queue left the rules and its stream was deleted
 // (queue.Store.Retire): nothing is left to drain.
 func (r *runner) retired(ctx context.Context) bool {
-	if !r.q.Orphaned() {
-		return false
-	}
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := r.store.JetStream().Stream(sctx, r.q.StreamName())
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
+	if r.q.Retired(sctx) {
 		r.gone.Store(true)
 		return true
 	}
@@ -307,24 +256,10 @@ func sameQueueConfig(a, b queue.Config) bool {
 // unpin releases the pin if this runner holds it, so that another replica takes over
 // without waiting for the pinned TTL.
 func (r *runner) unpin() {
-	r.mu.Lock()
-	cons, pin := r.cons, r.pinID
-	r.mu.Unlock()
-	if cons == nil || pin == "" || r.store.Conn().IsClosed() {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return
-	}
-	for _, g := range info.PriorityGroups {
-		if g.Group == queue.PriorityGroup && g.PinnedClientID == pin {
-			if err := r.q.Stream().UnpinConsumer(ctx, queue.ConsumerName, g.Group); err != nil {
-				r.log.Debug("unpin failed", "err", err)
-			}
-		}
+	if err := r.cons.Unpin(ctx); err != nil {
+		r.log.Debug("unpin failed", "err", err)
 	}
 }
 
@@ -344,7 +279,7 @@ func (r *runner) pause(until time.Time, why string) {
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := r.q.Stream().PauseConsumer(ctx, queue.ConsumerName, until); err != nil {
+	if err := r.cons.Pause(ctx, until); err != nil {
 		r.log.Warn("cannot pause the consumer on the server", "err", err)
 		r.mu.Lock()
 		r.serverPause = time.Time{}

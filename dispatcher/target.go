@@ -12,9 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -63,7 +60,7 @@ type target interface {
 
 func (d *Dispatcher) newTarget(cfg queue.Config) (target, error) {
 	if subj := cfg.NATSSubject(); subj != "" {
-		return &natsTarget{subject: subj, atMostOne: cfg.Delivery == queue.AtMostOnce, nc: d.store.Conn(), js: d.store.JetStream()}, nil
+		return &natsTarget{subject: subj, atMostOnce: cfg.Delivery == queue.AtMostOnce, pub: d.store}, nil
 	}
 	base, err := url.Parse(cfg.Downstream)
 	if err != nil {
@@ -184,16 +181,22 @@ func readCapped(r io.Reader, limit int) ([]byte, bool, error) {
 	return b, truncated, err
 }
 
+// forwarder publishes an order to a NATS subject (queue.Store.Forward). Errors that
+// wrap queue.ErrUnavailable say the subject cannot be reached; those that wrap
+// context.DeadlineExceeded that no answer came in time.
+type forwarder interface {
+	Forward(ctx context.Context, subject string, m *queue.Message, opts ...queue.ForwardOption) (seq uint64, err error)
+}
+
 // natsTarget publishes the body with the metadata headers to a subject: through
 // JetStream, done once a stream acknowledged it (at least once; queue.Store.Declare
 // made sure a stream captures the subject), or for a queue with delivery at_most_once
 // as a core publish followed by a flush (done once the server has it, subscribers or
 // not).
 type natsTarget struct {
-	subject   string
-	atMostOne bool
-	nc        *nats.Conn
-	js        jetstream.JetStream
+	subject    string
+	atMostOnce bool
+	pub        forwarder
 }
 
 // check refuses what an HTTP delivery would: consumers of the subject may well build
@@ -204,24 +207,15 @@ func (t *natsTarget) check(m *queue.Message) error {
 }
 
 func (t *natsTarget) deliver(ctx context.Context, m *queue.Message) outcome {
-	msg := nats.NewMsg(t.subject)
-	msg.Header = m.Headers()
-	msg.Header.Set(queue.HeaderMsgID, m.Ticket)
-	msg.Data = m.Body
-	if !t.atMostOne {
-		ack, err := t.js.PublishMsg(ctx, msg)
-		if err != nil {
-			// No stream (deleted since the declaration) or no answer: the downstream is
-			// down, which opens the circuit rather than costing attempts.
-			return outcome{kind: outcomeRetry, down: publishFailure(err), err: fmt.Errorf("publish to %s: %w", t.subject, err)}
-		}
-		return outcome{kind: outcomeDone, subject: t.subject, seq: ack.Sequence}
+	var opts []queue.ForwardOption
+	if t.atMostOnce {
+		opts = append(opts, queue.ForwardAtMostOnce())
 	}
-	if err := t.nc.PublishMsg(msg); err != nil {
-		return outcome{kind: outcomeRetry, down: publishFailure(err), err: fmt.Errorf("publish to %s: %w", t.subject, err)}
+	seq, err := t.pub.Forward(ctx, t.subject, m, opts...)
+	if err != nil {
+		// No stream (deleted since the declaration) or no answer: the downstream is
+		// down, which opens the circuit rather than costing attempts.
+		return outcome{kind: outcomeRetry, down: publishFailure(err), err: err}
 	}
-	if err := t.nc.FlushWithContext(ctx); err != nil {
-		return outcome{kind: outcomeRetry, down: publishFailure(err), err: fmt.Errorf("flush to %s: %w", t.subject, err)}
-	}
-	return outcome{kind: outcomeDone, subject: t.subject}
+	return outcome{kind: outcomeDone, subject: t.subject, seq: seq}
 }

@@ -375,12 +375,7 @@ func (a *QueueAPI) queueExists(w http.ResponseWriter, r *http.Request, name stri
 	if _, err := a.store().Queue(name); err == nil {
 		return true
 	}
-	if !queue.ValidName(name) {
-		a.fail(w, queue.ErrUnknownQueue)
-		return false
-	}
-	_, err := a.store().JetStream().Stream(r.Context(), queue.StreamName(name))
-	if err != nil {
+	if err := a.store().CheckQueue(r.Context(), name); err != nil {
 		a.fail(w, queue.ErrUnknownQueue)
 		return false
 	}

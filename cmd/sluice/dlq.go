@@ -17,8 +17,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -215,7 +213,7 @@ func (d *dlq) deadLetters(limit int) (found []queue.DeadLetter, missing []string
 		return nil, nil, err
 	}
 	if len(all) == 0 {
-		if _, err := d.stream(); err != nil {
+		if err := d.checkQueue(); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -237,18 +235,18 @@ func (d *dlq) deadLetters(limit int) (found []queue.DeadLetter, missing []string
 	return found, missing, nil
 }
 
-// stream returns the queue's stream, or an error saying that there is no such queue.
-func (d *dlq) stream() (jetstream.Stream, error) {
+// checkQueue returns an error saying that there is no such queue when its stream is
+// missing.
+func (d *dlq) checkQueue() error {
 	ctx, cancel := context.WithTimeout(d.ctx, 10*time.Second)
 	defer cancel()
-	st, err := d.store.JetStream().Stream(ctx, queue.StreamName(d.queue))
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("%w: there is no queue %q on this NATS (no stream %s)", queue.ErrUnknownQueue, d.queue, queue.StreamName(d.queue))
+	if err := d.store.CheckQueue(ctx, d.queue); err != nil {
+		if errors.Is(err, queue.ErrUnknownQueue) {
+			return err
+		}
+		return fmt.Errorf("queue %q: %w", d.queue, err)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("queue %q: %w", d.queue, err)
-	}
-	return st, nil
+	return nil
 }
 
 func missingError(queueName string, missing []string) error {
@@ -407,7 +405,7 @@ func (d *dlq) purge() error {
 			return err
 		}
 		if n == 0 {
-			if _, err := d.stream(); err != nil {
+			if err := d.checkQueue(); err != nil {
 				return err
 			}
 		}
@@ -432,7 +430,7 @@ func (d *dlq) purge() error {
 	}
 	prog.done()
 	if purged == 0 {
-		if _, err := d.stream(); err != nil {
+		if err := d.checkQueue(); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,70 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ForwardOption configures Store.Forward.
+type ForwardOption func(*forwardOptions)
+
+type forwardOptions struct{ atMostOnce bool }
+
+// ForwardAtMostOnce publishes with core NATS and a flush instead of through JetStream
+// (a queue with delivery at_most_once): done once the server has it, subscribers or not.
+func ForwardAtMostOnce() ForwardOption { return func(o *forwardOptions) { o.atMostOnce = true } }
+
+// Forward publishes a parked order to a NATS subject (a nats:SUBJECT downstream): the
+// body with the metadata headers (Message.Headers) and the ticket as Nats-Msg-Id.
+// By default through JetStream: done once a stream acknowledged it (at least once;
+// Declare made sure a stream captures the subject); seq is its stream sequence.
+//
+// Errors that say the subject cannot be reached at all (no responders, no stream, the
+// connection closed or down) wrap ErrUnavailable; those that say no answer came in time
+// wrap context.DeadlineExceeded. Either way the text is the publish's own.
+func (s *Store) Forward(ctx context.Context, subject string, m *Message, opts ...ForwardOption) (seq uint64, err error) {
+	var o forwardOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	msg := nats.NewMsg(subject)
+	msg.Header = m.Headers()
+	msg.Header.Set(HeaderMsgID, m.Ticket)
+	msg.Data = m.Body
+	if !o.atMostOnce {
+		ack, err := s.js.PublishMsg(ctx, msg)
+		if err != nil {
+			return 0, forwardError(fmt.Errorf("publish to %s: %w", subject, err))
+		}
+		return ack.Sequence, nil
+	}
+	if err := s.nc.PublishMsg(msg); err != nil {
+		return 0, forwardError(fmt.Errorf("publish to %s: %w", subject, err))
+	}
+	if err := s.nc.FlushWithContext(ctx); err != nil {
+		return 0, forwardError(fmt.Errorf("flush to %s: %w", subject, err))
+	}
+	return 0, nil
+}
+
+// forwardError adds to err the class callers branch on (see Forward), keeping its text.
+func forwardError(err error) error {
+	switch {
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrDisconnected):
+		return classed{err, ErrUnavailable}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return classed{err, context.DeadlineExceeded}
+	}
+	return err
+}
+
+// classed is err that also matches class (errors.Is), with err's text.
+type classed struct{ err, class error }
+
+func (c classed) Error() string   { return c.err.Error() }
+func (c classed) Unwrap() []error { return []error{c.err, c.class} }

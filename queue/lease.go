@@ -1,0 +1,558 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Errors of Consumer.Next and of the Lease methods that callers branch on.
+var (
+	// ErrNoMessages: no order came within the context of Next; ask again.
+	ErrNoMessages = errors.New("queue: no messages")
+	// ErrConsumerGone: the queue's consumer or stream was deleted; Ensure sets the
+	// consumer up again (unless the queue was retired: see Queue.Retired).
+	ErrConsumerGone = errors.New("queue: the consumer is gone")
+	// ErrFinal: the ticket is final already; Lease.Load acknowledged its message.
+	ErrFinal = errors.New("queue: the ticket is final already")
+	// ErrNotLoaded: a Lease was settled before Load read its record; nothing was done.
+	ErrNotLoaded = errors.New("queue: lease settled before Load")
+)
+
+// ConsumerConfig sets up the durable pull consumer that every dispatcher replica of a
+// queue shares (one pinned priority group: the server hands orders to one replica at a
+// time, and to another one when it falls silent for PinnedTTL).
+type ConsumerConfig struct {
+	// AckWait: how long an order handed to a dispatcher that went silent stays with it.
+	AckWait time.Duration
+	// PinnedTTL: how long the queue stays pinned to a dispatcher that stopped asking.
+	PinnedTTL time.Duration
+	// MaxInFlight caps the orders handed out and not settled, across every replica.
+	MaxInFlight int
+}
+
+func (c ConsumerConfig) jetstream() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:        ConsumerName,
+		Description:    "sluice dispatchers",
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        c.AckWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  c.MaxInFlight,
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{PriorityGroup},
+		PinnedTTL:      c.PinnedTTL,
+	}
+}
+
+func sameConsumer(a, b jetstream.ConsumerConfig) bool {
+	return a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
+		a.MaxAckPending == b.MaxAckPending && a.PriorityPolicy == b.PriorityPolicy &&
+		slices.Equal(a.PriorityGroups, b.PriorityGroups) && a.PinnedTTL == b.PinnedTTL
+}
+
+// ConsumerOption configures a Consumer.
+type ConsumerOption func(*Consumer)
+
+// WithConsumerLogger sets the logger of a Consumer and of its leases (default: the
+// store's).
+func WithConsumerLogger(l *slog.Logger) ConsumerOption {
+	return func(c *Consumer) {
+		if l != nil {
+			c.log = l
+		}
+	}
+}
+
+// Consumer is one dispatcher's handle on the consumer of a queue: it fetches orders as
+// Leases, and pauses, unpins and inspects the consumer. Each dispatcher needs its own
+// (the handle carries the pin the server gave it). Safe for concurrent use.
+type Consumer struct {
+	q   *Queue
+	log *slog.Logger
+
+	mu    sync.Mutex
+	cons  jetstream.Consumer
+	pinID string
+}
+
+// Consumer returns a handle on the queue's consumer for one dispatcher. It does no
+// I/O: Ensure creates the consumer on the server.
+func (q *Queue) Consumer(opts ...ConsumerOption) *Consumer {
+	c := &Consumer{q: q, log: q.store.log}
+	for _, opt := range opts {
+		opt(c)
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// Ensure creates the consumer or updates it to cfg, keeping a pause set on the server.
+// The handle stays the one it has unless the consumer was (re)created: it carries this
+// dispatcher's pin, and a fresh handle would lose the pin for a pinned TTL.
+func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
+	if cfg.AckWait <= 0 || cfg.PinnedTTL <= 0 || cfg.MaxInFlight < 1 {
+		return fmt.Errorf("%w: consumer of %q: ack wait, pinned TTL and max in flight must be positive", ErrInvalidConfig, c.q.name)
+	}
+	want := cfg.jetstream()
+	stream := c.q.stream
+	cons, err := stream.Consumer(ctx, ConsumerName)
+	created := err != nil
+	switch {
+	case err == nil:
+		have := cons.CachedInfo().Config
+		if !sameConsumer(have, want) {
+			want.PauseUntil = have.PauseUntil
+			if _, err := stream.UpdateConsumer(ctx, want); err != nil {
+				return unavailable("update consumer of "+c.q.name, err)
+			}
+		}
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		if _, err := stream.CreateOrUpdateConsumer(ctx, want); err != nil {
+			return unavailable("create consumer of "+c.q.name, err)
+		}
+		if cons, err = stream.Consumer(ctx, ConsumerName); err != nil {
+			return unavailable("consumer of "+c.q.name, err)
+		}
+	default:
+		return unavailable("consumer of "+c.q.name, err)
+	}
+	c.mu.Lock()
+	if c.cons == nil || created {
+		c.cons = cons
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *Consumer) handle() jetstream.Consumer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cons
+}
+
+// Next asks the server for one order (a pull request of batch 1 that lasts as long as
+// ctx) and returns it as a Lease. A message that is not a parked request is terminated
+// here. Errors: ErrNoMessages (nothing came: ask again), ErrConsumerGone (set the
+// consumer up again), ErrUnavailable.
+func (c *Consumer) Next(ctx context.Context) (*Lease, error) {
+	cons := c.handle()
+	if cons == nil {
+		return nil, fmt.Errorf("%w: not set up (Ensure)", ErrConsumerGone)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchContext(ctx), jetstream.FetchPriorityGroup(PriorityGroup))
+	if err == nil {
+		var l *Lease
+		for jm := range batch.Messages() {
+			l = c.lease(jm)
+		}
+		if l != nil {
+			return l, nil
+		}
+		err = batch.Error()
+	}
+	switch {
+	case err == nil, ctx.Err() != nil, errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, jetstream.ErrNoMessages), errors.Is(err, nats.ErrTimeout),
+		// Another dispatcher holds the queue now; the handle asks again without a pin.
+		errors.Is(err, jetstream.ErrPinIDMismatch):
+		if err == nil {
+			return nil, ErrNoMessages
+		}
+		return nil, fmt.Errorf("%w: %w", ErrNoMessages, err)
+	case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrConsumerDeleted),
+		errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, fmt.Errorf("%w: %w", ErrConsumerGone, err)
+	}
+	return nil, unavailable("fetch from "+c.q.name, err)
+}
+
+// lease decodes a fetched message; nil when it is not a parked request (terminated).
+func (c *Consumer) lease(jm jetstream.Msg) *Lease {
+	m, err := Decode(jm)
+	if err != nil {
+		c.log.Error("terminating a message that is not a parked request", "err", err)
+		_ = jm.TermWithReason("not a sluice message")
+		return nil
+	}
+	if pin := jm.Headers().Get("Nats-Pin-Id"); pin != "" {
+		c.mu.Lock()
+		c.pinID = pin
+		c.mu.Unlock()
+	}
+	return &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m)}
+}
+
+// PauseState reports whether the consumer is paused on the server, and for how much
+// longer.
+func (c *Consumer) PauseState(ctx context.Context) (paused bool, remaining time.Duration, err error) {
+	cons := c.handle()
+	if cons == nil {
+		return false, 0, fmt.Errorf("%w: not set up (Ensure)", ErrConsumerGone)
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return false, 0, unavailable("consumer of "+c.q.name, err)
+	}
+	return info.Paused, info.PauseRemaining, nil
+}
+
+// Pause pauses the consumer on the server until until: every replica stops fetching.
+// Unlike Queue.Pause it logs nothing (a dispatcher pauses for a downstream's reasons
+// and says so itself).
+func (c *Consumer) Pause(ctx context.Context, until time.Time) error {
+	if _, err := c.q.stream.PauseConsumer(ctx, ConsumerName, until); err != nil {
+		return c.q.consumerError("pause", err)
+	}
+	return nil
+}
+
+// Unpin releases the queue's pin if this handle holds it, so that another replica
+// takes over without waiting for the pinned TTL. Nothing to do is not an error.
+func (c *Consumer) Unpin(ctx context.Context) error {
+	c.mu.Lock()
+	cons, pin := c.cons, c.pinID
+	c.mu.Unlock()
+	if cons == nil || pin == "" || c.q.store.nc.IsClosed() {
+		return nil
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return unavailable("consumer of "+c.q.name, err)
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == PriorityGroup && g.PinnedClientID == pin {
+			if err := c.q.stream.UnpinConsumer(ctx, ConsumerName, g.Group); err != nil {
+				return unavailable("unpin consumer of "+c.q.name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Flush waits until the settlements sent so far (hand-backs above all) reached the
+// server, so that they are on their way before the connection or the embedded server
+// stops. A closed connection has nothing to flush.
+func (c *Consumer) Flush(ctx context.Context) error {
+	nc := c.q.store.nc
+	if nc.IsClosed() {
+		return nil
+	}
+	return nc.FlushWithContext(ctx)
+}
+
+// Retired reports whether the queue left the rules and its stream was deleted
+// (Store.Retire): nothing is left to drain.
+func (q *Queue) Retired(ctx context.Context) bool {
+	if !q.Orphaned() {
+		return false
+	}
+	return errors.Is(q.store.CheckQueue(ctx, q.name), ErrUnknownQueue)
+}
+
+// CheckQueue reports whether a queue's stream exists on the server, whether or not this
+// store declared the queue (a tool such as `sluice dlq` knows no rules; dead letters of
+// a retired queue stay reachable while its stream exists). Errors: ErrUnknownQueue (no
+// such stream, or not a queue name), ErrUnavailable.
+func (s *Store) CheckQueue(ctx context.Context, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("%w: %q", ErrUnknownQueue, name)
+	}
+	_, err := s.js.Stream(ctx, StreamName(name))
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: there is no queue %q on this NATS (no stream %s)", ErrUnknownQueue, name, StreamName(name))
+	}
+	return unavailable("stream of "+name, err)
+}
+
+// Lease is an order fetched by a dispatcher, held until it settles it. Its methods
+// own the ticket's state machine: each settlement writes the ticket record (kept in
+// memory when JetStream refuses it: settling never waits on bookkeeping), gives the
+// idempotency key of a final order its final lifetime, publishes the events on
+// DoneSubject and DeadSubject, and acknowledges, hands back or terminates the message.
+//
+// The life of a lease: Verify (a forged order is only ever Dead), Load (the ticket's
+// record), Start (the delivery starts), then one of Done, Fail, Retry, Throttle or
+// Dead; Release hands an order back untouched. Load and Start settle the lease when
+// they return an error; Done, Fail, Retry and Throttle need Load first (else they do
+// nothing and return ErrNotLoaded). A Lease is used by one goroutine at a time.
+type Lease struct {
+	c    *Consumer
+	s    *Store
+	jm   jetstream.Msg
+	m    *Message
+	verr error
+
+	rec    *Record // nil until Load
+	stored bool    // rec was read from the bucket (else it is new)
+}
+
+// Message returns the parked order.
+func (l *Lease) Message() *Message { return l.m }
+
+// Verify returns the order's signature check (see Store.Verify): an error wrapping
+// ErrForged for an order sluice did not park.
+func (l *Lease) Verify() error { return l.verr }
+
+// Record returns a copy of the ticket record as the lease holds it (zero before Load).
+func (l *Lease) Record() Record {
+	if l.rec == nil {
+		return Record{}
+	}
+	return *l.rec
+}
+
+// Load reads the ticket's record. Errors (the lease is then settled): ErrFinal (the
+// order is done, failed, dead or cancelled already: a redelivery after a crash between
+// the final record and the acknowledgement, or a republished duplicate; the message is
+// acknowledged unseen), ErrUnavailable (the record cannot be read; handed back for a
+// second).
+func (l *Lease) Load(ctx context.Context) error {
+	m := l.m
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	rec, err := l.s.Record(rctx, m.Ticket)
+	cancel()
+	switch {
+	case err == nil && rec.Status.Final():
+		l.keepKey(ctx)
+		_ = l.jm.Ack()
+		return fmt.Errorf("%w: ticket %s is %s", ErrFinal, m.Ticket, rec.Status)
+	case err == nil:
+		l.rec, l.stored = rec, true
+	case errors.Is(err, ErrNotFound):
+		l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: StatusQueued, ReceivedAt: m.ReceivedAt}
+	default:
+		_ = l.jm.NakWithDelay(time.Second)
+		return unavailable("ticket record", err)
+	}
+	return nil
+}
+
+// Start marks the delivery attempt as started. A ticket without a record reads as
+// delivering once its message was handed out (Store.Status asks the consumer), which
+// saves a synced write per delivery; a record from an earlier attempt or pause is set
+// to delivering with a compare-and-set that loses against a cancellation (Store.Cancel).
+// A record that cannot be written does not hold up the delivery (nil). Errors (the
+// lease is then settled): ErrCancelled (terminated: never delivered); any other error
+// means the record changed under us (handed back for a second).
+func (l *Lease) Start(ctx context.Context) error {
+	if !l.stored {
+		return nil
+	}
+	mctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := l.s.MarkDelivering(mctx, l.rec)
+	cancel()
+	switch {
+	case errors.Is(err, ErrCancelled):
+		_ = l.jm.TermWithReason("cancelled")
+		return err
+	case err != nil && !errors.Is(err, ErrUnavailable):
+		_ = l.jm.NakWithDelay(time.Second)
+		return err
+	case err != nil:
+		l.c.log.Debug("cannot mark delivering", "ticket", l.m.Ticket, "err", err)
+	}
+	return nil
+}
+
+// CountAttempt counts a failed delivery attempt in the lease's record (written by the
+// settlement that follows) and returns the failed attempts so far (0 before Load:
+// nothing to count in). JetStream's delivery count does not serve: it also counts
+// pauses and crash redeliveries.
+func (l *Lease) CountAttempt() int {
+	if l.rec == nil {
+		return 0
+	}
+	l.rec.Attempts++
+	return l.rec.Attempts
+}
+
+// Done settles a delivered order: status done with the downstream's result, the
+// completion event, then the acknowledgement, which it waits for. The order is
+// acknowledged whether or not its record could be written: delivering it again because
+// the store had no room for the record would keep the store full. An error is the
+// failed acknowledgement: the message comes back after the ack wait and is
+// acknowledged unseen (its record is done).
+func (l *Lease) Done(ctx context.Context, res *Result) error {
+	rec := l.rec
+	if rec == nil {
+		return ErrNotLoaded
+	}
+	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusDone, "", time.Time{}, res
+	l.keepKey(ctx)
+	l.save(ctx)
+	l.event(DoneSubject(rec.Queue), statusCode(res))
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return l.jm.DoubleAck(actx)
+}
+
+// Fail settles an order the downstream refused for good: status failed with cause as
+// the last error and the downstream's result, the completion event, and the message is
+// terminated.
+func (l *Lease) Fail(ctx context.Context, res *Result, cause string) error {
+	rec := l.rec
+	if rec == nil {
+		return ErrNotLoaded
+	}
+	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusFailed, cause, time.Time{}, res
+	l.keepKey(ctx)
+	l.save(ctx)
+	l.event(DoneSubject(rec.Queue), statusCode(res))
+	_ = l.jm.TermWithReason(fmt.Sprintf("downstream answered %d", statusCode(res)))
+	return nil
+}
+
+func statusCode(res *Result) int {
+	if res == nil {
+		return 0
+	}
+	return res.StatusCode
+}
+
+// Retry settles the lease for another attempt after `after`: status queued, cause as
+// the last error, and the message is handed back for redelivery then. A failed
+// attempt is counted with CountAttempt first; without it the attempt does not count.
+func (l *Lease) Retry(ctx context.Context, after time.Duration, cause string) error {
+	return l.requeue(ctx, time.Now().Add(after), cause, after)
+}
+
+// ThrottleOption configures Lease.Throttle.
+type ThrottleOption func(*throttleOptions)
+
+type throttleOptions struct{ redeliverIn time.Duration }
+
+// RedeliverIn hands the message back for d instead of until the end of the pause. A
+// paused consumer holds it for the rest, and an operator's Queue.Resume then finds it
+// available instead of hidden for the whole pause.
+func RedeliverIn(d time.Duration) ThrottleOption {
+	return func(o *throttleOptions) { o.redeliverIn = d }
+}
+
+// Throttle settles the lease for another attempt once the queue's pause ends at until
+// (a downstream's Retry-After, or an open circuit): status queued, next attempt at
+// until, cause as the last error; the attempt does not count. The message is handed
+// back until then (at least 10ms), or for RedeliverIn.
+func (l *Lease) Throttle(ctx context.Context, until time.Time, cause string, opts ...ThrottleOption) error {
+	o := throttleOptions{redeliverIn: max(time.Until(until), 10*time.Millisecond)}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return l.requeue(ctx, until, cause, o.redeliverIn)
+}
+
+func (l *Lease) requeue(ctx context.Context, next time.Time, cause string, redeliverIn time.Duration) error {
+	rec := l.rec
+	if rec == nil {
+		return ErrNotLoaded
+	}
+	rec.Status, rec.NextAttemptAt, rec.LastError = StatusQueued, next, cause
+	l.save(ctx)
+	_ = l.jm.NakWithDelay(redeliverIn)
+	return nil
+}
+
+// Release hands the message back for redelivery after `after`, its record untouched:
+// for an order this dispatcher will not start now (it is stopping, or the queue is
+// paused). A nak with a delay, never a plain one: the server keeps a plain nak in
+// memory only, so after a restart of the server (the embedded one restarts with
+// sluice) the message would wait out its ack wait; a delayed nak is stored as the
+// message's new deadline.
+func (l *Lease) Release(after time.Duration) {
+	_ = l.jm.NakWithDelay(max(after, time.Millisecond))
+}
+
+// Dead moves the order to the dead-letter stream with cause as its reason, then
+// records it dead, publishes the event on DeadSubject, and terminates the message. A
+// lease not loaded yet (Load) is an order never attempted: its record is written new
+// (its ticket may be a genuine order's only if the order verifies, so a forged order
+// leaves the record and the events alone). When the dead letter cannot be written the
+// order is handed back for retryIn (its record queued) and the error is returned.
+func (l *Lease) Dead(ctx context.Context, cause string, retryIn time.Duration) error {
+	m := l.m
+	if l.rec != nil {
+		l.rec.LastError = cause
+	}
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err := l.s.DeadLetter(dctx, m, l.Record().Attempts, cause)
+	cancel()
+	if err != nil {
+		if l.rec != nil {
+			l.rec.Status = StatusQueued
+			l.save(ctx)
+		}
+		_ = l.jm.NakWithDelay(retryIn)
+		return err
+	}
+	reason := "dead-lettered: " + cause
+	if l.rec == nil {
+		if l.verr != nil {
+			_ = l.jm.TermWithReason(cause)
+			return nil
+		}
+		reason = cause
+		l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, ReceivedAt: m.ReceivedAt}
+	}
+	rec := l.rec
+	rec.Status, rec.NextAttemptAt, rec.LastError = StatusDead, time.Time{}, cause
+	l.keepKey(ctx)
+	l.save(ctx)
+	l.event(DeadSubject(m.Queue), 0)
+	_ = l.jm.TermWithReason(reason)
+	return nil
+}
+
+// keepKey gives the idempotency key of an order that is final its final lifetime
+// (KeepKey), before the final record is written and the message acknowledged. A
+// failure is logged: the key then keeps the lifetime it had.
+func (l *Lease) keepKey(ctx context.Context) {
+	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := l.s.KeepKey(kctx, l.m); err != nil {
+		l.c.log.Warn("cannot refresh the idempotency key", "ticket", l.m.Ticket, "err", err)
+	}
+}
+
+// save writes the lease's record. When JetStream refuses it (store full, NATS
+// unreachable) the record is kept in memory (KeepRecord) and written later
+// (FlushRecords), so that settling an order never waits on its bookkeeping. When even
+// that fails the record is lost; the order is settled all the same.
+func (l *Lease) save(ctx context.Context) {
+	rec := l.rec
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := l.s.SaveRecord(sctx, rec)
+	cancel()
+	if err == nil {
+		return
+	}
+	if kerr := l.s.KeepRecord(rec); kerr != nil {
+		l.c.log.Error("cannot save the ticket record nor keep it for later; its status is lost", "ticket", rec.Ticket, "status", rec.Status, "err", err)
+		return
+	}
+	l.c.log.Debug("ticket record kept in memory to be written later", "ticket", rec.Ticket, "err", err)
+}
+
+func (l *Lease) event(subject string, status int) {
+	rec := l.rec
+	ev := Event{
+		Ticket: rec.Ticket, Queue: rec.Queue, Rule: rec.Rule, Status: rec.Status,
+		DownstreamStatus: status, Attempts: rec.Attempts, Error: rec.LastError, At: time.Now().UTC(),
+	}
+	if err := l.s.PublishEvent(subject, ev); err != nil {
+		l.c.log.Warn("cannot publish event", "subject", subject, "err", err)
+	}
+}

@@ -1,0 +1,274 @@
+package queue_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+)
+
+var leaseConsumer = queue.ConsumerConfig{AckWait: 30 * time.Second, PinnedTTL: 10 * time.Second, MaxInFlight: 4}
+
+// consumer sets up the dispatchers' consumer of a queue.
+func consumer(t *testing.T, s *queue.Store, name string) *queue.Consumer {
+	t.Helper()
+	q, err := s.Queue(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := q.Consumer()
+	if err := c.Ensure(ctxT(t), leaseConsumer); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// lease fetches orders until one comes (generous deadline: the machine is shared).
+func lease(t *testing.T, c *queue.Consumer) *queue.Lease {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		l, err := c.Next(ctx)
+		cancel()
+		if err == nil {
+			return l
+		}
+		if !errors.Is(err, queue.ErrNoMessages) {
+			t.Fatalf("next: %v", err)
+		}
+	}
+	t.Fatal("no order came")
+	return nil
+}
+
+func nextEvent(t *testing.T, sub *nats.Subscription) queue.Event {
+	t.Helper()
+	msg, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no event: %v", err)
+	}
+	var ev queue.Event
+	if err := json.Unmarshal(msg.Data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func TestLeaseSettlements(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, testConfig("orders"))
+	c := consumer(t, s, "orders")
+	q, _ := s.Queue("orders")
+	ctx := ctxT(t)
+	res := &queue.Result{StatusCode: 201, Body: []byte("ok")}
+	for _, tc := range []struct {
+		name    string
+		settle  func(l *queue.Lease) error
+		status  queue.Status
+		attempt int
+		subject string // event subject ("": none)
+		gone    bool   // the message left the queue
+	}{
+		{"done", func(l *queue.Lease) error { return l.Done(ctx, res) }, queue.StatusDone, 0, queue.DoneSubject("orders"), true},
+		{"fail", func(l *queue.Lease) error { return l.Fail(ctx, &queue.Result{StatusCode: 404}, "nope") }, queue.StatusFailed, 0, queue.DoneSubject("orders"), true},
+		{"retry counted", func(l *queue.Lease) error { l.CountAttempt(); return l.Retry(ctx, 20*time.Millisecond, "boom") }, queue.StatusQueued, 1, "", false},
+		{"retry not counted", func(l *queue.Lease) error { return l.Retry(ctx, 20*time.Millisecond, "refused") }, queue.StatusQueued, 0, "", false},
+		{"throttle", func(l *queue.Lease) error {
+			return l.Throttle(ctx, time.Now().Add(time.Minute), "429", queue.RedeliverIn(20*time.Millisecond))
+		}, queue.StatusQueued, 0, "", false},
+		{"dead", func(l *queue.Lease) error { l.CountAttempt(); return l.Dead(ctx, "out of attempts", time.Second) }, queue.StatusDead, 1, queue.DeadSubject("orders"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			done, _ := srv.Conn.SubscribeSync(queue.DoneSubject("orders"))
+			dead, _ := srv.Conn.SubscribeSync(queue.DeadSubject("orders"))
+			defer func() { _ = done.Unsubscribe(); _ = dead.Unsubscribe() }()
+			rc, err := s.Park(ctx, order("orders", tc.name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := lease(t, c)
+			if l.Message().Ticket != rc.Ticket || l.Verify() != nil {
+				t.Fatalf("leased %s (verify %v), parked %s", l.Message().Ticket, l.Verify(), rc.Ticket)
+			}
+			if err := l.Load(ctx); err != nil || l.Record().Status != queue.StatusQueued {
+				t.Fatalf("load: %v, record %+v", err, l.Record())
+			}
+			if err := l.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.settle(l); err != nil {
+				t.Fatal(err)
+			}
+			rec, err := s.Record(ctx, rc.Ticket)
+			if err != nil || rec.Status != tc.status || rec.Attempts != tc.attempt {
+				t.Fatalf("record %+v %v; want %s with %d attempts", rec, err, tc.status, tc.attempt)
+			}
+			if tc.subject != "" {
+				sub := done
+				if tc.subject == queue.DeadSubject("orders") {
+					sub = dead
+				}
+				if ev := nextEvent(t, sub); ev.Ticket != rc.Ticket || ev.Status != tc.status {
+					t.Errorf("event %+v", ev)
+				}
+			}
+			if !tc.gone {
+				// Handed back: it comes again, and its record says how far it got.
+				l := lease(t, c)
+				if l.Message().Ticket != rc.Ticket {
+					t.Fatalf("redelivered %s, want %s", l.Message().Ticket, rc.Ticket)
+				}
+				if err := l.Load(ctx); err != nil || l.Record().Attempts != tc.attempt {
+					t.Fatalf("reload: %v, record %+v", err, l.Record())
+				}
+				if err := l.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := l.Done(ctx, res); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor(t, func() bool { d, err := q.Depth(ctx); return err == nil && d == 0 })
+		})
+	}
+	if dls, err := s.DeadLetters(ctx, "orders", 0); err != nil || len(dls) != 1 || dls[0].Reason != "out of attempts" || dls[0].Attempts != 1 {
+		t.Fatalf("dead letters %+v %v", dls, err)
+	}
+}
+
+// A final ticket's redelivery is acknowledged unseen; a cancellation between Load and
+// Start wins (Start terminates the order).
+func TestLeaseFinalAndCancelled(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, testConfig("orders"))
+	c := consumer(t, s, "orders")
+	q, _ := s.Queue("orders")
+	ctx := ctxT(t)
+
+	rc, err := s.Park(ctx, order("orders", "final"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveRecord(ctx, &queue.Record{Ticket: rc.Ticket, Queue: "orders", Status: queue.StatusDone}); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease(t, c).Load(ctx); !errors.Is(err, queue.ErrFinal) {
+		t.Fatalf("load of a done ticket: %v, want ErrFinal", err)
+	}
+	waitFor(t, func() bool { d, err := q.Depth(ctx); return err == nil && d == 0 })
+
+	rc, err = s.Park(ctx, order("orders", "cancel"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lease(t, c)
+	if err := l.Retry(ctx, time.Millisecond, "settled before Load"); !errors.Is(err, queue.ErrNotLoaded) {
+		t.Fatalf("retry before load: %v, want ErrNotLoaded", err)
+	}
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Retry(ctx, time.Millisecond, "first attempt refused"); err != nil { // now it has a record
+		t.Fatal(err)
+	}
+	l = lease(t, c)
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Cancel(ctx, rc.Ticket); err != nil {
+		t.Fatalf("cancel: %v", err)
+	}
+	if err := l.Start(ctx); !errors.Is(err, queue.ErrCancelled) {
+		t.Fatalf("start after cancel: %v, want ErrCancelled", err)
+	}
+	if rec, err := s.Record(ctx, rc.Ticket); err != nil || rec.Status != queue.StatusCancelled {
+		t.Fatalf("record %+v %v", rec, err)
+	}
+	waitFor(t, func() bool { d, err := q.Depth(ctx); return err == nil && d == 0 })
+}
+
+// A message published on a queue subject by someone else is leased as forged; its
+// dead-lettering leaves the record of the ticket it names alone and publishes no event.
+func TestLeaseForged(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, testConfig("orders"))
+	c := consumer(t, s, "orders")
+	ctx := ctxT(t)
+	dead, _ := srv.Conn.SubscribeSync(queue.DeadSubject("orders"))
+	ticket := queue.NewTicket()
+	msg := nats.NewMsg("sluice.q.orders." + ticket)
+	msg.Header.Set(queue.HeaderTicket, ticket)
+	msg.Header.Set(queue.HeaderQueue, "orders")
+	msg.Header.Set(queue.HeaderMethod, "POST")
+	msg.Header.Set(queue.HeaderPath, "/v1/orders")
+	msg.Data = []byte("forged")
+	js, _ := jetstream.New(srv.Conn)
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	l := lease(t, c)
+	if err := l.Verify(); !errors.Is(err, queue.ErrForged) {
+		t.Fatalf("verify: %v, want ErrForged", err)
+	}
+	if err := l.Dead(ctx, "forged: "+l.Verify().Error(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Record(ctx, ticket); !errors.Is(err, queue.ErrNotFound) {
+		t.Errorf("record of the forged ticket: %v, want ErrNotFound", err)
+	}
+	if m, err := dead.NextMsg(500 * time.Millisecond); err == nil {
+		t.Errorf("event for a forged order: %s", m.Data)
+	}
+	if dls, err := s.DeadLetters(ctx, "orders", 0); err != nil || len(dls) != 1 || dls[0].Message.Ticket != ticket {
+		t.Fatalf("dead letters %+v %v", dls, err)
+	}
+}
+
+func TestForwardAndCheckQueue(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, testConfig("orders"))
+	ctx := ctxT(t)
+	m := &queue.Message{Ticket: queue.NewTicket(), Request: queue.Request{Queue: "orders", Method: "POST", Path: "/x", Body: []byte("b")}}
+
+	// No stream captures the subject: the downstream is unreachable.
+	if _, err := s.Forward(ctx, "out.none", m); !errors.Is(err, queue.ErrUnavailable) {
+		t.Errorf("forward without a stream: %v, want ErrUnavailable", err)
+	}
+	js, _ := jetstream.New(srv.Conn)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "OUT", Subjects: []string{"out.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := s.Forward(ctx, "out.orders", m)
+	if err != nil || seq != 1 {
+		t.Fatalf("forward: seq %d, %v", seq, err)
+	}
+	sub, _ := srv.Conn.SubscribeSync("plain.orders")
+	if _, err := s.Forward(ctx, "plain.orders", m, queue.ForwardAtMostOnce()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := sub.NextMsg(5 * time.Second)
+	if err != nil || string(got.Data) != "b" || got.Header.Get(queue.HeaderTicket) != m.Ticket || got.Header.Get(queue.HeaderSignature) != "" {
+		t.Fatalf("at most once: %+v %v", got, err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		want error
+	}{
+		{"orders", nil},
+		{"missing", queue.ErrUnknownQueue},
+		{"not a name!", queue.ErrUnknownQueue},
+	} {
+		if err := s.CheckQueue(ctx, tc.name); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Errorf("CheckQueue(%q) = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
