@@ -405,9 +405,6 @@ func (c *Cluster) Addrs() []string {
 	return addrs
 }
 
-// Nodes returns the cluster's servers.
-func (c *Cluster) Nodes() []*Server { return c.nodes }
-
 // Client returns a cluster client, created on first use and closed with the cluster.
 func (c *Cluster) Client() *redis.ClusterClient {
 	c.mu.Lock()

@@ -296,11 +296,6 @@ func (c *Cluster) URL() string {
 	return strings.Join(urls, ",")
 }
 
-// NodeURL returns the client URL of node i.
-func (c *Cluster) NodeURL(i int) string {
-	return fmt.Sprintf("nats://127.0.0.1:%d", c.nodes[i].clientPort)
-}
-
 // Connect opens a connection to the cluster (any node; it fails over between them),
 // closed when the test ends.
 func (c *Cluster) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
