@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -531,12 +532,12 @@ func (c *compiler) limit(file string, dd *descDef, ld *limitDef) (limiter.Limit,
 	}
 	o := ld.opts
 	l := limiter.Limit{
-		Algorithm:       cmpOr(o.algorithm, dd.opts.algorithm, limiter.FixedWindow),
+		Algorithm:       cmp.Or(o.algorithm, dd.opts.algorithm, limiter.FixedWindow),
 		Rate:            ld.rpu,
 		Period:          time.Duration(p),
 		Burst:           max(o.burst, 0),
 		ForgiveRejected: o.forgive || (o.forgiveNode == nil && dd.opts.forgive),
-		FailureMode:     cmpOr(o.failure, dd.opts.failure, limiter.FailLocal),
+		FailureMode:     cmp.Or(o.failure, dd.opts.failure, limiter.FailLocal),
 	}
 	if o.burstNode == nil {
 		l.Burst = max(dd.opts.burst, 0)
@@ -552,16 +553,6 @@ func (c *compiler) limit(file string, dd *descDef, ld *limitDef) (limiter.Limit,
 		return limiter.Limit{}, false
 	}
 	return l, true
-}
-
-func cmpOr[T comparable](vals ...T) T {
-	var zero T
-	for _, v := range vals {
-		if v != zero {
-			return v
-		}
-	}
-	return zero
 }
 
 // replaces checks that every replaces entry names a rule of the domain.
