@@ -278,6 +278,37 @@ func (w *walker) duration(n *yaml.Node, what string) (time.Duration, bool) {
 
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
 
+// field reads the value v of one field with read (w.str, w.boolean, w.integer,
+// w.duration) into *dst and, unless at is nil, keeps v in *at for the compiler's
+// located errors. It reports whether v had the right type (*dst is then the zero
+// value, and the problem is recorded).
+func field[T any](v *yaml.Node, what string, read func(*yaml.Node, string) (T, bool), dst *T, at **yaml.Node) bool {
+	if at != nil {
+		*at = v
+	}
+	var ok bool
+	*dst, ok = read(v, what)
+	return ok
+}
+
+// atLeast reads a whole number into *dst and v into *at, reporting one below min.
+// The number is kept even then: the problem already refuses the set, and the compiler
+// reports nothing more about it.
+func (w *walker) atLeast(v *yaml.Node, what string, min int64, dst *int64, at **yaml.Node) {
+	*at = v
+	n, ok := w.integer(v, what)
+	if !ok {
+		return
+	}
+	switch {
+	case n < min && min == 0:
+		w.errf(v, "%s must not be negative, got %d", what, n)
+	case n < min:
+		w.errf(v, "%s must be at least %d, got %d", what, min, n)
+	}
+	*dst = n
+}
+
 // metadata reads Envoy's descriptor metadata: a mapping whose values are strings,
 // numbers, booleans, null, lists or mappings with string keys, as a JSON-like value
 // (map[string]any, []any, string, int64, float64, bool, nil).
