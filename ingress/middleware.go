@@ -38,8 +38,9 @@ type StaticRules struct{ S *rules.Set }
 func (s StaticRules) Set() *rules.Set { return s.S }
 
 // Deferrer parks a request that a defer rule found over its limit and answers the
-// client: 202 Accepted once the request is stored, or an error status. The queue/
-// package provides one; without a Deferrer, defer rules reject like reject rules.
+// client: 202 Accepted once the request is stored, or an error status. sluice's own
+// parks in a queue.Store (QueueDeferrer); without a Deferrer, defer rules reject like
+// reject rules.
 type Deferrer interface {
 	Defer(w http.ResponseWriter, r *http.Request, d Deferral)
 }

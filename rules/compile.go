@@ -128,7 +128,9 @@ func compile(files []File, probs *problemList, cfg loadConfig) *Set {
 	}
 	for _, d := range order {
 		fds := members[d]
-		// Rule names hide values that routes fill from requests, in any file of the domain.
+		// Rule names hide the values of keys that a route of any file of the domain fills
+		// from requests (headers, query, client IP, path segments); the method and the
+		// host are no secrets and stay visible.
 		for _, fd := range fds {
 			for _, rd := range fd.routes {
 				for _, list := range rd.descs {
