@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/http/httptest"
@@ -78,10 +79,10 @@ func descriptorsOf(t *testing.T, rateLimits []any) [][]rules.Entry {
 			case at(a, "remote_address") != nil:
 				d = append(d, rules.Entry{Key: "remote_address", Value: "192.0.2.10"})
 			case at(a, "generic_key") != nil:
-				key := cmpOr(str(at(a, "generic_key", "descriptor_key")), "generic_key")
+				key := cmp.Or(str(at(a, "generic_key", "descriptor_key")), "generic_key")
 				d = append(d, rules.Entry{Key: key, Value: str(at(a, "generic_key", "descriptor_value"))})
 			case at(a, "header_value_match") != nil:
-				key := cmpOr(str(at(a, "header_value_match", "descriptor_key")), "header_match")
+				key := cmp.Or(str(at(a, "header_value_match", "descriptor_key")), "header_match")
 				d = append(d, rules.Entry{Key: key, Value: str(at(a, "header_value_match", "descriptor_value"))})
 			case at(a, "request_headers") != nil:
 				value := "user-7"
@@ -96,13 +97,6 @@ func descriptorsOf(t *testing.T, rateLimits []any) [][]rules.Entry {
 		out = append(out, d)
 	}
 	return out
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // checkDescriptors checks that every descriptor reaches a rule of domain in set.

@@ -167,9 +167,17 @@ func exportedMetrics(t *testing.T) map[string]exportedMetric {
 	store := limiter.NewRedis(rdb, limiter.WithRedisRegisterer(rec), limiter.WithRedisLogger(log))
 	t.Cleanup(func() { store.Close() })
 
-	ingress.New(w, store, ingress.WithRegisterer(rec), ingress.WithLogger(log))
-	ingress.NewProxy(&url.URL{Scheme: "http", Host: "127.0.0.1:1"}, ingress.WithProxyRegisterer(rec), ingress.WithProxyLogger(log))
-	rec.MustRegister(ingress.NewDependencies()) // sluice_dependency_up, as serve registers it
+	if _, err := ingress.New(w, store, ingress.WithRegisterer(rec), ingress.WithLogger(log)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ingress.NewProxy(&url.URL{Scheme: "http", Host: "127.0.0.1:1"}, ingress.WithProxyRegisterer(rec), ingress.WithProxyLogger(log)); err != nil {
+		t.Fatal(err)
+	}
+	deps, err := ingress.NewDependencies()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.MustRegister(deps) // sluice_dependency_up, as serve registers it
 
 	ns := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -81,8 +81,10 @@ func WithCircuit(after int, maxProbeInterval time.Duration) Option {
 	return func(o *options) { o.circuitAfter, o.circuitMaxProbe = after, maxProbeInterval }
 }
 
-// WithPacerClock sets the clock of the dispatcher's pacers (default SystemClock).
-func WithPacerClock(c Clock) Option { return func(o *options) { o.clock = c } }
+// WithDispatcherClock sets the dispatcher's clock, which paces its queues' outflow
+// (default SystemClock). A Pacer of your own takes WithClock, a PacingTransport
+// WithTransportClock.
+func WithDispatcherClock(c Clock) Option { return func(o *options) { o.clock = c } }
 
 // Dispatcher drains queues of a queue.Store to their downstreams.
 //
@@ -148,6 +150,9 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 	}
 	if o.deliveryTimeout <= 0 || o.pinnedTTL <= 0 || o.defaultPause <= 0 || o.maxPause <= 0 || o.circuitMaxProbe <= 0 {
 		return nil, errors.New("dispatcher: timeouts and pauses must be positive")
+	}
+	if o.clock == nil {
+		return nil, errors.New("dispatcher: WithDispatcherClock(nil)")
 	}
 	if o.circuitAfter < 1 {
 		return nil, errors.New("dispatcher: the circuit needs at least 1 failed attempt to open")

@@ -81,7 +81,9 @@ func defaultHTTPClient() *http.Client {
 	}
 }
 
-// httpTarget sends the original request to base URL + original path and query.
+// httpTarget delivers a parked request to its delivery URL (see deliveryURL) with its
+// parked method, headers and body, plus Sluice-Ticket and an Idempotency-Key (the
+// client's own, else the ticket).
 type httpTarget struct {
 	base         *url.URL
 	client       *http.Client

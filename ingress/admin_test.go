@@ -18,7 +18,9 @@ func TestAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	newMetrics(reg)
+	if _, err := newMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
 	redisUp := true
 	a := &Admin{Gatherer: reg, Rules: StaticRules{set}, Token: "s3cret",
 		Ready: map[string]func(context.Context) error{"redis": func(context.Context) error {

@@ -64,7 +64,7 @@ func newBodyFixture(t *testing.T, cfg queue.Config, opts ...DeferrerOption) *bod
 		t.Fatal(err)
 	}
 	d := NewQueueDeferrer(store, nil, opts...)
-	m := New(StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
+	m := mustNew(t, StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
 	f := &bodyFixture{handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })),
 		rule: set.Rules()[0].Name, deferrer: d, queue: q}
 	if w := f.post(strings.NewReader("{}"), 2); w.Code != http.StatusOK {

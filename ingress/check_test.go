@@ -75,7 +75,7 @@ func checkServer(t *testing.T, trusted bool) (*httptest.Server, *queue.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := New(StaticRules{set}, limiter.NewMemory(), WithClientIdentity(ids), WithDeferrer(NewQueueDeferrer(store, nil)))
+	m := mustNew(t, StaticRules{set}, limiter.NewMemory(), WithClientIdentity(ids), WithDeferrer(NewQueueDeferrer(store, nil)))
 	ts := httptest.NewServer(m.CheckHandler())
 	t.Cleanup(ts.Close)
 	return ts, store

@@ -58,7 +58,7 @@ func newDeferFixture(t *testing.T) *deferFixture {
 		t.Fatal(err)
 	}
 	d := NewQueueDeferrer(store, nil)
-	m := New(StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
+	m := mustNew(t, StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
 	mux := http.NewServeMux()
 	mux.Handle("GET "+DeferredPath+"{ticket}", d.StatusHandler())
 	mux.Handle("/", m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })))

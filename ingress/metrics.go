@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -37,8 +38,8 @@ type metrics = DecisionMetrics
 
 // NewDecisionMetrics returns the decision series registered on reg (nil: not
 // registered). A second call with the same registry returns series that count into
-// the first one's.
-func NewDecisionMetrics(reg prometheus.Registerer) *DecisionMetrics { return newMetrics(reg) }
+// the first one's; it fails only when reg holds other series under the same names.
+func NewDecisionMetrics(reg prometheus.Registerer) (*DecisionMetrics, error) { return newMetrics(reg) }
 
 // Count counts one decision of rule with outcome (one of the Outcome constants).
 func (m *DecisionMetrics) Count(rule, outcome string) {
@@ -51,7 +52,7 @@ func (m *DecisionMetrics) Observe(d time.Duration) { m.decisionDuration.Observe(
 // InitRules creates every rule's series of set at 0.
 func (m *DecisionMetrics) InitRules(set *rules.Set) { m.initRules(set) }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_decisions_total",
@@ -64,26 +65,32 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		m.decisions = registerShared(reg, m.decisions)
-		m.decisionDuration = registerShared(reg, m.decisionDuration)
+		var err error
+		if m.decisions, err = registerShared(reg, m.decisions); err != nil {
+			return nil, err
+		}
+		if m.decisionDuration, err = registerShared(reg, m.decisionDuration); err != nil {
+			return nil, err
+		}
 	}
-	return m
+	return m, nil
 }
 
 // registerShared registers c on reg, or returns the collector of the same description
 // registered before, so that two users of one registry count into the same series.
-func registerShared[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+// It fails when reg holds a different collector under c's names.
+func registerShared[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
 	err := reg.Register(c)
 	var already prometheus.AlreadyRegisteredError
 	if errors.As(err, &already) {
 		if existing, ok := already.ExistingCollector.(C); ok {
-			return existing
+			return existing, nil
 		}
 	}
 	if err != nil {
-		panic(err) // as MustRegister: a clash of names is a programming error
+		return c, fmt.Errorf("ingress: registering metrics: %w", err)
 	}
-	return c
+	return c, nil
 }
 
 // upstreamMetrics count what the reverse proxy gets from the upstream.
@@ -92,7 +99,7 @@ type upstreamMetrics struct {
 	duration *prometheus.HistogramVec
 }
 
-func newUpstreamMetrics(reg prometheus.Registerer) *upstreamMetrics {
+func newUpstreamMetrics(reg prometheus.Registerer) (*upstreamMetrics, error) {
 	m := &upstreamMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_upstream_requests_total",
@@ -109,9 +116,15 @@ func newUpstreamMetrics(reg prometheus.Registerer) *upstreamMetrics {
 		m.duration.WithLabelValues(class)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration)
+		var err error
+		if m.requests, err = registerShared(reg, m.requests); err != nil {
+			return nil, err
+		}
+		if m.duration, err = registerShared(reg, m.duration); err != nil {
+			return nil, err
+		}
 	}
-	return m
+	return m, nil
 }
 
 // RoundTrip-side instrumentation of the proxy's transport.

@@ -9,6 +9,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"hash"
 	"io"
 	"log/slog"
@@ -37,8 +38,9 @@ type StaticRules struct{ S *rules.Set }
 func (s StaticRules) Set() *rules.Set { return s.S }
 
 // Deferrer parks a request that a defer rule found over its limit and answers the
-// client: 202 Accepted once the request is stored, or an error status. The queue/
-// package provides one; without a Deferrer, defer rules reject like reject rules.
+// client: 202 Accepted once the request is stored, or an error status. sluice's own
+// parks in a queue.Store (QueueDeferrer); without a Deferrer, defer rules reject like
+// reject rules.
 type Deferrer interface {
 	Defer(w http.ResponseWriter, r *http.Request, d Deferral)
 }
@@ -69,6 +71,7 @@ type Middleware struct {
 	maxBody  int64
 	scopeKey []byte
 	log      *slog.Logger
+	reg      prometheus.Registerer
 	metrics  *metrics
 
 	checks sync.Pool // *[]rules.Check, reused across requests
@@ -103,28 +106,40 @@ func WithIdempotencyScopeKey(key []byte) Option {
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.log = l } }
 
-// WithRegisterer registers the middleware's metrics on reg.
+// WithRegisterer registers the middleware's metrics on reg (see NewDecisionMetrics:
+// several middlewares, and the Envoy services, share the series of one registry).
 func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(m *Middleware) { m.metrics = newMetrics(reg) }
+	return func(m *Middleware) { m.reg = reg }
 }
 
 // DefaultMaxBody is the default request body cap.
 const DefaultMaxBody = 10 << 20
 
-// New returns a Middleware deciding with lim on the rules src provides.
-func New(src RulesSource, lim limiter.Limiter, opts ...Option) *Middleware {
-	m := &Middleware{rules: src, limiter: lim, maxBody: DefaultMaxBody, log: slog.Default()}
+// New returns a Middleware deciding with lim on the rules src provides. It fails when
+// src or lim is nil, an option was given nil, or the metrics cannot be registered.
+func New(src RulesSource, lim limiter.Limiter, opts ...Option) (*Middleware, error) {
+	if src == nil || lim == nil {
+		return nil, errors.New("ingress: New needs a rules source and a limiter")
+	}
+	ids, err := NewClientIdentity(nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	m := &Middleware{rules: src, limiter: lim, ids: ids, maxBody: DefaultMaxBody, log: slog.Default()}
 	for _, o := range opts {
 		o(m)
 	}
-	if m.ids == nil {
-		m.ids, _ = NewClientIdentity(nil, 0)
+	switch {
+	case m.ids == nil:
+		return nil, errors.New("ingress: WithClientIdentity(nil)")
+	case m.log == nil:
+		return nil, errors.New("ingress: WithLogger(nil)")
 	}
-	if m.metrics == nil {
-		m.metrics = newMetrics(nil)
+	if m.metrics, err = newMetrics(m.reg); err != nil {
+		return nil, err
 	}
 	m.checks.New = func() any { s := make([]rules.Check, 0, 8); return &s }
-	return m
+	return m, nil
 }
 
 // Wrap returns a handler that decides each request before next sees it. Requests that

@@ -59,6 +59,16 @@ type fixture struct {
 	reached int
 }
 
+// mustNew is New for a test, which fails when New does.
+func mustNew(t testing.TB, src RulesSource, lim limiter.Limiter, opts ...Option) *Middleware {
+	t.Helper()
+	m, err := New(src, lim, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func newFixture(t *testing.T, opts ...Option) *fixture {
 	t.Helper()
 	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(testRules)})
@@ -73,7 +83,7 @@ func newFixture(t *testing.T, opts ...Option) *fixture {
 		defer f.mu.Unlock()
 		return *f.clock
 	}))
-	m := New(StaticRules{set}, store, append([]Option{WithRegisterer(f.reg)}, opts...)...)
+	m := mustNew(t, StaticRules{set}, store, append([]Option{WithRegisterer(f.reg)}, opts...)...)
 	f.handler = m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if _, err := io.Copy(io.Discard, r.Body); err != nil {
 			http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)

@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -43,11 +44,23 @@ func WithProxyClientIdentity(id *ClientIdentity) ProxyOption {
 // requests reuse connections instead of dialling (the default of 2 idle connections per
 // host would make the proxy itself the bottleneck), sets X-Forwarded-For / -Host /
 // -Proto from the real client connection (dropping whatever the client sent), and
-// answers 502 with a problem body when the upstream cannot be reached.
-func NewProxy(upstream *url.URL, opts ...ProxyOption) *httputil.ReverseProxy {
+// answers 502 with a problem body when the upstream cannot be reached. It fails when
+// upstream is not an absolute URL, an option was given nil, or the metrics cannot be
+// registered (several proxies share the series of one registry).
+func NewProxy(upstream *url.URL, opts ...ProxyOption) (*httputil.ReverseProxy, error) {
+	if upstream == nil || upstream.Scheme == "" || upstream.Host == "" {
+		return nil, fmt.Errorf("ingress: proxy upstream %v is not an absolute URL", upstream)
+	}
 	cfg := proxyConfig{log: slog.Default()}
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if cfg.log == nil {
+		return nil, errors.New("ingress: WithProxyLogger(nil)")
+	}
+	metrics, err := newUpstreamMetrics(cfg.reg)
+	if err != nil {
+		return nil, err
 	}
 	log := cfg.log
 	transport := &http.Transport{
@@ -66,7 +79,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) *httputil.ReverseProxy {
 			setForwarded(cfg.ids, pr.In, pr.Out.Header)
 			pr.Out.Host = pr.In.Host // the upstream sees the host the client asked for
 		},
-		Transport: instrumentedTransport{next: transport, metrics: newUpstreamMetrics(cfg.reg)},
+		Transport: instrumentedTransport{next: transport, metrics: metrics},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, r.Context().Err()) {
 				return // the client went away; nobody to answer
@@ -79,7 +92,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) *httputil.ReverseProxy {
 			log.Warn("upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)
 			writeProblem(w, simpleProblem(http.StatusBadGateway, "The upstream could not be reached."))
 		},
-	}
+	}, nil
 }
 
 // forwardingHeaders are the headers that tell a server who asked and how; setForwarded

@@ -369,7 +369,7 @@ func TestQueueAPIResponses(t *testing.T) {
 		{"requeue bad ticket", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":["../x"]}`, 400, "Not a ticket"},
 		{"requeue both", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":["` + dead[0] + `"],"all":true}`, 400, "not both"},
 		{"requeue too many", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":[` + strings.Repeat(`"`+dead[0]+`",`, maxTickets) + `"` + dead[0] + `"]}`, 413, ""},
-		{"requeue unknown ticket", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":["` + queue.NewTicket() + `"]}`, 404, ""},
+		{"requeue unknown ticket", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue", `{"tickets":["` + unknownTicket + `"]}`, 404, ""},
 		{"requeue one", "POST", pRequeue, "/sluice/v1/queues/orders/dead/requeue?ticket=" + dead[0], "", 200, `"requeued": 1`},
 		{"purge no confirm", "DELETE", pDead, "/sluice/v1/queues/orders/dead?all=true", "", 400, "confirm=true"},
 		{"purge bad confirm", "DELETE", pDead, "/sluice/v1/queues/orders/dead?confirm=yes&all=true", "", 400, "true or false"},
@@ -445,7 +445,7 @@ func TestCancelHandler(t *testing.T) {
 		t.Errorf("cancel again: %d", w.Code)
 	}
 	// Someone else's ticket cannot be guessed: unknown and malformed tickets are 404.
-	for _, ticket := range []string{queue.NewTicket(), "x", strings.Repeat("a", 27), "..%2F..%2Fx", "AAAAAAAAAAAAAAAAAAAAAAAAAA"} {
+	for _, ticket := range []string{unknownTicket, "x", strings.Repeat("a", 27), "..%2F..%2Fx", "AAAAAAAAAAAAAAAAAAAAAAAAAA"} {
 		w := del(ticket)
 		if w.Code != http.StatusNotFound {
 			t.Errorf("cancel %q: %d", ticket, w.Code)
@@ -469,3 +469,6 @@ func loaded(store *queue.Store) *atomic.Pointer[queue.Store] {
 	p.Store(store)
 	return &p
 }
+
+// unknownTicket has a ticket's shape and was never parked.
+const unknownTicket = "unknownticketqqqqqqqqqqqqq"

@@ -3,6 +3,7 @@ package ingress
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sort"
@@ -56,7 +57,7 @@ type DependencyStatus struct {
 // DependencyOption configures Dependencies.
 type DependencyOption func(*Dependencies)
 
-// WithCheckTimeout bounds each check (default 2s).
+// WithCheckTimeout bounds each check (default 2s; it must be positive).
 func WithCheckTimeout(d time.Duration) DependencyOption {
 	return func(s *Dependencies) { s.timeout = d }
 }
@@ -103,8 +104,9 @@ type Dependencies struct {
 	upDesc, stateDesc *prometheus.Desc
 }
 
-// NewDependencies returns a watcher without dependencies; add them with Add.
-func NewDependencies(opts ...DependencyOption) *Dependencies {
+// NewDependencies returns a watcher without dependencies; add them with Add. It fails
+// when WithCheckTimeout was given a duration that is not positive.
+func NewDependencies(opts ...DependencyOption) (*Dependencies, error) {
 	d := &Dependencies{timeout: 2 * time.Second, checks: map[string]DependencyCheck{}, last: map[string]*DependencyStatus{},
 		upDesc: prometheus.NewDesc("sluice_dependency_up",
 			"1 while the dependency (redis, nats) is up as this process sees it, else 0 (degraded or down). Not part of readiness.",
@@ -116,10 +118,13 @@ func NewDependencies(opts ...DependencyOption) *Dependencies {
 	for _, o := range opts {
 		o(d)
 	}
+	if d.timeout <= 0 {
+		return nil, fmt.Errorf("ingress: the dependency check timeout must be positive, got %v", d.timeout)
+	}
 	if d.log == nil {
 		d.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return d
+	return d, nil
 }
 
 // Add adds a dependency named name (a metric label: keep it a constant). Add before

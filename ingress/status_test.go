@@ -25,7 +25,10 @@ func TestAdminStatusAndDrain(t *testing.T) {
 	var redisErr atomic.Pointer[error]
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
-	deps := NewDependencies(WithCheckTimeout(200*time.Millisecond), WithSecrets("hunter2", ""))
+	deps, err := NewDependencies(WithCheckTimeout(200*time.Millisecond), WithSecrets("hunter2", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
 	deps.Add("redis", func(ctx context.Context) DependencyReport {
 		if e := redisErr.Load(); e != nil {
 			return DependencyReport{State: DependencyDown, Err: *e, Detail: map[string]any{"limiter_fallback": true}}

@@ -45,7 +45,7 @@ func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 	// count against the stream's bytes and the server's max payload.
 	// The time is one of the longest in RFC 3339 with nanoseconds (which drops
 	// trailing zeros), so the limit does not depend on the clock.
-	m := &Message{Request: *req, Ticket: NewTicket(), Fingerprint: fmt.Sprintf("%064x", 0)}
+	m := &Message{Request: *req, Ticket: newTicket(), Fingerprint: fmt.Sprintf("%064x", 0)}
 	m.Body, m.ReceivedAt = nil, time.Date(2000, 1, 1, 0, 0, 0, 111_111_111, time.UTC)
 	m.Header = KeptHeader(req.Header, cfg.DropHeaders)
 	size := int64(m.encode(q.subject(m.Ticket)).Size())

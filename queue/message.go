@@ -106,8 +106,8 @@ type Message struct {
 
 var ticketEncoding = base32.StdEncoding.WithPadding(base32.NoPadding)
 
-// NewTicket returns a fresh ticket: 128 bits from crypto/rand, base32 lower case.
-func NewTicket() string {
+// newTicket returns a fresh ticket: 128 bits from crypto/rand, base32 lower case.
+func newTicket() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand panics on failure)
 	return strings.ToLower(ticketEncoding.EncodeToString(b[:]))

@@ -112,7 +112,7 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 		m.ReceivedAt = time.Now()
 	}
 	m.Fingerprint = Fingerprint(&m.Request)
-	m.Ticket = NewTicket()
+	m.Ticket = newTicket()
 
 	if !s.connected() {
 		return Receipt{}, fmt.Errorf("%w: not connected to NATS", ErrUnavailable)

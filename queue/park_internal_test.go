@@ -66,7 +66,7 @@ func TestIdempotencyCrashBetweenPublishAndKey(t *testing.T) {
 	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	req := keyedOrder("c1", `"crash"`, `{"sku":1}`)
 	// Steps 2 and 3 of Park happened, then the process died.
-	m := &Message{Request: *req, Ticket: NewTicket()}
+	m := &Message{Request: *req, Ticket: newTicket()}
 	m.Header = KeptHeader(req.Header, nil)
 	m.Fingerprint = Fingerprint(&m.Request)
 	key := idemKey("c1", `"crash"`)
@@ -195,7 +195,7 @@ func TestKeepKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := idemKey("c1", "k")
-	m := &Message{Request: *keyedOrder("c1", "k", "{}"), Ticket: NewTicket()}
+	m := &Message{Request: *keyedOrder("c1", "k", "{}"), Ticket: newTicket()}
 	if err := s.KeepKey(ctx, m); err != nil { // another ticket: untouched, no TTL
 		t.Fatal(err)
 	}
@@ -236,7 +236,7 @@ func TestKeepKey(t *testing.T) {
 func TestForgedIdempotencyRecordIsReplaced(t *testing.T) {
 	s, _, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	req := keyedOrder("c1", `"k"`, `{"sku":1}`)
-	planted := NewTicket()
+	planted := newTicket()
 	val, _ := json.Marshal(idemRecord{Ticket: planted, Fingerprint: Fingerprint(req), Queue: "orders"})
 	if _, err := s.idem.Create(ctx, idemKey("c1", `"k"`), val); err != nil {
 		t.Fatal(err)

@@ -212,8 +212,7 @@ func parseFile(name string, data []byte, probs *problemList) *fileDef {
 	w.fields(root, "the file", fileFields, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "domain":
-			f.domain, _ = w.str(v, "domain")
-			f.domainNode = v
+			field(v, "domain", w.str, &f.domain, &f.domainNode)
 		case "shadow_mode":
 			// Envoy's service accepts shadow_mode here but reads it only on descriptors:
 			// its rules stay enforced. Shadowing the whole file instead would change what
@@ -312,11 +311,9 @@ func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
 	w.fields(n, "a descriptor", descFields, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "key":
-			d.key, _ = w.str(v, "key")
-			d.keyNode = v
+			field(v, "key", w.str, &d.key, &d.keyNode)
 		case "value":
-			d.value, _ = w.str(v, "value")
-			d.valueNode = v
+			field(v, "value", w.str, &d.value, &d.valueNode)
 		case "rate_limit":
 			if !isNull(v) {
 				d.rateLimit = w.limit(v, "rate_limit", envoyFields, d)
@@ -334,16 +331,15 @@ func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
 		case "descriptors":
 			d.children = w.descriptors(v, depth+1)
 		case "shadow_mode":
-			d.shadow, _ = w.boolean(v, "shadow_mode")
+			field(v, "shadow_mode", w.boolean, &d.shadow, nil)
 		case "detailed_metric":
-			d.detailed, _ = w.boolean(v, "detailed_metric")
+			field(v, "detailed_metric", w.boolean, &d.detailed, nil)
 		case "value_to_metric":
 			// Envoy: the request's value goes into the stat name. sluice's metric labels
 			// are rule names, never request values, so it only needs to be a boolean.
 			_, _ = w.boolean(v, "value_to_metric")
 		case "share_threshold":
-			d.share, _ = w.boolean(v, "share_threshold")
-			d.shareNode = v
+			field(v, "share_threshold", w.boolean, &d.share, &d.shareNode)
 		case "metadata":
 			d.metadata = w.metadata(v)
 		case "quota_mode":
@@ -370,8 +366,7 @@ func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
 			}
 		case "queue":
 			d.extensions = append(d.extensions, k)
-			d.queue.name, _ = w.str(v, "queue")
-			d.queue.node = v
+			field(v, "queue", w.str, &d.queue.name, &d.queue.node)
 		default:
 			d.extensions = append(d.extensions, k)
 			w.limitOpt(&d.opts, key, v)
@@ -405,8 +400,7 @@ func (w *walker) replaces(v *yaml.Node) []nameRef {
 		}
 		var ref nameRef
 		w.fields(rn, "an entry of replaces", []string{"name"}, func(_ string, _, v *yaml.Node) {
-			ref.name, _ = w.str(v, "name")
-			ref.node = v
+			field(v, "name", w.str, &ref.name, &ref.node)
 		})
 		if ref.name == "" {
 			w.errf(rn, "replaces entry needs a name")
@@ -423,29 +417,15 @@ func (w *walker) limit(n *yaml.Node, what string, known []string, d *descDef) *l
 	w.fields(n, what, known, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "unit":
-			l.unit, _ = w.str(v, "unit")
-			l.unitNode = v
+			field(v, "unit", w.str, &l.unit, &l.unitNode)
 		case "window":
-			l.window, _ = w.duration(v, "window")
-			l.winNode = v
+			field(v, "window", w.duration, &l.window, &l.winNode)
 		case "unit_multiplier":
-			l.multNode = v
-			if n, ok := w.integer(v, "unit_multiplier"); ok {
-				if n < 1 {
-					w.errf(v, "unit_multiplier must be at least 1, got %d", n)
-				}
-				l.mult = n
-			}
+			w.atLeast(v, "unit_multiplier", 1, &l.mult, &l.multNode)
 		case "requests_per_unit":
-			l.rpuNode = v
-			if n, ok := w.integer(v, "requests_per_unit"); ok {
-				if n < 0 {
-					w.errf(v, "requests_per_unit must not be negative, got %d", n)
-				}
-				l.rpu = n
-			}
+			w.atLeast(v, "requests_per_unit", 0, &l.rpu, &l.rpuNode)
 		case "unlimited":
-			l.unlimited, _ = w.boolean(v, "unlimited")
+			field(v, "unlimited", w.boolean, &l.unlimited, nil)
 		case "name":
 			d.name = w.nameRef(v, "name", d.name)
 		case "replaces":
@@ -468,13 +448,7 @@ func (w *walker) limitOpt(o *limitOpts, key string, v *yaml.Node) {
 			}
 		}
 	case "burst":
-		o.burstNode = v
-		if n, ok := w.integer(v, "burst"); ok {
-			if n < 1 {
-				w.errf(v, "burst must be at least 1, got %d", n)
-			}
-			o.burst = n
-		}
+		w.atLeast(v, "burst", 1, &o.burst, &o.burstNode)
 	case "failure_mode":
 		o.failureNode = v
 		if s, ok := w.str(v, "failure_mode"); ok {
@@ -486,8 +460,7 @@ func (w *walker) limitOpt(o *limitOpts, key string, v *yaml.Node) {
 			}
 		}
 	case "forgive_rejected":
-		o.forgiveNode = v
-		o.forgive, _ = w.boolean(v, "forgive_rejected")
+		field(v, "forgive_rejected", w.boolean, &o.forgive, &o.forgiveNode)
 	}
 }
 
@@ -496,8 +469,7 @@ func (w *walker) route(n *yaml.Node) *routeDef {
 	w.fields(n, "a route", routeFields, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "name":
-			r.name, _ = w.str(v, "route name")
-			r.nameNode = v
+			field(v, "route name", w.str, &r.name, &r.nameNode)
 		case "match":
 			if !isNull(v) {
 				w.match(r, v)
@@ -545,17 +517,13 @@ func (w *walker) match(r *routeDef, n *yaml.Node) {
 				}
 			}
 		case "host":
-			r.host, _ = w.str(v, "host")
-			r.hostNode = v
+			field(v, "host", w.str, &r.host, &r.hostNode)
 		case "path":
-			r.path, _ = w.str(v, "path")
-			r.pathNode = v
+			field(v, "path", w.str, &r.path, &r.pathNode)
 		case "path_prefix":
-			r.prefix, _ = w.str(v, "path_prefix")
-			r.prefixNode = v
+			field(v, "path_prefix", w.str, &r.prefix, &r.prefixNode)
 		case "path_pattern":
-			r.pattern, _ = w.str(v, "path_pattern")
-			r.patternNode = v
+			field(v, "path_pattern", w.str, &r.pattern, &r.patternNode)
 		case "headers":
 			for _, hn := range w.items(v, "headers") {
 				if hn = w.resolve(hn); hn == nil {
@@ -565,9 +533,9 @@ func (w *walker) match(r *routeDef, n *yaml.Node) {
 				w.fields(hn, "a header match", headerFields, func(key string, k, v *yaml.Node) {
 					switch key {
 					case "name":
-						h.name, _ = w.str(v, "header name")
+						field(v, "header name", w.str, &h.name, nil)
 					case "value":
-						h.value, h.hasVal = w.str(v, "header value")
+						h.hasVal = field(v, "header value", w.str, &h.value, nil)
 					case "present":
 						if b, ok := w.boolean(v, "present"); ok {
 							h.present = &b
@@ -585,15 +553,13 @@ func (w *walker) entry(n *yaml.Node) entryDef {
 	w.fields(n, "a descriptor entry", entryFields, func(key string, k, v *yaml.Node) {
 		switch key {
 		case "key":
-			e.key, _ = w.str(v, "key")
+			field(v, "key", w.str, &e.key, nil)
 		case "value":
-			e.value, e.hasVal = w.str(v, "value")
+			e.hasVal = field(v, "value", w.str, &e.value, nil)
 		case "from":
-			e.from, _ = w.str(v, "from")
-			e.fromN = v
+			field(v, "from", w.str, &e.from, &e.fromN)
 		case "default":
-			e.def, e.hasDef = w.str(v, "default")
-			e.defNode = v
+			e.hasDef = field(v, "default", w.str, &e.def, &e.defNode)
 		}
 	})
 	return e
@@ -612,7 +578,7 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 		case "max_bytes":
 			q.maxBytes = w.size(v, key)
 		case "max_age":
-			q.maxAge, _ = w.duration(v, key)
+			field(v, key, w.duration, &q.maxAge, nil)
 		case "max_attempts":
 			q.maxAttempts = w.positive(v, key)
 		case "max_in_flight":
@@ -642,7 +608,7 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 				}
 			}
 		case "dead_letter_max_age":
-			q.deadMaxAge, _ = w.duration(v, key)
+			field(v, key, w.duration, &q.deadMaxAge, nil)
 		case "delivery":
 			d, _ := w.str(v, key)
 			q.delivery = queue.Delivery(d)

@@ -30,11 +30,12 @@ type WatchOptions struct {
 	// Poll makes the watcher poll instead of using fsnotify (for file systems without
 	// change notification, such as some network mounts).
 	Poll bool
-	// PollInterval is how often content is compared when polling; default 5s.
+	// PollInterval is how often content is compared when polling; 0 means 5s, a
+	// negative value is an error.
 	PollInterval time.Duration
 	// Debounce is how long the watcher waits after a file event for more events before
 	// it reloads, so an editor's save (write, rename, chmod) or a ConfigMap swap is read
-	// once, complete; default 100ms.
+	// once, complete; 0 means 100ms, a negative value is an error.
 	Debounce time.Duration
 	// Prepare, when set, is called with every valid new set before it becomes active,
 	// from the goroutine that reloads (the watcher's, or Reload's caller), one call at
@@ -118,10 +119,13 @@ func Watch(paths []string, opts WatchOptions) (*Watcher, error) {
 	if len(paths) == 0 {
 		return nil, ErrNoPaths
 	}
-	if opts.PollInterval <= 0 {
+	if opts.PollInterval < 0 || opts.Debounce < 0 {
+		return nil, fmt.Errorf("rules: negative WatchOptions: PollInterval %v, Debounce %v", opts.PollInterval, opts.Debounce)
+	}
+	if opts.PollInterval == 0 {
 		opts.PollInterval = 5 * time.Second
 	}
-	if opts.Debounce <= 0 {
+	if opts.Debounce == 0 {
 		opts.Debounce = 100 * time.Millisecond
 	}
 	w := &Watcher{paths: append([]string(nil), paths...), opts: opts, log: opts.Logger, done: make(chan struct{}),

@@ -545,3 +545,28 @@ func TestWatchRefusesNonRulesFilesWithoutQuotingThem(t *testing.T) {
 		})
 	}
 }
+
+// Bad WatchOptions are refused, not silently replaced by the defaults.
+func TestWatchBadOptions(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "r.yaml")
+	if err := os.WriteFile(file, []byte(versioned(1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	clash := prometheus.NewRegistry()
+	clash.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_rules_last_reload_success_timestamp_seconds", Help: "not sluice's"}))
+	for name, opts := range map[string]WatchOptions{
+		"negative poll interval": {Poll: true, PollInterval: -time.Second},
+		"negative debounce":      {Debounce: -time.Millisecond},
+		"clashing registry":      {Registerer: clash},
+	} {
+		if w, err := Watch([]string{file}, opts); err == nil {
+			w.Close()
+			t.Errorf("%s: Watch succeeded", name)
+		}
+	}
+	w, err := Watch([]string{file}, WatchOptions{Poll: true}) // zero values: the defaults
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+}

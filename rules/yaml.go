@@ -9,6 +9,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/sluicehq/sluice/internal/suggest"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -147,7 +148,7 @@ func (w *walker) fields(n *yaml.Node, what string, known []string, handle func(k
 			msg := fmt.Sprintf("unknown field %q in %s", p.key, what)
 			// The suggestion costs; skip it once nobody will read the problem.
 			if !w.probs.full() {
-				if s := Suggest(p.key, known); s != "" {
+				if s := suggest.Closest(p.key, known); s != "" {
 					msg += fmt.Sprintf(" (did you mean %q?)", s)
 				}
 			}
@@ -277,40 +278,35 @@ func (w *walker) duration(n *yaml.Node, what string) (time.Duration, bool) {
 
 func formatInt(n int64) string { return strconv.FormatInt(n, 10) }
 
-// Suggest returns the word of known closest to s when s is a plausible typo of it (at
-// most two edits away), or "". The rules validator uses it for unknown fields, and the
-// sluice command for unknown configuration keys.
-func Suggest(s string, known []string) string {
-	best, bestD := "", 3
-	for _, k := range known {
-		if d := editDistance(s, k); d < bestD {
-			best, bestD = k, d
-		}
+// field reads the value v of one field with read (w.str, w.boolean, w.integer,
+// w.duration) into *dst and, unless at is nil, keeps v in *at for the compiler's
+// located errors. It reports whether v had the right type (*dst is then the zero
+// value, and the problem is recorded).
+func field[T any](v *yaml.Node, what string, read func(*yaml.Node, string) (T, bool), dst *T, at **yaml.Node) bool {
+	if at != nil {
+		*at = v
 	}
-	return best
+	var ok bool
+	*dst, ok = read(v, what)
+	return ok
 }
 
-func editDistance(a, b string) int {
-	if len(a) > 64 || len(b) > 64 {
-		return 99
+// atLeast reads a whole number into *dst and v into *at, reporting one below min.
+// The number is kept even then: the problem already refuses the set, and the compiler
+// reports nothing more about it.
+func (w *walker) atLeast(v *yaml.Node, what string, min int64, dst *int64, at **yaml.Node) {
+	*at = v
+	n, ok := w.integer(v, what)
+	if !ok {
+		return
 	}
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
+	switch {
+	case n < min && min == 0:
+		w.errf(v, "%s must not be negative, got %d", what, n)
+	case n < min:
+		w.errf(v, "%s must be at least %d, got %d", what, min, n)
 	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
+	*dst = n
 }
 
 // metadata reads Envoy's descriptor metadata: a mapping whose values are strings,

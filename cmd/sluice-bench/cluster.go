@@ -24,6 +24,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/cmd/internal/progress"
+	"github.com/sluicehq/sluice/internal/childproc"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redistest"
 	"github.com/sluicehq/sluice/queue"
@@ -205,8 +207,7 @@ type clusterBench struct {
 // benchReplica is one sluice serve process.
 type benchReplica struct {
 	name, url, admin, log string
-	cmd                   *exec.Cmd
-	done                  chan struct{}
+	proc                  *childproc.Process
 }
 
 func (b *clusterBench) start(ctx context.Context) (err error) {
@@ -255,7 +256,7 @@ func (b *clusterBench) start(ctx context.Context) (err error) {
 	for i := range b.cfg.replicas {
 		listen, admin := freeAddr(), freeAddr()
 		r := &benchReplica{name: fmt.Sprintf("sluice-%d", i+1), url: "http://" + listen, admin: "http://" + admin,
-			log: filepath.Join(b.dir, fmt.Sprintf("sluice-%d.log", i+1)), done: make(chan struct{})}
+			log: filepath.Join(b.dir, fmt.Sprintf("sluice-%d.log", i+1))}
 		args := []string{"serve", "--rules", rulesPath, "--upstream", "http://" + b.up.Addr,
 			"--listen", listen, "--admin-listen", admin, "--log-level", "warn",
 			"--data-dir", filepath.Join(b.dir, r.name), "--nats", b.nats.URL(), "--queue-key", queueKey, "--replicas", "3",
@@ -279,35 +280,16 @@ func (b *clusterBench) start(ctx context.Context) (err error) {
 }
 
 func (r *benchReplica) start(ctx context.Context, bin string, args []string) error {
-	logf, err := os.Create(r.log)
+	proc, err := childproc.Start(exec.Command(bin, args...), r.log)
 	if err != nil {
-		return err
-	}
-	r.cmd = exec.Command(bin, args...)
-	r.cmd.Stdout, r.cmd.Stderr = logf, logf
-	r.cmd.SysProcAttr = childAttr()
-	if err := r.cmd.Start(); err != nil {
-		logf.Close()
 		return fmt.Errorf("%s: %w", r.name, err)
 	}
-	go func() { _ = r.cmd.Wait(); logf.Close(); close(r.done) }()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		// Ready (serving) and its queues declared: /readyz does not wait for NATS.
-		if r.ready() {
-			return nil
-		}
-		select {
-		case <-r.done:
-			return fmt.Errorf("%s exited at start:\n%s", r.name, tailFile(r.log))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after 60s:\n%s", r.name, tailFile(r.log))
-		}
+	r.proc = proc
+	// Ready (serving) and its queues declared: /readyz does not wait for NATS.
+	if err := proc.WaitReady(ctx, 60*time.Second, 50*time.Millisecond, r.ready); err != nil {
+		return fmt.Errorf("%s: %w:\n%s", r.name, err, childproc.Tail(r.log, 3000))
 	}
+	return nil
 }
 
 // ready reports whether the replica's /readyz answers 200 and its status shows NATS
@@ -335,16 +317,9 @@ func (r *benchReplica) ready() bool {
 }
 
 func (r *benchReplica) kill() {
-	_ = r.cmd.Process.Kill()
-	<-r.done
-}
-
-func tailFile(path string) string {
-	b, _ := os.ReadFile(path)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
+	if r.proc != nil {
+		r.proc.Kill()
 	}
-	return string(b)
 }
 
 func serveLocal(h http.Handler) (*http.Server, error) {
@@ -431,7 +406,7 @@ func (b *clusterBench) run(ctx context.Context) (*clusterReport, error) {
 			case <-stopProg:
 				return
 			case <-t.C:
-				prog.show(b.progressLine(start, *phase.Load()))
+				prog.Show(b.progressLine(start, *phase.Load()))
 			}
 		}
 	})
@@ -474,8 +449,8 @@ load:
 	drained := b.drain(ctx, tickets)
 	close(stopProg)
 	progDone.Wait()
-	prog.show(b.progressLine(start, "done"))
-	prog.end()
+	prog.Show(b.progressLine(start, "done"))
+	prog.End()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -842,40 +817,17 @@ func (d *benchDownstream) times() []time.Time {
 // clusterProgress is the one line that tells how the run goes: rewritten in place on
 // a terminal, a line per interval elsewhere (CI logs, pipes).
 type clusterProgress struct {
-	w        io.Writer
-	terminal bool
-	every    time.Duration
-	shown    bool
+	*progress.Line
+	every time.Duration
 }
 
 func newClusterProgress(w io.Writer, every time.Duration) *clusterProgress {
-	p := &clusterProgress{w: w}
-	if f, ok := w.(*os.File); ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			p.terminal = true
-		}
-	}
-	p.every = every
+	p := &clusterProgress{Line: progress.New(w), every: every}
 	if p.every <= 0 {
 		p.every = time.Second
-		if p.terminal {
+		if p.Terminal() {
 			p.every = 250 * time.Millisecond
 		}
 	}
 	return p
-}
-
-func (p *clusterProgress) show(line string) {
-	if p.terminal {
-		fmt.Fprint(p.w, "\r\033[K"+line)
-		p.shown = true
-		return
-	}
-	fmt.Fprintln(p.w, line)
-}
-
-func (p *clusterProgress) end() {
-	if p.shown {
-		fmt.Fprintln(p.w)
-	}
 }

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -17,6 +16,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/sluicehq/sluice/cmd/internal/progress"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -484,36 +484,24 @@ func latency(ns float64) string {
 	return time.Duration(ns).Round(unit).String()
 }
 
-// progress tells on stderr what is being measured. On a terminal it rewrites one line;
-// elsewhere (CI logs) it prints a line per measurement.
-type progress struct {
-	w        io.Writer
-	terminal bool
+// stepProgress tells on stderr what is being measured. On a terminal it rewrites one
+// line; elsewhere (CI logs) it prints a line per measurement.
+type stepProgress struct {
+	line     *progress.Line
 	total, n int
 }
 
-func newProgress(w io.Writer, total int) *progress {
-	f, ok := w.(*os.File)
-	term := false
-	if ok {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && f.Name() != os.DevNull {
-			term = true
-		}
-	}
-	return &progress{w: w, terminal: term, total: total}
+func newProgress(w io.Writer, total int) *stepProgress {
+	return &stepProgress{line: progress.New(w), total: total}
 }
 
-func (p *progress) step(what string) {
+func (p *stepProgress) step(what string) {
 	p.n++
-	if p.terminal {
-		fmt.Fprintf(p.w, "\r\033[K[%d/%d] %s", p.n, p.total, what)
-		return
+	s := fmt.Sprintf("[%d/%d] %s", p.n, p.total, what)
+	if !p.line.Terminal() {
+		s = "sluice-bench: " + s
 	}
-	fmt.Fprintf(p.w, "sluice-bench: [%d/%d] %s\n", p.n, p.total, what)
+	p.line.Show(s)
 }
 
-func (p *progress) done() {
-	if p.terminal {
-		fmt.Fprint(p.w, "\r\033[K")
-	}
-}
+func (p *stepProgress) done() { p.line.Clear() }

@@ -579,8 +579,11 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	if err != nil {
 		return nil, err
 	}
-	front := httptest.NewServer(ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(),
-		ingress.WithDeferrer(ingress.NewQueueDeferrer(store, nil))).Wrap(http.NotFoundHandler()))
+	mw, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(ingress.NewQueueDeferrer(store, nil)))
+	if err != nil {
+		return nil, err
+	}
+	front := httptest.NewServer(mw.Wrap(http.NotFoundHandler()))
 	defer front.Close()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	defer client.CloseIdleConnections()

@@ -13,6 +13,7 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/cmd/internal/rediskeys"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -108,39 +109,11 @@ func redisScenarios(ctx context.Context, cfg limiterConfig) ([]scenario, func() 
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		for _, pattern := range []string{prefix + "*", "rate:" + prefix + "*"} {
-			if err := deleteKeys(ctx, client, pattern); err != nil {
+			if err := rediskeys.Delete(ctx, client, pattern); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
 	return out, cleanup, nil
-}
-
-// deleteKeys removes every key matching pattern, with SCAN so a large Redis is not blocked.
-func deleteKeys(ctx context.Context, client *redis.Client, pattern string) error {
-	iter := client.Scan(ctx, 0, pattern, 1000).Iterator()
-	var batch []string
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		err := client.Unlink(ctx, batch...).Err()
-		batch = batch[:0]
-		return err
-	}
-	for iter.Next(ctx) {
-		if batch = append(batch, iter.Val()); len(batch) == 1000 {
-			if err := flush(); err != nil {
-				return fmt.Errorf("deleting %s: %w", pattern, err)
-			}
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("scanning for %s: %w", pattern, err)
-	}
-	if err := flush(); err != nil {
-		return fmt.Errorf("deleting %s: %w", pattern, err)
-	}
-	return nil
 }

@@ -29,7 +29,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/internal/suggest"
 )
 
 // source is where a flag's value came from.
@@ -165,7 +165,7 @@ func applyConfig(fs *flag.FlagSet, path string, given map[string]source) (set ma
 			problem(k, "%q cannot be set in a config file; give --%s on the command line", k.Value, name)
 			continue
 		case check == nil:
-			problem(k, "unknown key %q%s", k.Value, suggest(name, configKeys()))
+			problem(k, "unknown key %q%s", k.Value, didYouMean(name, configKeys()))
 			continue
 		}
 		if line, dup := firstLine[name]; dup {
@@ -262,10 +262,10 @@ func want(f *flag.Flag, err error) string {
 	return w
 }
 
-// suggest returns ` (did you mean "x"?)` for the known key closest to name, if one is
+// didYouMean returns ` (did you mean "x"?)` for the known key closest to name, if one is
 // close enough to be a typo.
-func suggest(name string, known []string) string {
-	best := rules.Suggest(strings.ToLower(strings.TrimLeft(name, "-")), known)
+func didYouMean(name string, known []string) string {
+	best := suggest.Closest(strings.ToLower(strings.TrimLeft(name, "-")), known)
 	if best == "" {
 		return "; keys are the flags' names, such as admin-listen (see -h)"
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"os"
@@ -196,7 +197,7 @@ func TestConfigErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := writeFile(t, "sluice.yaml", tc.content)
-			cmd := cmpOrString(tc.cmd, "serve")
+			cmd := cmp.Or(tc.cmd, "serve")
 			args := []string{cmd, "--config", path, "--shutdown-timeout", "1s"}
 			switch cmd {
 			case "dlq":
@@ -218,13 +219,6 @@ func TestConfigErrors(t *testing.T) {
 			}
 		})
 	}
-}
-
-func cmpOrString(s, fallback string) string {
-	if s != "" {
-		return s
-	}
-	return fallback
 }
 
 func TestConfigFileMissing(t *testing.T) {

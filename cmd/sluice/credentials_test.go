@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/childproc"
 )
 
 // testPKI is a CA and a server and a client certificate it signed, as PEM files.
@@ -266,7 +268,7 @@ func TestRedisTLSAndPassword(t *testing.T) {
 		"--tls-cert-file", pki.serverCert, "--tls-key-file", pki.serverKey, "--tls-ca-cert-file", pki.ca,
 		"--tls-auth-clients", "yes", "--requirepass", "s3cret", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
 	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = childProcAttr()
+	cmd.SysProcAttr = childproc.Attr()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -117,8 +117,11 @@ func (g *gateway) envoyServers(mw *ingress.Middleware, deferrer *ingress.QueueDe
 		return err
 	}
 	maxMsg := int(c.maxMessage)
-	rls := envoy.NewRateLimitService(g.watcher, g.limiter, envoy.WithShadow(g.cfg.front.shadow),
+	rls, err := envoy.NewRateLimitService(g.watcher, g.limiter, envoy.WithShadow(g.cfg.front.shadow),
 		envoy.WithResponseHeaders(c.headers), envoy.WithRegisterer(reg), envoy.WithLogger(g.log))
+	if err != nil {
+		return err
+	}
 	opts := []envoy.ServerOption{envoy.WithMaxMessageBytes(maxMsg)}
 	if conf != nil {
 		opts = append(opts, envoy.WithTLS(conf))

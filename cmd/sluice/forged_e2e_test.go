@@ -94,9 +94,11 @@ func TestForgedOrdersThroughTheBinary(t *testing.T) {
 		tamper(msg)
 		return msg
 	}
+	made := 0
 	madeUp := func(path string) func(*nats.Msg) {
+		made++
+		tk := strings.Repeat(string(rune('a'+made)), 26) // a ticket's shape, never parked
 		return func(m *nats.Msg) {
-			tk := queue.NewTicket()
 			m.Subject = "sluice.q.orders." + tk
 			m.Header.Set(queue.HeaderTicket, tk)
 			m.Header.Set(queue.HeaderPath, path)

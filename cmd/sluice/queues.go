@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -198,7 +199,7 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 	if u := emb.ClientURL(); u != "" {
 		where += " listening on " + u
 	}
-	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmpOr(cfg.replicas, 1), idemMax: cfg.idemMax, where: where, lastErr: &lastErr}, nil
+	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmp.Or(cfg.replicas, 1), idemMax: cfg.idemMax, where: where, lastErr: &lastErr}, nil
 }
 
 // redactURLs returns comma-separated URLs with their passwords masked, for logs.
@@ -243,13 +244,6 @@ func (c *natsConn) notConnected() error {
 		return fmt.Errorf("%w: %v", errNotConnected, err)
 	}
 	return errNotConnected
-}
-
-func cmpOr(v, fallback int) int {
-	if v != 0 {
-		return v
-	}
-	return fallback
 }
 
 // close drains the connection (pending acknowledgements go out), stops the embedded

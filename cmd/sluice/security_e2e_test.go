@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/internal/childproc"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -30,7 +31,7 @@ func runSluiceEnv(t *testing.T, env []string, args ...string) (code int, stdout,
 	defer cancel()
 	cmd := exec.CommandContext(ctx, sluiceBinary, args...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = childProcAttr()
+	cmd.SysProcAttr = childproc.Attr()
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {

@@ -379,8 +379,10 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	}
 	// Redis and NATS are every replica's: their trouble shows in /sluice/v1/status and
 	// the metrics, never in /readyz, which would take every replica out at once.
-	g.deps = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),
-		ingress.WithSecrets(cfg.secrets()...))
+	if g.deps, err = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),
+		ingress.WithSecrets(cfg.secrets()...)); err != nil {
+		return nil, err
+	}
 	reg.MustRegister(g.deps)
 	if mode.rls {
 		if _, err := g.middleware(ids, nil, reg); err != nil {
@@ -446,8 +448,11 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	if err != nil {
 		return nil, err
 	}
-	proxy := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
+	proxy, err := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
 		ingress.WithProxyClientIdentity(ids))
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
 	mux.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
 	mux.Handle("DELETE "+ingress.DeferredPath+"{ticket}", deferrer.CancelHandler())
@@ -472,7 +477,10 @@ func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *ingress.Queu
 	if deferrer != nil {
 		opts = append(opts, ingress.WithDeferrer(deferrer), ingress.WithIdempotencyScopeKey(subKey(g.nats.key, "idempotency scope")))
 	}
-	mw := ingress.New(g.watcher, store, opts...)
+	mw, err := ingress.New(g.watcher, store, opts...)
+	if err != nil {
+		return nil, err
+	}
 	if err := g.envoyServers(mw, deferrer, reg); err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/childproc"
 	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
@@ -156,7 +157,7 @@ func startBinary(t *testing.T, sluiceBinary, command string, args ...string) *sl
 	}
 	p.cmd = exec.Command(sluiceBinary, append(base, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
-	p.cmd.SysProcAttr = childProcAttr()
+	p.cmd.SysProcAttr = childproc.Attr()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/cmd/internal/progress"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -108,7 +109,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	// leaves a partial table behind.
 	var in io.Reader = os.Stdin
 	name := "stdin"
-	if *tracePath == "" && isTerminal(os.Stdin) {
+	if *tracePath == "" && progress.IsTerminal(os.Stdin) {
 		// Otherwise a forgotten --trace looks like a hang.
 		fmt.Fprintln(stderr, "sluice simulate: reading the trace from the terminal; end it with Ctrl-D (or pass --trace FILE)")
 	}

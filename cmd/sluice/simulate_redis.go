@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/cmd/internal/rediskeys"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -66,35 +67,7 @@ func (s *redisSimulation) check() error {
 func (s *redisSimulation) close() error {
 	s.Redis.Close()
 	defer s.client.Close()
-	return deleteKeys(context.Background(), s.client, s.prefix+"*")
-}
-
-// deleteKeys removes every key matching pattern, with SCAN so a large Redis is not blocked.
-func deleteKeys(ctx context.Context, client *redis.Client, pattern string) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	iter := client.Scan(ctx, 0, pattern, 1000).Iterator()
-	var batch []string
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
-		}
-		err := client.Unlink(ctx, batch...).Err()
-		batch = batch[:0]
-		return err
-	}
-	for iter.Next(ctx) {
-		if batch = append(batch, iter.Val()); len(batch) == 1000 {
-			if err := flush(); err != nil {
-				return fmt.Errorf("deleting %s: %w", pattern, err)
-			}
-		}
-	}
-	if err := iter.Err(); err != nil {
-		return fmt.Errorf("scanning for %s: %w", pattern, err)
-	}
-	if err := flush(); err != nil {
-		return fmt.Errorf("deleting %s: %w", pattern, err)
-	}
-	return nil
+	return rediskeys.Delete(ctx, s.client, s.prefix+"*")
 }

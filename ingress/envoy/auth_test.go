@@ -105,7 +105,7 @@ func authFixture(t *testing.T) (authv3.AuthorizationClient, *delivered) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithClientIdentity(ids),
+	mw := newMiddleware(t, set, limiter.NewMemory(), ingress.WithClientIdentity(ids),
 		ingress.WithDeferrer(ingress.NewQueueDeferrer(store, nil)))
 	return authv3.NewAuthorizationClient(serve(t, NewServer(nil, NewAuthService(mw)))), got
 }
@@ -254,7 +254,7 @@ func TestCheckRefusesBadRequests(t *testing.T) {
 
 func TestCheckBodyOverTheCap(t *testing.T) {
 	set := parseRules(t, strings.Replace(authRules, "DOWNSTREAM", "http://127.0.0.1:1", 1))
-	mw := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithMaxBody(16))
+	mw := newMiddleware(t, set, limiter.NewMemory(), ingress.WithMaxBody(16))
 	c := authv3.NewAuthorizationClient(serve(t, NewServer(nil, NewAuthService(mw))))
 	body := strings.Repeat("x", 32)
 	code, _, p := denied(t, check(t, c, checkReq{method: "POST", path: "/v1/orders", source: "192.0.2.1", body: body,

@@ -48,6 +48,7 @@ type RateLimitService struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	rules   ingress.RulesSource
 	limiter limiter.Limiter
+	reg     prometheus.Registerer
 	metrics *ingress.DecisionMetrics
 	shadow  bool
 	headers bool
@@ -71,22 +72,31 @@ func WithResponseHeaders(on bool) Option { return func(s *RateLimitService) { s.
 // WithRegisterer counts decisions in the front door's series on reg
 // (sluice_decisions_total{rule,outcome}, sluice_decision_duration_seconds).
 func WithRegisterer(reg prometheus.Registerer) Option {
-	return func(s *RateLimitService) { s.metrics = ingress.NewDecisionMetrics(reg) }
+	return func(s *RateLimitService) { s.reg = reg }
 }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(s *RateLimitService) { s.log = l } }
 
 // NewRateLimitService returns a service deciding with lim on the rules src provides.
-func NewRateLimitService(src ingress.RulesSource, lim limiter.Limiter, opts ...Option) *RateLimitService {
+// It fails when src or lim is nil, WithLogger was given nil, or the metrics cannot be
+// registered.
+func NewRateLimitService(src ingress.RulesSource, lim limiter.Limiter, opts ...Option) (*RateLimitService, error) {
+	if src == nil || lim == nil {
+		return nil, errors.New("envoy: NewRateLimitService needs a rules source and a limiter")
+	}
 	s := &RateLimitService{rules: src, limiter: lim, headers: true, log: slog.Default()}
 	for _, o := range opts {
 		o(s)
 	}
-	if s.metrics == nil {
-		s.metrics = ingress.NewDecisionMetrics(nil)
+	if s.log == nil {
+		return nil, errors.New("envoy: WithLogger(nil)")
 	}
-	return s
+	var err error
+	if s.metrics, err = ingress.NewDecisionMetrics(s.reg); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // closest is the decision that the response headers describe.

@@ -90,7 +90,27 @@ func serve(t *testing.T, s *Server) *grpc.ClientConn {
 
 func rlsClient(t *testing.T, set *rules.Set, lim limiter.Limiter, opts ...Option) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	return rlsv3.NewRateLimitServiceClient(serve(t, NewServer(NewRateLimitService(ingress.StaticRules{S: set}, lim, opts...), nil)))
+	return rlsv3.NewRateLimitServiceClient(serve(t, NewServer(newRLS(t, set, lim, opts...), nil)))
+}
+
+// newRLS is NewRateLimitService for a test, which fails when it does.
+func newRLS(t testing.TB, set *rules.Set, lim limiter.Limiter, opts ...Option) *RateLimitService {
+	t.Helper()
+	s, err := NewRateLimitService(ingress.StaticRules{S: set}, lim, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// newMiddleware is ingress.New for a test, which fails when it does.
+func newMiddleware(t testing.TB, set *rules.Set, lim limiter.Limiter, opts ...ingress.Option) *ingress.Middleware {
+	t.Helper()
+	mw, err := ingress.New(ingress.StaticRules{S: set}, lim, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw
 }
 
 func desc(kv ...string) *rlcommon.RateLimitDescriptor {
@@ -130,7 +150,7 @@ func header(resp *rlsv3.RateLimitResponse, name string) string {
 func TestShouldRateLimitCountsAndReports(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	// The front door's middleware on the same registry: the series are shared.
-	ingress.New(ingress.StaticRules{S: parseRules(t, rlsRules)}, limiter.NewMemory(), ingress.WithRegisterer(reg))
+	newMiddleware(t, parseRules(t, rlsRules), limiter.NewMemory(), ingress.WithRegisterer(reg))
 	c := rlsClient(t, parseRules(t, rlsRules), limiter.NewMemory(), WithRegisterer(reg))
 
 	for i, want := range []uint32{2, 1, 0} {
@@ -370,7 +390,7 @@ func TestShouldRateLimitSharesRedisWithTheFrontDoor(t *testing.T) {
 	rls := limiter.NewRedis(srv.Client())
 	t.Cleanup(func() { rls.Close() })
 	c := rlsClient(t, set, rls)
-	mw := ingress.New(ingress.StaticRules{S: set}, front)
+	mw := newMiddleware(t, set, front)
 	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	get := func() int {
 		r := httptest.NewRequest("GET", "/v1/users/7", nil)
@@ -473,5 +493,28 @@ func TestShouldRateLimitLabelsAreBounded(t *testing.T) {
 	}
 	if decisions(t, reg, "per_user", ingress.OutcomeAllowed) != 1 {
 		t.Error("the override was not counted under its rule's name")
+	}
+}
+
+func TestNewRateLimitServiceBadOptions(t *testing.T) {
+	set := parseRules(t, rlsRules)
+	src := ingress.StaticRules{S: set}
+	clash := prometheus.NewRegistry()
+	clash.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_decision_duration_seconds", Help: "not sluice's"}))
+	tests := []struct {
+		name string
+		src  ingress.RulesSource
+		lim  limiter.Limiter
+		opts []Option
+	}{
+		{"no rules", nil, limiter.NewMemory(), nil},
+		{"no limiter", src, nil, nil},
+		{"nil logger", src, limiter.NewMemory(), []Option{WithLogger(nil)}},
+		{"clashing registry", src, limiter.NewMemory(), []Option{WithRegisterer(clash)}},
+	}
+	for _, tt := range tests {
+		if s, err := NewRateLimitService(tt.src, tt.lim, tt.opts...); err == nil || s != nil {
+			t.Errorf("%s: NewRateLimitService = %v, %v; want an error", tt.name, s, err)
+		}
 	}
 }

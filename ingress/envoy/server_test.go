@@ -22,14 +22,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
-	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
 )
 
 func TestServerHealthAndReflection(t *testing.T) {
 	set := parseRules(t, rlsRules)
-	s := NewServer(NewRateLimitService(ingress.StaticRules{S: set}, limiter.NewMemory()),
-		NewAuthService(ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory())))
+	s := NewServer(newRLS(t, set, limiter.NewMemory()), NewAuthService(newMiddleware(t, set, limiter.NewMemory())))
 	conn := serve(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -93,7 +91,7 @@ func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
 func TestServerMutualTLS(t *testing.T) {
 	cert, pool := selfSigned(t)
 	conf := &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
-	s := NewServer(NewRateLimitService(ingress.StaticRules{S: parseRules(t, rlsRules)}, limiter.NewMemory()), nil, WithTLS(conf))
+	s := NewServer(newRLS(t, parseRules(t, rlsRules), limiter.NewMemory()), nil, WithTLS(conf))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

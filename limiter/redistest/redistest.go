@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/childproc"
 )
 
 // ErrNotInstalled is returned by New and NewCluster when redis-server (or, for a
@@ -71,8 +73,7 @@ type Server struct {
 	cluster bool
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	proc   *childproc.Process // nil when stopped
 	client *redis.Client
 	closed bool
 }
@@ -172,43 +173,23 @@ func (s *Server) logPath() string {
 
 // launch starts the process and waits until it answers PING.
 func (s *Server) launch() error {
-	logFile, err := os.OpenFile(s.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
 	cmd := exec.Command("redis-server", s.args()...)
 	cmd.Dir = s.dir
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.SysProcAttr = procAttr()
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
+	proc, err := childproc.Start(cmd, s.logPath())
+	if err != nil {
 		return fmt.Errorf("redistest: start redis-server: %w", err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		logFile.Close()
-		close(exited)
-	}()
 	s.mu.Lock()
-	s.cmd, s.exited = cmd, exited
+	s.proc = proc
 	s.mu.Unlock()
-
-	deadline := time.Now().Add(startTimeout)
-	for {
-		if ping(s.Addr()) == nil {
-			return nil
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("redistest: redis-server on port %d exited at start:\n%s", s.port, s.log())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
+	err = proc.WaitReady(context.Background(), startTimeout, 20*time.Millisecond, func() bool { return ping(s.Addr()) == nil })
+	if err != nil {
+		if !errors.Is(err, childproc.ErrExited) {
 			s.kill()
-			return fmt.Errorf("redistest: redis-server on port %d did not answer PING within %v:\n%s", s.port, startTimeout, s.log())
 		}
+		return fmt.Errorf("redistest: redis-server on port %d: %w:\n%s", s.port, err, s.log())
 	}
+	return nil
 }
 
 // ping sends one PING over a fresh connection.
@@ -233,13 +214,7 @@ func ping(addr string) error {
 }
 
 // log returns the tail of the server's log, for error messages.
-func (s *Server) log() string {
-	b, _ := os.ReadFile(s.logPath())
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
-}
+func (s *Server) log() string { return childproc.Tail(s.logPath(), 4000) }
 
 // Addr returns the server's host:port.
 func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
@@ -275,14 +250,12 @@ func (s *Server) Stop() { s.kill() }
 
 func (s *Server) kill() {
 	s.mu.Lock()
-	cmd, exited := s.cmd, s.exited
-	s.cmd = nil
+	proc := s.proc
+	s.proc = nil
 	s.mu.Unlock()
-	if cmd == nil {
-		return
+	if proc != nil {
+		proc.Kill()
 	}
-	_ = cmd.Process.Kill()
-	<-exited
 }
 
 // Restart stops the server if it runs and starts it again on the same port, empty.
@@ -431,9 +404,6 @@ func (c *Cluster) Addrs() []string {
 	}
 	return addrs
 }
-
-// Nodes returns the cluster's servers.
-func (c *Cluster) Nodes() []*Server { return c.nodes }
 
 // Client returns a cluster client, created on first use and closed with the cluster.
 func (c *Cluster) Client() *redis.ClusterClient {

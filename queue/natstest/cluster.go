@@ -20,6 +20,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/internal/childproc"
 )
 
 const serverModule = "github.com/nats-io/nats-server/v2"
@@ -42,9 +44,8 @@ type node struct {
 	clusterPort int
 	httpPort    int // monitoring: /jsz tells the meta leader's view of its peers
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *childproc.Process // nil when killed
 }
 
 var (
@@ -265,50 +266,25 @@ func freePorts(n int) ([]int, error) {
 
 func (c *Cluster) start(i int) error {
 	nd := c.nodes[i]
-	logf, err := os.OpenFile(nd.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	proc, err := childproc.Start(exec.Command(c.bin, "-c", nd.conf), nd.log)
 	if err != nil {
-		return err
-	}
-	cmd := exec.Command(c.bin, "-c", nd.conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = procAttr()
-	if err := cmd.Start(); err != nil {
-		logf.Close()
 		return fmt.Errorf("natstest: start %s: %w", nd.name, err)
 	}
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		close(exited)
-	}()
 	nd.mu.Lock()
-	nd.cmd, nd.exited = cmd, exited
+	nd.proc = proc
 	nd.mu.Unlock()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", nd.clientPort), time.Second)
+	addr := fmt.Sprintf("127.0.0.1:%d", nd.clientPort)
+	err = proc.WaitReady(context.Background(), 30*time.Second, 20*time.Millisecond, func() bool {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.Close()
-			return nil
 		}
-		select {
-		case <-exited:
-			return fmt.Errorf("natstest: %s exited at start:\n%s", nd.name, tail(nd.log))
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("natstest: %s does not listen after 30s:\n%s", nd.name, tail(nd.log))
-		}
+		return err == nil
+	})
+	if err != nil {
+		return fmt.Errorf("natstest: %s does not listen: %w:\n%s", nd.name, err, childproc.Tail(nd.log, 3000))
 	}
-}
-
-func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
+	return nil
 }
 
 // URL returns the client URLs of every node, comma-separated, for nats.Connect.
@@ -318,11 +294,6 @@ func (c *Cluster) URL() string {
 		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", nd.clientPort))
 	}
 	return strings.Join(urls, ",")
-}
-
-// NodeURL returns the client URL of node i.
-func (c *Cluster) NodeURL(i int) string {
-	return fmt.Sprintf("nats://127.0.0.1:%d", c.nodes[i].clientPort)
 }
 
 // Connect opens a connection to the cluster (any node; it fails over between them),
@@ -482,29 +453,19 @@ func (c *Cluster) Running(i int) bool {
 	nd := c.nodes[i]
 	nd.mu.Lock()
 	defer nd.mu.Unlock()
-	if nd.cmd == nil {
-		return false
-	}
-	select {
-	case <-nd.exited:
-		return false
-	default:
-		return true
-	}
+	return nd.proc != nil && nd.proc.Running()
 }
 
 // Kill kills node i with SIGKILL, as a crash would, and waits until it is gone.
 func (c *Cluster) Kill(i int) {
 	nd := c.nodes[i]
 	nd.mu.Lock()
-	cmd, exited := nd.cmd, nd.exited
-	nd.cmd = nil
+	proc := nd.proc
+	nd.proc = nil
 	nd.mu.Unlock()
-	if cmd == nil {
-		return
+	if proc != nil {
+		proc.Kill()
 	}
-	_ = cmd.Process.Kill()
-	<-exited
 }
 
 // Restart starts node i again (after Kill) with its ports and data, failing the test
