@@ -32,6 +32,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/envoy"
+	"github.com/sluicehq/sluice/internal/childproc"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redistest"
 	"github.com/sluicehq/sluice/rules"
@@ -474,7 +475,7 @@ func (c *children) start(ctx context.Context, name string, env []string, addr st
 	cmd := exec.Command(self, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
-	cmd.SysProcAttr = childAttr()
+	cmd.SysProcAttr = childproc.Attr()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
@@ -565,7 +566,12 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return exitFailure
 	}
-	srv := envoy.NewServer(envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log)), nil)
+	rls, err := envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log))
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitFailure
+	}
+	srv := envoy.NewServer(rls, nil)
 	go func() {
 		<-ctx.Done()
 		srv.Stop()
