@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Option configures a Dispatcher.
@@ -204,7 +205,7 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 }
 
 // effective timing for a queue's rate.
-func (d *Dispatcher) timing(cfg queue.Config) (fetchWait, pinnedTTL, ackWait time.Duration) {
+func (d *Dispatcher) timing(cfg queueconfig.Config) (fetchWait, pinnedTTL, ackWait time.Duration) {
 	interval := cfg.Outflow.Interval()
 	pinnedTTL = d.opts.pinnedTTL
 	fetchWait = d.opts.fetchWait
@@ -221,7 +222,7 @@ func (d *Dispatcher) timing(cfg queue.Config) (fetchWait, pinnedTTL, ackWait tim
 	return fetchWait, pinnedTTL, ackWait
 }
 
-func (d *Dispatcher) consumerConfig(cfg queue.Config) jetstream.ConsumerConfig {
+func (d *Dispatcher) consumerConfig(cfg queueconfig.Config) jetstream.ConsumerConfig {
 	_, pinnedTTL, ackWait := d.timing(cfg)
 	return jetstream.ConsumerConfig{
 		Durable:        queue.ConsumerName,

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // A service consuming the orders a queue with a nats:SUBJECT downstream delivers. The
@@ -52,7 +53,7 @@ func ExampleDispatcher_natsSubscriber() {
 		fmt.Println(err)
 		return
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "nats:orders.accepted"}); err != nil {
+	if _, err := store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "nats:orders.accepted"}); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // prepared is a fetched message that passed its checks and waits for a pacing slot.
@@ -21,7 +22,7 @@ type prepared struct {
 	jm     jetstream.Msg
 	rec    *queue.Record
 	stored bool // rec was read from the bucket (else it is new)
-	cfg    queue.Config
+	cfg    queueconfig.Config
 }
 
 // Reasons of dead letters that were never attempted (the first word of the reason
@@ -162,7 +163,7 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 
 // deliver runs one delivery attempt and settles the message. stored tells whether the
 // ticket has a record already; probe whether the attempt probes an open circuit.
-func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, stored bool, cfg queue.Config, start time.Time, probe bool) {
+func (r *runner) deliver(m *queue.Message, jm jetstream.Msg, rec *queue.Record, stored bool, cfg queueconfig.Config, start time.Time, probe bool) {
 	// A ticket without a record reads as delivering once its message has been handed
 	// to a dispatcher (queue.Store.Status asks the consumer), which saves a synced write
 	// per delivery. A record from an earlier attempt or pause is set to delivering
@@ -282,7 +283,7 @@ func (r *runner) throttled(m *queue.Message, jm jetstream.Msg, rec *queue.Record
 // (queue.Queue.Resume) then finds it available instead of hidden for the whole pause.
 func pauseNakDelay(pause time.Duration) time.Duration { return min(pause, 5*time.Second) }
 
-func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Record, cfg queue.Config) {
+func (r *runner) deadLetter(m *queue.Message, jm jetstream.Msg, rec *queue.Record, cfg queueconfig.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := r.store.DeadLetter(ctx, m, rec.Attempts, rec.LastError); err != nil {
@@ -400,7 +401,7 @@ func (r *runner) event(subject string, rec *queue.Record, status int) {
 
 // retryDelay is the delay before the next attempt after `attempts` failed ones:
 // exponential from b.Initial (doubling), ±50% jitter, capped at b.Max, never zero.
-func retryDelay(b queue.Backoff, attempts int) time.Duration {
+func retryDelay(b queueconfig.Backoff, attempts int) time.Duration {
 	eb := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(b.Initial),
 		backoff.WithMaxInterval(b.Max),

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // runner drains one queue in one dispatcher.
@@ -30,7 +31,7 @@ type runner struct {
 	gone       atomic.Bool // the queue was retired (see retired)
 
 	mu          sync.Mutex
-	cfg         queue.Config
+	cfg         queueconfig.Config
 	cons        jetstream.Consumer
 	target      target
 	fetchWait   time.Duration
@@ -53,7 +54,7 @@ func newRunner(d *Dispatcher, q *queue.Queue) *runner {
 	}
 }
 
-func (r *runner) config() queue.Config {
+func (r *runner) config() queueconfig.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.cfg
@@ -299,7 +300,7 @@ func (r *runner) retired(ctx context.Context) bool {
 	return false
 }
 
-func sameQueueConfig(a, b queue.Config) bool {
+func sameQueueConfig(a, b queueconfig.Config) bool {
 	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream && a.Delivery == b.Delivery &&
 		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 type outcomeKind int
@@ -61,9 +62,9 @@ type target interface {
 	deliver(ctx context.Context, m *queue.Message) outcome
 }
 
-func (d *Dispatcher) newTarget(cfg queue.Config) (target, error) {
+func (d *Dispatcher) newTarget(cfg queueconfig.Config) (target, error) {
 	if subj := cfg.NATSSubject(); subj != "" {
-		return &natsTarget{subject: subj, atMostOne: cfg.Delivery == queue.AtMostOnce, nc: d.store.Conn(), js: d.store.JetStream()}, nil
+		return &natsTarget{subject: subj, atMostOne: cfg.Delivery == queueconfig.AtMostOnce, nc: d.store.Conn(), js: d.store.JetStream()}, nil
 	}
 	base, err := url.Parse(cfg.Downstream)
 	if err != nil {

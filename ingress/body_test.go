@@ -15,6 +15,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -45,7 +46,7 @@ type bodyFixture struct {
 	limit    queue.BodyLimit // the queue's body limit for fixture requests
 }
 
-func newBodyFixture(t *testing.T, cfg queue.Config, opts ...DeferrerOption) *bodyFixture {
+func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...DeferrerOption) *bodyFixture {
 	t.Helper()
 	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(deferRules)})
 	if err != nil {
@@ -114,13 +115,13 @@ func (f *bodyFixture) depth(t *testing.T) uint64 {
 func TestDeferBodyOverTheQueueLimit(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  queue.Config
+		cfg  queueconfig.Config
 		by   string
 	}{
-		{"server max payload", queue.Config{}, "max payload"},
-		{"max_body", queue.Config{MaxBody: 1000}, "max_body"},
+		{"server max payload", queueconfig.Config{}, "max payload"},
+		{"max_body", queueconfig.Config{MaxBody: 1000}, "max_body"},
 		// A body that can never fit in the queue is 413, not 429 "full" forever.
-		{"max_bytes", queue.Config{MaxBytes: 16 << 10}, "max_bytes"},
+		{"max_bytes", queueconfig.Config{MaxBytes: 16 << 10}, "max_bytes"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -170,7 +171,7 @@ func TestDeferBodyOverTheQueueLimit(t *testing.T) {
 
 func TestDeferMemoryBudget(t *testing.T) {
 	const budget = 256 << 10
-	f := newBodyFixture(t, queue.Config{}, WithDeferMemory(budget))
+	f := newBodyFixture(t, queueconfig.Config{}, WithDeferMemory(budget))
 	// Other requests hold all but 1000 bytes.
 	if !f.deferrer.memory.take(budget - 1000) {
 		t.Fatal("cannot take the budget")

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -54,7 +55,7 @@ func newDeferFixture(t *testing.T) *deferFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(10), MaxDepth: 3, Downstream: "http://127.0.0.1:1"}); err != nil {
+	if _, err := store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), MaxDepth: 3, Downstream: "http://127.0.0.1:1"}); err != nil {
 		t.Fatal(err)
 	}
 	d := NewQueueDeferrer(store, nil)

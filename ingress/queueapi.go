@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // QueueAPI serves the queue operations of the admin listener (see openapi.json):
@@ -375,7 +376,7 @@ func (a *QueueAPI) queueExists(w http.ResponseWriter, r *http.Request, name stri
 	if _, err := a.store().Queue(name); err == nil {
 		return true
 	}
-	if !queue.ValidName(name) {
+	if !queueconfig.ValidName(name) {
 		a.fail(w, queue.ErrUnknownQueue)
 		return false
 	}

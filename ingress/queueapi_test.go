@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -202,7 +203,7 @@ func newQueueAPIFixture(t *testing.T) *queueAPIFixture {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"orders", "idle"} {
-		if _, err := store.Declare(ctx, queue.Config{Name: name, Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"}); err != nil {
+		if _, err := store.Declare(ctx, queueconfig.Config{Name: name, Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -16,7 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // File is the content of one rules file, for Parse.
@@ -696,7 +696,7 @@ func limitTag(l limiter.Limit) string {
 
 func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	file := fd.path
-	if !queue.ValidName(qd.name) {
+	if !queueconfig.ValidName(qd.name) {
 		c.errf(file, qd.nameNode, "queue name %q: use 1 to 64 letters, digits, _ or - (it names a JetStream stream and NATS subjects)", qd.name)
 		return
 	}
@@ -706,7 +706,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	}
 	// Unset fields take the queue package's defaults (max_bytes and max_age: none).
 	q := &Queue{
-		Config: queue.Config{
+		Config: queueconfig.Config{
 			Name:               qd.name,
 			Outflow:            qd.outflow,
 			MaxDepth:           qd.maxDepth,
@@ -714,9 +714,9 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			MaxAge:             qd.maxAge,
 			MaxAttempts:        int(min(qd.maxAttempts, 1_000_000)),
 			MaxInFlight:        int(min(qd.maxInFlight, 1_000_000)),
-			Backoff:            queue.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
+			Backoff:            queueconfig.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
 			Downstream:         qd.downstream,
-			MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queue.MaxIdempotencyKeysLimit+1)),
+			MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queueconfig.MaxIdempotencyKeysLimit+1)),
 			MaxBody:            qd.maxBody,
 			DropHeaders:        qd.dropHeaders,
 			// 0 (unset or unreadable) takes the default.
@@ -755,7 +755,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	var invalid interface{ Unwrap() []error }
 	if err := q.Config.Validate(); errors.As(err, &invalid) {
 		for _, e := range invalid.Unwrap() {
-			var ce *queue.ConfigError
+			var ce *queueconfig.ConfigError
 			if !errors.As(e, &ce) || reported[ce.Field] {
 				continue
 			}

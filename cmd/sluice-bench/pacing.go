@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -392,7 +393,7 @@ func paceDispatcher(ctx context.Context, r limiter.Rate, d, _ time.Duration) ([]
 		return nil, err
 	}
 	n := int(math.Ceil(r.PerSecondFloat()*d.Seconds())) + 1
-	cfg := queue.Config{Name: "bench", Outflow: r, Downstream: srv.URL(), MaxInFlight: 64, MaxDepth: int64(n) + 10}
+	cfg := queueconfig.Config{Name: "bench", Outflow: r, Downstream: srv.URL(), MaxInFlight: 64, MaxDepth: int64(n) + 10}
 	if _, err := store.Declare(ctx, cfg); err != nil {
 		return nil, err
 	}
@@ -565,7 +566,7 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	if err != nil {
 		return nil, err
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "bench", Outflow: limiter.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1}); err != nil {
+	if _, err := store.Declare(ctx, queueconfig.Config{Name: "bench", Outflow: limiter.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1}); err != nil {
 		return nil, err
 	}
 	body := []byte(strings.Repeat("x", size))

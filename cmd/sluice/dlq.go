@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 const dlqHelp = `Usage: sluice dlq list|requeue|purge QUEUE [TICKET…] [flags]
@@ -83,7 +84,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if action != "list" && action != "requeue" && action != "purge" {
 		return usageErr("unknown action %q: want list, requeue or purge", action)
 	}
-	if !queue.ValidName(queueName) {
+	if !queueconfig.ValidName(queueName) {
 		return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", queueName)
 	}
 	for _, t := range tickets {
@@ -126,7 +127,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	// Requeueing carries dead letters of any size back.
-	cfg.nats.maxBody = queue.MaxMaxBody
+	cfg.nats.maxBody = queueconfig.MaxMaxBody
 	conn, err := openNATS(cfg.nats, log, false)
 	if errors.Is(err, errDataDirLocked) {
 		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it. "+

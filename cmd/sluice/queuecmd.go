@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ingress"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 const queueHelp = `Usage: sluice queue list|show|pause|resume|retire [QUEUE] [flags]
@@ -87,7 +87,7 @@ func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return usageErr("%s takes one queue", action)
 		}
 		name = fs.Arg(1)
-		if !queue.ValidName(name) {
+		if !queueconfig.ValidName(name) {
 			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
 		}
 	default:

@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -697,7 +698,7 @@ const orphanDraining = "queue left the rules; draining it with the configuration
 // from does not have, the ones it configures otherwise, and whether from has queues
 // that set has not.
 func queueChanges(from, set *rules.Set) (added, changed []*rules.Queue, removed bool) {
-	configs := map[string]queue.Config{}
+	configs := map[string]queueconfig.Config{}
 	if from != nil {
 		for _, rq := range from.Queues() {
 			configs[rq.Name] = rq.Config
