@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -25,7 +26,7 @@ import (
 func ExampleDispatcher_natsSubscriber() {
 	dir, _ := os.MkdirTemp("", "sluice-example-")
 	defer os.RemoveAll(dir)
-	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	srv, err := embedded.Start(embedded.Config{DataDir: dir})
 	if err != nil {
 		fmt.Println(err)
 		return

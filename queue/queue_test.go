@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -521,8 +522,8 @@ func TestDeadLetters(t *testing.T) {
 
 func TestEmbeddedSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	start := func() (*queue.Embedded, *queue.Store) {
-		e, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	start := func() (*embedded.Server, *queue.Store) {
+		e, err := embedded.Start(embedded.Config{DataDir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -557,7 +558,7 @@ func TestEmbeddedSurvivesRestart(t *testing.T) {
 		t.Fatalf("after restart: %+v %v", st, err)
 	}
 
-	e3, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Token: "0123456789abcdef0123456789abcdef"})
+	e3, err := embedded.Start(embedded.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Token: "0123456789abcdef0123456789abcdef"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -685,7 +686,7 @@ func tempNATS() (nc *nats.Conn, stop func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	emb, err := embedded.Start(embedded.Config{DataDir: dir})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err

@@ -24,6 +24,7 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -90,7 +91,7 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 type natsConn struct {
 	nc       *nats.Conn
 	key      []byte // signs the queues' messages and records
-	embedded *queue.Embedded
+	embedded *embedded.Server
 	unlock   func() // releases --data-dir
 	replicas int    // --replicas; 0: decided by what the connection reaches
 	idemMax  int64  // --idempotency-max-bytes
@@ -169,9 +170,9 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 		unlock()
 		return nil, err
 	}
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen,
+	emb, err := embedded.Start(embedded.Config{DataDir: cfg.dataDir, Listen: cfg.listen,
 		Token: cfg.listenToken, TLS: listenTLS, EncryptionKey: cfg.encryptionKey, MaxPayload: embeddedPayload(cfg.maxBody)})
-	if errors.Is(err, queue.ErrEncryptionKey) {
+	if errors.Is(err, embedded.ErrEncryptionKey) {
 		unlock()
 		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w; give the key it was written with in --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file", cfg.dataDir, err)
 	}
