@@ -25,7 +25,7 @@ import (
 	"github.com/sluicehq/sluice/rules"
 )
 
-// RulesSource gives the active rules set; *rules.Watcher is one.
+// RulesSource gives the active rules set; *watch.Watcher (rules/watch) is one.
 type RulesSource interface {
 	Set() *rules.Set
 }

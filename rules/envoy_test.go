@@ -450,18 +450,6 @@ routes:
 	if _, err := LoadWith([]string{dir}, MergeDomains()); err != nil {
 		t.Error(err)
 	}
-	w, err := Watch([]string{dir}, WatchOptions{MergeDomains: true, Poll: true, PollInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	write(t, dir, "c.yaml", "domain: shop\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 9}\n")
-	if err := w.Reload(); err != nil {
-		t.Fatalf("reload of a third file of the domain: %v", err)
-	}
-	if got := describeLimits(w.Set().Evaluate("shop", [][]Entry{ents("ip", "1")}, nil)); got != "9/1s" {
-		t.Errorf("after reload: %q", got)
-	}
 }
 
 // Match counts a rule once per request however many lists reach it with the same

@@ -27,6 +27,7 @@ import (
 	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/rules/watch"
 )
 
 // natsConfig says where the queues live: an embedded server (the default) or a NATS
@@ -302,7 +303,7 @@ type queues struct {
 	dispOpts []dispatcher.Option // nil: park only
 	reg      prometheus.Registerer
 	log      *slog.Logger
-	reload   func() error // reads the rules files again (rules.Watcher.Reload)
+	reload   func() error // reads the rules files again (watch.Watcher.Reload)
 
 	store atomic.Pointer[queue.Store] // nil until open
 
@@ -592,7 +593,7 @@ func (q *queues) catchUp(ctx context.Context) {
 	q.declMu.Unlock()
 	if retry && ctx.Err() == nil {
 		// The rules files as they are now: the refused content, or what replaced it.
-		if err := q.reload(); err != nil && !errors.Is(err, rules.ErrNotPrepared) {
+		if err := q.reload(); err != nil && !errors.Is(err, watch.ErrNotPrepared) {
 			q.log.Debug("retried rules reload", "err", err)
 		}
 	}

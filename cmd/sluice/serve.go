@@ -33,6 +33,7 @@ import (
 	"github.com/sluicehq/sluice/ingress/envoy"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/rules/watch"
 )
 
 // sluice serve, sluice ingress and sluice dispatch are one program built from the same
@@ -300,7 +301,7 @@ type gateway struct {
 	mode    gatewayMode
 	cfg     gatewayConfig
 	log     *slog.Logger
-	watcher *rules.Watcher
+	watcher *watch.Watcher
 	redis   redis.UniversalClient
 	store   *limiter.Redis
 	nats    *natsConn
@@ -362,7 +363,7 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 
 	// Reloads declare first: a new set goes live once its queues are declared (see
 	// queues.prepare), on file changes and SIGHUP alike.
-	g.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log,
+	g.watcher, err = watch.New(strings.Split(cfg.rules, ","), watch.Options{Registerer: reg, Logger: log,
 		MergeDomains: cfg.mergeDoms,
 		Prepare: func(s *rules.Set) error {
 			if q := g.declaring.Load(); q != nil {
