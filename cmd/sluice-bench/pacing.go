@@ -27,6 +27,7 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/embedded"
@@ -582,7 +583,7 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 		return nil, err
 	}
 	front := httptest.NewServer(ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(),
-		ingress.WithDeferrer(ingress.NewQueueDeferrer(store, nil))).Wrap(http.NotFoundHandler()))
+		ingress.WithDeferrer(deferral.New(store))).Wrap(http.NotFoundHandler()))
 	defer front.Close()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	defer client.CloseIdleConnections()

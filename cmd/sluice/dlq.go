@@ -19,7 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -261,9 +261,9 @@ func (d *dlq) list(asJSON bool, limit int) error {
 	if err != nil {
 		return err
 	}
-	views := make([]ingress.DeadLetterView, 0, len(found))
+	views := make([]queueapi.DeadLetterView, 0, len(found))
 	for _, dl := range found {
-		views = append(views, ingress.NewDeadLetterView(d.queue, dl))
+		views = append(views, queueapi.NewDeadLetterView(d.queue, dl))
 	}
 	if err := d.print(views, asJSON); err != nil {
 		return err
@@ -275,7 +275,7 @@ func (d *dlq) list(asJSON bool, limit int) error {
 }
 
 // print writes dead letters as a table, or as a JSON array.
-func (d *dlq) print(views []ingress.DeadLetterView, asJSON bool) error {
+func (d *dlq) print(views []queueapi.DeadLetterView, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(d.stdout)
 		enc.SetIndent("", "  ")
@@ -303,12 +303,12 @@ func (d *dlq) viaAdmin(c *adminClient, action string, asJSON bool, limit int) er
 	switch action {
 	case "list":
 		var out struct {
-			DeadLetters []ingress.DeadLetterView `json:"dead_letters"`
+			DeadLetters []queueapi.DeadLetterView `json:"dead_letters"`
 		}
 		if err := c.do(d.ctx, http.MethodGet, path, url.Values{"limit": {"10000"}}, nil, &out); err != nil {
 			return err
 		}
-		var views []ingress.DeadLetterView
+		var views []queueapi.DeadLetterView
 		seen := map[string]bool{}
 		for _, v := range out.DeadLetters {
 			if len(d.tickets) > 0 && !slices.Contains(d.tickets, v.Ticket) {

@@ -367,7 +367,7 @@ func (q *queues) opened() (*queue.Store, error) {
 	return nil, errNotDeclared
 }
 
-// Park, BodyLimit, Cancel and Status implement ingress.Parker.
+// Park, BodyLimit, Cancel and Status implement deferral.Parker.
 
 func (q *queues) Park(ctx context.Context, req *queue.Request) (queue.Receipt, error) {
 	s, err := q.opened()

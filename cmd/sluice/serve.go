@@ -30,7 +30,9 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/ingress/envoy"
+	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/rules/watch"
@@ -140,7 +142,7 @@ func (c *frontConfig) flags(fs *flag.FlagSet, front bool) {
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
 	fs.Int64Var(&c.maxBody, "max-body", ingress.DefaultMaxBody, "largest request body in `bytes`; larger ones get 413")
-	c.deferMemory = ingress.DefaultDeferMemory
+	c.deferMemory = deferral.DefaultBodyMemory
 	if front {
 		fs.Var(&c.deferMemory, "defer-memory", "most `bytes` of deferred request bodies held in memory at once (like 64MiB); past it 503 with Retry-After")
 	}
@@ -432,7 +434,7 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) {
 	}
 	g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: g.cfg.admin.token}
 	if g.queues != nil {
-		g.adminAPI.Queues = &ingress.QueueAPI{Store: &g.queues.store, Log: g.log}
+		g.adminAPI.Queues = &queueapi.API{Store: &g.queues.store, Log: g.log}
 	}
 	g.admin = newHTTPServer(g.cfg.admin.listen, g.adminAPI.Handler(), g.log)
 }
@@ -442,7 +444,7 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) {
 // limits live there.
 func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
 	cfg := g.cfg.front
-	deferrer := ingress.NewQueueDeferrer(g.queues, g.log, ingress.WithDeferMemory(int64(cfg.deferMemory)))
+	deferrer := deferral.New(g.queues, deferral.WithLogger(g.log), deferral.WithBodyMemory(int64(cfg.deferMemory)))
 	mw, err := g.middleware(ids, deferrer, reg)
 	if err != nil {
 		return nil, err
@@ -450,8 +452,8 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	proxy := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
 		ingress.WithProxyClientIdentity(ids))
 	mux := http.NewServeMux()
-	mux.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
-	mux.Handle("DELETE "+ingress.DeferredPath+"{ticket}", deferrer.CancelHandler())
+	mux.Handle("GET "+deferral.Path+"{ticket}", deferrer.StatusHandler())
+	mux.Handle("DELETE "+deferral.Path+"{ticket}", deferrer.CancelHandler())
 	mux.Handle("/", mw.Wrap(proxy))
 	return mux, nil
 }
@@ -459,7 +461,7 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 // middleware builds the limiter and the middleware that decides on it: the front
 // door's, which the Envoy services share (with their own flags). It adds the Redis
 // dependency when limits live there. deferrer is nil where nothing can park.
-func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *ingress.QueueDeferrer, reg *prometheus.Registry) (*ingress.Middleware, error) {
+func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Deferrer, reg *prometheus.Registry) (*ingress.Middleware, error) {
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {

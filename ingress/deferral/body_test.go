@@ -1,4 +1,4 @@
-package ingress
+package deferral
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
@@ -41,12 +42,12 @@ func (c *countingReader) Read(p []byte) (int, error) {
 type bodyFixture struct {
 	handler  http.Handler
 	rule     string
-	deferrer *QueueDeferrer
+	deferrer *Deferrer
 	queue    *queue.Queue
 	limit    queue.BodyLimit // the queue's body limit for fixture requests
 }
 
-func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...DeferrerOption) *bodyFixture {
+func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...Option) *bodyFixture {
 	t.Helper()
 	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(deferRules)})
 	if err != nil {
@@ -64,8 +65,8 @@ func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...DeferrerOption
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := NewQueueDeferrer(store, nil, opts...)
-	m := New(StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
+	d := New(store, opts...)
+	m := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(d))
 	f := &bodyFixture{handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })),
 		rule: set.Rules()[0].Name, deferrer: d, queue: q}
 	if w := f.post(strings.NewReader("{}"), 2); w.Code != http.StatusOK {
@@ -80,8 +81,7 @@ func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...DeferrerOption
 // request is what the deferrer parks for post (without the body).
 func (f *bodyFixture) request() *queue.Request {
 	r := f.newRequest(nil, 0)
-	header := r.Header.Clone()
-	setForwarded(nil, r, header) // as the deferrer parks it
+	header := ingress.Deferral{}.ParkHeader(r) // as the deferrer parks it
 	return &queue.Request{Queue: "orders", Rule: f.rule, Method: "POST", Path: "/v1/orders", RawQuery: "x=1",
 		Header: header, Client: strings.Repeat("0", 32)} // a scope is 32 hex digits (idempotencyScope)
 }
@@ -171,7 +171,7 @@ func TestDeferBodyOverTheQueueLimit(t *testing.T) {
 
 func TestDeferMemoryBudget(t *testing.T) {
 	const budget = 256 << 10
-	f := newBodyFixture(t, queueconfig.Config{}, WithDeferMemory(budget))
+	f := newBodyFixture(t, queueconfig.Config{}, WithBodyMemory(budget))
 	// Other requests hold all but 1000 bytes.
 	if !f.deferrer.memory.take(budget - 1000) {
 		t.Fatal("cannot take the budget")
