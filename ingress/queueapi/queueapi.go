@@ -33,12 +33,17 @@ import (
 // Pauses are the queue consumer's pause on the server, so they hold on every replica.
 type API struct {
 	// Store gives the queue store: nil until the queues are declared (NATS may come
-	// later than the process); the API answers 503 meanwhile.
+	// later than the process); the API answers 503 meanwhile, as without a Store.
 	Store interface{ Load() *queue.Store }
 	Log   *slog.Logger
 }
 
-func (a *API) store() *queue.Store { return a.Store.Load() }
+func (a *API) store() *queue.Store {
+	if a.Store == nil {
+		return nil
+	}
+	return a.Store.Load()
+}
 
 // whenOpen answers 503 until the store is open (it never closes again).
 func (a *API) whenOpen(h http.Handler) http.Handler {

@@ -279,3 +279,20 @@ func loaded(store *queue.Store) *atomic.Pointer[queue.Store] {
 	p.Store(store)
 	return &p
 }
+
+// TestQueueAPIWithoutStore: every endpoint answers 503 with Retry-After until there is
+// a store, also when API.Store was never set (never a panic).
+func TestQueueAPIWithoutStore(t *testing.T) {
+	var pending atomic.Pointer[queue.Store]
+	for _, a := range []*API{{}, {Store: &pending}} {
+		for _, rt := range a.Routes() {
+			method, path := openapitest.PatternPath(rt.Pattern)
+			path = strings.ReplaceAll(path, "{queue}", "orders")
+			w := httptest.NewRecorder()
+			rt.Handler.ServeHTTP(w, httptest.NewRequest(method, path, strings.NewReader(`{"all":true}`)))
+			if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+				t.Errorf("%s with store %v: %d (Retry-After %q), want 503", rt.Pattern, a.Store, w.Code, w.Header().Get("Retry-After"))
+			}
+		}
+	}
+}

@@ -27,6 +27,8 @@ var (
 	// ErrNotPrepared is matched by the error of a reload that Options.Prepare
 	// refused: the rules are valid, but what they need (their queues) is not ready.
 	ErrNotPrepared = errors.New("rules not activated")
+	// ErrInvalidOptions: an Options field is out of range (a negative interval).
+	ErrInvalidOptions = errors.New("rules watcher: invalid options")
 )
 
 // Options configure a Watcher. The zero value watches with fsnotify, falls back to
@@ -42,7 +44,8 @@ type Options struct {
 	// Poll makes the watcher poll instead of using fsnotify (for file systems without
 	// change notification, such as some network mounts).
 	Poll bool
-	// PollInterval is how often content is compared when polling; default 5s.
+	// PollInterval is how often content is compared when polling; default 5s (0).
+	// Negative: New fails with ErrInvalidOptions, as for Debounce.
 	PollInterval time.Duration
 	// Debounce is how long the watcher waits after a file event for more events before
 	// it reloads, so an editor's save (write, rename, chmod) or a ConfigMap swap is read
@@ -130,10 +133,14 @@ func New(paths []string, opts Options) (*Watcher, error) {
 	if len(paths) == 0 {
 		return nil, rules.ErrNoPaths
 	}
-	if opts.PollInterval <= 0 {
+	if opts.PollInterval < 0 || opts.Debounce < 0 {
+		return nil, fmt.Errorf("%w: PollInterval %s and Debounce %s must not be negative (0: the default)",
+			ErrInvalidOptions, opts.PollInterval, opts.Debounce)
+	}
+	if opts.PollInterval == 0 {
 		opts.PollInterval = 5 * time.Second
 	}
-	if opts.Debounce <= 0 {
+	if opts.Debounce == 0 {
 		opts.Debounce = 100 * time.Millisecond
 	}
 	w := &Watcher{paths: append([]string(nil), paths...), opts: opts, log: opts.Logger, done: make(chan struct{}),

@@ -577,3 +577,23 @@ func write(t testing.TB, dir, name, content string) string {
 	}
 	return p
 }
+
+// TestWatchRefusesBadOptions: a negative interval is an error, never silently the
+// default.
+func TestWatchRefusesBadOptions(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "rules.yaml", versioned(1))
+	for _, opts := range []Options{
+		{PollInterval: -time.Second},
+		{Debounce: -time.Millisecond},
+		{Poll: true, PollInterval: -1},
+	} {
+		w, err := New([]string{dir}, opts)
+		if !errors.Is(err, ErrInvalidOptions) {
+			t.Errorf("New with %+v = %v, want ErrInvalidOptions", opts, err)
+		}
+		if w != nil {
+			w.Close()
+		}
+	}
+}
