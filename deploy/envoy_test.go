@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -237,7 +238,7 @@ func TestEnvoyBootstrap(t *testing.T) {
 		t.Fatalf("routes under ext_authz: %v", authzPaths)
 	}
 	checkDefers(t, "envoy.yaml", set, authzPaths[0])
-	if !strings.HasPrefix(ingress.DeferredPath, str(at(boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes", 0, "match", "prefix"))) {
+	if !strings.HasPrefix(deferral.Path, str(at(boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config", "route_config", "virtual_hosts", 0, "routes", 0, "match", "prefix"))) {
 		t.Error("the first route does not send the tickets to sluice_check")
 	}
 }

@@ -25,7 +25,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
-	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/rules/watch"
 )
 
 // metricKind is the Prometheus type of an exported metric.
@@ -156,7 +156,7 @@ func exportedMetrics(t *testing.T) map[string]exportedMetric {
 	rec := newRecordingRegisterer()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	w, err := rules.Watch([]string{rulesDir}, rules.WatchOptions{Registerer: rec, Logger: log, Poll: true, PollInterval: time.Hour})
+	w, err := watch.New([]string{rulesDir}, watch.Options{Registerer: rec, Logger: log, Poll: true, PollInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Option configures a Dispatcher.
@@ -208,7 +209,7 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 }
 
 // effective timing for a queue's rate.
-func (d *Dispatcher) timing(cfg queue.Config) (fetchWait, pinnedTTL, ackWait time.Duration) {
+func (d *Dispatcher) timing(cfg queueconfig.Config) (fetchWait, pinnedTTL, ackWait time.Duration) {
 	interval := cfg.Outflow.Interval()
 	pinnedTTL = d.opts.pinnedTTL
 	fetchWait = d.opts.fetchWait
@@ -225,7 +226,7 @@ func (d *Dispatcher) timing(cfg queue.Config) (fetchWait, pinnedTTL, ackWait tim
 	return fetchWait, pinnedTTL, ackWait
 }
 
-func (d *Dispatcher) consumerConfig(cfg queue.Config) queue.ConsumerConfig {
+func (d *Dispatcher) consumerConfig(cfg queueconfig.Config) queue.ConsumerConfig {
 	_, pinnedTTL, ackWait := d.timing(cfg)
 	return queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: pinnedTTL, MaxInFlight: cfg.MaxInFlight}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // hit is one request seen by the test downstream.
@@ -129,7 +130,7 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func openStore(t *testing.T, nc *nats.Conn, cfg queue.Config) (*queue.Store, *queue.Queue) {
+func openStore(t *testing.T, nc *nats.Conn, cfg queueconfig.Config) (*queue.Store, *queue.Queue) {
 	t.Helper()
 	s, err := queue.Open(ctxT(t), nc, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
@@ -159,17 +160,17 @@ var fastOpts = []dispatcher.Option{
 	dispatcher.WithFetchWait(300 * time.Millisecond),
 }
 
-func startReplica(t *testing.T, srv *natstest.Server, cfg queue.Config, name string, opts ...dispatcher.Option) *replica {
+func startReplica(t *testing.T, srv *natstest.Server, cfg queueconfig.Config, name string, opts ...dispatcher.Option) *replica {
 	t.Helper()
 	return startReplicaOn(t, srv.Connect(t), cfg, name, opts...)
 }
 
-func startClusterReplica(t *testing.T, c *natstest.Cluster, cfg queue.Config, opts ...dispatcher.Option) *replica {
+func startClusterReplica(t *testing.T, c *natstest.Cluster, cfg queueconfig.Config, opts ...dispatcher.Option) *replica {
 	t.Helper()
 	return startReplicaOn(t, c.Connect(t), cfg, "c", append([]dispatcher.Option{dispatcher.WithFetchWait(time.Second)}, opts...)...)
 }
 
-func startReplicaOn(t *testing.T, nc *nats.Conn, cfg queue.Config, name string, opts ...dispatcher.Option) *replica {
+func startReplicaOn(t *testing.T, nc *nats.Conn, cfg queueconfig.Config, name string, opts ...dispatcher.Option) *replica {
 	t.Helper()
 	r := &replica{name: name, nc: nc, done: make(chan struct{})}
 	store, err := queue.Open(ctxT(t), r.nc, queue.WithReplicas(cfg.WithDefaults().Replicas), queue.WithSigningKey(natstest.SigningKey()))
@@ -261,13 +262,13 @@ func park(t *testing.T, s *queue.Store, queueName string, from, to int) []string
 	return tickets
 }
 
-func baseConfig(name, downstream string) queue.Config {
-	return queue.Config{
+func baseConfig(name, downstream string) queueconfig.Config {
+	return queueconfig.Config{
 		Name:        name,
 		Outflow:     limiter.PerSecond(50),
 		MaxInFlight: 4,
 		MaxAttempts: 5,
-		Backoff:     queue.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
+		Backoff:     queueconfig.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond},
 		Downstream:  downstream,
 		DropHeaders: []string{
 			"Authorization",
@@ -626,7 +627,7 @@ func TestNATSDownstream(t *testing.T) {
 	if _, err := store.Declare(ctxT(t), core); !errors.Is(err, queue.ErrNoStream) || !strings.Contains(err.Error(), `"orders.core"`) {
 		t.Fatalf("declaring a subject no stream captures: %v", err)
 	}
-	core.Delivery = queue.AtMostOnce
+	core.Delivery = queueconfig.AtMostOnce
 	if _, err := store.Declare(ctxT(t), core); err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,7 @@
 // # Dispatching
 //
 //	store, _ := queue.Open(ctx, nc, queue.WithSigningKey(key)) // key: shared by every replica
-//	store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(50), Downstream: "http://orders-api:8080"})
+//	store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(50), Downstream: "http://orders-api:8080"})
 //	d, _ := dispatcher.New(store, dispatcher.WithLogger(log), dispatcher.WithRegisterer(reg))
 //	err := d.Run(ctx) // every declared queue, until ctx ends
 //

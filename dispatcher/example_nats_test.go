@@ -13,6 +13,8 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // A service consuming the orders a queue with a nats:SUBJECT downstream delivers. The
@@ -24,7 +26,7 @@ import (
 func ExampleDispatcher_natsSubscriber() {
 	dir, _ := os.MkdirTemp("", "sluice-example-")
 	defer os.RemoveAll(dir)
-	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	srv, err := embedded.Start(embedded.Config{DataDir: dir})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -52,7 +54,7 @@ func ExampleDispatcher_natsSubscriber() {
 		fmt.Println(err)
 		return
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "nats:orders.accepted"}); err != nil {
+	if _, err := store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "nats:orders.accepted"}); err != nil {
 		fmt.Println(err)
 		return
 	}

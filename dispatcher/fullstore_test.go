@@ -17,6 +17,7 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
 
@@ -70,7 +71,7 @@ func TestFullStoreDrainsWhenDownstreamReturns(t *testing.T) {
 		{"store full, records kept in memory", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), MaxStore: 24 << 20})
+			emb, err := embedded.Start(embedded.Config{DataDir: t.TempDir(), MaxStore: 24 << 20})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,12 +12,13 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // prepared is a fetched order that passed its checks and waits for a pacing slot.
 type prepared struct {
 	l   *queue.Lease
-	cfg queue.Config
+	cfg queueconfig.Config
 }
 
 // Reasons of dead letters that were never attempted (the first word of the reason
@@ -133,7 +134,7 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 
 // deliver runs one delivery attempt and settles the order. probe tells whether the
 // attempt probes an open circuit.
-func (r *runner) deliver(l *queue.Lease, cfg queue.Config, start time.Time, probe bool) {
+func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time, probe bool) {
 	m := l.Message()
 	bg := context.Background()
 	switch err := l.Start(bg); {
@@ -224,7 +225,7 @@ func pauseNakDelay(pause time.Duration) time.Duration { return min(pause, 5*time
 
 // deadLetter moves an order out of attempts (or expired) to the dead letters, with
 // cause as the reason; when that fails it is retried after the first backoff step.
-func (r *runner) deadLetter(l *queue.Lease, cause string, cfg queue.Config) {
+func (r *runner) deadLetter(l *queue.Lease, cause string, cfg queueconfig.Config) {
 	m := l.Message()
 	if err := l.Dead(context.Background(), cause, retryDelay(cfg.Backoff, 1)); err != nil {
 		r.log.Warn("cannot dead-letter; retrying later", "ticket", m.Ticket, "err", err)
@@ -282,7 +283,7 @@ func (r *runner) downstreamDown(l *queue.Lease, out outcome, probe bool) bool {
 
 // retryDelay is the delay before the next attempt after `attempts` failed ones:
 // exponential from b.Initial (doubling), ±50% jitter, capped at b.Max, never zero.
-func retryDelay(b queue.Backoff, attempts int) time.Duration {
+func retryDelay(b queueconfig.Backoff, attempts int) time.Duration {
 	eb := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(b.Initial),
 		backoff.WithMaxInterval(b.Max),

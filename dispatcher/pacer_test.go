@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // simClock is a simulated clock: Sleep advances it by the duration plus a simulated
@@ -300,7 +300,7 @@ func TestSystemClockSleepCancels(t *testing.T) {
 }
 
 func TestRetryDelay(t *testing.T) {
-	b := queue.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
+	b := queueconfig.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 	for attempts := 1; attempts <= 10; attempts++ {
 		ideal := min(b.Initial<<(attempts-1), b.Max)
 		for range 50 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // runner drains one queue in one dispatcher.
@@ -25,7 +26,7 @@ type runner struct {
 	gone       atomic.Bool // the queue was retired (see retired)
 
 	mu          sync.Mutex
-	cfg         queue.Config
+	cfg         queueconfig.Config
 	cons        *queue.Consumer
 	target      target
 	fetchWait   time.Duration
@@ -49,7 +50,7 @@ func newRunner(d *Dispatcher, q *queue.Queue) *runner {
 	}
 }
 
-func (r *runner) config() queue.Config {
+func (r *runner) config() queueconfig.Config {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.cfg
@@ -248,7 +249,7 @@ func (r *runner) retired(ctx context.Context) bool {
 	return false
 }
 
-func sameQueueConfig(a, b queue.Config) bool {
+func sameQueueConfig(a, b queueconfig.Config) bool {
 	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream && a.Delivery == b.Delivery &&
 		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff
 }

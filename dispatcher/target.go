@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 type outcomeKind int
@@ -58,9 +59,9 @@ type target interface {
 	deliver(ctx context.Context, m *queue.Message) outcome
 }
 
-func (d *Dispatcher) newTarget(cfg queue.Config) (target, error) {
+func (d *Dispatcher) newTarget(cfg queueconfig.Config) (target, error) {
 	if subj := cfg.NATSSubject(); subj != "" {
-		return &natsTarget{subject: subj, atMostOnce: cfg.Delivery == queue.AtMostOnce, pub: d.store}, nil
+		return &natsTarget{subject: subj, atMostOnce: cfg.Delivery == queueconfig.AtMostOnce, pub: d.store}, nil
 	}
 	base, err := url.Parse(cfg.Downstream)
 	if err != nil {

@@ -26,7 +26,7 @@ import (
 //	/metrics                  Prometheus metrics
 //	/sluice/v1/rules          the active rules, as JSON
 //	/sluice/v1/status         the shared dependencies (Redis, NATS), as JSON
-//	/sluice/v1/queues…        queue operations (QueueAPI), when Queues is set
+//	/sluice/v1/queues…        queue operations (ingress/queueapi), when Queues is set
 //	/sluice/v1/openapi.json   the OpenAPI document of these endpoints
 //
 // With a Token, everything but /healthz needs `Authorization: Bearer TOKEN`.
@@ -42,8 +42,9 @@ type Admin struct {
 	Token        string
 	// Extra adds handlers under their patterns ("GET /path").
 	Extra map[string]http.Handler
-	// Queues serves the queue operations (nil: none).
-	Queues *QueueAPI
+	// Queues serves the queue operations: a *queueapi.API (package ingress/queueapi);
+	// nil: none.
+	Queues interface{ Routes() []Route }
 
 	draining atomic.Bool
 }

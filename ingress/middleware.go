@@ -26,7 +26,7 @@ import (
 	"github.com/sluicehq/sluice/rules"
 )
 
-// RulesSource gives the active rules set; *rules.Watcher is one.
+// RulesSource gives the active rules set; *watch.Watcher (rules/watch) is one.
 type RulesSource interface {
 	Set() *rules.Set
 }
@@ -38,9 +38,9 @@ type StaticRules struct{ S *rules.Set }
 func (s StaticRules) Set() *rules.Set { return s.S }
 
 // Deferrer parks a request that a defer rule found over its limit and answers the
-// client: 202 Accepted once the request is stored, or an error status. sluice's own
-// parks in a queue.Store (QueueDeferrer); without a Deferrer, defer rules reject like
-// reject rules.
+// client: 202 Accepted once the request is stored, or an error status. Package
+// ingress/deferral provides one, on the queue package; without a Deferrer, defer
+// rules reject like reject rules.
 type Deferrer interface {
 	Defer(w http.ResponseWriter, r *http.Request, d Deferral)
 }
@@ -59,6 +59,17 @@ type Deferral struct {
 	Header http.Header
 	// RetryAfter is when the request would have been allowed.
 	RetryAfter time.Duration
+}
+
+// ParkHeader is the header to park for r: d.Header, or when it is nil r's own header
+// with the forwarding headers set as on a proxied request (peers not trusted).
+func (d Deferral) ParkHeader(r *http.Request) http.Header {
+	if d.Header != nil {
+		return d.Header
+	}
+	h := r.Header.Clone()
+	setForwarded(nil, r, h)
+	return h
 }
 
 // Middleware checks requests against rules. Create it with New.
@@ -209,7 +220,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // SetRetryAfter sets Retry-After and X-Ratelimit-Retry-After to d in whole seconds,
 // rounded up.
 func SetRetryAfter(h http.Header, d time.Duration) {
-	secs := strconv.FormatInt(ceilSeconds(d), 10)
+	secs := strconv.FormatInt(RetryAfterSeconds(d), 10)
 	h.Set("Retry-After", secs)
 	h.Set("X-Ratelimit-Retry-After", secs)
 }

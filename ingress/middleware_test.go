@@ -289,3 +289,33 @@ func counterValue(t *testing.T, reg *prometheus.Registry, rule, outcome string) 
 	t.Fatalf("no sluice_decisions_total{rule=%q,outcome=%q}", rule, outcome)
 	return 0
 }
+
+// TestParkHeader: a Deferrer called without Deferral.Header parks the request's own
+// header with the forwarding headers rebuilt, so a client cannot have forged
+// Forwarded or X-Forwarded-* headers delivered downstream; a Header given is used as is.
+func TestParkHeader(t *testing.T) {
+	r := httptest.NewRequest("POST", "http://shop.example/v1/orders", nil)
+	r.RemoteAddr = "198.51.100.7:4000"
+	r.Header.Set("X-Forwarded-For", "10.0.0.1")
+	r.Header.Set("Forwarded", "for=10.0.0.1;host=evil.example")
+	r.Header.Set("X-Forwarded-Host", "evil.example")
+	r.Header.Set("X-Request-Id", "r-1")
+	h := Deferral{}.ParkHeader(r)
+	for name, want := range map[string]string{
+		"X-Forwarded-For":  "198.51.100.7",
+		"X-Forwarded-Host": "shop.example",
+		"Forwarded":        "",
+		"X-Request-Id":     "r-1",
+	} {
+		if got := strings.Join(h.Values(name), ","); got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+	if r.Header.Get("X-Forwarded-For") != "10.0.0.1" {
+		t.Error("ParkHeader changed the request's own header")
+	}
+	given := http.Header{"X-Kept": {"1"}}
+	if got := (Deferral{Header: given}).ParkHeader(r); got.Get("X-Kept") != "1" || got.Get("X-Forwarded-For") != "" {
+		t.Errorf("given header not used as is: %v", got)
+	}
+}

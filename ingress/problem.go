@@ -36,7 +36,7 @@ func writeProblem(w http.ResponseWriter, p problem) {
 
 // quotaExceeded is the 429 problem for the given violated policies.
 func quotaExceeded(policies []string, limit int64, retryAfter time.Duration) problem {
-	secs := ceilSeconds(retryAfter)
+	secs := RetryAfterSeconds(retryAfter)
 	return problem{
 		Type:             quotaExceededType,
 		Title:            "Request cannot be satisfied as assigned quota has been exceeded",
@@ -51,4 +51,11 @@ func quotaExceeded(policies []string, limit int64, retryAfter time.Duration) pro
 // simpleProblem is a problem of the generic type about:blank.
 func simpleProblem(status int, detail string) problem {
 	return problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail}
+}
+
+// WriteProblem answers status with an RFC 9457 problem of the generic type about:blank
+// (application/problem+json, never cached), as the middleware answers: a Deferrer
+// answers its errors with it.
+func WriteProblem(w http.ResponseWriter, status int, detail string) {
+	writeProblem(w, simpleProblem(status, detail))
 }

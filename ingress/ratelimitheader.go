@@ -44,7 +44,7 @@ func FormatPolicy(policies ...Policy) (string, error) {
 		}
 		b = appendInt(b, "q", p.Quota)
 		if p.Window > 0 {
-			b = appendInt(b, "w", ceilSeconds(p.Window))
+			b = appendInt(b, "w", RetryAfterSeconds(p.Window))
 		}
 		b = appendBytes(b, "pk", p.PartitionKey)
 	}
@@ -60,15 +60,15 @@ func FormatRateLimit(statuses ...Status) (string, error) {
 			return "", err
 		}
 		b = appendInt(b, "r", s.Remaining)
-		b = appendInt(b, "t", ceilSeconds(s.Reset))
+		b = appendInt(b, "t", RetryAfterSeconds(s.Reset))
 		b = appendBytes(b, "pk", s.PartitionKey)
 	}
 	return string(b), nil
 }
 
-// ceilSeconds rounds d up to whole seconds, as Retry-After and the draft's
-// parameters count them.
-func ceilSeconds(d time.Duration) int64 {
+// RetryAfterSeconds rounds d up to whole seconds, as Retry-After and the draft's
+// parameters count them (0 for d ≤ 0).
+func RetryAfterSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // DeadLetter is a message that ran out of delivery attempts.
@@ -28,7 +30,7 @@ type DeadLetter struct {
 // The dead letter expires after its queue's DeadLetterMaxAge (the default when the
 // queue is not declared on s).
 func (s *Store) DeadLetter(ctx context.Context, m *Message, attempts int, reason string) error {
-	ttl := DefaultDeadLetterMaxAge
+	ttl := queueconfig.DefaultDeadLetterMaxAge
 	if q, err := s.Queue(m.Queue); err == nil {
 		ttl = q.Config().DeadLetterMaxAge
 	}
@@ -55,7 +57,7 @@ func (s *Store) DeadLetters(ctx context.Context, queue string, limit int) ([]Dea
 }
 
 func (s *Store) eachDead(ctx context.Context, queue string, fn func(DeadLetter) bool) error {
-	if !nameRE.MatchString(queue) {
+	if !queueconfig.ValidName(queue) {
 		return fmt.Errorf("%w: %q", ErrUnknownQueue, queue)
 	}
 	filter := "sluice.dlq." + queue + ".*"
@@ -102,7 +104,7 @@ func (s *Store) eachDead(ctx context.Context, queue string, fn func(DeadLetter) 
 func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (int, error) {
 	q, err := s.Queue(queue)
 	if err != nil {
-		if !nameRE.MatchString(queue) {
+		if !queueconfig.ValidName(queue) {
 			return 0, err
 		}
 		if _, serr := s.js.Stream(ctx, StreamName(queue)); errors.Is(serr, jetstream.ErrStreamNotFound) {
@@ -185,7 +187,7 @@ func (s *Store) PurgeDeadLetters(ctx context.Context, queue string, tickets ...s
 		}
 		return n, nil
 	}
-	if !nameRE.MatchString(queue) {
+	if !queueconfig.ValidName(queue) {
 		return 0, fmt.Errorf("%w: %q", ErrUnknownQueue, queue)
 	}
 	n := 0

@@ -7,7 +7,7 @@
 //	stream  SLUICE_Q_{queue}      subjects sluice.q.{queue}.{ticket}; work-queue retention,
 //	                              file storage, MaxMsgs/MaxBytes with discard-new
 //	                              (a full queue refuses: ErrFull; nothing queued is ever
-//	                              trimmed), duplicate window, replicas from Config
+//	                              trimmed), duplicate window, replicas from queueconfig.Config
 //	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher)
 //	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
 //	                              (limits retention: listed, re-queued, purged on demand;

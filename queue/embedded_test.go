@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
 
@@ -22,18 +23,18 @@ import (
 func TestEmbeddedListenerNeedsCredentials(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		cfg  queue.EmbeddedConfig
+		cfg  embedded.Config
 	}{
-		{"nothing", queue.EmbeddedConfig{Listen: "127.0.0.1:0"}},
-		{"TLS without client certificates", queue.EmbeddedConfig{Listen: "127.0.0.1:0", TLS: &tls.Config{ClientAuth: tls.VerifyClientCertIfGiven}}},
+		{"nothing", embedded.Config{Listen: "127.0.0.1:0"}},
+		{"TLS without client certificates", embedded.Config{Listen: "127.0.0.1:0", TLS: &tls.Config{ClientAuth: tls.VerifyClientCertIfGiven}}},
 	} {
 		tc.cfg.DataDir = t.TempDir()
-		e, err := queue.StartEmbedded(tc.cfg)
-		if !errors.Is(err, queue.ErrUnauthenticated) {
+		e, err := embedded.Start(tc.cfg)
+		if !errors.Is(err, embedded.ErrUnauthenticated) {
 			if e != nil {
 				e.Shutdown()
 			}
-			t.Errorf("%s: StartEmbedded = %v, want ErrUnauthenticated", tc.name, err)
+			t.Errorf("%s: embedded.Start = %v, want ErrUnauthenticated", tc.name, err)
 		}
 	}
 }
@@ -42,7 +43,7 @@ func TestEmbeddedListenerNeedsCredentials(t *testing.T) {
 // another) is refused, over TCP and in process alike; Connect gives it.
 func TestEmbeddedTokenGuardsEveryConnection(t *testing.T) {
 	const token = "0123456789abcdef0123456789abcdef"
-	e, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Token: token})
+	e, err := embedded.Start(embedded.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Token: token})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +57,7 @@ func TestEmbeddedTokenGuardsEveryConnection(t *testing.T) {
 		{"no token", nil, false},
 		{"wrong token", []nats.Option{nats.Token("0123456789abcdef0123456789abcdeX")}, false},
 		{"token", []nats.Option{nats.Token(token)}, true},
-		{"in process, no token", []nats.Option{nats.InProcessServer(e.Server())}, false},
+		{"in process, no token", []nats.Option{nats.InProcessServer(e.NATS())}, false},
 	} {
 		nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(10 * time.Second)}, tc.opts...)...)
 		if err == nil {
@@ -118,8 +119,8 @@ func TestEmbeddedEncryptionAtRest(t *testing.T) {
 		bodyMark = "BODY-MARKER-7f3a9c"
 		hdrMark  = "Bearer HEADER-MARKER-51be02"
 	)
-	start := func(dir, key string) (*queue.Embedded, *queue.Store, error) {
-		e, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir, EncryptionKey: key})
+	start := func(dir, key string) (*embedded.Server, *queue.Store, error) {
+		e, err := embedded.Start(embedded.Config{DataDir: dir, EncryptionKey: key})
 		if err != nil {
 			return nil, nil, err
 		}
@@ -139,7 +140,7 @@ func TestEmbeddedEncryptionAtRest(t *testing.T) {
 		}
 		return e, s, nil
 	}
-	stop := func(e *queue.Embedded, s *queue.Store) {
+	stop := func(e *embedded.Server, s *queue.Store) {
 		s.Conn().Close()
 		e.Shutdown()
 	}
@@ -183,7 +184,7 @@ func TestEmbeddedEncryptionAtRest(t *testing.T) {
 		}
 		for _, k := range []string{"", "another-key-0123456789abcdef0123"} {
 			e, _, err := start(dir, k)
-			if !errors.Is(err, queue.ErrEncryptionKey) {
+			if !errors.Is(err, embedded.ErrEncryptionKey) {
 				if e != nil {
 					e.Shutdown()
 				}
@@ -223,7 +224,7 @@ func TestEmbeddedEncryptionAtRest(t *testing.T) {
 				t.Errorf("%q still in clear after a start with a key: %v", m, files)
 			}
 		}
-		if e, _, err := start(dir, ""); !errors.Is(err, queue.ErrEncryptionKey) {
+		if e, _, err := start(dir, ""); !errors.Is(err, embedded.ErrEncryptionKey) {
 			if e != nil {
 				e.Shutdown()
 			}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Sentinel errors. Functions wrap them with %w; test with errors.Is.
@@ -30,8 +32,9 @@ var (
 	ErrUnknownQueue = errors.New("queue: unknown queue")
 	// ErrTooLarge: the message is larger than the NATS server accepts (ingress: 413).
 	ErrTooLarge = errors.New("queue: message too large")
-	// ErrInvalidConfig wraps every configuration problem reported by Config.Validate.
-	ErrInvalidConfig = errors.New("queue: invalid config")
+	// ErrInvalidConfig is queueconfig.ErrInvalidConfig: every problem of a queue's
+	// configuration, of a stored one, or of a Store option wraps it.
+	ErrInvalidConfig = queueconfig.ErrInvalidConfig
 	// ErrInvalidRequest: a Request lacks a required field or has a malformed one.
 	ErrInvalidRequest = errors.New("queue: invalid request")
 	// ErrNotCancellable: Cancel found the order past queued (delivering or final).

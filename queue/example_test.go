@@ -10,6 +10,8 @@ import (
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Parking an order that a defer rule found over its limit, and following its ticket.
@@ -20,7 +22,7 @@ import (
 func ExampleStore_Park() {
 	dir, _ := os.MkdirTemp("", "sluice-example-")
 	defer os.RemoveAll(dir)
-	srv, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	srv, err := embedded.Start(embedded.Config{DataDir: dir})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -39,7 +41,7 @@ func ExampleStore_Park() {
 		fmt.Println(err)
 		return
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "http://orders-api:8080"}); err != nil {
+	if _, err := store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "http://orders-api:8080"}); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -1,6 +1,8 @@
 package queue
 
 import (
+	"github.com/sluicehq/sluice/queue/queueconfig"
+
 	"context"
 	"errors"
 	"fmt"
@@ -266,7 +268,7 @@ func (q *Queue) Retired(ctx context.Context) bool {
 // a retired queue stay reachable while its stream exists). Errors: ErrUnknownQueue (no
 // such stream, or not a queue name), ErrUnavailable.
 func (s *Store) CheckQueue(ctx context.Context, name string) error {
-	if !nameRE.MatchString(name) {
+	if !queueconfig.ValidName(name) {
 		return fmt.Errorf("%w: %q", ErrUnknownQueue, name)
 	}
 	_, err := s.js.Stream(ctx, StreamName(name))

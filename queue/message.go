@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // NATS header names of a parked message. The message data is the request body; the
@@ -175,7 +177,7 @@ func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 	}
 	for k, vs := range h {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if drop[ck] || !validHeaderName(ck) {
+		if drop[ck] || !queueconfig.ValidHeaderName(ck) {
 			continue
 		}
 		for _, v := range vs {
@@ -186,19 +188,6 @@ func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 		}
 	}
 	return out
-}
-
-func validHeaderName(k string) bool {
-	if k == "" {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		if c <= ' ' || c >= 0x7f || c == ':' {
-			return false
-		}
-	}
-	return true
 }
 
 func (r *Request) validate() error {

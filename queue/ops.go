@@ -8,13 +8,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Info is a snapshot of a queue for operators.
 type Info struct {
 	Name     string
 	Orphaned bool
-	Config   Config
+	Config   queueconfig.Config
 	// Depth and Bytes are the stream's messages and stored bytes.
 	Depth uint64
 	Bytes uint64

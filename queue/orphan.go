@@ -9,37 +9,39 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // MetadataConfig is the stream metadata key under which Declare keeps a queue's
-// configuration (JSON of Config, defaults applied), so that any process can drain the
+// configuration (JSON of queueconfig.Config, defaults applied), so that any process can drain the
 // queue after it left the rules.
 const MetadataConfig = "sluice.queue.config"
 
-func configMetadata(cfg Config) map[string]string {
+func configMetadata(cfg queueconfig.Config) map[string]string {
 	b, err := json.Marshal(cfg)
-	if err != nil { // Config has only plain fields; cannot happen
+	if err != nil { // queueconfig.Config has only plain fields; cannot happen
 		return nil
 	}
 	return map[string]string{MetadataConfig: string(b)}
 }
 
 // configFromStream rebuilds the configuration Declare stored with a queue's stream.
-func configFromStream(info *jetstream.StreamInfo) (Config, error) {
+func configFromStream(info *jetstream.StreamInfo) (queueconfig.Config, error) {
 	name := strings.TrimPrefix(info.Config.Name, StreamPrefix)
 	raw, ok := info.Config.Metadata[MetadataConfig]
 	if !ok {
-		return Config{}, fmt.Errorf("%w: stream %s has no stored queue configuration (declared by an older sluice)", ErrInvalidConfig, info.Config.Name)
+		return queueconfig.Config{}, fmt.Errorf("%w: stream %s has no stored queue configuration (declared by an older sluice)", ErrInvalidConfig, info.Config.Name)
 	}
-	var cfg Config
+	var cfg queueconfig.Config
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		return Config{}, fmt.Errorf("%w: stream %s: stored queue configuration: %v", ErrInvalidConfig, info.Config.Name, err)
+		return queueconfig.Config{}, fmt.Errorf("%w: stream %s: stored queue configuration: %v", ErrInvalidConfig, info.Config.Name, err)
 	}
 	if cfg.Name != name {
-		return Config{}, fmt.Errorf("%w: stream %s stores the configuration of queue %q", ErrInvalidConfig, info.Config.Name, cfg.Name)
+		return queueconfig.Config{}, fmt.Errorf("%w: stream %s stores the configuration of queue %q", ErrInvalidConfig, info.Config.Name, cfg.Name)
 	}
 	if err := cfg.Validate(); err != nil {
-		return Config{}, err
+		return queueconfig.Config{}, err
 	}
 	return cfg.WithDefaults(), nil
 }
@@ -72,7 +74,7 @@ func (s *Store) AdoptOrphans(ctx context.Context, declared []string) ([]Orphan, 
 	streams := s.js.ListStreams(ctx, jetstream.WithStreamListSubject("sluice.q.>"))
 	for info := range streams.Info() {
 		name, ok := strings.CutPrefix(info.Config.Name, StreamPrefix)
-		if !ok || !nameRE.MatchString(name) || slices.Contains(declared, name) {
+		if !ok || !queueconfig.ValidName(name) || slices.Contains(declared, name) {
 			continue
 		}
 		o := Orphan{Name: name, Depth: info.State.Msgs}
@@ -118,7 +120,7 @@ func (s *Store) forget(q *Queue) {
 // declare is refused with ErrDeclared; an unknown one with ErrUnknownQueue. It returns
 // the number of orders dropped.
 func (s *Store) Retire(ctx context.Context, name string, drop bool) (uint64, error) {
-	if !nameRE.MatchString(name) {
+	if !queueconfig.ValidName(name) {
 		return 0, fmt.Errorf("%w: %q", ErrUnknownQueue, name)
 	}
 	q, err := s.Queue(name)

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Receipt is what a client is told about a parked request.
@@ -403,7 +405,7 @@ func (s *Store) KeepKey(ctx context.Context, m *Message) error {
 	if m.IdempotencyKey == "" {
 		return nil
 	}
-	ttl := DefaultIdempotencyTTL
+	ttl := queueconfig.DefaultIdempotencyTTL
 	if q, err := s.Queue(m.Queue); err == nil {
 		ttl = q.Config().IdempotencyTTL
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 func keyedOrder(client, key, body string) *Request {
@@ -20,7 +21,7 @@ func keyedOrder(client, key, body string) *Request {
 		Header: http.Header{"Content-Type": {"application/json"}}, Client: client, IdempotencyKey: key}
 }
 
-func openInternal(t *testing.T, cfg Config, opts ...Option) (*Store, *Queue, context.Context) {
+func openInternal(t *testing.T, cfg queueconfig.Config, opts ...Option) (*Store, *Queue, context.Context) {
 	t.Helper()
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -63,7 +64,7 @@ func slotCount(t *testing.T, ctx context.Context, q *Queue) uint64 {
 // a client without a receipt. Its retry must get the stored order's ticket (the
 // duplicate window) and record the key; nothing is parked twice.
 func TestIdempotencyCrashBetweenPublishAndKey(t *testing.T) {
-	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	req := keyedOrder("c1", `"crash"`, `{"sku":1}`)
 	// Steps 2 and 3 of Park happened, then the process died.
 	m := &Message{Request: *req, Ticket: newTicket()}
@@ -104,7 +105,7 @@ func TestIdempotencyCrashBetweenPublishAndKey(t *testing.T) {
 
 // Refused requests leave no key and no slot, so the same key works afterwards.
 func TestRefusedLeavesNoKey(t *testing.T) {
-	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxDepth: 2, Downstream: "http://127.0.0.1:1"})
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxDepth: 2, Downstream: "http://127.0.0.1:1"})
 	for i := range 2 {
 		if _, err := s.Park(ctx, keyedOrder("c1", fmt.Sprint("ok-", i), "{}")); err != nil {
 			t.Fatal(err)
@@ -129,7 +130,7 @@ func TestRefusedLeavesNoKey(t *testing.T) {
 // The per-client key cap: past it ErrTooManyKeys with a retry delay; another client is
 // unaffected; a refused order takes no slot; repeats of a known key are not new keys.
 func TestKeyCapPerClient(t *testing.T) {
-	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 3,
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 3,
 		IdempotencyTTL: time.Hour, Downstream: "http://127.0.0.1:1"})
 	for i := range 3 {
 		if _, err := s.Park(ctx, keyedOrder("c1", fmt.Sprint("k", i), "{}")); err != nil {
@@ -159,7 +160,7 @@ func TestKeyCapPerClient(t *testing.T) {
 // The bucket's byte cap: new keys are refused with ErrKeyStoreFull (a 503) and nothing
 // is accepted; requests without a key still park.
 func TestKeyStoreFull(t *testing.T) {
-	s, q, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"},
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"},
 		WithIdempotencyMaxBytes(4096))
 	accepted, refused := 0, false
 	for i := 0; i < 200 && !refused; i++ {
@@ -188,8 +189,8 @@ func TestKeyStoreFull(t *testing.T) {
 // KeepKey gives a final order's key its TTL; a key that now belongs to another ticket
 // is left alone; a missing one is created.
 func TestKeepKey(t *testing.T) {
-	s, _, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), IdempotencyTTL: 2 * time.Second,
-		Backoff: Backoff{Initial: time.Second, Max: time.Second}, Downstream: "http://127.0.0.1:1"})
+	s, _, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), IdempotencyTTL: 2 * time.Second,
+		Backoff: queueconfig.Backoff{Initial: time.Second, Max: time.Second}, Downstream: "http://127.0.0.1:1"})
 	rc, err := s.Park(ctx, keyedOrder("c1", "k", "{}"))
 	if err != nil {
 		t.Fatal(err)
@@ -234,7 +235,7 @@ func TestKeepKey(t *testing.T) {
 // maps a client's key to a ticket of the attacker's choice is replaced, and the order
 // gets a ticket of its own.
 func TestForgedIdempotencyRecordIsReplaced(t *testing.T) {
-	s, _, ctx := openInternal(t, Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	s, _, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	req := keyedOrder("c1", `"k"`, `{"sku":1}`)
 	planted := newTicket()
 	val, _ := json.Marshal(idemRecord{Ticket: planted, Fingerprint: Fingerprint(req), Queue: "orders"})

@@ -14,22 +14,24 @@ import (
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-func testConfig(name string) queue.Config {
-	return queue.Config{
+func testConfig(name string) queueconfig.Config {
+	return queueconfig.Config{
 		Name:       name,
 		Outflow:    limiter.PerSecond(10),
 		Downstream: "http://127.0.0.1:1/api",
 	}
 }
 
-func openStore(t *testing.T, srv *natstest.Server, cfgs ...queue.Config) *queue.Store {
+func openStore(t *testing.T, srv *natstest.Server, cfgs ...queueconfig.Config) *queue.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -70,78 +72,6 @@ func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-func TestConfigValidate(t *testing.T) {
-	good := testConfig("orders")
-	if err := good.Validate(); err != nil {
-		t.Fatalf("valid config: %v", err)
-	}
-	bad := queue.Config{
-		Name:            "bad name",
-		Outflow:         limiter.Rate{Count: -1, Period: time.Second},
-		MaxAge:          time.Minute,
-		DuplicateWindow: time.Hour,
-		Backoff:         queue.Backoff{Initial: time.Minute, Max: time.Second},
-		Downstream:      "nats:orders.*",
-		DropHeaders:     []string{"bad header"},
-	}
-	err := bad.Validate()
-	if err == nil || !errors.Is(err, queue.ErrInvalidConfig) {
-		t.Fatalf("want ErrInvalidConfig, got %v", err)
-	}
-	for _, want := range []string{"name", "outflow", "duplicate window", "backoff max", "subject", "drop_headers"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("problems %q lack %q", err, want)
-		}
-	}
-	for _, d := range []string{"ftp://x", "http://", "http://h/p?q=1", "http://h/?", "http://h#f", "http://:80", "http://h:99999",
-		"nats:sluice.q.x", "nats:sluice.q.*", "nats:sluice.done.q", "nats:$JS.API.STREAM.LIST", "nats:$KV.b.k", "nats:a.b*",
-		"nats:a b", "nats:a..b", "nats:", " http://h"} {
-		c := testConfig("q")
-		c.Downstream = d
-		if c.Validate() == nil {
-			t.Errorf("downstream %q accepted", d)
-		}
-	}
-	// A refused downstream is reported without its credentials.
-	for _, d := range []string{"ftp://u:s3cret@x", "https://u:s3cret@x/?q=1", "http://u:s3cret@x:99999", "http://u:s3cret@[::1"} {
-		c := testConfig("q")
-		c.Downstream = d
-		if err := c.Validate(); err == nil || strings.Contains(err.Error(), "s3cret") {
-			t.Errorf("downstream %q: %v", d, err)
-		}
-	}
-	for _, d := range []string{"https://orders.example/api/", "nats:orders.created"} {
-		c := testConfig("q")
-		c.Downstream = d
-		if err := c.Validate(); err != nil {
-			t.Errorf("downstream %q: %v", d, err)
-		}
-	}
-	for _, tc := range []struct {
-		downstream string
-		delivery   queue.Delivery
-		ok         bool
-	}{
-		{"nats:orders.created", queue.AtMostOnce, true},
-		{"nats:orders.created", queue.AtLeastOnce, true},
-		{"http://orders:8080", queue.AtMostOnce, false},
-		{"nats:orders.created", "exactly_once", false},
-	} {
-		c := testConfig("q")
-		c.Downstream, c.Delivery = tc.downstream, tc.delivery
-		if err := c.Validate(); (err == nil) != tc.ok {
-			t.Errorf("delivery %q to %s: %v", tc.delivery, tc.downstream, err)
-		}
-	}
-	c := testConfig("q").WithDefaults()
-	if c.Delivery != queue.AtLeastOnce {
-		t.Errorf("default delivery %q", c.Delivery)
-	}
-	if c.MaxDepth != queue.DefaultMaxDepth || c.IdempotencyTTL != 24*time.Hour || c.MaxAttempts != 8 {
-		t.Errorf("defaults: %+v", c)
-	}
 }
 
 func TestParseRate(t *testing.T) {
@@ -592,8 +522,8 @@ func TestDeadLetters(t *testing.T) {
 
 func TestEmbeddedSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	start := func() (*queue.Embedded, *queue.Store) {
-		e, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	start := func() (*embedded.Server, *queue.Store) {
+		e, err := embedded.Start(embedded.Config{DataDir: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -628,7 +558,7 @@ func TestEmbeddedSurvivesRestart(t *testing.T) {
 		t.Fatalf("after restart: %+v %v", st, err)
 	}
 
-	e3, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Token: "0123456789abcdef0123456789abcdef"})
+	e3, err := embedded.Start(embedded.Config{DataDir: t.TempDir(), Listen: "127.0.0.1:0", Token: "0123456789abcdef0123456789abcdef"})
 	if err != nil {
 		t.Fatal(err)
 	}

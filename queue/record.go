@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Status is the state of a ticket.
@@ -136,7 +138,7 @@ func (s *Store) saveRecord(ctx context.Context, rec *Record, opts ...jetstream.P
 }
 
 func (s *Store) writeRecord(ctx context.Context, rec *Record, opts ...jetstream.PublishOpt) error {
-	ttl := DefaultIdempotencyTTL
+	ttl := queueconfig.DefaultIdempotencyTTL
 	if q, err := s.Queue(rec.Queue); err == nil {
 		ttl = q.Config().IdempotencyTTL
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // JetStream layout. Every name is fixed so that separately started ingress and
@@ -259,7 +261,7 @@ func (s *Store) Logger() *slog.Logger { return s.log }
 // store (replacing an earlier declaration of the same name: rules reloads call Declare
 // again). The configuration is kept with the stream (its metadata), so that a queue
 // that later leaves the rules still drains as declared: see AdoptOrphans.
-func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
+func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -322,7 +324,7 @@ func (s *Store) Declare(ctx context.Context, cfg Config) (*Queue, error) {
 
 // add adds (or updates) a queue of the store. keys is nil for an orphaned queue: the
 // rules no longer name it, so nothing is parked in it.
-func (s *Store) add(cfg Config, stream, keys jetstream.Stream, orphaned bool) *Queue {
+func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orphaned bool) *Queue {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queues[cfg.Name]
@@ -339,9 +341,9 @@ func (s *Store) add(cfg Config, stream, keys jetstream.Stream, orphaned bool) *Q
 // checkDownstreamStream makes sure the subject of an at-least-once nats: downstream is
 // captured by a stream. Checked at every declaration (start, reload); a stream deleted
 // later makes deliveries fail as a downstream that is down.
-func (s *Store) checkDownstreamStream(ctx context.Context, cfg Config) error {
+func (s *Store) checkDownstreamStream(ctx context.Context, cfg queueconfig.Config) error {
 	subj := cfg.NATSSubject()
-	if subj == "" || cfg.Delivery == AtMostOnce {
+	if subj == "" || cfg.Delivery == queueconfig.AtMostOnce {
 		return nil
 	}
 	_, err := s.js.StreamNameBySubject(ctx, subj)
@@ -380,7 +382,7 @@ func (s *Store) Queues() []*Queue {
 type Queue struct {
 	store    *Store
 	name     string
-	cfg      atomic.Pointer[Config]
+	cfg      atomic.Pointer[queueconfig.Config]
 	stream   jetstream.Stream
 	keys     jetstream.Stream // key slots (KeyStreamName); nil for an orphan
 	orphaned atomic.Bool
@@ -397,7 +399,7 @@ type Queue struct {
 func (q *Queue) Name() string { return q.name }
 
 // Config returns the queue's configuration (with defaults applied).
-func (q *Queue) Config() Config { return *q.cfg.Load() }
+func (q *Queue) Config() queueconfig.Config { return *q.cfg.Load() }
 
 // StreamName returns the name of the queue's stream.
 func (q *Queue) StreamName() string { return StreamName(q.name) }

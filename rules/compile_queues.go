@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 func (c *compiler) knownQueues() string {
@@ -24,7 +24,7 @@ func (c *compiler) knownQueues() string {
 
 func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	file := fd.path
-	if !queue.ValidName(qd.name) {
+	if !queueconfig.ValidName(qd.name) {
 		c.errf(file, qd.nameNode, "queue name %q: use 1 to 64 letters, digits, _ or - (it names a JetStream stream and NATS subjects)", qd.name)
 		return
 	}
@@ -34,7 +34,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	}
 	// Unset fields take the queue package's defaults (max_bytes and max_age: none).
 	q := &Queue{
-		Config: queue.Config{
+		Config: queueconfig.Config{
 			Name:               qd.name,
 			Outflow:            qd.outflow,
 			MaxDepth:           qd.maxDepth,
@@ -42,9 +42,9 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			MaxAge:             qd.maxAge,
 			MaxAttempts:        int(min(qd.maxAttempts, 1_000_000)),
 			MaxInFlight:        int(min(qd.maxInFlight, 1_000_000)),
-			Backoff:            queue.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
+			Backoff:            queueconfig.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
 			Downstream:         qd.downstream,
-			MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queue.MaxIdempotencyKeysLimit+1)),
+			MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queueconfig.MaxIdempotencyKeysLimit+1)),
 			MaxBody:            qd.maxBody,
 			DropHeaders:        qd.dropHeaders,
 			// 0 (unset or unreadable) takes the default.
@@ -83,7 +83,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	var invalid interface{ Unwrap() []error }
 	if err := q.Config.Validate(); errors.As(err, &invalid) {
 		for _, e := range invalid.Unwrap() {
-			var ce *queue.ConfigError
+			var ce *queueconfig.ConfigError
 			if !errors.As(e, &ce) || reported[ce.Field] {
 				continue
 			}

@@ -14,6 +14,7 @@
 //
 // Load (or Parse) returns an immutable *Set, or every problem at once as Problems.
 // Set.Match gives the route a request takes and the Checks it must pass, each with its
-// rule (limits, on_limit, queue, shadow mode) and its limiter keys. A Watcher keeps the
-// current Set of some files and swaps in valid new versions atomically.
+// rule (limits, on_limit, queue, shadow mode) and its limiter keys. A watch.Watcher
+// (package rules/watch) keeps the current Set of some files and swaps in valid new
+// versions atomically.
 package rules

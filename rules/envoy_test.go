@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // envoyFile is written in the Envoy / Lyft rate limit service's syntax only.
@@ -450,18 +450,6 @@ routes:
 	if _, err := LoadWith([]string{dir}, MergeDomains()); err != nil {
 		t.Error(err)
 	}
-	w, err := Watch([]string{dir}, WatchOptions{MergeDomains: true, Poll: true, PollInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	write(t, dir, "c.yaml", "domain: shop\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 9}\n")
-	if err := w.Reload(); err != nil {
-		t.Fatalf("reload of a third file of the domain: %v", err)
-	}
-	if got := describeLimits(w.Set().Evaluate("shop", [][]Entry{ents("ip", "1")}, nil)); got != "9/1s" {
-		t.Errorf("after reload: %q", got)
-	}
 }
 
 // Match counts a rule once per request however many lists reach it with the same
@@ -505,15 +493,15 @@ queues:
     dead_letter_max_age: 30d
 `)
 	a, b := s.Queue("a"), s.Queue("b")
-	if a.Outflow != (limiter.Rate{Count: 5, Period: time.Second}) || a.MaxDepth != queue.DefaultMaxDepth || a.MaxBytes != 0 || a.MaxAge != 0 ||
-		a.MaxAttempts != queue.DefaultMaxAttempts || a.MaxInFlight != queue.DefaultMaxInFlight ||
-		a.Backoff != (queue.Backoff{Initial: queue.DefaultBackoffInitial, Max: queue.DefaultBackoffMax}) ||
+	if a.Outflow != (limiter.Rate{Count: 5, Period: time.Second}) || a.MaxDepth != queueconfig.DefaultMaxDepth || a.MaxBytes != 0 || a.MaxAge != 0 ||
+		a.MaxAttempts != queueconfig.DefaultMaxAttempts || a.MaxInFlight != queueconfig.DefaultMaxInFlight ||
+		a.Backoff != (queueconfig.Backoff{Initial: queueconfig.DefaultBackoffInitial, Max: queueconfig.DefaultBackoffMax}) ||
 		a.NATSSubject() != "work.a" || a.Downstream != "nats:work.a" ||
-		a.MaxBody != queue.DefaultMaxBody || a.DropHeaders != nil || a.DeadLetterMaxAge != 14*24*time.Hour {
+		a.MaxBody != queueconfig.DefaultMaxBody || a.DropHeaders != nil || a.DeadLetterMaxAge != 14*24*time.Hour {
 		t.Errorf("a = %+v", a)
 	}
 	if b.Outflow != (limiter.Rate{Count: 3000, Period: 10 * time.Minute}) || b.MaxDepth != 7 || b.MaxBytes != 512<<20 || b.MaxAge != 48*time.Hour ||
-		b.MaxAttempts != 3 || b.MaxInFlight != 2 || b.Backoff != (queue.Backoff{Initial: 250 * time.Millisecond, Max: time.Minute}) ||
+		b.MaxAttempts != 3 || b.MaxInFlight != 2 || b.Backoff != (queueconfig.Backoff{Initial: 250 * time.Millisecond, Max: time.Minute}) ||
 		b.NATSSubject() != "" || b.Downstream != "http://b.internal:9000/base" ||
 		b.MaxBody != 8<<20 || !slices.Equal(b.DropHeaders, []string{"Authorization", "cookie"}) || b.DeadLetterMaxAge != 30*24*time.Hour {
 		t.Errorf("b = %+v", b)

@@ -4,7 +4,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // OnLimit says what happens to a request that a rule finds over its limit.
@@ -233,7 +233,7 @@ type Route struct {
 // package's configuration (defaults applied, Downstream in its canonical form:
 // an http(s) URL or nats:SUBJECT), and where the queue was written.
 type Queue struct {
-	queue.Config
+	queueconfig.Config
 	Domain string
 	File   string
 	Line   int

@@ -12,7 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // The definitions below are a file as written, with the YAML nodes that locate each
@@ -142,7 +142,7 @@ type queueDef struct {
 	maxAge      time.Duration
 	maxAttempts int64
 	maxInFlight int64
-	backoff     queue.Backoff
+	backoff     queueconfig.Backoff
 	downstream  string
 	hasDown     bool
 	resultHdrs  []nameRef
@@ -150,9 +150,9 @@ type queueDef struct {
 	maxBody     int64
 	dropHeaders []string
 	deadMaxAge  time.Duration
-	// nodes holds each field's value, where queue.Config.Validate's problems are reported.
+	// nodes holds each field's value, where queueconfig.Config.Validate's problems are reported.
 	nodes    map[string]*yaml.Node
-	delivery queue.Delivery
+	delivery queueconfig.Delivery
 }
 
 var (
@@ -611,7 +611,7 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 			field(v, key, w.duration, &q.deadMaxAge, nil)
 		case "delivery":
 			d, _ := w.str(v, key)
-			q.delivery = queue.Delivery(d)
+			q.delivery = queueconfig.Delivery(d)
 		}
 	})
 	return q

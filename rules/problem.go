@@ -8,18 +8,13 @@ import (
 	"strings"
 )
 
-// Sentinel errors that callers branch on. Load and Watch wrap them.
+// Sentinel errors that callers branch on. Load wraps them (and watch.New).
 var (
 	// ErrInvalid is matched (errors.Is) by the Problems a rules set fails with: the
 	// files were read but are not a valid rules set, so the set was not activated.
 	ErrInvalid = errors.New("invalid rules")
-	// ErrNoPaths is returned when Load or Watch is given no path at all.
+	// ErrNoPaths is returned when Load (or watch.New) is given no path at all.
 	ErrNoPaths = errors.New("no rules files given")
-	// ErrClosed is returned by Watcher.Reload after Close.
-	ErrClosed = errors.New("rules watcher closed")
-	// ErrNotPrepared is matched by the error of a reload that WatchOptions.Prepare
-	// refused: the rules are valid, but what they need (their queues) is not ready.
-	ErrNotPrepared = errors.New("rules not activated")
 )
 
 // Problem is one thing wrong with a rules set, located in its file. Line and Col are

@@ -116,7 +116,7 @@ func ParseSize(s string) (int64, error) {
 }
 
 // downstream reads `http://…`, `https://…` or `nats:SUBJECT`; the queue package
-// validates it (see queue.Config.Validate).
+// validates it (see queueconfig.Config.Validate).
 func (w *walker) downstream(v *yaml.Node) (string, bool) {
 	return w.str(v, "downstream")
 }

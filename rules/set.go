@@ -1,6 +1,8 @@
 package rules
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -34,6 +36,30 @@ func LoadWith(paths []string, opts ...Option) (*Set, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// ReadFiles reads the files that paths name, as Load does (a directory gives its *.yaml
+// and *.yml files), without parsing them: what a watcher compares with the active
+// set's Version (see FilesVersion) before it parses anything. It returns every file it
+// could read, and Problems for those it could not.
+func ReadFiles(paths ...string) ([]File, error) {
+	if len(paths) == 0 {
+		return nil, ErrNoPaths
+	}
+	var probs problemList
+	files := readPaths(paths, &probs)
+	return files, probs.result()
+}
+
+// FilesVersion is the Version of a set parsed from files: a hash of their names and
+// contents, in order (compile computes the same hash as it reads the files).
+func FilesVersion(files []File) string {
+	h := sha256.New()
+	for _, f := range files {
+		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
+		h.Write(f.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // readPaths reads the files that paths name, reporting unreadable ones.

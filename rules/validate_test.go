@@ -179,7 +179,7 @@ func TestValidationProblems(t *testing.T) {
 			[]string{`t.yaml:4:21: rate "0/s": the count must be a whole number of at least 1`, `t.yaml:5:17: downstream: "ftp://x" must be an http:// or https:// URL`,
 				"t.yaml:6:16: max_depth must be at least 1", "t.yaml:7:14: backoff max (1s) is shorter than initial (10s)",
 				`t.yaml:8:3: queue "r" needs an outflow`, `t.yaml:8:3: queue "r" needs a downstream`, `t.yaml:9:14: max_age: duration "5" needs a unit`}},
-		{"queue settings checked by queue.Config.Validate", "domain: d\nqueues:\n  q:\n    outflow: 1/s\n    downstream: 'nats:x'\n    max_body: 9MiB\n    drop_headers: [X-Ok, 'bad header', 'a:b']\n    dead_letter_max_age: 500ms\n",
+		{"queue settings checked by queueconfig.Config.Validate", "domain: d\nqueues:\n  q:\n    outflow: 1/s\n    downstream: 'nats:x'\n    max_body: 9MiB\n    drop_headers: [X-Ok, 'bad header', 'a:b']\n    dead_letter_max_age: 500ms\n",
 			[]string{"t.yaml:6:15: max_body must be between 1 byte and 8MiB", `t.yaml:7:19: drop_headers: "bad header" is not a header name`,
 				`t.yaml:7:19: drop_headers: "a:b" is not a header name`, "t.yaml:8:26: dead_letter_max_age must be at least 1s"}},
 		{"queue list and size types", "domain: d\nqueues:\n  q:\n    outflow: 1/s\n    downstream: 'nats:x'\n    max_body: lots\n    drop_headers: Authorization\n    dead_letter_max_age: 0s\n",

@@ -27,8 +27,11 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -392,7 +395,7 @@ func paceDispatcher(ctx context.Context, r limiter.Rate, d, _ time.Duration) ([]
 		return nil, err
 	}
 	n := int(math.Ceil(r.PerSecondFloat()*d.Seconds())) + 1
-	cfg := queue.Config{Name: "bench", Outflow: r, Downstream: srv.URL(), MaxInFlight: 64, MaxDepth: int64(n) + 10}
+	cfg := queueconfig.Config{Name: "bench", Outflow: r, Downstream: srv.URL(), MaxInFlight: 64, MaxDepth: int64(n) + 10}
 	if _, err := store.Declare(ctx, cfg); err != nil {
 		return nil, err
 	}
@@ -565,7 +568,7 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	if err != nil {
 		return nil, err
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "bench", Outflow: limiter.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1}); err != nil {
+	if _, err := store.Declare(ctx, queueconfig.Config{Name: "bench", Outflow: limiter.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1}); err != nil {
 		return nil, err
 	}
 	body := []byte(strings.Repeat("x", size))
@@ -579,7 +582,7 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	if err != nil {
 		return nil, err
 	}
-	mw, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(ingress.NewQueueDeferrer(store, nil)))
+	mw, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(deferral.New(store)))
 	if err != nil {
 		return nil, err
 	}
@@ -687,7 +690,7 @@ func tempNATS() (nc *nats.Conn, stop func(), err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dir})
+	emb, err := embedded.Start(embedded.Config{DataDir: dir})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, err

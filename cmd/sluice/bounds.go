@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -31,7 +32,7 @@ func embeddedPayload(maxBody int64) int32 {
 	if maxBody <= 0 {
 		return 0
 	}
-	return int32(max(maxBody, queue.DefaultMaxBody) + maxHeaderBytes + queue.MetadataRoom)
+	return int32(max(maxBody, queueconfig.DefaultMaxBody) + maxHeaderBytes + queue.MetadataRoom)
 }
 
 // setMemoryLimit gives the Go runtime a soft memory limit (unless GOMEMLIMIT is set):

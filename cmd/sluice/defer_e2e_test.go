@@ -17,7 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -670,7 +670,7 @@ func TestDeadLetterRequeue(t *testing.T) {
 	}
 	t.Logf("sluice dlq list orders:\n%s", stdout)
 	code, stdout, stderr = runSluice(t, "dlq", "list", "--json", "orders", a.Ticket, "--nats", natsURL, "--queue-key", key)
-	var listed []ingress.DeadLetterView
+	var listed []queueapi.DeadLetterView
 	if code != 0 || json.Unmarshal([]byte(stdout), &listed) != nil || len(listed) != 1 ||
 		listed[0].Ticket != a.Ticket || listed[0].Attempts != 2 || listed[0].Queue != "orders" ||
 		!strings.Contains(listed[0].Reason, "500") || listed[0].DeadAt.IsZero() || listed[0].Path != "/v1/orders" {

@@ -17,8 +17,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 const dlqHelp = `Usage: sluice dlq list|requeue|purge QUEUE [TICKET…] [flags]
@@ -81,7 +82,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if action != "list" && action != "requeue" && action != "purge" {
 		return usageErr("unknown action %q: want list, requeue or purge", action)
 	}
-	if !queue.ValidName(queueName) {
+	if !queueconfig.ValidName(queueName) {
 		return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", queueName)
 	}
 	for _, t := range tickets {
@@ -124,7 +125,7 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	// Requeueing carries dead letters of any size back.
-	cfg.nats.maxBody = queue.MaxMaxBody
+	cfg.nats.maxBody = queueconfig.MaxMaxBody
 	conn, err := openNATS(cfg.nats, log, false)
 	if errors.Is(err, errDataDirLocked) {
 		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it. "+
@@ -258,9 +259,9 @@ func (d *dlq) list(asJSON bool, limit int) error {
 	if err != nil {
 		return err
 	}
-	views := make([]ingress.DeadLetterView, 0, len(found))
+	views := make([]queueapi.DeadLetterView, 0, len(found))
 	for _, dl := range found {
-		views = append(views, ingress.NewDeadLetterView(d.queue, dl))
+		views = append(views, queueapi.NewDeadLetterView(d.queue, dl))
 	}
 	if err := d.print(views, asJSON); err != nil {
 		return err
@@ -272,7 +273,7 @@ func (d *dlq) list(asJSON bool, limit int) error {
 }
 
 // print writes dead letters as a table, or as a JSON array.
-func (d *dlq) print(views []ingress.DeadLetterView, asJSON bool) error {
+func (d *dlq) print(views []queueapi.DeadLetterView, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(d.stdout)
 		enc.SetIndent("", "  ")
@@ -300,12 +301,12 @@ func (d *dlq) viaAdmin(c *adminClient, action string, asJSON bool, limit int) er
 	switch action {
 	case "list":
 		var out struct {
-			DeadLetters []ingress.DeadLetterView `json:"dead_letters"`
+			DeadLetters []queueapi.DeadLetterView `json:"dead_letters"`
 		}
 		if err := c.do(d.ctx, http.MethodGet, path, url.Values{"limit": {"10000"}}, nil, &out); err != nil {
 			return err
 		}
-		var views []ingress.DeadLetterView
+		var views []queueapi.DeadLetterView
 		seen := map[string]bool{}
 		for _, v := range out.DeadLetters {
 			if len(d.tickets) > 0 && !slices.Contains(d.tickets, v.Ticket) {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/ingress/envoy"
 )
 
@@ -98,14 +99,14 @@ func (c *envoyConfig) tls() (*tls.Config, error) {
 // envoyServers builds the gRPC server and the check listener the flags ask for,
 // deciding with mw (ext_authz, the check) and its limiter (the rate limit service).
 // The gRPC address is taken here, so that a taken port fails the start.
-func (g *gateway) envoyServers(mw *ingress.Middleware, deferrer *ingress.QueueDeferrer, reg *prometheus.Registry) error {
+func (g *gateway) envoyServers(mw *ingress.Middleware, deferrer *deferral.Deferrer, reg *prometheus.Registry) error {
 	c := g.cfg.envoy
 	if c.checkListen != "" {
 		mux := http.NewServeMux()
 		mux.Handle(ingress.CheckPath, mw.CheckHandler())
 		if deferrer != nil {
-			mux.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
-			mux.Handle("DELETE "+ingress.DeferredPath+"{ticket}", deferrer.CancelHandler())
+			mux.Handle("GET "+deferral.Path+"{ticket}", deferrer.StatusHandler())
+			mux.Handle("DELETE "+deferral.Path+"{ticket}", deferrer.CancelHandler())
 		}
 		g.check = newHTTPServer(c.checkListen, mux, g.log)
 	}

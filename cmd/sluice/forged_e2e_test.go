@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -137,7 +137,7 @@ func TestForgedOrdersThroughTheBinary(t *testing.T) {
 	if st.Result == nil || st.Result.Status != 201 || !strings.Contains(st.Result.Body, `"genuine"`) {
 		t.Errorf("genuine order's result: %+v", st.Result)
 	}
-	var listed []ingress.DeadLetterView
+	var listed []queueapi.DeadLetterView
 	waitFor(t, "four forged dead letters", 30*time.Second, func() bool {
 		code, stdout, _ := runSluice(t, "dlq", "list", "--json", "orders", "--nats", "nats://"+natsAddr, "--nats-token", testNATSToken, "--queue-key", key)
 		listed = nil

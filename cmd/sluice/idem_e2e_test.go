@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 )
 
 // End-to-end tests of idempotency scoping, the downstream's view of deferred orders
@@ -283,7 +284,7 @@ func TestIdempotencyKeysBounded(t *testing.T) {
 // directory.
 func bucketKeys(t *testing.T, dataDir string) int {
 	t.Helper()
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: dataDir})
+	emb, err := embedded.Start(embedded.Config{DataDir: dataDir})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/queueapi"
 )
 
 // renamedRules are deferRules with the orders queue renamed.
@@ -20,16 +20,16 @@ func renamedRules(downstreamURL, name string) string {
 	return strings.ReplaceAll(r, "\n  orders:\n", "\n  "+name+":\n")
 }
 
-func queuesOf(t *testing.T, admin, token string) map[string]ingress.QueueView {
+func queuesOf(t *testing.T, admin, token string) map[string]queueapi.QueueView {
 	t.Helper()
 	r := send(t, "GET", admin+"/sluice/v1/queues", nil, "Authorization", "Bearer "+token)
 	var out struct {
-		Queues []ingress.QueueView `json:"queues"`
+		Queues []queueapi.QueueView `json:"queues"`
 	}
 	if r.status != 200 || json.Unmarshal([]byte(r.body), &out) != nil {
 		t.Fatalf("GET /sluice/v1/queues: %d %s", r.status, r.body)
 	}
-	m := map[string]ingress.QueueView{}
+	m := map[string]queueapi.QueueView{}
 	for _, q := range out.Queues {
 		m[q.Name] = q
 	}
@@ -182,7 +182,7 @@ func TestQueuePauseResume(t *testing.T) {
 	waitStatus(t, p.url, a.Ticket, "done", 30*time.Second)
 
 	code, stdout, stderr = runSluice(t, append([]string{"queue", "pause", "orders", "--for", "1h", "--json"}, admin...)...)
-	var v ingress.QueueView
+	var v queueapi.QueueView
 	if code != 0 || json.Unmarshal([]byte(stdout), &v) != nil || v.PausedUntil == nil {
 		t.Fatalf("pause: %d %s %s", code, stdout, stderr)
 	}

@@ -14,8 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sluicehq/sluice/ingress"
-	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/ingress/queueapi"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 const queueHelp = `Usage: sluice queue list|show|pause|resume|retire [QUEUE] [flags]
@@ -87,7 +87,7 @@ func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return usageErr("%s takes one queue", action)
 		}
 		name = fs.Arg(1)
-		if !queue.ValidName(name) {
+		if !queueconfig.ValidName(name) {
 			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
 		}
 	default:
@@ -139,7 +139,7 @@ func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	switch action {
 	case "list":
 		var out struct {
-			Queues []ingress.QueueView `json:"queues"`
+			Queues []queueapi.QueueView `json:"queues"`
 		}
 		if err := json.Unmarshal(raw, &out); err != nil {
 			return fail(err)
@@ -155,16 +155,16 @@ func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		fmt.Fprintf(stdout, "retired queue %s (%d orders dropped)\n", out.Retired, out.Dropped)
 	default:
-		var v ingress.QueueView
+		var v queueapi.QueueView
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return fail(err)
 		}
-		printQueues(stdout, []ingress.QueueView{v})
+		printQueues(stdout, []queueapi.QueueView{v})
 	}
 	return exitOK
 }
 
-func printQueues(w io.Writer, qs []ingress.QueueView) {
+func printQueues(w io.Writer, qs []queueapi.QueueView) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "QUEUE\tDEPTH\tIN FLIGHT\tOLDEST WAIT\tOUTFLOW\tACHIEVED\tPAUSED UNTIL\tORPHANED")
 	for _, q := range qs {

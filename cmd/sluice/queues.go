@@ -25,7 +25,10 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/rules/watch"
 )
 
 // natsConfig says where the queues live: an embedded server (the default) or a NATS
@@ -90,7 +93,7 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 type natsConn struct {
 	nc       *nats.Conn
 	key      []byte // signs the queues' messages and records
-	embedded *queue.Embedded
+	embedded *embedded.Server
 	unlock   func() // releases --data-dir
 	replicas int    // --replicas; 0: decided by what the connection reaches
 	idemMax  int64  // --idempotency-max-bytes
@@ -179,9 +182,9 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 		unlock()
 		return nil, err
 	}
-	emb, err := queue.StartEmbedded(queue.EmbeddedConfig{DataDir: cfg.dataDir, Listen: cfg.listen,
+	emb, err := embedded.Start(embedded.Config{DataDir: cfg.dataDir, Listen: cfg.listen,
 		Token: cfg.listenToken, TLS: listenTLS, EncryptionKey: cfg.encryptionKey, MaxPayload: embeddedPayload(cfg.maxBody)})
-	if errors.Is(err, queue.ErrEncryptionKey) {
+	if errors.Is(err, embedded.ErrEncryptionKey) {
 		unlock()
 		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w; give the key it was written with in --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file", cfg.dataDir, err)
 	}
@@ -304,7 +307,7 @@ type queues struct {
 	dispOpts []dispatcher.Option // nil: park only
 	reg      prometheus.Registerer
 	log      *slog.Logger
-	reload   func() error // reads the rules files again (rules.Watcher.Reload)
+	reload   func() error // reads the rules files again (watch.Watcher.Reload)
 
 	store atomic.Pointer[queue.Store] // nil until open
 
@@ -368,7 +371,7 @@ func (q *queues) opened() (*queue.Store, error) {
 	return nil, errNotDeclared
 }
 
-// Park, BodyLimit, Cancel and Status implement ingress.Parker.
+// Park, BodyLimit, Cancel and Status implement deferral.Parker.
 
 func (q *queues) Park(ctx context.Context, req *queue.Request) (queue.Receipt, error) {
 	s, err := q.opened()
@@ -594,7 +597,7 @@ func (q *queues) catchUp(ctx context.Context) {
 	q.declMu.Unlock()
 	if retry && ctx.Err() == nil {
 		// The rules files as they are now: the refused content, or what replaced it.
-		if err := q.reload(); err != nil && !errors.Is(err, rules.ErrNotPrepared) {
+		if err := q.reload(); err != nil && !errors.Is(err, watch.ErrNotPrepared) {
 			q.log.Debug("retried rules reload", "err", err)
 		}
 	}
@@ -704,7 +707,7 @@ const orphanDraining = "queue left the rules; draining it with the configuration
 // from does not have, the ones it configures otherwise, and whether from has queues
 // that set has not.
 func queueChanges(from, set *rules.Set) (added, changed []*rules.Queue, removed bool) {
-	configs := map[string]queue.Config{}
+	configs := map[string]queueconfig.Config{}
 	if from != nil {
 		for _, rq := range from.Queues() {
 			configs[rq.Name] = rq.Config

@@ -30,9 +30,12 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/ingress/envoy"
+	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/rules/watch"
 )
 
 // sluice serve, sluice ingress and sluice dispatch are one program built from the same
@@ -139,7 +142,7 @@ func (c *frontConfig) flags(fs *flag.FlagSet, front bool) {
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
 	fs.Int64Var(&c.maxBody, "max-body", ingress.DefaultMaxBody, "largest request body in `bytes`; larger ones get 413")
-	c.deferMemory = ingress.DefaultDeferMemory
+	c.deferMemory = deferral.DefaultBodyMemory
 	if front {
 		fs.Var(&c.deferMemory, "defer-memory", "most `bytes` of deferred request bodies held in memory at once (like 64MiB); past it 503 with Retry-After")
 	}
@@ -300,7 +303,7 @@ type gateway struct {
 	mode    gatewayMode
 	cfg     gatewayConfig
 	log     *slog.Logger
-	watcher *rules.Watcher
+	watcher *watch.Watcher
 	redis   redis.UniversalClient
 	store   *limiter.Redis
 	nats    *natsConn
@@ -362,7 +365,7 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 
 	// Reloads declare first: a new set goes live once its queues are declared (see
 	// queues.prepare), on file changes and SIGHUP alike.
-	g.watcher, err = rules.Watch(strings.Split(cfg.rules, ","), rules.WatchOptions{Registerer: reg, Logger: log,
+	g.watcher, err = watch.New(strings.Split(cfg.rules, ","), watch.Options{Registerer: reg, Logger: log,
 		MergeDomains: cfg.mergeDoms,
 		Prepare: func(s *rules.Set) error {
 			if q := g.declaring.Load(); q != nil {
@@ -433,7 +436,7 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) {
 	}
 	g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: g.cfg.admin.token}
 	if g.queues != nil {
-		g.adminAPI.Queues = &ingress.QueueAPI{Store: &g.queues.store, Log: g.log}
+		g.adminAPI.Queues = &queueapi.API{Store: &g.queues.store, Log: g.log}
 	}
 	g.admin = newHTTPServer(g.cfg.admin.listen, g.adminAPI.Handler(), g.log)
 }
@@ -443,7 +446,7 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) {
 // limits live there.
 func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
 	cfg := g.cfg.front
-	deferrer := ingress.NewQueueDeferrer(g.queues, g.log, ingress.WithDeferMemory(int64(cfg.deferMemory)))
+	deferrer := deferral.New(g.queues, deferral.WithLogger(g.log), deferral.WithBodyMemory(int64(cfg.deferMemory)))
 	mw, err := g.middleware(ids, deferrer, reg)
 	if err != nil {
 		return nil, err
@@ -454,8 +457,8 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET "+ingress.DeferredPath+"{ticket}", deferrer.StatusHandler())
-	mux.Handle("DELETE "+ingress.DeferredPath+"{ticket}", deferrer.CancelHandler())
+	mux.Handle("GET "+deferral.Path+"{ticket}", deferrer.StatusHandler())
+	mux.Handle("DELETE "+deferral.Path+"{ticket}", deferrer.CancelHandler())
 	mux.Handle("/", mw.Wrap(proxy))
 	return mux, nil
 }
@@ -463,7 +466,7 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 // middleware builds the limiter and the middleware that decides on it: the front
 // door's, which the Envoy services share (with their own flags). It adds the Redis
 // dependency when limits live there. deferrer is nil where nothing can park.
-func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *ingress.QueueDeferrer, reg *prometheus.Registry) (*ingress.Middleware, error) {
+func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Deferrer, reg *prometheus.Registry) (*ingress.Middleware, error) {
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {

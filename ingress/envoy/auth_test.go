@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
@@ -105,8 +106,11 @@ func authFixture(t *testing.T) (authv3.AuthorizationClient, *delivered) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw := newMiddleware(t, set, limiter.NewMemory(), ingress.WithClientIdentity(ids),
-		ingress.WithDeferrer(ingress.NewQueueDeferrer(store, nil)))
+	mw, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithClientIdentity(ids),
+		ingress.WithDeferrer(deferral.New(store)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	return authv3.NewAuthorizationClient(serve(t, NewServer(nil, NewAuthService(mw)))), got
 }
 
@@ -188,7 +192,7 @@ func TestCheckDefersWithTheBody(t *testing.T) {
 	}
 	code, h, body := denied(t, order(`{"n":2}`, map[string]string{"content-length": "7", "content-type": "application/json"}))
 	ticket, _ := body["ticket"].(string)
-	if code != http.StatusAccepted || ticket == "" || headerOf(h, "location") != ingress.DeferredPath+ticket {
+	if code != http.StatusAccepted || ticket == "" || headerOf(h, "location") != deferral.Path+ticket {
 		t.Fatalf("deferred order: %d %v %v", code, h, body)
 	}
 	deadline := time.Now().Add(30 * time.Second)

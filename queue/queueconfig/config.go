@@ -1,4 +1,8 @@
-package queue
+// Package queueconfig is the configuration of one sluice queue: its fields, defaults and
+// validation. It imports nothing of NATS, so the rules package compiles `queues:` into
+// it and a program that only reads rules links no NATS client or server; the queue
+// package declares queues from it.
+package queueconfig
 
 import (
 	"errors"
@@ -46,8 +50,8 @@ type Delivery string
 
 const (
 	// AtLeastOnce (the default): the order is published through JetStream and is done
-	// only once a stream capturing the subject acknowledged it; Declare refuses a
-	// subject that no stream captures (ErrNoStream).
+	// only once a stream capturing the subject acknowledged it; queue.Store.Declare refuses a
+	// subject that no stream captures (queue.ErrNoStream).
 	AtLeastOnce Delivery = "at_least_once"
 	// AtMostOnce: a core NATS publish, done once the server has it, whether or not
 	// anyone is subscribed. Only for nats: downstreams.
@@ -71,7 +75,7 @@ type Config struct {
 	// Outflow is the global delivery rate, shared by every dispatcher replica. Required.
 	Outflow limiter.Rate
 	// MaxDepth caps the number of queued messages (default 100,000). A full queue
-	// refuses new messages (ErrFull); it never drops queued ones. Negative: no cap.
+	// refuses new messages (queue.ErrFull); it never drops queued ones. Negative: no cap.
 	MaxDepth int64
 	// MaxBytes caps the stored size of the queue (0: no cap).
 	MaxBytes int64
@@ -104,7 +108,7 @@ type Config struct {
 	IdempotencyTTL time.Duration
 	// MaxBody is the largest request body the queue stores, in bytes (default 1 MiB,
 	// at most 8 MiB). The ingress answers 413 to a larger one without reading it. A
-	// NATS server whose max payload cannot hold it lowers it (see Store.BodyLimit).
+	// NATS server whose max payload cannot hold it lowers it (see queue.Store.BodyLimit).
 	MaxBody int64
 	// DropHeaders are request header names that are never stored, so never delivered
 	// either (beside the hop-by-hop headers, which never are): credentials the
@@ -117,8 +121,8 @@ type Config struct {
 	// by its monitor) besides DefaultResultHeaders. Set-Cookie is refused.
 	ResultHeaders []string
 	// MaxIdempotencyKeys caps the idempotency keys one client scope may record in this
-	// queue within IdempotencyTTL (default 10,000); past it Park fails with
-	// ErrTooManyKeys.
+	// queue within IdempotencyTTL (default 10,000); past it queue.Store.Park fails with
+	// queue.ErrTooManyKeys.
 	MaxIdempotencyKeys int
 }
 
@@ -170,6 +174,9 @@ func (c Config) WithDefaults() Config {
 	}
 	return c
 }
+
+// ErrInvalidConfig wraps every configuration problem reported by Config.Validate.
+var ErrInvalidConfig = errors.New("queue: invalid config")
 
 // ConfigError is one problem of a Config. errors.Is(err, ErrInvalidConfig) holds for it.
 type ConfigError struct {
@@ -253,7 +260,7 @@ func (c Config) Validate() error {
 		bad("max_body", "max_body must be between 1 byte and 8MiB, got %d bytes", c.MaxBody)
 	}
 	for _, h := range c.DropHeaders {
-		if !validHeaderName(h) {
+		if !ValidHeaderName(h) {
 			bad("drop_headers", "drop_headers: %q is not a header name", h)
 		}
 	}

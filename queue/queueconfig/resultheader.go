@@ -1,4 +1,4 @@
-package queue
+package queueconfig
 
 import (
 	"fmt"
@@ -17,7 +17,7 @@ var DefaultResultHeaders = []string{"Content-Type", "Content-Length", "Location"
 // holds the ticket; a session cookie must not be handed out with it).
 func CheckResultHeader(name string) error {
 	switch ck := textproto.CanonicalMIMEHeaderKey(name); {
-	case !validHeaderName(name) || strings.ContainsAny(name, "()<>@,;\\\"/[]?={}"):
+	case !ValidHeaderName(name) || strings.ContainsAny(name, "()<>@,;\\\"/[]?={}"):
 		return fmt.Errorf("%q is not a header name", name)
 	case ck == "Set-Cookie" || ck == "Set-Cookie2":
 		return fmt.Errorf("%s is never kept in results: the monitor shows results to whoever holds the ticket", ck)
@@ -43,4 +43,19 @@ func (c Config) ResultHeader(h http.Header) http.Header {
 		out[ck] = append(out[ck], vs...)
 	}
 	return out
+}
+
+// ValidHeaderName reports whether k can be a stored header's name (drop_headers,
+// result_headers): not empty, printable ASCII without spaces or colons.
+func ValidHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c <= ' ' || c >= 0x7f || c == ':' {
+			return false
+		}
+	}
+	return true
 }

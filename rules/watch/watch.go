@@ -1,8 +1,9 @@
-package rules
+// Package watch keeps a rules set current while its files change: fsnotify, with
+// polling as a fallback. It is a package of its own so that programs that load rules
+// once (rules.Load) do not link fsnotify.
+package watch
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,12 +16,25 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/rules"
 )
 
-// WatchOptions configure a Watcher. The zero value watches with fsnotify, falls back to
+// Errors of a Watcher that callers branch on.
+var (
+	// ErrClosed is returned by Watcher.Reload after Close.
+	ErrClosed = errors.New("rules watcher closed")
+	// ErrNotPrepared is matched by the error of a reload that Options.Prepare
+	// refused: the rules are valid, but what they need (their queues) is not ready.
+	ErrNotPrepared = errors.New("rules not activated")
+	// ErrInvalidOptions: an Options field is out of range (a negative interval).
+	ErrInvalidOptions = errors.New("rules watcher: invalid options")
+)
+
+// Options configure a Watcher. The zero value watches with fsnotify, falls back to
 // polling every 5 seconds when fsnotify cannot be used, logs to slog.Default and
 // registers no metrics.
-type WatchOptions struct {
+type Options struct {
 	// Logger receives reloads and refusals; nil means slog.Default().
 	Logger *slog.Logger
 	// Registerer, when set, gets the watcher's metrics:
@@ -30,8 +44,8 @@ type WatchOptions struct {
 	// Poll makes the watcher poll instead of using fsnotify (for file systems without
 	// change notification, such as some network mounts).
 	Poll bool
-	// PollInterval is how often content is compared when polling; 0 means 5s, a
-	// negative value is an error.
+	// PollInterval is how often content is compared when polling; default 5s (0).
+	// Negative: New fails with ErrInvalidOptions, as for Debounce.
 	PollInterval time.Duration
 	// Debounce is how long the watcher waits after a file event for more events before
 	// it reloads, so an editor's save (write, rename, chmod) or a ConfigMap swap is read
@@ -46,18 +60,18 @@ type WatchOptions struct {
 	// what Prepare needs may come back, the same content is prepared again on the next
 	// reload attempt (a file event, a poll, Reload), though a repeated refusal is
 	// neither counted nor logged again. The first load (Watch) is not prepared.
-	Prepare func(*Set) error
+	Prepare func(*rules.Set) error
 	// OnReload, when set, is called after every reload attempt that found changed
 	// content (but not after a repeated refusal of the same content), from the
 	// goroutine that reloaded. It must not block for long.
 	OnReload func(ReloadResult)
-	// MergeDomains lets several files share a domain (see the option MergeDomains).
+	// MergeDomains lets several files share a domain (see the option rules.MergeDomains).
 	MergeDomains bool
 }
 
-func (o *WatchOptions) loadOptions() []Option {
+func (o *Options) loadOptions() []rules.Option {
 	if o.MergeDomains {
-		return []Option{MergeDomains()}
+		return []rules.Option{rules.MergeDomains()}
 	}
 	return nil
 }
@@ -66,9 +80,9 @@ func (o *WatchOptions) loadOptions() []Option {
 type ReloadResult struct {
 	// Set is the active set after the attempt: the new one, or the old one when Err is
 	// set.
-	Set *Set
-	// Err is why the new content was refused (Problems for invalid rules, an error
-	// wrapping ErrNotPrepared when WatchOptions.Prepare refused it); nil when the new
+	Set *rules.Set
+	// Err is why the new content was refused (rules.Problems for invalid rules, an error
+	// wrapping ErrNotPrepared when Options.Prepare refused it); nil when the new
 	// set was activated.
 	Err error
 }
@@ -86,10 +100,10 @@ type ReloadResult struct {
 // cannot be used, or fails later, the watcher polls instead.
 type Watcher struct {
 	paths []string
-	opts  WatchOptions
+	opts  Options
 	log   *slog.Logger
 
-	cur atomic.Pointer[Set]
+	cur atomic.Pointer[rules.Set]
 
 	mu         sync.Mutex // serialises reloads
 	failedVer  string     // content that was last refused, not refused again
@@ -112,15 +126,16 @@ type Watcher struct {
 	once      sync.Once
 }
 
-// Watch loads the rules at paths (as Load does) and keeps them current until Close. It
-// fails when the first load fails (with Problems for invalid rules) or the metrics
+// New loads the rules at paths (as rules.Load does) and keeps them current until Close. It
+// fails when the first load fails (with rules.Problems for invalid rules) or the metrics
 // cannot be registered.
-func Watch(paths []string, opts WatchOptions) (*Watcher, error) {
+func New(paths []string, opts Options) (*Watcher, error) {
 	if len(paths) == 0 {
-		return nil, ErrNoPaths
+		return nil, rules.ErrNoPaths
 	}
 	if opts.PollInterval < 0 || opts.Debounce < 0 {
-		return nil, fmt.Errorf("rules: negative WatchOptions: PollInterval %v, Debounce %v", opts.PollInterval, opts.Debounce)
+		return nil, fmt.Errorf("%w: PollInterval %s and Debounce %s must not be negative (0: the default)",
+			ErrInvalidOptions, opts.PollInterval, opts.Debounce)
 	}
 	if opts.PollInterval == 0 {
 		opts.PollInterval = 5 * time.Second
@@ -133,7 +148,7 @@ func Watch(paths []string, opts WatchOptions) (*Watcher, error) {
 	if w.log == nil {
 		w.log = slog.Default()
 	}
-	s, err := LoadWith(paths, opts.loadOptions()...)
+	s, err := rules.LoadWith(paths, opts.loadOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -172,7 +187,7 @@ func Watch(paths []string, opts WatchOptions) (*Watcher, error) {
 }
 
 // Set returns the active rules set. Hold on to it for the whole of a request.
-func (w *Watcher) Set() *Set { return w.cur.Load() }
+func (w *Watcher) Set() *rules.Set { return w.cur.Load() }
 
 // Reload reads the files now (for SIGHUP, say) and activates them if they changed and
 // are valid. It returns why they were refused, or nil.
@@ -344,23 +359,11 @@ func (w *Watcher) run() {
 	}
 }
 
-// versionOf hashes files as compile does for Set.Version.
-func versionOf(files []File) string {
-	h := sha256.New()
-	for _, f := range files {
-		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
-		h.Write(f.Data)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
 func (w *Watcher) reload(why string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var probs problemList
-	files := readPaths(w.paths, &probs)
-	ver := versionOf(files)
-	err := probs.result()
+	files, err := rules.ReadFiles(w.paths...)
+	ver := rules.FilesVersion(files)
 	if err != nil {
 		// The files are not all readable: remember the refusal by its message.
 		ver = "unreadable:" + err.Error()
@@ -373,9 +376,9 @@ func (w *Watcher) reload(why string) error {
 	if ver == w.failedVer {
 		return w.failedErr
 	}
-	var s *Set
+	var s *rules.Set
 	if err == nil {
-		s, err = ParseWith(files, w.opts.loadOptions()...)
+		s, err = rules.ParseWith(files, w.opts.loadOptions()...)
 	}
 	if err == nil && w.opts.Prepare != nil {
 		if err = w.opts.Prepare(s); err != nil {
@@ -400,7 +403,7 @@ func (w *Watcher) reload(why string) error {
 	if err != nil {
 		w.failedVer, w.failedErr = ver, err
 		w.reloads.WithLabelValues("failure").Inc()
-		var ps Problems
+		var ps rules.Problems
 		attrs := []any{"trigger", why, "active_version", short(old.Version()), "error", err}
 		if errors.As(err, &ps) {
 			lines := make([]string, len(ps))

@@ -1,4 +1,9 @@
-package ingress
+// Package deferral is the ingress's hand-off to the queue: a Deferrer that parks
+// requests of defer rules in a queue.Store and answers 202 with a ticket, and the
+// handlers by which clients follow (GET) and cancel (DELETE) their tickets. The ingress
+// core knows only the ingress.Deferrer interface, so a program that rejects and never
+// defers links no NATS.
+package deferral
 
 import (
 	"context"
@@ -11,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -23,23 +29,20 @@ type Parker interface {
 	Cancel(ctx context.Context, ticket string) error
 }
 
-// DeferredPath is where clients follow their tickets: DeferredPath + ticket.
-const DeferredPath = "/sluice/v1/deferred/"
+// Path is where clients follow their tickets: Path + ticket.
+const Path = "/sluice/v1/deferred/"
 
-// QueueDeferrer parks deferred requests with a Parker and serves their status. It is
-// the Deferrer of `sluice serve`.
-type QueueDeferrer struct {
+// Deferrer parks deferred requests with a Parker and serves their status. It is
+// the ingress.Deferrer of `sluice serve`.
+type Deferrer struct {
 	parker Parker
 	log    *slog.Logger
 	memory memoryBudget
 }
 
-// NewQueueDeferrer returns a deferrer that parks with p.
-func NewQueueDeferrer(p Parker, log *slog.Logger, opts ...DeferrerOption) *QueueDeferrer {
-	if log == nil {
-		log = slog.Default()
-	}
-	q := &QueueDeferrer{parker: p, log: log, memory: memoryBudget{max: DefaultDeferMemory}}
+// New returns a deferrer that parks with p.
+func New(p Parker, opts ...Option) *Deferrer {
+	q := &Deferrer{parker: p, log: slog.Default(), memory: memoryBudget{max: DefaultBodyMemory}}
 	for _, o := range opts {
 		o(q)
 	}
@@ -50,26 +53,22 @@ func NewQueueDeferrer(p Parker, log *slog.Logger, opts ...DeferrerOption) *Queue
 // reached: long enough for a NATS leader election or a restart.
 const unavailableRetryAfter = 5 * time.Second
 
-// Defer implements Deferrer. The client hears 202 Accepted only after JetStream has
+// Defer implements ingress.Deferrer. The client hears 202 Accepted only after JetStream has
 // acknowledged the stored request; any doubt is a 503, never a 202.
-func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral) {
+func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Deferral) {
 	key, ok := idempotencyKey(r.Header)
 	if !ok {
-		writeProblem(w, simpleProblem(http.StatusBadRequest,
-			"Idempotency-Key must be a structured-field string (or a token) of 1 to 255 printable characters."))
+		ingress.WriteProblem(w, http.StatusBadRequest,
+			"Idempotency-Key must be a structured-field string (or a token) of 1 to 255 printable characters.")
 		return
 	}
 	// What the dispatcher could not deliver is refused now, not accepted and then
 	// dead-lettered: a path such as "//host/x" or a query with a space.
 	if err := queue.CheckTarget(r.URL.EscapedPath(), r.URL.RawQuery); err != nil {
-		writeProblem(w, simpleProblem(http.StatusBadRequest, "This request cannot be queued: its "+err.Error()+"."))
+		ingress.WriteProblem(w, http.StatusBadRequest, "This request cannot be queued: its "+err.Error()+".")
 		return
 	}
-	header := d.Header
-	if header == nil {
-		header = r.Header.Clone()
-		setForwarded(nil, r, header)
-	}
+	header := d.ParkHeader(r)
 	req := &queue.Request{
 		Queue:          d.Queue.Name,
 		Rule:           d.Rule.Name,
@@ -101,7 +100,7 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 		return
 	}
 	h := w.Header()
-	h.Set("Location", DeferredPath+receipt.Ticket)
+	h.Set("Location", Path+receipt.Ticket)
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusAccepted)
@@ -112,7 +111,7 @@ func (q *QueueDeferrer) Defer(w http.ResponseWriter, r *http.Request, d Deferral
 		Position:          receipt.Position,
 		EstimatedDelivery: receipt.EstimatedDelivery.UTC().Format(time.RFC3339),
 		Duplicate:         receipt.Duplicate,
-		Monitor:           DeferredPath + receipt.Ticket,
+		Monitor:           Path + receipt.Ticket,
 	})
 }
 
@@ -126,38 +125,38 @@ type acceptedBody struct {
 	Monitor           string `json:"monitor"`
 }
 
-func (q *QueueDeferrer) parkFailed(w http.ResponseWriter, d Deferral, err error) {
+func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err error) {
 	switch {
 	case errors.Is(err, queue.ErrIdempotencyConflict):
-		writeProblem(w, simpleProblem(http.StatusUnprocessableEntity,
-			"This Idempotency-Key was used before with a different request."))
+		ingress.WriteProblem(w, http.StatusUnprocessableEntity,
+			"This Idempotency-Key was used before with a different request.")
 	case errors.Is(err, queue.ErrFull):
 		wait := max(queue.RetryAfter(err), time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
-		writeProblem(w, simpleProblem(http.StatusTooManyRequests,
-			"The queue "+d.Queue.Name+" is full; retry in "+strconv.FormatInt(ceilSeconds(wait), 10)+" s."))
+		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10))
+		ingress.WriteProblem(w, http.StatusTooManyRequests,
+			"The queue "+d.Queue.Name+" is full; retry in "+strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10)+" s.")
 	case errors.Is(err, queue.ErrTooManyKeys):
 		wait := max(queue.RetryAfter(err), time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(wait), 10))
-		writeProblem(w, simpleProblem(http.StatusTooManyRequests,
+		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10))
+		ingress.WriteProblem(w, http.StatusTooManyRequests,
 			"Too many idempotency keys: this client has used the "+strconv.Itoa(d.Queue.MaxIdempotencyKeys)+
 				" Idempotency-Keys the queue "+d.Queue.Name+" accepts per client (max_idempotency_keys) within "+
-				d.Queue.IdempotencyTTL.String()+"; retry in "+strconv.FormatInt(ceilSeconds(wait), 10)+" s."))
+				d.Queue.IdempotencyTTL.String()+"; retry in "+strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10)+" s.")
 	case errors.Is(err, queue.ErrKeyStoreFull):
 		q.log.Warn("idempotency key store full", "queue", d.Queue.Name, "err", err)
-		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
-		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
-			"The idempotency key store is full; nothing was accepted. Retry later."))
+		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+		ingress.WriteProblem(w, http.StatusServiceUnavailable,
+			"The idempotency key store is full; nothing was accepted. Retry later.")
 	case errors.Is(err, queue.ErrInvalidRequest):
-		writeProblem(w, simpleProblem(http.StatusBadRequest, "This request cannot be queued."))
+		ingress.WriteProblem(w, http.StatusBadRequest, "This request cannot be queued.")
 	case errors.Is(err, queue.ErrTooLarge):
-		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge, "The request is too large to be queued."))
+		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge, "The request is too large to be queued.")
 	default:
 		// ErrUnavailable, an undeclared queue, anything else: nothing was accepted.
 		q.log.Warn("deferring failed", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)
-		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
-		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
-			"The request could not be queued; nothing was accepted. Retry later."))
+		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+		ingress.WriteProblem(w, http.StatusServiceUnavailable,
+			"The request could not be queued; nothing was accepted. Retry later.")
 	}
 }
 
@@ -224,25 +223,25 @@ type resultBody struct {
 	Subject    string `json:"subject,omitempty"`
 }
 
-// StatusHandler serves GET DeferredPath{ticket}: the ticket's status, attempts and last
+// StatusHandler serves GET Path{ticket}: the ticket's status, attempts and last
 // error, Retry-After while it is not final, and once delivered the downstream's
 // status, headers and body (capped). The ticket, 128 random bits, is the capability:
 // whoever holds it may read the status.
-func (q *QueueDeferrer) StatusHandler() http.Handler {
+func (q *Deferrer) StatusHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ticket := strings.TrimPrefix(r.URL.Path, DeferredPath)
+		ticket := strings.TrimPrefix(r.URL.Path, Path)
 		if !queue.ValidTicket(ticket) {
-			writeProblem(w, simpleProblem(http.StatusNotFound, "No such ticket."))
+			ingress.WriteProblem(w, http.StatusNotFound, "No such ticket.")
 			return
 		}
 		rec, err := q.parker.Status(r.Context(), ticket)
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
-			writeProblem(w, simpleProblem(http.StatusNotFound, "No such ticket (tickets are kept for a limited time)."))
+			ingress.WriteProblem(w, http.StatusNotFound, "No such ticket (tickets are kept for a limited time).")
 			return
 		case err != nil:
-			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
-			writeProblem(w, simpleProblem(http.StatusServiceUnavailable, "The ticket's status cannot be read now."))
+			w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+			ingress.WriteProblem(w, http.StatusServiceUnavailable, "The ticket's status cannot be read now.")
 			return
 		}
 		body := statusBody{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, Attempts: rec.Attempts,
@@ -262,23 +261,23 @@ func (q *QueueDeferrer) StatusHandler() http.Handler {
 		h.Set("Content-Type", "application/json")
 		h.Set("Cache-Control", "no-store")
 		if !rec.Status.Final() {
-			h.Set("Retry-After", strconv.FormatInt(ceilSeconds(max(rec.RetryAfter, time.Second)), 10))
+			h.Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(max(rec.RetryAfter, time.Second)), 10))
 		}
 		_ = json.NewEncoder(w).Encode(body)
 	})
 }
 
-// CancelHandler serves DELETE DeferredPath{ticket}: the ticket holder cancels an order
+// CancelHandler serves DELETE Path{ticket}: the ticket holder cancels an order
 // that is still queued. 204: cancelled (also when it was already), and it is never
 // delivered. 409: delivering or final (the problem says which). 404: unknown ticket.
 // 503 with Retry-After: NATS unreachable, or a dispatcher took the order at the same
 // moment and has not settled it yet (asking again is safe: the answer is then 204 or
 // 409). As for status, the ticket (128 random bits) is the capability.
-func (q *QueueDeferrer) CancelHandler() http.Handler {
+func (q *Deferrer) CancelHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ticket := strings.TrimPrefix(r.URL.Path, DeferredPath)
+		ticket := strings.TrimPrefix(r.URL.Path, Path)
 		if !queue.ValidTicket(ticket) {
-			writeProblem(w, simpleProblem(http.StatusNotFound, "No such ticket."))
+			ingress.WriteProblem(w, http.StatusNotFound, "No such ticket.")
 			return
 		}
 		err := q.parker.Cancel(r.Context(), ticket)
@@ -287,18 +286,18 @@ func (q *QueueDeferrer) CancelHandler() http.Handler {
 			w.Header().Set("Cache-Control", "no-store")
 			w.WriteHeader(http.StatusNoContent)
 		case errors.Is(err, queue.ErrNotFound):
-			writeProblem(w, simpleProblem(http.StatusNotFound, "No such ticket (tickets are kept for a limited time)."))
+			ingress.WriteProblem(w, http.StatusNotFound, "No such ticket (tickets are kept for a limited time).")
 		case errors.Is(err, queue.ErrNotCancellable):
-			writeProblem(w, simpleProblem(http.StatusConflict, "The order can no longer be cancelled: "+
-				strings.TrimPrefix(err.Error(), queue.ErrNotCancellable.Error()+": ")+"."))
+			ingress.WriteProblem(w, http.StatusConflict, "The order can no longer be cancelled: "+
+				strings.TrimPrefix(err.Error(), queue.ErrNotCancellable.Error()+": ")+".")
 		case errors.Is(err, queue.ErrCancelUndecided):
 			w.Header().Set("Retry-After", "1")
-			writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
-				"A dispatcher took the order as it was cancelled; ask again to learn whether the cancellation held."))
+			ingress.WriteProblem(w, http.StatusServiceUnavailable,
+				"A dispatcher took the order as it was cancelled; ask again to learn whether the cancellation held.")
 		default:
 			q.log.Warn("cancel failed", "err", err)
-			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
-			writeProblem(w, simpleProblem(http.StatusServiceUnavailable, "The order cannot be cancelled now; retry later."))
+			w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+			ingress.WriteProblem(w, http.StatusServiceUnavailable, "The order cannot be cancelled now; retry later.")
 		}
 	})
 }

@@ -1,12 +1,10 @@
-package ingress
+package queueapi
 
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -16,181 +14,47 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/deferral"
+	"github.com/sluicehq/sluice/ingress/internal/openapitest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
-// openAPIDoc is the part of an OpenAPI document the tests read.
-type openAPIDoc struct {
-	Paths      map[string]map[string]json.RawMessage `json:"paths"`
-	Components struct {
-		Schemas   map[string]*schema `json:"schemas"`
-		Responses map[string]struct {
-			Content map[string]struct {
-				Schema *schema `json:"schema"`
-			} `json:"content"`
-		} `json:"responses"`
-	} `json:"components"`
-}
-
-type operation struct {
-	Responses map[string]struct {
-		Ref     string `json:"$ref"`
-		Content map[string]struct {
-			Schema *schema `json:"schema"`
-		} `json:"content"`
-	} `json:"responses"`
-}
-
-type schema struct {
-	Ref        string             `json:"$ref"`
-	Type       string             `json:"type"`
-	Required   []string           `json:"required"`
-	Properties map[string]*schema `json:"properties"`
-	Items      *schema            `json:"items"`
-	Enum       []string           `json:"enum"`
-}
-
-func loadOpenAPI(t *testing.T) *openAPIDoc {
-	t.Helper()
-	var doc openAPIDoc
-	if err := json.Unmarshal(openAPI, &doc); err != nil {
-		t.Fatalf("openapi.json: %v", err)
-	}
-	return &doc
-}
-
-func (d *openAPIDoc) resolve(s *schema) *schema {
-	for s != nil && s.Ref != "" {
-		s = d.Components.Schemas[strings.TrimPrefix(s.Ref, "#/components/schemas/")]
-	}
-	return s
-}
-
-// responseSchema returns the documented schema of a response, nil when the status is
-// not documented for the operation.
-func (d *openAPIDoc) responseSchema(t *testing.T, path, method string, status int) (*schema, bool) {
-	t.Helper()
-	raw, ok := d.Paths[path][strings.ToLower(method)]
-	if !ok {
-		t.Fatalf("%s %s is not in the document", method, path)
-	}
-	var op operation
-	if err := json.Unmarshal(raw, &op); err != nil {
-		t.Fatal(err)
-	}
-	resp, ok := op.Responses[fmt.Sprint(status)]
-	if !ok {
-		return nil, false
-	}
-	content := resp.Content
-	if resp.Ref != "" {
-		content = d.Components.Responses[strings.TrimPrefix(resp.Ref, "#/components/responses/")].Content
-	}
-	for _, c := range content {
-		return c.Schema, true
-	}
-	return nil, true // no body documented
-}
-
-// check validates v against s: types, required members and enums, recursively.
-func (d *openAPIDoc) check(s *schema, v any, at string) []string {
-	s = d.resolve(s)
-	if s == nil {
-		return nil
-	}
-	var errs []string
-	switch s.Type {
-	case "object":
-		m, ok := v.(map[string]any)
-		if !ok {
-			return []string{at + ": not an object"}
-		}
-		for _, r := range s.Required {
-			if _, ok := m[r]; !ok {
-				errs = append(errs, at+": missing required "+r)
-			}
-		}
-		for name, ps := range s.Properties {
-			if pv, ok := m[name]; ok {
-				errs = append(errs, d.check(ps, pv, at+"."+name)...)
-			}
-		}
-	case "array":
-		a, ok := v.([]any)
-		if !ok {
-			return []string{at + ": not an array"}
-		}
-		for i, e := range a {
-			errs = append(errs, d.check(s.Items, e, fmt.Sprintf("%s[%d]", at, i))...)
-		}
-	case "string":
-		str, ok := v.(string)
-		if !ok {
-			return []string{at + ": not a string"}
-		}
-		if len(s.Enum) > 0 && !slices.Contains(s.Enum, str) {
-			errs = append(errs, at+": "+str+" not in the enum")
-		}
-	case "integer", "number":
-		if _, ok := v.(float64); !ok {
-			return []string{at + ": not a number"}
-		}
-	case "boolean":
-		if _, ok := v.(bool); !ok {
-			return []string{at + ": not a boolean"}
-		}
-	}
-	return errs
-}
-
-// conforms checks a recorded response against the document.
-func (d *openAPIDoc) conforms(t *testing.T, path, method string, w *httptest.ResponseRecorder) {
-	t.Helper()
-	s, ok := d.responseSchema(t, path, method, w.Code)
-	if !ok {
-		t.Errorf("%s %s answered %d, which the document does not list (%s)", method, path, w.Code, w.Body)
-		return
-	}
-	if s == nil {
-		if w.Body.Len() != 0 {
-			t.Errorf("%s %s %d: undocumented body %s", method, path, w.Code, w.Body)
-		}
-		return
-	}
-	ct := w.Header().Get("Content-Type")
-	if !strings.Contains(ct, "json") {
-		return // text bodies (metrics, healthz)
-	}
-	var v any
-	if err := json.Unmarshal(w.Body.Bytes(), &v); err != nil {
-		t.Errorf("%s %s %d: not JSON: %v", method, path, w.Code, err)
-		return
-	}
-	for _, e := range d.check(s, v, "body") {
-		t.Errorf("%s %s %d: %s", method, path, w.Code, e)
-	}
-}
-
-// patternPath turns a ServeMux pattern into its method and OpenAPI path.
-func patternPath(pattern string) (method, path string) {
-	method, path, _ = strings.Cut(pattern, " ")
-	return method, path
-}
+// adminRules are the rules the admin listener of the tests shows (GET /sluice/v1/rules).
+const adminRules = `
+domain: shop
+descriptors:
+  - key: route
+    value: orders
+    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
+    on_limit: defer
+    queue: orders
+routes:
+  - name: orders
+    match: {method: [POST], path: /v1/orders}
+    descriptors:
+      - [{key: route, value: orders}]
+queues:
+  orders:
+    outflow: {rate: 10/s}
+    downstream: http://127.0.0.1:1
+`
 
 type queueAPIFixture struct {
 	t       *testing.T
 	store   *queue.Store
 	handler http.Handler
-	admin   *Admin
-	doc     *openAPIDoc
+	admin   *ingress.Admin
+	doc     *openapitest.Doc
 }
 
 func newQueueAPIFixture(t *testing.T) *queueAPIFixture {
 	t.Helper()
-	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(testRules)})
+	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(adminRules)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,13 +66,13 @@ func newQueueAPIFixture(t *testing.T) *queueAPIFixture {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"orders", "idle"} {
-		if _, err := store.Declare(ctx, queue.Config{Name: name, Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"}); err != nil {
+		if _, err := store.Declare(ctx, queueconfig.Config{Name: name, Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	reg := prometheus.NewRegistry()
-	a := &Admin{Gatherer: reg, Rules: StaticRules{set}, Token: "tok", Queues: &QueueAPI{Store: loaded(store)}}
-	return &queueAPIFixture{t: t, store: store, handler: a.Handler(), admin: a, doc: loadOpenAPI(t)}
+	a := &ingress.Admin{Gatherer: reg, Rules: ingress.StaticRules{S: set}, Token: "tok", Queues: &API{Store: loaded(store)}}
+	return &queueAPIFixture{t: t, store: store, handler: a.Handler(), admin: a, doc: openapitest.Load(t)}
 }
 
 func (f *queueAPIFixture) do(method, target, body, token string) *httptest.ResponseRecorder {
@@ -233,14 +97,14 @@ func TestOpenAPIRoutes(t *testing.T) {
 	f := newQueueAPIFixture(t)
 	var routes []string
 	for _, rt := range f.admin.Routes() {
-		method, path := patternPath(rt.Pattern)
+		method, path := openapitest.PatternPath(rt.Pattern)
 		if _, ok := f.doc.Paths[path][strings.ToLower(method)]; !ok {
 			t.Errorf("route %s is not in openapi.json", rt.Pattern)
 		}
 		routes = append(routes, strings.ToLower(method)+" "+path)
 	}
 	for path, ops := range f.doc.Paths {
-		if strings.HasPrefix(path, DeferredPath) {
+		if strings.HasPrefix(path, deferral.Path) {
 			continue // front door
 		}
 		for method := range ops {
@@ -252,9 +116,9 @@ func TestOpenAPIRoutes(t *testing.T) {
 			}
 		}
 	}
-	w := f.do("GET", OpenAPIPath, "", "tok")
+	w := f.do("GET", ingress.OpenAPIPath, "", "tok")
 	if w.Code != 200 || !json.Valid(w.Body.Bytes()) {
-		t.Errorf("GET %s: %d", OpenAPIPath, w.Code)
+		t.Errorf("GET %s: %d", ingress.OpenAPIPath, w.Code)
 	}
 }
 
@@ -262,7 +126,7 @@ func TestOpenAPIRoutes(t *testing.T) {
 func TestQueueAPINeedsToken(t *testing.T) {
 	f := newQueueAPIFixture(t)
 	for _, rt := range f.admin.Routes() {
-		method, path := patternPath(rt.Pattern)
+		method, path := openapitest.PatternPath(rt.Pattern)
 		path = strings.ReplaceAll(path, "{queue}", "orders")
 		for _, token := range []string{"", "wrong", "tok "} {
 			w := f.do(method, path+"?confirm=true&all=true", `{"all":true}`, token)
@@ -384,7 +248,7 @@ func TestQueueAPIResponses(t *testing.T) {
 			if w.Code != tc.want || !strings.Contains(w.Body.String(), tc.contains) {
 				t.Fatalf("%s %s: %d %.300s, want %d containing %q", tc.method, tc.target, w.Code, w.Body, tc.want, tc.contains)
 			}
-			f.doc.conforms(t, tc.doc, tc.method, w)
+			f.doc.Conforms(t, tc.doc, tc.method, w)
 		})
 	}
 	// The pause of "pause until" then the resume really reached the server.
@@ -403,71 +267,34 @@ func TestQueueAPIResponses(t *testing.T) {
 	if w.Code != 200 || !strings.Contains(w.Body.String(), `"retired": "idle"`) {
 		t.Errorf("retire: %d %s", w.Code, w.Body)
 	}
-	f.doc.conforms(t, pRetire, "POST", w)
+	f.doc.Conforms(t, pRetire, "POST", w)
 	// The other admin endpoints match the document too.
 	for _, path := range []string{"/readyz", "/sluice/v1/rules", "/metrics", "/healthz"} {
-		f.doc.conforms(t, path, "GET", f.do("GET", path, "", "tok"))
+		f.doc.Conforms(t, path, "GET", f.do("GET", path, "", "tok"))
 	}
 }
 
-// DELETE /sluice/v1/deferred/{ticket} on the front door: only a queued order, only with
-// its ticket.
-func TestCancelHandler(t *testing.T) {
-	f := newDeferFixture(t)
-	d := NewQueueDeferrer(f.store, nil)
-	doc := loadOpenAPI(t)
-	mux := http.NewServeMux()
-	mux.Handle("DELETE "+DeferredPath+"{ticket}", d.CancelHandler())
-	mux.Handle("GET "+DeferredPath+"{ticket}", d.StatusHandler())
-	del := func(ticket string) *httptest.ResponseRecorder {
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, httptest.NewRequest("DELETE", DeferredPath+ticket, nil))
-		return w
-	}
-	const docPath = DeferredPath + "{ticket}"
-	f.post(`{"n":0}`) // within the limit
-	var acc acceptedBody
-	if w := f.post(`{"n":1}`); w.Code != http.StatusAccepted || json.Unmarshal(w.Body.Bytes(), &acc) != nil {
-		t.Fatalf("defer: %d %s", w.Code, w.Body)
-	}
-	w := del(acc.Ticket)
-	if w.Code != http.StatusNoContent {
-		t.Fatalf("cancel: %d %s", w.Code, w.Body)
-	}
-	doc.conforms(t, docPath, "DELETE", w)
-	st := httptest.NewRecorder()
-	mux.ServeHTTP(st, httptest.NewRequest("GET", DeferredPath+acc.Ticket, nil))
-	if !strings.Contains(st.Body.String(), `"status":"cancelled"`) || st.Header().Get("Retry-After") != "" {
-		t.Errorf("status after cancel: %s (Retry-After %q)", st.Body, st.Header().Get("Retry-After"))
-	}
-	doc.conforms(t, docPath, "GET", st)
-	if w := del(acc.Ticket); w.Code != http.StatusNoContent {
-		t.Errorf("cancel again: %d", w.Code)
-	}
-	// Someone else's ticket cannot be guessed: unknown and malformed tickets are 404.
-	for _, ticket := range []string{unknownTicket, "x", strings.Repeat("a", 27), "..%2F..%2Fx", "AAAAAAAAAAAAAAAAAAAAAAAAAA"} {
-		w := del(ticket)
-		if w.Code != http.StatusNotFound {
-			t.Errorf("cancel %q: %d", ticket, w.Code)
-		}
-		doc.conforms(t, docPath, "DELETE", w)
-	}
-	// A final order: 409.
-	if err := f.store.SaveRecord(context.Background(), &queue.Record{Ticket: acc.Ticket, Queue: "orders", Status: queue.StatusDone}); err != nil {
-		t.Fatal(err)
-	}
-	w = del(acc.Ticket)
-	if w.Code != http.StatusConflict || !regexp.MustCompile(`done`).MatchString(w.Body.String()) {
-		t.Errorf("cancel a done order: %d %s", w.Code, w.Body)
-	}
-	doc.conforms(t, docPath, "DELETE", w)
-}
-
-// loaded is a store source that has store open already.
 func loaded(store *queue.Store) *atomic.Pointer[queue.Store] {
 	var p atomic.Pointer[queue.Store]
 	p.Store(store)
 	return &p
+}
+
+// TestQueueAPIWithoutStore: every endpoint answers 503 with Retry-After until there is
+// a store, also when API.Store was never set (never a panic).
+func TestQueueAPIWithoutStore(t *testing.T) {
+	var pending atomic.Pointer[queue.Store]
+	for _, a := range []*API{{}, {Store: &pending}} {
+		for _, rt := range a.Routes() {
+			method, path := openapitest.PatternPath(rt.Pattern)
+			path = strings.ReplaceAll(path, "{queue}", "orders")
+			w := httptest.NewRecorder()
+			rt.Handler.ServeHTTP(w, httptest.NewRequest(method, path, strings.NewReader(`{"all":true}`)))
+			if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+				t.Errorf("%s with store %v: %d (Retry-After %q), want 503", rt.Pattern, a.Store, w.Code, w.Header().Get("Retry-After"))
+			}
+		}
+	}
 }
 
 // unknownTicket has a ticket's shape and was never parked.

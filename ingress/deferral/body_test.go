@@ -1,4 +1,4 @@
-package ingress
+package deferral
 
 import (
 	"bytes"
@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -40,12 +42,12 @@ func (c *countingReader) Read(p []byte) (int, error) {
 type bodyFixture struct {
 	handler  http.Handler
 	rule     string
-	deferrer *QueueDeferrer
+	deferrer *Deferrer
 	queue    *queue.Queue
 	limit    queue.BodyLimit // the queue's body limit for fixture requests
 }
 
-func newBodyFixture(t *testing.T, cfg queue.Config, opts ...DeferrerOption) *bodyFixture {
+func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...Option) *bodyFixture {
 	t.Helper()
 	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(deferRules)})
 	if err != nil {
@@ -63,8 +65,11 @@ func newBodyFixture(t *testing.T, cfg queue.Config, opts ...DeferrerOption) *bod
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := NewQueueDeferrer(store, nil, opts...)
-	m := mustNew(t, StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
+	d := New(store, opts...)
+	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(d))
+	if err != nil {
+		t.Fatal(err)
+	}
 	f := &bodyFixture{handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })),
 		rule: set.Rules()[0].Name, deferrer: d, queue: q}
 	if w := f.post(strings.NewReader("{}"), 2); w.Code != http.StatusOK {
@@ -79,8 +84,7 @@ func newBodyFixture(t *testing.T, cfg queue.Config, opts ...DeferrerOption) *bod
 // request is what the deferrer parks for post (without the body).
 func (f *bodyFixture) request() *queue.Request {
 	r := f.newRequest(nil, 0)
-	header := r.Header.Clone()
-	setForwarded(nil, r, header) // as the deferrer parks it
+	header := ingress.Deferral{}.ParkHeader(r) // as the deferrer parks it
 	return &queue.Request{Queue: "orders", Rule: f.rule, Method: "POST", Path: "/v1/orders", RawQuery: "x=1",
 		Header: header, Client: strings.Repeat("0", 32)} // a scope is 32 hex digits (idempotencyScope)
 }
@@ -114,13 +118,13 @@ func (f *bodyFixture) depth(t *testing.T) uint64 {
 func TestDeferBodyOverTheQueueLimit(t *testing.T) {
 	tests := []struct {
 		name string
-		cfg  queue.Config
+		cfg  queueconfig.Config
 		by   string
 	}{
-		{"server max payload", queue.Config{}, "max payload"},
-		{"max_body", queue.Config{MaxBody: 1000}, "max_body"},
+		{"server max payload", queueconfig.Config{}, "max payload"},
+		{"max_body", queueconfig.Config{MaxBody: 1000}, "max_body"},
 		// A body that can never fit in the queue is 413, not 429 "full" forever.
-		{"max_bytes", queue.Config{MaxBytes: 16 << 10}, "max_bytes"},
+		{"max_bytes", queueconfig.Config{MaxBytes: 16 << 10}, "max_bytes"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -170,7 +174,7 @@ func TestDeferBodyOverTheQueueLimit(t *testing.T) {
 
 func TestDeferMemoryBudget(t *testing.T) {
 	const budget = 256 << 10
-	f := newBodyFixture(t, queue.Config{}, WithDeferMemory(budget))
+	f := newBodyFixture(t, queueconfig.Config{}, WithBodyMemory(budget))
 	// Other requests hold all but 1000 bytes.
 	if !f.deferrer.memory.take(budget - 1000) {
 		t.Fatal("cannot take the budget")

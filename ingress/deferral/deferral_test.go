@@ -1,17 +1,21 @@
-package ingress
+package deferral
 
 import (
 	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/internal/openapitest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -54,13 +58,16 @@ func newDeferFixture(t *testing.T) *deferFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Declare(ctx, queue.Config{Name: "orders", Outflow: limiter.PerSecond(10), MaxDepth: 3, Downstream: "http://127.0.0.1:1"}); err != nil {
+	if _, err := store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), MaxDepth: 3, Downstream: "http://127.0.0.1:1"}); err != nil {
 		t.Fatal(err)
 	}
-	d := NewQueueDeferrer(store, nil)
-	m := mustNew(t, StaticRules{set}, limiter.NewMemory(), WithDeferrer(d))
+	d := New(store)
+	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(d))
+	if err != nil {
+		t.Fatal(err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET "+DeferredPath+"{ticket}", d.StatusHandler())
+	mux.Handle("GET "+Path+"{ticket}", d.StatusHandler())
 	mux.Handle("/", m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })))
 	return &deferFixture{handler: mux, nats: srv, store: store}
 }
@@ -101,7 +108,7 @@ func TestDeferParksAndAnswers202(t *testing.T) {
 	if _, err := time.Parse(time.RFC3339, acc.EstimatedDelivery); err != nil {
 		t.Fatalf("estimated_delivery %q: %v", acc.EstimatedDelivery, err)
 	}
-	if loc := w.Header().Get("Location"); loc != DeferredPath+acc.Ticket {
+	if loc := w.Header().Get("Location"); loc != Path+acc.Ticket {
 		t.Fatalf("Location %q", loc)
 	}
 	// The message is stored: the queue holds it.
@@ -109,7 +116,7 @@ func TestDeferParksAndAnswers202(t *testing.T) {
 	if depth, err := q.Depth(context.Background()); err != nil || depth != 1 {
 		t.Fatalf("queue depth %d, %v", depth, err)
 	}
-	st := f.get(DeferredPath + acc.Ticket)
+	st := f.get(Path + acc.Ticket)
 	var status statusBody
 	if err := json.Unmarshal(st.Body.Bytes(), &status); err != nil || st.Code != 200 {
 		t.Fatalf("status %d %s", st.Code, st.Body)
@@ -117,7 +124,7 @@ func TestDeferParksAndAnswers202(t *testing.T) {
 	if status.Status != queue.StatusQueued || status.Ticket != acc.Ticket || st.Header().Get("Retry-After") == "" {
 		t.Fatalf("status %+v, Retry-After %q", status, st.Header().Get("Retry-After"))
 	}
-	for _, path := range []string{DeferredPath + "aaaaaaaaaaaaaaaaaaaaaaaaaa", DeferredPath + "nonsense"} {
+	for _, path := range []string{Path + "aaaaaaaaaaaaaaaaaaaaaaaaaa", Path + "nonsense"} {
 		if w := f.get(path); w.Code != http.StatusNotFound {
 			t.Errorf("GET %s: %d, want 404", path, w.Code)
 		}
@@ -213,3 +220,58 @@ func TestDeferRefusesUndeliverableTargets(t *testing.T) {
 		t.Fatalf("queue depth %d, %v: nothing may be stored", depth, err)
 	}
 }
+
+// DELETE /sluice/v1/deferred/{ticket} on the front door: only a queued order, only with
+// its ticket.
+func TestCancelHandler(t *testing.T) {
+	f := newDeferFixture(t)
+	d := New(f.store)
+	doc := openapitest.Load(t)
+	mux := http.NewServeMux()
+	mux.Handle("DELETE "+Path+"{ticket}", d.CancelHandler())
+	mux.Handle("GET "+Path+"{ticket}", d.StatusHandler())
+	del := func(ticket string) *httptest.ResponseRecorder {
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest("DELETE", Path+ticket, nil))
+		return w
+	}
+	const docPath = Path + "{ticket}"
+	f.post(`{"n":0}`) // within the limit
+	var acc acceptedBody
+	if w := f.post(`{"n":1}`); w.Code != http.StatusAccepted || json.Unmarshal(w.Body.Bytes(), &acc) != nil {
+		t.Fatalf("defer: %d %s", w.Code, w.Body)
+	}
+	w := del(acc.Ticket)
+	if w.Code != http.StatusNoContent {
+		t.Fatalf("cancel: %d %s", w.Code, w.Body)
+	}
+	doc.Conforms(t, docPath, "DELETE", w)
+	st := httptest.NewRecorder()
+	mux.ServeHTTP(st, httptest.NewRequest("GET", Path+acc.Ticket, nil))
+	if !strings.Contains(st.Body.String(), `"status":"cancelled"`) || st.Header().Get("Retry-After") != "" {
+		t.Errorf("status after cancel: %s (Retry-After %q)", st.Body, st.Header().Get("Retry-After"))
+	}
+	doc.Conforms(t, docPath, "GET", st)
+	if w := del(acc.Ticket); w.Code != http.StatusNoContent {
+		t.Errorf("cancel again: %d", w.Code)
+	}
+	// Someone else's ticket cannot be guessed: unknown and malformed tickets are 404.
+	for _, ticket := range []string{"unknownticketqqqqqqqqqqqqq", "x", strings.Repeat("a", 27), "..%2F..%2Fx", "AAAAAAAAAAAAAAAAAAAAAAAAAA"} {
+		w := del(ticket)
+		if w.Code != http.StatusNotFound {
+			t.Errorf("cancel %q: %d", ticket, w.Code)
+		}
+		doc.Conforms(t, docPath, "DELETE", w)
+	}
+	// A final order: 409.
+	if err := f.store.SaveRecord(context.Background(), &queue.Record{Ticket: acc.Ticket, Queue: "orders", Status: queue.StatusDone}); err != nil {
+		t.Fatal(err)
+	}
+	w = del(acc.Ticket)
+	if w.Code != http.StatusConflict || !regexp.MustCompile(`done`).MatchString(w.Body.String()) {
+		t.Errorf("cancel a done order: %d %s", w.Code, w.Body)
+	}
+	doc.Conforms(t, docPath, "DELETE", w)
+}
+
+// loaded is a store source that has store open already.

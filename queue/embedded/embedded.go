@@ -1,4 +1,8 @@
-package queue
+// Package embedded runs NATS with JetStream inside the process: the single-node
+// queue store of `sluice serve` when no NATS URL is given. It is a package of its own
+// so that programs that use the queue package with an external NATS do not link the
+// NATS server.
+package embedded
 
 import (
 	"context"
@@ -16,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// Errors of StartEmbedded that callers branch on.
+// Errors of Start that callers branch on.
 var (
 	// ErrUnauthenticated: a listener was asked for without a token or verified TLS
 	// client certificates. Whoever reaches an open listener reads, forges and erases
@@ -27,8 +31,8 @@ var (
 	ErrEncryptionKey = errors.New("queue: the encryption key of the data directory is missing or wrong")
 )
 
-// EmbeddedConfig configures the in-process NATS server of `sluice serve`.
-type EmbeddedConfig struct {
+// Config configures the in-process NATS server of `sluice serve`.
+type Config struct {
 	// DataDir is where JetStream keeps its files (required).
 	DataDir string
 	// Listen is a host:port for NATS clients, for example "127.0.0.1:4222". Empty: no
@@ -63,17 +67,17 @@ type EmbeddedConfig struct {
 	ReadyTimeout time.Duration
 }
 
-// Embedded is a running in-process NATS server with JetStream. Every write to a stream
+// Server is a running in-process NATS server with JetStream. Every write to a stream
 // is synced to disk before it is acknowledged (SyncAlways): a single node has no replica
 // to fall back on, so an acknowledged message survives a crash of the process or the
 // machine.
-type Embedded struct {
+type Server struct {
 	srv   *server.Server
 	token string
 }
 
-// StartEmbedded starts the server and waits until it accepts connections.
-func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
+// Start starts the server and waits until it accepts connections.
+func Start(cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("queue: embedded NATS needs a data directory")
 	}
@@ -157,7 +161,7 @@ func StartEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		}
 		return nil, fmt.Errorf("queue: embedded NATS opened %d of the %d streams in %s; refusing to start without the others", loaded, stored, cfg.DataDir)
 	}
-	return &Embedded{srv: srv, token: cfg.Token}, nil
+	return &Server{srv: srv, token: cfg.Token}, nil
 }
 
 // storedStreams counts the streams of the global account in dir, and those of them
@@ -174,12 +178,12 @@ func storedStreams(dir string) (stored, encrypted int) {
 	return stored, encrypted
 }
 
-// Server returns the underlying nats-server.
-func (e *Embedded) Server() *server.Server { return e.srv }
+// NATS returns the underlying nats-server.
+func (e *Server) NATS() *server.Server { return e.srv }
 
 // MaxStore returns the JetStream file storage limit in force (MaxStore, or the server's
-// choice from the free disk space): what the queues' Store takes as WithStoreLimit.
-func (e *Embedded) MaxStore() int64 {
+// choice from the free disk space): what queue.Open takes as queue.WithStoreLimit.
+func (e *Server) MaxStore() int64 {
 	if c := e.srv.JetStreamConfig(); c != nil {
 		return c.MaxStore
 	}
@@ -187,7 +191,7 @@ func (e *Embedded) MaxStore() int64 {
 }
 
 // ClientURL returns the URL of the listener ("" without one).
-func (e *Embedded) ClientURL() string {
+func (e *Server) ClientURL() string {
 	if e.srv.Addr() == nil {
 		return ""
 	}
@@ -196,7 +200,7 @@ func (e *Embedded) ClientURL() string {
 
 // Connect opens an in-process connection (no TCP), whether or not the server listens.
 // It reconnects forever and does not buffer publishes while disconnected (see Store).
-func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
+func (e *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	all := []nats.Option{
 		nats.InProcessServer(e.srv),
 		nats.Name("sluice"),
@@ -211,13 +215,13 @@ func (e *Embedded) Connect(opts ...nats.Option) (*nats.Conn, error) {
 }
 
 // Shutdown stops the server and waits until it is down.
-func (e *Embedded) Shutdown() {
+func (e *Server) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
 }
 
 // ShutdownContext is Shutdown bounded by ctx.
-func (e *Embedded) ShutdownContext(ctx context.Context) error {
+func (e *Server) ShutdownContext(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { e.Shutdown(); close(done) }()
 	select {

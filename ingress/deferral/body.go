@@ -1,8 +1,9 @@
-package ingress
+package deferral
 
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -10,12 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
 )
 
-// DefaultDeferMemory is the default cap on the bytes of deferred bodies held in memory
-// at once (see WithDeferMemory).
-const DefaultDeferMemory = 64 << 20
+// DefaultBodyMemory is the default cap on the bytes of deferred bodies held in memory
+// at once (see WithBodyMemory).
+const DefaultBodyMemory = 64 << 20
 
 // memoryRetryAfter is what a client is told to wait when the deferred bodies under way
 // fill the memory budget: they are parked (and let go of) within moments.
@@ -178,28 +180,37 @@ func writeBodyProblem(w http.ResponseWriter, err error) {
 	var maxBytes *http.MaxBytesError
 	switch {
 	case errors.As(err, &tooLarge):
-		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
+		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge,
 			"The request body is larger than "+strconv.FormatInt(tooLarge.Limit.Bytes, 10)+
-				" bytes, the most this queue can store ("+tooLarge.Limit.By+")."))
+				" bytes, the most this queue can store ("+tooLarge.Limit.By+").")
 	case errors.As(err, &maxBytes):
-		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
-			"The request body is larger than "+strconv.FormatInt(maxBytes.Limit, 10)+" bytes."))
+		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge,
+			"The request body is larger than "+strconv.FormatInt(maxBytes.Limit, 10)+" bytes.")
 	case errors.Is(err, errNoMemory):
-		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(memoryRetryAfter), 10))
-		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
-			"Too many large requests are being queued at once; nothing was accepted. Retry later."))
+		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(memoryRetryAfter), 10))
+		ingress.WriteProblem(w, http.StatusServiceUnavailable,
+			"Too many large requests are being queued at once; nothing was accepted. Retry later.")
 	default:
-		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body could not be read."))
+		ingress.WriteProblem(w, http.StatusBadRequest, "The request body could not be read.")
 	}
 }
 
-// DeferrerOption configures a QueueDeferrer.
-type DeferrerOption func(*QueueDeferrer)
+// Option configures a Deferrer.
+type Option func(*Deferrer)
 
-// WithDeferMemory caps the bytes of deferred request bodies held in memory at once
+// WithLogger sets where parking failures are logged (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(q *Deferrer) {
+		if l != nil {
+			q.log = l
+		}
+	}
+}
+
+// WithBodyMemory caps the bytes of deferred request bodies held in memory at once
 // (default 64 MiB; 0 or less: no cap). A body that does not fit is answered 503 with
 // Retry-After before it is read, or as soon as it outgrows what is left; one larger
 // than the whole cap is 413.
-func WithDeferMemory(n int64) DeferrerOption {
-	return func(q *QueueDeferrer) { q.memory.max = n }
+func WithBodyMemory(n int64) Option {
+	return func(q *Deferrer) { q.memory.max = n }
 }

@@ -1,10 +1,11 @@
-package rules
+package watch
 
 import (
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/rules"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -82,13 +85,13 @@ func counter(w *Watcher, result string) float64 {
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func watch(t *testing.T, paths []string, opts WatchOptions) *Watcher {
+func watch(t *testing.T, paths []string, opts Options) *Watcher {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quietLogger()
 	}
 	opts.Debounce = 20 * time.Millisecond
-	w, err := Watch(paths, opts)
+	w, err := New(paths, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,19 +102,19 @@ func watch(t *testing.T, paths []string, opts WatchOptions) *Watcher {
 func TestWatchReloadsChangedFiles(t *testing.T) {
 	tests := []struct {
 		name   string
-		opts   WatchOptions
+		opts   Options
 		byFile bool                                        // watch the file, not its directory
 		change func(t *testing.T, dir, file string, n int) // makes version n current
 	}{
-		{"write in place", WatchOptions{}, false, func(t *testing.T, dir, file string, n int) {
+		{"write in place", Options{}, false, func(t *testing.T, dir, file string, n int) {
 			if err := os.WriteFile(file, []byte(versioned(n)), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"rename over the file", WatchOptions{}, true, func(t *testing.T, dir, file string, n int) {
+		{"rename over the file", Options{}, true, func(t *testing.T, dir, file string, n int) {
 			writeAtomic(t, file, versioned(n))
 		}},
-		{"editor: move away, write new", WatchOptions{}, true, func(t *testing.T, dir, file string, n int) {
+		{"editor: move away, write new", Options{}, true, func(t *testing.T, dir, file string, n int) {
 			if err := os.Rename(file, file+"~"); err != nil {
 				t.Fatal(err)
 			}
@@ -120,11 +123,11 @@ func TestWatchReloadsChangedFiles(t *testing.T) {
 			}
 			os.Remove(file + "~")
 		}},
-		{"new file in the directory", WatchOptions{}, false, func(t *testing.T, dir, file string, n int) {
+		{"new file in the directory", Options{}, false, func(t *testing.T, dir, file string, n int) {
 			writeAtomic(t, filepath.Join(dir, "more.yaml"), fmt.Sprintf("domain: more%d\n", n))
 			writeAtomic(t, file, versioned(n))
 		}},
-		{"polling", WatchOptions{Poll: true, PollInterval: 10 * time.Millisecond}, false, func(t *testing.T, dir, file string, n int) {
+		{"polling", Options{Poll: true, PollInterval: 10 * time.Millisecond}, false, func(t *testing.T, dir, file string, n int) {
 			writeAtomic(t, file, versioned(n))
 		}},
 	}
@@ -186,7 +189,7 @@ func TestWatchConfigMapSwap(t *testing.T) {
 			if byFile {
 				path = filepath.Join(dir, "rules.yaml")
 			}
-			w := watch(t, []string{path}, WatchOptions{})
+			w := watch(t, []string{path}, Options{})
 			if rate(w) != 1 || len(w.Set().Files()) != 1 {
 				t.Fatalf("initial set: %v", w.Set().Files())
 			}
@@ -204,7 +207,7 @@ func TestWatchRefusesInvalidRules(t *testing.T) {
 	file := write(t, dir, "rules.yaml", versioned(1))
 	reg := prometheus.NewRegistry()
 	results := make(chan ReloadResult, 10)
-	w := watch(t, []string{dir}, WatchOptions{Registerer: reg, OnReload: func(r ReloadResult) { results <- r }})
+	w := watch(t, []string{dir}, Options{Registerer: reg, OnReload: func(r ReloadResult) { results <- r }})
 	old := w.Set()
 
 	writeAtomic(t, file, invalidRules)
@@ -214,7 +217,7 @@ func TestWatchRefusesInvalidRules(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no reload attempt")
 	}
-	var ps Problems
+	var ps rules.Problems
 	if !errors.As(res.Err, &ps) || !strings.Contains(ps.Error(), `unknown unit "fortnight"`) || res.Set != old {
 		t.Fatalf("reload result = %+v", res)
 	}
@@ -222,7 +225,7 @@ func TestWatchRefusesInvalidRules(t *testing.T) {
 		t.Fatalf("after refusal: set changed %v, failure %v, success %v", w.Set() != old, counter(w, "failure"), counter(w, "success"))
 	}
 	// The same bad content is not refused (nor counted, nor logged) again.
-	if err := w.Reload(); !errors.Is(err, ErrInvalid) || counter(w, "failure") != 1 {
+	if err := w.Reload(); !errors.Is(err, rules.ErrInvalid) || counter(w, "failure") != 1 {
 		t.Errorf("Reload = %v, failure %v", err, counter(w, "failure"))
 	}
 	writeAtomic(t, file, versioned(2))
@@ -262,9 +265,9 @@ func TestWatchPrepareRefusesTheWholeSet(t *testing.T) {
 	var logs lockedBuffer
 	results := make(chan ReloadResult, 10)
 	// Reloads only when asked, so that every Prepare call is one the test made.
-	w = watch(t, []string{dir}, WatchOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Poll: true, PollInterval: time.Hour,
+	w = watch(t, []string{dir}, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Poll: true, PollInterval: time.Hour,
 		OnReload: func(r ReloadResult) { results <- r },
-		Prepare: func(s *Set) error {
+		Prepare: func(s *rules.Set) error {
 			mu.Lock()
 			defer mu.Unlock()
 			prepared = append(prepared, s.Rules()[0].Limits[0].Rate)
@@ -306,7 +309,7 @@ func TestWatchPrepareRefusesTheWholeSet(t *testing.T) {
 	}
 	// Invalid rules are refused before Prepare.
 	writeAtomic(t, file, invalidRules)
-	if err := w.Reload(); !errors.Is(err, ErrInvalid) || fmt.Sprint(preparedRates()) != "[2 2]" || counter(w, "failure") != 2 {
+	if err := w.Reload(); !errors.Is(err, rules.ErrInvalid) || fmt.Sprint(preparedRates()) != "[2 2]" || counter(w, "failure") != 2 {
 		t.Fatalf("invalid rules: Reload = %v, prepared %v, failure %v", err, preparedRates(), counter(w, "failure"))
 	}
 	// Back to the refused content, once Prepare accepts: active.
@@ -330,11 +333,11 @@ func TestWatchPrepareRefusesTheWholeSet(t *testing.T) {
 func TestWatchUnreadableFilesAreRefused(t *testing.T) {
 	dir := t.TempDir()
 	file := write(t, dir, "rules.yaml", versioned(1))
-	w := watch(t, []string{file}, WatchOptions{Poll: true, PollInterval: time.Hour})
+	w := watch(t, []string{file}, Options{Poll: true, PollInterval: time.Hour})
 	if err := os.Remove(file); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Reload(); !errors.Is(err, ErrInvalid) || rate(w) != 1 {
+	if err := w.Reload(); !errors.Is(err, rules.ErrInvalid) || rate(w) != 1 {
 		t.Errorf("Reload after removal = %v", err)
 	}
 	writeAtomic(t, file, versioned(2))
@@ -346,7 +349,7 @@ func TestWatchUnreadableFilesAreRefused(t *testing.T) {
 func TestWatchSameContentIsNotAReload(t *testing.T) {
 	dir := t.TempDir()
 	file := write(t, dir, "rules.yaml", versioned(1))
-	w := watch(t, []string{dir}, WatchOptions{Poll: true, PollInterval: time.Hour})
+	w := watch(t, []string{dir}, Options{Poll: true, PollInterval: time.Hour})
 	before := w.Set()
 	writeAtomic(t, file, versioned(1))
 	if err := w.Reload(); err != nil {
@@ -375,7 +378,7 @@ func TestWatchSameContentIsNotAReload(t *testing.T) {
 func TestWatchConcurrentReaders(t *testing.T) {
 	dir := t.TempDir()
 	file := write(t, dir, "rules.yaml", versioned(1))
-	w := watch(t, []string{dir}, WatchOptions{})
+	w := watch(t, []string{dir}, Options{})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var matches atomic.Int64
@@ -385,8 +388,8 @@ func TestWatchConcurrentReaders(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(g)})
-			buf := make([]Check, 0, 4)
-			r := req("GET", "/any")
+			buf := make([]rules.Check, 0, 4)
+			r := httptest.NewRequest("GET", "/any", nil)
 			for {
 				select {
 				case <-stop:
@@ -438,11 +441,11 @@ func TestWatchLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	write(t, dir, "rules.yaml", versioned(1))
 	reg := prometheus.NewRegistry()
-	w, err := Watch([]string{dir}, WatchOptions{Registerer: reg, Logger: quietLogger()})
+	w, err := New([]string{dir}, Options{Registerer: reg, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Watch([]string{dir}, WatchOptions{Registerer: reg, Logger: quietLogger()}); err == nil {
+	if _, err := New([]string{dir}, Options{Registerer: reg, Logger: quietLogger()}); err == nil {
 		t.Error("a second watcher registered the same metrics")
 	}
 	if err := w.Close(); err != nil {
@@ -458,18 +461,18 @@ func TestWatchLifecycle(t *testing.T) {
 		t.Error("no set after Close")
 	}
 	// Close unregistered the metrics: a new watcher can register them again.
-	w2, err := Watch([]string{dir}, WatchOptions{Registerer: reg, Logger: quietLogger(), Poll: true})
+	w2, err := New([]string{dir}, Options{Registerer: reg, Logger: quietLogger(), Poll: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w2.Close()
 
 	write(t, dir, "bad.yaml", invalidRules)
-	if _, err := Watch([]string{dir}, WatchOptions{}); !errors.Is(err, ErrInvalid) {
+	if _, err := New([]string{dir}, Options{}); !errors.Is(err, rules.ErrInvalid) {
 		t.Errorf("Watch of invalid rules = %v", err)
 	}
-	if _, err := Watch(nil, WatchOptions{}); !errors.Is(err, ErrNoPaths) {
-		t.Errorf("Watch() = %v", err)
+	if _, err := New(nil, Options{}); !errors.Is(err, rules.ErrNoPaths) {
+		t.Errorf("New() = %v", err)
 	}
 }
 
@@ -518,7 +521,7 @@ func TestWatchRefusesNonRulesFilesWithoutQuotingThem(t *testing.T) {
 			file := write(t, dir, "rules.yaml", versioned(1))
 			target := write(t, t.TempDir(), "target", tc.content)
 			var logs lockedBuffer
-			w := watch(t, []string{file}, WatchOptions{Poll: true, PollInterval: time.Hour,
+			w := watch(t, []string{file}, Options{Poll: true, PollInterval: time.Hour,
 				Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
 			if err := os.Remove(file); err != nil {
 				t.Fatal(err)
@@ -527,7 +530,7 @@ func TestWatchRefusesNonRulesFilesWithoutQuotingThem(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := w.Reload()
-			var ps Problems
+			var ps rules.Problems
 			if !errors.As(err, &ps) || rate(w) != 1 {
 				t.Fatalf("Reload = %v, rate %d: want refused, old rules serving", err, rate(w))
 			}
@@ -546,7 +549,56 @@ func TestWatchRefusesNonRulesFilesWithoutQuotingThem(t *testing.T) {
 	}
 }
 
-// Bad WatchOptions are refused, not silently replaced by the defaults.
+// TestWatchMergeDomains: a watcher with MergeDomains reloads a domain split over files,
+// and takes a new file of the domain in.
+func TestWatchMergeDomains(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", "domain: shop\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n")
+	write(t, dir, "b.yaml", "domain: shop\ndescriptors:\n  - key: plan\n    rate_limit: {unit: second, requests_per_unit: 50}\n")
+	if _, err := New([]string{dir}, Options{Logger: quietLogger(), Poll: true, PollInterval: time.Hour}); err == nil {
+		t.Fatal("a watcher without MergeDomains loaded a shared domain")
+	}
+	w := watch(t, []string{dir}, Options{MergeDomains: true, Poll: true, PollInterval: time.Hour})
+	write(t, dir, "c.yaml", "domain: shop\ndescriptors:\n  - key: ip\n    rate_limit: {unit: second, requests_per_unit: 9}\n")
+	if err := w.Reload(); err != nil {
+		t.Fatalf("reload of a third file of the domain: %v", err)
+	}
+	cs := w.Set().Evaluate("shop", [][]rules.Entry{{{Key: "ip", Value: "1"}}}, nil)
+	if len(cs) != 1 || len(cs[0].Rule.Limits) != 1 || cs[0].Rule.Limits[0].Rate != 9 {
+		t.Errorf("after reload: %+v", cs)
+	}
+}
+
+func write(t testing.TB, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestWatchRefusesBadOptions: a negative interval is an error, never silently the
+// default.
+func TestWatchRefusesBadOptions(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "rules.yaml", versioned(1))
+	for _, opts := range []Options{
+		{PollInterval: -time.Second},
+		{Debounce: -time.Millisecond},
+		{Poll: true, PollInterval: -1},
+	} {
+		w, err := New([]string{dir}, opts)
+		if !errors.Is(err, ErrInvalidOptions) {
+			t.Errorf("New with %+v = %v, want ErrInvalidOptions", opts, err)
+		}
+		if w != nil {
+			w.Close()
+		}
+	}
+}
+
+// Bad Options are refused, not silently replaced by the defaults.
 func TestWatchBadOptions(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "r.yaml")
 	if err := os.WriteFile(file, []byte(versioned(1)), 0o644); err != nil {
@@ -554,17 +606,15 @@ func TestWatchBadOptions(t *testing.T) {
 	}
 	clash := prometheus.NewRegistry()
 	clash.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_rules_last_reload_success_timestamp_seconds", Help: "not sluice's"}))
-	for name, opts := range map[string]WatchOptions{
-		"negative poll interval": {Poll: true, PollInterval: -time.Second},
-		"negative debounce":      {Debounce: -time.Millisecond},
-		"clashing registry":      {Registerer: clash},
+	for name, opts := range map[string]Options{
+						"clashing registry":      {Registerer: clash},
 	} {
-		if w, err := Watch([]string{file}, opts); err == nil {
+		if w, err := New([]string{file}, opts); err == nil {
 			w.Close()
 			t.Errorf("%s: Watch succeeded", name)
 		}
 	}
-	w, err := Watch([]string{file}, WatchOptions{Poll: true}) // zero values: the defaults
+	w, err := New([]string{file}, Options{Poll: true}) // zero values: the defaults
 	if err != nil {
 		t.Fatal(err)
 	}

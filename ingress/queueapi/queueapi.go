@@ -1,4 +1,7 @@
-package ingress
+// Package queueapi serves the queue operations of the admin listener (see
+// ingress.Admin.Queues): listing, pausing, resuming and retiring queues, and their dead
+// letters.
+package queueapi
 
 import (
 	"cmp"
@@ -11,10 +14,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
 )
 
-// QueueAPI serves the queue operations of the admin listener (see openapi.json):
+// API serves the queue operations of the admin listener (see openapi.json):
 //
 //	GET    /sluice/v1/queues                    every queue: depth, outflow, pause, orphaned
 //	GET    /sluice/v1/queues/{q}                one queue
@@ -26,26 +30,35 @@ import (
 //	DELETE /sluice/v1/queues/{q}/dead           purge tickets (or all); confirm=true
 //
 // Pauses are the queue consumer's pause on the server, so they hold on every replica.
-type QueueAPI struct {
+type API struct {
 	// Store gives the queue store: nil until the queues are declared (NATS may come
-	// later than the process); the API answers 503 meanwhile.
+	// later than the process); the API answers 503 meanwhile, as without a Store.
 	Store interface{ Load() *queue.Store }
 	Log   *slog.Logger
 }
 
-func (a *QueueAPI) store() *queue.Store { return a.Store.Load() }
+func (a *API) store() *queue.Store {
+	if a.Store == nil {
+		return nil
+	}
+	return a.Store.Load()
+}
 
 // whenOpen answers 503 until the store is open (it never closes again).
-func (a *QueueAPI) whenOpen(h http.Handler) http.Handler {
+func (a *API) whenOpen(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.store() == nil {
-			w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
-			writeProblem(w, simpleProblem(http.StatusServiceUnavailable, "The queues are not declared yet: NATS is not reachable."))
+			w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+			ingress.WriteProblem(w, http.StatusServiceUnavailable, "The queues are not declared yet: NATS is not reachable.")
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
 }
+
+// unavailableRetryAfter is what a client is told to wait when NATS cannot be
+// reached: long enough for a leader election or a restart (as the deferrer's).
+const unavailableRetryAfter = 5 * time.Second
 
 // Queue API limits.
 const (
@@ -59,16 +72,16 @@ const (
 )
 
 // Routes returns the queue API's endpoints.
-func (a *QueueAPI) Routes() []Route {
-	routes := []Route{
-		{"GET /sluice/v1/queues", http.HandlerFunc(a.list)},
-		{"GET /sluice/v1/queues/{queue}", a.withQueue(a.show)},
-		{"POST /sluice/v1/queues/{queue}/pause", a.withQueue(a.pause)},
-		{"POST /sluice/v1/queues/{queue}/resume", a.withQueue(a.resume)},
-		{"POST /sluice/v1/queues/{queue}/retire", http.HandlerFunc(a.retire)},
-		{"GET /sluice/v1/queues/{queue}/dead", http.HandlerFunc(a.deadList)},
-		{"POST /sluice/v1/queues/{queue}/dead/requeue", http.HandlerFunc(a.requeue)},
-		{"DELETE /sluice/v1/queues/{queue}/dead", http.HandlerFunc(a.purge)},
+func (a *API) Routes() []ingress.Route {
+	routes := []ingress.Route{
+		{Pattern: "GET /sluice/v1/queues", Handler: http.HandlerFunc(a.list)},
+		{Pattern: "GET /sluice/v1/queues/{queue}", Handler: a.withQueue(a.show)},
+		{Pattern: "POST /sluice/v1/queues/{queue}/pause", Handler: a.withQueue(a.pause)},
+		{Pattern: "POST /sluice/v1/queues/{queue}/resume", Handler: a.withQueue(a.resume)},
+		{Pattern: "POST /sluice/v1/queues/{queue}/retire", Handler: http.HandlerFunc(a.retire)},
+		{Pattern: "GET /sluice/v1/queues/{queue}/dead", Handler: http.HandlerFunc(a.deadList)},
+		{Pattern: "POST /sluice/v1/queues/{queue}/dead/requeue", Handler: http.HandlerFunc(a.requeue)},
+		{Pattern: "DELETE /sluice/v1/queues/{queue}/dead", Handler: http.HandlerFunc(a.purge)},
 	}
 	for i := range routes {
 		routes[i].Handler = a.whenOpen(routes[i].Handler)
@@ -117,7 +130,7 @@ func newQueueView(in queue.Info, now time.Time) QueueView {
 	return v
 }
 
-func (a *QueueAPI) list(w http.ResponseWriter, r *http.Request) {
+func (a *API) list(w http.ResponseWriter, r *http.Request) {
 	qs := a.store().Queues()
 	slices.SortFunc(qs, func(x, y *queue.Queue) int { return cmp.Compare(x.Name(), y.Name()) })
 	out := struct {
@@ -139,7 +152,7 @@ func (a *QueueAPI) list(w http.ResponseWriter, r *http.Request) {
 }
 
 // withQueue resolves {queue} to a queue of the store (404 otherwise).
-func (a *QueueAPI) withQueue(h func(http.ResponseWriter, *http.Request, *queue.Queue)) http.Handler {
+func (a *API) withQueue(h func(http.ResponseWriter, *http.Request, *queue.Queue)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q, err := a.store().Queue(r.PathValue("queue"))
 		if err != nil {
@@ -150,7 +163,7 @@ func (a *QueueAPI) withQueue(h func(http.ResponseWriter, *http.Request, *queue.Q
 	})
 }
 
-func (a *QueueAPI) show(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
+func (a *API) show(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
 	in, err := q.Info(r.Context())
 	if err != nil {
 		a.fail(w, err)
@@ -166,7 +179,7 @@ type pauseRequest struct {
 	For   string `json:"for,omitempty"`
 }
 
-func (a *QueueAPI) pause(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
+func (a *API) pause(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
 	var req pauseRequest
 	if !readBody(w, r, &req) {
 		return
@@ -181,19 +194,19 @@ func (a *QueueAPI) pause(w http.ResponseWriter, r *http.Request, q *queue.Queue)
 	var until time.Time
 	switch {
 	case (req.Until == "") == (req.For == ""):
-		writeProblem(w, simpleProblem(http.StatusBadRequest, `Give exactly one of "until" (RFC 3339 time) or "for" (duration such as 15m).`))
+		ingress.WriteProblem(w, http.StatusBadRequest, `Give exactly one of "until" (RFC 3339 time) or "for" (duration such as 15m).`)
 		return
 	case req.For != "":
 		d, err := time.ParseDuration(req.For)
 		if err != nil || d <= 0 || d > maxPause {
-			writeProblem(w, simpleProblem(http.StatusBadRequest, `"for" must be a positive duration such as 90s or 15m, at most 8784h.`))
+			ingress.WriteProblem(w, http.StatusBadRequest, `"for" must be a positive duration such as 90s or 15m, at most 8784h.`)
 			return
 		}
 		until = now.Add(d)
 	default:
 		t, err := time.Parse(time.RFC3339, req.Until)
 		if err != nil || !t.After(now) || t.Sub(now) > maxPause {
-			writeProblem(w, simpleProblem(http.StatusBadRequest, `"until" must be an RFC 3339 time in the future, at most 366 days ahead.`))
+			ingress.WriteProblem(w, http.StatusBadRequest, `"until" must be an RFC 3339 time in the future, at most 366 days ahead.`)
 			return
 		}
 		until = t
@@ -205,7 +218,7 @@ func (a *QueueAPI) pause(w http.ResponseWriter, r *http.Request, q *queue.Queue)
 	a.show(w, r, q)
 }
 
-func (a *QueueAPI) resume(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
+func (a *API) resume(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
 	if err := q.Resume(r.Context()); err != nil {
 		a.fail(w, err)
 		return
@@ -213,7 +226,7 @@ func (a *QueueAPI) resume(w http.ResponseWriter, r *http.Request, q *queue.Queue
 	a.show(w, r, q)
 }
 
-func (a *QueueAPI) retire(w http.ResponseWriter, r *http.Request) {
+func (a *API) retire(w http.ResponseWriter, r *http.Request) {
 	drop, ok := boolParam(w, r, "drop")
 	if !ok {
 		return
@@ -253,12 +266,12 @@ func NewDeadLetterView(queueName string, dl queue.DeadLetter) DeadLetterView {
 		Query: m.RawQuery, BodyBytes: len(m.Body)}
 }
 
-func (a *QueueAPI) deadList(w http.ResponseWriter, r *http.Request) {
+func (a *API) deadList(w http.ResponseWriter, r *http.Request) {
 	limit := defaultDeadLimit
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxDeadLimit {
-			writeProblem(w, simpleProblem(http.StatusBadRequest, "limit must be a number from 1 to "+strconv.Itoa(maxDeadLimit)+"."))
+			ingress.WriteProblem(w, http.StatusBadRequest, "limit must be a number from 1 to "+strconv.Itoa(maxDeadLimit)+".")
 			return
 		}
 		limit = n
@@ -305,25 +318,25 @@ func tickets(w http.ResponseWriter, r *http.Request) ([]string, bool) {
 	req.All = req.All || all
 	switch {
 	case len(req.Tickets) > maxTickets:
-		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge, "At most "+strconv.Itoa(maxTickets)+" tickets per request."))
+		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge, "At most "+strconv.Itoa(maxTickets)+" tickets per request.")
 		return nil, false
 	case req.All && len(req.Tickets) > 0:
-		writeProblem(w, simpleProblem(http.StatusBadRequest, `Give tickets or "all", not both.`))
+		ingress.WriteProblem(w, http.StatusBadRequest, `Give tickets or "all", not both.`)
 		return nil, false
 	case !req.All && len(req.Tickets) == 0:
-		writeProblem(w, simpleProblem(http.StatusBadRequest, `Give the tickets, or "all": true for every dead letter of the queue.`))
+		ingress.WriteProblem(w, http.StatusBadRequest, `Give the tickets, or "all": true for every dead letter of the queue.`)
 		return nil, false
 	}
 	for _, t := range req.Tickets {
 		if !queue.ValidTicket(t) {
-			writeProblem(w, simpleProblem(http.StatusBadRequest, "Not a ticket: "+strconv.Quote(shortened(t, 40))+"."))
+			ingress.WriteProblem(w, http.StatusBadRequest, "Not a ticket: "+strconv.Quote(shortened(t, 40))+".")
 			return nil, false
 		}
 	}
 	return req.Tickets, true
 }
 
-func (a *QueueAPI) requeue(w http.ResponseWriter, r *http.Request) {
+func (a *API) requeue(w http.ResponseWriter, r *http.Request) {
 	ts, ok := tickets(w, r)
 	if !ok {
 		return
@@ -342,13 +355,13 @@ func (a *QueueAPI) requeue(w http.ResponseWriter, r *http.Request) {
 	}{n})
 }
 
-func (a *QueueAPI) purge(w http.ResponseWriter, r *http.Request) {
+func (a *API) purge(w http.ResponseWriter, r *http.Request) {
 	confirm, ok := boolParam(w, r, "confirm")
 	if !ok {
 		return
 	}
 	if !confirm {
-		writeProblem(w, simpleProblem(http.StatusBadRequest, "Purging deletes dead letters for good: add confirm=true."))
+		ingress.WriteProblem(w, http.StatusBadRequest, "Purging deletes dead letters for good: add confirm=true.")
 		return
 	}
 	ts, ok := tickets(w, r)
@@ -371,7 +384,7 @@ func (a *QueueAPI) purge(w http.ResponseWriter, r *http.Request) {
 
 // queueExists answers 404 unless name is a queue of the store or has a stream (dead
 // letters of a retired queue stay reachable while its stream exists).
-func (a *QueueAPI) queueExists(w http.ResponseWriter, r *http.Request, name string) bool {
+func (a *API) queueExists(w http.ResponseWriter, r *http.Request, name string) bool {
 	if _, err := a.store().Queue(name); err == nil {
 		return true
 	}
@@ -383,30 +396,30 @@ func (a *QueueAPI) queueExists(w http.ResponseWriter, r *http.Request, name stri
 }
 
 // fail answers a queue error with its status.
-func (a *QueueAPI) fail(w http.ResponseWriter, err error) {
+func (a *API) fail(w http.ResponseWriter, err error) {
 	var status int
 	switch {
 	case errors.Is(err, queue.ErrUnknownQueue):
-		writeProblem(w, simpleProblem(http.StatusNotFound, "No such queue."))
+		ingress.WriteProblem(w, http.StatusNotFound, "No such queue.")
 		return
 	case errors.Is(err, queue.ErrNotFound):
 		status = http.StatusNotFound
 	case errors.Is(err, queue.ErrNoDispatcher), errors.Is(err, queue.ErrDeclared), errors.Is(err, queue.ErrNotEmpty):
 		status = http.StatusConflict
 	case errors.Is(err, queue.ErrFull):
-		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(max(queue.RetryAfter(err), time.Second)), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(max(queue.RetryAfter(err), time.Second)), 10))
 		status = http.StatusTooManyRequests
 	case errors.Is(err, queue.ErrUnavailable):
-		w.Header().Set("Retry-After", strconv.FormatInt(ceilSeconds(unavailableRetryAfter), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
 		status = http.StatusServiceUnavailable
 	default:
 		if a.Log != nil {
 			a.Log.Error("queue API", "err", err)
 		}
-		writeProblem(w, simpleProblem(http.StatusInternalServerError, "The operation failed; see the logs."))
+		ingress.WriteProblem(w, http.StatusInternalServerError, "The operation failed; see the logs.")
 		return
 	}
-	writeProblem(w, simpleProblem(status, err.Error()))
+	ingress.WriteProblem(w, status, err.Error())
 }
 
 // readBody decodes an optional JSON body (at most maxAdminBody bytes, no unknown
@@ -426,10 +439,10 @@ func readBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	}
 	if err != nil {
 		if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-			writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge, "The request body is larger than "+strconv.Itoa(maxAdminBody)+" bytes."))
+			ingress.WriteProblem(w, http.StatusRequestEntityTooLarge, "The request body is larger than "+strconv.Itoa(maxAdminBody)+" bytes.")
 			return false
 		}
-		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body is not the expected JSON: "+shortened(err.Error(), 200)))
+		ingress.WriteProblem(w, http.StatusBadRequest, "The request body is not the expected JSON: "+shortened(err.Error(), 200))
 		return false
 	}
 	return true
@@ -443,7 +456,7 @@ func boolParam(w http.ResponseWriter, r *http.Request, name string) (bool, bool)
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		writeProblem(w, simpleProblem(http.StatusBadRequest, name+" must be true or false."))
+		ingress.WriteProblem(w, http.StatusBadRequest, name+" must be true or false.")
 		return false, false
 	}
 	return b, true

@@ -1,0 +1,182 @@
+package deferral
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/rules"
+)
+
+const checkRules = `
+domain: shop
+descriptors:
+  - key: route
+    value: orders
+    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
+    on_limit: defer
+    queue: orders
+  - key: route
+    value: pay
+    rate_limit: {unit: hour, requests_per_unit: 1, name: pay}
+  - key: client
+    rate_limit: {unit: hour, requests_per_unit: 1, name: per_client}
+routes:
+  - name: orders
+    match: {method: [POST], path: /v1/orders}
+    descriptors:
+      - [{key: route, value: orders}]
+  - name: ip
+    match: {path: /v1/ip}
+    descriptors:
+      - [{key: client, from: client_ip}]
+  - name: pay
+    match: {path: /v1/pay}
+    descriptors:
+      - [{key: route, value: pay}]
+queues:
+  orders:
+    outflow: {rate: 10/s}
+    max_depth: 3
+    downstream: http://127.0.0.1:1
+`
+
+// checkServer serves CheckHandler on loopback, its clients trusted as proxies only
+// when trusted says so.
+func checkServer(t *testing.T, trusted bool) (*httptest.Server, *queue.Store) {
+	t.Helper()
+	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(checkRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(5*time.Second), queue.WithSigningKey(natstest.SigningKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Declare(ctx, set.Queue("orders").Config); err != nil {
+		t.Fatal(err)
+	}
+	var proxies []string
+	if trusted {
+		proxies = []string{"127.0.0.0/8"}
+	}
+	ids, err := ingress.NewClientIdentity(proxies, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithClientIdentity(ids), ingress.WithDeferrer(New(store)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(m.CheckHandler())
+	t.Cleanup(ts.Close)
+	return ts, store
+}
+
+func askCheck(t *testing.T, ts *httptest.Server, method, body string, headers ...string) (*http.Response, map[string]any) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, ts.URL+ingress.CheckPath, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := ts.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	b, _ := io.ReadAll(resp.Body)
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &out); err != nil {
+			t.Fatalf("%d %q: %v", resp.StatusCode, b, err)
+		}
+	}
+	return resp, out
+}
+
+func TestCheckHandlerAllowsRejects(t *testing.T) {
+	ts, _ := checkServer(t, false)
+	// nginx auth_request: the original request in X-Original-Method / X-Original-URI.
+	resp, _ := askCheck(t, ts, "GET", "", "X-Original-Method", "POST", "X-Original-URI", "/v1/pay?x=1")
+	if resp.StatusCode != 200 || resp.Header.Get("RateLimit-Policy") != `"pay";q=1;w=3600` {
+		t.Fatalf("allowed: %d %v", resp.StatusCode, resp.Header)
+	}
+	// Traefik ForwardAuth: X-Forwarded-Method / X-Forwarded-Uri.
+	resp, p := askCheck(t, ts, "GET", "", "X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/v1/pay")
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || p["violated-policies"] == nil {
+		t.Fatalf("over the limit: %d %v", resp.StatusCode, p)
+	}
+	for _, bad := range [][]string{
+		{},                                // no URI
+		{"X-Forwarded-Uri", "http://x/y"}, // absolute
+		{"X-Forwarded-Uri", "/a b"},       // not a request target
+		{"X-Forwarded-Method", "G(T", "X-Forwarded-Uri", "/"},
+	} {
+		if resp, _ := askCheck(t, ts, "GET", "", bad...); resp.StatusCode != 400 {
+			t.Errorf("%v: %d, want 400", bad, resp.StatusCode)
+		}
+	}
+}
+
+func TestCheckHandlerDefers(t *testing.T) {
+	ts, store := checkServer(t, false)
+	order := []string{"X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/v1/orders"}
+	if resp, _ := askCheck(t, ts, "GET", "", order...); resp.StatusCode != 200 {
+		t.Fatalf("first order: %d", resp.StatusCode)
+	}
+	// nginx sends no body: the defer rule cannot park, and says why.
+	resp, p := askCheck(t, ts, "GET", "", order...)
+	if d, _ := p["detail"].(string); resp.StatusCode != 429 || !strings.Contains(d, "forwardBody") {
+		t.Fatalf("without a body: %d %v", resp.StatusCode, p)
+	}
+	// Traefik with forwardBody: parked, 202 with the ticket.
+	resp, p = askCheck(t, ts, "POST", `{"n":2}`, order...)
+	ticket, _ := p["ticket"].(string)
+	if resp.StatusCode != 202 || resp.Header.Get("Location") != Path+ticket {
+		t.Fatalf("with the body: %d %v %v", resp.StatusCode, resp.Header, p)
+	}
+	q, _ := store.Queue("orders")
+	if depth, err := q.Depth(context.Background()); err != nil || depth != 1 {
+		t.Fatalf("queue depth %d, %v", depth, err)
+	}
+	// A request declared empty is whole.
+	if resp, _ := askCheck(t, ts, "POST", "", append(order, "Content-Length", "0")...); resp.StatusCode != 202 {
+		t.Fatalf("declared empty: %d", resp.StatusCode)
+	}
+}
+
+func TestCheckHandlerClientIdentity(t *testing.T) {
+	ip := []string{"X-Forwarded-Uri", "/v1/ip", "X-Forwarded-For", ""}
+	ask := func(ts *httptest.Server, xff string) int {
+		ip[3] = xff
+		resp, _ := askCheck(t, ts, "GET", "", ip...)
+		return resp.StatusCode
+	}
+	trusted, _ := checkServer(t, true)
+	if ask(trusted, "203.0.113.1") != 200 || ask(trusted, "203.0.113.2") != 200 || ask(trusted, "203.0.113.1") != 429 {
+		t.Fatal("behind a trusted proxy, X-Forwarded-For does not name the client")
+	}
+	untrusted, _ := checkServer(t, false)
+	if ask(untrusted, "203.0.113.1") != 200 || ask(untrusted, "203.0.113.2") != 429 {
+		t.Fatal("an untrusted peer's X-Forwarded-For changed the client")
+	}
+}

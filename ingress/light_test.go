@@ -1,0 +1,98 @@
+package ingress
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// heavyModules are what a program that only limits requests must not link: the NATS
+// server and client (parking lives in ingress/deferral and queue), fsnotify (the rules
+// watcher lives in rules/watch) and go-redis.
+var heavyModules = []string{
+	"github.com/nats-io/nats-server/v2",
+	"github.com/nats-io/nats.go",
+	"github.com/fsnotify/fsnotify",
+}
+
+// pendingModules are heavy modules the light program still links, reported but not
+// yet refused: the Redis store still lives in package limiter.
+var pendingModules = []string{"github.com/redis/go-redis/v9"}
+
+func goTool(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// TestLightPackages: the packages a program imports to limit requests pull in no NATS
+// server (nor, for rules and ingress, any NATS or fsnotify).
+func TestLightPackages(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	for _, tc := range []struct {
+		pkg    string
+		banned []string
+	}{
+		{"limiter", []string{"github.com/nats-io/"}},
+		{"rules", []string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/sluicehq/sluice/queue\n"}},
+		{"ingress", []string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/sluicehq/sluice/queue\n"}},
+	} {
+		deps := goTool(t, "list", "-deps", "github.com/sluicehq/sluice/"+tc.pkg)
+		t.Logf("%s: %d packages", tc.pkg, strings.Count(deps, "\n"))
+		for _, b := range tc.banned {
+			if strings.Contains(deps, b) {
+				t.Errorf("go list -deps %s lists %s", tc.pkg, strings.TrimSpace(b))
+			}
+		}
+	}
+}
+
+// TestLightMiddleware builds a program that uses only the middleware on the memory
+// store (testdata/lightmw) and reads the modules it links (go version -m); it reports
+// its size beside the same handler on x/time/rate with client_golang (testdata/ratemw).
+func TestLightMiddleware(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds programs")
+	}
+	dir := t.TempDir()
+	build := func(name string, flags ...string) (string, int64) {
+		bin := filepath.Join(dir, name+strings.Join(flags, ""))
+		goTool(t, append(append([]string{"build", "-o", bin}, flags...), "./testdata/"+name)...)
+		st, err := os.Stat(bin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bin, st.Size()
+	}
+	bin, size := build("lightmw")
+	mods := goTool(t, "version", "-m", bin)
+	linked := func(mod string) bool { return strings.Contains(mods, "\tdep\t"+mod+"\t") }
+	if !linked("github.com/prometheus/client_golang") {
+		t.Fatalf("go version -m lists no modules we know; the check would prove nothing:\n%s", mods)
+	}
+	for _, m := range heavyModules {
+		if linked(m) {
+			t.Errorf("the middleware-only program links %s", m)
+		}
+	}
+	for _, m := range pendingModules {
+		if linked(m) {
+			t.Logf("still linked: %s", m)
+		}
+	}
+	_, stripped := build("lightmw", "-ldflags=-s -w")
+	_, rateSize := build("ratemw")
+	_, rateStripped := build("ratemw", "-ldflags=-s -w")
+	mb := func(n int64) float64 { return float64(n) / (1 << 20) }
+	t.Logf("middleware on the memory store: %.1f MiB (%.1f MiB with -s -w); x/time/rate with client_golang: %.1f MiB (%.1f MiB)",
+		mb(size), mb(stripped), mb(rateSize), mb(rateStripped))
+}
