@@ -607,7 +607,7 @@ func TestWatchBadOptions(t *testing.T) {
 	clash := prometheus.NewRegistry()
 	clash.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_rules_last_reload_success_timestamp_seconds", Help: "not sluice's"}))
 	for name, opts := range map[string]Options{
-						"clashing registry":      {Registerer: clash},
+		"clashing registry": {Registerer: clash},
 	} {
 		if w, err := New([]string{file}, opts); err == nil {
 			w.Close()
