@@ -9,7 +9,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/internal/suggest"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -148,7 +147,7 @@ func (w *walker) fields(n *yaml.Node, what string, known []string, handle func(k
 			msg := fmt.Sprintf("unknown field %q in %s", p.key, what)
 			// The suggestion costs; skip it once nobody will read the problem.
 			if !w.probs.full() {
-				if s := suggest.Closest(p.key, known); s != "" {
+				if s := Suggest(p.key, known); s != "" {
 					msg += fmt.Sprintf(" (did you mean %q?)", s)
 				}
 			}

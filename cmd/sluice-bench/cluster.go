@@ -25,11 +25,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/cmd/internal/progress"
-	"github.com/sluicehq/sluice/internal/childproc"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/natstest/childproc"
 )
 
 const clusterHelp = `Usage: sluice-bench cluster [flags]

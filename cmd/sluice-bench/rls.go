@@ -32,9 +32,9 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/envoy"
-	"github.com/sluicehq/sluice/internal/childproc"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redistest"
+	"github.com/sluicehq/sluice/queue/natstest/childproc"
 	"github.com/sluicehq/sluice/rules"
 )
 

@@ -29,7 +29,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/sluicehq/sluice/internal/suggest"
+	"github.com/sluicehq/sluice/rules"
 )
 
 // source is where a flag's value came from.
@@ -265,7 +265,7 @@ func want(f *flag.Flag, err error) string {
 // didYouMean returns ` (did you mean "x"?)` for the known key closest to name, if one is
 // close enough to be a typo.
 func didYouMean(name string, known []string) string {
-	best := suggest.Closest(strings.ToLower(strings.TrimLeft(name, "-")), known)
+	best := rules.Suggest(strings.ToLower(strings.TrimLeft(name, "-")), known)
 	if best == "" {
 		return "; keys are the flags' names, such as admin-listen (see -h)"
 	}

@@ -17,9 +17,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/internal/childproc"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/natstest/childproc"
 )
 
 // runSluiceEnv is runSluice with extra environment variables (KEY=VALUE), for

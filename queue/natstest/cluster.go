@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/internal/childproc"
+	"github.com/sluicehq/sluice/queue/natstest/childproc"
 )
 
 const serverModule = "github.com/nats-io/nats-server/v2"

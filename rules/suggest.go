@@ -1,10 +1,9 @@
-// Package suggest finds the word a typo was meant to be: the rules validator uses it
-// for unknown fields, the sluice command for unknown configuration keys.
-package suggest
+package rules
 
-// Closest returns the word of known closest to s when s is a plausible typo of it (at
-// most two edits away), or "".
-func Closest(s string, known []string) string {
+// Suggest returns the word of known closest to s when s is a plausible typo of it (at
+// most two edits away), or "": the validator's "did you mean" for unknown fields, which
+// the sluice command uses for unknown configuration keys too.
+func Suggest(s string, known []string) string {
 	best, bestD := "", 3
 	for _, k := range known {
 		if d := editDistance(s, k); d < bestD {

@@ -1,11 +1,11 @@
-package suggest
+package rules
 
 import (
 	"strings"
 	"testing"
 )
 
-func TestClosest(t *testing.T) {
+func TestSuggest(t *testing.T) {
 	known := []string{"descriptors", "domain", "routes", "queues"}
 	tests := []struct{ in, want string }{
 		{"domian", "domain"},          // transposition: two edits
@@ -17,8 +17,8 @@ func TestClosest(t *testing.T) {
 		{strings.Repeat("a", 65), ""}, // long input is not compared
 	}
 	for _, tt := range tests {
-		if got := Closest(tt.in, known); got != tt.want {
-			t.Errorf("Closest(%q) = %q, want %q", tt.in, got, tt.want)
+		if got := Suggest(tt.in, known); got != tt.want {
+			t.Errorf("Suggest(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
 }
