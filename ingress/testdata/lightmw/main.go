@@ -21,7 +21,10 @@ func main() {
 		log.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	mw := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithRegisterer(reg))
+	mw, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithRegisterer(reg))
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.Handle("/", mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
