@@ -482,7 +482,7 @@ func TestThrottledPausesQueueWithoutBurningAttempts(t *testing.T) {
 
 	waitFor(t, "the 503", 20*time.Second, func() bool { return throttledAt.Load() != 0 })
 	waitFor(t, "consumer paused on the server", 5*time.Second, func() bool {
-		info, err := q.Stream().Consumer(ctxT(t), queue.ConsumerName)
+		info, err := srv.Stream(t, q.StreamName()).Consumer(ctxT(t), queue.ConsumerName)
 		if err != nil {
 			return false
 		}
@@ -773,7 +773,7 @@ func TestConfigReloadUpdatesConsumer(t *testing.T) {
 	_, q := openStore(t, srv.Conn, cfg)
 	r := startReplica(t, srv, cfg, "a")
 	consumerInfo := func() *jetstream.ConsumerInfo {
-		c, err := q.Stream().Consumer(ctxT(t), queue.ConsumerName)
+		c, err := srv.Stream(t, q.StreamName()).Consumer(ctxT(t), queue.ConsumerName)
 		if err != nil {
 			return nil
 		}
@@ -784,7 +784,7 @@ func TestConfigReloadUpdatesConsumer(t *testing.T) {
 		t.Fatalf("consumer config %+v", ci.Config)
 	}
 	until := time.Now().Add(time.Minute)
-	if _, err := q.Stream().PauseConsumer(ctxT(t), queue.ConsumerName, until); err != nil {
+	if _, err := srv.Stream(t, q.StreamName()).PauseConsumer(ctxT(t), queue.ConsumerName, until); err != nil {
 		t.Fatal(err)
 	}
 	cfg.MaxInFlight = 9

@@ -38,7 +38,7 @@ func TestForgedMessagesNeverReachTheDownstream(t *testing.T) {
 	cfg := baseConfig("orders", ds.URL)
 	store, q := openStore(t, srv.Conn, cfg)
 	genuine := park(t, store, "orders", 0, 1)[0]
-	raw, err := q.Stream().GetLastMsgForSubject(ctxT(t), "sluice.q.orders."+genuine)
+	raw, err := srv.Stream(t, q.StreamName()).GetLastMsgForSubject(ctxT(t), "sluice.q.orders."+genuine)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -248,12 +248,6 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// Conn returns the NATS connection of the store.
-func (s *Store) Conn() *nats.Conn { return s.nc }
-
-// JetStream returns the JetStream context of the store.
-func (s *Store) JetStream() jetstream.JetStream { return s.js }
-
 // Logger returns the store's logger.
 func (s *Store) Logger() *slog.Logger { return s.log }
 
@@ -403,9 +397,6 @@ func (q *Queue) Config() queueconfig.Config { return *q.cfg.Load() }
 
 // StreamName returns the name of the queue's stream.
 func (q *Queue) StreamName() string { return StreamName(q.name) }
-
-// Stream returns the queue's stream handle.
-func (q *Queue) Stream() jetstream.Stream { return q.stream }
 
 // Store returns the store the queue belongs to.
 func (q *Queue) Store() *Store { return q.store }

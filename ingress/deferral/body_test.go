@@ -44,6 +44,7 @@ type bodyFixture struct {
 	rule     string
 	deferrer *Deferrer
 	queue    *queue.Queue
+	nats     *natstest.Server
 	limit    queue.BodyLimit // the queue's body limit for fixture requests
 }
 
@@ -70,7 +71,7 @@ func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...Option) *bodyF
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &bodyFixture{handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })),
+	f := &bodyFixture{nats: srv, handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })),
 		rule: set.Rules()[0].Name, deferrer: d, queue: q}
 	if w := f.post(strings.NewReader("{}"), 2); w.Code != http.StatusOK {
 		t.Fatalf("first request (within the limit): %d", w.Code)
@@ -161,7 +162,7 @@ func TestDeferBodyOverTheQueueLimit(t *testing.T) {
 				if d := f.depth(t); d != 1 {
 					t.Errorf("queue depth %d, want 1", d)
 				}
-				if err := f.queue.Stream().Purge(context.Background()); err != nil {
+				if err := f.nats.Stream(t, f.queue.StreamName()).Purge(context.Background()); err != nil {
 					t.Fatal(err)
 				}
 			}

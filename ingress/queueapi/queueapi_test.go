@@ -46,6 +46,7 @@ queues:
 
 type queueAPIFixture struct {
 	t       *testing.T
+	nats    *natstest.Server
 	store   *queue.Store
 	handler http.Handler
 	admin   *ingress.Admin
@@ -72,7 +73,7 @@ func newQueueAPIFixture(t *testing.T) *queueAPIFixture {
 	}
 	reg := prometheus.NewRegistry()
 	a := &ingress.Admin{Gatherer: reg, Rules: ingress.StaticRules{S: set}, Token: "tok", Queues: &API{Store: loaded(store)}}
-	return &queueAPIFixture{t: t, store: store, handler: a.Handler(), admin: a, doc: openapitest.Load(t)}
+	return &queueAPIFixture{t: t, nats: srv, store: store, handler: a.Handler(), admin: a, doc: openapitest.Load(t)}
 }
 
 func (f *queueAPIFixture) do(method, target, body, token string) *httptest.ResponseRecorder {
@@ -154,7 +155,7 @@ func TestQueueAPIResponses(t *testing.T) {
 	ctx := context.Background()
 	q, _ := f.store.Queue("orders")
 	// Two dead letters and one queued order; the dispatchers' consumer exists.
-	cons, err := q.Stream().CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: queue.ConsumerName, AckPolicy: jetstream.AckExplicitPolicy})
+	cons, err := f.nats.Stream(t, q.StreamName()).CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: queue.ConsumerName, AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
 	}

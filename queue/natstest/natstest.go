@@ -9,6 +9,7 @@
 package natstest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Server is an in-process NATS server with JetStream, listening on a loopback port.
@@ -152,6 +154,23 @@ func (s *Server) Restart() {
 	s.t.Helper()
 	s.Shutdown()
 	s.start(s.port)
+}
+
+// Stream returns a handle on the stream name (a queue's: queue.StreamName), for tests
+// that look at or change server state the queue package keeps to itself.
+func (s *Server) Stream(t testing.TB, name string) jetstream.Stream {
+	t.Helper()
+	js, err := jetstream.New(s.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	return st
 }
 
 // SigningKey returns a fixed signing key for queue.WithSigningKey in tests (40 bytes).
