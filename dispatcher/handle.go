@@ -109,7 +109,7 @@ func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
 
 // handBack returns an order this dispatcher will not deliver (it is stopping) for
 // immediate redelivery to another one.
-func handBack(l *queue.Lease) { l.Release(time.Millisecond) }
+func handBack(l *queue.Lease) { l.HandBack(context.Background()) }
 
 // Delivery describes the delivery attempt an outgoing request belongs to.
 type Delivery struct {

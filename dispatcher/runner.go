@@ -155,9 +155,16 @@ func (r *runner) fetchLoop(ctx context.Context) {
 		r.mu.Lock()
 		fetchWait := r.fetchWait
 		r.mu.Unlock()
-		fctx, cancel := context.WithTimeout(ctx, fetchWait)
+		// The pull runs to its end even when the dispatcher is stopping: a message the
+		// server hands to a pull abandoned mid-way would wait out the ack wait. What
+		// arrives after the stop goes back at once.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchWait)
 		l, err := r.cons.Next(fctx)
 		cancel()
+		if err == nil && ctx.Err() != nil {
+			handBack(l)
+			return
+		}
 		if err == nil {
 			if p, ok := r.prepare(ctx, l); ok {
 				ready <- p

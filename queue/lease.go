@@ -478,6 +478,23 @@ func (l *Lease) Release(after time.Duration) {
 	_ = l.jm.NakWithDelay(max(after, time.Millisecond))
 }
 
+// HandBack returns an order this consumer will not deliver (its dispatcher is
+// stopping) for immediate redelivery to another one. The nak is stored by the server
+// (a delay), so it holds across a restart of an embedded server. A genuine order whose
+// ticket has no record yet gets a queued one first: its status would otherwise be
+// read as delivering, the consumer having handed it out.
+func (l *Lease) HandBack(ctx context.Context) {
+	if !l.stored && l.verr == nil {
+		m := l.m
+		if l.rec == nil {
+			l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, ReceivedAt: m.ReceivedAt}
+		}
+		l.rec.Status = StatusQueued
+		l.save(ctx)
+	}
+	l.Release(time.Millisecond)
+}
+
 // Dead moves the order to the dead-letter stream with cause as its reason, then
 // records it dead, publishes the event on DeadSubject, and terminates the message. A
 // lease not loaded yet (Load) is an order never attempted: its record is written new

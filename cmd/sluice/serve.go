@@ -204,6 +204,7 @@ type redisConfig struct {
 	ca       string
 	cert     string
 	key      string
+	timeout  time.Duration
 }
 
 func (c *redisConfig) flags(fs *flag.FlagSet) {
@@ -212,6 +213,7 @@ func (c *redisConfig) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ca, "redis-ca", "", "`file` of CA certificates that the Redis servers' TLS certificates are checked against, instead of the system's (rediss:// URLs)")
 	fs.StringVar(&c.cert, "redis-cert", "", "client certificate `file` for Redis TLS (with --redis-key; rediss:// URLs)")
 	fs.StringVar(&c.key, "redis-key", "", "client key `file` for Redis TLS")
+	fs.DurationVar(&c.timeout, "redis-timeout", 50*time.Millisecond, "how long a decision waits for Redis before it follows the limit's failure_mode")
 }
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -470,7 +472,8 @@ func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Def
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {
-		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log))
+		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log),
+			limiter.WithRedisTimeout(g.cfg.front.redis.timeout))
 		store = g.store
 		g.deps.Add("redis", g.redisHealth)
 	}

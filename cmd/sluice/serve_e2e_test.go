@@ -407,8 +407,10 @@ func TestServeTwoReplicasShareOneLimit(t *testing.T) {
 	redisServer := redistest.Start(t)
 	rulesPath := writeRules(t, t.TempDir(), e2eRules(2))
 	redisURL := "redis://" + redisServer.Addr() + "/0"
-	a := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL)
-	b := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL)
+	// A loaded machine may keep Redis past the default 50 ms: then each replica would
+	// decide alone (failure_mode local), which is not what this test is about.
+	a := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL, "--redis-timeout", "5s")
+	b := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL, "--redis-timeout", "5s")
 	// "shared" is a token bucket of 20 refilling at 20 per hour: over this test it
 	// refills far less than one token, so together the replicas allow exactly 20.
 	var allowed, rejected atomic.Int64
