@@ -15,11 +15,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -135,6 +137,8 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var envoyEnv envList
 	fs.Var(&envoyEnv, "envoy-env", "a setting of envoyproxy/ratelimit, `KEY=VALUE` (repeatable), e.g. REDIS_PIPELINE_WINDOW=150us")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	headers := fs.Bool("headers", true, "sluice fills response_headers_to_add (its default; envoyproxy/ratelimit adds none): --headers=false measures both without")
+	cpuProfiles := fs.String("cpuprofile", "", "write a CPU profile of each sluice service process, over the whole run, to `DIR`/sluice-STORE.pprof")
 	if code, done := parseModeFlags(fs, args, rlsHelp, stdout); done {
 		return code
 	}
@@ -178,11 +182,17 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	procs := &children{dir: dir}
 	defer procs.stop()
+	profileEnv := func(name string) []string {
+		if *cpuProfiles == "" {
+			return nil
+		}
+		return []string{cpuProfileEnv + "=" + filepath.Join(*cpuProfiles, name+".pprof")}
+	}
 
 	fmt.Fprintln(stderr, "sluice-bench rls: starting the services…")
 	var targets []rlsTarget
 	addr := freeAddr()
-	if err := procs.start(ctx, "sluice-memory", nil, addr, "rls-server", addr, rulesPath); err != nil {
+	if err := procs.start(ctx, "sluice-memory", profileEnv("sluice-memory"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers), addr, rulesPath); err != nil {
 		return fail(err)
 	}
 	targets = append(targets, rlsTarget{"memory", "sluice", addr, true})
@@ -214,7 +224,7 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		addr := freeAddr()
-		if err := procs.start(ctx, "sluice-redis", nil, addr, "rls-server", addr, rulesPath, "redis://"+srv.Addr()+"/0"); err != nil {
+		if err := procs.start(ctx, "sluice-redis", profileEnv("sluice-redis"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers), addr, rulesPath, "redis://"+srv.Addr()+"/0"); err != nil {
 			return fail(err)
 		}
 		targets = append(targets, rlsTarget{"redis", "envoyproxy/ratelimit", envoyAddr, false}, rlsTarget{"redis", "sluice", addr, true})
@@ -511,11 +521,26 @@ func (c *children) start(ctx context.Context, name string, env []string, addr st
 	}
 }
 
+// stop asks every child to end (SIGTERM: a sluice service then writes its CPU
+// profile), and kills those still running after a few seconds.
 func (c *children) stop() {
 	for _, p := range c.procs {
+		_ = p.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, p := range c.procs {
+		for time.Now().Before(deadline) {
+			if p.Process.Signal(syscall.Signal(0)) != nil {
+				break // gone
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		_ = p.Process.Kill()
 	}
 }
+
+// cpuProfileEnv names the file where an rls-server child writes its CPU profile.
+const cpuProfileEnv = "SLUICE_BENCH_CPUPROFILE"
 
 // tail is the end of a child's log, for an error message.
 func tail(path string) string {
@@ -531,8 +556,15 @@ func tail(path string) string {
 // limit service of package ingress/envoy on the memory store, or on Redis when a URL
 // is given, as `sluice rls` builds it.
 func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rls-server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	headers := fs.Bool("headers", true, "fill response_headers_to_add")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	args = fs.Args()
 	if len(args) != 2 && len(args) != 3 {
-		fmt.Fprintln(stderr, "usage: sluice-bench rls-server ADDR RULES_FILE [REDIS_URL]")
+		fmt.Fprintln(stderr, "usage: sluice-bench rls-server [--headers=false] ADDR RULES_FILE [REDIS_URL]")
 		return exitUsage
 	}
 	data, err := os.ReadFile(args[1])
@@ -565,7 +597,20 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return exitFailure
 	}
-	srv := envoy.NewServer(envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log)), nil)
+	if path := os.Getenv(cpuProfileEnv); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return exitFailure
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, err)
+			return exitFailure
+		}
+		defer pprof.StopCPUProfile()
+	}
+	srv := envoy.NewServer(envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log), envoy.WithResponseHeaders(*headers)), nil)
 	go func() {
 		<-ctx.Done()
 		srv.Stop()

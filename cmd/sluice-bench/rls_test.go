@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +79,24 @@ func TestRLSJSON(t *testing.T) {
 	}
 }
 
+// TestRLSProfileNoHeaders runs the memory service without response headers and with
+// a CPU profile: the child writes the profile when the run ends it.
+func TestRLSProfileNoHeaders(t *testing.T) {
+	dir := t.TempDir()
+	out, errOut, code := benchRun(t, "rls", "--duration", "100ms", "--warmup", "0s", "--callers", "2", "--keys", "5",
+		"--redis=false", "--headers=false", "--cpuprofile", dir, "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, `"decisions_per_second"`) {
+		t.Errorf("no results: %s", out)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "sluice-memory.pprof"))
+	if err != nil || fi.Size() == 0 {
+		t.Fatalf("no CPU profile of the service: %v", err)
+	}
+}
+
 func TestRLSUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"rls", "--duration", "0s"},
@@ -86,6 +106,7 @@ func TestRLSUsage(t *testing.T) {
 		{"rls", "--envoy-env", "NOEQUALS"},
 		{"rls", "extra"},
 		{"rls-server"},
+		{"rls-server", "--headers=maybe", "127.0.0.1:0", "rules.yaml"},
 		{"rls-server", "127.0.0.1:0", "/nonexistent/rules.yaml"},
 		{"envoy-ratelimit", "extra"},
 	} {
