@@ -234,6 +234,10 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
+	procs.stop() // the services say how many decisions they made without Redis
+	if n := fallbacksIn(filepath.Join(dir, "sluice-redis.log")); n > 0 {
+		fmt.Fprintf(stderr, "sluice-bench: warning: sluice (redis) decided %d calls without Redis (too slow: its failure mode decided in-process); the figures include them\n", n)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -590,6 +594,7 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		defer client.Close()
 		r := limiter.NewRedis(client, limiter.WithRedisLogger(log))
 		defer r.Close()
+		defer func() { fmt.Fprintf(stderr, "%s %d\n", fallbacksLine, r.Fallbacks()) }()
 		store = r
 	}
 	ln, err := net.Listen("tcp", args[0])
@@ -620,6 +625,22 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return exitFailure
 	}
 	return exitOK
+}
+
+// fallbacksLine starts the line where an rls-server on Redis reports, as it ends, how
+// many decisions it made without Redis.
+const fallbacksLine = "sluice-bench: decisions without redis:"
+
+// fallbacksIn reads that count from an rls-server's log (0 when absent).
+func fallbacksIn(logPath string) int64 {
+	b, _ := os.ReadFile(logPath)
+	var n int64
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, fallbacksLine+" "); ok {
+			n, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return n
 }
 
 // runEnvoyRatelimit is the peer of the rls mode, a process of its own:

@@ -130,3 +130,27 @@ func TestQuantile(t *testing.T) {
 		t.Errorf("one sample: %v", got)
 	}
 }
+
+func TestFallbacksIn(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		log  string
+		want int64
+	}{
+		{"", 0},
+		{"level=WARN msg=\"redis is down\"\n" + fallbacksLine + " 17\n", 17},
+		{fallbacksLine + " 0\n", 0},
+		{fallbacksLine + " x\n", 0},
+	} {
+		path := filepath.Join(dir, "sluice-redis.log")
+		if err := os.WriteFile(path, []byte(tc.log), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := fallbacksIn(path); got != tc.want {
+			t.Errorf("%q: %d, want %d", tc.log, got, tc.want)
+		}
+	}
+	if got := fallbacksIn(filepath.Join(dir, "missing.log")); got != 0 {
+		t.Errorf("missing log: %d", got)
+	}
+}
