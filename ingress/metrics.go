@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,7 +22,7 @@ const (
 	OutcomeError        = "error"           // the limiter failed and the rule's failure mode decided
 )
 
-var outcomes = []string{OutcomeAllowed, OutcomeRejected, OutcomeDeferred, OutcomeShadowDenied, OutcomeError}
+var outcomes = [...]string{OutcomeAllowed, OutcomeRejected, OutcomeDeferred, OutcomeShadowDenied, OutcomeError}
 
 var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
 
@@ -32,7 +34,14 @@ var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
 type DecisionMetrics struct {
 	decisions        *prometheus.CounterVec
 	decisionDuration prometheus.Histogram
+	// byRule caches the counters of the rules initRules created (rule name →
+	// *ruleCounters), which WithLabelValues would otherwise hash and look up on
+	// every decision. Rule names are bounded as the labels are.
+	byRule sync.Map
 }
+
+// ruleCounters are one rule's counters, one per outcome, in the order of outcomes.
+type ruleCounters [len(outcomes)]prometheus.Counter
 
 type metrics = DecisionMetrics
 
@@ -43,6 +52,15 @@ func NewDecisionMetrics(reg prometheus.Registerer) (*DecisionMetrics, error) { r
 
 // Count counts one decision of rule with outcome (one of the Outcome constants).
 func (m *DecisionMetrics) Count(rule, outcome string) {
+	i := slices.Index(outcomes[:], outcome)
+	if i < 0 {
+		m.decisions.WithLabelValues(rule, outcome).Inc()
+		return
+	}
+	if c, ok := m.byRule.Load(rule); ok {
+		c.(*ruleCounters)[i].Inc()
+		return
+	}
 	m.decisions.WithLabelValues(rule, outcome).Inc()
 }
 
@@ -149,9 +167,11 @@ func (t instrumentedTransport) RoundTrip(r *http.Request) (*http.Response, error
 // the first decision.
 func (m *metrics) initRules(set *rules.Set) {
 	for _, r := range set.Rules() {
-		for _, o := range outcomes {
-			m.decisions.WithLabelValues(r.Name, o)
+		var c ruleCounters
+		for i, o := range outcomes {
+			c[i] = m.decisions.WithLabelValues(r.Name, o)
 		}
+		m.byRule.Store(r.Name, &c)
 	}
 }
 

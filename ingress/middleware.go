@@ -364,15 +364,34 @@ func (v *verdict) writeHeaders(h http.Header) {
 // and RateLimit (draft-ietf-httpapi-ratelimit-headers-11) for decision d of
 // rule.Limits[limit].
 func WriteRateLimitHeaders(h http.Header, rule *rules.Rule, limit int, d limiter.Decision) {
+	f := RateLimitFieldsOf(rule, limit, d)
+	h.Set("X-Ratelimit-Limit", f.Limit)
+	h.Set("X-Ratelimit-Remaining", f.Remaining)
+	if f.Policy != "" {
+		h.Set("RateLimit-Policy", f.Policy)
+	}
+	if f.RateLimit != "" {
+		h.Set("RateLimit", f.RateLimit)
+	}
+}
+
+// RateLimitFields are the values of the rate-limit headers of one decision.
+type RateLimitFields struct {
+	Limit, Remaining string // X-Ratelimit-Limit, X-Ratelimit-Remaining
+	// Policy and RateLimit are the draft's RateLimit-Policy and RateLimit; empty when
+	// the rule's name cannot be written in them.
+	Policy, RateLimit string
+}
+
+// RateLimitFieldsOf returns the header values WriteRateLimitHeaders sets for
+// decision d of rule.Limits[limit], for callers that do not write an http.Header
+// (the Envoy services).
+func RateLimitFieldsOf(rule *rules.Rule, limit int, d limiter.Decision) RateLimitFields {
 	l := rule.Limits[limit]
-	h.Set("X-Ratelimit-Limit", strconv.FormatInt(d.Limit, 10))
-	h.Set("X-Ratelimit-Remaining", strconv.FormatInt(d.Remaining, 10))
-	if p, err := FormatPolicy(Policy{Name: rule.Name, Quota: d.Limit, Window: QuotaWindow(l)}); err == nil {
-		h.Set("RateLimit-Policy", p)
-	}
-	if s, err := FormatRateLimit(Status{Name: rule.Name, Remaining: d.Remaining, Reset: d.ResetAfter}); err == nil {
-		h.Set("RateLimit", s)
-	}
+	f := RateLimitFields{Limit: strconv.FormatInt(d.Limit, 10), Remaining: strconv.FormatInt(d.Remaining, 10)}
+	f.Policy, _ = FormatPolicy(Policy{Name: rule.Name, Quota: d.Limit, Window: QuotaWindow(l)})
+	f.RateLimit, _ = FormatRateLimit(Status{Name: rule.Name, Remaining: d.Remaining, Reset: d.ResetAfter})
+	return f
 }
 
 // QuotaWindow is the time over which a limit grants its whole quota: the window, or

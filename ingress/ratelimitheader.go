@@ -36,7 +36,8 @@ const maxSFInteger = 999_999_999_999_999
 // FormatPolicy serialises RateLimit-Policy. It fails only for a name that is not a
 // valid sf-string (printable ASCII).
 func FormatPolicy(policies ...Policy) (string, error) {
-	var b []byte
+	var buf [96]byte // one policy fits: the field costs one allocation
+	b := buf[:0]
 	for i, p := range policies {
 		var err error
 		if b, err = appendItem(b, i, p.Name); err != nil {
@@ -53,7 +54,8 @@ func FormatPolicy(policies ...Policy) (string, error) {
 
 // FormatRateLimit serialises RateLimit.
 func FormatRateLimit(statuses ...Status) (string, error) {
-	var b []byte
+	var buf [96]byte
+	b := buf[:0]
 	for i, s := range statuses {
 		var err error
 		if b, err = appendItem(b, i, s.Name); err != nil {

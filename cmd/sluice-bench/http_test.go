@@ -3,13 +3,19 @@ package main
 import (
 	"context"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"testing"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(childEnv) != "" { // started by the http mode as its upstream or proxy
-		os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	if os.Getenv(childEnv) != "" { // started by the http or rls mode as one of its servers
+		// As main: SIGTERM ends the mode (an rls-server then writes its CPU profile).
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
 }

@@ -38,7 +38,7 @@ var modes = []struct {
 	{"upstream", "a small HTTP server answering {\"ok\":true}: sluice-bench upstream ADDR", runUpstream},
 	{"plain-proxy", "a plain httputil.ReverseProxy: sluice-bench plain-proxy ADDR UPSTREAM_URL", runPlainProxy},
 	// The services that the rls mode runs as processes of their own.
-	{"rls-server", "sluice's rate limit service alone: sluice-bench rls-server ADDR RULES_FILE [REDIS_URL]", runRLSServer},
+	{"rls-server", "sluice's rate limit service alone: sluice-bench rls-server [--headers=false] ADDR RULES_FILE [REDIS_URL]", runRLSServer},
 	{"envoy-ratelimit", "envoyproxy/ratelimit's service, configured by its environment variables", runEnvoyRatelimit},
 }
 

@@ -15,11 +15,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -136,6 +138,8 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var envoyEnv envList
 	fs.Var(&envoyEnv, "envoy-env", "a setting of envoyproxy/ratelimit, `KEY=VALUE` (repeatable), e.g. REDIS_PIPELINE_WINDOW=150us")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	headers := fs.Bool("headers", true, "sluice fills response_headers_to_add (its default; envoyproxy/ratelimit adds none): --headers=false measures both without")
+	cpuProfiles := fs.String("cpuprofile", "", "write a CPU profile of each sluice service process, over the whole run, to `DIR`/sluice-STORE.pprof")
 	if code, done := parseModeFlags(fs, args, rlsHelp, stdout); done {
 		return code
 	}
@@ -179,11 +183,17 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	procs := &children{dir: dir}
 	defer procs.stop()
+	profileEnv := func(name string) []string {
+		if *cpuProfiles == "" {
+			return nil
+		}
+		return []string{cpuProfileEnv + "=" + filepath.Join(*cpuProfiles, name+".pprof")}
+	}
 
 	fmt.Fprintln(stderr, "sluice-bench rls: starting the services…")
 	var targets []rlsTarget
 	addr := freeAddr()
-	if err := procs.start(ctx, "sluice-memory", nil, addr, "rls-server", addr, rulesPath); err != nil {
+	if err := procs.start(ctx, "sluice-memory", profileEnv("sluice-memory"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers), addr, rulesPath); err != nil {
 		return fail(err)
 	}
 	targets = append(targets, rlsTarget{"memory", "sluice", addr, true})
@@ -215,7 +225,7 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		addr := freeAddr()
-		if err := procs.start(ctx, "sluice-redis", nil, addr, "rls-server", addr, rulesPath, "redis://"+srv.Addr()+"/0"); err != nil {
+		if err := procs.start(ctx, "sluice-redis", profileEnv("sluice-redis"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers), addr, rulesPath, "redis://"+srv.Addr()+"/0"); err != nil {
 			return fail(err)
 		}
 		targets = append(targets, rlsTarget{"redis", "envoyproxy/ratelimit", envoyAddr, false}, rlsTarget{"redis", "sluice", addr, true})
@@ -224,6 +234,10 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	results, err := measureRLS(ctx, cfg, targets, stderr)
 	if err != nil {
 		return fail(err)
+	}
+	procs.stop() // the services say how many decisions they made without Redis
+	if n := fallbacksIn(filepath.Join(dir, "sluice-redis.log")); n > 0 {
+		fmt.Fprintf(stderr, "sluice-bench: warning: sluice (redis) decided %d calls without Redis (too slow: its failure mode decided in-process); the figures include them\n", n)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -512,11 +526,26 @@ func (c *children) start(ctx context.Context, name string, env []string, addr st
 	}
 }
 
+// stop asks every child to end (SIGTERM: a sluice service then writes its CPU
+// profile), and kills those still running after a few seconds.
 func (c *children) stop() {
 	for _, p := range c.procs {
+		_ = p.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, p := range c.procs {
+		for time.Now().Before(deadline) {
+			if p.Process.Signal(syscall.Signal(0)) != nil {
+				break // gone
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		_ = p.Process.Kill()
 	}
 }
+
+// cpuProfileEnv names the file where an rls-server child writes its CPU profile.
+const cpuProfileEnv = "SLUICE_BENCH_CPUPROFILE"
 
 // tail is the end of a child's log, for an error message.
 func tail(path string) string {
@@ -532,8 +561,15 @@ func tail(path string) string {
 // limit service of package ingress/envoy on the memory store, or on Redis when a URL
 // is given, as `sluice rls` builds it.
 func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
+	fs := flag.NewFlagSet("rls-server", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	headers := fs.Bool("headers", true, "fill response_headers_to_add")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	args = fs.Args()
 	if len(args) != 2 && len(args) != 3 {
-		fmt.Fprintln(stderr, "usage: sluice-bench rls-server ADDR RULES_FILE [REDIS_URL]")
+		fmt.Fprintln(stderr, "usage: sluice-bench rls-server [--headers=false] ADDR RULES_FILE [REDIS_URL]")
 		return exitUsage
 	}
 	data, err := os.ReadFile(args[1])
@@ -559,6 +595,7 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		defer client.Close()
 		r := limiter.NewRedis(client, limiter.WithRedisLogger(log))
 		defer r.Close()
+		defer func() { fmt.Fprintf(stderr, "%s %d\n", fallbacksLine, r.Fallbacks()) }()
 		store = r
 	}
 	ln, err := net.Listen("tcp", args[0])
@@ -566,7 +603,20 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return exitFailure
 	}
-	rls, err := envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log))
+	if path := os.Getenv(cpuProfileEnv); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return exitFailure
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(stderr, err)
+			return exitFailure
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rls, err := envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log), envoy.WithResponseHeaders(*headers))
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return exitFailure
@@ -581,6 +631,22 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return exitFailure
 	}
 	return exitOK
+}
+
+// fallbacksLine starts the line where an rls-server on Redis reports, as it ends, how
+// many decisions it made without Redis.
+const fallbacksLine = "sluice-bench: decisions without redis:"
+
+// fallbacksIn reads that count from an rls-server's log (0 when absent).
+func fallbacksIn(logPath string) int64 {
+	b, _ := os.ReadFile(logPath)
+	var n int64
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, fallbacksLine+" "); ok {
+			n, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return n
 }
 
 // runEnvoyRatelimit is the peer of the rls mode, a process of its own:

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +79,24 @@ func TestRLSJSON(t *testing.T) {
 	}
 }
 
+// TestRLSProfileNoHeaders runs the memory service without response headers and with
+// a CPU profile: the child writes the profile when the run ends it.
+func TestRLSProfileNoHeaders(t *testing.T) {
+	dir := t.TempDir()
+	out, errOut, code := benchRun(t, "rls", "--duration", "100ms", "--warmup", "0s", "--callers", "2", "--keys", "5",
+		"--redis=false", "--headers=false", "--cpuprofile", dir, "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, `"decisions_per_second"`) {
+		t.Errorf("no results: %s", out)
+	}
+	fi, err := os.Stat(filepath.Join(dir, "sluice-memory.pprof"))
+	if err != nil || fi.Size() == 0 {
+		t.Fatalf("no CPU profile of the service: %v", err)
+	}
+}
+
 func TestRLSUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"rls", "--duration", "0s"},
@@ -86,6 +106,7 @@ func TestRLSUsage(t *testing.T) {
 		{"rls", "--envoy-env", "NOEQUALS"},
 		{"rls", "extra"},
 		{"rls-server"},
+		{"rls-server", "--headers=maybe", "127.0.0.1:0", "rules.yaml"},
 		{"rls-server", "127.0.0.1:0", "/nonexistent/rules.yaml"},
 		{"envoy-ratelimit", "extra"},
 	} {
@@ -107,5 +128,29 @@ func TestQuantile(t *testing.T) {
 	}
 	if got := quantile([]time.Duration{7}, 0.99); got != 7 {
 		t.Errorf("one sample: %v", got)
+	}
+}
+
+func TestFallbacksIn(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		log  string
+		want int64
+	}{
+		{"", 0},
+		{"level=WARN msg=\"redis is down\"\n" + fallbacksLine + " 17\n", 17},
+		{fallbacksLine + " 0\n", 0},
+		{fallbacksLine + " x\n", 0},
+	} {
+		path := filepath.Join(dir, "sluice-redis.log")
+		if err := os.WriteFile(path, []byte(tc.log), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := fallbacksIn(path); got != tc.want {
+			t.Errorf("%q: %d, want %d", tc.log, got, tc.want)
+		}
+	}
+	if got := fallbacksIn(filepath.Join(dir, "missing.log")); got != 0 {
+		t.Errorf("missing log: %d", got)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -122,15 +123,17 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 	if old := s.seen.Load(); old != set && s.seen.CompareAndSwap(old, set) {
 		s.metrics.InitRules(set)
 	}
+	entries := make([]rules.Entry, 0, 2*len(req.Descriptors))
 	descs := make([][]rules.Entry, len(req.Descriptors))
 	for i, d := range req.Descriptors {
-		descs[i] = make([]rules.Entry, len(d.Entries))
-		for j, e := range d.Entries {
-			descs[i][j] = rules.Entry{Key: e.Key, Value: e.Value}
+		from := len(entries)
+		for _, e := range d.Entries {
+			entries = append(entries, rules.Entry{Key: e.Key, Value: e.Value})
 		}
+		descs[i] = entries[from:len(entries):len(entries)]
 	}
 	byDesc := make([]*rules.Check, len(descs))
-	checks := set.Evaluate(req.Domain, descs, nil)
+	checks := set.Evaluate(req.Domain, descs, make([]rules.Check, 0, len(descs)))
 	for i := range checks {
 		byDesc[checks[i].Descriptor] = &checks[i]
 	}
@@ -190,12 +193,11 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.headers && near.rule != nil {
-		h := http.Header{}
-		ingress.WriteRateLimitHeaders(h, near.rule, near.limit, near.d)
+		var wait string
 		if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
-			ingress.SetRetryAfter(h, retryAfter)
+			wait = strconv.FormatInt(ingress.RetryAfterSeconds(retryAfter), 10)
 		}
-		resp.ResponseHeadersToAdd = headerValues(h)
+		resp.ResponseHeadersToAdd = rateLimitHeaders(ingress.RateLimitFieldsOf(near.rule, near.limit, near.d), wait)
 	}
 	s.metrics.Observe(time.Since(start))
 	return resp, nil
@@ -336,6 +338,28 @@ func currentLimit(name string, l limiter.Limit) *rlsv3.RateLimitResponse_RateLim
 			break
 		}
 	}
+	return out
+}
+
+// rateLimitHeaders is Envoy's header list of f, and of Retry-After and
+// X-Ratelimit-Retry-After when retryAfter is not empty: what headerValues makes of
+// the http.Header that ingress.WriteRateLimitHeaders and ingress.SetRetryAfter fill,
+// in the same order, without the map (this is every call's cost).
+func rateLimitHeaders(f ingress.RateLimitFields, retryAfter string) []*corev3.HeaderValue {
+	var all [6]corev3.HeaderValue
+	out := make([]*corev3.HeaderValue, 0, len(all))
+	add := func(k, v string) {
+		if v != "" {
+			all[len(out)] = corev3.HeaderValue{Key: k, Value: v}
+			out = append(out, &all[len(out)])
+		}
+	}
+	add("ratelimit", f.RateLimit)
+	add("ratelimit-policy", f.Policy)
+	add("retry-after", retryAfter)
+	add("x-ratelimit-limit", f.Limit)
+	add("x-ratelimit-remaining", f.Remaining)
+	add("x-ratelimit-retry-after", retryAfter)
 	return out
 }
 

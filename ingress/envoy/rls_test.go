@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -516,5 +517,64 @@ func TestNewRateLimitServiceBadOptions(t *testing.T) {
 		if s, err := NewRateLimitService(tt.src, tt.lim, tt.opts...); err == nil || s != nil {
 			t.Errorf("%s: NewRateLimitService = %v, %v; want an error", tt.name, s, err)
 		}
+	}
+}
+
+// TestRateLimitHeadersAsHTTPHeader pins rateLimitHeaders, which ShouldRateLimit uses
+// to skip the http.Header, to the list the front door's own header writers give.
+func TestRateLimitHeadersAsHTTPHeader(t *testing.T) {
+	set := parseRules(t, `
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_user}
+  - key: multi
+    rate_limits:
+      - {unit: hour, requests_per_unit: 100}
+      - {window: 30s, requests_per_unit: 2}
+  - key: bucket
+    rate_limit: {unit: second, requests_per_unit: 10}
+    algorithm: token_bucket
+    burst: 20
+`)
+	ruleOf := func(key string) *rules.Rule {
+		cs := set.Evaluate("api", [][]rules.Entry{{{Key: key, Value: "v"}}}, nil)
+		if len(cs) != 1 {
+			t.Fatalf("%s: %d checks", key, len(cs))
+		}
+		return cs[0].Rule
+	}
+	for _, tc := range []struct {
+		name, key  string
+		limit      int
+		d          limiter.Decision
+		retryAfter time.Duration // > 0: over the limit
+	}{
+		{"allowed", "user", 0, limiter.Decision{Allowed: true, Limit: 3, Remaining: 2, ResetAfter: 40 * time.Second}, 0},
+		{"over", "user", 0, limiter.Decision{Limit: 3, Remaining: 0, RetryAfter: 1500 * time.Millisecond, ResetAfter: time.Minute}, 1500 * time.Millisecond},
+		{"second limit", "multi", 1, limiter.Decision{Allowed: true, Limit: 2, Remaining: 1, ResetAfter: 29 * time.Second}, 0},
+		{"bucket", "bucket", 0, limiter.Decision{Allowed: true, Limit: 20, Remaining: 19, ResetAfter: 100 * time.Millisecond}, 0},
+		{"huge", "user", 0, limiter.Decision{Allowed: true, Limit: 1 << 60, Remaining: 1 << 60, ResetAfter: 1 << 62}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rule := ruleOf(tc.key)
+			h := http.Header{}
+			ingress.WriteRateLimitHeaders(h, rule, tc.limit, tc.d)
+			var wait string
+			if tc.retryAfter > 0 {
+				ingress.SetRetryAfter(h, tc.retryAfter)
+				wait = strconv.FormatInt(ingress.RetryAfterSeconds(tc.retryAfter), 10)
+			}
+			want := headerValues(h)
+			got := rateLimitHeaders(ingress.RateLimitFieldsOf(rule, tc.limit, tc.d), wait)
+			if len(got) != len(want) || len(want) < 4 {
+				t.Fatalf("got %v, want %v", got, want)
+			}
+			for i := range want {
+				if got[i].Key != want[i].Key || got[i].Value != want[i].Value {
+					t.Errorf("header %d: got %s: %q, want %s: %q", i, got[i].Key, got[i].Value, want[i].Key, want[i].Value)
+				}
+			}
+		})
 	}
 }
