@@ -22,7 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/rules/watch"
@@ -164,7 +164,7 @@ func exportedMetrics(t *testing.T) map[string]exportedMetric {
 
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	store := limiter.NewRedis(rdb, limiter.WithRedisRegisterer(rec), limiter.WithRedisLogger(log))
+	store := redisstore.New(rdb, redisstore.WithRegisterer(rec), redisstore.WithLogger(log))
 	t.Cleanup(func() { store.Close() })
 
 	if _, err := ingress.New(w, store, ingress.WithRegisterer(rec), ingress.WithLogger(log)); err != nil {

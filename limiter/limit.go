@@ -1,5 +1,6 @@
-// Package limiter implements sluice's rate-limit algorithms and the stores that keep
-// their state: an in-process sharded memory store and a Redis store shared by replicas.
+// Package limiter implements sluice's rate-limit algorithms and an in-process sharded
+// memory store that keeps their state; limiter/redisstore is a store shared by replicas
+// through Redis.
 //
 // Every algorithm works on time in whole microseconds and keeps, per key, the latest
 // time it has seen: a clock that steps backwards is read as "no time has passed", so it
@@ -12,6 +13,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
 
 // Algorithm names one of the rate-limit algorithms. The names are the ones rules files use.
@@ -100,10 +103,6 @@ func (l Limit) Capacity() int64 {
 // ErrInvalidLimit is wrapped by every error about a malformed Limit or request size.
 var ErrInvalidLimit = errors.New("invalid limit")
 
-// maxMicros bounds every quantity that reaches the Redis scripts, whose numbers are
-// doubles: integers are exact only below 2^53.
-const maxMicros = 1 << 53
-
 // Validate reports what is wrong with l, wrapping ErrInvalidLimit.
 func (l Limit) Validate() error {
 	switch {
@@ -115,13 +114,22 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("%w: period must be at least 1µs, got %v", ErrInvalidLimit, l.Period)
 	case l.Burst < 0:
 		return fmt.Errorf("%w: burst must not be negative, got %d", ErrInvalidLimit, l.Burst)
-	case l.Rate >= maxMicros || l.Burst >= maxMicros || l.Period.Microseconds() >= maxMicros:
+	case l.Rate >= algo.MaxMicros || l.Burst >= algo.MaxMicros || l.Period.Microseconds() >= algo.MaxMicros:
 		return fmt.Errorf("%w: rate, burst or period too large", ErrInvalidLimit)
 	}
 	if !l.FailureMode.known() {
 		return fmt.Errorf("%w: unknown failure mode %q", ErrInvalidLimit, l.FailureMode)
 	}
 	return nil
+}
+
+// ValidateRequest reports what is wrong with a request of n units under l: n below 1,
+// or what Validate reports. Stores call it before deciding.
+func (l Limit) ValidateRequest(n int64) error {
+	if n < 1 {
+		return fmt.Errorf("%w: n must be at least 1, got %d", ErrInvalidLimit, n)
+	}
+	return l.Validate()
 }
 
 // known reports whether m is a failure mode or empty.

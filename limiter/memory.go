@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
 
 // Memory is an in-process store. Keys are spread over shards, each with its own lock;
@@ -36,8 +38,8 @@ type memoryShard struct {
 	table []slot // a power of two of slots, at most 13/16 used; nil until the first key
 	used  int
 
-	logs     []timeLog // sliding window logs, by slot.log-1
-	freeLogs []int32   // indices of unused logs
+	logs     []algo.TimeLog // sliding window logs, by slot.log-1
+	freeLogs []int32        // indices of unused logs
 
 	_ [40]byte // keep neighbouring shards' locks off one cache line
 }
@@ -56,15 +58,15 @@ type memoryShard struct {
 // seeds are what keeps clients from steering keys into one another, as they do for
 // Go's own maps.
 type slot struct {
-	id    uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
-	check uint32 // the key's second hash
-	log   int32  // sliding window log: 1 + its index in the shard's logs; 0: none
-	state        // 48 bytes
+	id         uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
+	check      uint32 // the key's second hash
+	log        int32  // sliding window log: 1 + its index in the shard's logs; 0: none
+	algo.State        // 48 bytes
 }
 
 const idMask = ^uint64(0xff) // the bits of a slot's id that come from the key's hash
 
-func (s *slot) algorithm() algo { return algo(s.id) }
+func (s *slot) algorithm() algo.Algo { return algo.Algo(s.id) }
 
 // home is the slot where probing for hash h starts, in a table of mask+1 slots.
 func home(h, mask uint64) uint64 { return (h >> 8) & mask }
@@ -131,17 +133,35 @@ func monotonicMicros() func() int64 {
 
 // AllowN implements Limiter. It returns an error only for an invalid limit or n < 1.
 func (m *Memory) AllowN(_ context.Context, key string, l Limit, n int64) (d Decision, err error) {
-	var p params
-	if err = p.from(&l, n); err != nil {
+	var p algo.Params
+	if err = paramsOf(&p, &l, n); err != nil {
 		return d, err
 	}
 	// Any n above the capacity gets the same decision; capping it keeps the
 	// algorithms' sums from overflowing (the Redis store does the same).
-	m.decide(key, &p, min(n, p.capacity+1)).fill(&d, p.capacity)
+	fill(&d, m.decide(key, &p, min(n, p.Capacity+1)), p.Capacity)
 	return d, nil
 }
 
-func (m *Memory) decide(key string, p *params, n int64) outcome {
+// paramsOf checks a request of n units under l and sets p to l's params.
+func paramsOf(p *algo.Params, l *Limit, n int64) error {
+	if !p.Set(string(l.Algorithm), l.Rate, l.Period, l.Burst, l.ForgiveRejected, n) || !l.FailureMode.known() {
+		return l.ValidateRequest(n)
+	}
+	return nil
+}
+
+// fill sets d to o. Writing a Decision field by field spares the hot path a copy of
+// the whole struct, whose wide loads stall on the narrow stores that built it.
+func fill(d *Decision, o algo.Outcome, capacity int64) {
+	d.Allowed = o.Allowed
+	d.Limit = capacity
+	d.Remaining = o.Remaining
+	d.RetryAfter = algo.Duration(o.RetryAfter)
+	d.ResetAfter = algo.Duration(o.ResetAfter)
+}
+
+func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 	h := maphash.String(m.seed, key)
 	check := uint32(maphash.String(m.checkSeed, key))
 	now := m.now()
@@ -151,18 +171,18 @@ func (m *Memory) decide(key string, p *params, n int64) outcome {
 	if i := sh.find(h, check); i >= 0 {
 		s = &sh.table[i]
 	} else {
-		s = m.insert(sh, h, check, p.algorithm, now)
+		s = m.insert(sh, h, check, p.Algorithm, now)
 	}
-	if s.algorithm() != p.algorithm {
+	if s.algorithm() != p.Algorithm {
 		sh.freeLog(s)
-		s.id = h&idMask | uint64(p.algorithm)
-		s.state = state{}
+		s.id = h&idMask | uint64(p.Algorithm)
+		s.State = algo.State{}
 	}
-	var log *timeLog
-	if p.algorithm == algoSlidingWindowLog {
+	var log *algo.TimeLog
+	if p.Algorithm == algo.SlidingWindowLog {
 		log = sh.logOf(s)
 	}
-	o := s.decide(p, now, n, log)
+	o := s.Decide(p, now, n, log)
 	sh.mu.Unlock()
 	return o
 }
@@ -189,7 +209,7 @@ func (sh *memoryShard) find(h uint64, check uint32) int {
 // the key's home slot on, which the lookup has just brought into the cache): those
 // whose state is fresh again are dropped, and if the shard is full the one that
 // becomes fresh soonest is evicted.
-func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo, now int64) *slot {
+func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, now int64) *slot {
 	if sh.used > 0 {
 		type ref struct {
 			id    uint64
@@ -202,11 +222,11 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo, now int
 		i, seen := home(h, mask), 0
 		for range sh.table {
 			if s := &sh.table[i]; s.id != 0 {
-				if s.expires <= now {
+				if s.Expires <= now {
 					expired[nexpired] = ref{s.id, s.check}
 					nexpired++
-				} else if victim.id == 0 || s.expires < victimExpires {
-					victim, victimExpires = ref{s.id, s.check}, s.expires
+				} else if victim.id == 0 || s.Expires < victimExpires {
+					victim, victimExpires = ref{s.id, s.check}, s.Expires
 				}
 				if seen++; seen == sampleSize {
 					break
@@ -273,13 +293,13 @@ func (sh *memoryShard) remove(id uint64, check uint32) {
 }
 
 // logOf returns the sliding window log of s, making it if s has none.
-func (sh *memoryShard) logOf(s *slot) *timeLog {
+func (sh *memoryShard) logOf(s *slot) *algo.TimeLog {
 	if s.log == 0 {
 		if n := len(sh.freeLogs); n > 0 {
 			s.log = sh.freeLogs[n-1] + 1
 			sh.freeLogs = sh.freeLogs[:n-1]
 		} else {
-			sh.logs = append(sh.logs, timeLog{})
+			sh.logs = append(sh.logs, algo.TimeLog{})
 			s.log = int32(len(sh.logs))
 		}
 	}
@@ -291,7 +311,7 @@ func (sh *memoryShard) freeLog(s *slot) {
 	if s.log == 0 {
 		return
 	}
-	sh.logs[s.log-1] = timeLog{}
+	sh.logs[s.log-1] = algo.TimeLog{}
 	sh.freeLogs = append(sh.freeLogs, s.log-1)
 	s.log = 0
 }

@@ -2,7 +2,10 @@ package limiter
 
 import (
 	"math/rand/v2"
+	"reflect"
 	"testing"
+
+	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
 
 // TestMemoryTable drives a shard's table through random inserts and removals, with
@@ -29,8 +32,8 @@ func TestMemoryTable(t *testing.T) {
 			if sh.find(k.id, k.check) >= 0 {
 				t.Fatalf("step %d: %v found before it was inserted", step, k)
 			}
-			s := m.insert(sh, k.id, k.check, algoFixedWindow, 0)
-			s.count, s.expires = int64(step), 1<<62 // never dropped as fresh
+			s := m.insert(sh, k.id, k.check, algo.FixedWindow, 0)
+			s.Count, s.Expires = int64(step), 1<<62 // never dropped as fresh
 
 			want[k] = int64(step)
 			keys = append(keys, k)
@@ -50,8 +53,8 @@ func TestMemoryTable(t *testing.T) {
 			if i < 0 {
 				t.Fatalf("step %d: %v lost", step, k)
 			}
-			if s := &sh.table[i]; s.count != count || s.algorithm() != algoFixedWindow {
-				t.Fatalf("step %d: %v has count %d, algorithm %d; want %d", step, k, s.count, s.algorithm(), count)
+			if s := &sh.table[i]; s.Count != count || s.algorithm() != algo.FixedWindow {
+				t.Fatalf("step %d: %v has count %d, algorithm %d; want %d", step, k, s.Count, s.algorithm(), count)
 			}
 		}
 		if len(sh.table) > 256 {
@@ -66,8 +69,8 @@ func TestMemoryLogsAreReleased(t *testing.T) {
 	now := int64(0)
 	m := NewMemory(WithShards(1))
 	m.now = func() int64 { return now }
-	log := params{algorithm: algoSlidingWindowLog, rate: 100, period: 1000, capacity: 100}
-	window := params{algorithm: algoFixedWindow, rate: 100, period: 1000, capacity: 100}
+	log := algo.Params{Algorithm: algo.SlidingWindowLog, Rate: 100, Period: 1000, Capacity: 100}
+	window := algo.Params{Algorithm: algo.FixedWindow, Rate: 100, Period: 1000, Capacity: 100}
 	sh := &m.shards[0]
 	m.decide("a", &log, 5)
 	m.decide("b", &log, 5)
@@ -75,7 +78,7 @@ func TestMemoryLogsAreReleased(t *testing.T) {
 		t.Fatalf("%d logs, %d free; want 2, 0", len(sh.logs), len(sh.freeLogs))
 	}
 	m.decide("a", &window, 1)
-	if len(sh.freeLogs) != 1 || sh.logs[sh.freeLogs[0]].buf != nil {
+	if len(sh.freeLogs) != 1 || !reflect.DeepEqual(sh.logs[sh.freeLogs[0]], algo.TimeLog{}) {
 		t.Fatalf("a changed algorithm but its log was kept: %d free", len(sh.freeLogs))
 	}
 	m.decide("c", &log, 1) // reuses a's log
@@ -91,5 +94,27 @@ func TestMemoryLogsAreReleased(t *testing.T) {
 	}
 	if len(sh.freeLogs) != 2 {
 		t.Fatalf("%d logs free, want 2", len(sh.freeLogs))
+	}
+}
+
+// TestAlgorithmNumbers checks that the algorithms' core knows every Algorithm by its
+// name, and that its never is Never.
+func TestAlgorithmNumbers(t *testing.T) {
+	seen := map[algo.Algo]bool{}
+	for _, a := range Algorithms {
+		n := algo.Of(string(a))
+		if n == algo.None || seen[n] {
+			t.Errorf("algo.Of(%q) = %d", a, n)
+		}
+		seen[n] = true
+		if n.Bucket() != (a == TokenBucket || a == LeakyBucket) {
+			t.Errorf("%s: Bucket() = %v", a, n.Bucket())
+		}
+	}
+	if algo.Of("token-bucket") != algo.None {
+		t.Error("algo.Of knows a misspelt name")
+	}
+	if algo.Duration(algo.Never) != Never {
+		t.Errorf("algo.Duration(algo.Never) = %v, want Never", algo.Duration(algo.Never))
 	}
 }

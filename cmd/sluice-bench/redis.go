@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/cmd/internal/rediskeys"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 )
 
 // redisPoolSize is the connection pool of the benchmark's client unless the URL sets
@@ -33,7 +33,7 @@ func redisScenarios(ctx context.Context, cfg limiterConfig) ([]scenario, func() 
 	if opts.PoolSize == 0 {
 		opts.PoolSize = redisPoolSize
 	}
-	// As limiter.NewRedis asks: calls bounded by their context's deadline, which lets
+	// As redisstore.New asks: calls bounded by their context's deadline, which lets
 	// a lone caller call Redis itself instead of handing its decision to a worker.
 	// redis_rate's calls carry no deadline, so this changes nothing for it.
 	opts.ContextTimeoutEnabled = true
@@ -63,8 +63,8 @@ func redisScenarios(ctx context.Context, cfg limiterConfig) ([]scenario, func() 
 	}
 
 	sluiceRedis := contender{name: "sluice redis", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
-		store := limiter.NewRedis(client, limiter.WithKeyPrefix(prefix),
-			limiter.WithRedisLogger(slog.New(slog.NewTextHandler(os.Stderr, nil))))
+		store := redisstore.New(client, redisstore.WithKeyPrefix(prefix),
+			redisstore.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, nil))))
 		return func(id int) decideFunc {
 				ks, i := keys[id], 0
 				return func(ctx context.Context) (bool, error) {

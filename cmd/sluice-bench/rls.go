@@ -35,6 +35,7 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/envoy"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/limiter/redistest"
 	"github.com/sluicehq/sluice/queue/natstest/childproc"
 	"github.com/sluicehq/sluice/rules"
@@ -593,7 +594,7 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		opts.ContextTimeoutEnabled = true // as sluice's --redis client
 		client := redis.NewClient(opts)
 		defer client.Close()
-		r := limiter.NewRedis(client, limiter.WithRedisLogger(log))
+		r := redisstore.New(client, redisstore.WithLogger(log))
 		defer r.Close()
 		defer func() { fmt.Fprintf(stderr, "%s %d\n", fallbacksLine, r.Fallbacks()) }()
 		store = r

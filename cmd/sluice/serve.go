@@ -34,6 +34,7 @@ import (
 	"github.com/sluicehq/sluice/ingress/envoy"
 	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/rules/watch"
 )
@@ -307,7 +308,7 @@ type gateway struct {
 	log     *slog.Logger
 	watcher *watch.Watcher
 	redis   redis.UniversalClient
-	store   *limiter.Redis
+	store   *redisstore.Store
 	nats    *natsConn
 	queues  *queues // nil in rls
 	// declaring is queues once reloads may declare through it (Prepare).
@@ -472,8 +473,8 @@ func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Def
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {
-		g.store = limiter.NewRedis(g.redis, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(g.log),
-			limiter.WithRedisTimeout(g.cfg.front.redis.timeout))
+		g.store = redisstore.New(g.redis, redisstore.WithRegisterer(reg), redisstore.WithLogger(g.log),
+			redisstore.WithTimeout(g.cfg.front.redis.timeout))
 		store = g.store
 		g.deps.Add("redis", g.redisHealth)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/cmd/internal/rediskeys"
-	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 )
 
 // redisSimulateTimeout bounds each decision of a simulation on Redis. A simulation is
@@ -23,7 +23,7 @@ const redisSimulateTimeout = 5 * time.Second
 // redisSimulation is a Redis store on a unique key prefix, so a simulation never
 // touches the keys of a live sluice sharing the Redis, and removes its keys at the end.
 type redisSimulation struct {
-	*limiter.Redis
+	*redisstore.Store
 	client *redis.Client
 	prefix string
 }
@@ -45,12 +45,12 @@ func newRedisSimulation(ctx context.Context, url string, clock func() time.Time,
 	var id [8]byte
 	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails
 	prefix := "sluice-simulate:" + hex.EncodeToString(id[:]) + ":"
-	store := limiter.NewRedis(client,
-		limiter.WithRedisClock(clock),
-		limiter.WithKeyPrefix(prefix),
-		limiter.WithRedisTimeout(redisSimulateTimeout),
-		limiter.WithRedisLogger(slog.New(slog.NewTextHandler(logTo, nil))))
-	return &redisSimulation{Redis: store, client: client, prefix: prefix}, nil
+	store := redisstore.New(client,
+		redisstore.WithClock(clock),
+		redisstore.WithKeyPrefix(prefix),
+		redisstore.WithTimeout(redisSimulateTimeout),
+		redisstore.WithLogger(slog.New(slog.NewTextHandler(logTo, nil))))
+	return &redisSimulation{Store: store, client: client, prefix: prefix}, nil
 }
 
 // check reports whether any decision fell back to the in-process store: the table
@@ -65,7 +65,7 @@ func (s *redisSimulation) check() error {
 // close removes the simulation's keys (they would expire anyway, but a tool should
 // not leave litter behind) and disconnects.
 func (s *redisSimulation) close() error {
-	s.Redis.Close()
+	s.Store.Close()
 	defer s.client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

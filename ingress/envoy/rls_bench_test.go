@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/limiter/redistest"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -44,7 +45,7 @@ descriptors:
 	}{
 		{"memory", func(*testing.B) limiter.Limiter { return limiter.NewMemory() }},
 		{"redis", func(b *testing.B) limiter.Limiter {
-			r := limiter.NewRedis(redistest.Start(b).Client())
+			r := redisstore.New(redistest.Start(b).Client())
 			b.Cleanup(func() { r.Close() })
 			return r
 		}},
@@ -77,7 +78,7 @@ descriptors:
 // machine can make Redis miss the store's timeout, and those decisions are cheaper.
 func benchCalls(b *testing.B, s *RateLimitService, ndesc, callers int) {
 	var fallbacks0 int64
-	r, onRedis := s.limiter.(*limiter.Redis)
+	r, onRedis := s.limiter.(*redisstore.Store)
 	if onRedis {
 		fallbacks0 = r.Fallbacks()
 	}

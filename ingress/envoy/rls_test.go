@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/limiter/redistest"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -337,7 +338,7 @@ func stores(t *testing.T) map[string]func() limiter.Limiter {
 		"redis": func() limiter.Limiter {
 			redistest.Require(t)
 			srv := redistest.Start(t)
-			r := limiter.NewRedis(srv.Client())
+			r := redisstore.New(srv.Client())
 			t.Cleanup(func() { r.Close() })
 			return r
 		},
@@ -386,9 +387,9 @@ func TestShouldRateLimitSharesRedisWithTheFrontDoor(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Start(t)
 	set := parseRules(t, rlsRules)
-	front := limiter.NewRedis(srv.Client())
+	front := redisstore.New(srv.Client())
 	t.Cleanup(func() { front.Close() })
-	rls := limiter.NewRedis(srv.Client())
+	rls := redisstore.New(srv.Client())
 	t.Cleanup(func() { rls.Close() })
 	c := rlsClient(t, set, rls)
 	mw := newMiddleware(t, set, front)
@@ -421,7 +422,7 @@ func TestShouldRateLimitSharesRedisWithTheFrontDoor(t *testing.T) {
 func TestShouldRateLimitRedisOutage(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Start(t)
-	store := limiter.NewRedis(srv.Client(), limiter.WithRedisTimeout(500*time.Millisecond))
+	store := redisstore.New(srv.Client(), redisstore.WithTimeout(500*time.Millisecond))
 	t.Cleanup(func() { store.Close() })
 	c := rlsClient(t, parseRules(t, rlsRules), store)
 	srv.Stop()

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 )
 
 var errorsIs = errors.Is
@@ -25,12 +26,12 @@ func stores(t *testing.T) []storeFactory {
 	}
 	if srv := shared.server(t); srv != nil {
 		all = append(all, storeFactory{"redis", func(t *testing.T, clock *testClock) limiter.Limiter {
-			return newTestRedis(t, srv.Client(), limiter.WithRedisClock(clock.Now))
+			return newTestRedis(t, srv.Client(), redisstore.WithClock(clock.Now))
 		}})
 	}
 	if c := shared.clusterOf(t); c != nil {
 		all = append(all, storeFactory{"redis-cluster", func(t *testing.T, clock *testClock) limiter.Limiter {
-			return newTestRedis(t, c.Client(), limiter.WithRedisClock(clock.Now))
+			return newTestRedis(t, c.Client(), redisstore.WithClock(clock.Now))
 		}})
 	}
 	return all
@@ -38,13 +39,13 @@ func stores(t *testing.T) []storeFactory {
 
 // newTestRedis returns a Redis store with a key prefix of its own, closed when t ends.
 // Its timeout is generous: a slow test machine must not turn decisions into fallbacks.
-func newTestRedis(t testing.TB, client redis.UniversalClient, opts ...limiter.RedisOption) *limiter.Redis {
+func newTestRedis(t testing.TB, client redis.UniversalClient, opts ...redisstore.Option) *redisstore.Store {
 	t.Helper()
-	opts = append([]limiter.RedisOption{
-		limiter.WithKeyPrefix(shared.uniquePrefix()),
-		limiter.WithRedisTimeout(5 * time.Second),
+	opts = append([]redisstore.Option{
+		redisstore.WithKeyPrefix(shared.uniquePrefix()),
+		redisstore.WithTimeout(5 * time.Second),
 	}, opts...)
-	r := limiter.NewRedis(client, opts...)
+	r := redisstore.New(client, opts...)
 	t.Cleanup(func() {
 		r.Close()
 		if n := r.Fallbacks(); n > 0 {

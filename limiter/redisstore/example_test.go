@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -8,16 +8,17 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 )
 
 // The same limit shared by every replica through Redis: one round trip per decision,
 // on Redis server time. If Redis fails, each rule's failure mode decides (by default
 // an in-process limiter takes over until Redis answers again). It needs a Redis
 // server, so it has no checked output.
-func ExampleNewRedis() {
+func ExampleNew() {
 	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	defer client.Close()
-	store := limiter.NewRedis(client)
+	store := redisstore.New(client)
 	defer store.Close()
 
 	limit := limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Rate: 100, Period: time.Minute}

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 )
 
 // Benchmarks of the Redis store against a real local redis-server, with 1, 16 and 64
@@ -66,7 +67,7 @@ func BenchmarkRedis(b *testing.B) {
 	overLimit := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Hour}
 	for _, callers := range benchCallers {
 		b.Run("allowed/callers="+strconv.Itoa(callers), func(b *testing.B) {
-			r := limiter.NewRedis(srv.Client(), limiter.WithKeyPrefix(shared.uniquePrefix()), limiter.WithRedisTimeout(time.Second))
+			r := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
 			defer r.Close()
 			runCallers(b, callers, func(i int64) {
 				if d, _ := r.AllowN(ctx, redisBenchKeys[i%int64(len(redisBenchKeys))], allowAll, 1); !d.Allowed {
@@ -80,7 +81,7 @@ func BenchmarkRedis(b *testing.B) {
 	}
 	for _, callers := range benchCallers {
 		b.Run("over-limit/callers="+strconv.Itoa(callers), func(b *testing.B) {
-			r := limiter.NewRedis(srv.Client(), limiter.WithKeyPrefix(shared.uniquePrefix()), limiter.WithRedisTimeout(time.Second))
+			r := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
 			defer r.Close()
 			runCallers(b, callers, func(i int64) { _, _ = r.AllowN(ctx, "hot", overLimit, 1) })
 		})
@@ -97,7 +98,7 @@ func BenchmarkRedisCluster(b *testing.B) {
 	allowAll := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1e12, Period: time.Second}
 	for _, callers := range benchCallers {
 		b.Run("allowed/callers="+strconv.Itoa(callers), func(b *testing.B) {
-			r := limiter.NewRedis(c.Client(), limiter.WithKeyPrefix(shared.uniquePrefix()), limiter.WithRedisTimeout(time.Second))
+			r := redisstore.New(c.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
 			defer r.Close()
 			runCallers(b, callers, func(i int64) {
 				if d, _ := r.AllowN(ctx, redisBenchKeys[i%int64(len(redisBenchKeys))], allowAll, 1); !d.Allowed {

@@ -1,18 +1,20 @@
-package limiter
+package redisstore
 
 import (
 	"hash/maphash"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
 
 // The over-limit cache. When Redis rejects a request with a finite retry-after, and
 // the algorithm records nothing for a rejected request (every algorithm but the
 // sliding log without ForgiveRejected), the cache keeps a copy of the key's state as
 // the script left it, until the retry-after has passed. A later request on the key
-// is decided on that copy, with the algorithm's own code (algorithm.go): if the copy
-// rejects it, that rejection is the answer, without a round trip; if it would allow
-// it, Redis decides. So the cache only ever rejects, and rejects exactly what Redis
+// is decided on that copy, with the algorithms' own code (limiter/internal/algo): if
+// the copy rejects it, that rejection is the answer, without a round trip; if it
+// would allow it, Redis decides. So the cache only ever rejects, and rejects exactly what Redis
 // would reject, with the same remaining, retry-after and reset, as long as no other
 // process changes the key meanwhile (if one does, it can only have used more quota:
 // the rejection stays right, its numbers may be a little optimistic).
@@ -39,6 +41,9 @@ type overLimitCache struct {
 
 const cacheShards = 32
 
+// sampleSize is how many entries a full shard inspects for expiry before evicting one.
+const sampleSize = 8
+
 type cacheShard struct {
 	mu sync.Mutex
 	m  map[string]*cacheEntry
@@ -46,8 +51,8 @@ type cacheShard struct {
 }
 
 type cacheEntry struct {
-	algorithm algo
-	st        state      // buckets and windows; st.last for every algorithm
+	algorithm algo.Algo
+	st        algo.State // buckets and windows; st.last for every algorithm
 	log       partialLog // sliding log with ForgiveRejected
 	until     int64      // µs; from then on, ask Redis again
 
@@ -92,54 +97,54 @@ func (c *overLimitCache) shard(key string) *cacheShard {
 // decide answers a request on rkey from the cache when it can (hit: a rejection).
 // now is the injected clock's time (unused with Redis server time). On a miss it
 // returns what the request must carry to Redis.
-func (c *overLimitCache) decide(rkey string, p *params, n, now int64) (outcome, bool, writeBack) {
+func (c *overLimitCache) decide(rkey string, p *algo.Params, n, now int64) (algo.Outcome, bool, writeBack) {
 	sh := c.shard(rkey)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[rkey]
 	if e == nil {
-		return outcome{}, false, writeBack{}
+		return algo.Outcome{}, false, writeBack{}
 	}
 	var wb writeBack
 	if c.injected {
-		wb = writeBack{seen: true, last: e.st.last}
+		wb = writeBack{seen: true, last: e.st.Last}
 		if e.dirty {
-			wb.bucket, wb.casLast, wb.casLevel, wb.level = true, e.redisLast, e.redisLevel, e.st.level
+			wb.bucket, wb.casLast, wb.casLevel, wb.level = true, e.redisLast, e.redisLevel, e.st.Level
 		}
 	} else {
 		now = e.serverAt + c.mono() - e.sentAt
 	}
-	if e.algorithm != p.algorithm || max(now, e.st.last) >= e.until {
-		return outcome{}, false, wb
+	if e.algorithm != p.Algorithm || max(now, e.st.Last) >= e.until {
+		return algo.Outcome{}, false, wb
 	}
-	if p.algorithm == algoSlidingWindowLog {
-		if !p.forgive {
-			return outcome{}, false, wb
+	if p.Algorithm == algo.SlidingWindowLog {
+		if !p.Forgive {
+			return algo.Outcome{}, false, wb
 		}
-		o, ok := e.log.decide(&e.st.last, p, now, n)
+		o, ok := e.log.decide(&e.st.Last, p, now, n)
 		return o, ok, wb
 	}
 	st := e.st
-	o := st.decide(p, now, n, nil)
-	if o.allowed {
-		return outcome{}, false, wb
+	o := st.Decide(p, now, n, nil)
+	if o.Allowed {
+		return algo.Outcome{}, false, wb
 	}
 	e.st = st
-	e.dirty = p.algorithm.bucket()
+	e.dirty = p.Algorithm.Bucket()
 	return o, true, wb
 }
 
 // update records Redis' answer to a request on rkey.
-func (c *overLimitCache) update(rkey string, p *params, req *redisRequest) {
+func (c *overLimitCache) update(rkey string, p *algo.Params, req *redisRequest) {
 	rep := &req.reply
-	cacheable := !rep.o.allowed && rep.o.retryAfter > 0
+	cacheable := !rep.o.Allowed && rep.o.RetryAfter > 0
 	var level float64
-	switch p.algorithm {
-	case algoTokenBucket, algoLeakyBucket:
+	switch p.Algorithm {
+	case algo.TokenBucket, algo.LeakyBucket:
 		cacheable = cacheable && rep.hasLevel
 		level = rep.level
-	case algoSlidingWindowLog:
-		cacheable = cacheable && p.forgive && rep.hasLog
+	case algo.SlidingWindowLog:
+		cacheable = cacheable && p.Forgive && rep.hasLog
 	}
 	sh := c.shard(rkey)
 	sh.mu.Lock()
@@ -159,12 +164,12 @@ func (c *overLimitCache) update(rkey string, p *params, req *redisRequest) {
 		e = &cacheEntry{}
 		sh.m[rkey] = e
 	}
-	e.algorithm = p.algorithm
-	e.st = state{last: rep.now, level: level, start: rep.start, count: rep.count, prev: rep.prev}
-	if p.algorithm == algoSlidingWindowLog {
+	e.algorithm = p.Algorithm
+	e.st = algo.State{Last: rep.now, Level: level, Start: rep.start, Count: rep.count, Prev: rep.prev}
+	if p.Algorithm == algo.SlidingWindowLog {
 		e.log.set(rep.head[:rep.nhead], rep.logSize, rep.newest)
 	}
-	e.until = rep.now + rep.o.retryAfter
+	e.until = rep.now + rep.o.RetryAfter
 	e.redisLast, e.redisLevel, e.dirty = rep.now, level, false
 	e.serverAt, e.sentAt = rep.now, req.sent
 }
@@ -180,7 +185,7 @@ func (c *overLimitCache) evict(sh *cacheShard, now int64) {
 		if !c.injected {
 			t = e.serverAt + mono - e.sentAt
 		}
-		if max(t, e.st.last) >= e.until {
+		if max(t, e.st.Last) >= e.until {
 			delete(sh.m, k)
 			freed = true
 		} else if first == "" {
@@ -193,18 +198,6 @@ func (c *overLimitCache) evict(sh *cacheShard, now int64) {
 	if !freed && first != "" {
 		delete(sh.m, first)
 	}
-}
-
-// len returns the number of entries, for tests.
-func (c *overLimitCache) len() int {
-	total := 0
-	for i := range c.shards {
-		sh := &c.shards[i]
-		sh.mu.Lock()
-		total += len(sh.m)
-		sh.mu.Unlock()
-	}
-	return total
 }
 
 // partialLog is what the cache knows of a sliding log: its oldest timestamps (head),
@@ -221,36 +214,36 @@ func (l *partialLog) set(head []int64, size, newest int64) {
 	l.newest = newest
 }
 
-// decide is state.slidingLog for a forgiving log, on what the cache knows of it: ok
+// decide is algo.State.slidingLog for a forgiving log, on what the cache knows of it: ok
 // is false when the request would be allowed or the answer needs timestamps the
 // cache does not have.
-func (l *partialLog) decide(last *int64, p *params, now, n int64) (outcome, bool) {
+func (l *partialLog) decide(last *int64, p *algo.Params, now, n int64) (algo.Outcome, bool) {
 	now = max(now, *last)
-	cutoff := now - p.period
+	cutoff := now - p.Period
 	i := 0
 	for i < len(l.head) && l.head[i] <= cutoff {
 		i++
 	}
 	head := l.head[i:]
 	if len(head) == 0 && l.rest > 0 {
-		return outcome{}, false // which of the rest have expired is unknown
+		return algo.Outcome{}, false // which of the rest have expired is unknown
 	}
 	size := int64(len(head)) + l.rest
-	if size+n <= p.rate {
-		return outcome{}, false
+	if size+n <= p.Rate {
+		return algo.Outcome{}, false
 	}
-	o := outcome{remaining: max(p.rate-size, 0)}
-	if n > p.rate {
-		o.retryAfter = never
+	o := algo.Outcome{Remaining: max(p.Rate-size, 0)}
+	if n > p.Rate {
+		o.RetryAfter = algo.Never
 	} else {
-		idx := size + n - p.rate - 1
+		idx := size + n - p.Rate - 1
 		if idx >= int64(len(head)) {
-			return outcome{}, false
+			return algo.Outcome{}, false
 		}
-		o.retryAfter = head[idx] + p.period - now
+		o.RetryAfter = head[idx] + p.Period - now
 	}
 	if size > 0 {
-		o.resetAfter = l.newest + p.period - now
+		o.ResetAfter = l.newest + p.Period - now
 	}
 	*last = now
 	l.head = l.head[:copy(l.head, head)]

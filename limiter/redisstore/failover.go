@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -8,16 +8,18 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
-// What the Redis store does when Redis fails: see Redis.
+// What the Redis store does when Redis fails: see Store.
 
 var monoBase = time.Now()
 
 // monoMicros reads the monotonic clock, in µs since the package started.
-func (r *Redis) monoMicros() int64 { return time.Since(monoBase).Microseconds() }
+func (r *Store) monoMicros() int64 { return time.Since(monoBase).Microseconds() }
 
-func (r *Redis) initMetrics(reg prometheus.Registerer) {
+func (r *Store) initMetrics(reg prometheus.Registerer) {
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_limiter_fallback_total",
 		Help: "Decisions the Redis limiter store made without Redis (Redis failed, was too slow or was down), by failure mode.",
@@ -34,8 +36,8 @@ func (r *Redis) initMetrics(reg prometheus.Registerer) {
 			}
 		}
 	}
-	r.fallbackTotal = map[FailureMode]prometheus.Counter{}
-	for _, m := range []FailureMode{FailLocal, FailOpen, FailClosed} {
+	r.fallbackTotal = map[limiter.FailureMode]prometheus.Counter{}
+	for _, m := range []limiter.FailureMode{limiter.FailLocal, limiter.FailOpen, limiter.FailClosed} {
 		r.fallbackTotal[m] = vec.WithLabelValues(string(m))
 	}
 }
@@ -43,7 +45,7 @@ func (r *Redis) initMetrics(reg prometheus.Registerer) {
 // failed handles a request's error: trouble with Redis itself marks it down; an
 // error that Redis answered for this request alone (a script error, a key of the
 // wrong type) only fails this decision, and is logged at most once a second.
-func (r *Redis) failed(err error) {
+func (r *Store) failed(err error) {
 	if errors.Is(err, errClosed) {
 		return
 	}
@@ -77,7 +79,7 @@ func isRedisTrouble(err error) bool {
 }
 
 // markDown records that Redis failed: decisions fall back until a probe finds it again.
-func (r *Redis) markDown(err error) {
+func (r *Store) markDown(err error) {
 	if r.down.Load() {
 		return
 	}
@@ -93,7 +95,7 @@ func (r *Redis) markDown(err error) {
 
 // probe PINGs Redis with exponential backoff until it answers, then sends decisions
 // back to it.
-func (r *Redis) probe() {
+func (r *Store) probe() {
 	defer r.wg.Done()
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(r.probeMin),
@@ -120,7 +122,7 @@ func (r *Redis) probe() {
 }
 
 // ping checks that Redis answers within the store's timeout.
-func (r *Redis) ping() error {
+func (r *Store) ping() error {
 	ctx, cancel := context.WithTimeout(context.Background(), max(r.timeout, 100*time.Millisecond))
 	defer cancel()
 	return r.Ping(ctx)
@@ -129,7 +131,7 @@ func (r *Redis) ping() error {
 // Ping checks that Redis answers: every master of a Cluster. It is bounded by ctx's
 // deadline when the client honours it (ContextTimeoutEnabled). It does not change
 // whether decisions fall back (see Down).
-func (r *Redis) Ping(ctx context.Context) error {
+func (r *Store) Ping(ctx context.Context) error {
 	if c, ok := r.client.(*redis.ClusterClient); ok {
 		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
 			return m.Ping(ctx).Err()

@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"encoding/binary"
@@ -7,10 +7,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Redis store's scripts. Each repeats its algorithm in algorithm.go operation for
-// operation: Lua numbers are doubles, and the same IEEE operations in the same order
+// The Redis store's scripts. Each repeats its algorithm in limiter/internal/algo
+// operation for operation: Lua numbers are doubles, and the same IEEE operations in the same order
 // give the same results, so both stores decide identically to the microsecond. Every
-// quantity is an integer below 2^53 (Limit.Validate and Redis.AllowN make sure), so
+// quantity is an integer below 2^53 (Limit.Validate and Store.AllowN make sure), so
 // integer arithmetic on doubles is exact. Remainders use math.fmod, which is exact and
 // has the sign of the dividend like Go's %, where Lua's a%b (a-floor(a/b)*b) rounds.
 //
@@ -76,7 +76,7 @@ return out
 `)
 }
 
-// bucketScript is state.bucket, for the token and the leaky bucket. KEYS[i] holds
+// bucketScript is algo.State.bucket, for the token and the leaky bucket. KEYS[i] holds
 // packed '<dd': the latest time seen and the level. ARGV[3i], if not empty, is the
 // over-limit cache's write-back: packed '<dddd': the last and level the cache copied
 // from this key, and the last and level to use instead if the key still holds those
@@ -111,7 +111,7 @@ if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) e
 return struct.pack('<dddddd', 0, remaining, retry, reset, now, level)
 `)
 
-// fixedWindowScript is state.fixedWindow. KEYS[i] holds packed '<ddd': the latest
+// fixedWindowScript is algo.State.fixedWindow. KEYS[i] holds packed '<ddd': the latest
 // time seen, the window's start and its count. Extra results after a rejection:
 // start, count.
 var fixedWindowScript = newScript(`
@@ -142,7 +142,7 @@ if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) e
 return struct.pack('<ddddddd', 0, remaining, retry, reset, now, start, count)
 `)
 
-// slidingCounterScript is state.slidingCounter. KEYS[i] holds packed '<dddd': the
+// slidingCounterScript is algo.State.slidingCounter. KEYS[i] holds packed '<dddd': the
 // latest time seen, the current window's start, its count and the previous window's
 // count. Extra results after a rejection: start, count, prev.
 var slidingCounterScript = newScript(`
@@ -187,7 +187,7 @@ if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) e
 return struct.pack('<dddddddd', 0, remaining, retry, reset, now, start, count, prev)
 `)
 
-// slidingLogScript is state.slidingLog. Its keys are two per decision: list
+// slidingLogScript is algo.State.slidingLog. Its keys are two per decision: list
 // (KEYS[2i-1]) is a list of timestamps (decimal µs), oldest first, non-decreasing
 // (times are clamped); seen (KEYS[2i]) holds packed '<d': the latest time seen. A request's n timestamps are pushed in chunks (unpack is
 // bounded by Lua's C stack) and the list trimmed to the newest rate entries. Extra

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
@@ -103,12 +104,12 @@ func TestRedisCacheKeepsDecisions(t *testing.T) {
 	for _, l := range limits {
 		t.Run(fmt.Sprintf("%s/%d/%v", limitName(l), l.Rate, l.Period), func(t *testing.T) {
 			clock := newTestClock()
-			cached := newTestRedis(t, srv.Client(), limiter.WithRedisClock(clock.Now))
-			clustered := newTestRedis(t, c.Client(), limiter.WithRedisClock(clock.Now))
+			cached := newTestRedis(t, srv.Client(), redisstore.WithClock(clock.Now))
+			clustered := newTestRedis(t, c.Client(), redisstore.WithClock(clock.Now))
 			s := newLockstep(t, clock, map[string]limiter.Limiter{
 				"redis":         cached,
 				"redis-cluster": clustered,
-				"redis-nocache": newTestRedis(t, srv.Client(), limiter.WithRedisClock(clock.Now), limiter.WithOverLimitCache(0)),
+				"redis-nocache": newTestRedis(t, srv.Client(), redisstore.WithClock(clock.Now), redisstore.WithOverLimitCache(0)),
 			})
 			rng := rand.New(rand.NewPCG(7, uint64(l.Rate)))
 			at := time.Duration(0)
@@ -138,7 +139,7 @@ func TestRedisSlidingLogLargeRequests(t *testing.T) {
 		t.Run(fmt.Sprint("forgive=", forgive), func(t *testing.T) {
 			clock := newTestClock()
 			s := newLockstep(t, clock, map[string]limiter.Limiter{
-				"redis": newTestRedis(t, srv.Client(), limiter.WithRedisClock(clock.Now)),
+				"redis": newTestRedis(t, srv.Client(), redisstore.WithClock(clock.Now)),
 			})
 			l := limiter.Limit{Algorithm: limiter.SlidingWindowLog, Rate: 20000, Period: time.Minute, ForgiveRejected: forgive}
 			s.check(0, "k", l, 15000)
@@ -172,7 +173,7 @@ func TestRedisScriptsReload(t *testing.T) {
 		t.Run(target.name, func(t *testing.T) {
 			clock := newTestClock()
 			s := newLockstep(t, clock, map[string]limiter.Limiter{
-				"redis": newTestRedis(t, target.client, limiter.WithRedisClock(clock.Now)),
+				"redis": newTestRedis(t, target.client, redisstore.WithClock(clock.Now)),
 			})
 			at := time.Duration(0)
 			for round := range 4 {
@@ -202,7 +203,7 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 	for _, l := range append(everyLimit(3, 2*time.Second), limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Hour, Burst: 5}) {
 		t.Run(limitName(l), func(t *testing.T) {
 			prefix := shared.uniquePrefix()
-			r := newTestRedis(t, client, limiter.WithKeyPrefix(prefix), limiter.WithKeyGrace(grace))
+			r := newTestRedis(t, client, redisstore.WithKeyPrefix(prefix), redisstore.WithKeyGrace(grace))
 			for i := range 4 {
 				d := check(t, r, "user:42", l, 2)
 				keys, err := client.Keys(ctx, prefix+"*").Result()
@@ -288,7 +289,7 @@ func TestRedisAwkwardKeys(t *testing.T) {
 	keys := []string{"", "{", "}", "{}", "}{", "a}b", "x{y}z", "~", "~~", "~)", "~~)", "}}", "plain"}
 	for _, l := range everyLimit(1, time.Hour) {
 		t.Run(limitName(l), func(t *testing.T) {
-			r := newTestRedis(t, c.Client(), limiter.WithRedisClock(newTestClock().Now))
+			r := newTestRedis(t, c.Client(), redisstore.WithClock(newTestClock().Now))
 			for round, wantAllowed := range []bool{true, false} {
 				for _, k := range keys {
 					if d := check(t, r, k, l, 1); d.Allowed != wantAllowed {
@@ -330,8 +331,8 @@ func TestRedisFailureModes(t *testing.T) {
 	client := srv.Client()
 	srv.Stop()
 	reg := prometheus.NewRegistry()
-	r := limiter.NewRedis(client, limiter.WithRedisRegisterer(reg), limiter.WithRedisLogger(testLogger(t)),
-		limiter.WithRedisProbeBackoff(time.Hour, time.Hour))
+	r := redisstore.New(client, redisstore.WithRegisterer(reg), redisstore.WithLogger(testLogger(t)),
+		redisstore.WithProbeBackoff(time.Hour, time.Hour))
 	defer r.Close()
 
 	limit := func(mode limiter.FailureMode) limiter.Limit {
@@ -378,12 +379,12 @@ func TestRedisOutage(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client()
 	reg := prometheus.NewRegistry()
-	r := limiter.NewRedis(client,
-		limiter.WithKeyPrefix("outage:"),
-		limiter.WithRedisTimeout(50*ms),
-		limiter.WithRedisProbeBackoff(10*ms, 200*ms),
-		limiter.WithRedisRegisterer(reg),
-		limiter.WithRedisLogger(testLogger(t)))
+	r := redisstore.New(client,
+		redisstore.WithKeyPrefix("outage:"),
+		redisstore.WithTimeout(50*ms),
+		redisstore.WithProbeBackoff(10*ms, 200*ms),
+		redisstore.WithRegisterer(reg),
+		redisstore.WithLogger(testLogger(t)))
 	defer r.Close()
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1e9, Period: time.Second}
 
@@ -499,10 +500,10 @@ func TestRedisHungServer(t *testing.T) {
 			opts.ReadTimeout = time.Second // how long a worker may stay blocked
 			client := redis.NewClient(opts)
 			defer client.Close()
-			r := limiter.NewRedis(client,
-				limiter.WithRedisTimeout(50*ms),
-				limiter.WithRedisProbeBackoff(10*ms, 100*ms),
-				limiter.WithRedisLogger(testLogger(t)))
+			r := redisstore.New(client,
+				redisstore.WithTimeout(50*ms),
+				redisstore.WithProbeBackoff(10*ms, 100*ms),
+				redisstore.WithLogger(testLogger(t)))
 			defer r.Close()
 			l := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: 1e6, Period: farWindow}
 			check(t, r, "k", l, 1)
@@ -551,7 +552,7 @@ func TestRedisHungServer(t *testing.T) {
 // TestRedisClose: decisions after Close do not hang, and fall back.
 func TestRedisClose(t *testing.T) {
 	srv := standalone(t)
-	r := limiter.NewRedis(srv.Client(), limiter.WithKeyPrefix(shared.uniquePrefix()))
+	r := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()))
 	l := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: 1, Period: farWindow}
 	if d := check(t, r, "k", l, 1); !d.Allowed {
 		t.Fatalf("%+v", d)

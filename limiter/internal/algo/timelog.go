@@ -1,27 +1,27 @@
-package limiter
+package algo
 
-// timeLog is a ring of non-decreasing timestamps (µs) that grows as needed up to the
+// TimeLog is a ring of non-decreasing timestamps (µs) that grows as needed up to the
 // most entries a decision can use, so a key costs memory in proportion to its traffic.
-type timeLog struct {
+type TimeLog struct {
 	buf  []int64
 	head int // index of the oldest entry
 	size int
 }
 
-func (l *timeLog) len() int { return l.size }
+func (l *TimeLog) Len() int { return l.size }
 
 // at returns the i-th oldest timestamp.
-func (l *timeLog) at(i int) int64 { return l.buf[(l.head+i)%len(l.buf)] }
+func (l *TimeLog) At(i int) int64 { return l.buf[(l.head+i)%len(l.buf)] }
 
 // dropThrough removes the timestamps at or before t.
-func (l *timeLog) dropThrough(t int64) {
+func (l *TimeLog) DropThrough(t int64) {
 	for l.size > 0 && l.buf[l.head] <= t {
 		l.dropOldest()
 	}
 }
 
 // push appends n copies of t, dropping the oldest entries beyond limit.
-func (l *timeLog) push(t, n, limit int64) {
+func (l *TimeLog) Push(t, n, limit int64) {
 	n = min(n, limit)
 	if want := int64(l.size) + n; want > int64(len(l.buf)) && len(l.buf) < int(limit) {
 		l.grow(int(min(max(want, 2*int64(len(l.buf))), limit)))
@@ -38,15 +38,15 @@ func (l *timeLog) push(t, n, limit int64) {
 	}
 }
 
-func (l *timeLog) dropOldest() {
+func (l *TimeLog) dropOldest() {
 	l.head = (l.head + 1) % len(l.buf)
 	l.size--
 }
 
-func (l *timeLog) grow(capacity int) {
+func (l *TimeLog) grow(capacity int) {
 	buf := make([]int64, capacity)
 	for i := range l.size {
-		buf[i] = l.at(i)
+		buf[i] = l.At(i)
 	}
 	l.buf, l.head = buf, 0
 }

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"errors"

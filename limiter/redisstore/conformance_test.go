@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -227,6 +227,24 @@ func everyAlgorithm(capacity int64, period time.Duration) []limiter.Limit {
 		ls = append(ls, limiter.Limit{Algorithm: a, Rate: capacity, Period: period})
 	}
 	return ls
+}
+
+func TestHugeNIsNeverAllowed(t *testing.T) {
+	for _, store := range stores(t) {
+		for _, l := range everyAlgorithm(3, time.Second) {
+			t.Run(store.name+"/"+string(l.Algorithm), func(t *testing.T) {
+				lim := store.new(t, newTestClock())
+				d := check(t, lim, "k", l, 1<<62)
+				remaining := int64(3)
+				if l.Algorithm == limiter.SlidingWindowLog {
+					remaining = 0 // the rejected request is recorded, as always
+				}
+				if d.Allowed || d.RetryAfter != limiter.Never || d.Remaining != remaining {
+					t.Fatalf("n=2^62 on a capacity of 3: %+v", d)
+				}
+			})
+		}
+	}
 }
 
 func TestBackwardsClockGrantsNothing(t *testing.T) {

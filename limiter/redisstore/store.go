@@ -1,4 +1,8 @@
-package limiter
+// Package redisstore is sluice's Redis limiter store: a limiter.Limiter whose state is
+// shared by every replica that uses the same Redis, deciding as the memory store does
+// to the microsecond. It lives apart from package limiter so that a program on the
+// memory store alone links no Redis client.
+package redisstore
 
 import (
 	"context"
@@ -12,18 +16,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
 
-// Redis is a store shared by every replica that uses the same Redis (standalone,
+// Store is a limiter.Limiter shared by every replica that uses the same Redis (standalone,
 // Sentinel or Cluster, through go-redis' universal client).
 //
 // Each decision is one atomic Lua script (EVALSHA, reloaded on NOSCRIPT) on one
 // hash-tagged key, so it works on Redis Cluster, and takes one round trip:
 // concurrent decisions are coalesced into pipelines by a few worker goroutines, and
 // on a standalone or Sentinel client the decisions of a pipeline that share a script
-// share one EVALSHA too (see redis_scripts.go).
+// share one EVALSHA too (see scripts.go).
 // Every key has a TTL, so idle keys vanish. Time is the Redis server's (TIME inside
-// the script) unless WithRedisClock injects a clock; either way each key keeps the
+// the script) unless WithClock injects a clock; either way each key keeps the
 // latest time it has seen, so a clock that steps backwards never grants quota.
 //
 // Keys are "<prefix>{<key>}:<algorithm>", the algorithm written tb, lb, fw, swl or
@@ -38,17 +45,17 @@ import (
 // without Redis, with the decision Redis would give.
 //
 // AllowN never fails because of Redis: every Redis call is bounded by a timeout
-// (WithRedisTimeout), and when Redis fails or is too slow the decision follows the
+// (WithTimeout), and when Redis fails or is too slow the decision follows the
 // limit's FailureMode: FailLocal (the default) decides with an in-process Memory
 // store and the same limit, FailOpen allows, FailClosed rejects with a RetryAfter of
 // one second. After a failure, Redis is considered down: decisions fall back without
 // waiting for it while a background probe PINGs it with exponential backoff, and go
 // back to Redis when it answers. Every fallback is counted (Fallbacks, and the
-// Prometheus counter sluice_limiter_fallback_total{mode} when WithRedisRegisterer is
+// Prometheus counter sluice_limiter_fallback_total{mode} when WithRegisterer is
 // given). AllowN's only errors are about invalid input (ErrInvalidLimit).
 //
 // Close stops the workers; it does not close the Redis client.
-type Redis struct {
+type Store struct {
 	client  redis.UniversalClient
 	prefix  string
 	clock   func() time.Time // nil: Redis server time
@@ -67,7 +74,7 @@ type Redis struct {
 	inflight atomic.Int32 // decisions waiting for Redis, when direct
 
 	cache *overLimitCache // nil when disabled
-	local *Memory         // FailLocal's store
+	local *limiter.Memory // FailLocal's store
 
 	lifecycle sync.Mutex // guards closed and starting the probe
 	closed    bool
@@ -78,14 +85,14 @@ type Redis struct {
 
 	fallbacks     atomic.Int64
 	cacheHits     atomic.Int64
-	fallbackTotal map[FailureMode]prometheus.Counter
+	fallbackTotal map[limiter.FailureMode]prometheus.Counter
 	lastErrLog    atomic.Int64 // mono µs of the last logged script error
 }
 
-// RedisOption configures a Redis store.
-type RedisOption func(*redisConfig)
+// Option configures a Redis store.
+type Option func(*config)
 
-type redisConfig struct {
+type config struct {
 	clock      func() time.Time
 	prefix     string
 	timeout    time.Duration
@@ -99,81 +106,81 @@ type redisConfig struct {
 	grace      time.Duration
 }
 
-// WithRedisClock makes the scripts use clock's time (to the microsecond) instead of
+// WithClock makes the scripts use clock's time (to the microsecond) instead of
 // the Redis server's TIME. Replicas then need synchronized clocks; the conformance
 // suite and simulations use it to run deterministically. TTLs still run on Redis'
 // own clock, so the default key grace becomes one minute (see WithKeyGrace): an
 // injected clock may run slower than real time, and a key must not vanish before
 // its state, on the injected clock, is a fresh key's.
-func WithRedisClock(clock func() time.Time) RedisOption {
-	return func(c *redisConfig) { c.clock = clock }
+func WithClock(clock func() time.Time) Option {
+	return func(c *config) { c.clock = clock }
 }
 
 // WithKeyPrefix sets the prefix of every Redis key (default "sluice:"). It must not
 // contain '{' or '}', which would break the keys' hash tags.
-func WithKeyPrefix(prefix string) RedisOption {
-	return func(c *redisConfig) { c.prefix = prefix }
+func WithKeyPrefix(prefix string) Option {
+	return func(c *config) { c.prefix = prefix }
 }
 
-// WithRedisTimeout bounds each decision's wait for Redis (default 50ms); past it the
-// decision falls back (see Redis).
-func WithRedisTimeout(d time.Duration) RedisOption {
-	return func(c *redisConfig) { c.timeout = d }
+// WithTimeout bounds each decision's wait for Redis (default 50ms); past it the
+// decision falls back (see Store).
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) { c.timeout = d }
 }
 
 // WithOverLimitCache sets how many rejected keys are remembered in-process
 // (default 100,000); 0 turns the cache off.
-func WithOverLimitCache(keys int) RedisOption {
-	return func(c *redisConfig) { c.cacheSize = keys }
+func WithOverLimitCache(keys int) Option {
+	return func(c *config) { c.cacheSize = keys }
 }
 
-// WithRedisRegisterer registers the store's metrics (sluice_limiter_fallback_total)
+// WithRegisterer registers the store's metrics (sluice_limiter_fallback_total)
 // on reg. Without it, they are kept but not registered anywhere.
-func WithRedisRegisterer(reg prometheus.Registerer) RedisOption {
-	return func(c *redisConfig) { c.registerer = reg }
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(c *config) { c.registerer = reg }
 }
 
-// WithRedisLogger sets the logger of Redis state changes (default slog.Default()).
-func WithRedisLogger(l *slog.Logger) RedisOption {
-	return func(c *redisConfig) { c.logger = l }
+// WithLogger sets the logger of Redis state changes (default slog.Default()).
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
 }
 
-// WithRedisWorkers sets how many pipelines may be in flight at once (default 2: one
+// WithWorkers sets how many pipelines may be in flight at once (default 2: one
 // pipeline being answered while the next one fills up; more workers mean smaller
 // pipelines, which costs Redis more per decision).
-func WithRedisWorkers(n int) RedisOption {
-	return func(c *redisConfig) { c.workers = n }
+func WithWorkers(n int) Option {
+	return func(c *config) { c.workers = n }
 }
 
-// WithRedisBatch sets the most decisions sent in one pipeline (default 128).
-func WithRedisBatch(n int) RedisOption {
-	return func(c *redisConfig) { c.batch = n }
+// WithBatch sets the most decisions sent in one pipeline (default 128).
+func WithBatch(n int) Option {
+	return func(c *config) { c.batch = n }
 }
 
-// WithRedisProbeBackoff sets the exponential backoff of the probe that watches a
+// WithProbeBackoff sets the exponential backoff of the probe that watches a
 // failed Redis: the first and the longest wait (default 50ms and 5s).
-func WithRedisProbeBackoff(initial, maximum time.Duration) RedisOption {
-	return func(c *redisConfig) { c.probeMin, c.probeMax = initial, maximum }
+func WithProbeBackoff(initial, maximum time.Duration) Option {
+	return func(c *config) { c.probeMin, c.probeMax = initial, maximum }
 }
 
 // WithKeyGrace sets how long a key outlives the moment its state becomes a fresh
-// key's (default 1s; one minute with WithRedisClock): the latest time seen by the key
+// key's (default 1s; one minute with WithClock): the latest time seen by the key
 // is kept that long, so a clock stepping back by less than that is still clamped.
-func WithKeyGrace(d time.Duration) RedisOption {
-	return func(c *redisConfig) { c.grace = d }
+func WithKeyGrace(d time.Duration) Option {
+	return func(c *config) { c.grace = d }
 }
 
 // closedRetryAfter is the RetryAfter of FailClosed decisions.
 const closedRetryAfter = time.Second
 
-// NewRedis returns a store over client and starts its workers; Close stops them.
+// New returns a store over client and starts its workers; Close stops them.
 //
 // Give it a client with ContextTimeoutEnabled: its calls are then bounded by the
 // store's timeout, and a caller alone with Redis calls it directly instead of
 // handing its decision to a worker. Without it, callers still stop waiting at the
 // timeout, but a worker may stay blocked until the client's ReadTimeout.
-func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
-	cfg := redisConfig{
+func New(client redis.UniversalClient, opts ...Option) *Store {
+	cfg := config{
 		prefix:    "sluice:",
 		timeout:   50 * time.Millisecond,
 		cacheSize: 100_000,
@@ -193,7 +200,7 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 		}
 	}
 	if strings.ContainsAny(cfg.prefix, "{}") {
-		panic("limiter: WithKeyPrefix: the prefix must not contain '{' or '}'")
+		panic("redisstore: WithKeyPrefix: the prefix must not contain '{' or '}'")
 	}
 	cfg.workers = max(cfg.workers, 1)
 	cfg.batch = max(cfg.batch, 1)
@@ -203,7 +210,7 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
-	r := &Redis{
+	r := &Store{
 		client:   client,
 		prefix:   cfg.prefix,
 		clock:    cfg.clock,
@@ -225,11 +232,11 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 	if cfg.cacheSize > 0 {
 		r.cache = newOverLimitCache(cfg.cacheSize, cfg.clock != nil)
 	}
-	memOpts := []MemoryOption{WithMaxKeys(100_000)}
+	memOpts := []limiter.MemoryOption{limiter.WithMaxKeys(100_000)}
 	if cfg.clock != nil {
-		memOpts = append(memOpts, WithClock(cfg.clock))
+		memOpts = append(memOpts, limiter.WithClock(cfg.clock))
 	}
-	r.local = NewMemory(memOpts...)
+	r.local = limiter.NewMemory(memOpts...)
 	r.initMetrics(cfg.registerer)
 	for range r.workers {
 		r.wg.Add(1)
@@ -240,7 +247,7 @@ func NewRedis(client redis.UniversalClient, opts ...RedisOption) *Redis {
 
 // Close stops the workers and the probe. Decisions after Close fall back as if Redis
 // were down. Close does not close the Redis client.
-func (r *Redis) Close() error {
+func (r *Store) Close() error {
 	r.lifecycle.Lock()
 	if r.closed {
 		r.lifecycle.Unlock()
@@ -256,24 +263,25 @@ func (r *Redis) Close() error {
 
 // Fallbacks returns how many decisions were made without Redis because it failed,
 // was too slow or was down.
-func (r *Redis) Fallbacks() int64 { return r.fallbacks.Load() }
+func (r *Store) Fallbacks() int64 { return r.fallbacks.Load() }
 
 // CacheHits returns how many decisions the over-limit cache made without Redis.
-func (r *Redis) CacheHits() int64 { return r.cacheHits.Load() }
+func (r *Store) CacheHits() int64 { return r.cacheHits.Load() }
 
 // Down reports whether Redis is considered down (decisions fall back).
-func (r *Redis) Down() bool { return r.down.Load() }
+func (r *Store) Down() bool { return r.down.Load() }
 
 // AllowN implements Limiter. It returns an error only for an invalid limit or n < 1;
-// Redis trouble is handled by the limit's FailureMode (see Redis).
-func (r *Redis) AllowN(ctx context.Context, key string, l Limit, n int64) (Decision, error) {
-	var p params
-	if err := p.from(&l, n); err != nil {
-		return Decision{}, err
+// Redis trouble is handled by the limit's FailureMode (see Store).
+func (r *Store) AllowN(ctx context.Context, key string, l limiter.Limit, n int64) (limiter.Decision, error) {
+	var p algo.Params
+	if err := l.ValidateRequest(n); err != nil {
+		return limiter.Decision{}, err
 	}
+	p.Set(string(l.Algorithm), l.Rate, l.Period, l.Burst, l.ForgiveRejected, n)
 	// Any n above the capacity gets the same decision; this keeps n below 2^53.
-	sent := min(n, p.capacity+1)
-	rkey := r.key(key, p.algorithm)
+	sent := min(n, p.Capacity+1)
+	rkey := r.key(key, p.Algorithm)
 
 	var now int64
 	if r.clock != nil {
@@ -284,7 +292,7 @@ func (r *Redis) AllowN(ctx context.Context, key string, l Limit, n int64) (Decis
 		o, hit, w := r.cache.decide(rkey, &p, sent, now)
 		if hit {
 			r.cacheHits.Add(1)
-			return o.decision(p.capacity), nil
+			return decision(o, p.Capacity), nil
 		}
 		wb = w
 	}
@@ -351,11 +359,22 @@ func (r *Redis) AllowN(ctx context.Context, key string, l Limit, n int64) (Decis
 }
 
 // answer turns Redis' reply to req into the decision, and tells the cache.
-func (r *Redis) answer(rkey string, p *params, req *redisRequest) Decision {
+func (r *Store) answer(rkey string, p *algo.Params, req *redisRequest) limiter.Decision {
 	if r.cache != nil {
 		r.cache.update(rkey, p, req)
 	}
-	return req.reply.o.decision(p.capacity)
+	return decision(req.reply.o, p.Capacity)
+}
+
+// decision is o as a limiter.Decision.
+func decision(o algo.Outcome, capacity int64) limiter.Decision {
+	return limiter.Decision{
+		Allowed:    o.Allowed,
+		Limit:      capacity,
+		Remaining:  o.Remaining,
+		RetryAfter: algo.Duration(o.RetryAfter),
+		ResetAfter: algo.Duration(o.ResetAfter),
+	}
 }
 
 // contextDeadlines reports whether client bounds its calls by their context's
@@ -378,18 +397,18 @@ var (
 )
 
 // key returns the Redis key of key under algorithm a.
-func (r *Redis) key(key string, a algo) string {
+func (r *Store) key(key string, a algo.Algo) string {
 	var suffix string
 	switch a {
-	case algoTokenBucket:
+	case algo.TokenBucket:
 		suffix = "tb"
-	case algoLeakyBucket:
+	case algo.LeakyBucket:
 		suffix = "lb"
-	case algoFixedWindow:
+	case algo.FixedWindow:
 		suffix = "fw"
-	case algoSlidingWindowLog:
+	case algo.SlidingWindowLog:
 		suffix = "swl"
-	case algoSlidingWindowCounter:
+	case algo.SlidingWindowCounter:
 		suffix = "swc"
 	}
 	b := make([]byte, 0, len(r.prefix)+len(key)+len(suffix)+6)
@@ -425,13 +444,13 @@ func appendHashTag(b []byte, key string) []byte {
 }
 
 // scriptOf returns the script of algorithm a.
-func scriptOf(a algo) *redis.Script {
+func scriptOf(a algo.Algo) *redis.Script {
 	switch a {
-	case algoTokenBucket, algoLeakyBucket:
+	case algo.TokenBucket, algo.LeakyBucket:
 		return bucketScript
-	case algoFixedWindow:
+	case algo.FixedWindow:
 		return fixedWindowScript
-	case algoSlidingWindowLog:
+	case algo.SlidingWindowLog:
 		return slidingLogScript
 	default:
 		return slidingCounterScript
@@ -440,7 +459,7 @@ func scriptOf(a algo) *redis.Script {
 
 // redisReply is a script's answer.
 type redisReply struct {
-	o   outcome
+	o   algo.Outcome
 	now int64 // the script's time, µs, after clamping
 
 	// State after a rejection, for the over-limit cache.
@@ -457,38 +476,38 @@ type redisReply struct {
 }
 
 // parse reads the reply of one decision: packed little-endian doubles (see
-// redis_scripts.go), every one an integer but the bucket's level.
-func (rep *redisReply) parse(a algo, v any) error {
+// scripts.go), every one an integer but the bucket's level.
+func (rep *redisReply) parse(a algo.Algo, v any) error {
 	s, ok := v.(string)
 	if !ok || len(s) < 5*8 || len(s)%8 != 0 {
 		return errReply
 	}
 	num := func(i int) float64 { return math.Float64frombits(littleEndian64(s[8*i:])) }
 	integer := func(i int) int64 { return int64(num(i)) }
-	rep.o = outcome{allowed: num(0) == 1, remaining: integer(1), retryAfter: integer(2), resetAfter: integer(3)}
+	rep.o = algo.Outcome{Allowed: num(0) == 1, Remaining: integer(1), RetryAfter: integer(2), ResetAfter: integer(3)}
 	rep.now = integer(4)
 	rep.hasLevel, rep.hasLog, rep.nhead = false, false, 0
 	extra := len(s)/8 - 5 // after a rejection: the state the cache needs
 	switch a {
-	case algoTokenBucket, algoLeakyBucket:
+	case algo.TokenBucket, algo.LeakyBucket:
 		if extra > 0 {
 			rep.level, rep.hasLevel = num(5), true
 		}
-	case algoFixedWindow:
+	case algo.FixedWindow:
 		if extra > 0 {
 			if extra < 2 {
 				return errReply
 			}
 			rep.start, rep.count = integer(5), integer(6)
 		}
-	case algoSlidingWindowCounter:
+	case algo.SlidingWindowCounter:
 		if extra > 0 {
 			if extra < 3 {
 				return errReply
 			}
 			rep.start, rep.count, rep.prev = integer(5), integer(6), integer(7)
 		}
-	case algoSlidingWindowLog:
+	case algo.SlidingWindowLog:
 		if extra >= 2 {
 			rep.hasLog = true
 			rep.logSize, rep.newest = integer(5), integer(6)
@@ -511,10 +530,10 @@ func littleEndian64(s string) uint64 {
 // redisRequest is one decision on its way through a worker. Requests are pooled.
 type redisRequest struct {
 	script *redis.Script
-	alg    algo
+	alg    algo.Algo
 	keys   [2]string
 	nkeys  int
-	args   [3]any     // see redis_scripts.go
+	args   [3]any     // see scripts.go
 	now    int64      // args[0], with an injected clock
 	params packedArgs // args[1]
 	cas    packedArgs // args[2], the bucket's write-back
@@ -528,7 +547,7 @@ type redisRequest struct {
 	state atomic.Int32 // requestPending, requestDone, requestAbandoned
 	done  chan struct{}
 	timer *time.Timer
-	owner *Redis
+	owner *Store
 	self  [1]*redisRequest
 	call  [1]redisCall // the request alone, for direct calls
 }
@@ -555,15 +574,15 @@ func (req *redisRequest) alone() []redisCall {
 }
 
 // prepare fills req for one decision.
-func (req *redisRequest) prepare(r *Redis, rkey string, p *params, n, now int64, wb *writeBack) {
+func (req *redisRequest) prepare(r *Store, rkey string, p *algo.Params, n, now int64, wb *writeBack) {
 	req.owner = r
-	req.script = scriptOf(p.algorithm)
-	req.alg = p.algorithm
+	req.script = scriptOf(p.Algorithm)
+	req.alg = p.Algorithm
 	req.err = nil
 	req.state.Store(requestPending)
 	req.keys[0] = rkey
 	req.nkeys = 1
-	if p.algorithm == algoSlidingWindowLog {
+	if p.Algorithm == algo.SlidingWindowLog {
 		req.keys[1] = rkey + ":t"
 		req.nkeys = 2
 	}
@@ -577,19 +596,19 @@ func (req *redisRequest) prepare(r *Redis, rkey string, p *params, n, now int64,
 		req.args[0] = ""
 	}
 	var forgive float64
-	if p.forgive {
+	if p.Forgive {
 		forgive = 1
 	}
 	pa := &req.params
 	pa.reset()
 	pa.add(float64(n))
-	pa.add(float64(p.rate))
-	pa.add(float64(p.period))
-	pa.add(float64(p.capacity))
+	pa.add(float64(p.Rate))
+	pa.add(float64(p.Period))
+	pa.add(float64(p.Capacity))
 	pa.add(float64(r.grace))
 	pa.add(forgive)
 	req.args[2] = ""
-	if wb.bucket && p.algorithm.bucket() {
+	if wb.bucket && p.Algorithm.Bucket() {
 		c := &req.cas
 		c.reset()
 		c.add(float64(wb.casLast))
@@ -616,23 +635,23 @@ func (req *redisRequest) finish() {
 }
 
 // fallback decides without Redis, per l.FailureMode, and counts it.
-func (r *Redis) fallback(ctx context.Context, rkey string, l Limit, n int64) Decision {
+func (r *Store) fallback(ctx context.Context, rkey string, l limiter.Limit, n int64) limiter.Decision {
 	mode := l.FailureMode
 	if mode == "" {
-		mode = FailLocal
+		mode = limiter.FailLocal
 	}
 	r.fallbacks.Add(1)
 	r.fallbackTotal[mode].Inc()
 	capacity := l.Capacity()
 	switch mode {
-	case FailOpen:
-		return Decision{Allowed: true, Limit: capacity, Remaining: max(capacity-n, 0)}
-	case FailClosed:
+	case limiter.FailOpen:
+		return limiter.Decision{Allowed: true, Limit: capacity, Remaining: max(capacity-n, 0)}
+	case limiter.FailClosed:
 		retry := closedRetryAfter
 		if n > capacity {
-			retry = Never
+			retry = limiter.Never
 		}
-		return Decision{Limit: capacity, RetryAfter: retry, ResetAfter: closedRetryAfter}
+		return limiter.Decision{Limit: capacity, RetryAfter: retry, ResetAfter: closedRetryAfter}
 	default:
 		d, _ := r.local.AllowN(ctx, rkey, l, n)
 		return d

@@ -1,4 +1,4 @@
-package limiter_test
+package redisstore_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 )
 
 // TestRedisMergedDecisions has many callers share one worker, so that the store
@@ -22,10 +23,10 @@ func TestRedisMergedDecisions(t *testing.T) {
 	ctx := context.Background()
 	clock := newTestClock() // stopped: each key allows exactly its capacity
 	prefix := shared.uniquePrefix()
-	r := limiter.NewRedis(srv.Client(), limiter.WithKeyPrefix(prefix), limiter.WithRedisWorkers(1),
-		limiter.WithRedisTimeout(5*time.Second), limiter.WithRedisClock(clock.Now),
-		limiter.WithOverLimitCache(0), // every decision goes to Redis
-		limiter.WithRedisLogger(slog.New(slog.DiscardHandler)))
+	r := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(prefix), redisstore.WithWorkers(1),
+		redisstore.WithTimeout(5*time.Second), redisstore.WithClock(clock.Now),
+		redisstore.WithOverLimitCache(0), // every decision goes to Redis
+		redisstore.WithLogger(slog.New(slog.DiscardHandler)))
 	defer r.Close()
 	const capacity, callers, perCaller = 20, 32, 63
 	limits := []limiter.Limit{

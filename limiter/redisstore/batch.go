@@ -1,4 +1,4 @@
-package limiter
+package redisstore
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 // for it), then whatever else is already waiting, up to r.batch, and sends them in
 // one round trip. A lone caller thus goes out at once, and concurrent callers share
 // round trips. On a standalone or Sentinel client, the requests of a batch that share
-// a script also share one EVALSHA (see redis_scripts.go): Redis then does a third
+// a script also share one EVALSHA (see scripts.go): Redis then does a third
 // less work per decision.
 
 // redisCall is one EVALSHA: the decisions of one batch that run one script.
@@ -24,7 +24,7 @@ type redisCall struct {
 	err    error // loading the script failed
 }
 
-func (r *Redis) worker() {
+func (r *Store) worker() {
 	defer r.wg.Done()
 	batch := make([]*redisRequest, 0, r.batch)
 	var calls []redisCall
@@ -65,7 +65,7 @@ func (r *Redis) worker() {
 
 // group sorts batch into calls, reusing calls' buffers: one per script when the
 // client lets one script touch several keys, one per request otherwise.
-func (r *Redis) group(batch []*redisRequest, calls []redisCall) []redisCall {
+func (r *Store) group(batch []*redisRequest, calls []redisCall) []redisCall {
 	calls = calls[:0]
 	for _, req := range batch {
 		var c *redisCall
@@ -95,7 +95,7 @@ func (r *Redis) group(batch []*redisRequest, calls []redisCall) []redisCall {
 }
 
 // drain answers the requests still queued at Close.
-func (r *Redis) drain() {
+func (r *Store) drain() {
 	for {
 		select {
 		case req := <-r.queue:
@@ -109,7 +109,7 @@ func (r *Redis) drain() {
 
 // execute makes calls in one round trip (two when scripts must be loaded) and sets
 // each request's reply or error. A single call needs no pipeline (pipe may be nil).
-func (r *Redis) execute(parent context.Context, calls []redisCall, pipe redis.Pipeliner) {
+func (r *Store) execute(parent context.Context, calls []redisCall, pipe redis.Pipeliner) {
 	ctx, cancel := context.WithTimeout(parent, r.timeout)
 	defer cancel()
 	sent := r.monoMicros()
@@ -176,7 +176,7 @@ load:
 
 // run sends calls, pipelined when there are several; again sends only those whose
 // script was missing and has been loaded since.
-func (r *Redis) run(ctx context.Context, pipe redis.Pipeliner, calls []redisCall, again bool) {
+func (r *Store) run(ctx context.Context, pipe redis.Pipeliner, calls []redisCall, again bool) {
 	send := func(c *redisCall) bool { return !again || (c.err == nil && isNoScript(c.cmd.Err())) }
 	if len(calls) == 1 {
 		if c := &calls[0]; send(c) {
