@@ -164,7 +164,10 @@ func exportedMetrics(t *testing.T) map[string]exportedMetric {
 
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
-	store := redisstore.New(rdb, redisstore.WithRegisterer(rec), redisstore.WithLogger(log))
+	store, err := redisstore.New(rdb, redisstore.WithRegisterer(rec), redisstore.WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { store.Close() })
 
 	if _, err := ingress.New(w, store, ingress.WithRegisterer(rec), ingress.WithLogger(log)); err != nil {

@@ -63,8 +63,11 @@ func redisScenarios(ctx context.Context, cfg limiterConfig) ([]scenario, func() 
 	}
 
 	sluiceRedis := contender{name: "sluice redis", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
-		store := redisstore.New(client, redisstore.WithKeyPrefix(prefix),
+		store, err := redisstore.New(client, redisstore.WithKeyPrefix(prefix),
 			redisstore.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, nil))))
+		if err != nil {
+			return nil, nil, err
+		}
 		return func(id int) decideFunc {
 				ks, i := keys[id], 0
 				return func(ctx context.Context) (bool, error) {

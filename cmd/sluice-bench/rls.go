@@ -594,7 +594,11 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		opts.ContextTimeoutEnabled = true // as sluice's --redis client
 		client := redis.NewClient(opts)
 		defer client.Close()
-		r := redisstore.New(client, redisstore.WithLogger(log))
+		r, err := redisstore.New(client, redisstore.WithLogger(log))
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return exitFailure
+		}
 		defer r.Close()
 		defer func() { fmt.Fprintf(stderr, "%s %d\n", fallbacksLine, r.Fallbacks()) }()
 		store = r

@@ -473,8 +473,12 @@ func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Def
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {
-		g.store = redisstore.New(g.redis, redisstore.WithRegisterer(reg), redisstore.WithLogger(g.log),
+		var err error
+		g.store, err = redisstore.New(g.redis, redisstore.WithRegisterer(reg), redisstore.WithLogger(g.log),
 			redisstore.WithTimeout(g.cfg.front.redis.timeout))
+		if err != nil {
+			return nil, fmt.Errorf("redis limiter (--redis-timeout and the metrics registry): %w", err)
+		}
 		store = g.store
 		g.deps.Add("redis", g.redisHealth)
 	}

@@ -45,11 +45,15 @@ func newRedisSimulation(ctx context.Context, url string, clock func() time.Time,
 	var id [8]byte
 	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails
 	prefix := "sluice-simulate:" + hex.EncodeToString(id[:]) + ":"
-	store := redisstore.New(client,
+	store, err := redisstore.New(client,
 		redisstore.WithClock(clock),
 		redisstore.WithKeyPrefix(prefix),
 		redisstore.WithTimeout(redisSimulateTimeout),
 		redisstore.WithLogger(slog.New(slog.NewTextHandler(logTo, nil))))
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
 	return &redisSimulation{Store: store, client: client, prefix: prefix}, nil
 }
 

@@ -45,7 +45,10 @@ descriptors:
 	}{
 		{"memory", func(*testing.B) limiter.Limiter { return limiter.NewMemory() }},
 		{"redis", func(b *testing.B) limiter.Limiter {
-			r := redisstore.New(redistest.Start(b).Client())
+			r, err := redisstore.New(redistest.Start(b).Client())
+			if err != nil {
+				b.Fatal(err)
+			}
 			b.Cleanup(func() { r.Close() })
 			return r
 		}},

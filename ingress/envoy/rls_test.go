@@ -338,7 +338,10 @@ func stores(t *testing.T) map[string]func() limiter.Limiter {
 		"redis": func() limiter.Limiter {
 			redistest.Require(t)
 			srv := redistest.Start(t)
-			r := redisstore.New(srv.Client())
+			r, err := redisstore.New(srv.Client())
+			if err != nil {
+				t.Fatal(err)
+			}
 			t.Cleanup(func() { r.Close() })
 			return r
 		},
@@ -387,9 +390,15 @@ func TestShouldRateLimitSharesRedisWithTheFrontDoor(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Start(t)
 	set := parseRules(t, rlsRules)
-	front := redisstore.New(srv.Client())
+	front, err := redisstore.New(srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { front.Close() })
-	rls := redisstore.New(srv.Client())
+	rls, err := redisstore.New(srv.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { rls.Close() })
 	c := rlsClient(t, set, rls)
 	mw := newMiddleware(t, set, front)
@@ -422,7 +431,10 @@ func TestShouldRateLimitSharesRedisWithTheFrontDoor(t *testing.T) {
 func TestShouldRateLimitRedisOutage(t *testing.T) {
 	redistest.Require(t)
 	srv := redistest.Start(t)
-	store := redisstore.New(srv.Client(), redisstore.WithTimeout(500*time.Millisecond))
+	store, err := redisstore.New(srv.Client(), redisstore.WithTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { store.Close() })
 	c := rlsClient(t, parseRules(t, rlsRules), store)
 	srv.Stop()

@@ -23,10 +23,13 @@ func TestRedisMergedDecisions(t *testing.T) {
 	ctx := context.Background()
 	clock := newTestClock() // stopped: each key allows exactly its capacity
 	prefix := shared.uniquePrefix()
-	r := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(prefix), redisstore.WithWorkers(1),
+	r, err := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(prefix), redisstore.WithWorkers(1),
 		redisstore.WithTimeout(5*time.Second), redisstore.WithClock(clock.Now),
 		redisstore.WithOverLimitCache(0), // every decision goes to Redis
 		redisstore.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer r.Close()
 	const capacity, callers, perCaller = 20, 32, 63
 	limits := []limiter.Limit{

@@ -67,7 +67,10 @@ func BenchmarkRedis(b *testing.B) {
 	overLimit := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Hour}
 	for _, callers := range benchCallers {
 		b.Run("allowed/callers="+strconv.Itoa(callers), func(b *testing.B) {
-			r := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
+			r, err := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
+			if err != nil {
+				b.Fatal(err)
+			}
 			defer r.Close()
 			runCallers(b, callers, func(i int64) {
 				if d, _ := r.AllowN(ctx, redisBenchKeys[i%int64(len(redisBenchKeys))], allowAll, 1); !d.Allowed {
@@ -81,7 +84,10 @@ func BenchmarkRedis(b *testing.B) {
 	}
 	for _, callers := range benchCallers {
 		b.Run("over-limit/callers="+strconv.Itoa(callers), func(b *testing.B) {
-			r := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
+			r, err := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
+			if err != nil {
+				b.Fatal(err)
+			}
 			defer r.Close()
 			runCallers(b, callers, func(i int64) { _, _ = r.AllowN(ctx, "hot", overLimit, 1) })
 		})
@@ -98,7 +104,10 @@ func BenchmarkRedisCluster(b *testing.B) {
 	allowAll := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1e12, Period: time.Second}
 	for _, callers := range benchCallers {
 		b.Run("allowed/callers="+strconv.Itoa(callers), func(b *testing.B) {
-			r := redisstore.New(c.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
+			r, err := redisstore.New(c.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()), redisstore.WithTimeout(time.Second))
+			if err != nil {
+				b.Fatal(err)
+			}
 			defer r.Close()
 			runCallers(b, callers, func(i int64) {
 				if d, _ := r.AllowN(ctx, redisBenchKeys[i%int64(len(redisBenchKeys))], allowAll, 1); !d.Allowed {

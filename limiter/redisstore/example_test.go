@@ -18,7 +18,11 @@ import (
 func ExampleNew() {
 	client := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	defer client.Close()
-	store := redisstore.New(client)
+	store, err := redisstore.New(client)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 
 	limit := limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Rate: 100, Period: time.Minute}

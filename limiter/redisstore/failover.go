@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -19,7 +20,7 @@ var monoBase = time.Now()
 // monoMicros reads the monotonic clock, in µs since the package started.
 func (r *Store) monoMicros() int64 { return time.Since(monoBase).Microseconds() }
 
-func (r *Store) initMetrics(reg prometheus.Registerer) {
+func (r *Store) initMetrics(reg prometheus.Registerer) error {
 	vec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_limiter_fallback_total",
 		Help: "Decisions the Redis limiter store made without Redis (Redis failed, was too slow or was down), by failure mode.",
@@ -30,9 +31,11 @@ func (r *Store) initMetrics(reg prometheus.Registerer) {
 			if errors.As(err, &are) {
 				if v, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
 					vec = v // another store registered it: count there too
+				} else {
+					return fmt.Errorf("%w: the registry holds another sluice_limiter_fallback_total", ErrInvalidOption)
 				}
 			} else {
-				r.logger.Error("limiter: cannot register metrics", "err", err)
+				return fmt.Errorf("%w: register metrics: %v", ErrInvalidOption, err)
 			}
 		}
 	}
@@ -40,6 +43,7 @@ func (r *Store) initMetrics(reg prometheus.Registerer) {
 	for _, m := range []limiter.FailureMode{limiter.FailLocal, limiter.FailOpen, limiter.FailClosed} {
 		r.fallbackTotal[m] = vec.WithLabelValues(string(m))
 	}
+	return nil
 }
 
 // failed handles a request's error: trouble with Redis itself marks it down; an

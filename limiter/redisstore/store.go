@@ -7,6 +7,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"strings"
@@ -173,13 +174,17 @@ func WithKeyGrace(d time.Duration) Option {
 // closedRetryAfter is the RetryAfter of FailClosed decisions.
 const closedRetryAfter = time.Second
 
-// New returns a store over client and starts its workers; Close stops them.
+// ErrInvalidOption: New was given an option value it cannot work with.
+var ErrInvalidOption = errors.New("redisstore: invalid option")
+
+// New returns a store over client and starts its workers; Close stops them. A bad
+// option value is an error (ErrInvalidOption), never a silent default.
 //
 // Give it a client with ContextTimeoutEnabled: its calls are then bounded by the
 // store's timeout, and a caller alone with Redis calls it directly instead of
 // handing its decision to a worker. Without it, callers still stop waiting at the
 // timeout, but a worker may stay blocked until the client's ReadTimeout.
-func New(client redis.UniversalClient, opts ...Option) *Store {
+func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	cfg := config{
 		prefix:    "sluice:",
 		timeout:   50 * time.Millisecond,
@@ -189,6 +194,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		probeMin:  50 * time.Millisecond,
 		probeMax:  5 * time.Second,
 		grace:     -1,
+		logger:    slog.Default(),
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -199,16 +205,18 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 			cfg.grace = time.Minute
 		}
 	}
-	if strings.ContainsAny(cfg.prefix, "{}") {
-		panic("redisstore: WithKeyPrefix: the prefix must not contain '{' or '}'")
-	}
-	cfg.workers = max(cfg.workers, 1)
-	cfg.batch = max(cfg.batch, 1)
-	if cfg.timeout <= 0 {
-		cfg.timeout = 50 * time.Millisecond
-	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
+	switch {
+	case client == nil:
+		return nil, fmt.Errorf("%w: no client", ErrInvalidOption)
+	case strings.ContainsAny(cfg.prefix, "{}"):
+		// Braces would move keys out of their hash slot.
+		return nil, fmt.Errorf("%w: WithKeyPrefix %q: the prefix must not contain '{' or '}'", ErrInvalidOption, cfg.prefix)
+	case cfg.workers < 1 || cfg.batch < 1:
+		return nil, fmt.Errorf("%w: WithWorkers %d and WithBatch %d must be at least 1", ErrInvalidOption, cfg.workers, cfg.batch)
+	case cfg.timeout <= 0:
+		return nil, fmt.Errorf("%w: WithTimeout %s must be positive", ErrInvalidOption, cfg.timeout)
+	case cfg.logger == nil:
+		return nil, fmt.Errorf("%w: WithLogger(nil)", ErrInvalidOption)
 	}
 	r := &Store{
 		client:   client,
@@ -237,12 +245,14 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		memOpts = append(memOpts, limiter.WithClock(cfg.clock))
 	}
 	r.local = limiter.NewMemory(memOpts...)
-	r.initMetrics(cfg.registerer)
+	if err := r.initMetrics(cfg.registerer); err != nil {
+		return nil, err
+	}
 	for range r.workers {
 		r.wg.Add(1)
 		go r.worker()
 	}
-	return r
+	return r, nil
 }
 
 // Close stops the workers and the probe. Decisions after Close fall back as if Redis

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -331,8 +332,11 @@ func TestRedisFailureModes(t *testing.T) {
 	client := srv.Client()
 	srv.Stop()
 	reg := prometheus.NewRegistry()
-	r := redisstore.New(client, redisstore.WithRegisterer(reg), redisstore.WithLogger(testLogger(t)),
+	r, err := redisstore.New(client, redisstore.WithRegisterer(reg), redisstore.WithLogger(testLogger(t)),
 		redisstore.WithProbeBackoff(time.Hour, time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer r.Close()
 
 	limit := func(mode limiter.FailureMode) limiter.Limit {
@@ -379,12 +383,15 @@ func TestRedisOutage(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client()
 	reg := prometheus.NewRegistry()
-	r := redisstore.New(client,
+	r, err := redisstore.New(client,
 		redisstore.WithKeyPrefix("outage:"),
 		redisstore.WithTimeout(50*ms),
 		redisstore.WithProbeBackoff(10*ms, 200*ms),
 		redisstore.WithRegisterer(reg),
 		redisstore.WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer r.Close()
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1e9, Period: time.Second}
 
@@ -500,10 +507,13 @@ func TestRedisHungServer(t *testing.T) {
 			opts.ReadTimeout = time.Second // how long a worker may stay blocked
 			client := redis.NewClient(opts)
 			defer client.Close()
-			r := redisstore.New(client,
+			r, err := redisstore.New(client,
 				redisstore.WithTimeout(50*ms),
 				redisstore.WithProbeBackoff(10*ms, 100*ms),
 				redisstore.WithLogger(testLogger(t)))
+			if err != nil {
+				t.Fatal(err)
+			}
 			defer r.Close()
 			l := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: 1e6, Period: farWindow}
 			check(t, r, "k", l, 1)
@@ -552,7 +562,10 @@ func TestRedisHungServer(t *testing.T) {
 // TestRedisClose: decisions after Close do not hang, and fall back.
 func TestRedisClose(t *testing.T) {
 	srv := standalone(t)
-	r := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()))
+	r, err := redisstore.New(srv.Client(), redisstore.WithKeyPrefix(shared.uniquePrefix()))
+	if err != nil {
+		t.Fatal(err)
+	}
 	l := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: 1, Period: farWindow}
 	if d := check(t, r, "k", l, 1); !d.Allowed {
 		t.Fatalf("%+v", d)
@@ -564,5 +577,29 @@ func TestRedisClose(t *testing.T) {
 	start := time.Now()
 	if d := check(t, r, "other", l, 1); !d.Allowed || time.Since(start) > 3*time.Second {
 		t.Fatalf("after Close: %+v in %v", d, time.Since(start))
+	}
+}
+
+// Bad option values are errors, never a panic or a silent default.
+func TestNewRefusesBadOptions(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer client.Close()
+	clash := prometheus.NewRegistry()
+	clash.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "sluice_limiter_fallback_total", Help: "not sluice's"}))
+	for name, opts := range map[string][]redisstore.Option{
+		"braces in the prefix": {redisstore.WithKeyPrefix("a{b}:")},
+		"no workers":           {redisstore.WithWorkers(0)},
+		"empty batches":        {redisstore.WithBatch(0)},
+		"no timeout":           {redisstore.WithTimeout(0)},
+		"negative timeout":     {redisstore.WithTimeout(-time.Second)},
+		"nil logger":           {redisstore.WithLogger(nil)},
+		"clashing registry":    {redisstore.WithRegisterer(clash)},
+	} {
+		if s, err := redisstore.New(client, opts...); !errors.Is(err, redisstore.ErrInvalidOption) || s != nil {
+			t.Errorf("%s: New = %v, %v; want ErrInvalidOption", name, s, err)
+		}
+	}
+	if _, err := redisstore.New(nil); !errors.Is(err, redisstore.ErrInvalidOption) {
+		t.Errorf("no client: %v", err)
 	}
 }

@@ -45,7 +45,10 @@ func newTestRedis(t testing.TB, client redis.UniversalClient, opts ...redisstore
 		redisstore.WithKeyPrefix(shared.uniquePrefix()),
 		redisstore.WithTimeout(5 * time.Second),
 	}, opts...)
-	r := redisstore.New(client, opts...)
+	r, err := redisstore.New(client, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		r.Close()
 		if n := r.Fallbacks(); n > 0 {
