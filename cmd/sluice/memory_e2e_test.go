@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,9 @@ func peakRSS(t *testing.T, pid int) int64 {
 	t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
+		if runtime.GOOS == "linux" { // where CI runs: the measurement must happen
+			t.Fatal(err)
+		}
 		t.Skipf("no /proc: %v", err)
 	}
 	for line := range strings.Lines(string(status)) {
