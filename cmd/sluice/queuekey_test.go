@@ -77,6 +77,9 @@ func TestLoadQueueKey(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := os.Symlink(target, filepath.Join(dir, queueKeyFile)); err != nil {
+			if runtime.GOOS == "linux" { // where CI runs: the refusal must be tested
+				t.Fatal(err)
+			}
 			t.Skip(err)
 		}
 		if _, err := loadQueueKey(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {

@@ -5,6 +5,7 @@ package queueapi
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -337,22 +338,7 @@ func tickets(w http.ResponseWriter, r *http.Request) ([]string, bool) {
 }
 
 func (a *API) requeue(w http.ResponseWriter, r *http.Request) {
-	ts, ok := tickets(w, r)
-	if !ok {
-		return
-	}
-	name := r.PathValue("queue")
-	if !a.queueExists(w, r, name) {
-		return
-	}
-	n, err := a.store().Requeue(r.Context(), name, ts...)
-	if err != nil {
-		a.fail(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, struct {
-		Requeued int `json:"requeued"`
-	}{n})
+	a.onDeadLetters(w, r, "requeued", a.store().Requeue)
 }
 
 func (a *API) purge(w http.ResponseWriter, r *http.Request) {
@@ -364,6 +350,13 @@ func (a *API) purge(w http.ResponseWriter, r *http.Request) {
 		ingress.WriteProblem(w, http.StatusBadRequest, "Purging deletes dead letters for good: add confirm=true.")
 		return
 	}
+	a.onDeadLetters(w, r, "purged", a.store().PurgeDeadLetters)
+}
+
+// onDeadLetters runs op on the dead letters the request names (its tickets, or all)
+// of the path's queue and answers {"<done>": how many}.
+func (a *API) onDeadLetters(w http.ResponseWriter, r *http.Request, done string,
+	op func(ctx context.Context, queue string, tickets ...string) (int, error)) {
 	ts, ok := tickets(w, r)
 	if !ok {
 		return
@@ -372,14 +365,12 @@ func (a *API) purge(w http.ResponseWriter, r *http.Request) {
 	if !a.queueExists(w, r, name) {
 		return
 	}
-	n, err := a.store().PurgeDeadLetters(r.Context(), name, ts...)
+	n, err := op(r.Context(), name, ts...)
 	if err != nil {
 		a.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Purged int `json:"purged"`
-	}{n})
+	writeJSON(w, http.StatusOK, map[string]int{done: n})
 }
 
 // queueExists answers 404 unless name is a queue of the store or has a stream (dead
@@ -389,7 +380,7 @@ func (a *API) queueExists(w http.ResponseWriter, r *http.Request, name string) b
 		return true
 	}
 	if err := a.store().CheckQueue(r.Context(), name); err != nil {
-		a.fail(w, queue.ErrUnknownQueue)
+		a.fail(w, err) // unknown: 404; NATS unreachable: 503, not a false 404
 		return false
 	}
 	return true
