@@ -8,13 +8,10 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
-	"github.com/sluicehq/sluice/queue/natstest"
-	"github.com/sluicehq/sluice/rules"
 )
 
 const checkRules = `
@@ -54,20 +51,7 @@ queues:
 // when trusted says so.
 func checkServer(t *testing.T, trusted bool) (*httptest.Server, *queue.Store) {
 	t.Helper()
-	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(checkRules)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(5*time.Second), queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Declare(ctx, set.Queue("orders").Config); err != nil {
-		t.Fatal(err)
-	}
+	set, _, store := openRules(t, checkRules)
 	var proxies []string
 	if trusted {
 		proxies = []string{"127.0.0.0/8"}

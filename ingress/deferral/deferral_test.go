@@ -15,8 +15,6 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
-	"github.com/sluicehq/sluice/queue/queueconfig"
-	"github.com/sluicehq/sluice/rules"
 )
 
 const deferRules = `
@@ -47,20 +45,7 @@ type deferFixture struct {
 
 func newDeferFixture(t *testing.T) *deferFixture {
 	t.Helper()
-	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(deferRules)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(2*time.Second), queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), MaxDepth: 3, Downstream: "http://127.0.0.1:1"}); err != nil {
-		t.Fatal(err)
-	}
+	set, srv, store := openRules(t, deferRules)
 	d := New(store)
 	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(d))
 	if err != nil {
