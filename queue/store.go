@@ -326,7 +326,15 @@ func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orpha
 		q = &Queue{store: s, name: cfg.Name}
 		s.queues[cfg.Name] = q
 	}
-	q.stream, q.keys = stream, keys
+	// A stream handle names its stream: the first one serves for good, so readers
+	// never race a re-declaration. A key stream is added when an orphan (which has
+	// none) is declared again, before rules that park in it go live.
+	if q.stream == nil {
+		q.stream = stream
+	}
+	if q.keys == nil {
+		q.keys = keys
+	}
 	q.cfg.Store(&cfg)
 	q.orphaned.Store(orphaned)
 	return q
