@@ -40,6 +40,8 @@ func configFromStream(info *jetstream.StreamInfo) (queueconfig.Config, error) {
 	if cfg.Name != name {
 		return queueconfig.Config{}, fmt.Errorf("%w: stream %s stores the configuration of queue %q", ErrInvalidConfig, info.Config.Name, cfg.Name)
 	}
+	// The callback secret is not stored (it is a secret): without it, no callbacks.
+	cfg.CallbackHosts = nil
 	if err := cfg.Validate(); err != nil {
 		return queueconfig.Config{}, err
 	}

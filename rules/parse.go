@@ -151,8 +151,10 @@ type queueDef struct {
 	dropHeaders []string
 	deadMaxAge  time.Duration
 	// nodes holds each field's value, where queueconfig.Config.Validate's problems are reported.
-	nodes    map[string]*yaml.Node
-	delivery queueconfig.Delivery
+	nodes          map[string]*yaml.Node
+	delivery       queueconfig.Delivery
+	callbackHosts  []string
+	callbackSecret string
 }
 
 var (
@@ -165,7 +167,7 @@ var (
 	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields  = []string{"name", "value", "present"}
 	entryFields   = []string{"key", "value", "from", "default"}
-	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery"}
+	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "callback_hosts", "callback_secret"}
 	outflowFields = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields = []string{"initial", "max"}
 )
@@ -612,6 +614,12 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 		case "delivery":
 			d, _ := w.str(v, key)
 			q.delivery = queueconfig.Delivery(d)
+		case "callback_hosts":
+			for _, h := range w.names(v, key) {
+				q.callbackHosts = append(q.callbackHosts, h.name)
+			}
+		case "callback_secret":
+			q.callbackSecret = w.secret(v, key)
 		}
 	})
 	return q

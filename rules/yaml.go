@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -359,4 +360,24 @@ func (w *walker) metaValue(n *yaml.Node, depth int) any {
 	}
 	w.errf(n, "metadata: unsupported value, got %s", kindName(n))
 	return nil
+}
+
+// secret reads a secret: "env:NAME" takes it from the environment variable NAME (how a
+// secret should reach a rules file that lives in a repository or a ConfigMap); any
+// other string is the secret itself. Problems never quote the value.
+func (w *walker) secret(v *yaml.Node, what string) string {
+	if v.Kind != yaml.ScalarNode || isNull(v) {
+		w.errf(v, "%s must be a string, got %s", what, kindName(v))
+		return ""
+	}
+	name, ok := strings.CutPrefix(v.Value, "env:")
+	if !ok {
+		return v.Value
+	}
+	val, set := os.LookupEnv(name)
+	if !set || val == "" {
+		w.errf(v, "%s: environment variable %s is not set", what, name)
+		return ""
+	}
+	return val
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/dispatcher/webhook"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -124,6 +125,16 @@ type Config struct {
 	// queue within IdempotencyTTL (default 10,000); past it queue.Store.Park fails with
 	// queue.ErrTooManyKeys.
 	MaxIdempotencyKeys int
+	// CallbackHosts are where clients may ask (Sluice-Callback: URL) to be told that
+	// their order ended. Each entry is "host" or "host:port", which allows https URLs to
+	// it, or "http://host[:port]", which allows plain http too. Hosts compare without
+	// case; an entry without a port allows only URLs without one. Empty: no callbacks.
+	CallbackHosts []string
+	// CallbackSecret signs the queue's callbacks (dispatcher/webhook), in the form
+	// "whsec_<base64 key>". Required with CallbackHosts. It is never written as JSON
+	// (stream metadata, admin answers): a queue adopted from its stream alone has no
+	// secret, so takes no callbacks.
+	CallbackSecret string `json:"-"`
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -271,6 +282,19 @@ func (c Config) Validate() error {
 	}
 	if c.MaxIdempotencyKeys < 1 || c.MaxIdempotencyKeys > MaxIdempotencyKeysLimit {
 		bad("max_idempotency_keys", "max_idempotency_keys must be between 1 and %d", MaxIdempotencyKeysLimit)
+	}
+	for _, h := range c.CallbackHosts {
+		if _, err := parseCallbackHost(h); err != nil {
+			bad("callback_hosts", "callback_hosts: %v", err)
+		}
+	}
+	switch _, err := webhook.ParseSecret(c.CallbackSecret); {
+	case len(c.CallbackHosts) > 0 && c.CallbackSecret == "":
+		bad("callback_secret", "callback_hosts needs a callback_secret to sign the callbacks (whsec_ and 32 random bytes in base64: echo whsec_$(openssl rand -base64 32))")
+	case c.CallbackSecret != "" && len(c.CallbackHosts) == 0:
+		bad("callback_secret", "callback_secret without callback_hosts: no callback could be sent")
+	case c.CallbackSecret != "" && err != nil:
+		bad("callback_secret", "callback_secret: %v", err)
 	}
 	// JetStream's per-message TTLs count whole seconds.
 	if c.DeadLetterMaxAge < time.Second {
