@@ -32,6 +32,7 @@ type options struct {
 	clock           Clock
 	circuitAfter    int
 	circuitMaxProbe time.Duration
+	callbacks       CallbackPolicy
 }
 
 // WithLogger sets the logger (default: discard).
@@ -142,6 +143,7 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 		clock:           SystemClock{},
 		circuitAfter:    3,
 		circuitMaxProbe: 30 * time.Second,
+		callbacks:       DefaultCallbackPolicy,
 	}
 	for _, opt := range opts {
 		opt(&o)
@@ -154,6 +156,9 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 	}
 	if o.clock == nil {
 		return nil, errors.New("dispatcher: WithDispatcherClock(nil)")
+	}
+	if err := o.callbacks.validate(); err != nil {
+		return nil, err
 	}
 	if o.circuitAfter < 1 {
 		return nil, errors.New("dispatcher: the circuit needs at least 1 failed attempt to open")
@@ -193,6 +198,11 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 		return errors.New("dispatcher: no queues")
 	}
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		d.runCallbacks(ctx)
+	}()
 	for _, q := range qs {
 		r := newRunner(d, q)
 		wg.Add(1)

@@ -12,6 +12,7 @@ type metrics struct {
 	failed    *prometheus.CounterVec
 	dead      *prometheus.CounterVec
 	rejected  *prometheus.CounterVec
+	callbacks *prometheus.CounterVec
 	duration  *prometheus.HistogramVec
 	wait      *prometheus.HistogramVec
 	paused    *prometheus.GaugeVec
@@ -40,6 +41,10 @@ func newMetrics() *metrics {
 			Name: "sluice_queue_rejected_total",
 			Help: "Messages dead-lettered without any delivery attempt, by reason: forged (no valid signature) or invalid (cannot be delivered, e.g. a path without a leading '/').",
 		}, []string{"queue", "reason"}),
+		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_callbacks_total",
+			Help: "Completion callback attempts by outcome: delivered (2xx), retried, failed (given up after the last attempt) or dropped (forged, or its queue no longer allows it; queue label empty).",
+		}, []string{"queue", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_delivery_duration_seconds",
 			Help:    "Duration of delivery attempts, any outcome.",
@@ -74,7 +79,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 		}
 		return c, nil
 	}
-	for _, p := range []**prometheus.CounterVec{&m.delivered, &m.retried, &m.failed, &m.dead, &m.rejected} {
+	for _, p := range []**prometheus.CounterVec{&m.delivered, &m.retried, &m.failed, &m.dead, &m.rejected, &m.callbacks} {
 		c, err := reg(*p)
 		if err != nil {
 			return err

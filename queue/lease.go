@@ -397,7 +397,7 @@ func (l *Lease) Done(ctx context.Context, res *Result) error {
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusDone, "", time.Time{}, res
 	l.keepKey(ctx)
 	l.save(ctx)
-	l.event(DoneSubject(rec.Queue), statusCode(res))
+	l.event(ctx, DoneSubject(rec.Queue), statusCode(res))
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return l.jm.DoubleAck(actx)
@@ -414,7 +414,7 @@ func (l *Lease) Fail(ctx context.Context, res *Result, cause string) error {
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusFailed, cause, time.Time{}, res
 	l.keepKey(ctx)
 	l.save(ctx)
-	l.event(DoneSubject(rec.Queue), statusCode(res))
+	l.event(ctx, DoneSubject(rec.Queue), statusCode(res))
 	_ = l.jm.TermWithReason(fmt.Sprintf("downstream answered %d", statusCode(res)))
 	return nil
 }
@@ -530,7 +530,7 @@ func (l *Lease) Dead(ctx context.Context, cause string, retryIn time.Duration) e
 	rec.Status, rec.NextAttemptAt, rec.LastError = StatusDead, time.Time{}, cause
 	l.keepKey(ctx)
 	l.save(ctx)
-	l.event(DeadSubject(m.Queue), 0)
+	l.event(ctx, DeadSubject(m.Queue), 0)
 	_ = l.jm.TermWithReason(reason)
 	return nil
 }
@@ -565,7 +565,9 @@ func (l *Lease) save(ctx context.Context) {
 	l.c.log.Debug("ticket record kept in memory to be written later", "ticket", rec.Ticket, "err", err)
 }
 
-func (l *Lease) event(subject string, status int) {
+// event publishes the order's final state on subject and, when the order asked for
+// one, stores its completion callback.
+func (l *Lease) event(ctx context.Context, subject string, status int) {
 	rec := l.rec
 	ev := Event{
 		Ticket: rec.Ticket, Queue: rec.Queue, Rule: rec.Rule, Status: rec.Status,
@@ -574,4 +576,5 @@ func (l *Lease) event(subject string, status int) {
 	if err := l.s.PublishEvent(subject, ev); err != nil {
 		l.c.log.Warn("cannot publish event", "subject", subject, "err", err)
 	}
+	l.s.enqueueCallback(ctx, l.m, ev)
 }

@@ -34,6 +34,7 @@ import (
 //	Sluice-Client           hash of the client key (never a raw key or IP)
 //	Sluice-Idempotency-Key  the client's Idempotency-Key, if any
 //	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
+//	Sluice-Callback         the URL to call when the order ends (see Request.Callback)
 //	Sluice-Signature        HMAC of all the above, the headers and the body (see Store.Verify)
 //	Sluice-H-{Name}         each kept request header, canonical name, every value
 //
@@ -85,6 +86,10 @@ type Request struct {
 	IdempotencyKey string
 	// ReceivedAt is when ingress received the request (default: now).
 	ReceivedAt time.Time
+	// Callback is a URL to tell when the order ends (done, failed or dead), from the
+	// client's Sluice-Callback header. Park refuses one the queue does not allow
+	// (queueconfig.Config.CheckCallback).
+	Callback string
 }
 
 // Message is a parked request as stored in (and read back from) a queue.
@@ -154,6 +159,7 @@ var hopByHop = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 	"Host", "Content-Length", "Expect",
+	HeaderCallback, // an instruction to sluice, kept as the message's own header
 }
 
 // KeptHeader returns a copy of h without the headers that are never stored: hop-by-hop
@@ -196,7 +202,7 @@ func (r *Request) validate() error {
 		return fmt.Errorf("%w: no queue", ErrInvalidRequest)
 	case r.Method == "" || strings.ContainsAny(r.Method, " \t\r\n"):
 		return fmt.Errorf("%w: bad method %q", ErrInvalidRequest, r.Method)
-	case strings.ContainsAny(r.Rule+r.Client+r.IdempotencyKey, "\r\n"):
+	case strings.ContainsAny(r.Rule+r.Client+r.IdempotencyKey+r.Callback, "\r\n"):
 		return fmt.Errorf("%w: rule, client and idempotency key must not hold CR or LF", ErrInvalidRequest)
 	}
 	if err := CheckTarget(r.Path, r.RawQuery); err != nil {
@@ -245,6 +251,7 @@ func (m *Message) encode(subject string) *nats.Msg {
 	setIf(h, HeaderClient, m.Client)
 	setIf(h, HeaderIdempotencyKey, m.IdempotencyKey)
 	h.Set(HeaderFingerprint, m.Fingerprint)
+	setIf(h, HeaderCallback, m.Callback)
 	setIf(h, HeaderSignature, m.Signature)
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -299,6 +306,7 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 			RawQuery:       h.Get(HeaderQuery),
 			Client:         h.Get(HeaderClient),
 			IdempotencyKey: h.Get(HeaderIdempotencyKey),
+			Callback:       h.Get(HeaderCallback),
 			Body:           data,
 			Header:         make(http.Header),
 		},
@@ -328,5 +336,6 @@ func (m *Message) Headers() nats.Header {
 	msg := m.encode("_")
 	msg.Header.Del(HeaderMsgID)
 	msg.Header.Del(HeaderSignature)
+	msg.Header.Del(HeaderCallback)
 	return msg.Header
 }

@@ -12,11 +12,13 @@ type storeMetrics struct {
 	store    *Store
 	parked   *prometheus.CounterVec
 	keptLost prometheus.Counter
-	kept     prometheus.GaugeFunc
-	depth    *prometheus.Desc
-	maxDepth *prometheus.Desc
-	outflow  *prometheus.Desc
-	orphaned *prometheus.Desc
+	// callbacksLost counts completion callbacks that could not be stored.
+	callbacksLost prometheus.Counter
+	kept          prometheus.GaugeFunc
+	depth         *prometheus.Desc
+	maxDepth      *prometheus.Desc
+	outflow       *prometheus.Desc
+	orphaned      *prometheus.Desc
 }
 
 func newStoreMetrics(s *Store) *storeMetrics {
@@ -29,6 +31,10 @@ func newStoreMetrics(s *Store) *storeMetrics {
 		keptLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_queue_records_lost_total",
 			Help: "Ticket records that could not be written nor kept in memory for a later write (their orders were still settled; their status reads as unknown).",
+		}),
+		callbacksLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_callbacks_lost_total",
+			Help: "Completion callbacks that could not be stored when their order ended, so were never sent (the orders were settled all the same).",
 		}),
 		kept: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "sluice_queue_records_kept",
@@ -61,13 +67,15 @@ func (m *storeMetrics) register(r prometheus.Registerer) error {
 		}
 		m.parked = existing
 	}
-	if err := r.Register(m.keptLost); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return err
-		}
-		if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
-			m.keptLost = existing
+	for _, c := range []*prometheus.Counter{&m.keptLost, &m.callbacksLost} {
+		if err := r.Register(*c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return err
+			}
+			if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
+				*c = existing
+			}
 		}
 	}
 	// A second Store in one registry (tests) keeps the first one's gauge.

@@ -108,6 +108,11 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 		return Receipt{}, err
 	}
 	cfg := q.Config()
+	if req.Callback != "" {
+		if _, err := cfg.CheckCallback(req.Callback); err != nil {
+			return Receipt{}, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+	}
 	m := &Message{Request: *req}
 	m.Header = KeptHeader(req.Header, cfg.DropHeaders)
 	if m.ReceivedAt.IsZero() {

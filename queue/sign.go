@@ -45,8 +45,8 @@ func (s *Store) mac(domain string, fields ...[]byte) []byte {
 
 // messageMAC covers what decides a message's delivery and identity: ticket, queue,
 // rule, method, path, query, received-at, client, idempotency key, fingerprint, every
-// kept header (sorted names, each with its count of values, then the values in order)
-// and the body.
+// kept header (sorted names, each with its count of values, then the values in order),
+// the body and the callback URL.
 func (s *Store) messageMAC(m *Message) []byte {
 	names := make([]string, 0, len(m.Header))
 	for k := range m.Header {
@@ -67,6 +67,10 @@ func (s *Store) messageMAC(m *Message) []byte {
 		}
 	}
 	fields = append(fields, m.Body)
+	// Appended only when set, so that messages parked before callbacks existed verify.
+	if m.Callback != "" {
+		fields = append(fields, []byte("callback"), []byte(m.Callback))
+	}
 	return s.mac("sluice message", fields...)
 }
 

@@ -68,6 +68,14 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		ingress.WriteProblem(w, http.StatusBadRequest, "This request cannot be queued: its "+err.Error()+".")
 		return
 	}
+	// A callback the queue does not allow is refused before the body is read.
+	callback := r.Header.Get(queue.HeaderCallback)
+	if callback != "" {
+		if _, err := d.Queue.CheckCallback(callback); err != nil {
+			ingress.WriteProblem(w, http.StatusBadRequest, "Sluice-Callback: "+err.Error()+".")
+			return
+		}
+	}
 	header := d.ParkHeader(r)
 	req := &queue.Request{
 		Queue:          d.Queue.Name,
@@ -79,6 +87,7 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		Client:         d.Client,
 		IdempotencyKey: key,
 		ReceivedAt:     time.Now(),
+		Callback:       callback,
 	}
 	// The body is read only as far as the queue can store it, into memory reserved
 	// until it is parked.

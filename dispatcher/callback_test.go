@@ -1,0 +1,257 @@
+package dispatcher_test
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/dispatcher/webhook"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
+)
+
+// receiver is a callback receiver that verifies every callback like a real one would.
+type receiver struct {
+	*httptest.Server
+	secret webhook.Secret
+	mu     sync.Mutex
+	fail   int // answer 500 to this many attempts first
+	tries  map[string]int
+	events map[string]queue.CallbackEvent // by webhook-id, once verified
+	bad    int                            // attempts that did not verify
+}
+
+func newReceiver(t *testing.T, secret string, fail int) *receiver {
+	s, err := webhook.ParseSecret(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &receiver{secret: s, fail: fail, tries: map[string]int{}, events: map[string]queue.CallbackEvent{}}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rc.mu.Lock()
+		defer rc.mu.Unlock()
+		id, err := webhook.Verify(r.Header, body, time.Now(), 0, rc.secret)
+		if err != nil || r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/json" {
+			rc.bad++
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		rc.tries[id]++
+		if rc.fail > 0 {
+			rc.fail--
+			w.WriteHeader(http.StatusInternalServerError)
+			return
+		}
+		var ev queue.CallbackEvent
+		if err := json.Unmarshal(body, &ev); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		rc.events[id] = ev
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+func (rc *receiver) event(id string) (queue.CallbackEvent, int, bool) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	ev, ok := rc.events[id]
+	return ev, rc.tries[id], ok
+}
+
+var fastCallbacks = dispatcher.WithCallbackPolicy(dispatcher.CallbackPolicy{
+	Timeout: 2 * time.Second, MaxAttempts: 4, Workers: 2,
+	Backoff: queueconfig.Backoff{Initial: 20 * time.Millisecond, Max: 50 * time.Millisecond},
+})
+
+// Every way an order ends reaches its callback, signed, retried until the receiver
+// takes it, with the same webhook-id on every attempt.
+func TestCallbacksOnDoneFailedAndDead(t *testing.T) {
+	srv := natstest.Start(t)
+	secret := webhook.NewSecret()
+	rc := newReceiver(t, secret, 2)
+	ds := newDownstream(t, func(h hit, n int) (int, http.Header, string) {
+		switch {
+		case strings.Contains(h.path, "refused"):
+			return http.StatusBadRequest, nil, "no"
+		case strings.Contains(h.path, "broken"):
+			return http.StatusInternalServerError, nil, "down"
+		}
+		return http.StatusCreated, nil, "ok"
+	})
+	cfg := baseConfig("orders", ds.URL)
+	cfg.MaxAttempts = 1
+	cfg.CallbackHosts = []string{"http://" + strings.TrimPrefix(rc.URL, "http://")}
+	cfg.CallbackSecret = secret
+	reg := prometheus.NewRegistry()
+	store, _ := openStore(t, srv.Conn, cfg)
+
+	want := map[string]string{} // event id → type
+	for _, path := range []string{"/v1/orders", "/v1/refused", "/v1/broken"} {
+		req := orderReq("orders", 1)
+		req.Path = path
+		req.Callback = rc.URL + "/hooks?order=" + path
+		r, err := store.Park(ctxT(t), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kind := map[string]string{"/v1/orders": "done", "/v1/refused": "failed", "/v1/broken": "dead"}[path]
+		want["evt_"+r.Ticket+"_"+kind] = "order." + kind
+	}
+	// No callback asked: none sent.
+	park(t, store, "orders", 10, 12)
+
+	startReplica(t, srv, cfg, "a", fastCallbacks, dispatcher.WithRegisterer(reg))
+	for id, typ := range want {
+		waitFor(t, "callback "+id, 30*time.Second, func() bool { _, _, ok := rc.event(id); return ok })
+		ev, tries, _ := rc.event(id)
+		if ev.Type != typ || "evt_"+ev.Data.Ticket+"_"+string(ev.Data.Status) != id || ev.Data.Queue != "orders" {
+			t.Errorf("callback %s = %+v", id, ev)
+		}
+		if tries < 1 {
+			t.Errorf("callback %s: %d attempts", id, tries)
+		}
+	}
+	rc.mu.Lock()
+	retried, bad, n := 0, rc.bad, len(rc.events)
+	for _, c := range rc.tries {
+		retried += c - 1
+	}
+	rc.mu.Unlock()
+	if retried != 2 || bad != 0 || n != 3 {
+		t.Errorf("receiver saw %d repeats (want the 2 failed ones), %d unverifiable attempts, %d events", retried, bad, n)
+	}
+	waitFor(t, "callback metrics", 10*time.Second, func() bool {
+		return gather(t, reg, "sluice_callbacks_total", "queue", "orders", "outcome", "delivered") == 3
+	})
+	if got := gather(t, reg, "sluice_callbacks_total", "queue", "orders", "outcome", "retried"); got != 2 {
+		t.Errorf("retried = %v", got)
+	}
+}
+
+// A callback whose receiver never takes it is given up after MaxAttempts and counted;
+// the queue keeps flowing meanwhile.
+func TestCallbackGivenUpAfterMaxAttempts(t *testing.T) {
+	srv := natstest.Start(t)
+	secret := webhook.NewSecret()
+	rc := newReceiver(t, secret, 1000)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("orders", ds.URL)
+	cfg.CallbackHosts = []string{strings.TrimPrefix(rc.URL, "http://"), "http://" + strings.TrimPrefix(rc.URL, "http://")}
+	cfg.CallbackSecret = secret
+	reg := prometheus.NewRegistry()
+	store, _ := openStore(t, srv.Conn, cfg)
+	req := orderReq("orders", 1)
+	req.Callback = rc.URL + "/hooks"
+	if _, err := store.Park(ctxT(t), req); err != nil {
+		t.Fatal(err)
+	}
+	park(t, store, "orders", 2, 12)
+	startReplica(t, srv, cfg, "a", fastCallbacks, dispatcher.WithRegisterer(reg))
+	waitFor(t, "the callback given up", 30*time.Second, func() bool {
+		return gather(t, reg, "sluice_callbacks_total", "queue", "orders", "outcome", "failed") == 1
+	})
+	if n := len(ds.keys()); n != 11 {
+		t.Errorf("%d orders delivered, want 11", n)
+	}
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for id, n := range rc.tries {
+		if n != 4 {
+			t.Errorf("%s: %d attempts, want MaxAttempts 4", id, n)
+		}
+	}
+}
+
+// A callback survives its dispatcher: one stopped while the receiver is down leaves
+// the job stored, and the next dispatcher sends it.
+func TestCallbackSurvivesDispatcherRestart(t *testing.T) {
+	srv := natstest.Start(t)
+	secret := webhook.NewSecret()
+	rc := newReceiver(t, secret, 1000)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("orders", ds.URL)
+	cfg.CallbackHosts = []string{"http://" + strings.TrimPrefix(rc.URL, "http://")}
+	cfg.CallbackSecret = secret
+	store, _ := openStore(t, srv.Conn, cfg)
+	req := orderReq("orders", 1)
+	req.Callback = rc.URL + "/hooks"
+	r, err := store.Park(ctxT(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "evt_" + r.Ticket + "_done"
+	slow := dispatcher.WithCallbackPolicy(dispatcher.CallbackPolicy{Timeout: 2 * time.Second, MaxAttempts: 100, Workers: 1,
+		Backoff: queueconfig.Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond}})
+	a := startReplica(t, srv, cfg, "a", slow)
+	waitFor(t, "a failed attempt", 30*time.Second, func() bool { _, n, _ := rc.event(id); return n >= 1 })
+	a.kill()
+	rc.mu.Lock()
+	rc.fail = 0
+	rc.mu.Unlock()
+	startReplica(t, srv, cfg, "b", slow)
+	waitFor(t, "the callback after the restart", 30*time.Second, func() bool { _, _, ok := rc.event(id); return ok })
+}
+
+// Park refuses a callback its queue does not allow; a job forged on sluice.cb.> (no
+// valid signature) is dropped and never sent.
+func TestCallbackRefusalsAndForgedJobs(t *testing.T) {
+	srv := natstest.Start(t)
+	secret := webhook.NewSecret()
+	rc := newReceiver(t, secret, 0)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("orders", ds.URL)
+	cfg.CallbackHosts = []string{"hooks.example.com"}
+	cfg.CallbackSecret = secret
+	reg := prometheus.NewRegistry()
+	store, _ := openStore(t, srv.Conn, cfg)
+	for _, u := range []string{rc.URL + "/hooks", "http://hooks.example.com/x", "https://evil.example.com/x", "https://hooks.example.com/x\r\nX: y"} {
+		req := orderReq("orders", 1)
+		req.Callback = u
+		_, err := store.Park(ctxT(t), req)
+		if !errors.Is(err, queue.ErrInvalidRequest) {
+			t.Errorf("Park with callback %q: %v, want ErrInvalidRequest", u, err)
+		}
+	}
+	startReplica(t, srv, cfg, "a", fastCallbacks, dispatcher.WithRegisterer(reg))
+	js, err := jetstream.New(srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := nats.NewMsg("sluice.cb.orders.x")
+	forged.Data = []byte(`{"type":"order.done"}`)
+	forged.Header.Set("Sluice-Callback", rc.URL+"/hooks")
+	forged.Header.Set("Sluice-Queue", "orders")
+	forged.Header.Set("Sluice-Event-Id", "evt_x_done")
+	forged.Header.Set("Sluice-Signature", "v1=AAAA")
+	waitFor(t, "the callback stream", 10*time.Second, func() bool {
+		_, err := js.Stream(ctxT(t), queue.CallbackStream)
+		return err == nil
+	})
+	if _, err := js.PublishMsg(ctxT(t), forged); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the forged job dropped", 30*time.Second, func() bool {
+		return gather(t, reg, "sluice_callbacks_total", "queue", "", "outcome", "dropped") == 1
+	})
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if len(rc.tries) != 0 || rc.bad != 0 {
+		t.Errorf("the receiver was called: %v, %d", rc.tries, rc.bad)
+	}
+}
