@@ -197,12 +197,14 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 	if len(qs) == 0 {
 		return errors.New("dispatcher: no queues")
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
+	// Callbacks are sent while any of the queues drains (a retired queue's runner ends).
+	cbCtx, stopCallbacks := context.WithCancel(ctx)
+	callbacksDone := make(chan struct{})
 	go func() {
-		defer wg.Done()
-		d.runCallbacks(ctx)
+		defer close(callbacksDone)
+		d.runCallbacks(cbCtx)
 	}()
+	var wg sync.WaitGroup
 	for _, q := range qs {
 		r := newRunner(d, q)
 		wg.Add(1)
@@ -212,6 +214,8 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 		}()
 	}
 	wg.Wait()
+	stopCallbacks()
+	<-callbacksDone
 	if d.opts.client == nil {
 		d.client.CloseIdleConnections()
 	}

@@ -694,8 +694,9 @@ func TestThreeDispatchersShareTheRateAndFailOver(t *testing.T) {
 			t.Errorf("%s delivered while %s was pinned", from, active)
 		}
 	}
-	killedAt := time.Now()
 	replicas[active].kill()
+	// After kill returns, the killed replica has nothing in flight.
+	killedAt := time.Now()
 
 	waitFor(t, "every order", 60*time.Second, func() bool { return len(ds.keys()) == len(tickets) })
 	hits = ds.all()
