@@ -1,7 +1,6 @@
-package dispatcher
+package pace
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
 // stampTransport records when (on clock) each request is handed to the real transport.
@@ -42,7 +40,7 @@ func newServer(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	return srv
 }
 
-func TestPacingTransportPacesAndHonoursRetryAfter(t *testing.T) {
+func TestTransportPacesAndHonoursRetryAfter(t *testing.T) {
 	var calls atomic.Int32
 	var bodies sync.Map
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
@@ -59,7 +57,7 @@ func TestPacingTransportPacesAndHonoursRetryAfter(t *testing.T) {
 	clk := newSimClock()
 	stamp := &stampTransport{clock: clk, base: http.DefaultTransport}
 	rate := limiter.PerSecond(20)
-	tr := NewPacingTransport(stamp, rate, WithTransportClock(clk))
+	tr := mustTransport(t, stamp, rate, WithTransportClock(clk))
 	client := &http.Client{Transport: tr}
 	defer client.CloseIdleConnections()
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
@@ -94,14 +92,14 @@ type oneShotReader struct{ r io.Reader }
 
 func (o *oneShotReader) Read(p []byte) (int, error) { return o.r.Read(p) }
 
-func TestPacingTransportReturnsUnreplayable429(t *testing.T) {
+func TestTransportReturnsUnreplayable429(t *testing.T) {
 	var calls atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		w.WriteHeader(http.StatusServiceUnavailable) // no Retry-After: the default pause
 	})
 	clk := newSimClock()
-	tr := NewPacingTransport(nil, limiter.PerSecond(100), WithTransportClock(clk), WithTransportPause(3*time.Second, time.Hour))
+	tr := mustTransport(t, nil, limiter.PerSecond(100), WithTransportClock(clk), WithTransportPause(3*time.Second, time.Hour))
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	req, _ := http.NewRequest("POST", srv.URL, &oneShotReader{strings.NewReader("x")})
 	start := clk.Now()
@@ -117,7 +115,7 @@ func TestPacingTransportReturnsUnreplayable429(t *testing.T) {
 		t.Errorf("default pause %v", got)
 	}
 	// A replayable request is retried up to the limit, then the 503 is returned.
-	tr2 := NewPacingTransport(nil, limiter.PerSecond(100), WithTransportClock(clk), WithRetryLimit(2))
+	tr2 := mustTransport(t, nil, limiter.PerSecond(100), WithTransportClock(clk), WithRetryLimit(2))
 	req2, _ := http.NewRequest("GET", srv.URL, nil)
 	resp, err = tr2.RoundTrip(req2)
 	if err != nil {
@@ -129,84 +127,11 @@ func TestPacingTransportReturnsUnreplayable429(t *testing.T) {
 	}
 }
 
-func TestPacingTransportSharedThroughRedis(t *testing.T) {
-	rs := redistest.Start(t)
-	var calls atomic.Int32
-	var throttle atomic.Bool
-	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		if throttle.CompareAndSwap(true, false) {
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusTooManyRequests)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-	rate := limiter.PerSecond(40)
-	clock := SystemClock{}
-	stamp := &stampTransport{clock: clock, base: http.DefaultTransport}
-	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	// Two "processes": separate transports, one Redis key.
-	a := NewPacingTransport(stamp, rate, WithRedisPacing(rs.Client(), "{pace}:thirdparty"))
-	b := NewPacingTransport(stamp, rate, WithRedisPacing(rs.Client(), "{pace}:thirdparty"))
-	const perTransport = 30
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, tr := range []*PacingTransport{a, b} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range perTransport {
-				req, _ := http.NewRequest("GET", srv.URL, nil)
-				resp, err := tr.RoundTrip(req)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				_ = resp.Body.Close()
-			}
-		}()
-	}
-	wg.Wait()
-	// 60 starts at 40/s: the last slot is at least 59/40 s after the first (minus the
-	// tolerance). Two unshared pacers would take half as long.
-	if took := time.Since(start); took < 59*rate.Interval()-DefaultTolerance {
-		t.Errorf("60 requests at a shared 40/s took %v", took)
-	}
-
-	// A 429 seen by one process pauses the other.
-	throttle.Store(true)
-	req, _ := http.NewRequest("GET", srv.URL, nil)
-	pausedAt := time.Now()
-	resp, err := a.RoundTrip(req) // 429, pause 1s, retried
+func mustTransport(t *testing.T, base http.RoundTripper, r limiter.Rate, opts ...TransportOption) *Transport {
+	t.Helper()
+	tr, err := NewTransport(base, r, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("status %d", resp.StatusCode)
-	}
-	n := len(stamp.stamps())
-	req, _ = http.NewRequest("GET", srv.URL, nil)
-	resp, err = b.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = resp.Body.Close()
-	if gap := stamp.stamps()[n].Sub(pausedAt); gap < 900*time.Millisecond {
-		t.Errorf("the other process sent %v after the 429 with Retry-After: 1", gap)
-	}
-
-	// Redis gone: fail closed, nothing sent.
-	rs.Stop()
-	before := calls.Load()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ = http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
-	if _, err := a.RoundTrip(req); err == nil {
-		t.Error("no error without Redis")
-	}
-	if calls.Load() != before {
-		t.Error("a request went out without a slot")
-	}
+	return tr
 }

@@ -1,17 +1,15 @@
-package dispatcher
+package pace
 
 import (
 	"context"
 	"math/bits"
 	"math/rand/v2"
-	"net/http"
-	"sort"
+		"sort"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // simClock is a simulated clock: Sleep advances it by the duration plus a simulated
@@ -105,7 +103,7 @@ func TestPacerBoundUnderLatenessAndStalls(t *testing.T) {
 					return time.Duration(rng.Int64N(int64(5*iv) + 1)) // a stall
 				}
 			}
-			p := NewPacer(r, WithClock(clk))
+			p := mustNew(t, r, WithClock(clk))
 			ctx := context.Background()
 			var times []time.Time
 			for i := range 3000 {
@@ -115,7 +113,7 @@ func TestPacerBoundUnderLatenessAndStalls(t *testing.T) {
 				if i == 1500 {
 					p.PauseUntil(clk.Now().Add(3 * iv))
 				}
-				g, err := p.Wait(ctx)
+				g, err := p.Grant(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -136,12 +134,12 @@ func TestPacerExactRateWhenOnTime(t *testing.T) {
 		// Lateness below the tolerance loses no slot.
 		tol := min(r.Interval()/2, DefaultTolerance)
 		clk.late = func() time.Duration { return time.Duration(lateRng.Int64N(int64(tol))) }
-		p := NewPacer(r, WithClock(clk))
-		first, _ := p.Wait(context.Background())
+		p := mustNew(t, r, WithClock(clk))
+		first, _ := p.Grant(context.Background())
 		var last time.Time
 		n := int(r.Count) * 10
 		for range n {
-			last, _ = p.Wait(context.Background())
+			last, _ = p.Grant(context.Background())
 		}
 		// n intervals after the first start, give or take the last one's lateness.
 		want := time.Duration(int64(n) * int64(r.Period) / r.Count)
@@ -154,17 +152,17 @@ func TestPacerExactRateWhenOnTime(t *testing.T) {
 func TestPacerNoCatchUpAfterStall(t *testing.T) {
 	r := limiter.PerSecond(10)
 	clk := newSimClock()
-	p := NewPacer(r, WithClock(clk))
+	p := mustNew(t, r, WithClock(clk))
 	ctx := context.Background()
 	var times []time.Time
 	for range 5 {
-		g, _ := p.Wait(ctx)
+		g, _ := p.Grant(ctx)
 		times = append(times, g)
 	}
 	clk.Advance(10 * time.Second) // nobody called for 10s: 100 slots unused
 	stallEnd := clk.Now()
 	for range 20 {
-		g, _ := p.Wait(ctx)
+		g, _ := p.Grant(ctx)
 		times = append(times, g)
 	}
 	if !times[5].Equal(stallEnd) {
@@ -185,9 +183,9 @@ func TestPacerNoCatchUpAfterStall(t *testing.T) {
 
 func TestPacerPauseAndRateChange(t *testing.T) {
 	clk := newSimClock()
-	p := NewPacer(limiter.PerSecond(100), WithClock(clk))
+	p := mustNew(t, limiter.PerSecond(100), WithClock(clk))
 	ctx := context.Background()
-	g0, _ := p.Wait(ctx)
+	g0, _ := p.Grant(ctx)
 	until := g0.Add(2 * time.Second)
 	p.PauseUntil(until)
 	p.PauseUntil(g0.Add(time.Second)) // shorter: ignored
@@ -197,15 +195,17 @@ func TestPacerPauseAndRateChange(t *testing.T) {
 	if next := p.Next(); !next.Equal(until) {
 		t.Errorf("next %v, want %v", next, until)
 	}
-	g1, _ := p.Wait(ctx)
+	g1, _ := p.Grant(ctx)
 	if g1.Before(until) {
 		t.Errorf("start %v during the pause (until %v)", g1, until)
 	}
-	p.SetRate(limiter.PerSecond(2))
+	if err := p.SetRate(limiter.PerSecond(2)); err != nil {
+		t.Fatal(err)
+	}
 	if p.Rate() != limiter.PerSecond(2) {
 		t.Errorf("rate %v", p.Rate())
 	}
-	g2, _ := p.Wait(ctx)
+	g2, _ := p.Grant(ctx)
 	if g2.Sub(g1) < 500*time.Millisecond {
 		t.Errorf("after slowing to 2/s the next start came %v later", g2.Sub(g1))
 	}
@@ -213,14 +213,14 @@ func TestPacerPauseAndRateChange(t *testing.T) {
 
 func TestPacerCancelUsesNoSlot(t *testing.T) {
 	clk := newSimClock()
-	p := NewPacer(limiter.PerSecond(1), WithClock(clk))
-	g0, _ := p.Wait(context.Background())
+	p := mustNew(t, limiter.PerSecond(1), WithClock(clk))
+	g0, _ := p.Grant(context.Background())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := p.Wait(ctx); err == nil {
+	if _, err := p.Grant(ctx); err == nil {
 		t.Fatal("cancelled wait succeeded")
 	}
-	g1, _ := p.Wait(context.Background())
+	g1, _ := p.Grant(context.Background())
 	if g1.Sub(g0) != time.Second {
 		t.Errorf("second start %v after the first, want 1s", g1.Sub(g0))
 	}
@@ -236,7 +236,7 @@ func TestPacerConcurrentWaiters(t *testing.T) {
 		defer rmu.Unlock()
 		return time.Duration(rng.Int64N(int64(3 * time.Millisecond)))
 	}
-	p := NewPacer(r, WithClock(clk))
+	p := mustNew(t, r, WithClock(clk))
 	var mu sync.Mutex
 	var times []time.Time
 	var wg sync.WaitGroup
@@ -245,7 +245,7 @@ func TestPacerConcurrentWaiters(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 100 {
-				g, err := p.Wait(context.Background())
+				g, err := p.Grant(context.Background())
 				if err != nil {
 					t.Error(err)
 					return
@@ -268,11 +268,11 @@ func TestPacerConcurrentWaiters(t *testing.T) {
 // construction, however loaded the machine), never the speed.
 func TestPacerRealClockBound(t *testing.T) {
 	for _, r := range []limiter.Rate{limiter.PerSecond(200), limiter.PerSecond(2000)} {
-		p := NewPacer(r)
+		p := mustNew(t, r)
 		var times []time.Time
 		deadline := time.Now().Add(500 * time.Millisecond)
 		for time.Now().Before(deadline) {
-			g, err := p.Wait(context.Background())
+			g, err := p.Grant(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -299,36 +299,12 @@ func TestSystemClockSleepCancels(t *testing.T) {
 	}
 }
 
-func TestRetryDelay(t *testing.T) {
-	b := queueconfig.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
-	for attempts := 1; attempts <= 10; attempts++ {
-		ideal := min(b.Initial<<(attempts-1), b.Max)
-		for range 50 {
-			d := retryDelay(b, attempts)
-			if d <= 0 || d < ideal/2 || d > min(ideal*3/2, b.Max) {
-				t.Fatalf("attempt %d: delay %v outside [%v, %v]", attempts, d, ideal/2, min(ideal*3/2, b.Max))
-			}
-		}
-	}
-}
 
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	for v, want := range map[string]time.Duration{
-		"2":                             2 * time.Second,
-		"0":                             0,
-		" 120 ":                         120 * time.Second,
-		"Sun, 01 Mar 2026 12:00:30 GMT": 30 * time.Second,
-		"Sun, 01 Mar 2026 11:00:00 GMT": 0,
-	} {
-		got, ok := parseRetryAfter(http.Header{"Retry-After": {v}}, now)
-		if !ok || got != want {
-			t.Errorf("Retry-After %q: %v %v, want %v", v, got, ok, want)
-		}
+func mustNew(t *testing.T, r limiter.Rate, opts ...Option) *Pacer {
+	t.Helper()
+	p, err := New(r, opts...)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, v := range []string{"", "soon", "-3", "1.5"} {
-		if _, ok := parseRetryAfter(http.Header{"Retry-After": {v}}, now); ok {
-			t.Errorf("Retry-After %q accepted", v)
-		}
-	}
+	return p
 }
