@@ -2,9 +2,10 @@ package pace
 
 import (
 	"context"
+	"errors"
 	"math/bits"
 	"math/rand/v2"
-		"sort"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -299,7 +300,6 @@ func TestSystemClockSleepCancels(t *testing.T) {
 	}
 }
 
-
 func mustNew(t *testing.T, r limiter.Rate, opts ...Option) *Pacer {
 	t.Helper()
 	p, err := New(r, opts...)
@@ -307,4 +307,156 @@ func mustNew(t *testing.T, r limiter.Rate, opts ...Option) *Pacer {
 		t.Fatal(err)
 	}
 	return p
+}
+
+func TestNewRefusesBadOptions(t *testing.T) {
+	for name, f := range map[string]func() error{
+		"zero rate":          func() error { _, err := New(limiter.Rate{}); return err },
+		"negative count":     func() error { _, err := New(limiter.Rate{Count: -1, Period: time.Second}); return err },
+		"nil clock":          func() error { _, err := New(limiter.PerSecond(1), WithClock(nil)); return err },
+		"negative tolerance": func() error { _, err := New(limiter.PerSecond(1), WithTolerance(-1)); return err },
+		"SetRate zero": func() error {
+			p := mustNew(t, limiter.PerSecond(1))
+			err := p.SetRate(limiter.Rate{Period: time.Second})
+			if p.Rate() != limiter.PerSecond(1) {
+				t.Errorf("a refused SetRate changed the rate to %v", p.Rate())
+			}
+			return err
+		},
+		"transport zero rate":   func() error { _, err := NewTransport(nil, limiter.Rate{}); return err },
+		"transport retries":     func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithRetryLimit(-1)); return err },
+		"transport pause":       func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithTransportPause(0, time.Hour)); return err },
+		"transport default>max": func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithTransportPause(time.Hour, time.Second)); return err },
+		"transport clock":       func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithTransportClock(nil)); return err },
+		"transport shared":      func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithShared(nil)); return err },
+	} {
+		if err := f(); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
+	}
+}
+
+func TestPacerWaitLikeXTimeRate(t *testing.T) {
+	clk := newSimClock()
+	p := mustNew(t, limiter.PerSecond(4), WithClock(clk))
+	start := clk.Now()
+	for range 5 {
+		if err := p.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := clk.Now().Sub(start); got != time.Second {
+		t.Errorf("5 waits at 4/s took %v, want 1s", got)
+	}
+}
+
+// gaps returns the spacing of consecutive grants.
+func gaps(times []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(times); i++ {
+		out = append(out, times[i].Sub(times[i-1]))
+	}
+	return out
+}
+
+func TestPacerSpread(t *testing.T) {
+	ctx := context.Background()
+	clk := newSimClock()
+	p := mustNew(t, limiter.PerSecond(100), WithClock(clk))
+	grant := func(n int) []time.Time {
+		var ts []time.Time
+		for range n {
+			g, err := p.Grant(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts = append(ts, g)
+		}
+		return ts
+	}
+	first := grant(1)[0]
+	// 4 left for the next 2s: 100/s would spend them in 40ms; one every 500ms instead.
+	p.Spread(4, first.Add(2*time.Second))
+	if p.Rate() != limiter.PerSecond(100) {
+		t.Errorf("Rate %v: a spread changed the set rate", p.Rate())
+	}
+	ts := grant(4)
+	for i, g := range gaps(append([]time.Time{first}, ts...)) {
+		if g != 500*time.Millisecond {
+			t.Errorf("gap %d during the spread: %v, want 500ms", i, g)
+		}
+	}
+	// The fourth start is at the reset; the set rate is back from there. The grid
+	// restarts there as after a stall (at now − τ, τ = 2ms), so the first gap may be
+	// short by τ, never more.
+	if !ts[3].Equal(first.Add(2 * time.Second)) {
+		t.Errorf("fourth spread start at %v, want the reset", ts[3].Sub(first))
+	}
+	for i, g := range gaps(append(ts[3:], grant(3)...)) {
+		if g != 10*time.Millisecond && (i > 0 || g < 8*time.Millisecond || g > 10*time.Millisecond) {
+			t.Errorf("gap %d after the spread: %v, want 10ms", i, g)
+		}
+	}
+
+	// A sleeper on a long spread interval wakes when the spread ends.
+	last := clk.Now()
+	p.Spread(1, last.Add(300*time.Millisecond)) // one every 300ms until +300ms
+	g := grant(1)[0]
+	if g.Sub(last) != 300*time.Millisecond {
+		t.Errorf("start %v after the last, want 300ms", g.Sub(last))
+	}
+
+	// Plenty remaining: no slowdown, and it replaces a slower spread.
+	last = clk.Now()
+	p.Spread(2, last.Add(10*time.Second))
+	p.Spread(1000, last.Add(10*time.Second))
+	if g := grant(1)[0]; g.Sub(last) < 8*time.Millisecond || g.Sub(last) > 10*time.Millisecond {
+		t.Errorf("after a generous quota the next start came %v later, want 10ms (less τ)", g.Sub(last))
+	}
+
+	// Nothing remaining: a pause until the reset, never shortened by a later report.
+	last = clk.Now()
+	p.Spread(0, last.Add(3*time.Second))
+	p.Spread(0, last.Add(time.Second))
+	if !p.PausedUntil().Equal(last.Add(3 * time.Second)) {
+		t.Errorf("paused until %v", p.PausedUntil())
+	}
+	if g := grant(1)[0]; !g.Equal(last.Add(3 * time.Second)) {
+		t.Errorf("start %v after nothing remained, want at the reset (3s)", g.Sub(last))
+	}
+
+	// A reset that has passed clears the spread.
+	p.Spread(1, clk.Now().Add(time.Hour))
+	p.Spread(1, clk.Now())
+	last = clk.Now()
+	if g := grant(1)[0]; g.Sub(last) != 10*time.Millisecond {
+		t.Errorf("after a past reset the next start came %v later, want 10ms", g.Sub(last))
+	}
+}
+
+// The bound at the set rate holds across spreads that begin and end at random, under
+// random lateness and stalls.
+func TestPacerBoundAcrossSpreads(t *testing.T) {
+	for _, r := range []limiter.Rate{limiter.PerSecond(50), limiter.PerSecond(1000)} {
+		rng := rand.New(rand.NewPCG(11, uint64(r.Count)))
+		clk := newSimClock()
+		iv := r.Interval()
+		clk.late = func() time.Duration { return time.Duration(rng.Int64N(int64(iv) + 1)) }
+		p := mustNew(t, r, WithClock(clk))
+		var times []time.Time
+		for range 4000 {
+			switch rng.IntN(40) {
+			case 0:
+				p.Spread(rng.Int64N(20)+1, clk.Now().Add(time.Duration(rng.Int64N(int64(30*iv)))))
+			case 1:
+				clk.Advance(time.Duration(rng.Int64N(int64(10 * iv))))
+			}
+			g, err := p.Grant(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			times = append(times, g)
+		}
+		checkBound(t, r, times, 0)
+	}
 }

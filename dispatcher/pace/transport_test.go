@@ -135,3 +135,71 @@ func mustTransport(t *testing.T, base http.RoundTripper, r limiter.Rate, opts ..
 	}
 	return tr
 }
+
+// The transport reads the quota in each answer: it spreads what remains until the
+// reset, waits for the reset when nothing remains, and on a 429 pauses for the longer
+// of Retry-After and the reported reset, capped.
+func TestTransportAdaptsToQuota(t *testing.T) {
+	answers := []struct {
+		status int
+		header map[string]string
+	}{
+		1: {200, map[string]string{"RateLimit": `"api";r=4;t=2`, "RateLimit-Policy": `"api";q=50;w=2`}},
+		2: {200, nil}, 3: {200, nil}, 4: {200, nil}, 5: {200, nil},
+		6:  {200, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "3"}},
+		7:  {429, map[string]string{"RateLimit": `"api";r=0;t=5`, "Retry-After": "2"}},
+		8:  {200, nil},
+		9:  {200, map[string]string{"RateLimit": `"api";r=0;t=2,`}}, // malformed: ignored
+		10: {200, nil},
+	}
+	var calls atomic.Int32
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		a := answers[calls.Add(1)]
+		for k, v := range a.header {
+			w.Header().Set(k, v)
+		}
+		w.WriteHeader(a.status)
+	})
+	clk := newSimClock()
+	stamp := &stampTransport{clock: clk, base: http.DefaultTransport}
+	rate := limiter.PerSecond(100)
+	tr := mustTransport(t, stamp, rate, WithTransportClock(clk), WithTransportPause(time.Second, 4*time.Second))
+	client := &http.Client{Transport: tr}
+	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	for i := range 9 {
+		resp, err := client.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i+1, resp.StatusCode)
+		}
+	}
+	ts := stamp.stamps()
+	if len(ts) != 10 {
+		t.Fatalf("%d requests sent, want 9 + 1 retried", len(ts))
+	}
+	checkBound(t, rate, ts, 0)
+	g := gaps(ts) // g[i] is the wait before call i+2
+	for i := 0; i < 4; i++ {
+		if g[i] != 500*time.Millisecond {
+			t.Errorf("call %d came %v after the previous; 4 left for 2s: want 500ms", i+2, g[i])
+		}
+	}
+	if g[4] < 8*time.Millisecond || g[4] > 10*time.Millisecond {
+		t.Errorf("call 6, after the reset, came %v after the previous; want the set rate's 10ms", g[4])
+	}
+	if g[5] != 3*time.Second {
+		t.Errorf("call 7 came %v after X-RateLimit-Remaining: 0 with a reset in 3s", g[5])
+	}
+	if g[6] != 4*time.Second {
+		t.Errorf("the retry came %v after a 429 with Retry-After: 2 and a reset in 5s, capped at 4s", g[6])
+	}
+	if g[7] != 10*time.Millisecond {
+		t.Errorf("call 9 came %v after the previous, want 10ms", g[7])
+	}
+	if g[8] != 10*time.Millisecond {
+		t.Errorf("call 10 came %v after a malformed RateLimit field, want 10ms (field ignored)", g[8])
+	}
+}
