@@ -323,12 +323,18 @@ func TestNewRefusesBadOptions(t *testing.T) {
 			}
 			return err
 		},
-		"transport zero rate":   func() error { _, err := NewTransport(nil, limiter.Rate{}); return err },
-		"transport retries":     func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithRetryLimit(-1)); return err },
-		"transport pause":       func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithTransportPause(0, time.Hour)); return err },
-		"transport default>max": func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithTransportPause(time.Hour, time.Second)); return err },
-		"transport clock":       func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithTransportClock(nil)); return err },
-		"transport shared":      func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithShared(nil)); return err },
+		"transport zero rate": func() error { _, err := NewTransport(nil, limiter.Rate{}); return err },
+		"transport retries":   func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithRetryLimit(-1)); return err },
+		"transport pause": func() error {
+			_, err := NewTransport(nil, limiter.PerSecond(1), WithTransportPause(0, time.Hour))
+			return err
+		},
+		"transport default>max": func() error {
+			_, err := NewTransport(nil, limiter.PerSecond(1), WithTransportPause(time.Hour, time.Second))
+			return err
+		},
+		"transport clock":  func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithTransportClock(nil)); return err },
+		"transport shared": func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithShared(nil)); return err },
 	} {
 		if err := f(); !errors.Is(err, ErrInvalidOption) {
 			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
