@@ -29,7 +29,7 @@ type Schedule struct {
 	key    string
 }
 
-// New returns the schedule kept under key. The key holds one string with a TTL;
+// New returns the schedule kept under key. The key holds a small hash with a TTL;
 // hash-tag it for Redis Cluster if it must sit next to other keys. It fails with
 // pace.ErrInvalidOption for a nil client or an empty key.
 func New(client redis.UniversalClient, key string) (*Schedule, error) {
@@ -75,9 +75,11 @@ func micros(d time.Duration) string {
 }
 
 // reserveSlotScript hands out the next start time of a shared schedule, atomically and
-// on Redis server time. The key holds the next free slot in µs since the epoch. A slot
-// late by more than the tolerance is not caught up: the schedule restarts at
-// now − tolerance (the same rule as pace.Pacer).
+// on Redis server time. The key is a hash: last, the latest start handed out, and
+// hold, the end of a pause, both in µs since the epoch. The next start is one interval
+// (the caller's: a process that slows down spaces its own start from the previous
+// one) after last, not before hold; a slot late by more than the tolerance is not
+// caught up: the schedule restarts at now − tolerance (the same rules as pace.Pacer).
 //
 // KEYS[1] schedule key; ARGV[1] interval µs (fractional); ARGV[2] tolerance µs.
 // Returns how long the caller waits for its slot, in whole µs (0: start now).
@@ -86,17 +88,16 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local interval = tonumber(ARGV[1])
 local tol = tonumber(ARGV[2])
-local slot = tonumber(redis.call('GET', KEYS[1]) or '0')
-if slot < now - tol then
-  slot = now - tol
+local st = redis.call('HMGET', KEYS[1], 'last', 'hold')
+local slot = now - tol
+if st[1] then
+  slot = math.max(slot, tonumber(st[1]) + interval)
 end
-local nxt = slot + interval
-redis.call('SET', KEYS[1], string.format('%.3f', nxt), 'PX', math.ceil((nxt - now) / 1000) + 60000)
-local wait = slot - now
-if wait < 0 then
-  wait = 0
-end
-return math.ceil(wait)
+local hold = tonumber(st[2] or '0')
+slot = math.max(slot, hold)
+redis.call('HSET', KEYS[1], 'last', string.format('%.3f', slot))
+redis.call('PEXPIRE', KEYS[1], math.ceil((math.max(slot + interval, hold) - now) / 1000) + 60000)
+return math.ceil(math.max(slot - now, 0))
 `)
 
 // pauseScript holds every start of a shared schedule for a while (never shortening an
@@ -105,9 +106,14 @@ var pauseScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local untilus = now + tonumber(ARGV[1])
-local slot = tonumber(redis.call('GET', KEYS[1]) or '0')
-if untilus > slot then
-  redis.call('SET', KEYS[1], string.format('%.3f', untilus), 'PX', math.ceil((untilus - now) / 1000) + 60000)
+local hold = tonumber(redis.call('HGET', KEYS[1], 'hold') or '0')
+if untilus > hold then
+  redis.call('HSET', KEYS[1], 'hold', string.format('%.3f', untilus))
+  local ttl = redis.call('PTTL', KEYS[1])
+  local want = math.ceil((untilus - now) / 1000) + 60000
+  if ttl < want then
+    redis.call('PEXPIRE', KEYS[1], want)
+  end
 end
 return 1
 `)

@@ -160,3 +160,34 @@ func TestScheduleSharedByTwoTransports(t *testing.T) {
 		t.Error("a request went out without a slot")
 	}
 }
+
+// A quota reported to one process slows its next start on the shared schedule at once:
+// the spread's interval separates it from the previous start of any process.
+func TestScheduleSpread(t *testing.T) {
+	rs := redistest.Start(t)
+	var calls atomic.Int32
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.Header().Set("RateLimit", `"api";r=2;t=1`)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	stamp := &stampTransport{base: http.DefaultTransport}
+	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+	tr := newTransport(t, stamp, limiter.PerSecond(100), rs.Client(), "{pace}:spread")
+	for range 3 {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+	}
+	ts := stamp.stamps()
+	// 2 left for 1s: 500ms apart (less the tolerance), not 10ms.
+	for i := 1; i < len(ts); i++ {
+		if gap := ts[i].Sub(ts[i-1]); gap < 500*time.Millisecond-pace.DefaultTolerance {
+			t.Errorf("start %d came %v after the previous, want 500ms", i, gap)
+		}
+	}
+}
