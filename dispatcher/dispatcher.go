@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/dispatcher/pace"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -29,7 +30,7 @@ type options struct {
 	fetchWait       time.Duration
 	defaultPause    time.Duration
 	maxPause        time.Duration
-	clock           Clock
+	clock           pace.Clock
 	circuitAfter    int
 	circuitMaxProbe time.Duration
 	callbacks       CallbackPolicy
@@ -83,10 +84,9 @@ func WithCircuit(after int, maxProbeInterval time.Duration) Option {
 	return func(o *options) { o.circuitAfter, o.circuitMaxProbe = after, maxProbeInterval }
 }
 
-// WithDispatcherClock sets the dispatcher's clock, which paces its queues' outflow
-// (default SystemClock). A Pacer of your own takes WithClock, a PacingTransport
-// WithTransportClock.
-func WithDispatcherClock(c Clock) Option { return func(o *options) { o.clock = c } }
+// WithDispatcherClock sets the clock that paces the dispatcher's queues' outflow
+// (default pace.SystemClock).
+func WithDispatcherClock(c pace.Clock) Option { return func(o *options) { o.clock = c } }
 
 // Dispatcher drains queues of a queue.Store to their downstreams.
 //
@@ -140,7 +140,7 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 		pinnedTTL:       10 * time.Second,
 		defaultPause:    time.Second,
 		maxPause:        time.Hour,
-		clock:           SystemClock{},
+		clock:           pace.SystemClock{},
 		circuitAfter:    3,
 		circuitMaxProbe: 30 * time.Second,
 		callbacks:       DefaultCallbackPolicy,
@@ -205,8 +205,15 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 		d.runCallbacks(cbCtx)
 	}()
 	var wg sync.WaitGroup
+	runners := make([]*runner, 0, len(qs))
 	for _, q := range qs {
-		r := newRunner(d, q)
+		r, err := newRunner(d, q)
+		if err != nil {
+			return err
+		}
+		runners = append(runners, r)
+	}
+	for _, r := range runners {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -25,14 +25,18 @@
 //
 // # Pacing
 //
-// Pacer is a leaking bucket holding one event: in any interval Δt at most
+// pace.Pacer is a leaking bucket holding one event: in any interval Δt at most
 // ceil(rate × Δt) + 1 deliveries start, with no catch-up after a stall. The bound holds
-// on the times the pacer grants, by construction; the Pacer type documents the argument.
+// on the times the pacer grants, by construction; the pace.Pacer type documents the argument.
 // Deliveries carry their pacing slot in the request context (DeliveryFrom).
 //
 // # Library pacing
 //
-//	client := &http.Client{Transport: dispatcher.NewPacingTransport(http.DefaultTransport, limiter.PerSecond(5))}
+// The Pacer and the pacing http.RoundTripper live in package pace (dispatcher/pace),
+// which links neither NATS nor Redis, for programs that only pace their own calls:
 //
-// paces a program's calls in-process; WithRedisPacing shares the rate between processes.
+//	tr, err := pace.NewTransport(nil, limiter.PerSecond(5))
+//	client := &http.Client{Transport: tr}
+//
+// Package pace/redispace shares the rate between processes through Redis.
 package dispatcher

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -93,7 +90,7 @@ func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
 			p.l.Release(pauseNakDelay(until.Sub(now)))
 			continue
 		}
-		start, err := r.pacer.Wait(ctx)
+		start, err := r.pacer.Grant(ctx)
 		if err != nil { // shutting down: hand it to another dispatcher at once
 			r.cb.cancel(probe)
 			handBack(p.l)
@@ -296,24 +293,4 @@ func retryDelay(b queueconfig.Backoff, attempts int) time.Duration {
 		d = eb.NextBackOff()
 	}
 	return min(max(d, time.Millisecond), b.Max)
-}
-
-// parseRetryAfter reads a Retry-After header: delay-seconds or an HTTP-date. ok is false
-// when it is missing or malformed.
-func parseRetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
-	v := h.Get("Retry-After")
-	if v == "" {
-		return 0, false
-	}
-	if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-		if secs < 0 {
-			return 0, false
-		}
-		return time.Duration(min(secs, 1<<31)) * time.Second, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	return max(t.Sub(now), 0), true
 }

@@ -3,11 +3,13 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/dispatcher/pace"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -18,7 +20,7 @@ type runner struct {
 	q     *queue.Queue
 	store *queue.Store
 	log   *slog.Logger
-	pacer *Pacer
+	pacer *pace.Pacer
 	m     queueMetrics
 	cb    *circuit
 
@@ -34,20 +36,24 @@ type runner struct {
 	pauseSetAt  time.Time // when serverPause was last confirmed (future: being set)
 }
 
-func newRunner(d *Dispatcher, q *queue.Queue) *runner {
+func newRunner(d *Dispatcher, q *queue.Queue) (*runner, error) {
 	cfg := q.Config()
 	log := d.log.With("queue", q.Name())
+	pacer, err := pace.New(cfg.Outflow, pace.WithClock(d.opts.clock))
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: queue %s: %w", q.Name(), err)
+	}
 	return &runner{
 		d:     d,
 		q:     q,
 		store: q.Store(),
 		log:   log,
 		cons:  q.Consumer(queue.WithConsumerLogger(log)),
-		pacer: NewPacer(cfg.Outflow, WithClock(d.opts.clock)),
+		pacer: pacer,
 		m:     d.metrics.forQueue(q.Name()),
 		cb:    newCircuit(d.opts.circuitAfter, d.opts.circuitMaxProbe),
 		cfg:   cfg,
-	}
+	}, nil
 }
 
 func (r *runner) config() queueconfig.Config {
@@ -127,7 +133,9 @@ func (r *runner) ensureConsumer(ctx context.Context) error {
 		return err
 	}
 	fetchWait, _, _ := r.d.timing(cfg)
-	r.pacer.SetRate(cfg.Outflow)
+	if err := r.pacer.SetRate(cfg.Outflow); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	r.cfg, r.target, r.fetchWait = cfg, target, fetchWait
 	r.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicehq/sluice/dispatcher/pace"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -161,7 +162,7 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 		}
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
 		out.kind = outcomeThrottled
-		if d, ok := parseRetryAfter(resp.Header, time.Now()); ok {
+		if d, ok := pace.RetryAfter(resp.Header, time.Now()); ok {
 			out.retryAfter = d
 		}
 	case code >= 500:

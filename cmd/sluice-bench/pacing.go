@@ -26,6 +26,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/dispatcher/pace"
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/limiter"
@@ -38,8 +39,8 @@ import (
 const pacingHelp = `Usage: sluice-bench pacing [flags]
 
 Measures pacing accuracy at each outflow rate, side by side in one run:
-  sluice pacer         dispatcher.Pacer on the system clock (what dispatchers use)
-  sluice transport     dispatcher.NewPacingTransport; times taken at a local HTTP server
+  sluice pacer         pace.Pacer on the system clock (what dispatchers use)
+  sluice transport     pace.NewTransport; times taken at a local HTTP server
   sluice dispatcher    parked orders drained by a dispatcher from an embedded NATS
                        server to a local HTTP server (times taken there); --dispatcher
   x/time/rate          rate.Limiter with burst 1, Wait per event
@@ -236,12 +237,15 @@ func (s *stallOnce) maybe(now time.Time) {
 }
 
 func pacePacer(ctx context.Context, r limiter.Rate, d, stall time.Duration) ([]time.Time, error) {
-	p := dispatcher.NewPacer(r)
+	p, err := pace.New(r)
+	if err != nil {
+		return nil, err
+	}
 	end := time.Now().Add(d)
 	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
 	var times []time.Time
 	for {
-		g, err := p.Wait(ctx)
+		g, err := p.Grant(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -358,7 +362,11 @@ func paceTransport(ctx context.Context, r limiter.Rate, d, stall time.Duration) 
 	defer srv.close()
 	base := &http.Transport{MaxIdleConnsPerHost: 4}
 	defer base.CloseIdleConnections()
-	client := &http.Client{Transport: dispatcher.NewPacingTransport(base, r)}
+	tr, err := pace.NewTransport(base, r)
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Transport: tr}
 	end := time.Now().Add(d)
 	st := &stallOnce{at: time.Now().Add(d / 2), stall: stall}
 	for time.Now().Before(end) {

@@ -1,7 +1,6 @@
-package dispatcher
+package pace
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
 // stampTransport records when (on clock) each request is handed to the real transport.
@@ -42,7 +40,7 @@ func newServer(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	return srv
 }
 
-func TestPacingTransportPacesAndHonoursRetryAfter(t *testing.T) {
+func TestTransportPacesAndHonoursRetryAfter(t *testing.T) {
 	var calls atomic.Int32
 	var bodies sync.Map
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
@@ -59,7 +57,7 @@ func TestPacingTransportPacesAndHonoursRetryAfter(t *testing.T) {
 	clk := newSimClock()
 	stamp := &stampTransport{clock: clk, base: http.DefaultTransport}
 	rate := limiter.PerSecond(20)
-	tr := NewPacingTransport(stamp, rate, WithTransportClock(clk))
+	tr := mustTransport(t, stamp, rate, WithTransportClock(clk))
 	client := &http.Client{Transport: tr}
 	defer client.CloseIdleConnections()
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
@@ -94,14 +92,14 @@ type oneShotReader struct{ r io.Reader }
 
 func (o *oneShotReader) Read(p []byte) (int, error) { return o.r.Read(p) }
 
-func TestPacingTransportReturnsUnreplayable429(t *testing.T) {
+func TestTransportReturnsUnreplayable429(t *testing.T) {
 	var calls atomic.Int32
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)
 		w.WriteHeader(http.StatusServiceUnavailable) // no Retry-After: the default pause
 	})
 	clk := newSimClock()
-	tr := NewPacingTransport(nil, limiter.PerSecond(100), WithTransportClock(clk), WithTransportPause(3*time.Second, time.Hour))
+	tr := mustTransport(t, nil, limiter.PerSecond(100), WithTransportClock(clk), WithTransportPause(3*time.Second, time.Hour))
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 	req, _ := http.NewRequest("POST", srv.URL, &oneShotReader{strings.NewReader("x")})
 	start := clk.Now()
@@ -117,7 +115,7 @@ func TestPacingTransportReturnsUnreplayable429(t *testing.T) {
 		t.Errorf("default pause %v", got)
 	}
 	// A replayable request is retried up to the limit, then the 503 is returned.
-	tr2 := NewPacingTransport(nil, limiter.PerSecond(100), WithTransportClock(clk), WithRetryLimit(2))
+	tr2 := mustTransport(t, nil, limiter.PerSecond(100), WithTransportClock(clk), WithRetryLimit(2))
 	req2, _ := http.NewRequest("GET", srv.URL, nil)
 	resp, err = tr2.RoundTrip(req2)
 	if err != nil {
@@ -129,84 +127,79 @@ func TestPacingTransportReturnsUnreplayable429(t *testing.T) {
 	}
 }
 
-func TestPacingTransportSharedThroughRedis(t *testing.T) {
-	rs := redistest.Start(t)
+func mustTransport(t *testing.T, base http.RoundTripper, r limiter.Rate, opts ...TransportOption) *Transport {
+	t.Helper()
+	tr, err := NewTransport(base, r, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+// The transport reads the quota in each answer: it spreads what remains until the
+// reset, waits for the reset when nothing remains, and on a 429 pauses for the longer
+// of Retry-After and the reported reset, capped.
+func TestTransportAdaptsToQuota(t *testing.T) {
+	answers := []struct {
+		status int
+		header map[string]string
+	}{
+		1: {200, map[string]string{"RateLimit": `"api";r=4;t=2`, "RateLimit-Policy": `"api";q=50;w=2`}},
+		2: {200, nil}, 3: {200, nil}, 4: {200, nil}, 5: {200, nil},
+		6:  {200, map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "3"}},
+		7:  {429, map[string]string{"RateLimit": `"api";r=0;t=5`, "Retry-After": "2"}},
+		8:  {200, nil},
+		9:  {200, map[string]string{"RateLimit": `"api";r=0;t=2,`}}, // malformed: ignored
+		10: {200, nil},
+	}
 	var calls atomic.Int32
-	var throttle atomic.Bool
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		if throttle.CompareAndSwap(true, false) {
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusTooManyRequests)
-			return
+		a := answers[calls.Add(1)]
+		for k, v := range a.header {
+			w.Header().Set(k, v)
 		}
-		w.WriteHeader(http.StatusNoContent)
+		w.WriteHeader(a.status)
 	})
-	rate := limiter.PerSecond(40)
-	clock := SystemClock{}
-	stamp := &stampTransport{clock: clock, base: http.DefaultTransport}
+	clk := newSimClock()
+	stamp := &stampTransport{clock: clk, base: http.DefaultTransport}
+	rate := limiter.PerSecond(100)
+	tr := mustTransport(t, stamp, rate, WithTransportClock(clk), WithTransportPause(time.Second, 4*time.Second))
+	client := &http.Client{Transport: tr}
 	defer http.DefaultTransport.(*http.Transport).CloseIdleConnections()
-	// Two "processes": separate transports, one Redis key.
-	a := NewPacingTransport(stamp, rate, WithRedisPacing(rs.Client(), "{pace}:thirdparty"))
-	b := NewPacingTransport(stamp, rate, WithRedisPacing(rs.Client(), "{pace}:thirdparty"))
-	const perTransport = 30
-	var wg sync.WaitGroup
-	start := time.Now()
-	for _, tr := range []*PacingTransport{a, b} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range perTransport {
-				req, _ := http.NewRequest("GET", srv.URL, nil)
-				resp, err := tr.RoundTrip(req)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				_ = resp.Body.Close()
-			}
-		}()
+	for i := range 9 {
+		resp, err := client.Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i+1, resp.StatusCode)
+		}
 	}
-	wg.Wait()
-	// 60 starts at 40/s: the last slot is at least 59/40 s after the first (minus the
-	// tolerance). Two unshared pacers would take half as long.
-	if took := time.Since(start); took < 59*rate.Interval()-DefaultTolerance {
-		t.Errorf("60 requests at a shared 40/s took %v", took)
+	ts := stamp.stamps()
+	if len(ts) != 10 {
+		t.Fatalf("%d requests sent, want 9 + 1 retried", len(ts))
 	}
-
-	// A 429 seen by one process pauses the other.
-	throttle.Store(true)
-	req, _ := http.NewRequest("GET", srv.URL, nil)
-	pausedAt := time.Now()
-	resp, err := a.RoundTrip(req) // 429, pause 1s, retried
-	if err != nil {
-		t.Fatal(err)
+	checkBound(t, rate, ts, 0)
+	g := gaps(ts) // g[i] is the wait before call i+2
+	for i := 0; i < 4; i++ {
+		if g[i] != 500*time.Millisecond {
+			t.Errorf("call %d came %v after the previous; 4 left for 2s: want 500ms", i+2, g[i])
+		}
 	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("status %d", resp.StatusCode)
+	if g[4] < 8*time.Millisecond || g[4] > 10*time.Millisecond {
+		t.Errorf("call 6, after the reset, came %v after the previous; want the set rate's 10ms", g[4])
 	}
-	n := len(stamp.stamps())
-	req, _ = http.NewRequest("GET", srv.URL, nil)
-	resp, err = b.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
+	if g[5] != 3*time.Second {
+		t.Errorf("call 7 came %v after X-RateLimit-Remaining: 0 with a reset in 3s", g[5])
 	}
-	_ = resp.Body.Close()
-	if gap := stamp.stamps()[n].Sub(pausedAt); gap < 900*time.Millisecond {
-		t.Errorf("the other process sent %v after the 429 with Retry-After: 1", gap)
+	if g[6] != 4*time.Second {
+		t.Errorf("the retry came %v after a 429 with Retry-After: 2 and a reset in 5s, capped at 4s", g[6])
 	}
-
-	// Redis gone: fail closed, nothing sent.
-	rs.Stop()
-	before := calls.Load()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ = http.NewRequestWithContext(ctx, "GET", srv.URL, nil)
-	if _, err := a.RoundTrip(req); err == nil {
-		t.Error("no error without Redis")
+	if g[7] != 10*time.Millisecond {
+		t.Errorf("call 9 came %v after the previous, want 10ms", g[7])
 	}
-	if calls.Load() != before {
-		t.Error("a request went out without a slot")
+	if g[8] != 10*time.Millisecond {
+		t.Errorf("call 10 came %v after a malformed RateLimit field, want 10ms (field ignored)", g[8])
 	}
 }

@@ -1,6 +1,6 @@
 //go:build linux
 
-package dispatcher
+package pace
 
 import (
 	"syscall"

@@ -1,17 +1,16 @@
-package dispatcher
+package pace
 
 import (
 	"context"
+	"errors"
 	"math/bits"
 	"math/rand/v2"
-	"net/http"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // simClock is a simulated clock: Sleep advances it by the duration plus a simulated
@@ -105,7 +104,7 @@ func TestPacerBoundUnderLatenessAndStalls(t *testing.T) {
 					return time.Duration(rng.Int64N(int64(5*iv) + 1)) // a stall
 				}
 			}
-			p := NewPacer(r, WithClock(clk))
+			p := mustNew(t, r, WithClock(clk))
 			ctx := context.Background()
 			var times []time.Time
 			for i := range 3000 {
@@ -115,7 +114,7 @@ func TestPacerBoundUnderLatenessAndStalls(t *testing.T) {
 				if i == 1500 {
 					p.PauseUntil(clk.Now().Add(3 * iv))
 				}
-				g, err := p.Wait(ctx)
+				g, err := p.Grant(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -136,12 +135,12 @@ func TestPacerExactRateWhenOnTime(t *testing.T) {
 		// Lateness below the tolerance loses no slot.
 		tol := min(r.Interval()/2, DefaultTolerance)
 		clk.late = func() time.Duration { return time.Duration(lateRng.Int64N(int64(tol))) }
-		p := NewPacer(r, WithClock(clk))
-		first, _ := p.Wait(context.Background())
+		p := mustNew(t, r, WithClock(clk))
+		first, _ := p.Grant(context.Background())
 		var last time.Time
 		n := int(r.Count) * 10
 		for range n {
-			last, _ = p.Wait(context.Background())
+			last, _ = p.Grant(context.Background())
 		}
 		// n intervals after the first start, give or take the last one's lateness.
 		want := time.Duration(int64(n) * int64(r.Period) / r.Count)
@@ -154,17 +153,17 @@ func TestPacerExactRateWhenOnTime(t *testing.T) {
 func TestPacerNoCatchUpAfterStall(t *testing.T) {
 	r := limiter.PerSecond(10)
 	clk := newSimClock()
-	p := NewPacer(r, WithClock(clk))
+	p := mustNew(t, r, WithClock(clk))
 	ctx := context.Background()
 	var times []time.Time
 	for range 5 {
-		g, _ := p.Wait(ctx)
+		g, _ := p.Grant(ctx)
 		times = append(times, g)
 	}
 	clk.Advance(10 * time.Second) // nobody called for 10s: 100 slots unused
 	stallEnd := clk.Now()
 	for range 20 {
-		g, _ := p.Wait(ctx)
+		g, _ := p.Grant(ctx)
 		times = append(times, g)
 	}
 	if !times[5].Equal(stallEnd) {
@@ -185,9 +184,9 @@ func TestPacerNoCatchUpAfterStall(t *testing.T) {
 
 func TestPacerPauseAndRateChange(t *testing.T) {
 	clk := newSimClock()
-	p := NewPacer(limiter.PerSecond(100), WithClock(clk))
+	p := mustNew(t, limiter.PerSecond(100), WithClock(clk))
 	ctx := context.Background()
-	g0, _ := p.Wait(ctx)
+	g0, _ := p.Grant(ctx)
 	until := g0.Add(2 * time.Second)
 	p.PauseUntil(until)
 	p.PauseUntil(g0.Add(time.Second)) // shorter: ignored
@@ -197,15 +196,17 @@ func TestPacerPauseAndRateChange(t *testing.T) {
 	if next := p.Next(); !next.Equal(until) {
 		t.Errorf("next %v, want %v", next, until)
 	}
-	g1, _ := p.Wait(ctx)
+	g1, _ := p.Grant(ctx)
 	if g1.Before(until) {
 		t.Errorf("start %v during the pause (until %v)", g1, until)
 	}
-	p.SetRate(limiter.PerSecond(2))
+	if err := p.SetRate(limiter.PerSecond(2)); err != nil {
+		t.Fatal(err)
+	}
 	if p.Rate() != limiter.PerSecond(2) {
 		t.Errorf("rate %v", p.Rate())
 	}
-	g2, _ := p.Wait(ctx)
+	g2, _ := p.Grant(ctx)
 	if g2.Sub(g1) < 500*time.Millisecond {
 		t.Errorf("after slowing to 2/s the next start came %v later", g2.Sub(g1))
 	}
@@ -213,14 +214,14 @@ func TestPacerPauseAndRateChange(t *testing.T) {
 
 func TestPacerCancelUsesNoSlot(t *testing.T) {
 	clk := newSimClock()
-	p := NewPacer(limiter.PerSecond(1), WithClock(clk))
-	g0, _ := p.Wait(context.Background())
+	p := mustNew(t, limiter.PerSecond(1), WithClock(clk))
+	g0, _ := p.Grant(context.Background())
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := p.Wait(ctx); err == nil {
+	if _, err := p.Grant(ctx); err == nil {
 		t.Fatal("cancelled wait succeeded")
 	}
-	g1, _ := p.Wait(context.Background())
+	g1, _ := p.Grant(context.Background())
 	if g1.Sub(g0) != time.Second {
 		t.Errorf("second start %v after the first, want 1s", g1.Sub(g0))
 	}
@@ -236,7 +237,7 @@ func TestPacerConcurrentWaiters(t *testing.T) {
 		defer rmu.Unlock()
 		return time.Duration(rng.Int64N(int64(3 * time.Millisecond)))
 	}
-	p := NewPacer(r, WithClock(clk))
+	p := mustNew(t, r, WithClock(clk))
 	var mu sync.Mutex
 	var times []time.Time
 	var wg sync.WaitGroup
@@ -245,7 +246,7 @@ func TestPacerConcurrentWaiters(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 100 {
-				g, err := p.Wait(context.Background())
+				g, err := p.Grant(context.Background())
 				if err != nil {
 					t.Error(err)
 					return
@@ -268,11 +269,11 @@ func TestPacerConcurrentWaiters(t *testing.T) {
 // construction, however loaded the machine), never the speed.
 func TestPacerRealClockBound(t *testing.T) {
 	for _, r := range []limiter.Rate{limiter.PerSecond(200), limiter.PerSecond(2000)} {
-		p := NewPacer(r)
+		p := mustNew(t, r)
 		var times []time.Time
 		deadline := time.Now().Add(500 * time.Millisecond)
 		for time.Now().Before(deadline) {
-			g, err := p.Wait(context.Background())
+			g, err := p.Grant(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -299,36 +300,169 @@ func TestSystemClockSleepCancels(t *testing.T) {
 	}
 }
 
-func TestRetryDelay(t *testing.T) {
-	b := queueconfig.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
-	for attempts := 1; attempts <= 10; attempts++ {
-		ideal := min(b.Initial<<(attempts-1), b.Max)
-		for range 50 {
-			d := retryDelay(b, attempts)
-			if d <= 0 || d < ideal/2 || d > min(ideal*3/2, b.Max) {
-				t.Fatalf("attempt %d: delay %v outside [%v, %v]", attempts, d, ideal/2, min(ideal*3/2, b.Max))
+func mustNew(t *testing.T, r limiter.Rate, opts ...Option) *Pacer {
+	t.Helper()
+	p, err := New(r, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestNewRefusesBadOptions(t *testing.T) {
+	for name, f := range map[string]func() error{
+		"zero rate":          func() error { _, err := New(limiter.Rate{}); return err },
+		"negative count":     func() error { _, err := New(limiter.Rate{Count: -1, Period: time.Second}); return err },
+		"nil clock":          func() error { _, err := New(limiter.PerSecond(1), WithClock(nil)); return err },
+		"negative tolerance": func() error { _, err := New(limiter.PerSecond(1), WithTolerance(-1)); return err },
+		"SetRate zero": func() error {
+			p := mustNew(t, limiter.PerSecond(1))
+			err := p.SetRate(limiter.Rate{Period: time.Second})
+			if p.Rate() != limiter.PerSecond(1) {
+				t.Errorf("a refused SetRate changed the rate to %v", p.Rate())
 			}
+			return err
+		},
+		"transport zero rate": func() error { _, err := NewTransport(nil, limiter.Rate{}); return err },
+		"transport retries":   func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithRetryLimit(-1)); return err },
+		"transport pause": func() error {
+			_, err := NewTransport(nil, limiter.PerSecond(1), WithTransportPause(0, time.Hour))
+			return err
+		},
+		"transport default>max": func() error {
+			_, err := NewTransport(nil, limiter.PerSecond(1), WithTransportPause(time.Hour, time.Second))
+			return err
+		},
+		"transport clock":  func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithTransportClock(nil)); return err },
+		"transport shared": func() error { _, err := NewTransport(nil, limiter.PerSecond(1), WithShared(nil)); return err },
+	} {
+		if err := f(); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
 		}
 	}
 }
 
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	for v, want := range map[string]time.Duration{
-		"2":                             2 * time.Second,
-		"0":                             0,
-		" 120 ":                         120 * time.Second,
-		"Sun, 01 Mar 2026 12:00:30 GMT": 30 * time.Second,
-		"Sun, 01 Mar 2026 11:00:00 GMT": 0,
-	} {
-		got, ok := parseRetryAfter(http.Header{"Retry-After": {v}}, now)
-		if !ok || got != want {
-			t.Errorf("Retry-After %q: %v %v, want %v", v, got, ok, want)
+func TestPacerWaitLikeXTimeRate(t *testing.T) {
+	clk := newSimClock()
+	p := mustNew(t, limiter.PerSecond(4), WithClock(clk))
+	start := clk.Now()
+	for range 5 {
+		if err := p.Wait(context.Background()); err != nil {
+			t.Fatal(err)
 		}
 	}
-	for _, v := range []string{"", "soon", "-3", "1.5"} {
-		if _, ok := parseRetryAfter(http.Header{"Retry-After": {v}}, now); ok {
-			t.Errorf("Retry-After %q accepted", v)
+	if got := clk.Now().Sub(start); got != time.Second {
+		t.Errorf("5 waits at 4/s took %v, want 1s", got)
+	}
+}
+
+// gaps returns the spacing of consecutive grants.
+func gaps(times []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(times); i++ {
+		out = append(out, times[i].Sub(times[i-1]))
+	}
+	return out
+}
+
+func TestPacerSpread(t *testing.T) {
+	ctx := context.Background()
+	clk := newSimClock()
+	p := mustNew(t, limiter.PerSecond(100), WithClock(clk))
+	grant := func(n int) []time.Time {
+		var ts []time.Time
+		for range n {
+			g, err := p.Grant(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts = append(ts, g)
 		}
+		return ts
+	}
+	first := grant(1)[0]
+	// 4 left for the next 2s: 100/s would spend them in 40ms; one every 500ms instead.
+	p.Spread(4, first.Add(2*time.Second))
+	if p.Rate() != limiter.PerSecond(100) {
+		t.Errorf("Rate %v: a spread changed the set rate", p.Rate())
+	}
+	ts := grant(4)
+	for i, g := range gaps(append([]time.Time{first}, ts...)) {
+		if g != 500*time.Millisecond {
+			t.Errorf("gap %d during the spread: %v, want 500ms", i, g)
+		}
+	}
+	// The fourth start is at the reset; the set rate is back from there. The grid
+	// restarts there as after a stall (at now − τ, τ = 2ms), so the first gap may be
+	// short by τ, never more.
+	if !ts[3].Equal(first.Add(2 * time.Second)) {
+		t.Errorf("fourth spread start at %v, want the reset", ts[3].Sub(first))
+	}
+	for i, g := range gaps(append(ts[3:], grant(3)...)) {
+		if g != 10*time.Millisecond && (i > 0 || g < 8*time.Millisecond || g > 10*time.Millisecond) {
+			t.Errorf("gap %d after the spread: %v, want 10ms", i, g)
+		}
+	}
+
+	// A sleeper on a long spread interval wakes when the spread ends.
+	last := clk.Now()
+	p.Spread(1, last.Add(300*time.Millisecond)) // one every 300ms until +300ms
+	g := grant(1)[0]
+	if g.Sub(last) != 300*time.Millisecond {
+		t.Errorf("start %v after the last, want 300ms", g.Sub(last))
+	}
+
+	// Plenty remaining: no slowdown, and it replaces a slower spread.
+	last = clk.Now()
+	p.Spread(2, last.Add(10*time.Second))
+	p.Spread(1000, last.Add(10*time.Second))
+	if g := grant(1)[0]; g.Sub(last) < 8*time.Millisecond || g.Sub(last) > 10*time.Millisecond {
+		t.Errorf("after a generous quota the next start came %v later, want 10ms (less τ)", g.Sub(last))
+	}
+
+	// Nothing remaining: a pause until the reset, never shortened by a later report.
+	last = clk.Now()
+	p.Spread(0, last.Add(3*time.Second))
+	p.Spread(0, last.Add(time.Second))
+	if !p.PausedUntil().Equal(last.Add(3 * time.Second)) {
+		t.Errorf("paused until %v", p.PausedUntil())
+	}
+	if g := grant(1)[0]; !g.Equal(last.Add(3 * time.Second)) {
+		t.Errorf("start %v after nothing remained, want at the reset (3s)", g.Sub(last))
+	}
+
+	// A reset that has passed clears the spread.
+	p.Spread(1, clk.Now().Add(time.Hour))
+	p.Spread(1, clk.Now())
+	last = clk.Now()
+	if g := grant(1)[0]; g.Sub(last) != 10*time.Millisecond {
+		t.Errorf("after a past reset the next start came %v later, want 10ms", g.Sub(last))
+	}
+}
+
+// The bound at the set rate holds across spreads that begin and end at random, under
+// random lateness and stalls.
+func TestPacerBoundAcrossSpreads(t *testing.T) {
+	for _, r := range []limiter.Rate{limiter.PerSecond(50), limiter.PerSecond(1000)} {
+		rng := rand.New(rand.NewPCG(11, uint64(r.Count)))
+		clk := newSimClock()
+		iv := r.Interval()
+		clk.late = func() time.Duration { return time.Duration(rng.Int64N(int64(iv) + 1)) }
+		p := mustNew(t, r, WithClock(clk))
+		var times []time.Time
+		for range 4000 {
+			switch rng.IntN(40) {
+			case 0:
+				p.Spread(rng.Int64N(20)+1, clk.Now().Add(time.Duration(rng.Int64N(int64(30*iv)))))
+			case 1:
+				clk.Advance(time.Duration(rng.Int64N(int64(10 * iv))))
+			}
+			g, err := p.Grant(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			times = append(times, g)
+		}
+		checkBound(t, r, times, 0)
 	}
 }
