@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/dispatcher/pace"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -131,7 +132,7 @@ func (d *Dispatcher) postCallback(ctx context.Context, cb *queue.Callback) (int,
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
 	var wait time.Duration
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-		wait, _ = parseRetryAfter(resp.Header, d.opts.clock.Now())
+		wait, _ = pace.RetryAfter(resp.Header, d.opts.clock.Now())
 	}
 	return resp.StatusCode, wait, nil
 }

@@ -197,14 +197,6 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 	if len(qs) == 0 {
 		return errors.New("dispatcher: no queues")
 	}
-	// Callbacks are sent while any of the queues drains (a retired queue's runner ends).
-	cbCtx, stopCallbacks := context.WithCancel(ctx)
-	callbacksDone := make(chan struct{})
-	go func() {
-		defer close(callbacksDone)
-		d.runCallbacks(cbCtx)
-	}()
-	var wg sync.WaitGroup
 	runners := make([]*runner, 0, len(qs))
 	for _, q := range qs {
 		r, err := newRunner(d, q)
@@ -213,6 +205,14 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 		}
 		runners = append(runners, r)
 	}
+	// Callbacks are sent while any of the queues drains (a retired queue's runner ends).
+	cbCtx, stopCallbacks := context.WithCancel(ctx)
+	callbacksDone := make(chan struct{})
+	go func() {
+		defer close(callbacksDone)
+		d.runCallbacks(cbCtx)
+	}()
+	var wg sync.WaitGroup
 	for _, r := range runners {
 		wg.Add(1)
 		go func() {
