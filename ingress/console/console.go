@@ -237,7 +237,9 @@ func (c *Console) sessionOf(r *http.Request) (payload []byte, exp time.Time, ok 
 	return p, exp, true
 }
 
-func (c *Console) csrfToken(payload []byte) string { return b64.EncodeToString(c.sign("csrf", payload)) }
+func (c *Console) csrfToken(payload []byte) string {
+	return b64.EncodeToString(c.sign("csrf", payload))
+}
 
 // sameOrigin reports whether a state-changing request comes from the console's own
 // pages: no Origin or one equal to this host, and no Sec-Fetch-Site other than

@@ -178,7 +178,7 @@ type explainRequest struct {
 }
 
 type explainView struct {
-	Route       *explainRoute      `json:"route"`
+	Route       *explainRoute       `json:"route"`
 	Descriptors []explainDescriptor `json:"descriptors"`
 }
 
