@@ -243,3 +243,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	// Signing out leads back to the sign-in form; the console's data then answers 401.
 	run("sign out", chromedp.Click(id("logout")), chromedp.WaitVisible(id("token")))
 }
+
+// Without an admin token there is nothing to sign in with: /console/ says so.
+func TestConsoleNeedsToken(t *testing.T) {
+	t.Parallel()
+	rulesPath := writeRules(t, t.TempDir(), e2eRules(2))
+	p := startSluice(t, "--rules", rulesPath, "--upstream", "http://127.0.0.1:1")
+	r := send(t, "GET", p.admin+"/console/", nil)
+	if r.status != 404 || !strings.Contains(r.body, "--admin-token") {
+		t.Errorf("GET /console/ without --admin-token: %d %s", r.status, r.body)
+	}
+}

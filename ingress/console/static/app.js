@@ -64,6 +64,8 @@ function fmtDur(s) {
   if (s < 3600) return (s / 60).toFixed(1) + " min";
   return (s / 3600).toFixed(1) + " h";
 }
+// fmtPeriod shortens a Go duration: 1h0m0s → 1h, 1m30s stays.
+function fmtPeriod(p) { return p.replace(/([hm])0m0s$/, "$1").replace(/([hm])0s$/, "$1"); }
 function fmtTime(t) { return t ? new Date(t).toLocaleString() : "–"; }
 
 // ---- overview
@@ -249,7 +251,7 @@ async function rulesPage() {
     ["its errors", last && !last.ok ? (last.problems || [last.error]).join("\n") : ""]]);
   const rows = set.rules.map(r => el("tr", {}, el("td", { class: "mono", text: r.name }),
     el("td", { class: "mono", text: r.domain + ": " + r.descriptor }),
-    el("td", { text: r.unlimited ? "unlimited" : r.deny ? "never allowed" : (r.limits || []).map(l => l.rate + "/" + l.period + " " + l.algorithm).join(", ") }),
+    el("td", { text: r.unlimited ? "unlimited" : r.deny ? "never allowed" : (r.limits || []).map(l => l.rate + "/" + fmtPeriod(l.period) + " " + l.algorithm).join(", ") }),
     el("td", { text: (r.on_limit === "defer" ? "defer → " + r.queue : "reject 429") + (r.shadow ? " (shadow)" : "") }),
     el("td", { class: "mono", text: r.source })));
   fill(document.querySelector("#rules tbody"), rows);
