@@ -307,6 +307,7 @@ function route() {
     if (every) timer = setInterval(() => { if (currentPage === page) refresh(fn); }, every);
   }
   document.body.dataset.page = page;
+  setStatus(page);
 }
 
 async function start() {
