@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
-	"net/url"
 	"strings"
 
 	"github.com/sluicehq/sluice/rules"
@@ -162,43 +161,7 @@ func runRulesCheck(ctx context.Context, args []string, stdout, stderr io.Writer)
 }
 
 func (e *explainRequest) build(ctx context.Context) (*http.Request, netip.Addr, error) {
-	var addr netip.Addr
-	method := strings.ToUpper(e.method)
-	if method == "" || strings.ContainsAny(method, " \t/:") {
-		return nil, addr, fmt.Errorf("--explain: %q is not an HTTP method", e.method)
-	}
-	if !strings.HasPrefix(e.target, "/") {
-		return nil, addr, fmt.Errorf("--explain: PATH must start with /, got %q", e.target)
-	}
-	u, err := url.ParseRequestURI(e.target)
-	if err != nil {
-		return nil, addr, fmt.Errorf("--explain: invalid PATH %q", e.target)
-	}
-	r, err := http.NewRequestWithContext(ctx, method, "http://localhost", nil)
-	if err != nil {
-		return nil, addr, err
-	}
-	r.URL = u
-	r.RequestURI = e.target
-	r.Host = ""
-	for _, h := range e.headers {
-		name, value, ok := strings.Cut(h, ":")
-		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
-		if !ok || name == "" || strings.ContainsAny(name, " \t") {
-			return nil, addr, fmt.Errorf("-H %q: want 'Name: value'", h)
-		}
-		if strings.EqualFold(name, "Host") {
-			r.Host = value
-			continue
-		}
-		r.Header.Add(name, value)
-	}
-	if e.ip != "" {
-		if addr, err = netip.ParseAddr(e.ip); err != nil {
-			return nil, addr, fmt.Errorf("--ip %q is not an IP address", e.ip)
-		}
-	}
-	return r, addr, nil
+	return rules.NewExplainRequest(ctx, e.method, e.target, e.headers, e.ip)
 }
 
 func printExplanation(w io.Writer, set *rules.Set, r *http.Request, addr netip.Addr) {

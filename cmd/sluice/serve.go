@@ -30,6 +30,7 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/console"
 	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/ingress/envoy"
 	"github.com/sluicehq/sluice/ingress/queueapi"
@@ -321,6 +322,7 @@ type gateway struct {
 	admin     *http.Server // nil without --admin-listen
 	adminAPI  *ingress.Admin
 	deps      *ingress.Dependencies
+	reloads   console.Reloads // the rules reloads, for the console's rules page
 }
 
 func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
@@ -369,7 +371,7 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	// Reloads declare first: a new set goes live once its queues are declared (see
 	// queues.prepare), on file changes and SIGHUP alike.
 	g.watcher, err = watch.New(strings.Split(cfg.rules, ","), watch.Options{Registerer: reg, Logger: log,
-		MergeDomains: cfg.mergeDoms,
+		MergeDomains: cfg.mergeDoms, OnReload: g.reloads.Observe,
 		Prepare: func(s *rules.Set) error {
 			if q := g.declaring.Load(); q != nil {
 				return q.prepare(s)
@@ -394,7 +396,9 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		if _, err := g.middleware(ids, nil, reg); err != nil {
 			return nil, err
 		}
-		g.openAdmin(reg)
+		if err := g.openAdmin(reg); err != nil {
+			return nil, err
+		}
 		return g, nil
 	}
 	natsCfg := cfg.nats
@@ -428,20 +432,38 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		}
 		g.front = newHTTPServer(cfg.front.listen, handler, log)
 	}
-	g.openAdmin(reg)
+	if err := g.openAdmin(reg); err != nil {
+		return nil, err
+	}
 	return g, nil
 }
 
-// openAdmin builds the admin listener, when one is asked for.
-func (g *gateway) openAdmin(reg *prometheus.Registry) {
+// openAdmin builds the admin listener, when one is asked for, with the operator
+// console under /console/ when there is an admin token to sign in with.
+func (g *gateway) openAdmin(reg *prometheus.Registry) error {
 	if g.cfg.admin.listen == "" {
-		return
+		return nil
 	}
 	g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: g.cfg.admin.token}
+	opts := []console.Option{console.WithGatherer(reg), console.WithRules(g.watcher), console.WithReloads(&g.reloads),
+		console.WithLogger(g.log)}
 	if g.queues != nil {
 		g.adminAPI.Queues = &queueapi.API{Store: &g.queues.store, Log: g.log}
+		opts = append(opts, console.WithQueueStore(&g.queues.store))
 	}
-	g.admin = newHTTPServer(g.cfg.admin.listen, g.adminAPI.Handler(), g.log)
+	if g.cfg.admin.token == "" {
+		g.adminAPI.Extra = map[string]http.Handler{"GET " + console.Prefix: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			ingress.WriteProblem(w, http.StatusNotFound, "The console needs an admin token to sign in with: start sluice with --admin-token (or SLUICE_ADMIN_TOKEN).")
+		})}
+		g.admin = newHTTPServer(g.cfg.admin.listen, g.adminAPI.Handler(), g.log)
+		return nil
+	}
+	c, err := console.New(g.cfg.admin.token, g.adminAPI.Handler(), opts...)
+	if err != nil {
+		return err
+	}
+	g.admin = newHTTPServer(g.cfg.admin.listen, c.Handler(), g.log)
+	return nil
 }
 
 // frontDoor builds the front door's handler: ticket status, and every other request

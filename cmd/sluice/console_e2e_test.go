@@ -1,0 +1,256 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cdplog "github.com/chromedp/cdproto/log"
+	cdpruntime "github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumPath finds the browser the console test drives. On Linux under CI a missing
+// browser fails the test (.ci/test installs Debian's chromium); elsewhere it skips.
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if runtime.GOOS == "linux" && os.Getenv("CI") == "true" {
+		t.Fatal("chromium is not installed (apt-get install chromium; .ci/test installs it)")
+	}
+	t.Skip("no chromium on this machine")
+	return ""
+}
+
+// browserLog collects what the pages report as errors: console.error and
+// console.warn calls, uncaught exceptions, and the browser's own error entries
+// (failed loads, CSP violations).
+type browserLog struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (b *browserLog) add(s string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.errs = append(b.errs, s)
+}
+
+func (b *browserLog) take() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.errs
+	b.errs = nil
+	return e
+}
+
+func (b *browserLog) listen(ev any) {
+	switch ev := ev.(type) {
+	case *cdpruntime.EventConsoleAPICalled:
+		if ev.Type == cdpruntime.ConsoleAPICalledTypeError || ev.Type == cdpruntime.ConsoleAPICalledTypeWarning || ev.Type == cdpruntime.ConsoleAPICalledTypeAssert {
+			var args []string
+			for _, a := range ev.Args {
+				args = append(args, string(a.Value)+a.Description)
+			}
+			b.add(fmt.Sprintf("console.%s: %s", ev.Type, strings.Join(args, " ")))
+		}
+	case *cdpruntime.EventExceptionThrown:
+		d := ev.ExceptionDetails
+		msg := d.Text
+		if d.Exception != nil {
+			msg += " " + d.Exception.Description
+		}
+		b.add("exception: " + msg)
+	case *cdplog.EventEntryAdded:
+		if ev.Entry.Level == cdplog.EntryLevelError || ev.Entry.Level == cdplog.EntryLevelWarning {
+			b.add(fmt.Sprintf("browser %s: %s %s", ev.Entry.Level, ev.Entry.Text, ev.Entry.URL))
+		}
+	}
+}
+
+// The console in a real browser against a real `sluice serve`: sign-in, every page
+// loads without a console error, a queue is paused and resumed, a dead letter is
+// requeued (and delivered) and another purged after the typed confirmation. With
+// SLUICE_SCREENSHOTS=DIR it writes a PNG of each page there.
+func TestConsoleInBrowser(t *testing.T) {
+	chrome := chromiumPath(t)
+	up, down := newUpstream(t, 0), newDownstream(t, 0)
+	down.failing.Store(true)
+	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL,
+		"outflow: {rate: 50/s}\nmax_attempts: 2\nbackoff: {initial: 50ms, max: 200ms}"))
+	const token = "console-e2e-token-0123456789"
+	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--admin-token", token)
+
+	// Decisions for the overview, and two dead letters.
+	warmUp(t, p.url, "/v1/orders")
+	requeued := mustDefer(t, p.url, "/v1/orders", "requeue-me").Ticket
+	purged := mustDefer(t, p.url, "/v1/orders", "purge-me").Ticket
+	waitStatus(t, p.url, requeued, "dead", 20*time.Second)
+	waitStatus(t, p.url, purged, "dead", 20*time.Second)
+
+	shots := os.Getenv("SLUICE_SCREENSHOTS")
+	if shots != "" {
+		if err := os.MkdirAll(shots, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var blog browserLog
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.WindowSize(1280, 860), chromedp.Flag("lang", "en-US"))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithListener(blog.listen))
+	defer cancelBrowser()
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+
+	type step = chromedp.Action[chromedp.Void]
+	// run runs the steps of one part of the walk and fails on any error the page reports.
+	run := func(part string, steps ...step) {
+		t.Helper()
+		if err := chromedp.Do(ctx, steps...); err != nil {
+			t.Fatalf("%s: %v\nbrowser errors: %v", part, err, blog.take())
+		}
+		if errs := blog.take(); len(errs) > 0 {
+			t.Errorf("%s: the page reported errors:\n%s", part, strings.Join(errs, "\n"))
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+	screenshot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // quality 100: PNG
+		if err != nil {
+			t.Fatalf("screenshot %s: %v", name, err)
+		}
+		if shots != "" {
+			if err := os.WriteFile(filepath.Join(shots, "console-"+name+".png"), png, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitJS := func(expr string) step {
+		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))
+	}
+	// page shows another page of the console (a new hash: no page load).
+	page := func(name string) step { return chromedp.Evaluate[chromedp.Void](`location.hash = "#` + name + `"`) }
+	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+	id := func(name string) chromedp.ID { return chromedp.ID(name) }
+
+	run("sign-in page", chromedp.Navigate(p.admin+"/console/"), chromedp.WaitVisible(id("token")))
+	screenshot("login")
+	run("wrong token", chromedp.SendKeys(id("token"), "wrong"), chromedp.Click(id("signin")), chromedp.WaitVisible(id("failed")))
+	if failed := text("#failed"); !strings.Contains(failed, "not the admin token") {
+		t.Errorf("wrong token: %q", failed)
+	}
+	run("sign in", chromedp.SetValue(id("token"), token), chromedp.Click(id("signin")), chromedp.WaitVisible(id("logout")),
+		waitJS(`document.body.dataset.ready === "1"`))
+
+	// Overview: orders for the tiny queue (one allowed, then deferred until it is full,
+	// then refused) while the page turns two readings, 2 s apart, into rates.
+	stopTraffic := make(chan struct{})
+	trafficDone := make(chan struct{})
+	go func() {
+		defer close(trafficDone)
+		for i := 0; ; i++ {
+			select {
+			case <-stopTraffic:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			_, _ = postOrder(p.url, "/v1/tiny", fmt.Sprintf("tiny-%d", i), "{}")
+		}
+	}()
+	run("overview", waitJS(`[...document.querySelectorAll("#decisions tbody td")].some(td => td.textContent === "tiny")`),
+		waitJS(`parseFloat(document.querySelector("#outcome-cards .card.deferred .v").textContent) > 0`))
+	close(stopTraffic)
+	<-trafficDone
+	if decisions := text("#decisions"); !strings.Contains(decisions, "orders") || !strings.Contains(decisions, "tiny") {
+		t.Errorf("overview table: %q", decisions)
+	}
+	screenshot("overview")
+
+	// Queues: pause orders for 15 minutes, then resume it.
+	pausedUntil := `document.querySelector('tr[data-queue="orders"] .paused-until').textContent`
+	run("queues", page("queues"), chromedp.WaitVisible(css(`tr[data-queue="orders"]`)),
+		chromedp.Click(css(`button.pause[data-queue="orders"]`)), waitJS(pausedUntil+` !== "–"`))
+	screenshot("queues")
+	if q := queuesOf(t, p.admin, token)["orders"]; q.PausedUntil == nil || time.Until(*q.PausedUntil) < 10*time.Minute {
+		t.Errorf("after Pause the API shows paused_until %v", q.PausedUntil)
+	}
+	run("resume", chromedp.Click(css(`button.resume[data-queue="orders"]`)), waitJS(pausedUntil+` === "–"`))
+	if q := queuesOf(t, p.admin, token)["orders"]; q.PausedUntil != nil && time.Until(*q.PausedUntil) > 0 {
+		t.Errorf("after Resume the API shows paused_until %v", q.PausedUntil)
+	}
+
+	// Ticket lookup.
+	run("tickets", page("tickets"), chromedp.WaitVisible(id("ticket-input")),
+		chromedp.SendKeys(id("ticket-input"), requeued), chromedp.Click(css(`#ticket-form button[type="submit"]`)), chromedp.WaitVisible(id("ticket")))
+	if tt := text("#ticket"); !strings.Contains(tt, "dead") || !strings.Contains(tt, "orders") {
+		t.Errorf("ticket lookup shows %q", tt)
+	}
+	screenshot("tickets")
+
+	// Dead letters: inspect, requeue one (delivered once the downstream is healthy),
+	// purge the other after typing the queue's name.
+	row := func(ticket string) string { return `#dead tr[data-ticket="` + ticket + `"]` }
+	run("dead letters", page("dead"), chromedp.WaitVisible(css(row(requeued))),
+		chromedp.WaitVisible(css(row(purged))), chromedp.Click(css(row(purged)+" button.inspect")), chromedp.WaitVisible(id("dead-detail")))
+	if detail := text("#dead-detail"); !strings.Contains(detail, purged) || !strings.Contains(detail, "POST /v1/orders") || strings.Contains(detail, "purge-me") {
+		t.Errorf("dead letter detail (metadata, no body): %q", detail)
+	}
+	screenshot("dead-letters")
+	down.failing.Store(false)
+	run("requeue", chromedp.Click(css(`button.requeue[data-ticket="`+requeued+`"]`)), waitJS(`document.querySelector('`+row(requeued)+`') === null`))
+	waitStatus(t, p.url, requeued, "done", 20*time.Second)
+	run("purge unconfirmed", chromedp.Click(id("dead-purge")), chromedp.WaitVisible(id("purge-confirm")),
+		chromedp.SendKeys(id("purge-input"), "order"), chromedp.Click(id("purge-go")), chromedp.WaitVisible(id("error")))
+	if st, _ := getStatus(t, p.url, purged); st.Status != "dead" {
+		t.Errorf("purged without the confirmation: %q", st.Status)
+	}
+	run("purge confirmed", chromedp.SetValue(id("purge-input"), "orders"), chromedp.Click(id("purge-go")),
+		waitJS(`document.querySelector('`+row(purged)+`') === null`))
+	if r := send(t, "GET", p.admin+"/sluice/v1/queues/orders/dead", nil, "Authorization", "Bearer "+token); !strings.Contains(r.body, `"dead_letters": []`) {
+		t.Errorf("dead letters after purge: %s", r.body)
+	}
+
+	// Rules: the active set, and an explanation of a request.
+	run("rules", page("rules"), waitJS(`document.querySelectorAll("#rules tbody tr").length === 2`),
+		chromedp.SetValue(id("ex-method"), "POST"), chromedp.SetValue(id("ex-path"), "/v1/orders"),
+		chromedp.Click(css(`#explain-form button[type="submit"]`)), chromedp.WaitVisible(css("#explain p")))
+	if ex := text("#explain"); !strings.Contains(ex, "Route orders") || !strings.Contains(ex, "defer to orders") {
+		t.Errorf("explanation: %q", ex)
+	}
+	screenshot("rules")
+
+	// Signing out leads back to the sign-in form; the console's data then answers 401.
+	run("sign out", chromedp.Click(id("logout")), chromedp.WaitVisible(id("token")))
+}
+
+// Without an admin token there is nothing to sign in with: /console/ says so.
+func TestConsoleNeedsToken(t *testing.T) {
+	t.Parallel()
+	rulesPath := writeRules(t, t.TempDir(), e2eRules(2))
+	p := startSluice(t, "--rules", rulesPath, "--upstream", "http://127.0.0.1:1")
+	r := send(t, "GET", p.admin+"/console/", nil)
+	if r.status != 404 || !strings.Contains(r.body, "--admin-token") {
+		t.Errorf("GET /console/ without --admin-token: %d %s", r.status, r.body)
+	}
+}
