@@ -89,8 +89,7 @@ func (s *slot) algorithm() algo.Algo { return algo.Algo(atomic.LoadUint64(&s.id)
 
 // lock locks s if it holds the key whose unlocked id is id, waiting while another
 // goroutine holds it, and reports whether it did: false once s holds another key or
-// none. A slot is held for one decision, tens of nanoseconds, so waiting spins (and
-// yields, lest it keep the holder's goroutine from running) instead of parking.
+// none.
 func (s *slot) lock(id uint64) bool {
 	for spins := 0; ; spins++ {
 		switch atomic.LoadUint64(&s.id) {
@@ -99,17 +98,12 @@ func (s *slot) lock(id uint64) bool {
 				return true
 			}
 		case id | lockBit:
-			if spins >= spinsBeforeYield {
-				runtime.Gosched()
-			}
+			wait(spins)
 		default:
 			return false
 		}
 	}
 }
-
-// spinsBeforeYield is how many times lock reads a held slot before it yields.
-const spinsBeforeYield = 32
 
 // lockAny locks s, which is not empty, whatever key it holds, and returns its unlocked
 // id. Only holders of mu call it, so the id cannot change but for the lock bit.
@@ -119,9 +113,23 @@ func (s *slot) lockAny() uint64 {
 		if atomic.CompareAndSwapUint64(&s.id, id, id|lockBit) {
 			return id
 		}
-		if spins >= spinsBeforeYield {
-			runtime.Gosched()
-		}
+		wait(spins)
+	}
+}
+
+// wait is how a goroutine waits, its spins-th time, for a slot that another holds. A
+// slot is held for one decision, tens of nanoseconds, unless its holder's thread has
+// lost its CPU (on a machine with more runnable threads than cores), which then takes
+// milliseconds. So the waiter spins first, then yields to other goroutines (the holder
+// may be one, preempted), and then sleeps, which hands its CPU to other threads (the
+// holder's among them) instead of spinning against them.
+func wait(spins int) {
+	switch {
+	case spins < 64:
+	case spins < 96:
+		runtime.Gosched()
+	default:
+		time.Sleep(time.Microsecond) // the timer's granularity makes it longer
 	}
 }
 
@@ -258,15 +266,18 @@ func lookup(t []slot, h uint64, check uint32, a algo.Algo) (*slot, uint64) {
 	mask := uint64(len(t) - 1)
 	for i := home(h, mask); ; i = (i + 1) & mask {
 		s := &t[i]
-		id := atomic.LoadUint64(&s.id) &^ lockBit
+		id := atomic.LoadUint64(&s.id)
 		if id == 0 {
 			return nil, 0
 		}
 		if (id^h)&idMask != 0 {
 			continue
 		}
-		if !s.lock(id) {
-			return nil, 0
+		// The slot is nearly always free: try it before calling lock, which waits.
+		if id&lockBit != 0 || !atomic.CompareAndSwapUint64(&s.id, id, id|lockBit) {
+			if id &^= lockBit; !s.lock(id) {
+				return nil, 0
+			}
 		}
 		if s.check != check || algo.Algo(id&algMask) != a {
 			s.unlock(id)
