@@ -3,9 +3,7 @@ package limiter
 import (
 	"context"
 	"hash/maphash"
-	"math"
 	"math/bits"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,22 +33,15 @@ type Memory struct {
 	evictions atomic.Int64
 }
 
-// memoryShard is one shard. A decision on a key that the shard already tracks, under
-// the algorithm it last used, takes neither mu nor any other shared lock: it finds the
-// key's slot by reading the table without locking and locks that slot alone (see
-// slot.lock), so callers deciding at once on one hot key contend on one cache line,
-// the slot's, rather than on the shard's lock and then the slot. Everything else
-// (a new key, a change of algorithm, the sliding window log, whose logs live beside
-// the table) takes mu, which serialises every change to the table's layout.
 type memoryShard struct {
 	mu    sync.Mutex
-	table atomic.Pointer[[]slot] // a power of two of slots, at most 13/16 used; nil until the first key
-	used  int                    // under mu
+	table []slot // a power of two of slots, at most 13/16 used; nil until the first key
+	used  int
 
-	logs     []algo.TimeLog // sliding window logs, by slot.log-1; under mu
-	freeLogs []int32        // indices of unused logs; under mu
+	logs     []algo.TimeLog // sliding window logs, by slot.log-1
+	freeLogs []int32        // indices of unused logs
 
-	_ [56]byte // keep neighbouring shards' locks off one cache line
+	_ [40]byte // keep neighbouring shards' locks off one cache line
 }
 
 // slot is one key of a shard's table: 64 bytes, aligned to a cache line (tables are
@@ -58,94 +49,24 @@ type memoryShard struct {
 //
 // A key is known by its hash h (64 bits, from which its shard and home slot derive)
 // and a 32-bit check from a second, independently seeded hash. The low byte of h is
-// replaced by the key's algorithm and the slot's lock bit, so 56 bits of h and the 32
-// of the check must match: 88 bits of two hashes whose seeds are random per store and
-// never leave the process. Two distinct keys are mistaken for one another only if they
-// agree on all of them, a chance of 2^-88 (3·10^-27) per slot compared; a lookup
-// compares a few slots, so a store making a million decisions a second for a century
-// would mistake two keys with a probability of about 10^-10, far below that of a memory
-// error. The seeds are what keeps clients from steering keys into one another, as they
-// do for Go's own maps.
-//
-// id is read and written only with sync/atomic, since lookups read it without mu; the
-// other fields only by the holder of the slot's lock (lockBit in id), so a decision
-// sees and leaves a whole state. Only a holder of mu changes a slot's id (but for the
-// lock bit), and it locks a slot before moving, copying or clearing it: a lookup that
-// locks a slot and still finds its key there has the key's one live state.
+// replaced by the key's algorithm, so 56 bits of h and the 32 of the check must
+// match: 88 bits of two hashes whose seeds are random per store and never leave the
+// process. Two distinct keys are mistaken for one another only if they agree on all
+// of them, a chance of 2^-88 (3·10^-27) per slot compared; a lookup compares a few
+// slots, so a store making a million decisions a second for a century would mistake
+// two keys with a probability of about 10^-10, far below that of a memory error. The
+// seeds are what keeps clients from steering keys into one another, as they do for
+// Go's own maps.
 type slot struct {
-	id         uint64 // the key's hash, lockBit, and its algorithm in the low bits; 0: an empty slot
+	id         uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
 	check      uint32 // the key's second hash
 	log        int32  // sliding window log: 1 + its index in the shard's logs; 0: none
 	algo.State        // 48 bytes
 }
 
-const (
-	idMask  = ^uint64(0xff) // the bits of a slot's id that come from the key's hash
-	lockBit = 0x80          // set in a slot's id while a goroutine holds the slot
-	algMask = 0x7f
-)
+const idMask = ^uint64(0xff) // the bits of a slot's id that come from the key's hash
 
-func (s *slot) algorithm() algo.Algo { return algo.Algo(atomic.LoadUint64(&s.id) & algMask) }
-
-// lock locks s if it holds the key whose unlocked id is id, waiting while another
-// goroutine holds it, and reports whether it did: false once s holds another key or
-// none.
-func (s *slot) lock(id uint64) bool {
-	for spins := 0; ; spins++ {
-		switch atomic.LoadUint64(&s.id) {
-		case id:
-			if atomic.CompareAndSwapUint64(&s.id, id, id|lockBit) {
-				return true
-			}
-		case id | lockBit:
-			wait(spins)
-		default:
-			return false
-		}
-	}
-}
-
-// lockAny locks s, which is not empty, whatever key it holds, and returns its unlocked
-// id. Only holders of mu call it, so the id cannot change but for the lock bit.
-func (s *slot) lockAny() uint64 {
-	for spins := 0; ; spins++ {
-		id := atomic.LoadUint64(&s.id) &^ lockBit
-		if atomic.CompareAndSwapUint64(&s.id, id, id|lockBit) {
-			return id
-		}
-		wait(spins)
-	}
-}
-
-// wait is how a goroutine waits, its spins-th time, for a slot that another holds. A
-// slot is held for one decision, tens of nanoseconds, unless its holder's thread has
-// lost its CPU (on a machine with more runnable threads than cores), which then takes
-// milliseconds. So the waiter spins first, then yields to other goroutines (the holder
-// may be one, preempted), and then sleeps, which hands its CPU to other threads (the
-// holder's among them) instead of spinning against them.
-func wait(spins int) {
-	switch {
-	case spins < 64:
-	case spins < 96:
-		runtime.Gosched()
-	default:
-		time.Sleep(time.Microsecond) // the timer's granularity makes it longer
-	}
-}
-
-// tryLock locks s if it holds a key and nobody holds it, and returns its unlocked id,
-// or 0.
-func (s *slot) tryLock() uint64 {
-	id := atomic.LoadUint64(&s.id)
-	if id == 0 || id&lockBit != 0 || !atomic.CompareAndSwapUint64(&s.id, id, id|lockBit) {
-		return 0
-	}
-	return id
-}
-
-// unlock releases s, which holds the key with unlocked id id; it is also how a holder
-// of mu publishes a slot it has filled (or emptied, with id 0).
-func (s *slot) unlock(id uint64) { atomic.StoreUint64(&s.id, id) }
+func (s *slot) algorithm() algo.Algo { return algo.Algo(s.id) }
 
 // home is the slot where probing for hash h starts, in a table of mask+1 slots.
 func home(h, mask uint64) uint64 { return (h >> 8) & mask }
@@ -244,65 +165,17 @@ func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 	h := maphash.String(m.seed, key)
 	check := uint32(maphash.String(m.checkSeed, key))
 	now := m.now()
-	sh := &m.shards[h>>m.shift]               // a shift by 64 (one shard) gives 0
-	if p.Algorithm != algo.SlidingWindowLog { // its logs are under mu
-		if t := sh.table.Load(); t != nil {
-			if s, id := lookup(*t, h, check, p.Algorithm); s != nil {
-				o := s.Decide(p, now, n, nil)
-				s.unlock(id)
-				return o
-			}
-		}
-	}
-	return m.decideLocked(sh, h, check, p, now, n)
-}
-
-// lookup finds and locks, without mu, the slot of the key with hash h and check if it
-// uses algorithm a, and returns it with its unlocked id. It returns nil when it cannot
-// tell, for the caller to look again under mu: the key is absent, uses another
-// algorithm, or is being moved (a table being grown or a key being removed reads as
-// missing keys until mu is released).
-func lookup(t []slot, h uint64, check uint32, a algo.Algo) (*slot, uint64) {
-	mask := uint64(len(t) - 1)
-	for i := home(h, mask); ; i = (i + 1) & mask {
-		s := &t[i]
-		id := atomic.LoadUint64(&s.id)
-		if id == 0 {
-			return nil, 0
-		}
-		if (id^h)&idMask != 0 {
-			continue
-		}
-		// The slot is nearly always free: try it before calling lock, which waits.
-		if id&lockBit != 0 || !atomic.CompareAndSwapUint64(&s.id, id, id|lockBit) {
-			if id &^= lockBit; !s.lock(id) {
-				return nil, 0
-			}
-		}
-		if s.check != check || algo.Algo(id&algMask) != a {
-			s.unlock(id)
-			return nil, 0
-		}
-		return s, id
-	}
-}
-
-// decideLocked is decide under mu: it may add the key, change its algorithm, and use
-// the shard's sliding window logs.
-func (m *Memory) decideLocked(sh *memoryShard, h uint64, check uint32, p *algo.Params, now, n int64) algo.Outcome {
+	sh := &m.shards[h>>m.shift] // a shift by 64 (one shard) gives 0
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	var s *slot
-	var id uint64
 	if i := sh.find(h, check); i >= 0 {
-		s = &sh.slots()[i]
-		id = s.lockAny()
+		s = &sh.table[i]
 	} else {
-		s, id = m.insert(sh, h, check, p.Algorithm, now)
+		s = m.insert(sh, h, check, p.Algorithm, now)
 	}
-	if algo.Algo(id&algMask) != p.Algorithm {
+	if s.algorithm() != p.Algorithm {
 		sh.freeLog(s)
-		id = h&idMask | uint64(p.Algorithm)
+		s.id = h&idMask | uint64(p.Algorithm)
 		s.State = algo.State{}
 	}
 	var log *algo.TimeLog
@@ -310,46 +183,34 @@ func (m *Memory) decideLocked(sh *memoryShard, h uint64, check uint32, p *algo.P
 		log = sh.logOf(s)
 	}
 	o := s.Decide(p, now, n, log)
-	s.unlock(id)
+	sh.mu.Unlock()
 	return o
 }
 
-// slots returns the shard's table (nil before the first key).
-func (sh *memoryShard) slots() []slot {
-	if t := sh.table.Load(); t != nil {
-		return *t
-	}
-	return nil
-}
-
-// find returns the index of the key with hash h and check, or -1. The caller holds mu.
+// find returns the index of the key with hash h and check, or -1.
 func (sh *memoryShard) find(h uint64, check uint32) int {
-	t := sh.slots()
-	if len(t) == 0 {
+	if len(sh.table) == 0 {
 		return -1
 	}
-	mask := uint64(len(t) - 1)
+	mask := uint64(len(sh.table) - 1)
 	for i := home(h, mask); ; i = (i + 1) & mask {
-		s := &t[i]
-		id := atomic.LoadUint64(&s.id)
-		if id == 0 {
+		s := &sh.table[i]
+		if s.id == 0 {
 			return -1 // a table always has empty slots
 		}
-		// check is written only under mu, which the caller holds.
-		if (id^h)&idMask == 0 && s.check == check {
+		if (s.id^h)&idMask == 0 && s.check == check {
 			return int(i)
 		}
 	}
 }
 
-// insert adds the key with hash h and check to sh, whose mu is held, with algorithm a
-// and an empty state, and returns its slot locked, with its unlocked id. Like Redis'
-// expiry, it first inspects a few keys (those from the key's home slot on, which the
-// lookup has just brought into the cache): those whose state is fresh again are
-// dropped, and if the shard is full the one that becomes fresh soonest is evicted.
-// Keys held by a decision under way are in use and are passed over.
-func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, now int64) (*slot, uint64) {
-	if t := sh.slots(); sh.used > 0 {
+// insert adds the key with hash h and check to sh, whose lock is held, with algorithm
+// a and an empty state. Like Redis' expiry, it first inspects a few keys (those from
+// the key's home slot on, which the lookup has just brought into the cache): those
+// whose state is fresh again are dropped, and if the shard is full the one that
+// becomes fresh soonest is evicted.
+func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, now int64) *slot {
+	if sh.used > 0 {
 		type ref struct {
 			id    uint64
 			check uint32
@@ -357,18 +218,16 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		var expired [sampleSize]ref
 		var victim ref
 		nexpired, victimExpires := 0, int64(0)
-		mask := uint64(len(t) - 1)
+		mask := uint64(len(sh.table) - 1)
 		i, seen := home(h, mask), 0
-		for range t {
-			s := &t[i]
-			if id := s.tryLock(); id != 0 {
+		for range sh.table {
+			if s := &sh.table[i]; s.id != 0 {
 				if s.Expires <= now {
-					expired[nexpired] = ref{id, s.check}
+					expired[nexpired] = ref{s.id, s.check}
 					nexpired++
 				} else if victim.id == 0 || s.Expires < victimExpires {
-					victim, victimExpires = ref{id, s.check}, s.Expires
+					victim, victimExpires = ref{s.id, s.check}, s.Expires
 				}
-				s.unlock(id)
 				if seen++; seen == sampleSize {
 					break
 				}
@@ -376,105 +235,61 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 			i = (i + 1) & mask
 		}
 		for _, r := range expired[:nexpired] {
-			// A decision may have renewed the key since it was inspected.
-			sh.remove(r.id, r.check, now)
+			sh.remove(r.id, r.check)
 		}
 		if sh.used >= m.perCap && victim.id != 0 {
-			if sh.remove(victim.id, victim.check, math.MaxInt64) {
-				m.evictions.Add(1)
-			}
+			sh.remove(victim.id, victim.check)
+			m.evictions.Add(1)
 		}
 	}
-	if (sh.used+1)*16 > len(sh.slots())*13 {
+	if (sh.used+1)*16 > len(sh.table)*13 {
 		sh.grow()
 	}
 	sh.used++
-	id := h&idMask | uint64(a)
-	s := sh.place(id|lockBit, check, nil)
-	return s, id
+	return sh.place(slot{id: h&idMask | uint64(a), check: check})
 }
 
-// place puts a key with this id and check, and src's state and log (or an empty
-// state), in the first empty slot from its home in the shard's table, and returns
-// that slot. Its id is stored last, with sync/atomic, which publishes the slot to
-// lookups; an id with lockBit keeps it locked.
-func (sh *memoryShard) place(id uint64, check uint32, src *slot) *slot {
-	return placeIn(sh.slots(), id, check, src)
-}
-
-func placeIn(t []slot, id uint64, check uint32, src *slot) *slot {
-	mask := uint64(len(t) - 1)
-	i := home(id, mask)
-	for atomic.LoadUint64(&t[i].id) != 0 {
+// place puts s in the first empty slot from its home and returns it.
+func (sh *memoryShard) place(s slot) *slot {
+	mask := uint64(len(sh.table) - 1)
+	i := home(s.id, mask)
+	for sh.table[i].id != 0 {
 		i = (i + 1) & mask
 	}
-	s := &t[i]
-	s.check = check
-	if src != nil {
-		s.log, s.State = src.log, src.State
-	} else {
-		s.log, s.State = 0, algo.State{}
-	}
-	atomic.StoreUint64(&s.id, id)
-	return s
+	sh.table[i] = s
+	return &sh.table[i]
 }
 
-// grow doubles the table (or makes the first one). Each key is locked while it is
-// copied, so a decision under way on the old table finishes before its key is copied,
-// and the old slot is then emptied, so that a later lookup in the old table misses and
-// looks again under mu, which grow holds until the new table is in place.
+// grow doubles the table (or makes the first one).
 func (sh *memoryShard) grow() {
-	old := sh.slots()
-	t := make([]slot, max(2*len(old), 8))
+	old := sh.table
+	sh.table = make([]slot, max(2*len(old), 8))
 	for i := range old {
-		s := &old[i]
-		if atomic.LoadUint64(&s.id) == 0 {
-			continue
+		if old[i].id != 0 {
+			sh.place(old[i])
 		}
-		id := s.lockAny()
-		placeIn(t, id, s.check, s)
-		s.unlock(0)
 	}
-	sh.table.Store(&t)
 }
 
-// remove deletes the key with this id (hash bits) and check if it is present and its
-// state is fresh by the time fresh (math.MaxInt64: whatever its state), and reports
-// whether it did. The caller holds mu.
-// The slots after it move back (backward-shift deletion), so the table needs no
-// tombstones; each is locked while it moves, and a lookup that meets a slot being
-// emptied or refilled misses and looks again under mu.
-func (sh *memoryShard) remove(id uint64, check uint32, fresh int64) bool {
+// remove deletes the key with this id (hash bits) and check, if present. The slots
+// after it move back (backward-shift deletion), so the table needs no tombstones.
+func (sh *memoryShard) remove(id uint64, check uint32) {
 	i := sh.find(id, check)
 	if i < 0 {
-		return false
+		return
 	}
-	t := sh.slots()
-	hid := t[i].lockAny()
-	if t[i].Expires > fresh {
-		t[i].unlock(hid)
-		return false
-	}
-	sh.freeLog(&t[i])
-	mask := uint64(len(t) - 1)
-	hole := uint64(i) // locked, by this goroutine
-	for j := (hole + 1) & mask; ; j = (j + 1) & mask {
-		jid := atomic.LoadUint64(&t[j].id)
-		if jid == 0 {
-			break
-		}
+	sh.freeLog(&sh.table[i])
+	mask := uint64(len(sh.table) - 1)
+	hole := uint64(i)
+	for j := (hole + 1) & mask; sh.table[j].id != 0; j = (j + 1) & mask {
 		// The slot at j may fill the hole unless its home lies cyclically in (hole, j].
-		if (j-home(jid, mask))&mask >= (j-hole)&mask {
-			jid = t[j].lockAny()
-			t[hole].check, t[hole].log, t[hole].State = t[j].check, t[j].log, t[j].State
-			t[hole].unlock(jid) // publishes the key in its new slot
-			hole = j            // stays locked until it is refilled or emptied
+		if (j-home(sh.table[j].id, mask))&mask >= (j-hole)&mask {
+			sh.table[hole] = sh.table[j]
+			hole = j
 		}
 	}
-	t[hole].check, t[hole].log, t[hole].State = 0, 0, algo.State{}
-	t[hole].unlock(0)
+	sh.table[hole] = slot{}
 	sh.used--
-	return true
 }
 
 // logOf returns the sliding window log of s, making it if s has none.
