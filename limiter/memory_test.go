@@ -83,10 +83,10 @@ func TestMemoryDecisionsDoNotAllocate(t *testing.T) {
 // TestMemoryConcurrentDecisionsAreNotLost has goroutines decide on a few hot keys
 // while another floods the same shard with new keys, so that keys are evicted and the
 // hot ones shifted back between (or, in a store that looked keys up without the
-// shard's lock, under) the deciders' decisions. Every
-// decision on a hot key must count: none may be made on a stale copy of its state, and
-// no hot key may be lost. (The clock stands still, and the hot keys' window ends last,
-// so they are never fresh nor the ones evicted.)
+// shard's lock, under) the deciders' decisions. Every decision on a hot key must count:
+// none may be made on a stale copy of its state, and no hot key may be lost. (The clock
+// stands still, and the hot keys' window ends last, so they are never fresh nor the
+// ones evicted.)
 func TestMemoryConcurrentDecisionsAreNotLost(t *testing.T) {
 	const (
 		hotKeys  = 4
