@@ -3,6 +3,8 @@ package limiter_test
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -77,3 +79,71 @@ func TestMemoryDecisionsDoNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// TestMemoryConcurrentDecisionsAreNotLost has goroutines decide on a few hot keys
+// while another floods the same shard with new keys, so that keys are evicted and the
+// hot ones shifted back between (or, in a store that looked keys up without the
+// shard's lock, under) the deciders' decisions. Every decision on a hot key must count:
+// none may be made on a stale copy of its state, and no hot key may be lost. (The clock
+// stands still, and the hot keys' window ends last, so they are never fresh nor the
+// ones evicted.)
+func TestMemoryConcurrentDecisionsAreNotLost(t *testing.T) {
+	const (
+		hotKeys  = 4
+		deciders = 4
+		floods   = 20_000
+		maxKeys  = 52 // 13/16 of a table of 64 slots: long probe runs, keys off their home slot
+		rate     = 1 << 40
+	)
+	m := limiter.NewMemory(limiter.WithClock(func() time.Time { return t0 }), limiter.WithShards(1), limiter.WithMaxKeys(maxKeys))
+	hot := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: rate, Period: time.Hour}
+	// Churn keys' windows end at different times, so that evictions pick them all over
+	// the table rather than the first one a sample meets.
+	churn := func(i int) limiter.Limit {
+		return limiter.Limit{Algorithm: limiter.FixedWindow, Rate: rate, Period: time.Duration(1+i%13) * time.Microsecond}
+	}
+	ctx := context.Background()
+	// The hot keys arrive in a full table, so that most of them land off their home
+	// slot, and backward shifts move them.
+	for i := range maxKeys {
+		if _, err := m.AllowN(ctx, fmt.Sprint("churn-", i), churn(i), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	counts := make([][hotKeys]int64, deciders)
+	for g := range deciders {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				k := (g + i) % hotKeys
+				if d, err := m.AllowN(ctx, hotNames[k], hot, 1); err != nil || !d.Allowed {
+					t.Errorf("%s: %+v, %v", hotNames[k], d, err)
+					return
+				}
+				counts[g][k]++
+			}
+		})
+	}
+	for i := range floods {
+		if _, err := m.AllowN(ctx, fmt.Sprint("churn-", i), churn(i), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	if m.Evictions() == 0 {
+		t.Error("the flood evicted nothing: the test did not move keys under the deciders")
+	}
+	for k, key := range hotNames {
+		decided := int64(0)
+		for g := range deciders {
+			decided += counts[g][k]
+		}
+		if d := check(t, m, key, hot, 1); d.Remaining != rate-decided-1 {
+			t.Errorf("%s: remaining %d after %d decisions, want %d (decisions lost or key evicted)", key, d.Remaining, decided, rate-decided-1)
+		}
+	}
+}
+
+var hotNames = [...]string{"hot-0", "hot-1", "hot-2", "hot-3"}

@@ -36,7 +36,11 @@ after a warm-up of its own; the peer runs first.
 
 NS/DECISION is wall time per decision (1s / decisions per second); LATENCY is the mean
 time one caller waits for a decision (callers / decisions per second); VS PEER is
-sluice's decisions per second divided by the peer's in the same scenario.
+sluice's decisions per second divided by the peer's in the same scenario. CPU NS is the
+process's CPU time (user and system) per decision, and VS PEER (CPU) the peer's CPU time
+per decision divided by sluice's: on a machine whose cores other processes share, wall
+time measures the scheduler as much as the code, and CPU time is the steadier figure.
+The GOALS lines check the memory store's targets against both ratios.
 
 Flags:
 `
@@ -164,6 +168,10 @@ type result struct {
 	NsPerDecision   float64 `json:"ns_per_decision"`
 	MeanLatencyNs   float64 `json:"mean_latency_ns"`
 	RatioVsPeer     float64 `json:"ratio_vs_peer,omitempty"`
+	// CPUNsPerDecision is the process's CPU time per decision; 0 where the platform
+	// does not tell.
+	CPUNsPerDecision float64 `json:"cpu_ns_per_decision,omitempty"`
+	CPURatioVsPeer   float64 `json:"cpu_ratio_vs_peer,omitempty"`
 }
 
 func memoryScenarios(cfg limiterConfig) []scenario {
@@ -289,6 +297,9 @@ func runScenarios(ctx context.Context, cfg limiterConfig, scenarios []scenario, 
 		if pair[0].DecisionsPerSec > 0 {
 			pair[1].RatioVsPeer = pair[1].DecisionsPerSec / pair[0].DecisionsPerSec
 		}
+		if pair[0].CPUNsPerDecision > 0 && pair[1].CPUNsPerDecision > 0 {
+			pair[1].CPURatioVsPeer = pair[0].CPUNsPerDecision / pair[1].CPUNsPerDecision
+		}
 		for _, r := range pair {
 			if r.Denied > 0 {
 				fmt.Fprintf(stderr, "sluice-bench: warning: %s denied %d of %d requests; the figures include rejections\n", r.Store, r.Denied, r.Decisions)
@@ -379,9 +390,11 @@ func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (r
 	ok := sleep(cfg.warmup)
 	n0, d0 := total()
 	t0 := time.Now()
+	cpu0, cpuKnown := processCPU()
 	ok = ok && sleep(cfg.duration)
 	n1, d1 := total()
 	elapsed := time.Since(t0)
+	cpu1, _ := processCPU()
 	stop.Store(true)
 	cancel()
 	wg.Wait()
@@ -399,21 +412,87 @@ func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (r
 		r.DecisionsPerSec = float64(r.Decisions) / elapsed.Seconds()
 		r.NsPerDecision = float64(elapsed.Nanoseconds()) / float64(r.Decisions)
 		r.MeanLatencyNs = r.NsPerDecision * float64(s.callers)
+		if cpuKnown {
+			r.CPUNsPerDecision = float64((cpu1 - cpu0).Nanoseconds()) / float64(r.Decisions)
+		}
 	}
 	return r, nil
 }
 
 func writeTable(w io.Writer, results []result) error {
-	rows := [][]string{{"SCENARIO", "CALLERS", "STORE", "DECISIONS/S", "NS/DECISION", "LATENCY", "VS PEER"}}
+	rows := [][]string{{"SCENARIO", "CALLERS", "STORE", "DECISIONS/S", "NS/DECISION", "LATENCY", "VS PEER", "CPU NS", "VS PEER (CPU)"}}
 	for _, r := range results {
-		ratio := ""
+		ratio, cpuRatio, cpu := "", "", ""
 		if r.Sluice && r.RatioVsPeer > 0 {
 			ratio = fmt.Sprintf("%.2fx", r.RatioVsPeer)
 		}
+		if r.Sluice && r.CPURatioVsPeer > 0 {
+			cpuRatio = fmt.Sprintf("%.2fx", r.CPURatioVsPeer)
+		}
+		if r.CPUNsPerDecision > 0 {
+			cpu = fmt.Sprintf("%.1f", r.CPUNsPerDecision)
+		}
 		rows = append(rows, []string{r.Scenario, strconv.Itoa(r.Callers), r.Store,
-			count(int(r.DecisionsPerSec)), fmt.Sprintf("%.1f", r.NsPerDecision), latency(r.MeanLatencyNs), ratio})
+			count(int(r.DecisionsPerSec)), fmt.Sprintf("%.1f", r.NsPerDecision), latency(r.MeanLatencyNs), ratio, cpu, cpuRatio})
 	}
-	return writeColumns(w, rows, []bool{true, false, true, false, false, false, false})
+	if err := writeColumns(w, rows, []bool{true, false, true, false, false, false, false, false, false}); err != nil {
+		return err
+	}
+	return writeGoals(w, results)
+}
+
+// memoryGoals are the memory store's targets (issue 13): its decisions per second over
+// its peer's, in the scenarios the memory scenarios run, with 1 caller (callers 1) or
+// with GOMAXPROCS callers (callers 0).
+var memoryGoals = []struct {
+	keys    string // "1" or "many"
+	callers int
+	atLeast float64
+}{
+	{"1", 0, 1},
+	{"many", 1, 3},
+	{"many", 0, 3},
+}
+
+// writeGoals writes a line per memory goal whose scenario ran: its ratios by wall time
+// and CPU time, and whether they meet it.
+func writeGoals(w io.Writer, results []result) error {
+	var b strings.Builder
+	procs := runtime.GOMAXPROCS(0)
+	seen := map[string]bool{} // with GOMAXPROCS=1, two goals are one
+	for _, g := range memoryGoals {
+		callers := g.callers
+		if callers == 0 {
+			callers = procs
+		}
+		k := fmt.Sprint(g.keys, callers)
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		for _, r := range results {
+			if !r.Sluice || r.Callers != callers || !strings.HasPrefix(r.Scenario, "memory, ") ||
+				(r.Scenario == "memory, 1 key") != (g.keys == "1") {
+				continue
+			}
+			verdict := func(ratio float64) string {
+				if ratio >= g.atLeast {
+					return fmt.Sprintf("%.2fx met", ratio)
+				}
+				return fmt.Sprintf("%.2fx NOT met", ratio)
+			}
+			fmt.Fprintf(&b, "GOAL %s, %s: >= %gx the peer: wall %s", r.Scenario, plural(callers, "caller"), g.atLeast, verdict(r.RatioVsPeer))
+			if r.CPURatioVsPeer > 0 {
+				fmt.Fprintf(&b, ", CPU %s", verdict(r.CPURatioVsPeer))
+			}
+			b.WriteByte('\n')
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	_, err := io.WriteString(w, "\n"+b.String())
+	return err
 }
 
 // writeColumns writes rows as aligned columns, text left and numbers right

@@ -53,6 +53,11 @@ func TestLimiterTable(t *testing.T) {
 	if strings.Contains(out, "redis") {
 		t.Errorf("--redis '' still ran Redis scenarios:\n%s", out)
 	}
+	for _, goal := range []string{"GOAL memory, 1 key, ", "GOAL memory, 1,000 keys, 1 caller: >= 3x the peer: wall "} {
+		if !strings.Contains(out, goal) {
+			t.Errorf("no line %q in\n%s", goal, out)
+		}
+	}
 	if !strings.Contains(errOut, "[1/") {
 		t.Errorf("no progress on stderr: %q", errOut)
 	}
@@ -79,6 +84,9 @@ func TestLimiterJSON(t *testing.T) {
 		}
 		if r.Sluice != (i%2 == 0) || (r.Sluice && r.RatioVsPeer <= 0) {
 			t.Errorf("result %d: sluice %v, ratio %v", i, r.Sluice, r.RatioVsPeer)
+		}
+		if _, known := processCPU(); known && (r.CPUNsPerDecision <= 0 || (r.Sluice && r.CPURatioVsPeer <= 0)) {
+			t.Errorf("result %d: CPU ns per decision %v, CPU ratio %v", i, r.CPUNsPerDecision, r.CPURatioVsPeer)
 		}
 	}
 }
