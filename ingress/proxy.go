@@ -92,6 +92,7 @@ type Proxy struct {
 	dialer     net.Dialer
 	byClass    [len(statusClassIdx)]classMetrics
 	upgrades   *httputil.ReverseProxy
+	upgradeTr  *http.Transport
 	copyBufs   sync.Pool
 	mu         sync.Mutex
 	idle       []*upstreamConn // most recently used last
@@ -176,7 +177,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 // reverseProxy is the proxy of requests the pool does not carry: protocol switches
 // (WebSocket) and CONNECT.
 func (p *Proxy) reverseProxy(metrics *upstreamMetrics) *httputil.ReverseProxy {
-	transport := &http.Transport{
+	p.upgradeTr = &http.Transport{
 		Proxy:                 nil, // the upstream is addressed directly, whatever the environment says
 		DialContext:           p.dialer.DialContext,
 		MaxIdleConnsPerHost:   16,
@@ -191,7 +192,7 @@ func (p *Proxy) reverseProxy(metrics *upstreamMetrics) *httputil.ReverseProxy {
 			setForwarded(p.ids, pr.In, pr.Out.Header)
 			pr.Out.Host = pr.In.Host // the upstream sees the host the client asked for
 		},
-		Transport:    instrumentedTransport{next: transport, metrics: metrics},
+		Transport:    instrumentedTransport{next: p.upgradeTr, metrics: metrics},
 		ErrorHandler: p.fail,
 	}
 }
@@ -333,6 +334,7 @@ func (p *Proxy) put(c *upstreamConn) {
 
 // CloseIdleConnections closes the pooled connections that no request uses.
 func (p *Proxy) CloseIdleConnections() {
+	p.upgradeTr.CloseIdleConnections()
 	p.mu.Lock()
 	idle := p.idle
 	p.idle = nil
