@@ -12,8 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -25,8 +27,8 @@ import (
 const httpHelp = `Usage: sluice-bench http [flags]
 
 Measures, in one run on this machine, the upstream alone, a plain Go reverse proxy
-(httputil.ReverseProxy) and 'sluice serve' in front of the same upstream, with the
-memory limiter and with Redis. Every server is a process of its own; the load comes
+(httputil.ReverseProxy), nginx with limit_req (when nginx is on PATH) and 'sluice
+serve' in front of the same upstream, with the memory limiter and with Redis. Every server is a process of its own; the load comes
 from this process (vegeta as a library):
 
   closed loop: --workers connections sending as fast as they can, as wrk -c does:
@@ -35,7 +37,11 @@ from this process (vegeta as a library):
                latency quantiles at a load every target sustains.
 
 sluice checks every request against a per-client-IP token bucket that never runs out,
-so each request pays for a real decision and is proxied.
+so each request pays for a real decision and is proxied; nginx runs the same shape
+(limit_req per client address on every request, a keep-alive pool to the upstream)
+from a configuration this tool writes in a temporary prefix, as the current user.
+The targets take turns for --rounds rounds and each figure is the median; req/s is
+also given as a ratio to httputil.ReverseProxy and to nginx.
 `
 
 const benchRules = `domain: bench
@@ -61,8 +67,13 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rate := fs.Int("rate", 2000, "requests per second of the open-loop measurement")
 	sluicePath := fs.String("sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	withRedis := fs.Bool("redis", true, "also measure sluice with a Redis limiter (starts a redis-server on a free port)")
+	rounds := fs.Int("rounds", 3, "rounds over every target, alternating; each figure is the median of the rounds")
 	if code, done := parseModeFlags(fs, args, httpHelp, stdout); done {
 		return code
+	}
+	if *rounds < 1 {
+		fmt.Fprintln(stderr, "sluice-bench http: --rounds must be at least 1")
+		return exitUsage
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "sluice-bench http: %v\n", err)
@@ -92,7 +103,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var procs []*exec.Cmd
 	defer func() {
 		for _, p := range procs {
-			_ = p.Process.Kill()
+			_ = p.Cancel()
 			_ = p.Wait()
 		}
 	}()
@@ -100,6 +111,9 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Stderr = io.Discard
 		cmd.Env = append(os.Environ(), childEnv+"=1")
+		// SIGTERM, not SIGKILL: nginx's master then ends its workers too.
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+		cmd.WaitDelay = 10 * time.Second
 		if err := cmd.Start(); err != nil {
 			return err
 		}
@@ -115,8 +129,22 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(fmt.Errorf("plain proxy: %w", err))
 	}
 	targets := []struct{ name, url string }{
-		{"upstream alone", "http://" + upstreamAddr + "/"},
-		{"httputil.ReverseProxy", "http://" + proxyAddr + "/"},
+		{targetUpstream, "http://" + upstreamAddr + "/"},
+		{targetReverseProxy, "http://" + proxyAddr + "/"},
+	}
+	if nginx, err := exec.LookPath("nginx"); err != nil {
+		fmt.Fprintln(stderr, "nginx is not on PATH: no nginx row (install nginx to compare with it)")
+	} else {
+		addr := freeAddr()
+		prefix := filepath.Join(dir, "nginx")
+		conf, err := writeNginxConf(prefix, addr, upstreamAddr)
+		if err != nil {
+			return fail(err)
+		}
+		if err := spawn("http://"+addr+"/", nginx, "-p", prefix, "-c", conf, "-e", filepath.Join(prefix, "error.log")); err != nil {
+			return fail(fmt.Errorf("nginx (its log: %s): %w", filepath.Join(prefix, "error.log"), err))
+		}
+		targets = append(targets, struct{ name, url string }{targetNginx, "http://" + addr + "/"})
 	}
 	startSluice := func(name string, extra ...string) error {
 		listen, admin := freeAddr(), freeAddr()
@@ -143,41 +171,139 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
-	type row struct {
-		name      string
+	// Rounds alternate the targets, so that a machine busy for a while slows every
+	// target alike; each figure is the median of the rounds.
+	type sample struct {
 		maxRPS    float64
 		latencies vegeta.LatencyMetrics
 		errors    float64
 	}
-	var rows []row
-	for i, tg := range targets {
-		fmt.Fprintf(stderr, "[%d/%d] %s: closed loop, %d workers, %v…\n", i+1, len(targets), tg.name, *workers, *duration)
-		closed := attack(tg.url, vegeta.Rate{}, *workers, *duration)
-		fmt.Fprintf(stderr, "[%d/%d] %s: open loop, %d/s, %v…\n", i+1, len(targets), tg.name, *rate, *duration)
-		open := attack(tg.url, vegeta.Rate{Freq: *rate, Per: time.Second}, *workers, *duration)
-		rows = append(rows, row{tg.name, closed.Throughput, open.Latencies, 1 - min(closed.Success, open.Success)})
-		if ctx.Err() != nil {
-			return fail(ctx.Err())
+	samples := make([][]sample, len(targets))
+	for round := range *rounds {
+		for i, tg := range targets {
+			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: closed loop, %d workers, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *workers, *duration)
+			closed := attack(tg.url, vegeta.Rate{}, *workers, *duration)
+			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: open loop, %d/s, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *rate, *duration)
+			open := attack(tg.url, vegeta.Rate{Freq: *rate, Per: time.Second}, *workers, *duration)
+			samples[i] = append(samples[i], sample{closed.Throughput, open.Latencies, 1 - min(closed.Success, open.Success)})
+			if ctx.Err() != nil {
+				return fail(ctx.Err())
+			}
 		}
 	}
+	type row struct {
+		name                  string
+		maxRPS                float64
+		p50, p99, p999, worst time.Duration
+		errors                float64
+	}
+	rows := make([]row, len(targets))
+	byName := map[string]row{}
+	for i, tg := range targets {
+		s := samples[i]
+		r := row{name: tg.name,
+			maxRPS: median(s, func(s sample) float64 { return s.maxRPS }),
+			p50:    median(s, func(s sample) time.Duration { return s.latencies.P50 }),
+			p99:    median(s, func(s sample) time.Duration { return s.latencies.P99 }),
+			p999:   median(s, func(s sample) time.Duration { return s.latencies.Quantile(0.999) }),
+		}
+		for _, x := range s {
+			r.errors = max(r.errors, x.errors)
+		}
+		rows[i], byName[tg.name] = r, r
+	}
 
-	fmt.Fprintf(stdout, "HTTP through the front door: %d workers closed loop; latency open loop at %d/s; %v each\n\n", *workers, *rate, *duration)
+	fmt.Fprintf(stdout, "HTTP through the front door: %d workers closed loop; latency open loop at %d/s; %v each; median of %d rounds\n\n",
+		*workers, *rate, *duration, *rounds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\treq/s\tvs proxy\tp50\tp99\tp99.9\tp50 added vs proxy\terrors\t")
-	proxy := rows[1]
+	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
+	ratio := func(r row, to string) string {
+		ref, ok := byName[to]
+		if !ok || ref.maxRPS == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fx", r.maxRPS/ref.maxRPS)
+	}
 	for _, r := range rows {
 		added := "-"
-		if r.name != rows[0].name {
-			added = (r.latencies.P50 - proxy.latencies.P50).Round(time.Microsecond).String()
+		if r.name != targetUpstream {
+			added = (r.p50 - byName[targetUpstream].p50).Round(time.Microsecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.name, r.maxRPS, 100*r.maxRPS/proxy.maxRPS,
-			r.latencies.P50.Round(time.Microsecond), r.latencies.P99.Round(time.Microsecond),
-			r.latencies.Quantile(0.999).Round(time.Microsecond), added, 100*r.errors)
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.name, r.maxRPS, ratio(r, targetReverseProxy), ratio(r, targetNginx),
+			r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond), added, 100*r.errors)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(err)
 	}
 	return exitOK
+}
+
+// The reference targets of the http mode's table.
+const (
+	targetUpstream     = "upstream alone"
+	targetReverseProxy = "httputil.ReverseProxy"
+	targetNginx        = "nginx limit_req"
+)
+
+// median returns the median of f over s (the mean of the middle two for an even
+// count); s is not empty.
+func median[S any, T float64 | time.Duration](s []S, f func(S) T) T {
+	v := make([]T, len(s))
+	for i, x := range s {
+		v[i] = f(x)
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// nginxConf is the nginx contender's configuration: what sluice does on every request
+// (a per-client-IP limit that never runs out, forwarding headers, a keep-alive pool to
+// the upstream), in a prefix of its own so that nginx runs without root and touches
+// nothing outside it. Run with -p PREFIX -e PREFIX/error.log.
+const nginxConf = `daemon off;
+worker_processes auto;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log error;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path %[1]s/tmp/body;
+    proxy_temp_path %[1]s/tmp/proxy;
+    fastcgi_temp_path %[1]s/tmp/fastcgi;
+    uwsgi_temp_path %[1]s/tmp/uwsgi;
+    scgi_temp_path %[1]s/tmp/scgi;
+    limit_req_zone $binary_remote_addr zone=bench:10m rate=1000000r/s;
+    upstream backend {
+        server %[3]s;
+        keepalive 512;
+    }
+    server {
+        listen %[2]s;
+        location / {
+            limit_req zone=bench burst=1000000 nodelay;
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Host $host;
+            proxy_set_header X-Forwarded-Proto $scheme;
+        }
+    }
+}
+`
+
+// writeNginxConf writes the nginx contender's configuration under prefix and returns
+// its path.
+func writeNginxConf(prefix, listen, upstream string) (string, error) {
+	if err := os.MkdirAll(filepath.Join(prefix, "tmp"), 0o755); err != nil {
+		return "", err
+	}
+	conf := filepath.Join(prefix, "nginx.conf")
+	return conf, os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, prefix, listen, upstream)), 0o644)
 }
 
 // attack sends GET url at rate (closed loop with `workers` connections when rate is
