@@ -100,26 +100,27 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 
-	var procs []*exec.Cmd
+	type proc struct {
+		cmd  *exec.Cmd
+		term bool // stop with SIGTERM, so that nginx's master ends its workers too
+	}
+	var procs []proc
 	defer func() {
 		for _, p := range procs {
-			_ = p.Cancel()
-			_ = p.Wait()
+			stopProcess(p.cmd, p.term)
 		}
 	}()
-	spawn := func(health string, name string, args ...string) error {
+	spawnWith := func(term bool, health string, name string, args ...string) error {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Stderr = io.Discard
 		cmd.Env = append(os.Environ(), childEnv+"=1")
-		// SIGTERM, not SIGKILL: nginx's master then ends its workers too.
-		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-		cmd.WaitDelay = 10 * time.Second
 		if err := cmd.Start(); err != nil {
 			return err
 		}
-		procs = append(procs, cmd)
+		procs = append(procs, proc{cmd, term})
 		return waitHealthy(ctx, health)
 	}
+	spawn := func(health string, name string, args ...string) error { return spawnWith(false, health, name, args...) }
 
 	upstreamAddr, proxyAddr := freeAddr(), freeAddr()
 	if err := spawn("http://"+upstreamAddr+"/", self, "upstream", upstreamAddr); err != nil {
@@ -141,7 +142,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(err)
 		}
-		if err := spawn("http://"+addr+"/", nginx, "-p", prefix, "-c", conf, "-e", filepath.Join(prefix, "error.log")); err != nil {
+		if err := spawnWith(true, "http://"+addr+"/", nginx, "-p", prefix, "-c", conf, "-e", filepath.Join(prefix, "error.log")); err != nil {
 			return fail(fmt.Errorf("nginx (its log: %s): %w", filepath.Join(prefix, "error.log"), err))
 		}
 		targets = append(targets, struct{ name, url string }{targetNginx, "http://" + addr + "/"})
@@ -236,6 +237,26 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	return exitOK
+}
+
+// stopProcess ends cmd: at once, or with SIGTERM (killed if still running after 10 s).
+func stopProcess(cmd *exec.Cmd, term bool) {
+	if !term || cmd.Process.Signal(syscall.SIGTERM) != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // The reference targets of the http mode's table.
