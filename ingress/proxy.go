@@ -367,9 +367,11 @@ func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) 
 		stop()
 		return res, err
 	}
-	hasBody := r.ContentLength != 0
+	hasBody := r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
 	expect := hasBody && headerHasToken(r.Header, "Expect", "100-continue")
-	p.writeHead(c.bw, r, expect)
+	if err := p.writeHead(c.bw, r, hasBody, expect); err != nil {
+		return fail(err)
+	}
 	if expect {
 		// Let the upstream decide whether it wants the body: wait a while for its
 		// answer before sending it, as a client would.
@@ -379,7 +381,7 @@ func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) 
 		}
 		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
 		_, err := c.br.Peek(1)
-		_ = conn.SetReadDeadline(time.Time{})
+		clearReadDeadline(ctx, conn)
 		if err == nil {
 			resp, err := p.readResponse(c, r, true)
 			if err != nil {
@@ -404,7 +406,7 @@ func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) 
 			// its own): that answer is better than a 502.
 			_ = conn.SetReadDeadline(time.Now().Add(time.Second))
 			resp, rerr := p.readResponse(c, r, false)
-			_ = conn.SetReadDeadline(time.Time{})
+			clearReadDeadline(ctx, conn)
 			if rerr != nil {
 				return fail(err)
 			}
@@ -425,9 +427,18 @@ func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) 
 			(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isConnReset(err))
 		return fail(err)
 	}
-	_ = conn.SetReadDeadline(time.Time{})
+	clearReadDeadline(ctx, conn)
 	res.resp = resp
 	return res, nil
+}
+
+// clearReadDeadline lifts conn's read deadline, unless ctx is done: the deadline in
+// the past that ctx's end set (maybe just before) must stay.
+func clearReadDeadline(ctx context.Context, conn net.Conn) {
+	_ = conn.SetReadDeadline(time.Time{})
+	if ctx.Err() != nil {
+		_ = conn.SetDeadline(aLongTimeAgo)
+	}
 }
 
 // readResponse reads the next final response from c, skipping informational ones
@@ -479,8 +490,13 @@ func skipHeader(k string, conn []string) bool {
 	return false
 }
 
-// writeHead writes the request line and headers of the request forwarded for r.
-func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, expect bool) {
+// errBadHeader is a request header that cannot go on the wire as it is.
+var errBadHeader = errors.New("ingress: a request header holds a line break or a NUL (or its name a colon or a space)")
+
+// writeHead writes the request line and headers of the request forwarded for r, with
+// a body (of r.ContentLength, chunked when -1) when hasBody. It fails when a header
+// cannot be written as it is (never for the requests of an http.Server).
+func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, hasBody, expect bool) error {
 	bw.WriteString(r.Method)
 	bw.WriteByte(' ')
 	bw.WriteString(p.requestURI(r.URL))
@@ -500,7 +516,13 @@ func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, expect bool) {
 		if skipHeader(k, conn) {
 			continue
 		}
+		if strings.ContainsAny(k, "\r\n\x00: ") {
+			return errBadHeader
+		}
 		for _, v := range vv {
+			if strings.ContainsAny(v, "\r\n\x00") {
+				return errBadHeader
+			}
 			writeField(bw, k, v)
 		}
 	}
@@ -515,9 +537,15 @@ func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, expect bool) {
 		}
 	}
 	switch {
+	case !hasBody:
+		switch r.Method {
+		case http.MethodPost, http.MethodPut, http.MethodPatch:
+			// Some servers want a length on these methods (411 otherwise).
+			writeField(bw, "Content-Length", "0")
+		}
 	case r.ContentLength > 0:
 		writeField(bw, "Content-Length", strconv.FormatInt(r.ContentLength, 10))
-	case r.ContentLength < 0:
+	default:
 		writeField(bw, "Transfer-Encoding", "chunked")
 		if len(r.Trailer) > 0 {
 			writeField(bw, "Trailer", strings.Join(slices.Sorted(mapsKeys(r.Trailer)), ", "))
@@ -526,7 +554,8 @@ func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, expect bool) {
 	if expect {
 		writeField(bw, "Expect", "100-continue")
 	}
-	bw.WriteString("\r\n")
+	_, err := bw.WriteString("\r\n")
+	return err
 }
 
 func mapsKeys(h http.Header) func(func(string) bool) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -41,7 +42,10 @@ so each request pays for a real decision and is proxied; nginx runs the same sha
 (limit_req per client address on every request, a keep-alive pool to the upstream)
 from a configuration this tool writes in a temporary prefix, as the current user.
 The targets take turns for --rounds rounds and each figure is the median; req/s is
-also given as a ratio to httputil.ReverseProxy and to nginx.
+also given as a ratio to httputil.ReverseProxy and to nginx. CPU/req is the CPU time
+(user and system, from /proc: Linux only) the target's processes spent per request of
+the closed loop: on a shared machine it tells the cost of each target more steadily
+than req/s, which also measures how busy the machine was.
 `
 
 const benchRules = `domain: bench
@@ -129,9 +133,14 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := spawn("http://"+proxyAddr+"/", self, "plain-proxy", proxyAddr, "http://"+upstreamAddr); err != nil {
 		return fail(fmt.Errorf("plain proxy: %w", err))
 	}
-	targets := []struct{ name, url string }{
-		{targetUpstream, "http://" + upstreamAddr + "/"},
-		{targetReverseProxy, "http://" + proxyAddr + "/"},
+	type target struct {
+		name, url string
+		pid       int // the server's process (nginx: its master, whose workers count too)
+	}
+	lastPID := func() int { return procs[len(procs)-1].cmd.Process.Pid }
+	targets := []target{
+		{targetUpstream, "http://" + upstreamAddr + "/", procs[0].cmd.Process.Pid},
+		{targetReverseProxy, "http://" + proxyAddr + "/", procs[1].cmd.Process.Pid},
 	}
 	if nginx, err := exec.LookPath("nginx"); err != nil {
 		fmt.Fprintln(stderr, "nginx is not on PATH: no nginx row (install nginx to compare with it)")
@@ -145,7 +154,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err := spawnWith(true, "http://"+addr+"/", nginx, "-p", prefix, "-c", conf, "-e", filepath.Join(prefix, "error.log")); err != nil {
 			return fail(fmt.Errorf("nginx (its log: %s): %w", filepath.Join(prefix, "error.log"), err))
 		}
-		targets = append(targets, struct{ name, url string }{targetNginx, "http://" + addr + "/"})
+		targets = append(targets, target{targetNginx, "http://" + addr + "/", lastPID()})
 	}
 	startSluice := func(name string, extra ...string) error {
 		listen, admin := freeAddr(), freeAddr()
@@ -155,7 +164,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err := spawn("http://"+admin+"/healthz", *sluicePath, args...); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		targets = append(targets, struct{ name, url string }{name, "http://" + listen + "/"})
+		targets = append(targets, target{name, "http://" + listen + "/", lastPID()})
 		return nil
 	}
 	if err := startSluice("sluice serve (memory)"); err != nil {
@@ -176,6 +185,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// target alike; each figure is the median of the rounds.
 	type sample struct {
 		maxRPS    float64
+		cpuPerReq time.Duration // 0: unknown
 		latencies vegeta.LatencyMetrics
 		errors    float64
 	}
@@ -183,30 +193,38 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for round := range *rounds {
 		for i, tg := range targets {
 			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: closed loop, %d workers, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *workers, *duration)
+			cpu0, cpuOK := cpuTime(tg.pid)
 			closed := attack(tg.url, vegeta.Rate{}, *workers, *duration)
+			cpu1, _ := cpuTime(tg.pid)
+			var perReq time.Duration
+			if cpuOK && closed.Requests > 0 {
+				perReq = (cpu1 - cpu0) / time.Duration(closed.Requests)
+			}
 			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: open loop, %d/s, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *rate, *duration)
 			open := attack(tg.url, vegeta.Rate{Freq: *rate, Per: time.Second}, *workers, *duration)
-			samples[i] = append(samples[i], sample{closed.Throughput, open.Latencies, 1 - min(closed.Success, open.Success)})
+			samples[i] = append(samples[i], sample{closed.Throughput, perReq, open.Latencies, 1 - min(closed.Success, open.Success)})
 			if ctx.Err() != nil {
 				return fail(ctx.Err())
 			}
 		}
 	}
 	type row struct {
-		name                  string
-		maxRPS                float64
-		p50, p99, p999, worst time.Duration
-		errors                float64
+		name           string
+		maxRPS         float64
+		cpuPerReq      time.Duration
+		p50, p99, p999 time.Duration
+		errors         float64
 	}
 	rows := make([]row, len(targets))
 	byName := map[string]row{}
 	for i, tg := range targets {
 		s := samples[i]
 		r := row{name: tg.name,
-			maxRPS: median(s, func(s sample) float64 { return s.maxRPS }),
-			p50:    median(s, func(s sample) time.Duration { return s.latencies.P50 }),
-			p99:    median(s, func(s sample) time.Duration { return s.latencies.P99 }),
-			p999:   median(s, func(s sample) time.Duration { return s.latencies.Quantile(0.999) }),
+			maxRPS:    median(s, func(s sample) float64 { return s.maxRPS }),
+			cpuPerReq: median(s, func(s sample) time.Duration { return s.cpuPerReq }),
+			p50:       median(s, func(s sample) time.Duration { return s.latencies.P50 }),
+			p99:       median(s, func(s sample) time.Duration { return s.latencies.P99 }),
+			p999:      median(s, func(s sample) time.Duration { return s.latencies.Quantile(0.999) }),
 		}
 		for _, x := range s {
 			r.errors = max(r.errors, x.errors)
@@ -217,7 +235,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "HTTP through the front door: %d workers closed loop; latency open loop at %d/s; %v each; median of %d rounds\n\n",
 		*workers, *rate, *duration, *rounds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
+	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tCPU/req\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
 	ratio := func(r row, to string) string {
 		ref, ok := byName[to]
 		if !ok || ref.maxRPS == 0 {
@@ -230,13 +248,51 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if r.name != targetUpstream {
 			added = (r.p50 - byName[targetUpstream].p50).Round(time.Microsecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.name, r.maxRPS, ratio(r, targetReverseProxy), ratio(r, targetNginx),
-			r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond), added, 100*r.errors)
+		cpu := "-"
+		if r.cpuPerReq > 0 {
+			cpu = r.cpuPerReq.Round(100 * time.Nanosecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.name, r.maxRPS, ratio(r, targetReverseProxy), ratio(r, targetNginx),
+			cpu, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond), added, 100*r.errors)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(err)
 	}
 	return exitOK
+}
+
+// cpuTime returns the CPU time, user and system, that process pid and its running
+// children (nginx's workers) have used so far, read from /proc (Linux); ok is false
+// where it cannot be read. CPU per request tells the cost of each target even when the
+// machine is shared, where requests per second mostly tell how busy it was.
+func cpuTime(pid int) (total time.Duration, ok bool) {
+	const tick = 10 * time.Millisecond // USER_HZ is 100 on every Linux architecture Go supports
+	read := func(pid string) (time.Duration, bool) {
+		stat, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			return 0, false
+		}
+		// The fields after the command name, which is in parentheses and may hold
+		// spaces: state is the first, utime the 12th, stime the 13th.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 13 {
+			return 0, false
+		}
+		u, err1 := strconv.ParseInt(f[11], 10, 64)
+		s, err2 := strconv.ParseInt(f[12], 10, 64)
+		return time.Duration(u+s) * tick, err1 == nil && err2 == nil
+	}
+	p := strconv.Itoa(pid)
+	if total, ok = read(p); !ok {
+		return 0, false
+	}
+	children, _ := os.ReadFile("/proc/" + p + "/task/" + p + "/children")
+	for _, c := range strings.Fields(string(children)) {
+		if d, ok := read(c); ok {
+			total += d
+		}
+	}
+	return total, true
 }
 
 // stopProcess ends cmd: at once, or with SIGTERM (killed if still running after 10 s).
