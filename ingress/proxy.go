@@ -90,7 +90,7 @@ type Proxy struct {
 	log        *slog.Logger
 	timeout    time.Duration
 	dialer     net.Dialer
-	byClass    [len(statusClassIdx)]classMetrics
+	byClass    [len(statusClasses)]classMetrics
 	upgrades   *httputil.ReverseProxy
 	upgradeTr  *http.Transport
 	copyBufs   sync.Pool
@@ -106,11 +106,8 @@ type classMetrics struct {
 	duration prometheus.Observer
 }
 
-// statusClassIdx orders the classes of statusClasses by index: 1xx..5xx at 0..4,
-// error at 5.
-var statusClassIdx = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
-
-const errorClass = len(statusClassIdx) - 1
+// errorClass is the index of the error class in statusClasses.
+const errorClass = len(statusClasses) - 1
 
 func classIndex(code int) int {
 	if code < 100 || code > 599 {
@@ -166,7 +163,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 		// HTTP/1.1 only: the pool speaks nothing else.
 		p.tlsConfig = &tls.Config{ServerName: upstream.Hostname(), NextProtos: []string{"http/1.1"}}
 	}
-	for i, class := range statusClassIdx {
+	for i, class := range statusClasses {
 		p.byClass[i] = classMetrics{metrics.requests.WithLabelValues(class), metrics.duration.WithLabelValues(class)}
 	}
 	p.copyBufs.New = func() any { b := make([]byte, 32<<10); return &b }
@@ -241,6 +238,7 @@ type upstreamConn struct {
 // of a connection return at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
+// ServeHTTP proxies r to the upstream (see Proxy).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect || headerHasToken(r.Header, "Connection", "upgrade") {
 		p.upgrades.ServeHTTP(w, r)
@@ -319,17 +317,27 @@ func (p *Proxy) get(ctx context.Context) (*upstreamConn, error) {
 	return c, nil
 }
 
-// put returns c to the pool, or closes it when the pool is full.
+// put returns c to the pool, or closes it when the pool is full. The pool is used
+// last in, first out, so that connections beyond what the load needs age at its
+// bottom: each put closes the oldest one when it has been idle too long.
 func (p *Proxy) put(c *upstreamConn) {
 	c.idleSince = time.Now()
+	var stale *upstreamConn
 	p.mu.Lock()
+	if len(p.idle) > 0 && c.idleSince.Sub(p.idle[0].idleSince) > p.idleExpiry {
+		stale = p.idle[0]
+		p.idle = slices.Delete(p.idle, 0, 1)
+	}
 	if len(p.idle) < p.maxIdle {
 		p.idle = append(p.idle, c)
-		p.mu.Unlock()
-		return
+		c = nil
 	}
 	p.mu.Unlock()
-	_ = c.conn.Close()
+	for _, dead := range []*upstreamConn{stale, c} {
+		if dead != nil {
+			_ = dead.conn.Close()
+		}
+	}
 }
 
 // CloseIdleConnections closes the pooled connections that no request uses.
