@@ -24,7 +24,9 @@ const (
 
 var outcomes = [...]string{OutcomeAllowed, OutcomeRejected, OutcomeDeferred, OutcomeShadowDenied, OutcomeError}
 
-var statusClasses = []string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
+// statusClasses are the values of the upstream series' class label: 1xx..5xx at
+// 0..4 (see classIndex), error (no response) last.
+var statusClasses = [...]string{"1xx", "2xx", "3xx", "4xx", "5xx", "error"}
 
 // DecisionMetrics are the series of rate-limit decisions (sluice_decisions_total by rule
 // and outcome, sluice_decision_duration_seconds), shared by every decider of a process

@@ -1,15 +1,23 @@
 package ingress
 
 import (
+	"bufio"
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,10 +27,15 @@ import (
 type ProxyOption func(*proxyConfig)
 
 type proxyConfig struct {
-	log *slog.Logger
-	reg prometheus.Registerer
-	ids *ClientIdentity
+	log     *slog.Logger
+	reg     prometheus.Registerer
+	ids     *ClientIdentity
+	timeout time.Duration
 }
+
+// DefaultProxyTimeout is how long the proxy waits, by default, for the upstream to
+// begin its response once the request has been sent.
+const DefaultProxyTimeout = 60 * time.Second
 
 // WithProxyLogger sets the proxy's logger (default slog.Default()).
 func WithProxyLogger(l *slog.Logger) ProxyOption { return func(c *proxyConfig) { c.log = l } }
@@ -39,60 +52,686 @@ func WithProxyClientIdentity(id *ClientIdentity) ProxyOption {
 	return func(c *proxyConfig) { c.ids = id }
 }
 
-// NewProxy returns a reverse proxy to upstream, built on httputil.ReverseProxy with the
-// Rewrite hook. It keeps many idle connections per upstream host so that under load
-// requests reuse connections instead of dialling (the default of 2 idle connections per
-// host would make the proxy itself the bottleneck), sets X-Forwarded-For / -Host /
-// -Proto from the real client connection (dropping whatever the client sent), and
-// answers 502 with a problem body when the upstream cannot be reached. It fails when
-// upstream is not an absolute URL, an option was given nil, or the metrics cannot be
-// registered (several proxies share the series of one registry).
-func NewProxy(upstream *url.URL, opts ...ProxyOption) (*httputil.ReverseProxy, error) {
+// WithProxyTimeout sets how long the upstream has to begin its response (its status
+// line) once the request, body included, has been sent (default DefaultProxyTimeout);
+// past it the client gets 504. It does not bound how long a response body may take to
+// stream. It must be positive.
+func WithProxyTimeout(d time.Duration) ProxyOption { return func(c *proxyConfig) { c.timeout = d } }
+
+// Proxy is the front door's reverse proxy to one upstream, an http.Handler. It speaks
+// HTTP/1.1 to the upstream over a pool of keep-alive connections of its own, writing
+// each request and reading each response on the handler's goroutine, with no
+// per-connection goroutines and no buffering of bodies beyond a copy buffer: the
+// request body is streamed to the upstream as it is read from the client (a limit set
+// by the middleware's WithMaxBody still applies: over it the client gets 413) and the
+// response body is streamed to the client as it arrives, flushed whenever the upstream
+// pauses. Request and response trailers are relayed; Expect: 100-continue is passed
+// to the upstream, which decides whether the body is sent.
+//
+// Hop-by-hop headers (Connection and the headers it names, Keep-Alive,
+// Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE except "trailers",
+// Trailer, Transfer-Encoding, Upgrade) are dropped both ways; Forwarded and
+// X-Forwarded-* are set from the real client connection (see WithProxyClientIdentity);
+// the Host header is the one the client sent.
+//
+// Requests to switch protocols (Connection: upgrade, as WebSocket) and CONNECT are
+// proxied by an httputil.ReverseProxy with the same rewriting, errors and metrics.
+//
+// When the upstream cannot be reached or breaks the exchange the client gets 502,
+// when it does not begin its response in time 504, both with a problem body. A
+// response that fails part-way through its body aborts the client's connection, so
+// that the client sees a truncated response rather than a complete one.
+type Proxy struct {
+	addr       string      // host:port to dial
+	tlsConfig  *tls.Config // nil: plain HTTP
+	upstream   *url.URL
+	plainPath  bool // the upstream URL has neither path nor query: requests keep theirs
+	ids        *ClientIdentity
+	log        *slog.Logger
+	timeout    time.Duration
+	dialer     net.Dialer
+	byClass    [len(statusClasses)]classMetrics
+	upgrades   *httputil.ReverseProxy
+	upgradeTr  *http.Transport
+	copyBufs   sync.Pool
+	mu         sync.Mutex
+	idle       []*upstreamConn // most recently used last
+	maxIdle    int
+	idleExpiry time.Duration
+}
+
+// classMetrics are the upstream series of one status class, resolved once.
+type classMetrics struct {
+	requests prometheus.Counter
+	duration prometheus.Observer
+}
+
+// errorClass is the index of the error class in statusClasses.
+const errorClass = len(statusClasses) - 1
+
+func classIndex(code int) int {
+	if code < 100 || code > 599 {
+		return errorClass
+	}
+	return code/100 - 1
+}
+
+// NewProxy returns a reverse proxy to upstream (see Proxy). It fails when upstream is
+// not an absolute http or https URL, an option was given nil or a non-positive
+// timeout, or the metrics cannot be registered (several proxies share the series of
+// one registry).
+func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 	if upstream == nil || upstream.Scheme == "" || upstream.Host == "" {
 		return nil, fmt.Errorf("ingress: proxy upstream %v is not an absolute URL", upstream)
 	}
-	cfg := proxyConfig{log: slog.Default()}
+	if upstream.Scheme != "http" && upstream.Scheme != "https" {
+		return nil, fmt.Errorf("ingress: proxy upstream %v: the scheme must be http or https", upstream)
+	}
+	cfg := proxyConfig{log: slog.Default(), timeout: DefaultProxyTimeout}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if cfg.log == nil {
 		return nil, errors.New("ingress: WithProxyLogger(nil)")
 	}
+	if cfg.timeout <= 0 {
+		return nil, fmt.Errorf("ingress: WithProxyTimeout(%v): the timeout must be positive", cfg.timeout)
+	}
 	metrics, err := newUpstreamMetrics(cfg.reg)
 	if err != nil {
 		return nil, err
 	}
-	log := cfg.log
-	transport := &http.Transport{
+	p := &Proxy{
+		upstream:   upstream,
+		plainPath:  (upstream.Path == "" || upstream.Path == "/") && upstream.RawQuery == "",
+		ids:        cfg.ids,
+		log:        cfg.log,
+		timeout:    cfg.timeout,
+		dialer:     net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+		maxIdle:    512,
+		idleExpiry: 90 * time.Second,
+	}
+	p.addr = upstream.Host
+	if upstream.Port() == "" {
+		port := "80"
+		if upstream.Scheme == "https" {
+			port = "443"
+		}
+		p.addr = net.JoinHostPort(upstream.Hostname(), port)
+	}
+	if upstream.Scheme == "https" {
+		// HTTP/1.1 only: the pool speaks nothing else.
+		p.tlsConfig = &tls.Config{ServerName: upstream.Hostname(), NextProtos: []string{"http/1.1"}}
+	}
+	for i, class := range statusClasses {
+		p.byClass[i] = classMetrics{metrics.requests.WithLabelValues(class), metrics.duration.WithLabelValues(class)}
+	}
+	p.copyBufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	p.upgrades = p.reverseProxy(metrics)
+	return p, nil
+}
+
+// reverseProxy is the proxy of requests the pool does not carry: protocol switches
+// (WebSocket) and CONNECT.
+func (p *Proxy) reverseProxy(metrics *upstreamMetrics) *httputil.ReverseProxy {
+	p.upgradeTr = &http.Transport{
 		Proxy:                 nil, // the upstream is addressed directly, whatever the environment says
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   512,
-		IdleConnTimeout:       90 * time.Second,
+		DialContext:           p.dialer.DialContext,
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       p.idleExpiry,
 		TLSHandshakeTimeout:   5 * time.Second,
 		ExpectContinueTimeout: time.Second,
+		ResponseHeaderTimeout: p.timeout,
 	}
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(upstream)
-			setForwarded(cfg.ids, pr.In, pr.Out.Header)
+			pr.SetURL(p.upstream)
+			setForwarded(p.ids, pr.In, pr.Out.Header)
 			pr.Out.Host = pr.In.Host // the upstream sees the host the client asked for
 		},
-		Transport: instrumentedTransport{next: transport, metrics: metrics},
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if errors.Is(err, r.Context().Err()) {
-				return // the client went away; nobody to answer
+		Transport:    instrumentedTransport{next: p.upgradeTr, metrics: metrics},
+		ErrorHandler: p.fail,
+	}
+}
+
+// fail answers the client when no response came from the upstream.
+func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil {
+		return // the client went away; nobody to answer
+	}
+	if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
+		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
+			"The request body is larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes."))
+		return
+	}
+	var bad *clientBodyError
+	if errors.As(err, &bad) {
+		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body could not be read."))
+		return
+	}
+	p.log.Warn("upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		writeProblem(w, simpleProblem(http.StatusGatewayTimeout, "The upstream did not answer in time."))
+		return
+	}
+	writeProblem(w, simpleProblem(http.StatusBadGateway, "The upstream could not be reached."))
+}
+
+// clientBodyError is a failure to read the client's request body; it wraps the
+// http.MaxBytesError of a body over the limit.
+type clientBodyError struct{ err error }
+
+func (e *clientBodyError) Error() string { return "reading the request body: " + e.err.Error() }
+func (e *clientBodyError) Unwrap() error { return e.err }
+
+// upstreamConn is one pooled connection to the upstream.
+type upstreamConn struct {
+	conn      net.Conn
+	raw       net.Conn // the TCP connection under conn (the same without TLS)
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	idleSince time.Time
+	reused    bool
+}
+
+// aLongTimeAgo is a deadline in the past: setting it makes blocked reads and writes
+// of a connection return at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// ServeHTTP proxies r to the upstream (see Proxy).
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect || headerHasToken(r.Header, "Connection", "upgrade") {
+		p.upgrades.ServeHTTP(w, r)
+		return
+	}
+	ctx := r.Context()
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		c, err := p.get(ctx)
+		if err != nil {
+			p.observe(errorClass, start)
+			p.fail(w, r, err)
+			return
+		}
+		res, err := p.exchange(ctx, c, r)
+		if err == nil {
+			p.observe(classIndex(res.resp.StatusCode), start)
+			p.relay(w, r, c, res)
+			return
+		}
+		_ = c.conn.Close()
+		if attempt == 0 && res.retryable && c.reused && ctx.Err() == nil {
+			continue // a kept-alive connection the upstream had closed: once more on a new one
+		}
+		p.observe(errorClass, start)
+		p.fail(w, r, err)
+		return
+	}
+}
+
+func (p *Proxy) observe(class int, start time.Time) {
+	m := &p.byClass[class]
+	m.requests.Inc()
+	m.duration.Observe(time.Since(start).Seconds())
+}
+
+// get returns an idle connection that is still open, or a new one.
+func (p *Proxy) get(ctx context.Context) (*upstreamConn, error) {
+	now := time.Now()
+	for {
+		p.mu.Lock()
+		n := len(p.idle)
+		if n == 0 {
+			p.mu.Unlock()
+			break
+		}
+		c := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		idle := now.Sub(c.idleSince)
+		// A connection idle for a while may have been closed by the upstream (its
+		// keep-alive timeout): look before using it, so that a request that cannot be
+		// retried is not sent into a closed connection.
+		if idle < p.idleExpiry && (idle < time.Second || connAlive(c.raw)) {
+			c.reused = true
+			return c, nil
+		}
+		_ = c.conn.Close()
+	}
+	conn, err := p.dialer.DialContext(ctx, "tcp", p.addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &upstreamConn{conn: conn, raw: conn}
+	if p.tlsConfig != nil {
+		tc := tls.Client(conn, p.tlsConfig)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		c.conn = tc
+	}
+	c.br = bufio.NewReaderSize(c.conn, 4096)
+	c.bw = bufio.NewWriterSize(c.conn, 4096)
+	return c, nil
+}
+
+// put returns c to the pool, or closes it when the pool is full. The pool is used
+// last in, first out, so that connections beyond what the load needs age at its
+// bottom: each put closes the oldest one when it has been idle too long.
+func (p *Proxy) put(c *upstreamConn) {
+	c.idleSince = time.Now()
+	var stale *upstreamConn
+	p.mu.Lock()
+	if len(p.idle) > 0 && c.idleSince.Sub(p.idle[0].idleSince) > p.idleExpiry {
+		stale = p.idle[0]
+		p.idle = slices.Delete(p.idle, 0, 1)
+	}
+	if len(p.idle) < p.maxIdle {
+		p.idle = append(p.idle, c)
+		c = nil
+	}
+	p.mu.Unlock()
+	for _, dead := range []*upstreamConn{stale, c} {
+		if dead != nil {
+			_ = dead.conn.Close()
+		}
+	}
+}
+
+// CloseIdleConnections closes the pooled connections that no request uses.
+func (p *Proxy) CloseIdleConnections() {
+	p.upgradeTr.CloseIdleConnections()
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = nil
+	p.mu.Unlock()
+	for _, c := range idle {
+		_ = c.conn.Close()
+	}
+}
+
+// exchanged is what exchange got from the upstream.
+type exchanged struct {
+	resp *http.Response
+	// stop detaches the connection from the client's context; false when the
+	// context was done first (the connection's deadline is then in the past).
+	stop func() bool
+	// retryable: nothing of the request can have reached the upstream's handler,
+	// or the request may be sent twice, and nothing of a response was read.
+	retryable bool
+	// bodyUnsent: the upstream answered before the request body was sent, so the
+	// connection cannot carry another request.
+	bodyUnsent bool
+}
+
+// exchange sends r on c and reads the response's head.
+func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) (exchanged, error) {
+	conn := c.conn
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(aLongTimeAgo) })
+	res := exchanged{stop: stop}
+	fail := func(err error) (exchanged, error) {
+		stop()
+		return res, err
+	}
+	hasBody := r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody
+	expect := hasBody && headerHasToken(r.Header, "Expect", "100-continue")
+	if err := p.writeHead(c.bw, r, hasBody, expect); err != nil {
+		return fail(err)
+	}
+	if expect {
+		// Let the upstream decide whether it wants the body: wait a while for its
+		// answer before sending it, as a client would.
+		if err := c.bw.Flush(); err != nil {
+			res.retryable = true // nothing of the body was read
+			return fail(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+		_, err := c.br.Peek(1)
+		clearReadDeadline(ctx, conn)
+		if err == nil {
+			resp, err := p.readResponse(c, r, true)
+			if err != nil {
+				return fail(err)
 			}
-			if tooLarge := new(http.MaxBytesError); errors.As(err, &tooLarge) {
-				writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
-					"The request body is larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes."))
+			if resp.StatusCode != http.StatusContinue {
+				res.resp, res.bodyUnsent = resp, true
+				return res, nil
+			}
+		} else if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() || ctx.Err() != nil {
+			res.retryable = true
+			return fail(err)
+		}
+	}
+	if hasBody {
+		if err := p.writeBody(c.bw, r); err != nil {
+			var bodyErr *clientBodyError
+			if errors.As(err, &bodyErr) {
+				return fail(err)
+			}
+			// The upstream may have answered before reading the whole body (a 413 of
+			// its own): that answer is better than a 502.
+			_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+			resp, rerr := p.readResponse(c, r, false)
+			clearReadDeadline(ctx, conn)
+			if rerr != nil {
+				return fail(err)
+			}
+			res.resp, res.bodyUnsent = resp, true
+			return res, nil
+		}
+	}
+	if err := c.bw.Flush(); err != nil {
+		res.retryable = !hasBody
+		return fail(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(p.timeout))
+	resp, err := p.readResponse(c, r, false)
+	if err != nil {
+		// Nothing came back at all: the upstream closed a kept-alive connection
+		// under the request. Only a request that may be repeated is sent again.
+		res.retryable = !hasBody && idempotent(r.Method) && c.br.Buffered() == 0 &&
+			(errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isConnReset(err))
+		return fail(err)
+	}
+	clearReadDeadline(ctx, conn)
+	res.resp = resp
+	return res, nil
+}
+
+// clearReadDeadline lifts conn's read deadline, unless ctx is done: the deadline in
+// the past that ctx's end set (maybe just before) must stay.
+func clearReadDeadline(ctx context.Context, conn net.Conn) {
+	_ = conn.SetReadDeadline(time.Time{})
+	if ctx.Err() != nil {
+		_ = conn.SetDeadline(aLongTimeAgo)
+	}
+}
+
+// readResponse reads the next final response from c, skipping informational ones
+// (other than 100 Continue when continued is true).
+func (p *Proxy) readResponse(c *upstreamConn, r *http.Request, continued bool) (*http.Response, error) {
+	for {
+		resp, err := http.ReadResponse(c.br, r)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case resp.StatusCode == http.StatusSwitchingProtocols:
+			return nil, errors.New("ingress: the upstream switched protocols on a request that did not ask to")
+		case resp.StatusCode >= 200 || continued && resp.StatusCode == http.StatusContinue:
+			return resp, nil
+		}
+	}
+}
+
+func idempotent(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
+}
+
+// hopHeaders are the headers that describe one connection, not the message
+// (RFC 9110 section 7.6.1), and never go through the proxy; Host, Content-Length and
+// Expect the proxy writes itself.
+var hopHeaders = map[string]bool{
+	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+}
+
+// skipHeader reports whether header k of a message whose Connection header is conn
+// stays out of the forwarded message.
+func skipHeader(k string, conn []string) bool {
+	if hopHeaders[k] {
+		return true
+	}
+	for _, v := range conn {
+		for tok := range strings.SplitSeq(v, ",") {
+			if textproto.CanonicalMIMEHeaderKey(strings.TrimSpace(tok)) == k {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// errBadHeader is a request header that cannot go on the wire as it is.
+var errBadHeader = errors.New("ingress: a request header holds a line break or a NUL (or its name a colon or a space)")
+
+// writeHead writes the request line and headers of the request forwarded for r, with
+// a body (of r.ContentLength, chunked when -1) when hasBody. It fails when a header
+// cannot be written as it is (never for the requests of an http.Server).
+func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, hasBody, expect bool) error {
+	bw.WriteString(r.Method)
+	bw.WriteByte(' ')
+	bw.WriteString(p.requestURI(r.URL))
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	host := r.Host
+	if host == "" {
+		host = p.upstream.Host
+	}
+	bw.WriteString(host)
+	bw.WriteString("\r\n")
+	conn := r.Header["Connection"]
+	for k, vv := range r.Header {
+		switch k {
+		case "Host", "Content-Length", "Expect", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+			continue
+		}
+		if skipHeader(k, conn) {
+			continue
+		}
+		if strings.ContainsAny(k, "\r\n\x00: ") {
+			return errBadHeader
+		}
+		for _, v := range vv {
+			if strings.ContainsAny(v, "\r\n\x00") {
+				return errBadHeader
+			}
+			writeField(bw, k, v)
+		}
+	}
+	if headerHasToken(r.Header, "Te", "trailers") {
+		writeField(bw, "Te", "trailers")
+	}
+	fwd := make(http.Header, 3)
+	setForwarded(p.ids, r, fwd)
+	for k, vv := range fwd {
+		for _, v := range vv {
+			writeField(bw, k, v)
+		}
+	}
+	switch {
+	case !hasBody:
+		switch r.Method {
+		case http.MethodPost, http.MethodPut, http.MethodPatch:
+			// Some servers want a length on these methods (411 otherwise).
+			writeField(bw, "Content-Length", "0")
+		}
+	case r.ContentLength > 0:
+		writeField(bw, "Content-Length", strconv.FormatInt(r.ContentLength, 10))
+	default:
+		writeField(bw, "Transfer-Encoding", "chunked")
+		if len(r.Trailer) > 0 {
+			writeField(bw, "Trailer", strings.Join(slices.Sorted(mapsKeys(r.Trailer)), ", "))
+		}
+	}
+	if expect {
+		writeField(bw, "Expect", "100-continue")
+	}
+	_, err := bw.WriteString("\r\n")
+	return err
+}
+
+func mapsKeys(h http.Header) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range h {
+			if !yield(k) {
 				return
 			}
-			log.Warn("upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)
-			writeProblem(w, simpleProblem(http.StatusBadGateway, "The upstream could not be reached."))
-		},
-	}, nil
+		}
+	}
+}
+
+func writeField(bw *bufio.Writer, k, v string) {
+	bw.WriteString(k)
+	bw.WriteString(": ")
+	bw.WriteString(v)
+	bw.WriteString("\r\n")
+}
+
+// requestURI is the request target of the request forwarded for u: u's path and
+// query appended to the upstream URL's, as httputil.ProxyRequest.SetURL joins them.
+func (p *Proxy) requestURI(u *url.URL) string {
+	if p.plainPath {
+		return u.RequestURI()
+	}
+	joined := strings.TrimSuffix(p.upstream.EscapedPath(), "/") + "/" + strings.TrimPrefix(u.EscapedPath(), "/")
+	out := url.URL{Path: joined}
+	if path, err := url.PathUnescape(joined); err == nil {
+		out.Path, out.RawPath = path, joined
+	}
+	switch {
+	case p.upstream.RawQuery == "" || u.RawQuery == "":
+		out.RawQuery = p.upstream.RawQuery + u.RawQuery
+	default:
+		out.RawQuery = p.upstream.RawQuery + "&" + u.RawQuery
+	}
+	return out.RequestURI()
+}
+
+// writeBody streams r's body to bw: as is when its length is known, chunked (with
+// r's trailers) otherwise. Errors reading the body are *clientBodyError.
+func (p *Proxy) writeBody(bw *bufio.Writer, r *http.Request) error {
+	bufp := p.copyBufs.Get().(*[]byte)
+	defer p.copyBufs.Put(bufp)
+	buf := *bufp
+	if r.ContentLength > 0 {
+		n, err := copyBody(bw, io.LimitReader(r.Body, r.ContentLength), buf)
+		if err == nil && n < r.ContentLength {
+			err = &clientBodyError{io.ErrUnexpectedEOF}
+		}
+		return err
+	}
+	cw := httputil.NewChunkedWriter(bw)
+	if _, err := copyBody(cw, r.Body, buf); err != nil {
+		return err
+	}
+	if err := cw.Close(); err != nil {
+		return err
+	}
+	for k, vv := range r.Trailer {
+		for _, v := range vv {
+			writeField(bw, k, v)
+		}
+	}
+	_, err := bw.WriteString("\r\n")
+	return err
+}
+
+// copyBody copies the client's body src to dst, telling its errors from dst's.
+func copyBody(dst io.Writer, src io.Reader, buf []byte) (int64, error) {
+	var n int64
+	for {
+		nr, rerr := src.Read(buf)
+		if nr > 0 {
+			nw, werr := dst.Write(buf[:nr])
+			n += int64(nw)
+			if werr != nil {
+				return n, werr
+			}
+		}
+		switch {
+		case rerr == io.EOF:
+			return n, nil
+		case rerr != nil:
+			return n, &clientBodyError{rerr}
+		}
+	}
+}
+
+// relay sends the upstream's response to the client, and returns c to the pool when
+// the exchange left it clean.
+func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, c *upstreamConn, res exchanged) {
+	resp := res.resp
+	h := w.Header()
+	conn := resp.Header["Connection"]
+	for k, vv := range resp.Header {
+		if skipHeader(k, conn) {
+			continue
+		}
+		if prev, ok := h[k]; ok {
+			h[k] = append(prev, vv...)
+		} else {
+			h[k] = vv
+		}
+	}
+	if len(resp.Trailer) > 0 {
+		h["Trailer"] = []string{strings.Join(slices.Sorted(mapsKeys(resp.Trailer)), ", ")}
+	}
+	w.WriteHeader(resp.StatusCode)
+	complete := p.copyResponse(w, resp)
+	for k, vv := range resp.Trailer {
+		h[http.TrailerPrefix+k] = vv
+	}
+	if !res.stop() || !complete || resp.Close || res.bodyUnsent {
+		_ = c.conn.Close()
+		if !complete && r.Context().Err() == nil {
+			// The upstream broke off: end the client's connection too, so that it
+			// cannot take what it got for the whole response.
+			panic(http.ErrAbortHandler)
+		}
+		return
+	}
+	p.put(c)
+}
+
+// copyResponse streams resp's body to w, flushing whenever the upstream has nothing
+// more at hand, and reports whether the body was read to its end.
+func (p *Proxy) copyResponse(w http.ResponseWriter, resp *http.Response) bool {
+	if resp.Body == http.NoBody {
+		return true
+	}
+	bufp := p.copyBufs.Get().(*[]byte)
+	defer p.copyBufs.Put(bufp)
+	buf := *bufp
+	rc := http.NewResponseController(w)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return false
+			}
+		}
+		switch {
+		case rerr == io.EOF:
+			return true
+		case rerr != nil:
+			return false
+		case n < len(buf):
+			// A short read: the upstream paused. What it sent so far goes out now
+			// rather than waiting in buffers for the rest.
+			if err := rc.Flush(); err != nil {
+				return false
+			}
+		}
+	}
+}
+
+// headerHasToken reports whether a comma-separated list in header k of h holds token,
+// compared without case.
+func headerHasToken(h http.Header, k, token string) bool {
+	for _, v := range h[k] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), token) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // forwardingHeaders are the headers that tell a server who asked and how; setForwarded
@@ -115,4 +754,8 @@ func setForwarded(ids *ClientIdentity, in *http.Request, out http.Header) {
 		}
 	}
 	(&httputil.ProxyRequest{In: in, Out: &http.Request{Header: out}}).SetXForwarded()
+}
+
+func isConnReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

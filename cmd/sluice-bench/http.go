@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -12,8 +13,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -25,8 +28,8 @@ import (
 const httpHelp = `Usage: sluice-bench http [flags]
 
 Measures, in one run on this machine, the upstream alone, a plain Go reverse proxy
-(httputil.ReverseProxy) and 'sluice serve' in front of the same upstream, with the
-memory limiter and with Redis. Every server is a process of its own; the load comes
+(httputil.ReverseProxy), nginx with limit_req (when nginx is on PATH) and 'sluice
+serve' in front of the same upstream, with the memory limiter and with Redis. Every server is a process of its own; the load comes
 from this process (vegeta as a library):
 
   closed loop: --workers connections sending as fast as they can, as wrk -c does:
@@ -35,7 +38,14 @@ from this process (vegeta as a library):
                latency quantiles at a load every target sustains.
 
 sluice checks every request against a per-client-IP token bucket that never runs out,
-so each request pays for a real decision and is proxied.
+so each request pays for a real decision and is proxied; nginx runs the same shape
+(limit_req per client address on every request, a keep-alive pool to the upstream)
+from a configuration this tool writes in a temporary prefix, as the current user.
+The targets take turns for --rounds rounds and each figure is the median; req/s is
+also given as a ratio to httputil.ReverseProxy and to nginx. CPU/req is the CPU time
+(user and system, from /proc: Linux only) the target's processes spent per request of
+the closed loop: on a shared machine it tells the cost of each target more steadily
+than req/s, which also measures how busy the machine was.
 `
 
 const benchRules = `domain: bench
@@ -61,8 +71,13 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rate := fs.Int("rate", 2000, "requests per second of the open-loop measurement")
 	sluicePath := fs.String("sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	withRedis := fs.Bool("redis", true, "also measure sluice with a Redis limiter (starts a redis-server on a free port)")
+	rounds := fs.Int("rounds", 3, "rounds over every target, alternating; each figure is the median of the rounds")
 	if code, done := parseModeFlags(fs, args, httpHelp, stdout); done {
 		return code
+	}
+	if *rounds < 1 {
+		fmt.Fprintln(stderr, "sluice-bench http: --rounds must be at least 1")
+		return exitUsage
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "sluice-bench http: %v\n", err)
@@ -89,23 +104,27 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 
-	var procs []*exec.Cmd
+	type proc struct {
+		cmd  *exec.Cmd
+		term bool // stop with SIGTERM, so that nginx's master ends its workers too
+	}
+	var procs []proc
 	defer func() {
 		for _, p := range procs {
-			_ = p.Process.Kill()
-			_ = p.Wait()
+			stopProcess(p.cmd, p.term)
 		}
 	}()
-	spawn := func(health string, name string, args ...string) error {
+	spawnWith := func(term bool, health string, name string, args ...string) error {
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Stderr = io.Discard
 		cmd.Env = append(os.Environ(), childEnv+"=1")
 		if err := cmd.Start(); err != nil {
 			return err
 		}
-		procs = append(procs, cmd)
+		procs = append(procs, proc{cmd, term})
 		return waitHealthy(ctx, health)
 	}
+	spawn := func(health string, name string, args ...string) error { return spawnWith(false, health, name, args...) }
 
 	upstreamAddr, proxyAddr := freeAddr(), freeAddr()
 	if err := spawn("http://"+upstreamAddr+"/", self, "upstream", upstreamAddr); err != nil {
@@ -114,9 +133,28 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := spawn("http://"+proxyAddr+"/", self, "plain-proxy", proxyAddr, "http://"+upstreamAddr); err != nil {
 		return fail(fmt.Errorf("plain proxy: %w", err))
 	}
-	targets := []struct{ name, url string }{
-		{"upstream alone", "http://" + upstreamAddr + "/"},
-		{"httputil.ReverseProxy", "http://" + proxyAddr + "/"},
+	type target struct {
+		name, url string
+		pid       int // the server's process (nginx: its master, whose workers count too)
+	}
+	lastPID := func() int { return procs[len(procs)-1].cmd.Process.Pid }
+	targets := []target{
+		{targetUpstream, "http://" + upstreamAddr + "/", procs[0].cmd.Process.Pid},
+		{targetReverseProxy, "http://" + proxyAddr + "/", procs[1].cmd.Process.Pid},
+	}
+	if nginx, err := exec.LookPath("nginx"); err != nil {
+		fmt.Fprintln(stderr, "nginx is not on PATH: no nginx row (install nginx to compare with it)")
+	} else {
+		addr := freeAddr()
+		prefix := filepath.Join(dir, "nginx")
+		conf, err := writeNginxConf(prefix, addr, upstreamAddr)
+		if err != nil {
+			return fail(err)
+		}
+		if err := spawnWith(true, "http://"+addr+"/", nginx, "-p", prefix, "-c", conf, "-e", filepath.Join(prefix, "error.log")); err != nil {
+			return fail(fmt.Errorf("nginx (its log: %s): %w", filepath.Join(prefix, "error.log"), err))
+		}
+		targets = append(targets, target{targetNginx, "http://" + addr + "/", lastPID()})
 	}
 	startSluice := func(name string, extra ...string) error {
 		listen, admin := freeAddr(), freeAddr()
@@ -126,7 +164,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err := spawn("http://"+admin+"/healthz", *sluicePath, args...); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		targets = append(targets, struct{ name, url string }{name, "http://" + listen + "/"})
+		targets = append(targets, target{name, "http://" + listen + "/", lastPID()})
 		return nil
 	}
 	if err := startSluice("sluice serve (memory)"); err != nil {
@@ -143,41 +181,206 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
-	type row struct {
-		name      string
+	// Rounds alternate the targets, so that a machine busy for a while slows every
+	// target alike; each figure is the median of the rounds.
+	type sample struct {
 		maxRPS    float64
+		cpuPerReq time.Duration // 0: unknown
 		latencies vegeta.LatencyMetrics
 		errors    float64
 	}
-	var rows []row
-	for i, tg := range targets {
-		fmt.Fprintf(stderr, "[%d/%d] %s: closed loop, %d workers, %v…\n", i+1, len(targets), tg.name, *workers, *duration)
-		closed := attack(tg.url, vegeta.Rate{}, *workers, *duration)
-		fmt.Fprintf(stderr, "[%d/%d] %s: open loop, %d/s, %v…\n", i+1, len(targets), tg.name, *rate, *duration)
-		open := attack(tg.url, vegeta.Rate{Freq: *rate, Per: time.Second}, *workers, *duration)
-		rows = append(rows, row{tg.name, closed.Throughput, open.Latencies, 1 - min(closed.Success, open.Success)})
-		if ctx.Err() != nil {
-			return fail(ctx.Err())
+	samples := make([][]sample, len(targets))
+	for round := range *rounds {
+		for i, tg := range targets {
+			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: closed loop, %d workers, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *workers, *duration)
+			cpu0, cpuOK := cpuTime(tg.pid)
+			closed := attack(tg.url, vegeta.Rate{}, *workers, *duration)
+			cpu1, _ := cpuTime(tg.pid)
+			var perReq time.Duration
+			if cpuOK && closed.Requests > 0 {
+				perReq = (cpu1 - cpu0) / time.Duration(closed.Requests)
+			}
+			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: open loop, %d/s, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *rate, *duration)
+			open := attack(tg.url, vegeta.Rate{Freq: *rate, Per: time.Second}, *workers, *duration)
+			samples[i] = append(samples[i], sample{closed.Throughput, perReq, open.Latencies, 1 - min(closed.Success, open.Success)})
+			if ctx.Err() != nil {
+				return fail(ctx.Err())
+			}
 		}
 	}
+	type row struct {
+		name           string
+		maxRPS         float64
+		cpuPerReq      time.Duration
+		p50, p99, p999 time.Duration
+		errors         float64
+	}
+	rows := make([]row, len(targets))
+	byName := map[string]row{}
+	for i, tg := range targets {
+		s := samples[i]
+		r := row{name: tg.name,
+			maxRPS:    median(s, func(s sample) float64 { return s.maxRPS }),
+			cpuPerReq: median(s, func(s sample) time.Duration { return s.cpuPerReq }),
+			p50:       median(s, func(s sample) time.Duration { return s.latencies.P50 }),
+			p99:       median(s, func(s sample) time.Duration { return s.latencies.P99 }),
+			p999:      median(s, func(s sample) time.Duration { return s.latencies.Quantile(0.999) }),
+		}
+		for _, x := range s {
+			r.errors = max(r.errors, x.errors)
+		}
+		rows[i], byName[tg.name] = r, r
+	}
 
-	fmt.Fprintf(stdout, "HTTP through the front door: %d workers closed loop; latency open loop at %d/s; %v each\n\n", *workers, *rate, *duration)
+	fmt.Fprintf(stdout, "HTTP through the front door: %d workers closed loop; latency open loop at %d/s; %v each; median of %d rounds\n\n",
+		*workers, *rate, *duration, *rounds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\treq/s\tvs proxy\tp50\tp99\tp99.9\tp50 added vs proxy\terrors\t")
-	proxy := rows[1]
+	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tCPU/req\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
+	ratio := func(r row, to string) string {
+		ref, ok := byName[to]
+		if !ok || ref.maxRPS == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fx", r.maxRPS/ref.maxRPS)
+	}
 	for _, r := range rows {
 		added := "-"
-		if r.name != rows[0].name {
-			added = (r.latencies.P50 - proxy.latencies.P50).Round(time.Microsecond).String()
+		if r.name != targetUpstream {
+			added = (r.p50 - byName[targetUpstream].p50).Round(time.Microsecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f%%\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.name, r.maxRPS, 100*r.maxRPS/proxy.maxRPS,
-			r.latencies.P50.Round(time.Microsecond), r.latencies.P99.Round(time.Microsecond),
-			r.latencies.Quantile(0.999).Round(time.Microsecond), added, 100*r.errors)
+		cpu := "-"
+		if r.cpuPerReq > 0 {
+			cpu = r.cpuPerReq.Round(100 * time.Nanosecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.name, r.maxRPS, ratio(r, targetReverseProxy), ratio(r, targetNginx),
+			cpu, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond), added, 100*r.errors)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(err)
 	}
 	return exitOK
+}
+
+// cpuTime returns the CPU time, user and system, that process pid and its running
+// children (nginx's workers) have used so far, read from /proc (Linux); ok is false
+// where it cannot be read. CPU per request tells the cost of each target even when the
+// machine is shared, where requests per second mostly tell how busy it was.
+func cpuTime(pid int) (total time.Duration, ok bool) {
+	const tick = 10 * time.Millisecond // USER_HZ is 100 on every Linux architecture Go supports
+	read := func(pid string) (time.Duration, bool) {
+		stat, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			return 0, false
+		}
+		// The fields after the command name, which is in parentheses and may hold
+		// spaces: state is the first, utime the 12th, stime the 13th.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 13 {
+			return 0, false
+		}
+		u, err1 := strconv.ParseInt(f[11], 10, 64)
+		s, err2 := strconv.ParseInt(f[12], 10, 64)
+		return time.Duration(u+s) * tick, err1 == nil && err2 == nil
+	}
+	p := strconv.Itoa(pid)
+	if total, ok = read(p); !ok {
+		return 0, false
+	}
+	children, _ := os.ReadFile("/proc/" + p + "/task/" + p + "/children")
+	for _, c := range strings.Fields(string(children)) {
+		if d, ok := read(c); ok {
+			total += d
+		}
+	}
+	return total, true
+}
+
+// stopProcess ends cmd: at once, or with SIGTERM (killed if still running after 10 s).
+func stopProcess(cmd *exec.Cmd, term bool) {
+	if !term || cmd.Process.Signal(syscall.SIGTERM) != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// The reference targets of the http mode's table.
+const (
+	targetUpstream     = "upstream alone"
+	targetReverseProxy = "httputil.ReverseProxy"
+	targetNginx        = "nginx limit_req"
+)
+
+// median returns the median of f over s (the mean of the middle two for an even
+// count); s is not empty.
+func median[S any, T float64 | time.Duration](s []S, f func(S) T) T {
+	v := make([]T, len(s))
+	for i, x := range s {
+		v[i] = f(x)
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// nginxConf is the nginx contender's configuration: what sluice does on every request
+// (a per-client-IP limit that never runs out, forwarding headers, a keep-alive pool to
+// the upstream), in a prefix of its own so that nginx runs without root and touches
+// nothing outside it. Run with -p PREFIX -e PREFIX/error.log.
+const nginxConf = `daemon off;
+worker_processes auto;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log error;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path %[1]s/tmp/body;
+    proxy_temp_path %[1]s/tmp/proxy;
+    fastcgi_temp_path %[1]s/tmp/fastcgi;
+    uwsgi_temp_path %[1]s/tmp/uwsgi;
+    scgi_temp_path %[1]s/tmp/scgi;
+    limit_req_zone $binary_remote_addr zone=bench:10m rate=1000000r/s;
+    upstream backend {
+        server %[3]s;
+        keepalive 512;
+    }
+    server {
+        listen %[2]s;
+        location / {
+            limit_req zone=bench burst=1000000 nodelay;
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Host $host;
+            proxy_set_header X-Forwarded-Proto $scheme;
+        }
+    }
+}
+`
+
+// writeNginxConf writes the nginx contender's configuration under prefix and returns
+// its path.
+func writeNginxConf(prefix, listen, upstream string) (string, error) {
+	if err := os.MkdirAll(filepath.Join(prefix, "tmp"), 0o755); err != nil {
+		return "", err
+	}
+	conf := filepath.Join(prefix, "nginx.conf")
+	return conf, os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, prefix, listen, upstream)), 0o644)
 }
 
 // attack sends GET url at rate (closed loop with `workers` connections when rate is
