@@ -34,6 +34,7 @@ import (
 //	Sluice-Client           hash of the client key (never a raw key or IP)
 //	Sluice-Idempotency-Key  the client's Idempotency-Key, if any
 //	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
+//	Sluice-Lane             the order's lane in a laned queue (see ReadySubject)
 //	Sluice-Signature        HMAC of all the above, the headers and the body (see Store.Verify)
 //	Sluice-H-{Name}         each kept request header, canonical name, every value
 //
@@ -54,6 +55,7 @@ const (
 	HeaderClient         = "Sluice-Client"
 	HeaderIdempotencyKey = "Sluice-Idempotency-Key"
 	HeaderFingerprint    = "Sluice-Fingerprint"
+	HeaderLane           = "Sluice-Lane"
 	HeaderPrefix         = "Sluice-H-"
 
 	// Headers added to dead letters.
@@ -85,6 +87,13 @@ type Request struct {
 	IdempotencyKey string
 	// ReceivedAt is when ingress received the request (default: now).
 	ReceivedAt time.Time
+	// Priority is the value of the route's priority source: a level of the queue's
+	// Priorities (another value, or none, is the queue's default level). Ignored by a
+	// queue without priorities.
+	Priority string
+	// Tenant is the value of the queue's fair_by source (ignored by a queue without
+	// it). It is never stored: Park keeps only the lane it hashes to.
+	Tenant string
 }
 
 // Message is a parked request as stored in (and read back from) a queue.
@@ -98,6 +107,9 @@ type Message struct {
 	// Signature is the value of HeaderSignature: set by Park, kept as it is by dead
 	// letters and re-queueing, checked by Store.Verify.
 	Signature string
+	// Lane is where the order waits in a laned queue (see ReadySubject): "" in a queue
+	// without priorities and fair_by.
+	Lane string
 
 	// Set when the message is read back from JetStream.
 	Seq       uint64    // stream sequence
@@ -226,9 +238,6 @@ func CheckTarget(path, rawQuery string) error {
 	return nil
 }
 
-// subjectFor is the subject of a queued message: sluice.q.{queue}.{ticket}.
-func subjectFor(queue, ticket string) string { return "sluice.q." + queue + "." + ticket }
-
 // encode turns m into the NATS message parked in queue q.
 func (m *Message) encode(subject string) *nats.Msg {
 	msg := nats.NewMsg(subject)
@@ -245,6 +254,7 @@ func (m *Message) encode(subject string) *nats.Msg {
 	setIf(h, HeaderClient, m.Client)
 	setIf(h, HeaderIdempotencyKey, m.IdempotencyKey)
 	h.Set(HeaderFingerprint, m.Fingerprint)
+	setIf(h, HeaderLane, m.Lane)
 	setIf(h, HeaderSignature, m.Signature)
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -291,6 +301,7 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 		Ticket:      h.Get(HeaderTicket),
 		Fingerprint: h.Get(HeaderFingerprint),
 		Signature:   h.Get(HeaderSignature),
+		Lane:        h.Get(HeaderLane),
 		Request: Request{
 			Queue:          h.Get(HeaderQueue),
 			Rule:           h.Get(HeaderRule),
@@ -303,7 +314,7 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 			Header:         make(http.Header),
 		},
 	}
-	if !ValidTicket(m.Ticket) || m.Queue == "" || m.Method == "" || m.Path == "" {
+	if !ValidTicket(m.Ticket) || m.Queue == "" || m.Method == "" || m.Path == "" || (m.Lane != "" && !validLane(m.Lane)) {
 		return nil, fmt.Errorf("queue: message is not a parked request (ticket %q)", m.Ticket)
 	}
 	if ts := h.Get(HeaderReceivedAt); ts != "" {
