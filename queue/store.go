@@ -278,12 +278,12 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		Description: "sluice queue " + cfg.Name,
 		// Unlaned orders on sluice.q.{queue}.{ticket}, laned ones one token deeper
 		// (ReadySubject); a stream of an older sluice is widened by this update.
-		Subjects:    []string{"sluice.q." + cfg.Name + ".*", "sluice.q." + cfg.Name + ".*.*"},
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		Discard:     jetstream.DiscardNew,
-		MaxMsgs:     maxMsgs,
-		MaxBytes:    maxBytes,
+		Subjects:  []string{"sluice.q." + cfg.Name + ".*", "sluice.q." + cfg.Name + ".*.*"},
+		Retention: jetstream.WorkQueuePolicy,
+		Storage:   jetstream.FileStorage,
+		Discard:   jetstream.DiscardNew,
+		MaxMsgs:   maxMsgs,
+		MaxBytes:  maxBytes,
 		// No MaxAge on the stream: JetStream would delete an expired order silently.
 		// The dispatcher dead-letters orders older than cfg.MaxAge when it reaches
 		// them, so every accepted order ends delivered, failed or dead, and visible.

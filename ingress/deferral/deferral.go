@@ -79,6 +79,8 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		Client:         d.Client,
 		IdempotencyKey: key,
 		ReceivedAt:     time.Now(),
+		Priority:       d.Priority,
+		Tenant:         d.Tenant,
 	}
 	// The body is read only as far as the queue can store it, into memory reserved
 	// until it is parked.

@@ -206,4 +206,3 @@ func CheckSource(s string) error {
 	}
 	return fmt.Errorf("%q must be header:NAME, query:NAME, client_ip, method or host", s)
 }
-
