@@ -3,8 +3,6 @@ package queue
 import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // NewTicket lets the external tests make tickets as Park does.
@@ -15,8 +13,3 @@ var NewTicket = newTicket
 func (s *Store) Conn() *nats.Conn               { return s.nc }
 func (s *Store) JetStream() jetstream.JetStream { return s.js }
 func (q *Queue) Stream() jetstream.Stream       { return q.stream }
-
-// LaneFor is the lane Park gives an order of a queue of cfg.
-func (s *Store) LaneFor(cfg queueconfig.Config, priority, tenant string) string {
-	return s.laneFor(cfg.WithDefaults(), priority, tenant)
-}
