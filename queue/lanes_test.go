@@ -221,6 +221,12 @@ func TestLanesLead(t *testing.T) {
 		parkAs(t, s, cfg.Name, "t", "", fmt.Sprintf("a%d", i))
 	}
 	deliver(t, c1, 1)
+	held := lease(t, c1) // handed out, not settled
+	q, _ := s.Queue(cfg.Name)
+	if in, err := q.Info(ctxT(t)); err != nil || in.InFlight != 1 || in.Depth != 2 {
+		t.Errorf("info of a laned queue: %+v, %v; want 1 in flight of 2", in, err)
+	}
+	held.Release(0)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	l, err := c2.Next(ctx)
 	cancel()
