@@ -163,47 +163,55 @@ func (sc *scheduler) levelActive(lv int) bool {
 // nextLaned is Consumer.Next for a laned queue.
 func (c *Consumer) nextLaned(ctx context.Context) (*Lease, error) {
 	for {
-		l, err := c.tryLaned(ctx)
+		l, leading, err := c.tryLaned(ctx)
 		if l != nil || err != nil {
 			return l, err
+		}
+		wait := lanePoll
+		if !leading {
+			// Followers look again less often: the lead changes hands only when its
+			// holder stops or falls silent for the pinned TTL.
+			c.smu.Lock()
+			wait = max(wait, c.leadTTL/8)
+			c.smu.Unlock()
 		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("%w: %w", ErrNoMessages, ctx.Err())
-		case <-time.After(lanePoll):
+		case <-time.After(wait):
 		}
 	}
 }
 
-// tryLaned gives the next slot to a lane: nil, nil when this dispatcher does not lead
-// the queue, the queue is paused or no lane has work.
-func (c *Consumer) tryLaned(ctx context.Context) (*Lease, error) {
+// tryLaned gives the next slot to a lane: no lease and no error when this dispatcher
+// does not lead the queue (leading false), the queue is paused or no lane has work.
+func (c *Consumer) tryLaned(ctx context.Context) (_ *Lease, leading bool, _ error) {
 	c.smu.Lock()
 	defer c.smu.Unlock()
 	sc := c.sched
 	if sc == nil {
-		return nil, fmt.Errorf("%w: not set up (Ensure)", ErrConsumerGone)
+		return nil, false, fmt.Errorf("%w: not set up (Ensure)", ErrConsumerGone)
 	}
 	if ok, err := c.leadLocked(ctx); !ok || err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	now := time.Now()
 	if now.Sub(sc.refreshedAt) >= sc.refreshEvery {
 		if err := sc.refresh(ctx, c.q.stream, now); err != nil {
-			return nil, err
+			return nil, true, err
 		}
 	}
 	for refreshed := false; ; {
 		if sc.paused {
-			return nil, nil
+			return nil, true, nil
 		}
 		ls, level := sc.pick()
 		if ls == nil {
 			if refreshed {
-				return nil, nil
+				return nil, true, nil
 			}
 			if err := sc.refresh(ctx, c.q.stream, now); err != nil {
-				return nil, err
+				return nil, true, err
 			}
 			refreshed = true
 			continue
@@ -212,9 +220,9 @@ func (c *Consumer) tryLaned(ctx context.Context) (*Lease, error) {
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrConsumerDeleted),
 			errors.Is(err, jetstream.ErrStreamNotFound):
-			return nil, fmt.Errorf("%w: lane %s: %w", ErrConsumerGone, ls.name, err)
+			return nil, true, fmt.Errorf("%w: lane %s: %w", ErrConsumerGone, ls.name, err)
 		case err != nil:
-			return nil, unavailable("fetch from "+c.q.name, err)
+			return nil, true, unavailable("fetch from "+c.q.name, err)
 		case jm == nil:
 			ls.pending, ls.probe = 0, false
 			continue
@@ -225,7 +233,7 @@ func (c *Consumer) tryLaned(ctx context.Context) (*Lease, error) {
 		}
 		ls.probe = true
 		if l := c.lease(jm); l != nil {
-			return l, nil
+			return l, true, nil
 		}
 	}
 }
