@@ -103,21 +103,29 @@ func lanesOf(cfg queueconfig.Config) []lane {
 // laneRoom refuses an order for a lane that holds TenantMaxDepth orders already (a
 // *FullError). The count is the lane consumer's waiting and handed-out orders; parks
 // racing each other may overshoot the cap by their number. A lane whose consumer no
-// dispatcher has set up yet is not counted.
+// dispatcher has set up yet is counted by its subjects.
 func (q *Queue) laneRoom(ctx context.Context, cfg queueconfig.Config, tok string) error {
 	if cfg.TenantMaxDepth <= 0 || tok == "" {
 		return nil
 	}
 	l, _ := parseLane(tok)
+	var depth uint64
 	info, err := q.stream.Consumer(ctx, l.consumer())
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil
-	}
-	if err != nil {
+	switch {
+	case err == nil:
+		ci := info.CachedInfo()
+		depth = ci.NumPending + uint64(ci.NumAckPending)
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		// No dispatcher has set the lane up yet: count its subjects (one per order),
+		// which costs a listing as long as the lane, until one does.
+		si, err := q.stream.Info(ctx, jetstream.WithSubjectFilter(ReadySubject(q.name, tok, "*")))
+		if err != nil {
+			return unavailable("lane of "+q.name, err)
+		}
+		depth = uint64(len(si.State.Subjects))
+	default:
 		return unavailable("lane consumer of "+q.name, err)
 	}
-	ci := info.CachedInfo()
-	depth := ci.NumPending + uint64(ci.NumAckPending)
 	if depth < uint64(cfg.TenantMaxDepth) {
 		return nil
 	}

@@ -196,16 +196,23 @@ func TestTenantMaxDepth(t *testing.T) {
 	cfg := testConfig("capped")
 	cfg.FairBy, cfg.TenantMaxDepth = "header:X-Tenant", 3
 	s := openStore(t, srv, cfg)
-	laneConsumerOf(t, s, cfg.Name)
-	for i := range 3 {
-		parkAs(t, s, cfg.Name, "tenant-a", "", fmt.Sprintf("a%d", i))
+	for _, dispatched := range []bool{false, true} { // before and after a dispatcher set the lanes up
+		if dispatched {
+			laneConsumerOf(t, s, cfg.Name)
+		}
+		for i := range 3 {
+			parkAs(t, s, cfg.Name, "tenant-a", "", fmt.Sprintf("a%d", i))
+		}
+		_, err := s.Park(ctxT(t), &queue.Request{Queue: cfg.Name, Method: "POST", Path: "/", Tenant: "tenant-a"})
+		var fe *queue.FullError
+		if !errors.Is(err, queue.ErrFull) || !errors.As(err, &fe) || fe.Lane == "" || fe.Depth != 3 || fe.RetryAfter < time.Second {
+			t.Fatalf("dispatched %v: 4th order of a capped tenant: %v, want a FullError of its lane", dispatched, err)
+		}
+		parkAs(t, s, cfg.Name, otherLane(t, s, cfg, "tenant-a"), "", "b0")
+		if err := s.Queues()[0].Stream().Purge(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
 	}
-	_, err := s.Park(ctxT(t), &queue.Request{Queue: cfg.Name, Method: "POST", Path: "/", Tenant: "tenant-a"})
-	var fe *queue.FullError
-	if !errors.Is(err, queue.ErrFull) || !errors.As(err, &fe) || fe.Lane == "" || fe.RetryAfter < time.Second {
-		t.Fatalf("4th order of a capped tenant: %v, want a FullError of its lane", err)
-	}
-	parkAs(t, s, cfg.Name, otherLane(t, s, cfg, "tenant-a"), "", "b0")
 }
 
 // TestLanesLead: one dispatcher leads a laned queue; another gets nothing until the
