@@ -59,6 +59,10 @@ type Deferral struct {
 	Header http.Header
 	// RetryAfter is when the request would have been allowed.
 	RetryAfter time.Duration
+	// Priority and Tenant are the values of the route's priority source and of the
+	// queue's fair_by source (see rules.Route.Lane): they choose the order's lane.
+	Priority string
+	Tenant   string
 }
 
 // ParkHeader is the header to park for r: d.Header, or when it is nil r's own header
@@ -203,8 +207,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	case v.violated.OnLimit == rules.Defer && m.deferrer != nil && bodyMissing == "":
 		h := r.Header.Clone()
 		setForwarded(m.ids, r, h)
+		priority, tenant := route.Lane(r, client.Addr(), v.violated.Queue)
 		m.deferrer.Defer(w, r, Deferral{Queue: v.violated.Queue, Rule: v.violated, Client: m.idempotencyScope(route, r, client),
-			Header: h, RetryAfter: v.retryAfter})
+			Header: h, RetryAfter: v.retryAfter, Priority: priority, Tenant: tenant})
 	default:
 		m.log.Debug("rate limited", "rule", v.violated.Name, "route", route.Name,
 			"client", clientHash(client), "retry_after", v.retryAfter)

@@ -48,7 +48,8 @@ func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 	m := &Message{Request: *req, Ticket: newTicket(), Fingerprint: fmt.Sprintf("%064x", 0)}
 	m.Body, m.ReceivedAt = nil, time.Date(2000, 1, 1, 0, 0, 0, 111_111_111, time.UTC)
 	m.Header = KeptHeader(req.Header, cfg.DropHeaders)
-	size := int64(m.encode(q.subject(m.Ticket)).Size())
+	m.Lane = s.laneFor(cfg, req.Priority, req.Tenant)
+	size := int64(m.encode(ReadySubject(q.name, m.Lane, m.Ticket)).Size())
 	if cfg.MaxBytes > 0 && cfg.MaxBytes-size-storeRoom < limit.Bytes {
 		limit = BodyLimit{Bytes: cfg.MaxBytes - size - storeRoom, By: "max_bytes"}
 	}

@@ -81,7 +81,7 @@ func (s *Store) cancel(ctx context.Context, ticket string) error {
 	if raw == nil {
 		return ErrNotFound
 	}
-	if handedOut, err := q.handedOut(ctx, raw.Sequence); err != nil {
+	if handedOut, err := q.handedOut(ctx, raw); err != nil {
 		return err
 	} else if handedOut {
 		return fmt.Errorf("%w: it is %s", ErrNotCancellable, StatusDelivering)
@@ -101,7 +101,7 @@ func (s *Store) cancel(ctx context.Context, ticket string) error {
 // settleCancel finishes the cancellation of an order without an earlier record once
 // the cancelled record is written.
 func (s *Store) settleCancel(ctx context.Context, q *Queue, raw *jetstream.RawStreamMsg, rec *Record) error {
-	handedOut, err := q.handedOut(ctx, raw.Sequence)
+	handedOut, err := q.handedOut(ctx, raw)
 	if err != nil {
 		return err
 	}
@@ -177,10 +177,11 @@ func (s *Store) findMessage(ctx context.Context, ticket, name string) (*Queue, *
 	return nil, nil, nil
 }
 
-// handedOut reports whether the queue's consumer has handed the message at seq to a
-// dispatcher (Status calls such an order without a record delivering).
-func (q *Queue) handedOut(ctx context.Context, seq uint64) (bool, error) {
-	cons, err := q.stream.Consumer(ctx, ConsumerName)
+// handedOut reports whether the consumer serving raw (the queue's, or its lane's) has
+// handed it to a dispatcher (Status calls such an order without a record delivering).
+func (q *Queue) handedOut(ctx context.Context, raw *jetstream.RawStreamMsg) (bool, error) {
+	seq := raw.Sequence
+	cons, err := q.stream.Consumer(ctx, q.consumerOf(raw.Subject))
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return false, nil
 	}

@@ -145,7 +145,7 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 			}
 		}
 		m.Queue = queue
-		msg := m.encode(subjectFor(queue, m.Ticket))
+		msg := m.encode(ReadySubject(queue, m.Lane, m.Ticket))
 		msg.Header.Set(HeaderMsgID, "requeue."+m.Ticket+"."+strconv.FormatUint(dl.Seq, 10))
 		if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(StreamName(queue))); err != nil {
 			// The message is still a dead letter: say so again (best effort; the

@@ -4,11 +4,15 @@
 //
 // # JetStream layout
 //
-//	stream  SLUICE_Q_{queue}      subjects sluice.q.{queue}.{ticket}; work-queue retention,
+//	stream  SLUICE_Q_{queue}      subjects sluice.q.{queue}.{ticket} and, in a laned
+//	                              queue, sluice.q.{queue}.{lane}.{ticket} (ReadySubject);
+//	                              work-queue retention,
 //	                              file storage, MaxMsgs/MaxBytes with discard-new
 //	                              (a full queue refuses: ErrFull; nothing queued is ever
 //	                              trimmed), duplicate window, replicas from queueconfig.Config
-//	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher)
+//	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher);
+//	                              in a laned queue only of the unlaned orders
+//	consumer dispatch_p{L}t{T}    one per lane of a laned queue (see Priorities and fairness)
 //	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
 //	                              (limits retention: listed, re-queued, purged on demand;
 //	                              each expires after its queue's DeadLetterMaxAge, a
@@ -27,6 +31,54 @@
 // written a record for yet, and how Park knows whether an idempotent repeat's message
 // exists. The message data is the request body; everything else travels as NATS
 // headers (see HeaderTicket for the mapping).
+//
+// # Priorities and fairness
+//
+// A queue with priorities (queueconfig.Priorities) or fair_by (queueconfig.Config.FairBy)
+// is laned: an order waits in the lane p{L}t{T} of its level L (0 is the highest; the
+// route's priority source names the level, an unknown or missing value is the default
+// level) and of its tenant lane T (the fair_by value hashed with the signing key to one
+// of FairLanes lanes: never raw client input in a subject, and a client cannot aim at a
+// lane it knows). The lane is a signed header (HeaderLane) and part of the subject, so
+// an order cannot be moved to a better lane without the key. Each lane has a durable
+// consumer; the scheduler of the one dispatcher that leads the queue gives each delivery
+// slot, paced at the queue's one outflow, to a lane:
+//
+//   - levels, strict: the highest level with waiting orders. A lower level waits as
+//     long as a higher one has work; it can starve. That is the point of strict (bound
+//     the higher levels with their rules' limits, or use weighted); no aging is done,
+//     because an aged order would take slots strict promises to the higher level.
+//   - levels, weighted: smooth weighted round robin over the levels with waiting
+//     orders. While the same levels have work, every W consecutive slots (W the sum of
+//     their weights) hold exactly w of a level of weight w, so a waiting order of a
+//     level reaches the head of its level within W − w slots of other levels (8/2/1:
+//     a low order waits at most 10 slots, see TestPriorityWeighted).
+//   - tenants: within a level, round robin over the tenant lanes with waiting orders,
+//     one order per turn: with k tenant lanes busy, each gets every k-th slot of its
+//     level, however deep the others are (TestFairByFlood: a tenant's 3 orders parked
+//     behind a flood of 1,000 of another are delivered in slots 1, 3 and 5). Tenants
+//     whose values hash to the same lane share its turns (raise fair_lanes).
+//
+// Orders of a queue that became laned, parked before, wait on the unlaned subject and
+// are drained as one more lane of the default level; orders of a lane that left the
+// configuration (fewer levels or lanes) keep their consumer and are drained as a lane
+// of the nearest level; when a queue stops being laned its lane consumers are deleted
+// and the queue's consumer takes every subject again, laned orders included.
+//
+// The lead: the lanes are several consumers, which a pinned priority group cannot keep
+// with one dispatcher, so a laned queue is led through a key (leader.{queue}) in the
+// tickets bucket with the pinned TTL: the dispatcher holding it fetches, the others
+// wait, and another one takes over when it expires (or at once when the leader stops:
+// Consumer.Unpin releases it). Pausing the queue's consumer (Queue.Pause, a downstream's
+// 429) pauses the lanes: the scheduler reads the pause with the lanes' depths, at most
+// ConsumerConfig.LaneRefresh (default 100ms) old, which is also how long an order in a
+// lane that was empty may wait before the scheduler sees it. Each refresh lists the
+// queue's consumers (one request). MaxInFlight caps each lane's handed-out orders.
+//
+// TenantMaxDepth caps the waiting and handed-out orders of a tenant lane: past it Park
+// refuses with a *FullError (Lane set), as a full queue does. The count is read from
+// the lane's consumer before the publish, so parks racing each other can overshoot it
+// by their number.
 //
 // # Guarantees
 //

@@ -91,9 +91,15 @@ type FullError struct {
 	// RetryAfter is a suggested delay before trying again: the time the queue needs,
 	// at its outflow rate, to drain a tenth of its depth (at least one second).
 	RetryAfter time.Duration
+	// Lane is set when the order's tenant lane was full (TenantMaxDepth), not the
+	// queue; Depth is then the lane's.
+	Lane string
 }
 
 func (e *FullError) Error() string {
+	if e.Lane != "" {
+		return fmt.Sprintf("queue %q: the tenant lane is full (%d messages); retry after %s", e.Queue, e.Depth, e.RetryAfter)
+	}
 	return fmt.Sprintf("queue %q is full (%d messages); retry after %s", e.Queue, e.Depth, e.RetryAfter)
 }
 

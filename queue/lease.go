@@ -37,11 +37,24 @@ type ConsumerConfig struct {
 	AckWait time.Duration
 	// PinnedTTL: how long the queue stays pinned to a dispatcher that stopped asking.
 	PinnedTTL time.Duration
-	// MaxInFlight caps the orders handed out and not settled, across every replica.
+	// MaxInFlight caps the orders handed out and not settled, across every replica
+	// (in a laned queue: of each lane).
 	MaxInFlight int
+	// LaneRefresh is how often the scheduler of a laned queue re-reads the depths of
+	// its lanes (default DefaultLaneRefresh): an order parked in a lane that had none
+	// is seen within it. Each refresh lists the queue's consumers.
+	LaneRefresh time.Duration
 }
 
-func (c ConsumerConfig) jetstream() jetstream.ConsumerConfig {
+// jetstream is the configuration of the queue's consumer. In a laned queue it serves
+// only the unlaned orders (ReadySubject without a lane), and it is not pinned: the
+// lead (see Consumer.leadLocked) keeps the queue with one dispatcher.
+func (c ConsumerConfig) jetstream(laned bool, queue string) jetstream.ConsumerConfig {
+	if laned {
+		cc := c.lane(lane{}, queue)
+		cc.Durable, cc.FilterSubject = ConsumerName, ReadySubject(queue, "", "*")
+		return cc
+	}
 	return jetstream.ConsumerConfig{
 		Durable:        ConsumerName,
 		Description:    "sluice dispatchers",
@@ -56,8 +69,22 @@ func (c ConsumerConfig) jetstream() jetstream.ConsumerConfig {
 	}
 }
 
+// lane is the configuration of a lane's consumer.
+func (c ConsumerConfig) lane(l lane, queue string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       l.consumer(),
+		Description:   "sluice dispatchers, lane " + l.token(),
+		FilterSubject: ReadySubject(queue, l.token(), "*"),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       c.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: c.MaxInFlight,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+}
+
 func sameConsumer(a, b jetstream.ConsumerConfig) bool {
-	return a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
+	return a.FilterSubject == b.FilterSubject && a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
 		a.MaxAckPending == b.MaxAckPending && a.PriorityPolicy == b.PriorityPolicy &&
 		slices.Equal(a.PriorityGroups, b.PriorityGroups) && a.PinnedTTL == b.PinnedTTL
 }
@@ -85,12 +112,20 @@ type Consumer struct {
 	mu    sync.Mutex
 	cons  jetstream.Consumer
 	pinID string
+
+	// A laned queue's scheduler and this handle's lead of the queue (see sched.go).
+	id      string
+	smu     sync.Mutex
+	sched   *scheduler
+	leadRev uint64
+	leadAt  time.Time
+	leadTTL time.Duration
 }
 
 // Consumer returns a handle on the queue's consumer for one dispatcher. It does no
 // I/O: Ensure creates the consumer on the server.
 func (q *Queue) Consumer(opts ...ConsumerOption) *Consumer {
-	c := &Consumer{q: q, log: q.store.log}
+	c := &Consumer{q: q, log: q.store.log, id: newHandleID()}
 	for _, opt := range opts {
 		opt(c)
 	}
@@ -107,8 +142,24 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if cfg.AckWait <= 0 || cfg.PinnedTTL <= 0 || cfg.MaxInFlight < 1 {
 		return fmt.Errorf("%w: consumer of %q: ack wait, pinned TTL and max in flight must be positive", ErrInvalidConfig, c.q.name)
 	}
-	want := cfg.jetstream()
+	qcfg := c.q.Config()
+	laned := qcfg.Laned()
+	want := cfg.jetstream(laned, c.q.name)
 	stream := c.q.stream
+	existing, err := c.laneConsumers(ctx)
+	if err != nil {
+		return err
+	}
+	if !laned {
+		// Lanes first: the queue's consumer takes every subject again, which work-queue
+		// retention refuses while another consumer filters some. Their orders are then
+		// the queue consumer's.
+		for name := range existing {
+			if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return unavailable("delete lane consumer of "+c.q.name, err)
+			}
+		}
+	}
 	cons, err := stream.Consumer(ctx, ConsumerName)
 	created := err != nil
 	switch {
@@ -130,6 +181,9 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	default:
 		return unavailable("consumer of "+c.q.name, err)
 	}
+	if err := c.ensureLanes(ctx, cfg, qcfg, cons, existing); err != nil {
+		return err
+	}
 	c.mu.Lock()
 	if c.cons == nil || created {
 		c.cons = cons
@@ -146,9 +200,16 @@ func (c *Consumer) handle() jetstream.Consumer {
 
 // Next asks the server for one order (a pull request of batch 1 that lasts as long as
 // ctx) and returns it as a Lease. A message that is not a parked request is terminated
-// here. Errors: ErrNoMessages (nothing came: ask again), ErrConsumerGone (set the
-// consumer up again), ErrUnavailable.
+// here. In a laned queue the scheduler picks the lane the order comes from, in the
+// one dispatcher that leads the queue (see sched.go). Errors: ErrNoMessages (nothing
+// came: ask again), ErrConsumerGone (set the consumer up again), ErrUnavailable.
 func (c *Consumer) Next(ctx context.Context) (*Lease, error) {
+	c.smu.Lock()
+	laned := c.sched != nil
+	c.smu.Unlock()
+	if laned {
+		return c.nextLaned(ctx)
+	}
 	cons := c.handle()
 	if cons == nil {
 		return nil, fmt.Errorf("%w: not set up (Ensure)", ErrConsumerGone)
@@ -223,6 +284,7 @@ func (c *Consumer) Pause(ctx context.Context, until time.Time) error {
 // Unpin releases the queue's pin if this handle holds it, so that another replica
 // takes over without waiting for the pinned TTL. Nothing to do is not an error.
 func (c *Consumer) Unpin(ctx context.Context) error {
+	c.releaseLead(ctx)
 	c.mu.Lock()
 	cons, pin := c.cons, c.pinID
 	c.mu.Unlock()

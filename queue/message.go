@@ -35,6 +35,7 @@ import (
 //	Sluice-Idempotency-Key  the client's Idempotency-Key, if any
 //	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
 //	Sluice-Callback         the URL to call when the order ends (see Request.Callback)
+//	Sluice-Lane             the order's lane in a laned queue (see ReadySubject)
 //	Sluice-Signature        HMAC of all the above, the headers and the body (see Store.Verify)
 //	Sluice-H-{Name}         each kept request header, canonical name, every value
 //
@@ -55,6 +56,7 @@ const (
 	HeaderClient         = "Sluice-Client"
 	HeaderIdempotencyKey = "Sluice-Idempotency-Key"
 	HeaderFingerprint    = "Sluice-Fingerprint"
+	HeaderLane           = "Sluice-Lane"
 	HeaderPrefix         = "Sluice-H-"
 
 	// Headers added to dead letters.
@@ -90,6 +92,13 @@ type Request struct {
 	// client's Sluice-Callback header. Park refuses one the queue does not allow
 	// (queueconfig.Config.CheckCallback).
 	Callback string
+	// Priority is the value of the route's priority source: a level of the queue's
+	// Priorities (another value, or none, is the queue's default level). Ignored by a
+	// queue without priorities.
+	Priority string
+	// Tenant is the value of the queue's fair_by source (ignored by a queue without
+	// it). It is never stored: Park keeps only the lane it hashes to.
+	Tenant string
 }
 
 // Message is a parked request as stored in (and read back from) a queue.
@@ -103,6 +112,9 @@ type Message struct {
 	// Signature is the value of HeaderSignature: set by Park, kept as it is by dead
 	// letters and re-queueing, checked by Store.Verify.
 	Signature string
+	// Lane is where the order waits in a laned queue (see ReadySubject): "" in a queue
+	// without priorities and fair_by.
+	Lane string
 
 	// Set when the message is read back from JetStream.
 	Seq       uint64    // stream sequence
@@ -232,9 +244,6 @@ func CheckTarget(path, rawQuery string) error {
 	return nil
 }
 
-// subjectFor is the subject of a queued message: sluice.q.{queue}.{ticket}.
-func subjectFor(queue, ticket string) string { return "sluice.q." + queue + "." + ticket }
-
 // encode turns m into the NATS message parked in queue q.
 func (m *Message) encode(subject string) *nats.Msg {
 	msg := nats.NewMsg(subject)
@@ -252,6 +261,7 @@ func (m *Message) encode(subject string) *nats.Msg {
 	setIf(h, HeaderIdempotencyKey, m.IdempotencyKey)
 	h.Set(HeaderFingerprint, m.Fingerprint)
 	setIf(h, HeaderCallback, m.Callback)
+	setIf(h, HeaderLane, m.Lane)
 	setIf(h, HeaderSignature, m.Signature)
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -298,6 +308,7 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 		Ticket:      h.Get(HeaderTicket),
 		Fingerprint: h.Get(HeaderFingerprint),
 		Signature:   h.Get(HeaderSignature),
+		Lane:        h.Get(HeaderLane),
 		Request: Request{
 			Queue:          h.Get(HeaderQueue),
 			Rule:           h.Get(HeaderRule),
@@ -311,7 +322,7 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 			Header:         make(http.Header),
 		},
 	}
-	if !ValidTicket(m.Ticket) || m.Queue == "" || m.Method == "" || m.Path == "" {
+	if !ValidTicket(m.Ticket) || m.Queue == "" || m.Method == "" || m.Path == "" || (m.Lane != "" && !validLane(m.Lane)) {
 		return nil, fmt.Errorf("queue: message is not a parked request (ticket %q)", m.Ticket)
 	}
 	if ts := h.Get(HeaderReceivedAt); ts != "" {

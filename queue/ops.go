@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -63,6 +64,18 @@ func (q *Queue) Info(ctx context.Context) (Info, error) {
 		}
 	case !errors.Is(err, jetstream.ErrConsumerNotFound):
 		return Info{}, unavailable("consumer of "+q.name, err)
+	}
+	if in.Config.Laned() {
+		// The lanes' handed-out orders too (see Priorities and fairness).
+		list := q.stream.ListConsumers(ctx)
+		for ci := range list.Info() {
+			if ci.Name != ConsumerName && q.consumerOf(ReadySubject(q.name, strings.TrimPrefix(ci.Name, ConsumerName+"_"), "x")) == ci.Name {
+				in.InFlight += ci.NumAckPending
+			}
+		}
+		if err := list.Err(); err != nil {
+			return Info{}, unavailable("lanes of "+q.name, err)
+		}
 	}
 	return in, nil
 }

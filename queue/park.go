@@ -120,6 +120,8 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	}
 	m.Fingerprint = Fingerprint(&m.Request)
 	m.Ticket = newTicket()
+	m.Lane = s.laneFor(cfg, req.Priority, req.Tenant)
+	m.Tenant = "" // only its lane is kept
 
 	if !s.connected() {
 		return Receipt{}, fmt.Errorf("%w: not connected to NATS", ErrUnavailable)
@@ -129,6 +131,9 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	// Past the high-water mark the rest of the store is for draining: the records of
 	// delivered orders must find room, or delivering would wait on them.
 	if err := s.usage.check(ctx); err != nil {
+		return Receipt{}, err
+	}
+	if err := q.laneRoom(ctx, cfg, m.Lane); err != nil {
 		return Receipt{}, err
 	}
 	if req.IdempotencyKey != "" {
@@ -143,7 +148,7 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 
 func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string) (*jetstream.PubAck, error) {
 	s.sign(m)
-	msg := m.encode(q.subject(m.Ticket))
+	msg := m.encode(ReadySubject(q.name, m.Lane, m.Ticket))
 	msg.Header.Set(HeaderMsgID, msgID)
 	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(q.StreamName()))
 	if err != nil {

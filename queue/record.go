@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -214,7 +215,7 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		}
 		// The dispatcher writes no record for a first attempt: a message already handed
 		// to a dispatcher (at or below the consumer's delivered sequence) is delivering.
-		if ci, err := q.stream.Consumer(ctx, ConsumerName); err == nil && raw.Sequence <= ci.CachedInfo().Delivered.Stream {
+		if ci, err := q.stream.Consumer(ctx, q.consumerOf(raw.Subject)); err == nil && raw.Sequence <= ci.CachedInfo().Delivered.Stream {
 			rec.Status = StatusDelivering
 			return rec, nil
 		}
@@ -233,8 +234,27 @@ const maxForgedCopies = 16
 // subject that do not verify (forgeries published on it): the last one first, then
 // from the oldest. jetstream.ErrMsgNotFound when there is none.
 func (s *Store) parked(ctx context.Context, q *Queue, ticket string) (*jetstream.RawStreamMsg, *Message, error) {
-	subject := q.subject(ticket)
-	raw, err := q.stream.GetLastMsgForSubject(ctx, subject)
+	raw, m, err := s.parkedOn(ctx, q, q.subject(ticket))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		// In a lane (ReadySubject): a queue that has or had priorities or fair_by.
+		return s.parkedOn(ctx, q, ReadySubject(q.name, "*", ticket))
+	}
+	return raw, m, err
+}
+
+// parkedOn is parked for one subject (literal, or with a wildcard lane).
+func (s *Store) parkedOn(ctx context.Context, q *Queue, subject string) (*jetstream.RawStreamMsg, *Message, error) {
+	var (
+		raw *jetstream.RawStreamMsg
+		err error
+	)
+	if strings.Contains(subject, "*") {
+		// A direct get of the last message cannot name a wildcard (the subject is part
+		// of the request's): the first one then, as a lane holds one order per ticket.
+		raw, err = q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subject))
+	} else {
+		raw, err = q.stream.GetLastMsgForSubject(ctx, subject)
+	}
 	for seq, tries := uint64(1), 0; ; tries++ {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil, nil, err

@@ -46,7 +46,8 @@ func (s *Store) mac(domain string, fields ...[]byte) []byte {
 // messageMAC covers what decides a message's delivery and identity: ticket, queue,
 // rule, method, path, query, received-at, client, idempotency key, fingerprint, every
 // kept header (sorted names, each with its count of values, then the values in order),
-// the body and the callback URL.
+// the body, for a laned order its lane (so an order cannot be moved to a better lane
+// without the key) and the callback URL.
 func (s *Store) messageMAC(m *Message) []byte {
 	names := make([]string, 0, len(m.Header))
 	for k := range m.Header {
@@ -67,6 +68,11 @@ func (s *Store) messageMAC(m *Message) []byte {
 		}
 	}
 	fields = append(fields, m.Body)
+	if m.Lane != "" {
+		// Only laned orders sign a lane: the signatures of unlaned ones (all orders
+		// parked before lanes existed) stay what they were.
+		fields = append(fields, []byte("lane"), []byte(m.Lane))
+	}
 	// Appended only when set, so that messages parked before callbacks existed verify.
 	if m.Callback != "" {
 		fields = append(fields, []byte("callback"), []byte(m.Callback))
@@ -84,7 +90,7 @@ func (s *Store) sign(m *Message) {
 // the one of its queue and ticket (a genuine message copied to another queue is
 // forged there). Errors wrap ErrForged. Only a verified message may be delivered.
 func (s *Store) Verify(m *Message) error {
-	if m.subject != "" && m.subject != subjectFor(m.Queue, m.Ticket) && m.subject != deadSubjectFor(m.Queue, m.Ticket) {
+	if m.subject != "" && m.subject != ReadySubject(m.Queue, m.Lane, m.Ticket) && m.subject != deadSubjectFor(m.Queue, m.Ticket) {
 		return fmt.Errorf("%w: message of queue %q, ticket %s read from subject %q", ErrForged, m.Queue, m.Ticket, m.subject)
 	}
 	if !checkSig(m.Signature, s.messageMAC(m)) {

@@ -276,12 +276,14 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 	stream, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        StreamName(cfg.Name),
 		Description: "sluice queue " + cfg.Name,
-		Subjects:    []string{"sluice.q." + cfg.Name + ".*"},
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		Discard:     jetstream.DiscardNew,
-		MaxMsgs:     maxMsgs,
-		MaxBytes:    maxBytes,
+		// Unlaned orders on sluice.q.{queue}.{ticket}, laned ones one token deeper
+		// (ReadySubject); a stream of an older sluice is widened by this update.
+		Subjects:  []string{"sluice.q." + cfg.Name + ".*", "sluice.q." + cfg.Name + ".*.*"},
+		Retention: jetstream.WorkQueuePolicy,
+		Storage:   jetstream.FileStorage,
+		Discard:   jetstream.DiscardNew,
+		MaxMsgs:   maxMsgs,
+		MaxBytes:  maxBytes,
 		// No MaxAge on the stream: JetStream would delete an expired order silently.
 		// The dispatcher dead-letters orders older than cfg.MaxAge when it reaches
 		// them, so every accepted order ends delivered, failed or dead, and visible.
@@ -409,7 +411,8 @@ func (q *Queue) StreamName() string { return StreamName(q.name) }
 // Store returns the store the queue belongs to.
 func (q *Queue) Store() *Store { return q.store }
 
-func (q *Queue) subject(ticket string) string { return subjectFor(q.name, ticket) }
+// subject is the subject of a ticket's order without a lane (see ReadySubject).
+func (q *Queue) subject(ticket string) string { return ReadySubject(q.name, "", ticket) }
 
 // Depth returns the number of queued messages (fresh from the server).
 func (q *Queue) Depth(ctx context.Context) (uint64, error) {

@@ -52,6 +52,10 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			Delivery:         qd.delivery,
 			CallbackHosts:    qd.callbackHosts,
 			CallbackSecret:   qd.callbackSecret,
+			Priorities:       qd.priorities,
+			FairBy:           qd.fairBy,
+			FairLanes:        int(min(qd.fairLanes, queueconfig.MaxFairLanes+1)),
+			TenantMaxDepth:   qd.tenantMax,
 		}.WithDefaults(),
 		Domain: fd.domain,
 		File:   file,
@@ -94,6 +98,12 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 				n = qd.nameNode
 			}
 			c.errf(file, n, "%s", ce.Problem)
+		}
+	}
+	if q.FairBy != "" && queueconfig.CheckSource(q.FairBy) == nil {
+		e := RouteEntry{Key: "fair_by"}
+		if err := parseFrom(&e, q.FairBy, &Route{}); err == nil {
+			q.fairBy = compileDesc(0, []RouteEntry{e}, nil).entries
 		}
 	}
 	c.queues[q.Name] = q

@@ -143,6 +143,14 @@ func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
 		}
 	}
 	rt.scope = compileDesc(0, rt.IdempotencyScope, rt.params).entries
+	if rd.priority != nil {
+		if es, pok := c.entries(file, rt, []entryDef{*rd.priority}, rd.priority.node); pok {
+			rt.Priority = &es[0]
+			rt.priority = compileDesc(0, es, rt.params).entries
+		} else {
+			ok = false
+		}
+	}
 	if rd.nameNode != nil && c.routeNm[rd.name] == nil {
 		c.routeNm[rd.name] = rt
 	}

@@ -24,6 +24,7 @@ func FuzzLoad(f *testing.F) {
 	}
 	f.Add([]byte(envoyFile))
 	f.Add([]byte(routesFile))
+	f.Add([]byte(lanesYAML))
 	requests := []*http.Request{
 		req("GET", "/"),
 		req("POST", "/v1/orders", "X-User-ID", "42", "X-Tenant", "t"),

@@ -729,3 +729,32 @@ func (rt *Route) WriteScope(w io.Writer, r *http.Request, clientIP netip.Addr) {
 		}
 	}
 }
+
+// Lane returns what places an order that rt defers into q in q's lanes: the value of
+// the route's priority source and of the queue's fair_by source ("" for a source the
+// route or queue does not have, or that has no value and no default). q may be nil.
+func (rt *Route) Lane(r *http.Request, clientIP netip.Addr, q *Queue) (priority, tenant string) {
+	if rt != nil && len(rt.priority) == 1 {
+		priority = sourceValue(&rt.priority[0], r, clientIP)
+	}
+	if q != nil && len(q.fairBy) == 1 {
+		tenant = sourceValue(&q.fairBy[0], r, clientIP)
+	}
+	return priority, tenant
+}
+
+// sourceValue reads one source's value from r ("" when it has none).
+func sourceValue(e *compiledEntry, r *http.Request, clientIP netip.Addr) string {
+	var (
+		t ipText
+		v val
+	)
+	t.set(clientIP)
+	if !e.get(r, &t, cleanPath(r.URL.Path), requestHost(r), &v) {
+		return ""
+	}
+	if v.ip {
+		return string(t.b[:t.n])
+	}
+	return v.s
+}

@@ -215,11 +215,17 @@ type Route struct {
 	// IdempotencyScope are the sources that, with the client's address group, tell
 	// callers apart for Idempotency-Key scoping (default DefaultIdempotencyScope).
 	IdempotencyScope []RouteEntry
-	File             string
-	Line             int
+	// Priority is the source of the priority level of the orders the route defers
+	// (nil: none, the queue's default level): a constant (`priority: {value: high}`)
+	// or a request source with an optional default (`{from: "header:X-Priority",
+	// default: normal}`). A value that names no level of the queue is its default.
+	Priority *RouteEntry
+	File     string
+	Line     int
 
 	order     int // position in the set, for ties
 	scope     []compiledEntry
+	priority  []compiledEntry
 	methods   []string
 	host      string // lower case; "*.x" matches subdomains of x
 	headers   []compiledHeader
@@ -237,6 +243,8 @@ type Queue struct {
 	Domain string
 	File   string
 	Line   int
+
+	fairBy []compiledEntry // the FairBy source (none without)
 }
 
 // Summary counts what a set holds.

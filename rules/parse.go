@@ -127,6 +127,7 @@ type routeDef struct {
 	descNodes   []*yaml.Node
 	scope       []nameRef
 	scopeNode   *yaml.Node
+	priority    *entryDef // priority: {value: high} or {from: SOURCE, default: LEVEL}
 }
 
 type queueDef struct {
@@ -151,25 +152,31 @@ type queueDef struct {
 	dropHeaders []string
 	deadMaxAge  time.Duration
 	// nodes holds each field's value, where queueconfig.Config.Validate's problems are reported.
-	nodes          map[string]*yaml.Node
-	delivery       queueconfig.Delivery
+	nodes      map[string]*yaml.Node
+	delivery   queueconfig.Delivery
+	priorities queueconfig.Priorities
+	fairBy     string
+	fairLanes  int64
+	tenantMax  int64
+
 	callbackHosts  []string
 	callbackSecret string
 }
 
 var (
-	fileFields    = []string{"domain", "descriptors", "routes", "queues", "shadow_mode"}
-	descFields    = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "quota_mode", "name", "replaces", "algorithm", "burst", "on_limit", "queue", "failure_mode", "forgive_rejected"}
-	optFields     = []string{"algorithm", "burst", "failure_mode", "forgive_rejected"}
-	limitFields   = append([]string{"unit", "unit_multiplier", "window", "requests_per_unit"}, optFields...)
-	envoyFields   = append([]string{"unlimited", "name", "replaces"}, limitFields...)
-	routeFields   = []string{"name", "match", "descriptors", "idempotency_scope"}
-	matchFields   = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
-	headerFields  = []string{"name", "value", "present"}
-	entryFields   = []string{"key", "value", "from", "default"}
-	queueFields   = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "callback_hosts", "callback_secret"}
-	outflowFields = []string{"rate", "unit", "window", "requests_per_unit"}
-	backoffFields = []string{"initial", "max"}
+	fileFields     = []string{"domain", "descriptors", "routes", "queues", "shadow_mode"}
+	descFields     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "quota_mode", "name", "replaces", "algorithm", "burst", "on_limit", "queue", "failure_mode", "forgive_rejected"}
+	optFields      = []string{"algorithm", "burst", "failure_mode", "forgive_rejected"}
+	limitFields    = append([]string{"unit", "unit_multiplier", "window", "requests_per_unit"}, optFields...)
+	envoyFields    = append([]string{"unlimited", "name", "replaces"}, limitFields...)
+	routeFields    = []string{"name", "match", "descriptors", "idempotency_scope", "priority"}
+	priorityFields = []string{"levels", "default", "mode", "weights"}
+	matchFields    = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
+	headerFields   = []string{"name", "value", "present"}
+	entryFields    = []string{"key", "value", "from", "default"}
+	queueFields    = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "priorities", "fair_by", "fair_lanes", "tenant_max_depth", "callback_hosts", "callback_secret"}
+	outflowFields  = []string{"rate", "unit", "window", "requests_per_unit"}
+	backoffFields  = []string{"initial", "max"}
 )
 
 // parseFile reads one rules file. It returns nil when the file is not even YAML.
@@ -497,6 +504,14 @@ func (w *walker) route(n *yaml.Node) *routeDef {
 		case "idempotency_scope":
 			r.scopeNode = v
 			r.scope = w.names(v, key)
+		case "priority":
+			if v.Kind != yaml.MappingNode {
+				w.errf(v, "priority must be like {value: high} or {from: \"header:X-Priority\", default: normal}, got %s", kindName(v))
+				return
+			}
+			e := w.entry(v)
+			e.key = "priority"
+			r.priority = &e
 		}
 	})
 	return r
@@ -620,9 +635,50 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 			}
 		case "callback_secret":
 			q.callbackSecret = w.secret(v, key)
+		case "priorities":
+			w.priorities(v, &q.priorities)
+		case "fair_by":
+			q.fairBy, _ = w.str(v, key)
+		case "fair_lanes":
+			q.fairLanes = w.positive(v, key)
+		case "tenant_max_depth":
+			q.tenantMax = w.positive(v, key)
 		}
 	})
 	return q
+}
+
+// priorities reads a queue's priorities: {levels: [..], default: L, mode: M, weights: {L: N}}.
+func (w *walker) priorities(n *yaml.Node, p *queueconfig.Priorities) {
+	w.fields(n, "priorities", priorityFields, func(key string, k, v *yaml.Node) {
+		switch key {
+		case "levels":
+			for _, ref := range w.names(v, "priorities levels") {
+				p.Levels = append(p.Levels, ref.name)
+			}
+		case "default":
+			p.Default, _ = w.str(v, "priorities default")
+		case "mode":
+			m, _ := w.str(v, "priorities mode")
+			p.Mode = queueconfig.PriorityMode(m)
+		case "weights":
+			if v = w.resolve(v); v == nil {
+				return
+			}
+			if v.Kind != yaml.MappingNode {
+				w.errf(v, "priorities weights must map levels to weights, like {high: 8, normal: 2, low: 1}, got %s", kindName(v))
+				return
+			}
+			p.Weights = map[string]int{}
+			for i := 0; i+1 < len(v.Content); i += 2 {
+				level, ok := w.str(v.Content[i], "a priority level")
+				n, nok := w.integer(v.Content[i+1], "weight of "+level)
+				if ok && nok {
+					p.Weights[level] = int(max(min(n, queueconfig.MaxPriorityWeight+1), 0))
+				}
+			}
+		}
+	})
 }
 
 // names reads a list of strings, each with its node.

@@ -96,6 +96,7 @@ func TestSchemaFieldsMatchParser(t *testing.T) {
 		{"queue", []string{"$defs", "queue"}, queueFields},
 		{"outflow", []string{"$defs", "queue", "properties", "outflow", "anyOf", "1"}, outflowFields},
 		{"backoff", []string{"$defs", "queue", "properties", "backoff"}, backoffFields},
+		{"priorities", []string{"$defs", "queue", "properties", "priorities"}, priorityFields},
 	}
 	for _, c := range cases {
 		props, _ := at(c.path...)["properties"].(map[string]any)

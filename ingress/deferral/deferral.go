@@ -88,6 +88,8 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		IdempotencyKey: key,
 		ReceivedAt:     time.Now(),
 		Callback:       callback,
+		Priority:       d.Priority,
+		Tenant:         d.Tenant,
 	}
 	// The body is read only as far as the queue can store it, into memory reserved
 	// until it is parked.

@@ -135,6 +135,19 @@ type Config struct {
 	// (stream metadata, admin answers): a queue adopted from its stream alone has no
 	// secret, so takes no callbacks.
 	CallbackSecret string `json:"-"`
+	// Priorities declares priority levels (none: one level). An order's level comes
+	// from its route's priority source; see Priorities and PriorityMode.
+	Priorities Priorities
+	// FairBy names the request source that tells tenants apart (header:X-Tenant,
+	// query:NAME, client_ip, method or host; empty: no fairness). Tenants with waiting
+	// orders share each level's slots round robin, by lane: a tenant's value is hashed
+	// to one of FairLanes lanes, so tenants whose values share a lane share its turns.
+	FairBy string
+	// FairLanes is the number of tenant lanes (default 16 with FairBy, at most 64).
+	FairLanes int
+	// TenantMaxDepth caps the waiting orders of one tenant lane (0: no cap beyond
+	// MaxDepth); past it a park is refused like a full queue (queue.ErrFull).
+	TenantMaxDepth int64
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -183,7 +196,7 @@ func (c Config) WithDefaults() Config {
 	if c.DeadLetterMaxAge == 0 {
 		c.DeadLetterMaxAge = DefaultDeadLetterMaxAge
 	}
-	return c
+	return c.lanesWithDefaults()
 }
 
 // ErrInvalidConfig wraps every configuration problem reported by Config.Validate.
@@ -300,6 +313,7 @@ func (c Config) Validate() error {
 	if c.DeadLetterMaxAge < time.Second {
 		bad("dead_letter_max_age", "dead_letter_max_age must be at least 1s, got %s", c.DeadLetterMaxAge)
 	}
+	c.validateLanes(bad)
 	return errors.Join(errs...)
 }
 

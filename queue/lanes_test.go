@@ -1,0 +1,291 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
+)
+
+// laneConsumer refreshes the lanes before every pick, so that the delivery order does
+// not depend on the machine's speed.
+var laneConsumer = queue.ConsumerConfig{AckWait: 30 * time.Second, PinnedTTL: 10 * time.Second, MaxInFlight: 4, LaneRefresh: time.Nanosecond}
+
+func laneConsumerOf(t *testing.T, s *queue.Store, name string) *queue.Consumer {
+	t.Helper()
+	q, err := s.Queue(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := q.Consumer()
+	if err := c.Ensure(ctxT(t), laneConsumer); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// parkAs parks an order of tenant with priority, tagged (header X-Tag) for the checks.
+func parkAs(t *testing.T, s *queue.Store, q, tenant, priority, tag string) queue.Receipt {
+	t.Helper()
+	h := http.Header{"X-Tenant": {tenant}, "X-Tag": {tag}}
+	rc, err := s.Park(ctxT(t), &queue.Request{Queue: q, Method: "POST", Path: "/orders", Header: h, Tenant: tenant, Priority: priority})
+	if err != nil {
+		t.Fatalf("park %s: %v", tag, err)
+	}
+	return rc
+}
+
+// deliver fetches and settles n orders and returns their tags in delivery order.
+func deliver(t *testing.T, c *queue.Consumer, n int) []string {
+	t.Helper()
+	ctx := ctxT(t)
+	var tags []string
+	for range n {
+		l := lease(t, c)
+		if err := l.Verify(); err != nil {
+			t.Fatalf("delivered order does not verify: %v", err)
+		}
+		if err := l.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Done(ctx, &queue.Result{StatusCode: 200}); err != nil {
+			t.Fatal(err)
+		}
+		tags = append(tags, l.Message().Header.Get("X-Tag"))
+	}
+	return tags
+}
+
+// otherLane returns a tenant whose lane differs from tenant's.
+func otherLane(t *testing.T, s *queue.Store, cfg queueconfig.Config, tenant string) string {
+	for i := range 100 {
+		b := fmt.Sprintf("tenant-b%d", i)
+		if s.LaneFor(cfg, "", b) != s.LaneFor(cfg, "", tenant) {
+			return b
+		}
+	}
+	t.Fatal("no tenant in another lane")
+	return ""
+}
+
+// floodPositions parks flood orders of tenant A, delivers 5, parks 3 of tenant B and
+// returns the positions (1-based, counted from the first delivery after B parked) at
+// which B's orders are delivered.
+func floodPositions(t *testing.T, cfg queueconfig.Config, flood int) []int {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, cfg)
+	c := laneConsumerOf(t, s, cfg.Name)
+	b := "tenant-b"
+	if cfg.FairBy != "" {
+		b = otherLane(t, s, cfg, "tenant-a")
+	}
+	for i := range flood {
+		parkAs(t, s, cfg.Name, "tenant-a", "", fmt.Sprintf("a%d", i))
+	}
+	deliver(t, c, 5)
+	for i := range 3 {
+		parkAs(t, s, cfg.Name, b, "", fmt.Sprintf("b%d", i))
+	}
+	var pos []int
+	for i := 1; len(pos) < 3 && i <= flood+3; i++ {
+		if tag := deliver(t, c, 1)[0]; strings.HasPrefix(tag, "b") {
+			pos = append(pos, i)
+		}
+	}
+	return pos
+}
+
+// TestFairByFlood: tenant A floods the queue with 1000 orders, then tenant B parks 3.
+// With fair_by, B's orders take every other slot (two tenants with work share the
+// outflow half and half); without, they wait behind the whole flood.
+func TestFairByFlood(t *testing.T) {
+	const flood = 1000
+	fair := testConfig("fair")
+	fair.FairBy = "header:X-Tenant"
+	got := floodPositions(t, fair, flood)
+	t.Logf("fair_by: tenant B's 3 orders delivered at positions %v after a flood of %d by tenant A", got, flood)
+	if !slices.Equal(got, []int{1, 3, 5}) && !slices.Equal(got, []int{2, 4, 6}) {
+		t.Errorf("fair_by: B's orders at positions %v, want every other slot", got)
+	}
+	if testing.Short() {
+		return
+	}
+	got = floodPositions(t, testConfig("fifo"), flood)
+	t.Logf("without fair_by: tenant B's orders delivered at positions %v", got)
+	if want := []int{flood - 4, flood - 3, flood - 2}; !slices.Equal(got, want) {
+		t.Errorf("FIFO: B's orders at positions %v, want %v (behind the flood)", got, want)
+	}
+}
+
+func priorityConfig(name string, mode queueconfig.PriorityMode) queueconfig.Config {
+	cfg := testConfig(name)
+	cfg.Priorities = queueconfig.Priorities{Levels: []string{"high", "normal", "low"}, Default: "normal", Mode: mode}
+	if mode == queueconfig.Weighted {
+		cfg.Priorities.Weights = map[string]int{"high": 8, "normal": 2, "low": 1}
+	}
+	return cfg
+}
+
+// TestPriorityWeighted: with every level busy, each window of 11 slots (the sum of the
+// weights) holds 8 high, 2 normal and 1 low order: a low order waits at most 10 slots.
+func TestPriorityWeighted(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := priorityConfig("prio", queueconfig.Weighted)
+	s := openStore(t, srv, cfg)
+	c := laneConsumerOf(t, s, cfg.Name)
+	// Lowest first: FIFO would deliver them first.
+	for _, p := range []string{"low", "normal", "high"} {
+		for i := range 40 {
+			parkAs(t, s, cfg.Name, "", p, fmt.Sprintf("%s%d", p, i))
+		}
+	}
+	parkAs(t, s, cfg.Name, "", "unknown-level", "default0") // the default level: normal
+	got := deliver(t, c, 44)
+	for w := 0; w+11 <= len(got); w += 11 {
+		count := map[string]int{}
+		for _, tag := range got[w : w+11] {
+			count[strings.TrimRight(tag, "0123456789")]++
+		}
+		count["normal"] += count["default"]
+		if count["high"] != 8 || count["normal"] != 2 || count["low"] != 1 {
+			t.Errorf("window %d: %v, want 8 high, 2 normal, 1 low (order %v)", w/11, count, got)
+		}
+	}
+	gap, last := 0, -1
+	for i, tag := range got {
+		if strings.HasPrefix(tag, "low") {
+			gap, last = max(gap, i-last-1), i
+		}
+	}
+	t.Logf("weighted 8/2/1: longest run of other deliveries before a low one: %d (bound 10)", gap)
+	if gap > 10 {
+		t.Errorf("a low order waited %d slots, bound 10", gap)
+	}
+}
+
+// TestPriorityStrict: the highest level with work always goes first.
+func TestPriorityStrict(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := priorityConfig("strict", queueconfig.Strict)
+	s := openStore(t, srv, cfg)
+	c := laneConsumerOf(t, s, cfg.Name)
+	for _, p := range []string{"low", "normal", "high"} {
+		for i := range 3 {
+			parkAs(t, s, cfg.Name, "", p, fmt.Sprintf("%s%d", p, i))
+		}
+	}
+	got := deliver(t, c, 9)
+	want := []string{"high0", "high1", "high2", "normal0", "normal1", "normal2", "low0", "low1", "low2"}
+	if !slices.Equal(got, want) {
+		t.Errorf("strict order %v, want %v", got, want)
+	}
+}
+
+// TestTenantMaxDepth: a lane holding tenant_max_depth orders refuses more like a full
+// queue; another tenant's lane still accepts.
+func TestTenantMaxDepth(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := testConfig("capped")
+	cfg.FairBy, cfg.TenantMaxDepth = "header:X-Tenant", 3
+	s := openStore(t, srv, cfg)
+	for _, dispatched := range []bool{false, true} { // before and after a dispatcher set the lanes up
+		if dispatched {
+			laneConsumerOf(t, s, cfg.Name)
+		}
+		for i := range 3 {
+			parkAs(t, s, cfg.Name, "tenant-a", "", fmt.Sprintf("a%d", i))
+		}
+		_, err := s.Park(ctxT(t), &queue.Request{Queue: cfg.Name, Method: "POST", Path: "/", Tenant: "tenant-a"})
+		var fe *queue.FullError
+		if !errors.Is(err, queue.ErrFull) || !errors.As(err, &fe) || fe.Lane == "" || fe.Depth != 3 || fe.RetryAfter < time.Second {
+			t.Fatalf("dispatched %v: 4th order of a capped tenant: %v, want a FullError of its lane", dispatched, err)
+		}
+		parkAs(t, s, cfg.Name, otherLane(t, s, cfg, "tenant-a"), "", "b0")
+		if err := s.Queues()[0].Stream().Purge(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLanesLead: one dispatcher leads a laned queue; another gets nothing until the
+// first lets go.
+func TestLanesLead(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := testConfig("led")
+	cfg.FairBy = "header:X-Tenant"
+	s := openStore(t, srv, cfg)
+	c1 := laneConsumerOf(t, s, cfg.Name)
+	c2 := laneConsumerOf(t, s, cfg.Name)
+	for i := range 3 {
+		parkAs(t, s, cfg.Name, "t", "", fmt.Sprintf("a%d", i))
+	}
+	deliver(t, c1, 1)
+	held := lease(t, c1) // handed out, not settled
+	q, _ := s.Queue(cfg.Name)
+	if in, err := q.Info(ctxT(t)); err != nil || in.InFlight != 1 || in.Depth != 2 {
+		t.Errorf("info of a laned queue: %+v, %v; want 1 in flight of 2", in, err)
+	}
+	held.Release(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	l, err := c2.Next(ctx)
+	cancel()
+	if err == nil || !errors.Is(err, queue.ErrNoMessages) {
+		t.Fatalf("second dispatcher got %v, %v while the first leads", l, err)
+	}
+	if err := c1.Unpin(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := deliver(t, c2, 2); !slices.Equal(got, []string{"a1", "a2"}) {
+		t.Errorf("second dispatcher after the first let go: %v", got)
+	}
+}
+
+// TestLanesUpgrade: orders parked before a queue had lanes are still delivered once it
+// has them, and laned orders once it has none again; status and cancel find laned
+// tickets.
+func TestLanesUpgrade(t *testing.T) {
+	srv := natstest.Start(t)
+	plain := testConfig("up")
+	s := openStore(t, srv, plain)
+	consumer(t, s, "up") // today's consumer, pinned, on every subject
+	parkAs(t, s, "up", "t", "", "old0")
+
+	laned := plain
+	laned.FairBy = "header:X-Tenant"
+	laned.Priorities = queueconfig.Priorities{Levels: []string{"high", "low"}, Mode: queueconfig.Strict}
+	if _, err := s.Declare(ctxT(t), laned); err != nil {
+		t.Fatal(err)
+	}
+	c := laneConsumerOf(t, s, "up")
+	parkAs(t, s, "up", "t", "high", "new0")
+	cancelled := parkAs(t, s, "up", "t", "low", "new1")
+	rec, err := s.Status(ctxT(t), cancelled.Ticket)
+	if err != nil || rec.Status != queue.StatusQueued {
+		t.Fatalf("status of a laned order: %+v, %v", rec, err)
+	}
+	if err := s.Cancel(ctxT(t), cancelled.Ticket); err != nil {
+		t.Fatalf("cancel a laned order: %v", err)
+	}
+	parkAs(t, s, "up", "t", "low", "new2")
+	// The high order first; then the old one (in the default level, low) and the low
+	// one share the low level's turns.
+	if got := deliver(t, c, 3); got[0] != "new0" || !slices.Equal(slices.Sorted(slices.Values(got[1:])), []string{"new2", "old0"}) {
+		t.Errorf("after the upgrade: %v, want new0 first, then new2 and old0", got)
+	}
+	parkAs(t, s, "up", "t", "low", "laned0")
+	if _, err := s.Declare(ctxT(t), plain); err != nil {
+		t.Fatal(err)
+	}
+	c = consumer(t, s, "up")
+	if got := deliver(t, c, 1); !slices.Equal(got, []string{"laned0"}) {
+		t.Errorf("after the lanes went: %v", got)
+	}
+}
