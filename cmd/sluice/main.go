@@ -111,6 +111,13 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		// on -h, not after every mistake.
 		SilenceErrors: true,
 		SilenceUsage:  true,
+		// Instead of cobra's check, whose message spans lines: run prints one.
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownCommand(c, args[0])
+			}
+			return nil
+		},
 		RunE: func(c *cobra.Command, args []string) error {
 			if showVersion {
 				fmt.Fprint(stdout, versionText())
@@ -126,6 +133,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(flagError)
 	root.SetHelpFunc(printHelp)
 	root.SetHelpCommand(helpCommand())
+
 	root.AddCommand(
 		gatewayCommand(serveMode, "run the front door and the dispatchers: proxy, reject or defer, then deliver", stdout, stderr),
 		gatewayCommand(ingressMode, "run the front door alone (serve without dispatchers)", stdout, stderr),
@@ -137,6 +145,21 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		rulesCommand(stdout, stderr),
 		versionCommand(stdout),
 	)
+	// cobra's own completion command (bash, zsh, fish, powershell), added now rather
+	// than when executing so that the usage lists it in sluice's words.
+	root.InitDefaultCompletionCmd()
+	if c, _, err := root.Find([]string{"completion"}); err == nil && c != root {
+		c.Short = "print a shell completion script: sluice completion bash|zsh|fish|powershell"
+		// Without a shell, or with one cobra does not know, it is a usage error, not
+		// the help with status 0.
+		c.Args = func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownCommand(c, args[0])
+			}
+			return usageErrorf("want a shell: bash, zsh, fish or powershell")
+		}
+		c.RunE = func(*cobra.Command, []string) error { return nil } // Args has refused
+	}
 	return root
 }
 
@@ -238,6 +261,9 @@ func helpCommand() *cobra.Command {
 // unknownCommand is the error for a subcommand of parent that does not exist, with
 // cobra's suggestions.
 func unknownCommand(parent *cobra.Command, name string) error {
+	if parent.SuggestionsMinimumDistance <= 0 {
+		parent.SuggestionsMinimumDistance = 2 // cobra's default, which it sets only for its own message
+	}
 	msg := fmt.Sprintf("unknown command %q for %q", name, parent.CommandPath())
 	if s := parent.SuggestionsFor(name); len(s) > 0 {
 		msg += fmt.Sprintf(" (did you mean %q?)", s[0])
@@ -255,16 +281,21 @@ func flagError(c *cobra.Command, err error) error {
 	var required *pflag.ValueRequiredError
 	switch {
 	case errors.As(err, &notExist):
-		if name := notExist.GetSpecifiedName(); name != "" {
+		short := notExist.GetSpecifiedShortnames()
+		if short == "" {
+			name := notExist.GetSpecifiedName()
 			return usageErrorf("unknown flag --%s%s", name, suggestFlag(c.Flags(), name))
 		}
-		// -name: a long flag with one dash, or an unknown shorthand.
-		short := notExist.GetSpecifiedShortnames()
+		// -name: a long flag with one dash (as the flag package took them), or an
+		// unknown shorthand.
 		name, _, _ := strings.Cut(short, "=")
 		if c.Flags().Lookup(name) != nil {
 			return usageErrorf("unknown flag -%s: long flags take two dashes: --%s", short, short)
 		}
-		return usageErrorf("unknown flag -%s%s", short, suggestFlag(c.Flags(), name))
+		if len(name) > 1 {
+			return usageErrorf("unknown flag -%s%s", short, suggestFlag(c.Flags(), name))
+		}
+		return usageErrorf("unknown flag -%s", short)
 	case errors.As(err, &invalid):
 		f := invalid.GetFlag()
 		return usageErrorf("invalid value %q for --%s: %s", invalid.GetValue(), f.Name, want(f, invalid.Unwrap()))
@@ -301,7 +332,9 @@ func explainArgs(args []string) []string {
 		if args[i] == "--" {
 			return append(out, args[i:]...)
 		}
-		if args[i] == "--explain" && i+2 < len(args) && !strings.HasPrefix(args[i+1], "-") && !strings.HasPrefix(args[i+2], "-") {
+		// A METHOD has no space: "--explain 'GET /x' FILE" is the one-word form already.
+		if args[i] == "--explain" && i+2 < len(args) && !strings.ContainsAny(args[i+1], " \t") &&
+			!strings.HasPrefix(args[i+1], "-") && !strings.HasPrefix(args[i+2], "-") {
 			out = append(out, "--explain="+args[i+1]+" "+args[i+2])
 			i += 2
 			continue
@@ -331,7 +364,17 @@ func versionCommand(stdout io.Writer) *cobra.Command {
 }
 
 // versionText is what sluice version prints, from the build information that the Go
-// toolchain records in the binary:
+// toolchain records in the binary (see formatVersion).
+func versionText() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		info = nil
+	}
+	return formatVersion(version, info)
+}
+
+// formatVersion writes the version of a binary built with info (nil: none recorded)
+// and linked with the version linkVersion (empty: none):
 //
 //	sluice v1.2.3
 //	revision: 4073f49… (the full commit)
@@ -339,24 +382,25 @@ func versionCommand(stdout io.Writer) *cobra.Command {
 //	modified: false
 //	go: go1.26.0 linux/amd64
 //
-// A build without version control information (go build -buildvcs=false, a source
-// tree without .git) prints "revision: unknown" instead of the three VCS lines.
-func versionText() string {
+// The first line has linkVersion, else the module version (a tag, a pseudo-version
+// such as v0.0.0-20261130104100-4073f49abcde+dirty, or "(devel)"). A build without
+// version control information (-buildvcs=false, a tree without .git, a git worktree,
+// which the go command does not recognise) has "revision: unknown" instead of the
+// three VCS lines.
+func formatVersion(linkVersion string, info *debug.BuildInfo) string {
 	var b strings.Builder
-	info, ok := debug.ReadBuildInfo()
-	v := version
-	if v == "" && ok {
-		v = info.Main.Version // "(devel)" when built from a checkout without VCS stamping
+	v := linkVersion
+	if v == "" && info != nil {
+		v = info.Main.Version
 	}
-	if v == "" {
-		v = "(unknown)"
-	}
-	fmt.Fprintf(&b, "sluice %s\n", v)
+	fmt.Fprintf(&b, "sluice %s\n", cmp.Or(v, "(unknown)"))
 	vcs := map[string]string{}
-	if ok {
+	goVersion := runtime.Version()
+	if info != nil {
 		for _, s := range info.Settings {
 			vcs[s.Key] = s.Value
 		}
+		goVersion = cmp.Or(info.GoVersion, goVersion)
 	}
 	if rev := vcs["vcs.revision"]; rev != "" {
 		fmt.Fprintf(&b, "revision: %s\n", rev)
@@ -367,7 +411,7 @@ func versionText() string {
 	} else {
 		b.WriteString("revision: unknown (built without version control information)\n")
 	}
-	fmt.Fprintf(&b, "go: %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(&b, "go: %s %s/%s\n", goVersion, runtime.GOOS, runtime.GOARCH)
 	return b.String()
 }
 

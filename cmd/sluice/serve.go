@@ -147,7 +147,7 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	fs.Var(&c.maxBody, "max-body", "largest request body, in bytes or with a unit (10MiB); larger ones get 413; 0: no limit")
 	c.deferMemory = deferral.DefaultBodyMemory
 	if front {
-		fs.Var(&c.deferMemory, "defer-memory", "most `bytes` of deferred request bodies held in memory at once (like 64MiB); past it 503 with Retry-After")
+		fs.Var(&c.deferMemory, "defer-memory", "most bytes of deferred request bodies held in memory at once, plain or with a unit (64MiB); past it 503 with Retry-After")
 	}
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
@@ -246,7 +246,15 @@ func completeFlagValues(c *cobra.Command) {
 	}
 	c.Flags().VisitAll(func(f *pflag.Flag) {
 		if w, ok := words[f.Name]; ok {
-			_ = c.RegisterFlagCompletionFunc(f.Name, cobra.FixedCompletions(w, cobra.ShellCompDirectiveNoFileComp))
+			_ = c.RegisterFlagCompletionFunc(f.Name, func(_ *cobra.Command, _ []string, prefix string) ([]cobra.Completion, cobra.ShellCompDirective) {
+				var out []cobra.Completion
+				for _, v := range w {
+					if strings.HasPrefix(v, prefix) {
+						out = append(out, v)
+					}
+				}
+				return out, cobra.ShellCompDirectiveNoFileComp
+			})
 		}
 	})
 	for _, name := range []string{"config", "rules", "trace"} {
