@@ -369,7 +369,7 @@ func TestFormatVersion(t *testing.T) {
 func TestServeStopsQuietly(t *testing.T) {
 	t.Parallel()
 	up, down := newUpstream(t, 0), newDownstream(t, 0)
-	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, ""))
+	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 50/s}"))
 	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--shutdown-timeout", "20s")
 	warmUp(t, p.url, "/v1/orders")
 	mustDefer(t, p.url, "/v1/orders", "quiet-1")
