@@ -163,8 +163,8 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 	return root
 }
 
-// envAnnotation marks the commands whose flags also come from SLUICE_* variables (all
-// but help and completion); withEnv annotates c.
+// envAnnotation marks the commands whose flags also come from SLUICE_* variables (those
+// that call loadFlags), for their help; withEnv annotates c.
 const envAnnotation = "sluice-env"
 
 func withEnv(c *cobra.Command) *cobra.Command {
@@ -349,7 +349,7 @@ func explainArgs(args []string) []string {
 var version = ""
 
 func versionCommand(stdout io.Writer) *cobra.Command {
-	return withEnv(&cobra.Command{
+	return &cobra.Command{
 		Use:   "version",
 		Short: "print the version",
 		Long: "Usage: sluice version\n\nPrints the version of sluice (the module version, or the one given at link time), the\n" +
@@ -360,7 +360,7 @@ func versionCommand(stdout io.Writer) *cobra.Command {
 			fmt.Fprint(stdout, versionText())
 			return nil
 		},
-	})
+	}
 }
 
 // versionText is what sluice version prints, from the build information that the Go

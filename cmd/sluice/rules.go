@@ -40,7 +40,7 @@ const mergeDomainsUsage = "let several rules files share a domain: their descrip
 
 // rulesCommand is sluice rules and its subcommand check.
 func rulesCommand(stdout, stderr io.Writer) *cobra.Command {
-	c := withEnv(&cobra.Command{
+	c := &cobra.Command{
 		Use:   "rules",
 		Short: "check rules files and explain how a request matches them",
 		Long:  rulesHelp,
@@ -56,7 +56,7 @@ func rulesCommand(stdout, stderr io.Writer) *cobra.Command {
 			c.HelpFunc()(c, nil)
 			return exitStatus(exitUsage)
 		},
-	})
+	}
 	c.AddCommand(rulesCheckCommand(stdout, stderr))
 	return c
 }
