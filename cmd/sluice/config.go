@@ -42,7 +42,7 @@ const (
 	srcFile    source = "file"
 )
 
-// flagSources is what parseCommandFlags found out about a command's flags.
+// flagSources is what loadFlags found out about a command's flags.
 type flagSources struct {
 	// source of each flag that was set; the others have their defaults.
 	source map[string]source

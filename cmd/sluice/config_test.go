@@ -408,9 +408,9 @@ func TestMaskSecret(t *testing.T) {
 	}
 }
 
-// TestConfigKeys pins down what the loader relies on: every key is a flag of the
-// flag package's own kinds or a sizeFlag (their String and Set round-trip), and the list flags are
-// exactly those whose help says comma-separated.
+// TestConfigKeys pins down what the loader relies on: every key is a flag of pflag's
+// own kinds, a sizeFlag or a replicasFlag (their String and Set round-trip), and the
+// list flags are exactly those whose help says comma-separated.
 func TestConfigKeys(t *testing.T) {
 	for name, f := range keyFlags() {
 		switch f.Value.Type() {
