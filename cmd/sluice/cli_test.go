@@ -81,6 +81,7 @@ func TestDidYouMean(t *testing.T) {
 		{"one dash", []string{"serve", "-rules", "x.yaml"}, "unknown flag -rules: long flags take two dashes: --rules"},
 		{"one dash with a value", []string{"dispatch", "-data-dir=/tmp"}, "long flags take two dashes: --data-dir=/tmp"},
 		{"one dash, mistyped", []string{"serve", "-rulse"}, "unknown flag -rulse (did you mean --rules?)"},
+		{"boolean with a separate value", []string{"serve", "--dispatch", "false"}, `unexpected argument "false" (a boolean flag takes its value after =: --dispatch=false)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := runIn(t, tc.args...)

@@ -417,8 +417,12 @@ func formatVersion(linkVersion string, info *debug.BuildInfo) string {
 
 // noArgs is cobra.NoArgs in sluice's words.
 func noArgs(_ *cobra.Command, args []string) error {
-	if len(args) > 0 {
-		return usageErrorf("unexpected argument %q", args[0])
+	switch {
+	case len(args) == 0:
+		return nil
+	case args[0] == "true" || args[0] == "false":
+		// --shadow false: a boolean takes no separate value.
+		return usageErrorf("unexpected argument %q (a boolean flag takes its value after =: --dispatch=false)", args[0])
 	}
-	return nil
+	return usageErrorf("unexpected argument %q", args[0])
 }
