@@ -6,8 +6,7 @@
 // GNU-style --flags (and -h), flags anywhere among the arguments, nested subcommands
 // (rules check), "did you mean" for mistyped commands, and shell completion generated
 // from the same tree that parses (sluice completion bash|zsh|fish). cobra is the parser
-// of kubectl, docker, helm and the nats CLI, so sluice behaves as its operators' other
-// tools do; the alternatives (urfave/cli, kong) would give the same for a less familiar
+// of kubectl, helm, docker and gh, so sluice behaves as its operators' other tools do; the alternatives (urfave/cli, kong) would give the same for a less familiar
 // help layout and completion. sluice's own layers stay on top of it: every flag can
 // come from SLUICE_<FLAG> and, for the long-running commands, from --config FILE
 // (config.go), and --print-config says which of them set each value.
