@@ -100,8 +100,11 @@ type flagInfo struct {
 	def    string // the default, unquoted; "" when -h shows none
 }
 
+// flagLine is a flag as pflag's help lists it, one to a line: an optional shorthand,
+// --name, the kind of value (none for a boolean), at least two spaces, the usage and
+// perhaps "(default …)".
 var (
-	flagLine    = regexp.MustCompile(`^  -([A-Za-z0-9][A-Za-z0-9_.-]*)(?: (.+))?$`)
+	flagLine    = regexp.MustCompile(`^\s+(?:-[A-Za-z0-9], )?--([A-Za-z0-9][A-Za-z0-9_.-]*)( [^ ].*?)?  +(.*)$`)
 	defaultPart = regexp.MustCompile(`\(default (.*)\)$`)
 )
 
@@ -149,27 +152,22 @@ func sluiceFlags(t *testing.T, cmd string) flagSet {
 		t.Fatalf("sluice %s -h: exit %d\n%s", cmd, code, errOut)
 	}
 	fs = flagSet{}
-	var last string
 	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
-		line := sc.Text()
-		if m := flagLine.FindStringSubmatch(line); m != nil {
-			last = m[1]
-			// flag.PrintDefaults writes a type word (or the `name` of the usage) after
-			// every flag but booleans.
-			fs[last] = flagInfo{isBool: m[2] == ""}
+		m := flagLine.FindStringSubmatch(sc.Text())
+		if m == nil || m[1] == "help" {
 			continue
 		}
-		if last != "" && strings.HasPrefix(line, "    \t") {
-			if m := defaultPart.FindStringSubmatch(line); m != nil {
-				f := fs[last]
-				f.def = m[1]
-				if s, err := strconv.Unquote(m[1]); err == nil {
-					f.def = s
-				}
-				fs[last] = f
+		// pflag writes the kind of value (or the `name` of the usage) after every
+		// flag but booleans.
+		f := flagInfo{isBool: m[2] == ""}
+		if d := defaultPart.FindStringSubmatch(m[3]); d != nil {
+			f.def = d[1]
+			if s, err := strconv.Unquote(d[1]); err == nil {
+				f.def = s
 			}
 		}
+		fs[m[1]] = f
 	}
 	if len(fs) == 0 {
 		t.Fatalf("sluice %s -h lists no flags:\n%s", cmd, out)
@@ -221,8 +219,9 @@ type gatewayConfig struct {
 	known flagSet
 }
 
-// parseSluiceArgs checks a sluice command line (without the binary) the way Go's
-// flag package reads it, against the flags `sluice CMD -h` lists, then has the
+// parseSluiceArgs checks a sluice command line (without the binary) the way pflag
+// reads it (--name value, --name=value; a boolean takes no separate value), against
+// the flags `sluice CMD -h` lists, then has the
 // binary itself parse it (with -h appended, so that it parses every flag and value
 // and exits without starting). env are the SLUICE_* variables the process gets; each
 // must name a flag, and its value must parse as that flag's.
@@ -238,6 +237,9 @@ func parseSluiceArgs(t *testing.T, where string, args []string, env map[string]s
 		a := rest[i]
 		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
 			t.Fatalf("%s: sluice %s takes no arguments, got %q", where, g.cmd, a)
+		}
+		if !strings.HasPrefix(a, "--") {
+			t.Fatalf("%s: %q: sluice's long flags take two dashes", where, a)
 		}
 		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		f, ok := g.known[name]

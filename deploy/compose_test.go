@@ -930,7 +930,14 @@ func checkNginx(t *testing.T, c composeFile, fronts []string, gws map[string]gat
 		n, _ := strconv.ParseInt(body[1], 10, 64)
 		n <<= map[string]int{"": 0, "k": 10, "m": 20, "g": 30}[strings.ToLower(body[2])]
 		for name, g := range gws {
-			if max, _ := strconv.ParseInt(g.value("max-body"), 10, 64); n < max {
+			max := int64(0) // 0: no limit
+			if v := g.value("max-body"); v != "0" {
+				var err error
+				if max, err = rules.ParseSize(v); err != nil {
+					t.Errorf("%s: --max-body %q: %v", name, v, err)
+				}
+			}
+			if n < max {
 				t.Errorf("%s: client_max_body_size %d bytes is below %s's --max-body %d", conf, n, name, max)
 			}
 		}

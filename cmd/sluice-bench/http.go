@@ -439,7 +439,8 @@ func waitHealthy(ctx context.Context, u string) error {
 }
 
 // runUpstream is the benchmark's upstream, a process of its own: a small fixed answer.
-func runUpstream(_ context.Context, args []string, _, stderr io.Writer) int {
+// It serves until ctx ends (SIGINT or SIGTERM), then exits 0.
+func runUpstream(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if len(args) != 1 {
 		fmt.Fprintln(stderr, "usage: sluice-bench upstream ADDR")
 		return exitUsage
@@ -450,14 +451,33 @@ func runUpstream(_ context.Context, args []string, _, stderr io.Writer) int {
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		_, _ = w.Write(body)
 	})
-	srv := &http.Server{Addr: args[0], Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintln(stderr, srv.ListenAndServe())
-	return exitFailure
+	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: h, ReadHeaderTimeout: 10 * time.Second}, stderr)
+}
+
+// serveUntilDone serves srv until ctx ends, then shuts it down (the requests under way
+// get a few seconds) and returns exitOK; a server that cannot listen or fails returns
+// exitFailure.
+func serveUntilDone(ctx context.Context, srv *http.Server, stderr io.Writer) int {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	select {
+	case err := <-errc:
+		fmt.Fprintln(stderr, err)
+		return exitFailure
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		srv.Close()
+	}
+	<-errc // http.ErrServerClosed
+	return exitOK
 }
 
 // runPlainProxy is the reference: httputil.ReverseProxy with a transport that keeps
 // as many idle connections as the load needs, as sluice's proxy does.
-func runPlainProxy(_ context.Context, args []string, _, stderr io.Writer) int {
+func runPlainProxy(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if len(args) != 2 {
 		fmt.Fprintln(stderr, "usage: sluice-bench plain-proxy ADDR UPSTREAM_URL")
 		return exitUsage
@@ -473,7 +493,5 @@ func runPlainProxy(_ context.Context, args []string, _, stderr io.Writer) int {
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(up); pr.SetXForwarded() },
 		Transport: transport,
 	}
-	srv := &http.Server{Addr: args[0], Handler: proxy, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintln(stderr, srv.ListenAndServe())
-	return exitFailure
+	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: proxy, ReadHeaderTimeout: 10 * time.Second}, stderr)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestMain(m *testing.M) {
@@ -48,5 +50,47 @@ func TestHTTPTable(t *testing.T) {
 	}
 	if !strings.Contains(errOut, "[round 1/1] [3/") {
 		t.Errorf("no progress on stderr: %q", errOut)
+	}
+}
+
+// TestServersStopOnSignal: the servers that run as processes of their own (upstream
+// is also the demo API of deploy/) stop with status 0 on SIGTERM and on SIGINT
+// (Ctrl-C), rather than running until killed.
+func TestServersStopOnSignal(t *testing.T) {
+	up := freeAddr()
+	for _, tc := range []struct {
+		args []string
+		sig  os.Signal
+	}{
+		{[]string{"upstream", up}, syscall.SIGTERM},
+		{[]string{"plain-proxy", freeAddr(), "http://" + up}, os.Interrupt},
+	} {
+		cmd := exec.Command(os.Args[0], tc.args...)
+		cmd.Env = append(os.Environ(), childEnv+"=1")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		if err := waitHealthy(context.Background(), "http://"+tc.args[1]+"/"); err != nil {
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("%s did not come up: %v\n%s", tc.args[0], err, &out)
+		}
+		if err := cmd.Process.Signal(tc.sig); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s after %v: %v\n%s", tc.args[0], tc.sig, err, &out)
+			}
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Errorf("%s still running 30s after %v\n%s", tc.args[0], tc.sig, &out)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime/debug"
 	"strconv"
+	"strings"
 
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
@@ -62,11 +63,17 @@ func memoryLimit(deferMemory int64, set *rules.Set, dispatching bool) int64 {
 	return limit
 }
 
-// sizeFlag is a flag holding a byte count, written as in rules files: 67108864, 64MiB,
-// 1GB (see rules.ParseSize).
+// sizeFlag is a flag holding a byte count, written as in rules files (rules.ParseSize,
+// the one size parser of sluice): plain bytes (67108864) or with a unit (64MiB, 1GB,
+// 512KiB). "0" is taken too, for the flags where it means "none" or "no limit"; the
+// commands check the range each flag allows.
 type sizeFlag int64
 
 func (s *sizeFlag) Set(v string) error {
+	if strings.TrimSpace(v) == "0" {
+		*s = 0
+		return nil
+	}
 	n, err := rules.ParseSize(v)
 	if err != nil {
 		return err
@@ -75,7 +82,8 @@ func (s *sizeFlag) Set(v string) error {
 	return nil
 }
 
-// String writes the size in the largest binary unit that divides it.
+// String writes the size in the largest binary unit that divides it, so that
+// --print-config shows 10MiB, not 10485760.
 func (s *sizeFlag) String() string {
 	n := int64(*s)
 	for _, u := range []struct {
@@ -89,5 +97,14 @@ func (s *sizeFlag) String() string {
 	return strconv.FormatInt(n, 10)
 }
 
-// Get implements flag.Getter.
-func (s *sizeFlag) Get() any { return *s }
+// Type names the kind of value in the flags' help (--max-body size) and for want.
+func (s *sizeFlag) Type() string { return "size" }
+
+// sizeDetail is the part of rules.ParseSize's error that the generic message of want
+// does not already say.
+func sizeDetail(err error) string {
+	if err != nil && strings.Contains(err.Error(), "too large") {
+		return " (too large)"
+	}
+	return ""
+}

@@ -2,10 +2,10 @@ package main
 
 // Configuration files.
 //
-// A command that registers --config (serve, ingress, dispatch and dlq, through
+// A command that registers --config (serve, ingress, rls, dispatch and dlq, through
 // configFlags) takes each flag from the first of: the command line, its SLUICE_*
 // environment variable, the YAML file named by --config (or SLUICE_CONFIG), and the
-// flag's default. parseCommandFlags does this once for every command; the file may set
+// flag's default. loadFlags does this once for every command; the file may set
 // only what the command line and the environment left unset.
 //
 // The file is a mapping from flag names to values, so that one file describes a whole
@@ -16,17 +16,17 @@ package main
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
-	"time"
 
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluicehq/sluice/rules"
@@ -42,7 +42,7 @@ const (
 	srcFile    source = "file"
 )
 
-// flagSources is what parseCommandFlags found out about a command's flags.
+// flagSources is what loadFlags found out about a command's flags.
 type flagSources struct {
 	// source of each flag that was set; the others have their defaults.
 	source map[string]source
@@ -51,6 +51,18 @@ type flagSources struct {
 	config, origin string
 	// unused are the file's keys that are flags of other commands, as "key (line N)".
 	unused []string
+	// derived says, of a flag whose default depends on other flags (--ack-wait) or on
+	// where the queues live (--replicas), how the value in force was worked out; the
+	// commands resolve such defaults before printing or using them.
+	derived map[string]string
+}
+
+// derive records that the value of flag name in force was worked out as how says.
+func (s *flagSources) derive(name, how string) {
+	if s.derived == nil {
+		s.derived = map[string]string{}
+	}
+	s.derived[name] = how
 }
 
 func (s *flagSources) of(name string) source {
@@ -72,7 +84,7 @@ func (s *flagSources) names(src source) map[string]bool {
 }
 
 // configFlags registers --config, and --print-config when print is not nil.
-func configFlags(fs *flag.FlagSet, print *bool) {
+func configFlags(fs *pflag.FlagSet, print *bool) {
 	fs.String("config", "", "read flags from this YAML `file`: keys are flag names (admin-listen: 127.0.0.1:9090); the command line and SLUICE_* variables win over it")
 	if print != nil {
 		fs.BoolVar(print, "print-config", false, "print the effective configuration as YAML (every flag, its value and its source; secrets masked) and exit")
@@ -82,18 +94,18 @@ func configFlags(fs *flag.FlagSet, print *bool) {
 // notInFile are flags that a file cannot set: they say what to do with the file, or
 // belong to one invocation (dlq's --yes, --json, --limit are no keys either, since
 // only the long-running commands' flags are).
-var notInFile = map[string]bool{"config": true, "print-config": true}
+var notInFile = map[string]bool{"config": true, "print-config": true, "help": true}
 
 // keyFlags returns new flags for the keys a config file may have: the flags of serve,
 // ingress and dispatch (dlq's NATS flags are among them), by name. Every value of a
 // file is checked on them, whichever command reads it, so that a file is valid or not
 // whatever the command and whatever the command line and environment override.
-func keyFlags() map[string]*flag.Flag {
-	keys := map[string]*flag.Flag{}
+func keyFlags() map[string]*pflag.Flag {
+	keys := map[string]*pflag.Flag{}
 	for _, m := range []gatewayMode{serveMode, ingressMode, dispatchMode} {
-		fs := flag.NewFlagSet(m.name, flag.ContinueOnError)
+		fs := pflag.NewFlagSet(m.name, pflag.ContinueOnError)
 		m.flags(fs, new(gatewayConfig))
-		fs.VisitAll(func(f *flag.Flag) {
+		fs.VisitAll(func(f *pflag.Flag) {
 			if _, ok := keys[f.Name]; !ok && !notInFile[f.Name] {
 				keys[f.Name] = f
 			}
@@ -126,7 +138,7 @@ func (e *configError) Error() string { return fmt.Sprintf("%s:%d: %s", e.path, e
 // given does not name (those the command line or the environment set). It returns
 // the flags it set and the keys that are flags of other commands; every problem of
 // the file at once (configErrors joined), or the error reading it.
-func applyConfig(fs *flag.FlagSet, path string, given map[string]source) (set map[string]bool, unused []string, err error) {
+func applyConfig(fs *pflag.FlagSet, path string, given map[string]source) (set map[string]bool, unused []string, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, nil, err
@@ -202,14 +214,14 @@ func applyConfig(fs *flag.FlagSet, path string, given map[string]source) (set ma
 // configValue is the text that a YAML value stands for, as the flag would take it on
 // the command line: a scalar as written, a sequence (for list flags) joined with
 // commas, null as empty (for string flags).
-func configValue(f *flag.Flag, n *yaml.Node) (string, error) {
+func configValue(f *pflag.Flag, n *yaml.Node) (string, error) {
 	if n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias
 	}
 	switch n.Kind {
 	case yaml.ScalarNode:
 		if n.Tag == "!!null" {
-			if _, isString := flagKind(f).(string); !isString {
+			if f.Value.Type() != "string" {
 				return "", errors.New("no value")
 			}
 			return "", nil
@@ -234,29 +246,33 @@ func configValue(f *flag.Flag, n *yaml.Node) (string, error) {
 	return "", errors.New("want a value, not a mapping")
 }
 
-// flagKind is the value of f as its Go type (string, bool, int, int64,
-// time.Duration), or nil for a Value that is none of the flag package's.
-func flagKind(f *flag.Flag) any {
-	if g, ok := f.Value.(flag.Getter); ok {
-		return g.Get()
+// want describes what f takes, after its Set refused a value with err.
+func want(f *pflag.Flag, err error) string {
+	if invalid, ok := err.(*pflag.InvalidValueError); ok { // from FlagSet.Set
+		err = invalid.Unwrap()
 	}
-	return nil
-}
-
-// want describes what f takes, after the flag package refused a value with err.
-func want(f *flag.Flag, err error) string {
 	var w string
-	switch flagKind(f).(type) {
-	case bool:
+	switch f.Value.Type() {
+	case "bool":
 		w = "want true or false"
-	case int, int64, uint, uint64:
+	case "int", "int64", "uint", "uint64":
 		w = "want an integer"
-	case time.Duration:
-		w = "want a duration such as 30s, 1m30s or 250ms"
+	case "duration":
+		// time.ParseDuration's message repeats the value and adds nothing.
+		return "want a duration such as 30s, 1m30s or 250ms"
+	case "size":
+		return "want a size in bytes, plain or with a unit: 1048576, 64KiB, 10MiB, 1GiB (or KB, MB, GB)" + sizeDetail(err)
 	default:
 		return err.Error()
 	}
-	if msg := err.Error(); msg != "parse error" {
+	// pflag hands strconv's error on: keep its reason (value out of range), not its
+	// "strconv.ParseInt: parsing …" preamble.
+	var num *strconv.NumError
+	if errors.As(err, &num) {
+		if !errors.Is(num.Err, strconv.ErrSyntax) {
+			w += " (" + num.Err.Error() + ")"
+		}
+	} else if msg := err.Error(); msg != "" {
 		w += " (" + msg + ")"
 	}
 	return w
@@ -275,7 +291,7 @@ func didYouMean(name string, known []string) string {
 // printConfig writes the effective configuration of the command whose flags are fs
 // as a YAML file that --config accepts: every flag but --config and --print-config,
 // sorted by name, with its source as a comment and secrets masked.
-func printConfig(w io.Writer, fs *flag.FlagSet, src *flagSources) error {
+func printConfig(w io.Writer, fs *pflag.FlagSet, src *flagSources) error {
 	head := fmt.Sprintf("sluice %s: the effective configuration. After each value, where it came from:\n"+
 		"flag, env (SLUICE_*), file or default. Secrets are masked.", fs.Name())
 	if src.config != "" {
@@ -288,7 +304,7 @@ func printConfig(w io.Writer, fs *flag.FlagSet, src *flagSources) error {
 		head += fmt.Sprintf("\nkeys of the file that sluice %s has no flags for: %s", fs.Name(), strings.Join(src.unused, ", "))
 	}
 	m := &yaml.Node{Kind: yaml.MappingNode}
-	fs.VisitAll(func(f *flag.Flag) {
+	fs.VisitAll(func(f *pflag.Flag) {
 		if notInFile[f.Name] {
 			return
 		}
@@ -304,11 +320,15 @@ func printConfig(w io.Writer, fs *flag.FlagSet, src *flagSources) error {
 			}
 		default:
 			tag := "!!str"
-			switch flagKind(f).(type) {
-			case bool:
+			switch f.Value.Type() {
+			case "bool":
 				tag = "!!bool"
-			case int, int64, uint, uint64:
+			case "int", "int64", "uint", "uint64":
 				tag = "!!int"
+			case "replicas", "size":
+				if _, err := strconv.Atoi(value); err == nil {
+					tag = "!!int"
+				}
 			}
 			v = &yaml.Node{Kind: yaml.ScalarNode, Tag: tag, Value: value}
 		}
@@ -316,6 +336,9 @@ func printConfig(w io.Writer, fs *flag.FlagSet, src *flagSources) error {
 		v.LineComment = string(from)
 		if from == srcEnv {
 			v.LineComment += " " + envName(f.Name)
+		}
+		if how := src.derived[f.Name]; how != "" && from == srcDefault {
+			v.LineComment += " (" + how + ")"
 		}
 		m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: f.Name}, v)
 	})
@@ -407,4 +430,78 @@ func configErrorLines(err error) []string {
 		return lines
 	}
 	return strings.Split(err.Error(), "\n")
+}
+
+// loadFlags completes the flags that cobra parsed from the command line: every flag
+// not given there is taken from its SLUICE_* environment variable, and then, for a
+// command with --config (see configFlags), every flag still unset from the config
+// file. Precedence: command line > SLUICE_* environment > config file > default.
+// It returns where each value came from; ok is false when the environment or the file
+// were bad, which it has reported on stderr (the command exits 2).
+func loadFlags(fs *pflag.FlagSet, stderr io.Writer) (src *flagSources, ok bool) {
+	src = &flagSources{source: map[string]source{}}
+	fs.Visit(func(f *pflag.Flag) { src.source[f.Name] = srcFlag })
+	fromEnv, err := applyEnv(fs, os.LookupEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice %s: %v\n", fs.Name(), err)
+		return nil, false
+	}
+	for name := range fromEnv {
+		src.source[name] = srcEnv
+	}
+	config := fs.Lookup("config")
+	if config == nil || config.Value.String() == "" {
+		return src, true
+	}
+	src.config, src.origin = config.Value.String(), describeOrigin(src.of("config"))
+	set, unused, err := applyConfig(fs, src.config, src.source)
+	if err != nil {
+		var pathErr *os.PathError
+		if errors.As(err, &pathErr) {
+			fmt.Fprintf(stderr, "sluice %s: %s: %v\n", fs.Name(), src.origin, err)
+		} else {
+			for _, line := range configErrorLines(err) {
+				fmt.Fprintf(stderr, "sluice %s: %s\n", fs.Name(), line)
+			}
+		}
+		return nil, false
+	}
+	for name := range set {
+		src.source[name] = srcFile
+	}
+	src.unused = unused
+	return src, true
+}
+
+// envName is the environment variable that backs flag name: SLUICE_ followed by the
+// name in upper case with dashes as underscores.
+func envName(name string) string {
+	return "SLUICE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// applyEnv sets every flag of fs that was not given on the command line from its
+// environment variable (see envName), so flags win over the environment. A flag set
+// this way counts as changed (pflag's Changed, fs.Visit), which is how commands tell
+// "set" from "default". An empty variable counts as set: SLUICE_REDIS= turns Redis
+// off. --help is never read from the environment. It returns the names of the flags
+// it set.
+func applyEnv(fs *pflag.FlagSet, lookupEnv func(string) (string, bool)) (map[string]bool, error) {
+	set := map[string]bool{}
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Changed || f.Name == "help" {
+			return
+		}
+		name := envName(f.Name)
+		v, ok := lookupEnv(name)
+		if !ok {
+			return
+		}
+		if e := fs.Set(f.Name, v); e != nil {
+			err = fmt.Errorf("environment variable %s (for --%s): invalid value %q: %s", name, f.Name, v, want(f, e))
+			return
+		}
+		set[f.Name] = true
+	})
+	return set, err
 }

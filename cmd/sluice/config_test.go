@@ -4,14 +4,13 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"flag"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -165,8 +164,12 @@ func TestConfigErrors(t *testing.T) {
 			want: []string{`FILE:1: shutdown-timeout: invalid value "30": want a duration`}},
 		{name: "bad int", content: "\nipv6-prefix: wide\n",
 			want: []string{`FILE:2: ipv6-prefix: invalid value "wide": want an integer`}},
-		{name: "int out of range", content: "max-body: 99999999999999999999\n",
-			want: []string{`FILE:1: max-body: invalid value "99999999999999999999": want an integer (value out of range)`}},
+		{name: "int out of range", content: "max-keys: 99999999999999999999\n",
+			want: []string{`FILE:1: max-keys: invalid value "99999999999999999999": want an integer (value out of range)`}},
+		{name: "bad size", content: "max-body: 10 MiBs\n",
+			want: []string{`FILE:1: max-body: invalid value "10 MiBs": want a size in bytes, plain or with a unit: 1048576, 64KiB, 10MiB`}},
+		{name: "size too large", content: "max-body: 99999999999999999999\n",
+			want: []string{`FILE:1: max-body: invalid value "99999999999999999999": want a size`}},
 		{name: "bad bool", content: "shadow: yes\n",
 			want: []string{`FILE:1: shadow: invalid value "yes": want true or false`}},
 		{name: "bool without a value", content: "shadow:\n", want: []string{`FILE:1: shadow: no value`}},
@@ -405,25 +408,25 @@ func TestMaskSecret(t *testing.T) {
 	}
 }
 
-// TestConfigKeys pins down what the loader relies on: every key is a flag of the
-// flag package's own kinds or a sizeFlag (their String and Set round-trip), and the list flags are
-// exactly those whose help says comma-separated.
+// TestConfigKeys pins down what the loader relies on: every key is a flag of pflag's
+// own kinds, a sizeFlag or a replicasFlag (their String and Set round-trip), and the
+// list flags are exactly those whose help says comma-separated.
 func TestConfigKeys(t *testing.T) {
 	for name, f := range keyFlags() {
-		switch flagKind(f).(type) {
-		case string, bool, int, int64, time.Duration, sizeFlag:
+		switch f.Value.Type() {
+		case "string", "bool", "int", "int64", "duration", "size", "replicas":
 		default:
-			t.Errorf("--%s is a %T: the config file and --print-config handle string, bool, int, int64, duration and size flags", name, f.Value)
+			t.Errorf("--%s is a %s: the config file and --print-config handle string, bool, int, int64, duration, size and replicas flags", name, f.Value.Type())
 		}
 		if comma := strings.Contains(f.Usage, "comma-separated"); comma != listFlags[name] {
 			t.Errorf("--%s: comma-separated in its help is %v, a list key is %v", name, comma, listFlags[name])
 		}
 	}
 	// dlq's NATS flags are keys: the file of serve serves dlq too.
-	fs := flag.NewFlagSet("dlq", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("dlq", pflag.ContinueOnError)
 	new(natsConfig).flags(fs, false)
 	keys := keyFlags()
-	fs.VisitAll(func(f *flag.Flag) {
+	fs.VisitAll(func(f *pflag.Flag) {
 		if keys[f.Name] == nil {
 			t.Errorf("dlq's --%s is no config key", f.Name)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +15,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/queue"
@@ -56,9 +57,23 @@ type dlqConfig struct {
 	limit int
 }
 
-func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("dlq", flag.ContinueOnError)
+func dlqCommand(stdout, stderr io.Writer) *cobra.Command {
 	var cfg dlqConfig
+	c := withEnv(&cobra.Command{
+		Use:   "dlq",
+		Short: "list, re-queue or purge a queue's dead letters",
+		Long:  dlqHelp,
+		// Flags may come after the action, queue and tickets too: sluice dlq list orders --json.
+		Args:      cobra.ArbitraryArgs,
+		ValidArgs: []cobra.Completion{"list", "requeue", "purge"},
+		RunE: func(c *cobra.Command, args []string) error {
+			if _, ok := loadFlags(c.Flags(), stderr); !ok {
+				return exitStatus(exitUsage)
+			}
+			return status(runDLQ(c.Context(), &cfg, args, stdout, stderr))
+		},
+	})
+	fs := c.Flags()
 	cfg.nats.flags(fs, false)
 	cfg.admin.flags(fs, "")
 	fs.BoolVar(&cfg.json, "json", false, "list: print a JSON array instead of a table")
@@ -66,19 +81,20 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.yes, "yes", false, "purge: really delete the dead letters")
 	// The NATS flags can come from the file that serve, ingress or dispatch read.
 	configFlags(fs, nil)
-	// Flags may come after the action, queue and tickets too: sluice dlq list orders --json.
-	if _, code, done := parseFlags(fs, interleave(fs, args), stdout, stderr, dlqHelp); done {
-		return code
-	}
+	return c
+}
+
+// runDLQ runs sluice dlq ACTION QUEUE [TICKET…] with the flags in cfg.
+func runDLQ(ctx context.Context, cfg *dlqConfig, args []string, stdout, stderr io.Writer) int {
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice dlq: "+format+"\n", a...)
 		fmt.Fprintln(stderr, "Run 'sluice dlq -h' for its usage.")
 		return exitUsage
 	}
-	if fs.NArg() < 2 {
+	if len(args) < 2 {
 		return usageErr("want an action (list, requeue or purge) and a queue")
 	}
-	action, queueName, tickets := fs.Arg(0), fs.Arg(1), fs.Args()[2:]
+	action, queueName, tickets := args[0], args[1], args[2:]
 	if action != "list" && action != "requeue" && action != "purge" {
 		return usageErr("unknown action %q: want list, requeue or purge", action)
 	}
@@ -160,40 +176,6 @@ func runDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	return exitOK
-}
-
-// interleave moves the flags in args before the positional arguments, so that flags
-// may follow them (the flag package stops at the first non-flag). "--" ends the flags.
-func interleave(fs *flag.FlagSet, args []string) []string {
-	var flags, positional []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" {
-			positional = append(positional, args[i+1:]...)
-			break
-		}
-		if len(a) < 2 || a[0] != '-' {
-			positional = append(positional, a)
-			continue
-		}
-		flags = append(flags, a)
-		name := strings.TrimLeft(a, "-")
-		if strings.Contains(name, "=") {
-			continue
-		}
-		f := fs.Lookup(name)
-		if f == nil { // Parse reports it
-			continue
-		}
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-			continue
-		}
-		if i+1 < len(args) {
-			flags = append(flags, args[i+1])
-			i++
-		}
-	}
-	return append(append(flags, "--"), positional...)
 }
 
 // dlq runs one action on the dead letters of a queue.

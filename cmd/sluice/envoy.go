@@ -1,18 +1,16 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/deferral"
@@ -31,7 +29,7 @@ type envoyConfig struct {
 	checkListen string
 }
 
-func (c *envoyConfig) flags(fs *flag.FlagSet, front bool) {
+func (c *envoyConfig) flags(fs *pflag.FlagSet, front bool) {
 	def := ""
 	if !front {
 		def = "127.0.0.1:8081" // sluice rls is nothing without it
@@ -41,7 +39,7 @@ func (c *envoyConfig) flags(fs *flag.FlagSet, front bool) {
 	fs.StringVar(&c.key, "grpc-key", "", "key `file` for TLS on --grpc-listen")
 	fs.StringVar(&c.ca, "grpc-ca", "", "`file` of CA certificates: --grpc-listen then requires client certificates signed by them (mutual TLS)")
 	c.maxMessage = sizeFlag(ingress.DefaultMaxBody + 64<<10)
-	fs.Var(&c.maxMessage, "grpc-max-message", "largest gRPC message in `bytes` (like 4MiB): an ext_authz check carrying a body needs --max-body and some room")
+	fs.Var(&c.maxMessage, "grpc-max-message", "largest gRPC message, in bytes or with a unit (4MiB): an ext_authz check carrying a body needs --max-body and some room")
 	fs.BoolVar(&c.headers, "rls-headers", true, "the rate limit service returns response_headers_to_add (X-Ratelimit-*, RateLimit, RateLimit-Policy, Retry-After)")
 	fs.StringVar(&c.checkListen, "check-listen", "", "`address` of the HTTP check for nginx auth_request and Traefik ForwardAuth ("+ingress.CheckPath+") and of the deferred tickets; for the proxies only; empty: none")
 }
@@ -147,7 +145,3 @@ reflection), and the HTTP check of nginx auth_request and Traefik ForwardAuth on
 or ingress with --grpc-listen park them). Limits are in memory unless --redis is given;
 replicas and front doors sharing that Redis share the counters.
 `
-
-func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runGateway(ctx, rlsMode, args, stdout, stderr)
-}

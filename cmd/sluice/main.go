@@ -1,14 +1,25 @@
 // Command sluice is the sluice throttling gateway and its operator tools.
 //
-// Each subcommand is a function runX(ctx, args, stdout, stderr) int so that tests can
-// run it in-process; main only wires the process's arguments, streams, signals and exit
+// The command line is parsed by spf13/cobra and spf13/pflag. The standard flag package
+// served while sluice had one command; with ten, each with subcommands or positional
+// arguments among its flags, it left every command to re-implement what cobra does once:
+// GNU-style --flags (and -h), flags anywhere among the arguments, nested subcommands
+// (rules check), "did you mean" for mistyped commands, and shell completion generated
+// from the same tree that parses (sluice completion bash|zsh|fish). cobra is the parser
+// of kubectl, helm, docker and gh, so sluice behaves as its operators' other tools do; the alternatives (urfave/cli, kong) would give the same for a less familiar
+// help layout and completion. sluice's own layers stay on top of it: every flag can
+// come from SLUICE_<FLAG> and, for the long-running commands, from --config FILE
+// (config.go), and --print-config says which of them set each value.
+//
+// run builds the command tree afresh for every call, so that tests run the command
+// line in process; main only wires the process's arguments, streams, signals and exit
 // status to it.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +28,11 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/sluicehq/sluice/rules"
 )
 
 // Exit statuses that scripts can rely on.
@@ -26,32 +42,6 @@ const (
 	exitUsage   = 2 // bad flags, arguments or input
 )
 
-// command is one entry of the dispatch table.
-type command struct {
-	name    string
-	summary string
-	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) int
-}
-
-// commands is the dispatch table, in the order usage lists them. Add new subcommands
-// here. It is filled in init because runHelp refers to it.
-var commands []command
-
-func init() {
-	commands = []command{
-		{"serve", "run the front door and the dispatchers: proxy, reject or defer, then deliver", runServe},
-		{"ingress", "run the front door alone (serve without dispatchers)", runIngress},
-		{"rls", "run Envoy's rate limit service and ext_authz alone: rules and limiter, no front door, no queues", runRLS},
-		{"dispatch", "run the dispatchers alone: drain the queues to their downstreams", runDispatch},
-		{"queue", "list, show, pause, resume or retire the queues of a running sluice", runQueue},
-		{"dlq", "list, re-queue or purge a queue's dead letters", runDLQ},
-		{"simulate", "replay a trace of requests through one rule on a simulated clock", runSimulate},
-		{"rules", "check rules files and explain how a request matches them", runRules},
-		{"version", "print the version", runVersion},
-		{"help", "show help for sluice or a subcommand", runHelp},
-	}
-}
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
@@ -59,211 +49,379 @@ func main() {
 	os.Exit(code)
 }
 
-// run dispatches args[0] to its subcommand.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		usage(stderr)
-		return exitUsage
+// exitStatus is what a command returns to run when it has already said what went
+// wrong on stderr: run exits with it and prints nothing more.
+type exitStatus int
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// status turns a command's exit status into the error cobra expects of RunE.
+func status(code int) error {
+	if code == exitOK {
+		return nil
 	}
-	switch args[0] {
-	case "-h", "-help", "--help":
-		usage(stdout)
-		return exitOK
-	case "-version", "--version":
-		return runVersion(ctx, nil, stdout, stderr)
-	}
-	c, ok := lookup(args[0])
-	if !ok {
-		fmt.Fprintf(stderr, "sluice: unknown command %q\n\n", args[0])
-		usage(stderr)
-		return exitUsage
-	}
-	return c.run(ctx, args[1:], stdout, stderr)
+	return exitStatus(code)
 }
 
-func lookup(name string) (command, bool) {
-	for _, c := range commands {
-		if c.name == name {
-			return c, true
+// usageError is a bad command line found by sluice (cobra's own are plain errors):
+// run prints it, and where to find the command's flags, and exits 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usageErrorf(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
+
+// run runs the command line args (without the program name): it returns the exit
+// status and writes only to stdout and stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout, stderr)
+	root.SetArgs(explainArgs(args))
+	cmd, err := root.ExecuteContextC(ctx)
+	var code exitStatus
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &code):
+		return int(code)
+	}
+	// Every other error is a command line that cobra, pflag or a command's argument
+	// check refused.
+	path := "sluice"
+	if cmd != nil {
+		path = cmd.CommandPath()
+	}
+	fmt.Fprintf(stderr, "%s: %s\n", path, strings.TrimRight(err.Error(), "\n"))
+	fmt.Fprintf(stderr, "Run '%s -h' for its flags.\n", path)
+	return exitUsage
+}
+
+// commandOrder is the order in which the usage lists the commands (cobra sorts them
+// by name, which puts the gateway's main command in the middle).
+var commandOrder = []string{"serve", "ingress", "rls", "dispatch", "queue", "dlq", "simulate", "rules", "version", "completion", "help"}
+
+// newRoot builds the command tree. Every command writes to stdout and stderr and
+// reads the context of the execution (cmd.Context()).
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	var showVersion bool
+	root := &cobra.Command{
+		Use:   "sluice",
+		Short: "sluice is a throttling gateway that rejects or defers requests over their rate limits.",
+		// Errors are printed by run, once, in sluice's own words; the usage is printed
+		// on -h, not after every mistake.
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		// Instead of cobra's check, whose message spans lines: run prints one.
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownCommand(c, args[0])
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			if showVersion {
+				fmt.Fprint(stdout, versionText())
+				return nil
+			}
+			rootUsage(stderr, c)
+			return exitStatus(exitUsage)
+		},
+	}
+	root.Flags().BoolVar(&showVersion, "version", false, "print the version (as sluice version)")
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(flagError)
+	root.SetHelpFunc(printHelp)
+	root.SetHelpCommand(helpCommand())
+
+	root.AddCommand(
+		gatewayCommand(serveMode, "run the front door and the dispatchers: proxy, reject or defer, then deliver", stdout, stderr),
+		gatewayCommand(ingressMode, "run the front door alone (serve without dispatchers)", stdout, stderr),
+		gatewayCommand(rlsMode, "run Envoy's rate limit service and ext_authz alone: rules and limiter, no front door, no queues", stdout, stderr),
+		gatewayCommand(dispatchMode, "run the dispatchers alone: drain the queues to their downstreams", stdout, stderr),
+		queueCommand(stdout, stderr),
+		dlqCommand(stdout, stderr),
+		simulateCommand(stdout, stderr),
+		rulesCommand(stdout, stderr),
+		versionCommand(stdout),
+	)
+	// cobra's own completion command (bash, zsh, fish, powershell), added now rather
+	// than when executing so that the usage lists it in sluice's words.
+	root.InitDefaultCompletionCmd()
+	if c, _, err := root.Find([]string{"completion"}); err == nil && c != root {
+		c.Short = "print a shell completion script: sluice completion bash|zsh|fish|powershell"
+		// Without a shell, or with one cobra does not know, it is a usage error, not
+		// the help with status 0.
+		c.Args = func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownCommand(c, args[0])
+			}
+			return usageErrorf("want a shell: bash, zsh, fish or powershell")
+		}
+		c.RunE = func(*cobra.Command, []string) error { return nil } // Args has refused
+	}
+	return root
+}
+
+// envAnnotation marks the commands whose flags also come from SLUICE_* variables (those
+// that call loadFlags), for their help; withEnv annotates c.
+const envAnnotation = "sluice-env"
+
+func withEnv(c *cobra.Command) *cobra.Command {
+	c.Annotations = map[string]string{envAnnotation: "true"}
+	return c
+}
+
+// rootUsage writes the top-level usage.
+func rootUsage(w io.Writer, root *cobra.Command) {
+	fmt.Fprint(w, root.Short+"\n\n")
+	fmt.Fprint(w, "Usage:\n  sluice <command> [flags] [arguments]\n\nCommands:\n")
+	for _, name := range commandOrder {
+		if c, _, err := root.Find([]string{name}); err == nil && c != root {
+			fmt.Fprintf(w, "  %-10s %s\n", c.Name(), c.Short)
 		}
 	}
-	return command{}, false
-}
-
-func usage(w io.Writer) {
-	fmt.Fprint(w, "sluice is a throttling gateway that rejects or defers requests over their rate limits.\n\n")
-	fmt.Fprint(w, "Usage:\n  sluice <command> [flags] [arguments]\n\nCommands:\n")
-	for _, c := range commands {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
-	}
-	fmt.Fprint(w, "\nRun 'sluice help <command>' or 'sluice <command> -h' for a command's flags.\n")
+	fmt.Fprint(w, "\nRun 'sluice help <command>' or 'sluice <command> --help' for a command's flags.\n")
+	fmt.Fprint(w, "Flags are written --name value or --name=value; -h is --help.\n")
 	fmt.Fprint(w, "Every flag can also be set by the environment variable SLUICE_<FLAG>, upper case\n")
 	fmt.Fprint(w, "with dashes as underscores (--bucket-size: SLUICE_BUCKET_SIZE); flags win over it.\n")
-	fmt.Fprint(w, "serve, ingress, dispatch and dlq also read --config FILE (or SLUICE_CONFIG): YAML whose\n")
-	fmt.Fprint(w, "keys are flag names; flags and the environment win over it. 'sluice serve --print-config'\n")
-	fmt.Fprint(w, "shows the effective configuration.\n")
+	fmt.Fprint(w, "serve, ingress, rls, dispatch and dlq also read --config FILE (or SLUICE_CONFIG): YAML\n")
+	fmt.Fprint(w, "whose keys are flag names; flags and the environment win over it. 'sluice serve\n")
+	fmt.Fprint(w, "--print-config' shows the configuration in force. 'sluice completion bash|zsh|fish'\n")
+	fmt.Fprint(w, "prints a shell completion script.\n")
 }
 
-// runHelp prints the top-level usage, or a subcommand's own help by running it with -h.
-func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		usage(stdout)
-		return exitOK
+// printHelp is every command's help, on stdout: its synopsis (Long), its subcommands
+// and its flags.
+func printHelp(c *cobra.Command, _ []string) {
+	w := c.OutOrStdout()
+	if !c.HasParent() {
+		rootUsage(w, c)
+		return
 	}
-	c, ok := lookup(args[0])
-	if !ok || c.name == "help" {
-		if !ok {
-			fmt.Fprintf(stderr, "sluice help: unknown command %q\n\n", args[0])
-			usage(stderr)
-			return exitUsage
-		}
-		usage(stdout)
-		return exitOK
-	}
-	// Subcommands print their help to stdout for -h and exit 0, like -h of the binary.
-	return c.run(ctx, []string{"-h"}, stdout, stderr)
-}
-
-// version is set at link time: go build -ldflags "-X main.version=v1.2.3".
-var version = ""
-
-func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	if _, code, done := parseFlags(fs, args, stdout, stderr, "Usage: sluice version\n\nPrints the version of sluice and of the Go toolchain that built it.\n"); done {
-		return code
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sluice version: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
-	}
-	fmt.Fprintf(stdout, "sluice %s %s %s/%s\n", buildVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	return exitOK
-}
-
-// buildVersion prefers the link-time version, then the module version that `go install
-// ...@vX` records, then the VCS revision when the build recorded one.
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	if v := info.Main.Version; v != "" && v != "(devel)" {
-		return v
-	}
-	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-			return "devel-" + s.Value[:12]
-		}
-	}
-	return "devel"
-}
-
-// parseFlags parses args into fs, then fills every flag not given on the command line
-// from its SLUICE_* environment variable, and then, for a command with --config (see
-// configFlags), every flag still unset from the config file. done is true when the
-// caller should return code at once: help was asked for (printed to stdout, status 0)
-// or the flags, the environment or the config file were bad (reported on stderr,
-// status 2). help is the command's synopsis, printed above the flags. fromEnv holds
-// the flags that were set from the environment, for messages that name them.
-func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help string) (fromEnv map[string]bool, code int, done bool) {
-	src, code, done := parseCommandFlags(fs, args, stdout, stderr, help)
-	if done {
-		return nil, code, true
-	}
-	return src.names(srcEnv), exitOK, false
-}
-
-// parseCommandFlags is parseFlags, telling where every flag's value came from.
-// Precedence: command line > SLUICE_* environment > config file > default.
-func parseCommandFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer, help string) (src *flagSources, code int, done bool) {
-	fs.SetOutput(stderr)
-	// Parse reports a bad flag on stderr itself; the full flag list is only printed
-	// when asked for, and then on stdout, so `sluice x -h | less` works.
-	fs.Usage = func() {}
-	config := fs.Lookup("config")
-	err := fs.Parse(args)
-	switch {
-	case err == flag.ErrHelp:
-		fmt.Fprint(stdout, help)
-		if config != nil {
-			fmt.Fprint(stdout, "\nFlags (each also read from SLUICE_<FLAG>, then from the --config file; see 'sluice help'):\n")
-		} else {
-			fmt.Fprint(stdout, "\nFlags (each also read from SLUICE_<FLAG>, see 'sluice help'):\n")
-		}
-		fs.SetOutput(stdout)
-		fs.PrintDefaults()
-		fs.SetOutput(stderr)
-		return nil, exitOK, true
-	case err != nil:
-		fmt.Fprintf(stderr, "Run 'sluice %s -h' for its flags.\n", fs.Name())
-		return nil, exitUsage, true
-	}
-	src = &flagSources{source: map[string]source{}}
-	fs.Visit(func(f *flag.Flag) { src.source[f.Name] = srcFlag })
-	fromEnv, err := applyEnv(fs, os.LookupEnv)
-	if err != nil {
-		fmt.Fprintf(stderr, "sluice %s: %v\n", fs.Name(), err)
-		return nil, exitUsage, true
-	}
-	for name := range fromEnv {
-		src.source[name] = srcEnv
-	}
-	if config == nil || config.Value.String() == "" {
-		return src, exitOK, false
-	}
-	src.config, src.origin = config.Value.String(), describeOrigin(src.of("config"))
-	set, unused, err := applyConfig(fs, src.config, src.source)
-	if err != nil {
-		var pathErr *os.PathError
-		if errors.As(err, &pathErr) {
-			fmt.Fprintf(stderr, "sluice %s: %s: %v\n", fs.Name(), src.origin, err)
-		} else {
-			for _, line := range configErrorLines(err) {
-				fmt.Fprintf(stderr, "sluice %s: %s\n", fs.Name(), line)
+	fmt.Fprint(w, strings.TrimRight(cmp.Or(c.Long, c.Short), "\n")+"\n")
+	if c.HasAvailableSubCommands() {
+		fmt.Fprint(w, "\nCommands:\n")
+		for _, sub := range c.Commands() {
+			if sub.IsAvailableCommand() {
+				fmt.Fprintf(w, "  %-10s %s\n", sub.Name(), sub.Short)
 			}
 		}
-		return nil, exitUsage, true
 	}
-	for name := range set {
-		src.source[name] = srcFile
+	if !c.HasAvailableLocalFlags() {
+		return
 	}
-	src.unused = unused
-	return src, exitOK, false
+	switch {
+	case c.Flags().Lookup("config") != nil:
+		fmt.Fprint(w, "\nFlags (each also read from SLUICE_<FLAG>, then from the --config file; see 'sluice help'):\n")
+	case c.Annotations[envAnnotation] != "":
+		fmt.Fprint(w, "\nFlags (each also read from SLUICE_<FLAG>, see 'sluice help'):\n")
+	default:
+		fmt.Fprint(w, "\nFlags:\n")
+	}
+	fmt.Fprint(w, c.LocalFlags().FlagUsages())
 }
 
-// envName is the environment variable that backs flag name: SLUICE_ followed by the
-// name in upper case with dashes as underscores.
-func envName(name string) string {
-	return "SLUICE_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+// helpCommand replaces cobra's, which answers an unknown topic with status 0.
+func helpCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "show help for sluice or a command",
+		Long:  "Usage: sluice help [command [subcommand]]\n\nShows the help of sluice, or of a command (as sluice COMMAND --help).\n",
+		ValidArgsFunction: func(c *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			var names []cobra.Completion
+			parent, _, err := c.Root().Find(args)
+			if err != nil {
+				return nil, cobra.ShellCompDirectiveNoFileComp
+			}
+			for _, sub := range parent.Commands() {
+				if sub.IsAvailableCommand() && strings.HasPrefix(sub.Name(), toComplete) {
+					names = append(names, cobra.CompletionWithDesc(sub.Name(), sub.Short))
+				}
+			}
+			return names, cobra.ShellCompDirectiveNoFileComp
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			root := c.Root()
+			target, rest, err := root.Find(args)
+			if err == nil && len(rest) > 0 {
+				err = unknownCommand(target, rest[0])
+			}
+			if err != nil {
+				return err
+			}
+			target.InitDefaultHelpFlag() // so that the flags list -h, --help as when run
+			target.SetOut(c.OutOrStdout())
+			target.HelpFunc()(target, nil)
+			return nil
+		},
+	}
 }
 
-// applyEnv sets every flag of fs that was not given on the command line from its
-// environment variable (see envName), so flags win over the environment. A flag set
-// this way counts as given for fs.Visit, which is how commands tell "set" from
-// "default". An empty variable counts as set: SLUICE_REDIS= turns Redis off.
-// It returns the names of the flags it set.
-func applyEnv(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) (map[string]bool, error) {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	set := map[string]bool{}
-	var err error
-	fs.VisitAll(func(f *flag.Flag) {
-		if err != nil || given[f.Name] {
-			return
+// unknownCommand is the error for a subcommand of parent that does not exist, with
+// cobra's suggestions.
+func unknownCommand(parent *cobra.Command, name string) error {
+	if parent.SuggestionsMinimumDistance <= 0 {
+		parent.SuggestionsMinimumDistance = 2 // cobra's default, which it sets only for its own message
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", name, parent.CommandPath())
+	if s := parent.SuggestionsFor(name); len(s) > 0 {
+		msg += fmt.Sprintf(" (did you mean %q?)", s[0])
+	}
+	return &usageError{msg}
+}
+
+// flagError rewrites pflag's parse errors for run: an unknown flag with the closest
+// flag of the command, a flag written with one dash (the flag package took -rules;
+// pflag reads it as -r -u -l…) with its two-dash spelling, and a refused value with
+// what the flag wants.
+func flagError(c *cobra.Command, err error) error {
+	var notExist *pflag.NotExistError
+	var invalid *pflag.InvalidValueError
+	var required *pflag.ValueRequiredError
+	switch {
+	case errors.As(err, &notExist):
+		short := notExist.GetSpecifiedShortnames()
+		if short == "" {
+			name := notExist.GetSpecifiedName()
+			return usageErrorf("unknown flag --%s%s", name, suggestFlag(c.Flags(), name))
 		}
-		name := envName(f.Name)
-		v, ok := lookupEnv(name)
-		if !ok {
-			return
+		// -name: a long flag with one dash (as the flag package took them), or an
+		// unknown shorthand.
+		name, _, _ := strings.Cut(short, "=")
+		if c.Flags().Lookup(name) != nil {
+			return usageErrorf("unknown flag -%s: long flags take two dashes: --%s", short, short)
 		}
-		if e := fs.Set(f.Name, v); e != nil {
-			err = fmt.Errorf("environment variable %s (for --%s): %w", name, f.Name, e)
-			return
+		if len(name) > 1 {
+			return usageErrorf("unknown flag -%s%s", short, suggestFlag(c.Flags(), name))
 		}
-		set[f.Name] = true
+		return usageErrorf("unknown flag -%s", short)
+	case errors.As(err, &invalid):
+		f := invalid.GetFlag()
+		return usageErrorf("invalid value %q for --%s: %s", invalid.GetValue(), f.Name, want(f, invalid.Unwrap()))
+	case errors.As(err, &required):
+		return usageErrorf("--%s needs a value", required.GetFlag().Name)
+	}
+	return &usageError{err.Error()}
+}
+
+// suggestFlag returns ` (did you mean --x?)` for the flag of fs closest to name, if one
+// is close enough to be a typo; "" otherwise.
+func suggestFlag(fs *pflag.FlagSet, name string) string {
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !f.Hidden {
+			names = append(names, f.Name)
+		}
 	})
-	return set, err
+	if best := rules.Suggest(strings.ToLower(name), names); best != "" {
+		return fmt.Sprintf(" (did you mean --%s?)", best)
+	}
+	return ""
+}
+
+// explainArgs joins the two words of `sluice rules check --explain METHOD PATH` into one
+// flag value ("--explain=METHOD PATH"), which is how pflag can take them: a flag has
+// one value. Anything else is left as it is.
+func explainArgs(args []string) []string {
+	if len(args) == 0 || args[0] != "rules" {
+		return args
+	}
+	out := make([]string, 0, len(args))
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--" {
+			return append(out, args[i:]...)
+		}
+		// A METHOD has no space: "--explain 'GET /x' FILE" is the one-word form already.
+		if args[i] == "--explain" && i+2 < len(args) && !strings.ContainsAny(args[i+1], " \t") &&
+			!strings.HasPrefix(args[i+1], "-") && !strings.HasPrefix(args[i+2], "-") {
+			out = append(out, "--explain="+args[i+1]+" "+args[i+2])
+			i += 2
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
+}
+
+// version is set at link time (go build -ldflags "-X main.version=v1.2.3"), as the
+// image build does; otherwise the module version of the build information is shown.
+var version = ""
+
+func versionCommand(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "print the version",
+		Long: "Usage: sluice version\n\nPrints the version of sluice (the module version, or the one given at link time), the\n" +
+			"revision, time and modified state of the version control checkout it was built\n" +
+			"from, and the Go toolchain and platform.\n",
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			fmt.Fprint(stdout, versionText())
+			return nil
+		},
+	}
+}
+
+// versionText is what sluice version prints, from the build information that the Go
+// toolchain records in the binary (see formatVersion).
+func versionText() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		info = nil
+	}
+	return formatVersion(version, info)
+}
+
+// formatVersion writes the version of a binary built with info (nil: none recorded)
+// and linked with the version linkVersion (empty: none):
+//
+//	sluice v1.2.3
+//	revision: 4073f49… (the full commit)
+//	time: 2026-11-30T10:41:00Z
+//	modified: false
+//	go: go1.26.0 linux/amd64
+//
+// The first line has linkVersion, else the module version (a tag, a pseudo-version
+// such as v0.0.0-20261130104100-4073f49abcde+dirty, or "(devel)"). A build without
+// version control information (-buildvcs=false, a tree without .git, a git worktree,
+// which the go command does not recognise) has "revision: unknown" instead of the
+// three VCS lines.
+func formatVersion(linkVersion string, info *debug.BuildInfo) string {
+	var b strings.Builder
+	v := linkVersion
+	if v == "" && info != nil {
+		v = info.Main.Version
+	}
+	fmt.Fprintf(&b, "sluice %s\n", cmp.Or(v, "(unknown)"))
+	vcs := map[string]string{}
+	goVersion := runtime.Version()
+	if info != nil {
+		for _, s := range info.Settings {
+			vcs[s.Key] = s.Value
+		}
+		goVersion = cmp.Or(info.GoVersion, goVersion)
+	}
+	if rev := vcs["vcs.revision"]; rev != "" {
+		fmt.Fprintf(&b, "revision: %s\n", rev)
+		if t := vcs["vcs.time"]; t != "" {
+			fmt.Fprintf(&b, "time: %s\n", t)
+		}
+		fmt.Fprintf(&b, "modified: %s\n", cmp.Or(vcs["vcs.modified"], "false"))
+	} else {
+		b.WriteString("revision: unknown (built without version control information)\n")
+	}
+	fmt.Fprintf(&b, "go: %s %s/%s\n", goVersion, runtime.GOOS, runtime.GOARCH)
+	return b.String()
+}
+
+// noArgs is cobra.NoArgs in sluice's words.
+func noArgs(_ *cobra.Command, args []string) error {
+	switch {
+	case len(args) == 0:
+		return nil
+	case args[0] == "true" || args[0] == "false":
+		// --shadow false: a boolean takes no separate value.
+		return usageErrorf("unexpected argument %q (a boolean flag takes its value after =: --dispatch=false)", args[0])
+	}
+	return usageErrorf("unexpected argument %q", args[0])
 }

@@ -3,10 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 )
 
 func TestDispatch(t *testing.T) {
@@ -49,7 +50,7 @@ func TestDispatch(t *testing.T) {
 }
 
 func TestApplyEnv(t *testing.T) {
-	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	redis := fs.String("redis", "", "")
 	size := fs.Int("bucket-size", 0, "")
 	window := fs.Duration("window", 0, "")
@@ -75,7 +76,7 @@ func TestApplyEnv(t *testing.T) {
 		t.Errorf("set from the environment: %v", set)
 	}
 
-	fs = flag.NewFlagSet("x", flag.ContinueOnError)
+	fs = pflag.NewFlagSet("x", pflag.ContinueOnError)
 	fs.Int("limit", 0, "")
 	_ = fs.Parse(nil)
 	_, err = applyEnv(fs, func(k string) (string, bool) { return "lots", k == "SLUICE_LIMIT" })

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +12,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/queue/queueconfig"
@@ -51,42 +53,57 @@ type adminClientConfig struct {
 	token string
 }
 
-func (c *adminClientConfig) flags(fs *flag.FlagSet, def string) {
+func (c *adminClientConfig) flags(fs *pflag.FlagSet, def string) {
 	fs.StringVar(&c.url, "admin", def, "`URL` of a running sluice's admin listener (its --admin-listen)")
 	fs.StringVar(&c.token, "admin-token", "", "bearer `token` of the admin API (best from SLUICE_ADMIN_TOKEN)")
 }
 
-func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("queue", flag.ContinueOnError)
+func queueCommand(stdout, stderr io.Writer) *cobra.Command {
 	var cfg queueCmdConfig
+	c := withEnv(&cobra.Command{
+		Use:       "queue",
+		Short:     "list, show, pause, resume or retire the queues of a running sluice",
+		Long:      queueHelp,
+		Args:      cobra.ArbitraryArgs,
+		ValidArgs: []cobra.Completion{"list", "show", "pause", "resume", "retire"},
+		RunE: func(c *cobra.Command, args []string) error {
+			if _, ok := loadFlags(c.Flags(), stderr); !ok {
+				return exitStatus(exitUsage)
+			}
+			return status(runQueue(c.Context(), &cfg, args, stdout, stderr))
+		},
+	})
+	fs := c.Flags()
 	cfg.admin.flags(fs, "http://127.0.0.1:9090")
 	fs.BoolVar(&cfg.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&cfg.drop, "drop", false, "retire: also delete the orders and dead letters the queue still holds")
 	fs.StringVar(&cfg.pause, "for", "", "pause: how long, a `duration` such as 15m")
 	fs.StringVar(&cfg.until, "until", "", "pause: until this RFC 3339 `time`")
-	if _, code, done := parseFlags(fs, interleave(fs, args), stdout, stderr, queueHelp); done {
-		return code
-	}
+	return c
+}
+
+// runQueue runs sluice queue ACTION [QUEUE] with the flags in cfg.
+func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, stderr io.Writer) int {
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice queue: "+format+"\n", a...)
 		fmt.Fprintln(stderr, "Run 'sluice queue -h' for its usage.")
 		return exitUsage
 	}
-	if fs.NArg() < 1 {
+	if len(args) < 1 {
 		return usageErr("want an action: list, show, pause, resume or retire")
 	}
-	action := fs.Arg(0)
+	action := args[0]
 	var name string
 	switch action {
 	case "list":
-		if fs.NArg() != 1 {
+		if len(args) != 1 {
 			return usageErr("list takes no queue")
 		}
 	case "show", "pause", "resume", "retire":
-		if fs.NArg() != 2 {
+		if len(args) != 2 {
 			return usageErr("%s takes one queue", action)
 		}
-		name = fs.Arg(1)
+		name = args[1]
 		if !queueconfig.ValidName(name) {
 			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
 		}

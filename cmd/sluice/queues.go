@@ -5,13 +5,13 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
@@ -43,8 +44,8 @@ type natsConfig struct {
 	ca       string
 	cert     string
 	key      string
-	replicas int
-	idemMax  int64
+	replicas replicasFlag
+	idemMax  sizeFlag
 	queueKey string // --queue-key as given (base64)
 	signKey  []byte // decoded by check
 
@@ -66,7 +67,7 @@ const minSecretLen = 32
 
 // flags registers the NATS flags; server adds --nats-listen, which only a long-running
 // command's embedded server has use for.
-func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
+func (c *natsConfig) flags(fs *pflag.FlagSet, server bool) {
 	fs.StringVar(&c.url, "nats", "", "`URL`s of a NATS server or cluster with JetStream (comma-separated); empty: run an embedded server")
 	fs.StringVar(&c.dataDir, "data-dir", "sluice-data", "`directory` of the embedded NATS server's JetStream files (one process at a time)")
 	if server {
@@ -83,10 +84,39 @@ func (c *natsConfig) flags(fs *flag.FlagSet, server bool) {
 	fs.StringVar(&c.ca, "nats-ca", "", "`file` of CA certificates that the NATS servers' TLS certificates are checked against")
 	fs.StringVar(&c.cert, "nats-cert", "", "client certificate `file` for NATS TLS (with --nats-key)")
 	fs.StringVar(&c.key, "nats-key", "", "client key `file` for NATS TLS")
-	fs.Int64Var(&c.idemMax, "idempotency-max-bytes", queue.DefaultIdempotencyMaxBytes, "byte cap of the idempotency key bucket (and of each queue's key stream); new keys past 90% of it get 503; 0: no cap")
+	c.idemMax = queue.DefaultIdempotencyMaxBytes
+	fs.Var(&c.idemMax, "idempotency-max-bytes", "cap of the idempotency key bucket (and of each queue's key stream), in bytes or with a unit (256MiB); new keys past 90% of it get 503; 0: no cap")
 	fs.StringVar(&c.queueKey, "queue-key", "", "`base64` of the secret (at least 32 bytes) that signs parked orders and ticket records; every process sharing the queues needs the same one; required with --nats; empty with the embedded server: generated once and kept in DATA_DIR/"+queueKeyFile)
-	fs.IntVar(&c.replicas, "replicas", 0, "stream `replicas` of the queues: 0 means 3 on a NATS cluster, 1 on a single server or the embedded one")
+	fs.Var(&c.replicas, "replicas", "stream replicas of the queues, 1 to 5, or auto: 3 on a NATS cluster, 1 on a single server or the embedded one")
 }
+
+// replicasFlag is --replicas: a stream replica count from 1 to 5 (JetStream's most),
+// or 0, written auto (0 is taken too): decided by where the queues live.
+type replicasFlag int
+
+func (r *replicasFlag) Set(v string) error {
+	v = strings.TrimSpace(v)
+	if strings.EqualFold(v, "auto") {
+		*r = 0
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 5 {
+		return errors.New("want auto or a count from 1 to 5")
+	}
+	*r = replicasFlag(n)
+	return nil
+}
+
+func (r *replicasFlag) String() string {
+	if *r == 0 {
+		return "auto"
+	}
+	return strconv.Itoa(int(*r))
+}
+
+// Type names the kind of value in the help (--replicas replicas).
+func (r *replicasFlag) Type() string { return "replicas" }
 
 // natsConn is an open connection to the queues' NATS, and the embedded server when
 // there is one.
@@ -132,7 +162,15 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 			lastErr.Store(nil)
 			log.Info("NATS connected", "server", server(nc))
 		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
+		// A nil error is a disconnection sluice asked for (Drain or Close at a stop),
+		// not trouble: only a lost connection is worth a warning.
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err == nil {
+				log.Debug("NATS connection closed")
+				return
+			}
+			log.Warn("NATS disconnected", "err", err)
+		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			lastErr.Store(nil)
 			log.Info("NATS reconnected", "server", server(nc))
@@ -158,7 +196,7 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 		if !nc.IsConnected() {
 			log.Warn("NATS not reachable yet; connecting in the background (defers answer 503 meanwhile)", "nats", redactURLs(cfg.url))
 		}
-		return &natsConn{nc: nc, key: cfg.signKey, replicas: cfg.replicas, idemMax: cfg.idemMax, where: "nats " + redactURLs(cfg.url), lastErr: &lastErr}, nil
+		return &natsConn{nc: nc, key: cfg.signKey, replicas: int(cfg.replicas), idemMax: int64(cfg.idemMax), where: "nats " + redactURLs(cfg.url), lastErr: &lastErr}, nil
 	}
 	// nats-server does not guard its store directory: two processes on one directory
 	// would corrupt each other's files. The lock is released by the kernel when the
@@ -202,7 +240,7 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 	if u := emb.ClientURL(); u != "" {
 		where += " listening on " + u
 	}
-	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmp.Or(cfg.replicas, 1), idemMax: cfg.idemMax, where: where, lastErr: &lastErr}, nil
+	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmp.Or(int(cfg.replicas), 1), idemMax: int64(cfg.idemMax), where: where, lastErr: &lastErr}, nil
 }
 
 // redactURLs returns comma-separated URLs with their passwords masked, for logs.
@@ -276,9 +314,9 @@ type dispatchConfig struct {
 	pinnedTTL       time.Duration
 }
 
-func (c *dispatchConfig) flags(fs *flag.FlagSet) {
+func (c *dispatchConfig) flags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.deliveryTimeout, "delivery-timeout", 30*time.Second, "how long one delivery attempt may take; longer is a failed attempt")
-	fs.DurationVar(&c.ackWait, "ack-wait", 0, "how long a message taken by a dispatcher that went silent (crashed) waits before another one delivers it; 0: delivery timeout + 30s")
+	fs.DurationVar(&c.ackWait, "ack-wait", 0, "how long a message taken by a dispatcher that went silent (crashed) waits before another one delivers it (at least the delivery timeout and two outflow intervals); 0: --delivery-timeout + 30s")
 	fs.DurationVar(&c.pinnedTTL, "failover-after", 10*time.Second, "how long a queue stays with a dispatcher that stopped asking for messages before another replica takes it over")
 }
 

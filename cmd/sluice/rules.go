@@ -9,44 +9,85 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/sluicehq/sluice/rules"
 )
 
-const rulesUsage = `Usage:
+const rulesHelp = `Usage:
+  sluice rules check [flags] FILE_OR_DIR...
+
+Checks rules files, and explains how a request matches them (sluice rules check
+--explain METHOD PATH).
+`
+
+const rulesCheckHelp = `Usage:
   sluice rules check [flags] FILE_OR_DIR...
 
 Validates rules files (a directory: every *.yaml and *.yml in it). Prints every problem
 as FILE:LINE:COL: message and exits 1 when there is any; otherwise prints a one-line
-summary and exits 0. Usage errors exit 2.
+summary and exits 0. Usage errors exit 2. Flags may come anywhere among the paths.
 
-Flags (anywhere among the paths):
-  --explain METHOD PATH   show which route a request matches and which descriptors,
-                          limits and keys apply (PATH may carry a ?query)
-  -H, --header 'Name: value'
-                          a request header for --explain (repeatable; Host sets the host)
-  --ip ADDR               the client address for --explain
-  --merge-domains         let files share a domain (as sluice serve --merge-domains)
-  -h, --help              show this help
+--explain METHOD PATH shows which route a request matches and which descriptors,
+limits and keys apply (PATH may carry a ?query); its two words may also be given as
+one, --explain 'POST /v1/orders'. -H adds request headers to it (Host sets the host),
+--ip the client address.
 `
 
 // mergeDomainsUsage is the help of --merge-domains, on every command that loads rules.
 const mergeDomainsUsage = "let several rules files share a domain: their descriptors join one tree, as Envoy's MERGE_DOMAIN_CONFIG (a descriptor repeated across them is an error)"
 
-// runRules runs `sluice rules ...`; args are the arguments after "rules".
-func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, rulesUsage)
-		return exitUsage
+// rulesCommand is sluice rules and its subcommand check.
+func rulesCommand(stdout, stderr io.Writer) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "rules",
+		Short: "check rules files and explain how a request matches them",
+		Long:  rulesHelp,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return unknownCommand(c, args[0])
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, _ []string) error {
+			// sluice rules alone: the usage, as an error (a script missed the subcommand).
+			c.SetOut(stderr)
+			c.HelpFunc()(c, nil)
+			return exitStatus(exitUsage)
+		},
 	}
-	switch args[0] {
-	case "-h", "-help", "--help", "help":
-		fmt.Fprint(stdout, rulesUsage)
-		return exitOK
-	case "check":
-		return runRulesCheck(ctx, args[1:], stdout, stderr)
-	}
-	fmt.Fprintf(stderr, "sluice rules: unknown command %q\n\n%s", args[0], rulesUsage)
-	return exitUsage
+	c.AddCommand(rulesCheckCommand(stdout, stderr))
+	return c
+}
+
+// rulesCheckFlags are the flags of sluice rules check.
+type rulesCheckFlags struct {
+	explain      string
+	headers      []string
+	ip           string
+	mergeDomains bool
+}
+
+func rulesCheckCommand(stdout, stderr io.Writer) *cobra.Command {
+	var f rulesCheckFlags
+	c := withEnv(&cobra.Command{
+		Use:   "check",
+		Short: "check rules files, or explain how a request matches them",
+		Long:  rulesCheckHelp,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, paths []string) error {
+			if _, ok := loadFlags(c.Flags(), stderr); !ok {
+				return exitStatus(exitUsage)
+			}
+			return status(runRulesCheck(c.Context(), &f, paths, stdout, stderr))
+		},
+	})
+	fs := c.Flags()
+	fs.StringVar(&f.explain, "explain", "", "show how the request `METHOD PATH` matches the rules (two words, or one quoted)")
+	fs.StringArrayVarP(&f.headers, "header", "H", nil, "a request header `'Name: value'` for --explain (repeatable; Host sets the host)")
+	fs.StringVar(&f.ip, "ip", "", "the client `address` for --explain")
+	fs.BoolVar(&f.mergeDomains, "merge-domains", false, "let files share a domain (as sluice serve --merge-domains)")
+	return c
 }
 
 type explainRequest struct {
@@ -55,84 +96,30 @@ type explainRequest struct {
 	ip             string
 }
 
-func runRulesCheck(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var (
-		paths   []string
-		ex      *explainRequest
-		headers []string
-		ip      string
-		opts    []rules.Option
-	)
+func runRulesCheck(ctx context.Context, f *rulesCheckFlags, paths []string, stdout, stderr io.Writer) int {
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice rules check: "+format+"\nRun 'sluice rules check -h' for usage.\n", a...)
 		return exitUsage
 	}
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		// Accept --flag=value as well as --flag value.
-		name, inline, hasInline := strings.Cut(a, "=")
-		if !strings.HasPrefix(a, "-") || a == "-" {
-			paths = append(paths, a)
-			continue
-		}
-		if a == "--" {
-			paths = append(paths, args[i+1:]...)
-			break
-		}
-		value := func() (string, bool) {
-			if hasInline {
-				return inline, true
-			}
-			if i+1 < len(args) {
-				i++
-				return args[i], true
-			}
-			return "", false
-		}
-		switch strings.TrimLeft(name, "-") {
-		case "h", "help":
-			fmt.Fprint(stdout, rulesUsage)
-			return exitOK
-		case "explain":
-			if hasInline || i+2 >= len(args) {
-				return usageErr("--explain needs METHOD and PATH")
-			}
-			ex = &explainRequest{method: args[i+1], target: args[i+2]}
-			i += 2
-		case "H", "header":
-			v, ok := value()
-			if !ok {
-				return usageErr("%s needs 'Name: value'", name)
-			}
-			headers = append(headers, v)
-		case "ip":
-			v, ok := value()
-			if !ok {
-				return usageErr("--ip needs an address")
-			}
-			ip = v
-		case "merge-domains":
-			if hasInline && inline != "true" {
-				if inline != "false" {
-					return usageErr("--merge-domains takes true or false")
-				}
-				continue
-			}
-			opts = append(opts, rules.MergeDomains())
-		default:
-			return usageErr("unknown flag %s", a)
-		}
+	var opts []rules.Option
+	if f.mergeDomains {
+		opts = append(opts, rules.MergeDomains())
 	}
 	if len(paths) == 0 {
 		return usageErr("no rules files or directories given")
 	}
-	if ex == nil && (len(headers) > 0 || ip != "") {
+	explain := strings.TrimSpace(f.explain)
+	if explain == "" && (len(f.headers) > 0 || f.ip != "") {
 		return usageErr("-H and --ip are used only with --explain")
 	}
 	var req *http.Request
 	var addr netip.Addr
-	if ex != nil {
-		ex.headers, ex.ip = headers, ip
+	if explain != "" {
+		method, target, ok := strings.Cut(explain, " ")
+		if !ok {
+			return usageErr("--explain needs METHOD and PATH")
+		}
+		ex := &explainRequest{method: method, target: strings.TrimSpace(target), headers: f.headers, ip: f.ip}
 		var err error
 		if req, addr, err = ex.build(ctx); err != nil {
 			return usageErr("%v", err)

@@ -11,7 +11,7 @@ import (
 
 func runRulesForTest(args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer
-	code = runRules(context.Background(), args, &out, &errb)
+	code = run(context.Background(), append([]string{"rules"}, args...), &out, &errb)
 	return code, out.String(), errb.String()
 }
 
@@ -78,7 +78,7 @@ queues:
 		{"merged domains", []string{"check", "--merge-domains", part1, part2}, 0, []string{"ok: 1 domain, 2 descriptors, 0 routes, 0 queues\n"}, ""},
 		{"merged domains, explicit true", []string{"check", part1, part2, "--merge-domains=true"}, 0, []string{"ok: 1 domain"}, ""},
 		{"merged domains, false", []string{"check", part1, part2, "--merge-domains=false"}, 1, []string{"already defined"}, "1 problem"},
-		{"merged domains, bad value", []string{"check", part1, "--merge-domains=maybe"}, 2, nil, "--merge-domains takes true or false"},
+		{"merged domains, bad value", []string{"check", part1, "--merge-domains=maybe"}, 2, nil, `invalid value "maybe" for --merge-domains: want true or false`},
 		{"help", []string{"check", "-h"}, 0, []string{"Usage:", "--merge-domains"}, ""},
 		{"rules help", []string{"--help"}, 0, []string{"sluice rules check"}, ""},
 		{"no command", nil, 2, nil, "Usage:"},

@@ -8,7 +8,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,6 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
@@ -129,13 +130,13 @@ type frontConfig struct {
 	redis          redisConfig
 	trustedProxies string
 	ipv6Prefix     int
-	maxBody        int64
+	maxBody        sizeFlag
 	deferMemory    sizeFlag
 	maxKeys        int
 	shadow         bool
 }
 
-func (c *frontConfig) flags(fs *flag.FlagSet, front bool) {
+func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	if front {
 		fs.StringVar(&c.upstream, "upstream", "", "`URL` of the upstream that allowed requests go to (required)")
 		fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` of the front door")
@@ -143,10 +144,11 @@ func (c *frontConfig) flags(fs *flag.FlagSet, front bool) {
 	c.redis.flags(fs)
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
-	fs.Int64Var(&c.maxBody, "max-body", ingress.DefaultMaxBody, "largest request body in `bytes`; larger ones get 413")
+	c.maxBody = ingress.DefaultMaxBody
+	fs.Var(&c.maxBody, "max-body", "largest request body, in bytes or with a unit (10MiB); larger ones get 413; 0: no limit")
 	c.deferMemory = deferral.DefaultBodyMemory
 	if front {
-		fs.Var(&c.deferMemory, "defer-memory", "most `bytes` of deferred request bodies held in memory at once (like 64MiB); past it 503 with Retry-After")
+		fs.Var(&c.deferMemory, "defer-memory", "most bytes of deferred request bodies held in memory at once, plain or with a unit (64MiB); past it 503 with Retry-After")
 	}
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
@@ -158,7 +160,7 @@ type adminConfig struct {
 	token  string
 }
 
-func (c *adminConfig) flags(fs *flag.FlagSet, listen string) {
+func (c *adminConfig) flags(fs *pflag.FlagSet, listen string) {
 	fs.StringVar(&c.listen, "admin-listen", listen, "`address` of /metrics, /healthz, /readyz and the admin API; empty: none")
 	fs.StringVar(&c.token, "admin-token", "", "bearer `token` that the admin endpoints other than /healthz require")
 }
@@ -170,13 +172,13 @@ type processConfig struct {
 	logLevel        string
 }
 
-func (c *processConfig) flags(fs *flag.FlagSet) {
+func (c *processConfig) flags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long to wait for requests and deliveries under way at shutdown")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log `format`: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log `level`: debug, info, warn or error")
 }
 
-func (m gatewayMode) flags(fs *flag.FlagSet, c *gatewayConfig) {
+func (m gatewayMode) flags(fs *pflag.FlagSet, c *gatewayConfig) {
 	fs.StringVar(&c.rules, "rules", "", "rules `files or directories`, comma-separated (required)")
 	fs.BoolVar(&c.mergeDoms, "merge-domains", false, mergeDomainsUsage)
 	if m.front || m.rls {
@@ -209,7 +211,7 @@ type redisConfig struct {
 	timeout  time.Duration
 }
 
-func (c *redisConfig) flags(fs *flag.FlagSet) {
+func (c *redisConfig) flags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.url, "redis", "", "keep limits in the Redis at this `URL` (redis://[user[:password]@]host:port/db, rediss:// for TLS; redis://host:port?addr=host2:port2 for a cluster)")
 	fs.StringVar(&c.password, "redis-password", "", "Redis `password`, instead of one in the --redis URL (best from SLUICE_REDIS_PASSWORD or the config file, not the command line)")
 	fs.StringVar(&c.ca, "redis-ca", "", "`file` of CA certificates that the Redis servers' TLS certificates are checked against, instead of the system's (rediss:// URLs)")
@@ -218,33 +220,63 @@ func (c *redisConfig) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.timeout, "redis-timeout", 50*time.Millisecond, "how long a decision waits for Redis before it follows the limit's failure_mode")
 }
 
-func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runGateway(ctx, serveMode, args, stdout, stderr)
-}
-
-func runIngress(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runGateway(ctx, ingressMode, args, stdout, stderr)
-}
-
-func runDispatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runGateway(ctx, dispatchMode, args, stdout, stderr)
-}
-
-func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet(mode.name, flag.ContinueOnError)
+// gatewayCommand is serve, ingress, rls or dispatch.
+func gatewayCommand(mode gatewayMode, short string, stdout, stderr io.Writer) *cobra.Command {
 	var cfg gatewayConfig
-	mode.flags(fs, &cfg)
-	src, code, done := parseCommandFlags(fs, args, stdout, stderr, mode.help)
-	if done {
-		return code
+	c := withEnv(&cobra.Command{
+		Use:   mode.name,
+		Short: short,
+		Long:  mode.help,
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return status(runGateway(c.Context(), mode, c.Flags(), &cfg, stdout, stderr))
+		},
+	})
+	mode.flags(c.Flags(), &cfg)
+	completeFlagValues(c)
+	return c
+}
+
+// completeFlagValues tells shell completion the values of the flags that take one of a
+// few words, and that the file flags take files.
+func completeFlagValues(c *cobra.Command) {
+	words := map[string][]cobra.Completion{
+		"log-format": {"text", "json"},
+		"log-level":  {"debug", "info", "warn", "error"},
+		"algorithm":  algorithmList(),
+	}
+	c.Flags().VisitAll(func(f *pflag.Flag) {
+		if w, ok := words[f.Name]; ok {
+			_ = c.RegisterFlagCompletionFunc(f.Name, func(_ *cobra.Command, _ []string, prefix string) ([]cobra.Completion, cobra.ShellCompDirective) {
+				var out []cobra.Completion
+				for _, v := range w {
+					if strings.HasPrefix(v, prefix) {
+						out = append(out, v)
+					}
+				}
+				return out, cobra.ShellCompDirectiveNoFileComp
+			})
+		}
+	})
+	for _, name := range []string{"config", "rules", "trace"} {
+		if c.Flags().Lookup(name) != nil {
+			_ = c.MarkFlagFilename(name, "yaml", "yml")
+		}
+	}
+}
+
+// runGateway runs serve, ingress, rls or dispatch, whose flags cobra parsed into fs
+// (and cfg).
+func runGateway(ctx context.Context, mode gatewayMode, fs *pflag.FlagSet, cfg *gatewayConfig, stdout, stderr io.Writer) int {
+	src, ok := loadFlags(fs, stderr)
+	if !ok {
+		return exitUsage
 	}
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice %s: "+format+"\n", append([]any{mode.name}, a...)...)
 		return exitUsage
 	}
-	if fs.NArg() > 0 {
-		return fail("unexpected argument %q", fs.Arg(0))
-	}
+	cfg.resolveDefaults(fs, src)
 	if cfg.printConfig {
 		if err := printConfig(stdout, fs, src); err != nil {
 			fmt.Fprintf(stderr, "sluice %s: --print-config: %v\n", mode.name, err)
@@ -252,11 +284,14 @@ func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, st
 		}
 		return exitOK
 	}
+	if fs.Lookup("defer-memory") != nil && cfg.front.deferMemory <= 0 {
+		return fail("--defer-memory must be more than 0")
+	}
 	log, err := newLogger(stderr, cfg.process.logFormat, cfg.process.logLevel)
 	if err != nil {
 		return fail("%v", err)
 	}
-	g, err := newGateway(mode, cfg, log)
+	g, err := newGateway(mode, *cfg, log)
 	if err != nil {
 		var probs rules.Problems
 		var unusable *unusableError
@@ -276,6 +311,32 @@ func runGateway(ctx context.Context, mode gatewayMode, args []string, stdout, st
 		return exitFailure
 	}
 	return exitOK
+}
+
+// ackWaitMargin is what the default --ack-wait adds to --delivery-timeout: room for a
+// dispatcher that is slow, not dead, to finish before another one delivers again.
+const ackWaitMargin = 30 * time.Second
+
+// resolveDefaults works out the defaults that depend on other flags or on where the
+// queues live, so that the command runs with, and --print-config shows, the values in
+// force rather than 0 for "decided later":
+//
+//   - --ack-wait 0 is --delivery-timeout + 30s;
+//   - --replicas auto is 1 on the embedded server; with --nats it stays auto until
+//     connected (3 on a cluster, 1 on a single server; see natsConn.replicaCount).
+func (c *gatewayConfig) resolveDefaults(fs *pflag.FlagSet, src *flagSources) {
+	if fs.Lookup("ack-wait") != nil && c.disp.ackWait == 0 {
+		c.disp.ackWait = c.disp.deliveryTimeout + ackWaitMargin
+		src.derive("ack-wait", "delivery-timeout + 30s")
+	}
+	if fs.Lookup("replicas") != nil && c.nats.replicas == 0 {
+		if c.nats.url == "" {
+			c.nats.replicas = 1
+			src.derive("replicas", "the embedded server: one copy")
+		} else {
+			src.derive("replicas", "3 on a NATS cluster, 1 on a single server, once connected")
+		}
+	}
 }
 
 // unusableError marks a start-up failure of something the flags name correctly (the
@@ -505,7 +566,7 @@ func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Def
 		g.deps.Add("redis", g.redisHealth)
 	}
 	g.limiter = store
-	opts := []ingress.Option{ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(cfg.maxBody),
+	opts := []ingress.Option{ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(int64(cfg.maxBody)),
 		ingress.WithLogger(g.log), ingress.WithRegisterer(reg)}
 	if deferrer != nil {
 		opts = append(opts, ingress.WithDeferrer(deferrer), ingress.WithIdempotencyScopeKey(subKey(g.nats.key, "idempotency scope")))

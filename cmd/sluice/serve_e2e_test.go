@@ -51,7 +51,9 @@ func buildSluice(dir string) (string, error) { return buildSluiceRace(dir, raceE
 
 func buildSluiceRace(dir string, race bool) (string, error) {
 	bin := filepath.Join(dir, "sluice")
-	args := []string{"build", "-o", bin}
+	// -buildvcs=auto over a GOFLAGS=-buildvcs=false: sluice version reads what the
+	// toolchain records of the checkout (TestVersion), where there is one.
+	args := []string{"build", "-buildvcs=auto", "-o", bin}
 	if race {
 		// `go test -race` checks the binary's goroutines (serve, dispatch, dlq) too.
 		args = append(args, "-race")

@@ -5,13 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/cmd/internal/progress"
 	"github.com/sluicehq/sluice/limiter"
@@ -70,36 +72,63 @@ type outcome struct {
 	limiter.Decision
 }
 
-func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
-	algorithm := fs.String("algorithm", "", "`name` of the algorithm: "+algorithmNames())
-	limit := fs.Int64("limit", 0, "requests per window (window algorithms)")
-	window := fs.Duration("window", 0, "window length as a Go `duration` (window algorithms)")
-	bucketSize := fs.Int64("bucket-size", 0, "bucket size (token_bucket, leaky_bucket)")
-	refillRate := fs.String("refill-rate", "", "token refill `rate` N/UNIT (token_bucket)")
-	outflowRate := fs.String("outflow-rate", "", "outflow `rate` N/UNIT (leaky_bucket)")
-	forgive := fs.Bool("forgive-rejected", false, "do not record rejected requests (sliding_window_log)")
-	redisURL := fs.String("redis", "", "run the trace on the Redis store at this `URL` (redis://host:port/db) instead of in memory")
-	asJSON := fs.Bool("json", false, "print JSON Lines instead of text")
-	tracePath := fs.String("trace", "", "read the trace from `file` instead of standard input")
-	fromEnv, code, done := parseFlags(fs, args, stdout, stderr, simulateHelp)
-	if done {
-		return code
+// simulateFlags are simulate's flags.
+type simulateFlags struct {
+	algorithm               string
+	limit, bucketSize       int64
+	window                  time.Duration
+	refillRate, outflowRate string
+	forgive, asJSON         bool
+	redisURL, tracePath     string
+}
+
+func simulateCommand(stdout, stderr io.Writer) *cobra.Command {
+	var f simulateFlags
+	c := withEnv(&cobra.Command{
+		Use:   "simulate",
+		Short: "replay a trace of requests through one rule on a simulated clock",
+		Long:  simulateHelp,
+		Args:  cobra.ArbitraryArgs, // refused below, with a word on where the trace comes from
+		RunE: func(c *cobra.Command, args []string) error {
+			return status(runSimulate(c.Context(), c.Flags(), &f, args, stdout, stderr))
+		},
+	})
+	fs := c.Flags()
+	fs.StringVar(&f.algorithm, "algorithm", "", "`name` of the algorithm: "+algorithmNames())
+	fs.Int64Var(&f.limit, "limit", 0, "requests per window (window algorithms)")
+	fs.DurationVar(&f.window, "window", 0, "window length as a Go `duration` (window algorithms)")
+	fs.Int64Var(&f.bucketSize, "bucket-size", 0, "bucket size (token_bucket, leaky_bucket)")
+	fs.StringVar(&f.refillRate, "refill-rate", "", "token refill `rate` N/UNIT (token_bucket)")
+	fs.StringVar(&f.outflowRate, "outflow-rate", "", "outflow `rate` N/UNIT (leaky_bucket)")
+	fs.BoolVar(&f.forgive, "forgive-rejected", false, "do not record rejected requests (sliding_window_log)")
+	fs.StringVar(&f.redisURL, "redis", "", "run the trace on the Redis store at this `URL` (redis://host:port/db) instead of in memory")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON Lines instead of text")
+	fs.StringVar(&f.tracePath, "trace", "", "read the trace from `file` instead of standard input")
+	completeFlagValues(c)
+	return c
+}
+
+// runSimulate runs sluice simulate with the flags that cobra parsed into fs and f.
+func runSimulate(ctx context.Context, fs *pflag.FlagSet, f *simulateFlags, args []string, stdout, stderr io.Writer) int {
+	src, ok := loadFlags(fs, stderr)
+	if !ok {
+		return exitUsage
 	}
+	fromEnv := src.names(srcEnv)
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "sluice simulate: "+format+"\n", a...)
 		return exitUsage
 	}
-	if fs.NArg() > 0 {
-		return fail("unexpected argument %q (the trace comes from --trace FILE or standard input)", fs.Arg(0))
+	if len(args) > 0 {
+		return fail("unexpected argument %q (the trace comes from --trace FILE or standard input)", args[0])
 	}
 
 	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	fs.Visit(func(f *pflag.Flag) { given[f.Name] = true })
 	l, err := ruleFromFlags(ruleFlags{
 		given: given, fromEnv: fromEnv,
-		algorithm: *algorithm, limit: *limit, window: *window, bucketSize: *bucketSize,
-		refillRate: *refillRate, outflowRate: *outflowRate, forgive: *forgive,
+		algorithm: f.algorithm, limit: f.limit, window: f.window, bucketSize: f.bucketSize,
+		refillRate: f.refillRate, outflowRate: f.outflowRate, forgive: f.forgive,
 	})
 	if err != nil {
 		return fail("%v", err)
@@ -109,17 +138,17 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	// leaves a partial table behind.
 	var in io.Reader = os.Stdin
 	name := "stdin"
-	if *tracePath == "" && progress.IsTerminal(os.Stdin) {
+	if f.tracePath == "" && progress.IsTerminal(os.Stdin) {
 		// Otherwise a forgotten --trace looks like a hang.
 		fmt.Fprintln(stderr, "sluice simulate: reading the trace from the terminal; end it with Ctrl-D (or pass --trace FILE)")
 	}
-	if *tracePath != "" {
-		f, err := os.Open(*tracePath)
+	if f.tracePath != "" {
+		file, err := os.Open(f.tracePath)
 		if err != nil {
 			return fail("--trace: %v", err)
 		}
-		defer f.Close()
-		in, name = f, *tracePath
+		defer file.Close()
+		in, name = file, f.tracePath
 	}
 	reqs, err := parseTrace(in)
 	if err != nil {
@@ -135,8 +164,8 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	clock := func() time.Time { return now }
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithClock(clock))
 	var onRedis *redisSimulation
-	if *redisURL != "" {
-		if onRedis, err = newRedisSimulation(ctx, *redisURL, clock, stderr); err != nil {
+	if f.redisURL != "" {
+		if onRedis, err = newRedisSimulation(ctx, f.redisURL, clock, stderr); err != nil {
 			fmt.Fprintf(stderr, "sluice simulate: --redis: %v\n", err)
 			return exitFailure
 		}
@@ -177,7 +206,7 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 
 	w := bufio.NewWriter(stdout)
-	if *asJSON {
+	if f.asJSON {
 		err = writeJSON(w, results)
 	} else {
 		err = writeText(w, results)
@@ -192,12 +221,15 @@ func runSimulate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return exitOK
 }
 
-func algorithmNames() string {
+func algorithmNames() string { return strings.Join(algorithmList(), ", ") }
+
+// algorithmList names the limiter's algorithms, for the help and shell completion.
+func algorithmList() []string {
 	names := make([]string, len(limiter.Algorithms))
 	for i, a := range limiter.Algorithms {
 		names[i] = string(a)
 	}
-	return strings.Join(names, ", ")
+	return names
 }
 
 // ruleFlags are simulate's rule flags, with which of them were given (on the command

@@ -20,7 +20,7 @@ var update = flag.Bool("update", false, "rewrite the golden files of simulate's 
 func simulate(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code = runSimulate(context.Background(), args, &out, &errb)
+	code = run(context.Background(), append([]string{"simulate"}, args...), &out, &errb)
 	return out.String(), errb.String(), code
 }
 
@@ -135,7 +135,7 @@ func TestSimulateErrors(t *testing.T) {
 	}{
 		{"no algorithm", []string{"--limit", "3", "--window", "1s"}, good, "--algorithm is required"},
 		{"unknown algorithm", []string{"--algorithm", "gcra", "--limit", "3", "--window", "1s"}, good, `--algorithm: unknown algorithm "gcra"`},
-		{"unknown flag", append([]string{"--burst", "3"}, tb...), good, "flag provided but not defined: -burst"},
+		{"unknown flag", append([]string{"--burst", "3"}, tb...), good, "unknown flag --burst"},
 		{"argument", append(append([]string{}, tb...), "trace.txt"), good, `unexpected argument "trace.txt"`},
 		{"missing bucket size", []string{"--algorithm", "token_bucket", "--refill-rate", "2/s"}, good, "token_bucket needs --bucket-size"},
 		{"missing refill rate", []string{"--algorithm", "token_bucket", "--bucket-size", "3"}, good, "token_bucket needs --refill-rate"},
@@ -151,7 +151,7 @@ func TestSimulateErrors(t *testing.T) {
 		{"negative bucket", []string{"--algorithm", "token_bucket", "--bucket-size", "-1", "--refill-rate", "2/s"}, good, "--bucket-size must be positive"},
 		{"zero window", []string{"--algorithm", "fixed_window", "--limit", "3", "--window", "0s"}, good, "--window: duration must be positive"},
 		{"sub-µs window", []string{"--algorithm", "fixed_window", "--limit", "3", "--window", "1500ns"}, good, "--window: duration 1.5µs is not a whole number of microseconds"},
-		{"bad window", []string{"--algorithm", "fixed_window", "--limit", "3", "--window", "1x"}, good, `invalid value "1x" for flag -window`},
+		{"bad window", []string{"--algorithm", "fixed_window", "--limit", "3", "--window", "1x"}, good, `invalid value "1x" for --window`},
 		{"rate without unit", []string{"--algorithm", "token_bucket", "--bucket-size", "3", "--refill-rate", "2"}, good, `--refill-rate: rate "2" must look like`},
 		{"rate bad unit", []string{"--algorithm", "token_bucket", "--bucket-size", "3", "--refill-rate", "2/fortnight"}, good, `--refill-rate: rate "2/fortnight": unknown unit "fortnight"`},
 		{"rate zero", []string{"--algorithm", "leaky_bucket", "--bucket-size", "3", "--outflow-rate", "0/s"}, good, `--outflow-rate: rate "0/s": the count must be a whole number of at least 1`},
