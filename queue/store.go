@@ -154,6 +154,8 @@ type Store struct {
 
 	// idemInfo serves the idempotency bucket's cached stream info (Park's byte check).
 	idemInfo *Queue
+	// idemWrite writes Park's idempotency records, in groups (see groupCommit).
+	idemWrite *groupCommit
 
 	mu     sync.RWMutex
 	queues map[string]*Queue
@@ -239,6 +241,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, IdempotencyBucket, err)
 	}
 	s.idemInfo = &Queue{store: s, name: IdempotencyBucket, stream: idemStream}
+	s.idemWrite = newGroupCommit(nc, js, idemStream.CachedInfo().Config.Name, o.publishTimeout, s.allowBatches(ctx, idemStream))
 	s.metrics = newStoreMetrics(s)
 	if o.registerer != nil {
 		if err := s.metrics.register(o.registerer); err != nil {
@@ -288,7 +291,9 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		Duplicates:  cfg.DuplicateWindow,
 		Replicas:    cfg.Replicas,
 		AllowDirect: true,
-		Metadata:    configMetadata(cfg),
+		// Park writes concurrent orders as one atomic batch (see groupCommit).
+		AllowAtomicPublish: true,
+		Metadata:           configMetadata(cfg),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
@@ -304,11 +309,12 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		MaxMsgsPerSubject:    int64(cfg.MaxIdempotencyKeys),
 		// A count, not a byte cap: JetStream reserves a byte cap from the store for
 		// every stream that has one, and there is a key stream per queue.
-		MaxMsgs:     keySlots(s.opts.idemMaxBytes),
-		AllowMsgTTL: true,
-		Duplicates:  cfg.DuplicateWindow,
-		Replicas:    cfg.Replicas,
-		AllowDirect: true,
+		MaxMsgs:            keySlots(s.opts.idemMaxBytes),
+		AllowMsgTTL:        true,
+		Duplicates:         cfg.DuplicateWindow,
+		Replicas:           cfg.Replicas,
+		AllowDirect:        true,
+		AllowAtomicPublish: true, // key slots are taken in groups too
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
@@ -332,12 +338,40 @@ func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orpha
 	if q.stream == nil {
 		q.stream = stream
 	}
-	if q.keys == nil {
+	if q.keys == nil && keys != nil {
 		q.keys = keys
+		q.slots = newGroupCommit(s.nc, s.js, KeyStreamName(cfg.Name), s.opts.publishTimeout, batches(keys))
+	}
+	if q.orders == nil {
+		q.orders = newGroupCommit(s.nc, s.js, StreamName(cfg.Name), s.opts.publishTimeout, batches(q.stream))
 	}
 	q.cfg.Store(&cfg)
 	q.orphaned.Store(orphaned)
 	return q
+}
+
+// batches tells whether stream accepts atomic batches (a server older than 2.12 drops
+// the setting when the stream is created or updated).
+func batches(stream jetstream.Stream) bool {
+	info := stream.CachedInfo()
+	return info != nil && info.Config.AllowAtomicPublish
+}
+
+// allowBatches lets the idempotency bucket's stream take atomic batches (the
+// key-value API has no setting for it) and tells whether it does. A failure leaves the
+// bucket as it is: its records are then written one by one.
+func (s *Store) allowBatches(ctx context.Context, stream jetstream.Stream) bool {
+	if batches(stream) {
+		return true
+	}
+	cfg := stream.CachedInfo().Config
+	cfg.AllowAtomicPublish = true
+	updated, err := s.js.UpdateStream(ctx, cfg)
+	if err != nil {
+		s.log.Warn("idempotency records are written one by one: the bucket's stream takes no atomic batches", "err", err)
+		return false
+	}
+	return batches(updated)
 }
 
 // checkDownstreamStream makes sure the subject of an at-least-once nats: downstream is
@@ -387,6 +421,8 @@ type Queue struct {
 	cfg      atomic.Pointer[queueconfig.Config]
 	stream   jetstream.Stream
 	keys     jetstream.Stream // key slots (KeyStreamName); nil for an orphan
+	orders   *groupCommit     // Park's writes to stream
+	slots    *groupCommit     // Park's writes to keys; nil with keys
 	orphaned atomic.Bool
 
 	samples outflowSamples
