@@ -7,7 +7,8 @@
 //	stream  SLUICE_Q_{queue}      subjects sluice.q.{queue}.{ticket}; work-queue retention,
 //	                              file storage, MaxMsgs/MaxBytes with discard-new
 //	                              (a full queue refuses: ErrFull; nothing queued is ever
-//	                              trimmed), duplicate window, replicas from queueconfig.Config
+//	                              trimmed), duplicate window, replicas from queueconfig.Config,
+//	                              atomic batch publish allowed (group commit, below)
 //	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher)
 //	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
 //	                              (limits retention: listed, re-queued, purged on demand;
@@ -15,10 +16,11 @@
 //	                              per-message TTL)
 //	kv      sluice_tickets        ticket → Record (status, attempts, result); per-key TTL
 //	kv      sluice_idempotency    {client hash}.{key hash} → ticket and payload fingerprint;
-//	                              create-if-absent after the order is stored; byte cap
+//	                              create-if-absent after the order is stored; byte cap;
+//	                              its stream KV_sluice_idempotency allows atomic batches
 //	stream  SLUICE_KEYS_{queue}   one slot per accepted key on sluice.keys.{queue}.{client
 //	                              hash}, MaxIdempotencyKeys per subject (discard-new per
-//	                              subject), per-message TTL IdempotencyTTL
+//	                              subject), per-message TTL IdempotencyTTL; atomic batches
 //	subject sluice.done.{queue}   Event per order that reached done or failed
 //	subject sluice.dead.{queue}   Event per dead-lettered order
 //
@@ -27,6 +29,26 @@
 // written a record for yet, and how Park knows whether an idempotent repeat's message
 // exists. The message data is the request body; everything else travels as NATS
 // headers (see HeaderTicket for the mapping).
+//
+// # Group commit
+//
+// Park writes to three streams: a keyed order takes its key slot, then stores the
+// order, then records the key, each write acknowledged (synced) before the next is
+// made; an order without a key is the one write. Each stream has one writer per Store:
+// a write that finds none in flight goes out at once as a plain synchronous publish;
+// the writes that arrive while one is in flight are gathered and go next as one
+// JetStream atomic batch (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit; up to
+// 256 messages), which the server stores whole or not at all and, on a file store that
+// syncs every write, syncs once for all of them. Concurrent Parks thus share their
+// synced writes instead of queueing for one each; a lone Park costs what it did. Every
+// caller still waits for the acknowledgement of the batch its own write was in, so
+// nothing below changes: "accepted" is said only for what is on disk, in the same
+// order of writes. When JetStream refuses a batch (a message repeats a stored
+// Nats-Msg-Id, a client is over its key cap, the queue is full…) nothing of it was
+// stored, and each of its messages is published again on its own, to get the answer a
+// plain publish gets. Messages written in a batch keep the two batch headers (the last
+// one also Nats-Batch-Commit); nothing reads them. A server that does not keep
+// AllowAtomicPublish on a stream (older than 2.12) gets plain publishes only.
 //
 // # Guarantees
 //

@@ -92,6 +92,10 @@ const keyReserve = 0.9
 //     (KeepKey). If K cannot be recorded, the message and slot are deleted and
 //     ErrUnavailable (or ErrKeyStoreFull) returned.
 //
+// Each of the writes in 2, 3 and 4 may share its synced write with concurrent Parks
+// (see "Group commit" in the package documentation); each is still acknowledged
+// before the next step is taken.
+//
 // Crash safety. A crash before 3 leaves at most a slot (freed by its TTL) and no order.
 // A crash between 3 and 4 leaves an order without a key and a client without a receipt:
 // its retry within the duplicate window is a duplicate PubAck and records K with the
