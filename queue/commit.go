@@ -24,12 +24,13 @@ const (
 // atomic batch is 1000 by default.
 const maxGroup = 256
 
-// groupCommit writes the messages bound for one stream. A message that finds no write
-// in flight is published at once, as a plain synchronous publish; the messages that
-// arrive while a write is in flight wait for it and then go as one atomic batch. On a
-// file store with every write synced (sluice's embedded server) JetStream syncs the
-// disk once for a whole atomic batch, so concurrent writers share one sync instead of
-// queueing for one each; on an R3 stream a batch is one proposal.
+// groupCommit writes the messages bound for one stream. While fewer than direct
+// writes are in flight, a message is published at once, as a plain synchronous
+// publish; the messages that arrive beyond that are gathered and go as one atomic
+// batch per round (the next round starts when the batch before is acknowledged). A
+// batch is one proposal on a replicated stream and one disk sync on a file store that
+// syncs every write, so concurrent writers share one write instead of queueing for one
+// each.
 //
 // Each caller still gets its own acknowledgement only once its message is stored
 // (synced): the batch's commit acknowledgement comes after the batch is. An atomic
@@ -40,14 +41,16 @@ const maxGroup = 256
 //
 // A groupCommit runs at most one goroutine, only while messages are waiting.
 type groupCommit struct {
-	nc      *nats.Conn
+	nc      *nats.Conn // nil: no batches, every message is published on its own
 	js      jetstream.JetStream
 	stream  string
 	timeout time.Duration // bounds each write (the publish timeout)
+	direct  int           // writes in flight past which messages wait for a batch
 
-	mu      sync.Mutex
-	pending []*commitReq
-	running bool
+	mu       sync.Mutex
+	inflight int // plain publishes under way
+	pending  []*commitReq
+	running  bool
 }
 
 type commitReq struct {
@@ -61,14 +64,15 @@ type commitResult struct {
 	err error
 }
 
-// newGroupCommit returns the writer of stream; batches tells whether the stream
-// accepts atomic batches (AllowAtomicPublish): without it every message is published
-// on its own, as before.
-func newGroupCommit(nc *nats.Conn, js jetstream.JetStream, stream string, timeout time.Duration, batches bool) *groupCommit {
-	if !batches {
-		return &groupCommit{js: js, stream: stream, timeout: timeout}
+// newGroupCommit returns the writer of stream. direct is the number of writes in
+// flight past which messages are batched (see directWrites); below 1, every message is
+// published on its own.
+func newGroupCommit(nc *nats.Conn, js jetstream.JetStream, stream string, timeout time.Duration, direct int) *groupCommit {
+	g := &groupCommit{js: js, stream: stream, timeout: timeout, direct: direct}
+	if direct > 0 {
+		g.nc = nc
 	}
-	return &groupCommit{nc: nc, js: js, stream: stream, timeout: timeout}
+	return g
 }
 
 // publish stores msg (its headers set, including any TTL or expectation) in the
@@ -79,8 +83,17 @@ func (g *groupCommit) publish(ctx context.Context, msg *nats.Msg) (*jetstream.Pu
 	if g.nc == nil {
 		return g.js.PublishMsg(ctx, msg)
 	}
-	r := &commitReq{ctx: ctx, msg: msg, done: make(chan commitResult, 1)}
 	g.mu.Lock()
+	if g.inflight < g.direct && !g.running {
+		g.inflight++
+		g.mu.Unlock()
+		ack, err := g.js.PublishMsg(ctx, msg)
+		g.mu.Lock()
+		g.inflight--
+		g.mu.Unlock()
+		return ack, err
+	}
+	r := &commitReq{ctx: ctx, msg: msg, done: make(chan commitResult, 1)}
 	g.pending = append(g.pending, r)
 	if !g.running {
 		g.running = true

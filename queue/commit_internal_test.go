@@ -29,13 +29,20 @@ func group(ctx context.Context, ids ...string) []*commitReq {
 	return out
 }
 
+// forceBatches makes the store write q's orders, slots and idempotency records by
+// atomic batches whenever a write is in flight, as on a replicated stream (the test
+// server's single-replica file streams wait for more: see directWrites).
+func forceBatches(s *Store, q *Queue) {
+	q.orders = newGroupCommit(s.nc, s.js, StreamName(q.name), s.opts.publishTimeout, 1)
+	q.slots = newGroupCommit(s.nc, s.js, KeyStreamName(q.name), s.opts.publishTimeout, 1)
+	s.idemWrite = newGroupCommit(s.nc, s.js, "KV_"+IdempotencyBucket, s.opts.publishTimeout, 1)
+}
+
 // The acknowledgement each message of an atomic batch gets names the sequence that
 // holds that very message: undo deletes by it.
 func TestGroupCommitSequences(t *testing.T) {
-	_, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
-	if q.orders.nc == nil {
-		t.Fatal("the queue's stream takes no atomic batches")
-	}
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	forceBatches(s, q)
 	// Something stored first, so that the batch's sequences do not start at 1.
 	q.orders.write(group(ctx, "first"))
 	g := group(ctx, "a", "b", "c", "d", "e")
@@ -66,7 +73,8 @@ func TestGroupCommitSequences(t *testing.T) {
 // A batch JetStream refuses (here: one message repeats a stored message id) is stored
 // not at all; every message then gets its own answer, as a plain publish would.
 func TestGroupCommitRefusedBatch(t *testing.T) {
-	_, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	forceBatches(s, q)
 	first := group(ctx, "dup")
 	q.orders.write(first)
 	stored := <-first[0].done
@@ -94,7 +102,8 @@ func TestGroupCommitRefusedBatch(t *testing.T) {
 
 // A caller that gave up before its group was written has nothing stored.
 func TestGroupCommitSkipsDepartedCallers(t *testing.T) {
-	_, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	forceBatches(s, q)
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
 	g := group(ctx, "stays")
@@ -116,9 +125,17 @@ func TestGroupCommitSkipsDepartedCallers(t *testing.T) {
 // under its own ticket, with its key recorded and a slot taken; repeats get the same
 // ticket, a changed body a conflict; the client's key cap holds exactly.
 func TestParkConcurrentKeyed(t *testing.T) {
+	t.Run("published", func(t *testing.T) { testParkConcurrentKeyed(t, false) })
+	t.Run("batched", func(t *testing.T) { testParkConcurrentKeyed(t, true) })
+}
+
+func testParkConcurrentKeyed(t *testing.T, batched bool) {
 	const n, limit = 48, 40
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1",
 		MaxIdempotencyKeys: limit})
+	if batched {
+		forceBatches(s, q)
+	}
 	receipts := make([]Receipt, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup

@@ -8,7 +8,7 @@
 //	                              file storage, MaxMsgs/MaxBytes with discard-new
 //	                              (a full queue refuses: ErrFull; nothing queued is ever
 //	                              trimmed), duplicate window, replicas from queueconfig.Config,
-//	                              atomic batch publish allowed (group commit, below)
+//	                              atomic batch publish allowed (see Group commit)
 //	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher)
 //	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
 //	                              (limits retention: listed, re-queued, purged on demand;
@@ -34,21 +34,25 @@
 //
 // Park writes to three streams: a keyed order takes its key slot, then stores the
 // order, then records the key, each write acknowledged (synced) before the next is
-// made; an order without a key is the one write. Each stream has one writer per Store:
-// a write that finds none in flight goes out at once as a plain synchronous publish;
-// the writes that arrive while one is in flight are gathered and go next as one
-// JetStream atomic batch (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit; up to
-// 256 messages), which the server stores whole or not at all and, on a file store that
-// syncs every write, syncs once for all of them. Concurrent Parks thus share their
-// synced writes instead of queueing for one each; a lone Park costs what it did. Every
-// caller still waits for the acknowledgement of the batch its own write was in, so
-// nothing below changes: "accepted" is said only for what is on disk, in the same
+// made; an order without a key is the one write. Each stream has one writer per Store.
+// While few of its writes are in flight, each goes out at once as a plain synchronous
+// publish; the writes that arrive beyond that are gathered and go as one JetStream
+// atomic batch (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit; up to 256
+// messages), which the server stores whole or not at all, as one proposal on a
+// replicated stream and with one disk sync on a file store that syncs every write:
+// concurrent Parks share a write instead of queueing for one each. "Few" is one write
+// on a replicated stream (or one in memory) and 16 on a single-replica file stream
+// (the embedded server's), where nats-server stages each batch in a file store of its
+// own, which costs more than the syncs of a small batch save (see fileDirectWrites).
+//
+// Every caller still waits for the acknowledgement of the batch its own write was in,
+// so nothing below changes: "accepted" is said only for what is stored, in the same
 // order of writes. When JetStream refuses a batch (a message repeats a stored
 // Nats-Msg-Id, a client is over its key cap, the queue is full…) nothing of it was
 // stored, and each of its messages is published again on its own, to get the answer a
-// plain publish gets. Messages written in a batch keep the two batch headers (the last
-// one also Nats-Batch-Commit); nothing reads them. A server that does not keep
-// AllowAtomicPublish on a stream (older than 2.12) gets plain publishes only.
+// plain publish gets. Messages written in a batch keep the batch headers; nothing
+// reads them. The streams Park writes allow atomic batches (AllowAtomicPublish); on a
+// server that drops the setting (older than 2.12) every write is a plain publish.
 //
 // # Guarantees
 //

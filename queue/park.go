@@ -368,7 +368,7 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uin
 	msg.Header.Set(jetstream.MsgTTLHeader, cfg.IdempotencyTTL.String())
 	w := q.slots
 	if w == nil { // an orphan: no key stream known
-		w = newGroupCommit(nil, s.js, KeyStreamName(q.name), s.opts.publishTimeout, false)
+		w = newGroupCommit(nil, s.js, KeyStreamName(q.name), s.opts.publishTimeout, 0)
 	}
 	ack, err := w.publish(ctx, msg)
 	if err != nil {
