@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -195,4 +196,85 @@ func testParkConcurrentKeyed(t *testing.T, batched bool) {
 	if sl := slotCount(t, ctx, q); sl != limit+1 {
 		t.Fatalf("%d slots, want %d", sl, limit+1)
 	}
+}
+
+// The server goes down while batched keyed Parks are under way: every Park that
+// returned a receipt has its order and its key after the restart, and every other one
+// returned an error.
+func TestParkBatchedServerDown(t *testing.T) {
+	s, q, ctx, srv := openInternalServer(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1",
+		MaxIdempotencyKeys: 100_000})
+	forceBatches(s, q)
+	type accepted struct {
+		req *Request
+		rc  Receipt
+	}
+	var (
+		mu     sync.Mutex
+		ok     []accepted
+		failed int
+		wg     sync.WaitGroup
+	)
+	down := make(chan struct{})
+	for w := range 24 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				req := keyedOrder("c1", fmt.Sprintf("%d-%d", w, i), fmt.Sprintf(`{"w":%d,"i":%d}`, w, i))
+				rc, err := s.Park(ctx, req)
+				mu.Lock()
+				if err == nil {
+					ok = append(ok, accepted{req, rc})
+				} else {
+					failed++
+				}
+				mu.Unlock()
+				if err != nil {
+					select {
+					case <-down:
+						return
+					default:
+					}
+				}
+			}
+		})
+	}
+	for {
+		mu.Lock()
+		n := len(ok)
+		mu.Unlock()
+		if n >= 200 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("too few orders accepted before the deadline")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	srv.Shutdown()
+	close(down)
+	wg.Wait()
+	srv.Restart()
+	for !srv.Conn.IsConnected() {
+		if ctx.Err() != nil {
+			t.Fatal("no reconnection after the restart")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if failed == 0 {
+		t.Fatal("no Park failed while the server was down")
+	}
+	for _, a := range ok {
+		raw, _, err := s.parked(ctx, q, a.rc.Ticket)
+		if err != nil {
+			t.Fatalf("accepted order %s: %v", a.rc.Ticket, err)
+		}
+		if raw.Header.Get(HeaderTicket) != a.rc.Ticket {
+			t.Fatalf("order %s: message of %s", a.rc.Ticket, raw.Header.Get(HeaderTicket))
+		}
+		rec, found, err := s.getKey(ctx, idemKey(a.req.Client, a.req.IdempotencyKey))
+		if err != nil || !found || rec.Ticket != a.rc.Ticket {
+			t.Fatalf("key of order %s: %+v, %v, %v", a.rc.Ticket, rec, found, err)
+		}
+	}
+	t.Logf("%d accepted and found after the restart, %d refused", len(ok), failed)
 }
