@@ -180,7 +180,10 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 		return Receipt{}, err
 	}
 	if ack.Duplicate {
-		s.undo(ctx, q, "", 0, slot) // the first request holds the key's slot
+		// The slot stays: it is the key's, not this request's. Slots of one key are
+		// deduplicated like its orders (the same Nats-Msg-Id and window), so a slot taken
+		// here (slot != 0) is the key's only one even when a racing request with the
+		// key stored the order first; freeing it would let the client past its cap.
 		return s.duplicate(ctx, q, key, m.Fingerprint, ack.Sequence)
 	}
 	rec := idemRecord{Ticket: m.Ticket, Fingerprint: m.Fingerprint, Queue: q.name, CreatedAt: time.Now().UTC()}
