@@ -9,7 +9,8 @@
 //	                              work-queue retention,
 //	                              file storage, MaxMsgs/MaxBytes with discard-new
 //	                              (a full queue refuses: ErrFull; nothing queued is ever
-//	                              trimmed), duplicate window, replicas from queueconfig.Config
+//	                              trimmed), duplicate window, replicas from queueconfig.Config,
+//	                              atomic batch publish allowed (see Group commit)
 //	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher);
 //	                              in a laned queue only of the unlaned orders
 //	consumer dispatch_p{L}t{T}    one per lane of a laned queue (see Priorities and fairness)
@@ -19,10 +20,11 @@
 //	                              per-message TTL)
 //	kv      sluice_tickets        ticket → Record (status, attempts, result); per-key TTL
 //	kv      sluice_idempotency    {client hash}.{key hash} → ticket and payload fingerprint;
-//	                              create-if-absent after the order is stored; byte cap
+//	                              create-if-absent after the order is stored; byte cap;
+//	                              its stream KV_sluice_idempotency allows atomic batches
 //	stream  SLUICE_KEYS_{queue}   one slot per accepted key on sluice.keys.{queue}.{client
 //	                              hash}, MaxIdempotencyKeys per subject (discard-new per
-//	                              subject), per-message TTL IdempotencyTTL
+//	                              subject), per-message TTL IdempotencyTTL; atomic batches
 //	subject sluice.done.{queue}   Event per order that reached done or failed
 //	subject sluice.dead.{queue}   Event per dead-lettered order
 //
@@ -79,6 +81,29 @@
 // refuses with a *FullError (Lane set), as a full queue does. The count is read from
 // the lane's consumer before the publish, so parks racing each other can overshoot it
 // by their number.
+// # Group commit
+//
+// Park writes to three streams: a keyed order takes its key slot, then stores the
+// order, then records the key, each write acknowledged (synced) before the next is
+// made; an order without a key is the one write. Each stream has one writer per Store.
+// While few of its writes are in flight, each goes out at once as a plain synchronous
+// publish; the writes that arrive beyond that are gathered and go as one JetStream
+// atomic batch (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit; up to 256
+// messages), which the server stores whole or not at all, as one proposal on a
+// replicated stream and with one disk sync on a file store that syncs every write:
+// concurrent Parks share a write instead of queueing for one each. "Few" is one write
+// on a replicated stream (or one in memory) and 16 on a single-replica file stream
+// (the embedded server's), where nats-server stages each batch in a file store of its
+// own, which costs more than the syncs of a small batch save (see fileDirectWrites).
+//
+// Every caller still waits for the acknowledgement of the batch its own write was in,
+// so nothing below changes: "accepted" is said only for what is stored, in the same
+// order of writes. When JetStream refuses a batch (a message repeats a stored
+// Nats-Msg-Id, a client is over its key cap, the queue is full…) nothing of it was
+// stored, and each of its messages is published again on its own, to get the answer a
+// plain publish gets. Messages written in a batch keep the batch headers; nothing
+// reads them. The streams Park writes allow atomic batches (AllowAtomicPublish); on a
+// server that drops the setting (older than 2.12) every write is a plain publish.
 //
 // # Guarantees
 //

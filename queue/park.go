@@ -92,6 +92,10 @@ const keyReserve = 0.9
 //     (KeepKey). If K cannot be recorded, the message and slot are deleted and
 //     ErrUnavailable (or ErrKeyStoreFull) returned.
 //
+// Each of the writes in 2, 3 and 4 may share its synced write with concurrent Parks
+// (see "Group commit" in the package documentation); each is still acknowledged
+// before the next step is taken.
+//
 // Crash safety. A crash before 3 leaves at most a slot (freed by its TTL) and no order.
 // A crash between 3 and 4 leaves an order without a key and a client without a receipt:
 // its retry within the duplicate window is a duplicate PubAck and records K with the
@@ -150,7 +154,7 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 	s.sign(m)
 	msg := m.encode(ReadySubject(q.name, m.Lane, m.Ticket))
 	msg.Header.Set(HeaderMsgID, msgID)
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(q.StreamName()))
+	ack, err := q.orders.publish(ctx, msg)
 	if err != nil {
 		return nil, s.publishError(ctx, q, err)
 	}
@@ -182,11 +186,14 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 	}
 	ack, err := s.publish(ctx, q, m, keyMsgID(key))
 	if err != nil {
-		s.undo(ctx, q, 0, slot)
+		s.undo(ctx, q, "", 0, slot)
 		return Receipt{}, err
 	}
 	if ack.Duplicate {
-		s.undo(ctx, q, 0, slot) // the first request holds the key's slot
+		// The slot stays: it is the key's, not this request's. Slots of one key are
+		// deduplicated like its orders (the same Nats-Msg-Id and window), so a slot taken
+		// here (slot != 0) is the key's only one even when a racing request with the
+		// key stored the order first; freeing it would let the client past its cap.
 		return s.duplicate(ctx, q, key, m.Fingerprint, ack.Sequence)
 	}
 	rec := idemRecord{Ticket: m.Ticket, Fingerprint: m.Fingerprint, Queue: q.name, CreatedAt: time.Now().UTC()}
@@ -194,7 +201,7 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 	if err != nil || prev.Ticket != m.Ticket {
 		// Not recorded, or recorded for another order (possible only beyond the
 		// duplicate window): this order must not stay.
-		s.undo(ctx, q, ack.Sequence, slot)
+		s.undo(ctx, q, m.Ticket, ack.Sequence, slot)
 		if err != nil {
 			return Receipt{}, err
 		}
@@ -312,6 +319,15 @@ func (s *Store) recordKey(ctx context.Context, key string, rec idemRecord) (idem
 	if err != nil {
 		return idemRecord{}, err
 	}
+	// The common case, a key not recorded yet, goes with the records of concurrent
+	// Parks (one synced write for all); anything else — the key exists, a deleted
+	// key's marker is in the way, the bucket is full — is sorted out below.
+	msg := nats.NewMsg("$KV." + IdempotencyBucket + "." + key)
+	msg.Data = val
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	if _, err := s.idemWrite.publish(ctx, msg); err == nil {
+		return rec, nil
+	}
 	for range 3 {
 		_, err := s.idem.Create(ctx, key, val)
 		if err == nil {
@@ -362,7 +378,12 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uin
 	cfg := q.Config()
 	msg := nats.NewMsg(keySubjectFor(q.name, scopeToken(client)))
 	msg.Header.Set(HeaderMsgID, keyMsgID(key))
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(KeyStreamName(q.name)), jetstream.WithMsgTTL(cfg.IdempotencyTTL))
+	msg.Header.Set(jetstream.MsgTTLHeader, cfg.IdempotencyTTL.String())
+	w := q.slots
+	if w == nil { // an orphan: no key stream known
+		w = newGroupCommit(nil, s.js, KeyStreamName(q.name), s.opts.publishTimeout, 0)
+	}
+	ack, err := w.publish(ctx, msg)
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "per subject") {
@@ -388,13 +409,22 @@ func (q *Queue) keyLimitError(ctx context.Context, subject string) error {
 	return e
 }
 
-// undo deletes what a refused request wrote: its message (seq, 0: none) and its key
-// slot (slot, 0: none). It runs even when ctx has ended.
-func (s *Store) undo(ctx context.Context, q *Queue, seq, slot uint64) {
+// undo deletes what a refused request wrote: its message (ticket at seq; 0: none) and
+// its key slot (slot, 0: none). It runs even when ctx has ended. The message is deleted
+// only when seq holds ticket: a sequence is the count of an atomic batch's
+// acknowledgement (see groupCommit.batch), and another order must never go instead.
+func (s *Store) undo(ctx context.Context, q *Queue, ticket string, seq, slot uint64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if seq != 0 {
-		if err := q.stream.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		raw, err := q.stream.GetMsg(ctx, seq)
+		if err == nil && raw.Header.Get(HeaderTicket) != ticket {
+			err = fmt.Errorf("sequence %d holds another order", seq)
+		}
+		if err == nil {
+			err = q.stream.DeleteMsg(ctx, seq)
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			s.log.Warn("cannot withdraw an order whose idempotency key was not recorded; it will be delivered",
 				"queue", q.name, "seq", seq, "err", err)
 		}

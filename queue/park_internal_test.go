@@ -23,6 +23,13 @@ func keyedOrder(client, key, body string) *Request {
 
 func openInternal(t *testing.T, cfg queueconfig.Config, opts ...Option) (*Store, *Queue, context.Context) {
 	t.Helper()
+	s, q, ctx, _ := openInternalServer(t, cfg, opts...)
+	return s, q, ctx
+}
+
+// openInternalServer is openInternal that also returns the server.
+func openInternalServer(t *testing.T, cfg queueconfig.Config, opts ...Option) (*Store, *Queue, context.Context, *natstest.Server) {
+	t.Helper()
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
@@ -34,7 +41,7 @@ func openInternal(t *testing.T, cfg queueconfig.Config, opts ...Option) (*Store,
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s, q, ctx
+	return s, q, ctx, srv
 }
 
 // keyCount is the number of live keys in the idempotency bucket.

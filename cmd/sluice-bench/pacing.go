@@ -469,8 +469,10 @@ directory, every write synced to disk before it is acknowledged), side by side:
                        metadata, acknowledged before it returns
   sluice ingress       the front door end to end: an HTTP POST over a defer rule's limit,
                        parked, answered 202 (HTTP client and server in this process)
-  sluice park+idem     Park with an Idempotency-Key per order (one more synced write:
-                       the key's record)
+  sluice park+idem     Park with an Idempotency-Key per order (the key's slot, the
+                       order and the key's record: three synced writes, each shared by
+                       the concurrent callers' — see queue's group commit)
+  sluice ingress+idem  the front door with an Idempotency-Key per order
 with the same number of concurrent callers. VS RAW is sluice's rate divided by the raw
 publishes' in the same run.
 
@@ -554,6 +556,7 @@ queues:
   bench:
     outflow: 100/s
     downstream: http://127.0.0.1:1
+    max_idempotency_keys: 10000000
 `
 
 func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr io.Writer) ([]parkingResult, error) {
@@ -576,7 +579,9 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	if err != nil {
 		return nil, err
 	}
-	if _, err := store.Declare(ctx, queueconfig.Config{Name: "bench", Outflow: limiter.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1}); err != nil {
+	if _, err := store.Declare(ctx, queueconfig.Config{Name: "bench", Outflow: limiter.PerSecond(100), Downstream: "http://127.0.0.1:1", MaxDepth: -1,
+		// Every keyed order has a key of its own, all from one client scope.
+		MaxIdempotencyKeys: queueconfig.MaxIdempotencyKeysLimit}); err != nil {
 		return nil, err
 	}
 	body := []byte(strings.Repeat("x", size))
@@ -602,6 +607,28 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 		resp.Body.Close() // spends the limit: every later order is deferred
 	}
 
+	// post sends one order through the front door (with an Idempotency-Key unless
+	// key is empty) and wants 202.
+	post := func(ctx context.Context, key string) error {
+		req, err := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/orders", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header = header.Clone()
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			return fmt.Errorf("the front door answered %d", resp.StatusCode)
+		}
+		return nil
+	}
 	contenders := []struct {
 		name string
 		op   func(ctx context.Context) error
@@ -619,26 +646,15 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 			return err
 		}},
 		{"sluice ingress (HTTP 202)", func(ctx context.Context) error {
-			req, err := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/orders", bytes.NewReader(body))
-			if err != nil {
-				return err
-			}
-			req.Header = header.Clone()
-			resp, err := client.Do(req)
-			if err != nil {
-				return err
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusAccepted {
-				return fmt.Errorf("the front door answered %d", resp.StatusCode)
-			}
-			return nil
+			return post(ctx, "")
 		}},
 		{"sluice park+idem", func(ctx context.Context) error {
 			_, err := store.Park(ctx, &queue.Request{Queue: "bench", Method: "POST", Path: "/orders", Body: body, Header: header,
 				Client: "bench", IdempotencyKey: fmt.Sprintf(`"k-%d"`, nextID())})
 			return err
+		}},
+		{"sluice ingress+idem (HTTP 202)", func(ctx context.Context) error {
+			return post(ctx, fmt.Sprintf(`"h-%d"`, nextID()))
 		}},
 	}
 	var results []parkingResult
