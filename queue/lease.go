@@ -57,7 +57,7 @@ func (c ConsumerConfig) jetstream() jetstream.ConsumerConfig {
 }
 
 func sameConsumer(a, b jetstream.ConsumerConfig) bool {
-	return a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
+	return a.FilterSubject == b.FilterSubject && a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
 		a.MaxAckPending == b.MaxAckPending && a.PriorityPolicy == b.PriorityPolicy &&
 		slices.Equal(a.PriorityGroups, b.PriorityGroups) && a.PinnedTTL == b.PinnedTTL
 }
@@ -108,6 +108,9 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 		return fmt.Errorf("%w: consumer of %q: ack wait, pinned TTL and max in flight must be positive", ErrInvalidConfig, c.q.name)
 	}
 	want := cfg.jetstream()
+	// Only the ready subjects: a scheduled order's schedule message stays in the
+	// stream, unseen, until it fires its ready copy.
+	want.FilterSubject = readyFilter(c.q.name)
 	stream := c.q.stream
 	cons, err := stream.Consumer(ctx, ConsumerName)
 	created := err != nil

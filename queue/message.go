@@ -34,6 +34,8 @@ import (
 //	Sluice-Client           hash of the client key (never a raw key or IP)
 //	Sluice-Idempotency-Key  the client's Idempotency-Key, if any
 //	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
+//	Sluice-Not-Before       a scheduled order's due time, RFC 3339 in whole seconds (absent
+//	                        for an order delivered as soon as its turn comes)
 //	Sluice-Signature        HMAC of all the above, the headers and the body (see Store.Verify)
 //	Sluice-H-{Name}         each kept request header, canonical name, every value
 //
@@ -54,6 +56,7 @@ const (
 	HeaderClient         = "Sluice-Client"
 	HeaderIdempotencyKey = "Sluice-Idempotency-Key"
 	HeaderFingerprint    = "Sluice-Fingerprint"
+	HeaderNotBefore      = "Sluice-Not-Before"
 	HeaderPrefix         = "Sluice-H-"
 
 	// Headers added to dead letters.
@@ -85,6 +88,13 @@ type Request struct {
 	IdempotencyKey string
 	// ReceivedAt is when ingress received the request (default: now).
 	ReceivedAt time.Time
+	// NotBefore asks that the order be delivered no sooner than this (zero: as soon as
+	// its turn comes). It must lie within the queue's MaxDelay of ReceivedAt (else
+	// ErrSchedule). A parked Message holds its effective due time here: the later of
+	// NotBefore and ReceivedAt plus the queue's Delay, rounded up to a whole second
+	// (JetStream schedules count whole seconds), or zero when that was not in the
+	// future at parking.
+	NotBefore time.Time
 }
 
 // Message is a parked request as stored in (and read back from) a queue.
@@ -226,8 +236,22 @@ func CheckTarget(path, rawQuery string) error {
 	return nil
 }
 
-// subjectFor is the subject of a queued message: sluice.q.{queue}.{ticket}.
+// subjectFor is the subject of a queued (ready) message: sluice.q.{queue}.{ticket}.
+// Every ready subject is computed here (a scheduled order's target too), and matched
+// by readyFilter.
 func subjectFor(queue, ticket string) string { return "sluice.q." + queue + "." + ticket }
+
+// readyFilter matches every ready subject of a queue: the stream's subjects and the
+// dispatch consumer's filter.
+func readyFilter(queue string) string { return subjectFor(queue, "*") }
+
+// scheduleSubjectFor is the subject of a scheduled order's JetStream schedule message
+// until it is due: sluice.s.{queue}.{ticket}. Outside readyFilter, so the dispatch
+// consumer never sees it.
+func scheduleSubjectFor(queue, ticket string) string { return "sluice.s." + queue + "." + ticket }
+
+// scheduleFilter matches every schedule subject of a queue.
+func scheduleFilter(queue string) string { return scheduleSubjectFor(queue, "*") }
 
 // encode turns m into the NATS message parked in queue q.
 func (m *Message) encode(subject string) *nats.Msg {
@@ -245,6 +269,9 @@ func (m *Message) encode(subject string) *nats.Msg {
 	setIf(h, HeaderClient, m.Client)
 	setIf(h, HeaderIdempotencyKey, m.IdempotencyKey)
 	h.Set(HeaderFingerprint, m.Fingerprint)
+	if !m.NotBefore.IsZero() {
+		h.Set(HeaderNotBefore, m.NotBefore.UTC().Format(time.RFC3339))
+	}
 	setIf(h, HeaderSignature, m.Signature)
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -312,6 +339,13 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 			return nil, fmt.Errorf("queue: message %s: bad %s: %w", m.Ticket, HeaderReceivedAt, err)
 		}
 		m.ReceivedAt = t
+	}
+	if ts := h.Get(HeaderNotBefore); ts != "" {
+		t, err := time.Parse(time.RFC3339, ts)
+		if err != nil {
+			return nil, fmt.Errorf("queue: message %s: bad %s: %w", m.Ticket, HeaderNotBefore, err)
+		}
+		m.NotBefore = t
 	}
 	for k, vs := range h {
 		if name, ok := strings.CutPrefix(k, HeaderPrefix); ok && name != "" {

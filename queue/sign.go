@@ -45,8 +45,11 @@ func (s *Store) mac(domain string, fields ...[]byte) []byte {
 
 // messageMAC covers what decides a message's delivery and identity: ticket, queue,
 // rule, method, path, query, received-at, client, idempotency key, fingerprint, every
-// kept header (sorted names, each with its count of values, then the values in order)
-// and the body.
+// kept header (sorted names, each with its count of values, then the values in order),
+// the body and, for a scheduled order only, its due time (so that nobody without the
+// key can move it). Appending the due time only when there is one keeps the signatures
+// of unscheduled messages what they were before scheduling existed; the lists stay
+// apart because the body before it is length-prefixed.
 func (s *Store) messageMAC(m *Message) []byte {
 	names := make([]string, 0, len(m.Header))
 	for k := range m.Header {
@@ -67,6 +70,9 @@ func (s *Store) messageMAC(m *Message) []byte {
 		}
 	}
 	fields = append(fields, m.Body)
+	if !m.NotBefore.IsZero() {
+		fields = append(fields, []byte(m.NotBefore.UTC().Format(time.RFC3339)))
+	}
 	return s.mac("sluice message", fields...)
 }
 
@@ -78,9 +84,11 @@ func (s *Store) sign(m *Message) {
 // Verify checks a parked message read from a queue or the dead letters: its signature
 // must be this store's HMAC of the message, and the subject it was read from must be
 // the one of its queue and ticket (a genuine message copied to another queue is
-// forged there). Errors wrap ErrForged. Only a verified message may be delivered.
+// forged there; a schedule subject only for a scheduled order). Errors wrap ErrForged.
+// Only a verified message may be delivered.
 func (s *Store) Verify(m *Message) error {
-	if m.subject != "" && m.subject != subjectFor(m.Queue, m.Ticket) && m.subject != deadSubjectFor(m.Queue, m.Ticket) {
+	if m.subject != "" && m.subject != subjectFor(m.Queue, m.Ticket) && m.subject != deadSubjectFor(m.Queue, m.Ticket) &&
+		(m.NotBefore.IsZero() || m.subject != scheduleSubjectFor(m.Queue, m.Ticket)) {
 		return fmt.Errorf("%w: message of queue %q, ticket %s read from subject %q", ErrForged, m.Queue, m.Ticket, m.subject)
 	}
 	if !checkSig(m.Signature, s.messageMAC(m)) {

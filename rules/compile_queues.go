@@ -50,6 +50,8 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			// 0 (unset or unreadable) takes the default.
 			DeadLetterMaxAge: qd.deadMaxAge,
 			Delivery:         qd.delivery,
+			MaxDelay:         qd.maxDelay,
+			Delay:            qd.delay,
 		}.WithDefaults(),
 		Domain: fd.domain,
 		File:   file,
