@@ -199,7 +199,8 @@ func TestScheduledSurvivesRestart(t *testing.T) {
 }
 
 // TestScheduledSignature: the due time is signed: a copy of a scheduled order published
-// on its ready subject with another due time does not verify.
+// on its ready subject with another due time does not verify, nor does an unchanged
+// copy published there before its time.
 func TestScheduledSignature(t *testing.T) {
 	srv := natstest.Start(t)
 	s := openStore(t, srv, scheduledConfig("sched"))
@@ -221,15 +222,21 @@ func TestScheduledSignature(t *testing.T) {
 		}
 		forged.Header[k] = vs
 	}
-	forged.Header.Set(queue.HeaderNotBefore, time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))
 	js, _ := jetstream.New(srv.Conn)
 	if _, err := js.PublishMsg(ctx, forged); err != nil {
 		t.Fatal(err)
 	}
+	forged.Header.Set(queue.HeaderNotBefore, time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))
+	if _, err := js.PublishMsg(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
 	c := consumer(t, s, "sched")
-	l := lease(t, c)
-	if !errors.Is(l.Verify(), queue.ErrForged) {
-		t.Fatalf("rescheduled copy verifies: %v", l.Verify())
+	for _, what := range []string{"early copy", "rescheduled copy"} {
+		l := lease(t, c)
+		if !errors.Is(l.Verify(), queue.ErrForged) {
+			t.Fatalf("%s verifies: %v", what, l.Verify())
+		}
+		l.Release(time.Hour) // out of the way of the next one
 	}
 }
 

@@ -94,6 +94,14 @@ func (s *Store) Verify(m *Message) error {
 	if !checkSig(m.Signature, s.messageMAC(m)) {
 		return fmt.Errorf("%w: message %s: missing or wrong %s", ErrForged, m.Ticket, HeaderSignature)
 	}
+	// A scheduled order reaches its ready subject only when the server fires it, so it
+	// is stored there (server time) at or after its due time: an earlier copy is a
+	// genuine schedule message replayed early. A second's slack covers rounding.
+	if !m.NotBefore.IsZero() && !m.StoredAt.IsZero() && m.subject == subjectFor(m.Queue, m.Ticket) &&
+		m.StoredAt.Add(time.Second).Before(m.NotBefore) {
+		return fmt.Errorf("%w: message %s: on its ready subject at %s, before its due time %s", ErrForged, m.Ticket,
+			m.StoredAt.UTC().Format(time.RFC3339), m.NotBefore.UTC().Format(time.RFC3339))
+	}
 	return nil
 }
 
