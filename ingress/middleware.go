@@ -202,6 +202,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	v := m.decide(r.Context(), checks)
 	v.writeHeaders(w.Header())
 	switch {
+	case v.violated == nil && r.Header[HeaderNotBefore] != nil && m.deferrer != nil:
+		// A client that asks for a delivery time wants its order queued, over the
+		// limit or not: park it in the queue of the route's defer rule.
+		rule := schedulingRule(checks)
+		switch {
+		case rule == nil:
+			writeProblem(w, simpleProblem(http.StatusBadRequest,
+				HeaderNotBefore+" asks for scheduled delivery, but no rule of this route defers into a queue."))
+		case bodyMissing != "":
+			writeProblem(w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+bodyMissing))
+		default:
+			h := r.Header.Clone()
+			setForwarded(m.ids, r, h)
+			m.deferrer.Defer(w, r, Deferral{Queue: rule.Queue, Rule: rule, Client: m.idempotencyScope(route, r, client), Header: h})
+		}
 	case v.violated == nil:
 		next.ServeHTTP(w, r)
 	case v.violated.OnLimit == rules.Defer && m.deferrer != nil && bodyMissing == "":
@@ -220,6 +235,33 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		writeProblem(w, p)
 	}
+}
+
+// HeaderNotBefore is the request header by which a client asks that its order be
+// delivered not before a time: an HTTP-date, or a number of seconds from now. A
+// request carrying it on a route with a defer rule is parked in that rule's queue
+// whether or not it is over the limit (the queue's max_delay bounds the time); on a
+// route without one it is refused (400). Package ingress/deferral reads the value.
+const HeaderNotBefore = "Sluice-Not-Before"
+
+// schedulingRule returns the rule whose queue takes a scheduled request of a route:
+// the first defer rule whose queue has a max_delay, else the first defer rule (its
+// queue then refuses the time, naming itself), else nil.
+func schedulingRule(checks []rules.Check) *rules.Rule {
+	var first *rules.Rule
+	for i := range checks {
+		r := checks[i].Rule
+		if r.OnLimit != rules.Defer || r.Queue == nil {
+			continue
+		}
+		if r.Queue.MaxDelay > 0 {
+			return r
+		}
+		if first == nil {
+			first = r
+		}
+	}
+	return first
 }
 
 // SetRetryAfter sets Retry-After and X-Ratelimit-Retry-After to d in whole seconds,

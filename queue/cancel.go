@@ -79,7 +79,7 @@ func (s *Store) cancel(ctx context.Context, ticket string) error {
 		return err
 	}
 	if raw == nil {
-		return ErrNotFound
+		return s.cancelScheduled(ctx, ticket)
 	}
 	if handedOut, err := q.handedOut(ctx, raw); err != nil {
 		return err
@@ -96,6 +96,76 @@ func (s *Store) cancel(ctx context.Context, ticket string) error {
 		return err
 	}
 	return s.settleCancel(ctx, q, raw, rec)
+}
+
+// cancelScheduled cancels an order without a record that waits for its due time: the
+// cancelled record is written first (compare-and-set against no record), so that a
+// dispatcher fetching the order after it drops it, then the schedule message is
+// deleted. The schedule may have fired meanwhile: its ready copy is then settled as any
+// queued order (settleCancel); when that copy is gone too, a dispatcher took it, and the
+// record says what came of it (a delivery writes its final record before the message
+// leaves the queue). ErrNotFound when the ticket has no scheduled order either.
+func (s *Store) cancelScheduled(ctx context.Context, ticket string) error {
+	var q *Queue
+	var raw *jetstream.RawStreamMsg
+	var m *Message
+	for _, cand := range s.Queues() {
+		r, msg, err := s.scheduled(ctx, cand, ticket)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		q, raw, m = cand, r, msg
+		break
+	}
+	if raw == nil {
+		// Fired between the caller's look at the ready subjects and ours?
+		_, ready, err := s.findMessage(ctx, ticket, "")
+		switch {
+		case err != nil:
+			return err
+		case ready != nil:
+			return errWrongRevision // look again from the start
+		}
+		return ErrNotFound
+	}
+	rec := &Record{Ticket: ticket, Queue: q.name, Rule: m.Rule, Status: StatusCancelled,
+		LastError: "cancelled by the ticket holder", ReceivedAt: m.ReceivedAt}
+	if err := s.saveRecord(ctx, rec, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
+		return err
+	}
+	delErr := q.stream.DeleteMsg(ctx, raw.Sequence)
+	if delErr != nil && !errors.Is(delErr, jetstream.ErrMsgNotFound) {
+		// The record says cancelled: a fired copy is dropped by the dispatcher that
+		// fetches it.
+		s.log.Warn("cancelled scheduled order keeps its schedule until it fires and a dispatcher drops it",
+			"queue", q.name, "ticket", ticket, "err", delErr)
+	}
+	ready, _, err := s.parked(ctx, q, ticket)
+	switch {
+	case err == nil:
+		return s.settleCancel(ctx, q, ready, rec)
+	case !errors.Is(err, jetstream.ErrMsgNotFound):
+		return err
+	case delErr == nil:
+		// Deleted before it fired (or fired just now, after the record was written:
+		// then a dispatcher drops the copy).
+		s.cancelled(rec)
+		return nil
+	}
+	cur, err := s.Record(ctx, ticket)
+	switch {
+	case err != nil:
+		return err
+	case cur.Status == StatusCancelled:
+		s.cancelled(rec)
+		return nil
+	case cur.Status == StatusQueued:
+		return errWrongRevision // a failed first attempt: queued again, try once more
+	}
+	return fmt.Errorf("%w: it is %s", ErrNotCancellable, cur.Status)
 }
 
 // settleCancel finishes the cancellation of an order without an earlier record once

@@ -10,9 +10,12 @@
 //	                              file storage, MaxMsgs/MaxBytes with discard-new
 //	                              (a full queue refuses: ErrFull; nothing queued is ever
 //	                              trimmed), duplicate window, replicas from queueconfig.Config,
-//	                              atomic batch publish allowed (see Group commit)
-//	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher);
-//	                              in a laned queue only of the unlaned orders
+//	                              atomic batch publish allowed (see Group commit); a queue
+//	                              with schedules also sluice.s.{queue}.{ticket} (see
+//	                              Scheduled delivery)
+//	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher),
+//	                              filtered on the ready subjects; in a laned queue only of
+//	                              the unlaned orders
 //	consumer dispatch_p{L}t{T}    one per lane of a laned queue (see Priorities and fairness)
 //	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
 //	                              (limits retention: listed, re-queued, purged on demand;
@@ -121,10 +124,44 @@
 // dispatcher dead-letters the messages older than that instead of delivering them (the
 // stream itself has no age limit, which would delete them unseen).
 //
+// # Scheduled delivery
+//
+// An order may wait for a time of its own before it joins the queue's outflow: the
+// client's Request.NotBefore (the Sluice-Not-Before request header), at most the queue's
+// MaxDelay after receipt (else ErrSchedule), or the queue's fixed Delay; the later of
+// the two counts, rounded up to a whole second. Such an order is parked as a JetStream
+// message schedule (ADR-51, nats-server 2.12 and later): the same message, headers and
+// body, on sluice.s.{queue}.{ticket} with "Nats-Schedule: @at {due, RFC 3339}" and
+// "Nats-Schedule-Target: sluice.q.{queue}.{ticket}". When it falls due the server
+// stores a copy on the target, in the same stream, and purges the schedule message; the
+// copy carries every Sluice-* header (JetStream strips only its own Nats-Msg-Id and
+// scheduling headers), so it verifies as parked. The dispatch consumer is filtered on
+// the ready subjects, so it sees the copy only: due orders join the one paced outflow in
+// the order they fell due, behind what was queued before. Until then Status says
+// StatusScheduled with the due time (Record.NotBefore), and Cancel writes the cancelled
+// record and deletes the schedule message (a copy fired in that instant is dropped by
+// the dispatcher that fetches it, which reads the record first).
+//
+// The schedules live in the stream, on disk, like any message: a crash or restart of
+// sluice or of NATS loses none, and one that is past due when the server comes back
+// fires then. The server keeps a timer wheel of the pending schedules in memory (see
+// BenchmarkScheduled100k for the cost of 100,000).
+//
+// JetStream refuses schedules on a discard-new stream (a due order could find no room
+// and be lost), so the stream of a queue with MaxDelay or Delay has neither MaxMsgs nor
+// MaxBytes: Park keeps both caps itself from stream info at most 100ms old (the
+// scheduled orders count), which concurrent parks can overshoot by what arrives in that
+// time; once accepted, an order always finds room when it falls due. Such a stream also
+// allows roll-ups (schedules need them). JetStream cannot turn schedules off again: a
+// queue that once had them keeps the scheduled stream whatever its configuration says.
+// A queue's Depth counts its scheduled orders, and a queued order's Position counts
+// those stored before it.
+//
 // # Signatures
 //
 // Every parked message carries an HMAC-SHA256 (HeaderSignature) by the Store's signing
-// key (WithSigningKey) over everything that decides its delivery; ticket and
+// key (WithSigningKey) over everything that decides its delivery, a scheduled order's
+// due time included (HeaderNotBefore); ticket and
 // idempotency records are stored sealed with the same key. Store.Verify tells a genuine
 // message from a forged one (ErrForged); records that do not verify are treated as
 // absent. Whoever can publish on sluice.q.> or write the buckets without the key can

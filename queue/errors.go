@@ -62,7 +62,31 @@ var (
 	// signature (written by someone without the signing key, altered, or signed with
 	// another key). It must not be acted on.
 	ErrForged = errors.New("queue: forged")
+	// ErrSchedule: a Request's NotBefore is refused: the queue takes no client
+	// schedules (MaxDelay 0) or the time is further away than its MaxDelay (ingress:
+	// 400). The error is a *ScheduleError.
+	ErrSchedule = errors.New("queue: delivery time refused")
 )
+
+// ScheduleError is returned (wrapped) when Park refuses a Request's NotBefore.
+// errors.Is(err, ErrSchedule) holds for it.
+type ScheduleError struct {
+	Queue string
+	// MaxDelay is the queue's bound (0: the queue takes no client schedules).
+	MaxDelay time.Duration
+	// Asked is how far ahead of the request's receipt the client asked.
+	Asked time.Duration
+}
+
+func (e *ScheduleError) Error() string {
+	if e.MaxDelay <= 0 {
+		return fmt.Sprintf("queue %q takes no scheduled orders (max_delay is not set)", e.Queue)
+	}
+	return fmt.Sprintf("queue %q delivers at most %s after receipt (max_delay); asked for %s", e.Queue, e.MaxDelay, e.Asked.Round(time.Second))
+}
+
+// Is makes errors.Is(err, ErrSchedule) true.
+func (e *ScheduleError) Is(target error) bool { return target == ErrSchedule }
 
 // KeyLimitError is returned (wrapped) when a client scope has used up its idempotency
 // keys in a queue. errors.Is(err, ErrTooManyKeys) holds for it.

@@ -56,8 +56,11 @@ func (c ConsumerConfig) jetstream(laned bool, queue string) jetstream.ConsumerCo
 		return cc
 	}
 	return jetstream.ConsumerConfig{
-		Durable:        ConsumerName,
-		Description:    "sluice dispatchers",
+		Durable:     ConsumerName,
+		Description: "sluice dispatchers",
+		// Every ready subject, laned ones too (a queue that was laned), never a
+		// scheduled order's schedule message.
+		FilterSubject:  readyFilter(queue),
 		AckPolicy:      jetstream.AckExplicitPolicy,
 		AckWait:        c.AckWait,
 		MaxDeliver:     -1,

@@ -36,6 +36,8 @@ import (
 //	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
 //	Sluice-Callback         the URL to call when the order ends (see Request.Callback)
 //	Sluice-Lane             the order's lane in a laned queue (see ReadySubject)
+//	Sluice-Not-Before       a scheduled order's due time, RFC 3339 in whole seconds (absent
+//	                        for an order delivered as soon as its turn comes)
 //	Sluice-Signature        HMAC of all the above, the headers and the body (see Store.Verify)
 //	Sluice-H-{Name}         each kept request header, canonical name, every value
 //
@@ -57,6 +59,7 @@ const (
 	HeaderIdempotencyKey = "Sluice-Idempotency-Key"
 	HeaderFingerprint    = "Sluice-Fingerprint"
 	HeaderLane           = "Sluice-Lane"
+	HeaderNotBefore      = "Sluice-Not-Before"
 	HeaderPrefix         = "Sluice-H-"
 
 	// Headers added to dead letters.
@@ -99,6 +102,13 @@ type Request struct {
 	// Tenant is the value of the queue's fair_by source (ignored by a queue without
 	// it). It is never stored: Park keeps only the lane it hashes to.
 	Tenant string
+	// NotBefore asks that the order be delivered no sooner than this (zero: as soon as
+	// its turn comes). It must lie within the queue's MaxDelay of ReceivedAt (else
+	// ErrSchedule). A parked Message holds its effective due time here: the later of
+	// NotBefore and ReceivedAt plus the queue's Delay, rounded up to a whole second
+	// (JetStream schedules count whole seconds), or zero when that was not in the
+	// future at parking.
+	NotBefore time.Time
 }
 
 // Message is a parked request as stored in (and read back from) a queue.
@@ -244,6 +254,18 @@ func CheckTarget(path, rawQuery string) error {
 	return nil
 }
 
+// readyFilter matches every ready subject of a queue (ReadySubject, laned or not): the
+// filter of the queue's consumer in an unlaned queue. The schedule subjects lie outside.
+func readyFilter(queue string) string { return "sluice.q." + queue + ".>" }
+
+// scheduleSubjectFor is the subject of a scheduled order's JetStream schedule message
+// until it is due: sluice.s.{queue}.{ticket}. Outside readyFilter, so the dispatch
+// consumers never see it.
+func scheduleSubjectFor(queue, ticket string) string { return "sluice.s." + queue + "." + ticket }
+
+// scheduleFilter matches every schedule subject of a queue.
+func scheduleFilter(queue string) string { return scheduleSubjectFor(queue, "*") }
+
 // encode turns m into the NATS message parked in queue q.
 func (m *Message) encode(subject string) *nats.Msg {
 	msg := nats.NewMsg(subject)
@@ -262,6 +284,9 @@ func (m *Message) encode(subject string) *nats.Msg {
 	h.Set(HeaderFingerprint, m.Fingerprint)
 	setIf(h, HeaderCallback, m.Callback)
 	setIf(h, HeaderLane, m.Lane)
+	if !m.NotBefore.IsZero() {
+		h.Set(HeaderNotBefore, m.NotBefore.UTC().Format(time.RFC3339))
+	}
 	setIf(h, HeaderSignature, m.Signature)
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -331,6 +356,13 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 			return nil, fmt.Errorf("queue: message %s: bad %s: %w", m.Ticket, HeaderReceivedAt, err)
 		}
 		m.ReceivedAt = t
+	}
+	if ts := h.Get(HeaderNotBefore); ts != "" {
+		t, err := time.Parse(time.RFC3339, ts)
+		if err != nil {
+			return nil, fmt.Errorf("queue: message %s: bad %s: %w", m.Ticket, HeaderNotBefore, err)
+		}
+		m.NotBefore = t
 	}
 	for k, vs := range h {
 		if name, ok := strings.CutPrefix(k, HeaderPrefix); ok && name != "" {

@@ -32,6 +32,9 @@ type Receipt struct {
 	// Duplicate is true when the request repeated an earlier one (same client scope,
 	// idempotency key and payload); Ticket is then the earlier ticket.
 	Duplicate bool
+	// NotBefore is a scheduled order's due time (Status StatusScheduled; zero
+	// otherwise): it joins the queue's outflow then, and EstimatedDelivery is that time.
+	NotBefore time.Time
 }
 
 // idemRecord is the value of an idempotency key in IdempotencyBucket.
@@ -126,6 +129,9 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	m.Ticket = newTicket()
 	m.Lane = s.laneFor(cfg, req.Priority, req.Tenant)
 	m.Tenant = "" // only its lane is kept
+	if m.NotBefore, err = dueTime(cfg, m.ReceivedAt, req.NotBefore, time.Now()); err != nil {
+		return Receipt{}, err
+	}
 
 	if !s.connected() {
 		return Receipt{}, fmt.Errorf("%w: not connected to NATS", ErrUnavailable)
@@ -140,6 +146,9 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	if err := q.laneRoom(ctx, cfg, m.Lane); err != nil {
 		return Receipt{}, err
 	}
+	if err := q.checkRoom(ctx); err != nil {
+		return Receipt{}, err
+	}
 	if req.IdempotencyKey != "" {
 		return s.parkKeyed(ctx, q, m)
 	}
@@ -147,12 +156,71 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	if err != nil {
 		return Receipt{}, err
 	}
-	return q.receipt(ctx, m.Ticket, ack.Sequence, ack.Duplicate), nil
+	return q.receiptOf(ctx, m, ack.Sequence, ack.Duplicate), nil
 }
 
+// dueTime returns when an order received at receivedAt and asking for notBefore (zero:
+// nothing asked) may be delivered: the later of notBefore and receivedAt plus the
+// queue's Delay, rounded up to a whole second, or zero when that is not after now.
+// ErrSchedule (a *ScheduleError) when notBefore is set and the queue takes no client
+// schedules or notBefore lies further than its MaxDelay from receivedAt.
+func dueTime(cfg queueconfig.Config, receivedAt, notBefore, now time.Time) (time.Time, error) {
+	var due time.Time
+	if cfg.Delay > 0 {
+		due = receivedAt.Add(cfg.Delay)
+	}
+	if !notBefore.IsZero() {
+		asked := notBefore.Sub(receivedAt)
+		if cfg.MaxDelay <= 0 || asked > cfg.MaxDelay {
+			return time.Time{}, &ScheduleError{Queue: cfg.Name, MaxDelay: cfg.MaxDelay, Asked: asked}
+		}
+		if notBefore.After(due) {
+			due = notBefore
+		}
+	}
+	// JetStream's "@at" schedules are RFC 3339 in whole seconds: rounding up never
+	// fires an order before the time it asked for.
+	if t := due.Truncate(time.Second); t.Before(due) {
+		due = t.Add(time.Second)
+	}
+	if !due.After(now) {
+		return time.Time{}, nil
+	}
+	return due.UTC(), nil
+}
+
+// JetStream message scheduling headers (ADR-51).
+const (
+	headerSchedule       = "Nats-Schedule"
+	headerScheduleTarget = "Nats-Schedule-Target"
+)
+
+// publish stores m in q: on its ready subject, or for a scheduled order (NotBefore
+// set) as a JetStream schedule message on its schedule subject whose target is the
+// ready subject. When it falls due the server stores a copy of it, headers and body,
+// on the target (without Nats-Msg-Id and the scheduling headers, which the signature
+// does not cover) and purges the schedule message; the dispatch consumer, filtered on
+// the ready subjects, only ever sees the copy.
 func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string) (*jetstream.PubAck, error) {
 	s.sign(m)
-	msg := m.encode(ReadySubject(q.name, m.Lane, m.Ticket))
+	ready := ReadySubject(q.name, m.Lane, m.Ticket)
+	if !m.NotBefore.IsZero() {
+		// Straight to the stream: a schedule is never part of an atomic batch.
+		msg := m.encode(scheduleSubjectFor(q.name, m.Ticket))
+		msg.Header.Set(headerSchedule, "@at "+m.NotBefore.UTC().Format(time.RFC3339))
+		msg.Header.Set(headerScheduleTarget, ready)
+		msg.Header.Set(HeaderMsgID, msgID)
+		ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(q.StreamName()))
+		if err != nil {
+			return nil, s.publishError(ctx, q, err)
+		}
+		s.usage.add(len(msg.Subject) + len(msg.Data) + 64*len(msg.Header))
+		if !ack.Duplicate {
+			s.metrics.parked.WithLabelValues(q.name).Inc()
+		}
+		return ack, nil
+	}
+	msg := m.encode(ready)
 	msg.Header.Set(HeaderMsgID, msgID)
 	ack, err := q.orders.publish(ctx, msg)
 	if err != nil {
@@ -163,6 +231,15 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 		s.metrics.parked.WithLabelValues(q.name).Inc()
 	}
 	return ack, nil
+}
+
+// receiptOf is the receipt of m, stored at seq.
+func (q *Queue) receiptOf(ctx context.Context, m *Message, seq uint64, duplicate bool) Receipt {
+	if !m.NotBefore.IsZero() && (m.subject == "" || m.subject == scheduleSubjectFor(q.name, m.Ticket)) {
+		return Receipt{Ticket: m.Ticket, Queue: q.name, Status: StatusScheduled, NotBefore: m.NotBefore,
+			EstimatedDelivery: m.NotBefore, Duplicate: duplicate}
+	}
+	return q.receipt(ctx, m.Ticket, seq, duplicate)
 }
 
 func (q *Queue) receipt(ctx context.Context, ticket string, seq uint64, duplicate bool) Receipt {
@@ -207,7 +284,7 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 		}
 		return s.repeatOf(ctx, q, prev, m.Fingerprint)
 	}
-	return q.receipt(ctx, m.Ticket, ack.Sequence, false), nil
+	return q.receiptOf(ctx, m, ack.Sequence, false), nil
 }
 
 // repeat implements step 1: ok is true when key is recorded (then rc or err is the answer).
@@ -238,10 +315,10 @@ func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerp
 	if pq, err := s.Queue(prev.Queue); err == nil {
 		q = pq
 	}
-	raw, _, err := s.parked(ctx, q, prev.Ticket)
+	raw, m, err := s.waiting(ctx, q, prev.Ticket)
 	switch {
 	case err == nil:
-		return q.receipt(ctx, prev.Ticket, raw.Sequence, true), nil
+		return q.receiptOf(ctx, m, raw.Sequence, true), nil
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		if rec != nil {
 			rc.Status = rec.Status
@@ -276,7 +353,7 @@ func (s *Store) duplicate(ctx context.Context, q *Queue, key, fingerprint string
 		if prev.Ticket != m.Ticket {
 			return s.repeatOf(ctx, q, prev, fingerprint)
 		}
-		return q.receipt(ctx, m.Ticket, seq, true), nil
+		return q.receiptOf(ctx, m, seq, true), nil
 	}
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return Receipt{}, unavailable("message lookup", err)

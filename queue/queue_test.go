@@ -31,7 +31,7 @@ func testConfig(name string) queueconfig.Config {
 	}
 }
 
-func openStore(t *testing.T, srv *natstest.Server, cfgs ...queueconfig.Config) *queue.Store {
+func openStore(t testing.TB, srv *natstest.Server, cfgs ...queueconfig.Config) *queue.Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

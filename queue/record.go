@@ -20,6 +20,7 @@ type Status string
 
 // Ticket states. done, failed, dead and cancelled are final.
 const (
+	StatusScheduled  Status = "scheduled"  // waiting for its due time (Request.NotBefore, a queue's Delay); then queued
 	StatusQueued     Status = "queued"     // waiting in the queue (also between retries and during pauses)
 	StatusDelivering Status = "delivering" // a delivery attempt is running
 	StatusDone       Status = "done"       // the downstream accepted it (2xx, or the publish was acknowledged)
@@ -70,7 +71,9 @@ type Record struct {
 	Result *Result `json:"result,omitempty"`
 
 	// Computed by Status for non-final tickets (not stored).
-	Position   uint64        `json:"position,omitempty"`
+	Position uint64 `json:"position,omitempty"`
+	// NotBefore is a scheduled order's due time (StatusScheduled).
+	NotBefore  time.Time     `json:"not_before,omitzero"`
 	RetryAfter time.Duration `json:"-"`
 
 	// rev is the bucket revision the record was read or written at (0: not stored),
@@ -168,7 +171,8 @@ func (s *Store) writeRecord(ctx context.Context, rec *Record, opts ...jetstream.
 var errWrongRevision = errors.New("queue: ticket record changed")
 
 // Status returns the status of a ticket: its record, or for a ticket still waiting for
-// its first delivery, StatusQueued with its position. RetryAfter suggests when to ask
+// its first delivery, StatusQueued with its position, or StatusScheduled with its due
+// time (NotBefore; RetryAfter is the time until then). RetryAfter suggests when to ask
 // again while the status is not final. Unknown or expired tickets: ErrNotFound. The
 // ticket itself is the capability to read the status: 128 random bits, not guessable.
 func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
@@ -197,7 +201,7 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		return rec, nil
 	}
 	for _, q := range s.Queues() {
-		raw, m, err := s.parked(ctx, q, ticket)
+		raw, m, err := s.waiting(ctx, q, ticket)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
@@ -212,6 +216,11 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 			ReceivedAt: m.ReceivedAt,
 			UpdatedAt:  raw.Time,
 			RetryAfter: time.Second,
+		}
+		if raw.Subject == scheduleSubjectFor(q.name, ticket) {
+			rec.Status, rec.NotBefore = StatusScheduled, m.NotBefore
+			rec.RetryAfter = max(m.NotBefore.Sub(now), time.Second)
+			return rec, nil
 		}
 		// The dispatcher writes no record for a first attempt: a message already handed
 		// to a dispatcher (at or below the consumer's delivered sequence) is delivering.
@@ -238,6 +247,31 @@ func (s *Store) parked(ctx context.Context, q *Queue, ticket string) (*jetstream
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		// In a lane (ReadySubject): a queue that has or had priorities or fair_by.
 		return s.parkedOn(ctx, q, ReadySubject(q.name, "*", ticket))
+	}
+	return raw, m, err
+}
+
+// scheduled returns the schedule message of an order of q that waits for its due time,
+// as parked does for a ready one; jetstream.ErrMsgNotFound when there is none (also in
+// a queue without schedules).
+func (s *Store) scheduled(ctx context.Context, q *Queue, ticket string) (*jetstream.RawStreamMsg, *Message, error) {
+	if !q.schedules.Load() {
+		return nil, nil, jetstream.ErrMsgNotFound
+	}
+	return s.parkedOn(ctx, q, scheduleSubjectFor(q.name, ticket))
+}
+
+// waiting returns the order of q under ticket that is not delivered yet: the ready
+// message, else the schedule message (raw.Subject tells which). The schedule may fire
+// between the two reads: without a schedule message the ready subject is read again.
+func (s *Store) waiting(ctx context.Context, q *Queue, ticket string) (*jetstream.RawStreamMsg, *Message, error) {
+	raw, m, err := s.parked(ctx, q, ticket)
+	if !errors.Is(err, jetstream.ErrMsgNotFound) || !q.schedules.Load() {
+		return raw, m, err
+	}
+	raw, m, err = s.scheduled(ctx, q, ticket)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return s.parked(ctx, q, ticket)
 	}
 	return raw, m, err
 }

@@ -46,8 +46,10 @@ func (s *Store) mac(domain string, fields ...[]byte) []byte {
 // messageMAC covers what decides a message's delivery and identity: ticket, queue,
 // rule, method, path, query, received-at, client, idempotency key, fingerprint, every
 // kept header (sorted names, each with its count of values, then the values in order),
-// the body, for a laned order its lane (so an order cannot be moved to a better lane
-// without the key) and the callback URL.
+// the body and, only when they are set (so that the signatures of older orders stay
+// what they were), a laned order's lane (so it cannot be moved to a better lane), the
+// callback URL and a scheduled order's due time (so that nobody without the key can
+// move it); the lists stay apart because the body before them is length-prefixed.
 func (s *Store) messageMAC(m *Message) []byte {
 	names := make([]string, 0, len(m.Header))
 	for k := range m.Header {
@@ -77,6 +79,9 @@ func (s *Store) messageMAC(m *Message) []byte {
 	if m.Callback != "" {
 		fields = append(fields, []byte("callback"), []byte(m.Callback))
 	}
+	if !m.NotBefore.IsZero() {
+		fields = append(fields, []byte(m.NotBefore.UTC().Format(time.RFC3339)))
+	}
 	return s.mac("sluice message", fields...)
 }
 
@@ -88,13 +93,23 @@ func (s *Store) sign(m *Message) {
 // Verify checks a parked message read from a queue or the dead letters: its signature
 // must be this store's HMAC of the message, and the subject it was read from must be
 // the one of its queue and ticket (a genuine message copied to another queue is
-// forged there). Errors wrap ErrForged. Only a verified message may be delivered.
+// forged there; a schedule subject only for a scheduled order). Errors wrap ErrForged.
+// Only a verified message may be delivered.
 func (s *Store) Verify(m *Message) error {
-	if m.subject != "" && m.subject != ReadySubject(m.Queue, m.Lane, m.Ticket) && m.subject != deadSubjectFor(m.Queue, m.Ticket) {
+	if m.subject != "" && m.subject != ReadySubject(m.Queue, m.Lane, m.Ticket) && m.subject != deadSubjectFor(m.Queue, m.Ticket) &&
+		(m.NotBefore.IsZero() || m.subject != scheduleSubjectFor(m.Queue, m.Ticket)) {
 		return fmt.Errorf("%w: message of queue %q, ticket %s read from subject %q", ErrForged, m.Queue, m.Ticket, m.subject)
 	}
 	if !checkSig(m.Signature, s.messageMAC(m)) {
 		return fmt.Errorf("%w: message %s: missing or wrong %s", ErrForged, m.Ticket, HeaderSignature)
+	}
+	// A scheduled order reaches its ready subject only when the server fires it, so it
+	// is stored there (server time) at or after its due time: an earlier copy is a
+	// genuine schedule message replayed early. A second's slack covers rounding.
+	if !m.NotBefore.IsZero() && !m.StoredAt.IsZero() && m.subject == ReadySubject(m.Queue, m.Lane, m.Ticket) &&
+		m.StoredAt.Add(time.Second).Before(m.NotBefore) {
+		return fmt.Errorf("%w: message %s: on its ready subject at %s, before its due time %s", ErrForged, m.Ticket,
+			m.StoredAt.UTC().Format(time.RFC3339), m.NotBefore.UTC().Format(time.RFC3339))
 	}
 	return nil
 }

@@ -276,7 +276,7 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 	if maxBytes == 0 {
 		maxBytes = -1
 	}
-	stream, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	qs := jetstream.StreamConfig{
 		Name:        StreamName(cfg.Name),
 		Description: "sluice queue " + cfg.Name,
 		// Unlaned orders on sluice.q.{queue}.{ticket}, laned ones one token deeper
@@ -296,7 +296,13 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		// Park writes concurrent orders as one atomic batch (see groupCommit).
 		AllowAtomicPublish: true,
 		Metadata:           configMetadata(cfg),
-	})
+	}
+	// JetStream cannot turn message schedules off again: a stream that once had them
+	// keeps them, whatever the queue's configuration says now.
+	if cfg.Scheduled() || s.allowsSchedules(ctx, qs.Name) {
+		scheduledStream(&qs, cfg.Name)
+	}
+	stream, err := s.js.CreateOrUpdateStream(ctx, qs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
 	}
@@ -324,6 +330,29 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 	return s.add(cfg, stream, keys, false), nil
 }
 
+// scheduledStream turns a queue's stream config into one that holds scheduled orders:
+// JetStream message schedules on the schedule subjects, which fire onto the ready
+// subjects of the same stream. JetStream refuses schedules on a discard-new stream (a
+// due order could find no room and be lost), so the stream has no MaxMsgs or MaxBytes
+// of its own: Park keeps the queue's caps itself (see Queue.checkRoom), and an order
+// once accepted always finds room when it falls due. Roll-ups, which schedules need,
+// are allowed: whoever may publish on the stream's subjects may therefore purge them
+// too, which NATS permissions guard as they guard deletes.
+func scheduledStream(c *jetstream.StreamConfig, queue string) {
+	c.Subjects = append(c.Subjects, scheduleFilter(queue))
+	c.Discard = jetstream.DiscardOld
+	c.MaxMsgs, c.MaxBytes = -1, -1
+	c.AllowMsgSchedules = true
+	c.AllowRollup = true
+}
+
+// allowsSchedules reports whether the named stream exists and has message schedules
+// on (a lookup failure counts as no: creating or updating the stream then says more).
+func (s *Store) allowsSchedules(ctx context.Context, name string) bool {
+	st, err := s.js.Stream(ctx, name)
+	return err == nil && st.CachedInfo().Config.AllowMsgSchedules
+}
+
 // add adds (or updates) a queue of the store. keys is nil for an orphaned queue: the
 // rules no longer name it, so nothing is parked in it.
 func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orphaned bool) *Queue {
@@ -349,6 +378,9 @@ func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orpha
 	}
 	q.cfg.Store(&cfg)
 	q.orphaned.Store(orphaned)
+	if info := stream.CachedInfo(); info != nil {
+		q.schedules.Store(info.Config.AllowMsgSchedules)
+	}
 	return q
 }
 
@@ -443,6 +475,9 @@ type Queue struct {
 	orders   *groupCommit     // Park's writes to stream
 	slots    *groupCommit     // Park's writes to keys; nil with keys
 	orphaned atomic.Bool
+	// schedules: the stream holds scheduled orders (see scheduledStream); Park then
+	// enforces MaxDepth and MaxBytes itself.
+	schedules atomic.Bool
 
 	samples outflowSamples
 
@@ -530,6 +565,29 @@ func (q *Queue) eta(now time.Time, pos uint64) time.Time {
 		d = float64(math.MaxInt64 / 2)
 	}
 	return now.Add(time.Duration(d))
+}
+
+// softCapAge is how old the stream info may be by which Park keeps the caps of a queue
+// with schedules: concurrent parks within it may each find the last free place, so such
+// a queue can exceed MaxDepth by about as many orders as it takes in softCapAge.
+const softCapAge = 100 * time.Millisecond
+
+// checkRoom keeps MaxDepth and MaxBytes for a queue whose stream cannot (one with
+// schedules, see scheduledStream): ErrFull (a *FullError) once they are reached,
+// counting the scheduled orders. For any other queue JetStream itself refuses.
+func (q *Queue) checkRoom(ctx context.Context) error {
+	if !q.schedules.Load() {
+		return nil
+	}
+	cfg := q.Config()
+	info, err := q.streamInfo(ctx, softCapAge)
+	if err != nil {
+		return err
+	}
+	if (cfg.MaxDepth > 0 && info.State.Msgs >= uint64(cfg.MaxDepth)) || (cfg.MaxBytes > 0 && info.State.Bytes >= uint64(cfg.MaxBytes)) {
+		return q.fullError(ctx)
+	}
+	return nil
 }
 
 func (q *Queue) fullError(ctx context.Context) error {

@@ -56,6 +56,8 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			FairBy:           qd.fairBy,
 			FairLanes:        int(min(qd.fairLanes, queueconfig.MaxFairLanes+1)),
 			TenantMaxDepth:   qd.tenantMax,
+			MaxDelay:         qd.maxDelay,
+			Delay:            qd.delay,
 		}.WithDefaults(),
 		Domain: fd.domain,
 		File:   file,

@@ -151,6 +151,8 @@ type queueDef struct {
 	maxBody     int64
 	dropHeaders []string
 	deadMaxAge  time.Duration
+	maxDelay    time.Duration
+	delay       time.Duration
 	// nodes holds each field's value, where queueconfig.Config.Validate's problems are reported.
 	nodes      map[string]*yaml.Node
 	delivery   queueconfig.Delivery
@@ -174,7 +176,7 @@ var (
 	matchFields    = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields   = []string{"name", "value", "present"}
 	entryFields    = []string{"key", "value", "from", "default"}
-	queueFields    = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "priorities", "fair_by", "fair_lanes", "tenant_max_depth", "callback_hosts", "callback_secret"}
+	queueFields    = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "priorities", "fair_by", "fair_lanes", "tenant_max_depth", "callback_hosts", "callback_secret", "max_delay", "delay"}
 	outflowFields  = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields  = []string{"initial", "max"}
 )
@@ -626,6 +628,10 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 			}
 		case "dead_letter_max_age":
 			field(v, key, w.duration, &q.deadMaxAge, nil)
+		case "max_delay":
+			field(v, key, w.duration, &q.maxDelay, nil)
+		case "delay":
+			field(v, key, w.duration, &q.delay, nil)
 		case "delivery":
 			d, _ := w.str(v, key)
 			q.delivery = queueconfig.Delivery(d)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Parker is what the ingress needs of the queue package: *queue.Store is one.
@@ -76,7 +77,15 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 			return
 		}
 	}
+	received := time.Now()
+	notBefore, ok := ParseNotBefore(r.Header.Values(ingress.HeaderNotBefore), received)
+	if !ok {
+		ingress.WriteProblem(w, http.StatusBadRequest,
+			ingress.HeaderNotBefore+" must be one HTTP-date (like Sun, 06 Nov 1994 08:49:37 GMT) or a number of seconds from now.")
+		return
+	}
 	header := d.ParkHeader(r)
+	header.Del(ingress.HeaderNotBefore) // sluice's, not the downstream's
 	req := &queue.Request{
 		Queue:          d.Queue.Name,
 		Rule:           d.Rule.Name,
@@ -86,7 +95,8 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		Header:         header,
 		Client:         d.Client,
 		IdempotencyKey: key,
-		ReceivedAt:     time.Now(),
+		ReceivedAt:     received,
+		NotBefore:      notBefore,
 		Callback:       callback,
 		Priority:       d.Priority,
 		Tenant:         d.Tenant,
@@ -115,7 +125,7 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusAccepted)
-	_ = json.NewEncoder(w).Encode(acceptedBody{
+	ab := acceptedBody{
 		Ticket:            receipt.Ticket,
 		Queue:             receipt.Queue,
 		Status:            string(receipt.Status),
@@ -123,7 +133,49 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		EstimatedDelivery: receipt.EstimatedDelivery.UTC().Format(time.RFC3339),
 		Duplicate:         receipt.Duplicate,
 		Monitor:           Path + receipt.Ticket,
-	})
+	}
+	if !receipt.NotBefore.IsZero() {
+		ab.NotBefore = receipt.NotBefore.UTC().Format(time.RFC3339)
+	}
+	_ = json.NewEncoder(w).Encode(ab)
+}
+
+// maxNotBeforeSeconds caps a delta-seconds Sluice-Not-Before: anything longer is
+// beyond every queue's max_delay anyway, and the cap keeps the sum from overflowing.
+const maxNotBeforeSeconds = int64(queueconfig.MaxScheduleDelay/time.Second) + 1
+
+// ParseNotBefore reads the Sluice-Not-Before values of a request received at now: one
+// HTTP-date (any of the three forms of RFC 9110, section 5.6.7) or a non-negative
+// decimal number of seconds from now (as Retry-After). No value: the zero time, ok.
+// More than one value, or a malformed one: ok is false. Longer delays than
+// queueconfig.MaxScheduleDelay are clamped just above it (every queue refuses them).
+func ParseNotBefore(values []string, now time.Time) (t time.Time, ok bool) {
+	switch len(values) {
+	case 0:
+		return time.Time{}, true
+	case 1:
+	default:
+		return time.Time{}, false
+	}
+	v := strings.TrimSpace(values[0])
+	if v == "" {
+		return time.Time{}, false
+	}
+	if strings.Trim(v, "0123456789") == "" {
+		if len(v) > 19 {
+			return now.Add(time.Duration(maxNotBeforeSeconds) * time.Second), true
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return time.Time{}, false
+		}
+		return now.Add(time.Duration(min(n, maxNotBeforeSeconds)) * time.Second), true
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return t, true
 }
 
 type acceptedBody struct {
@@ -134,6 +186,8 @@ type acceptedBody struct {
 	EstimatedDelivery string `json:"estimated_delivery"`
 	Duplicate         bool   `json:"duplicate,omitempty"`
 	Monitor           string `json:"monitor"`
+	// NotBefore is a scheduled order's due time (status "scheduled").
+	NotBefore string `json:"not_before,omitempty"`
 }
 
 func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err error) {
@@ -158,6 +212,14 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
 		ingress.WriteProblem(w, http.StatusServiceUnavailable,
 			"The idempotency key store is full; nothing was accepted. Retry later.")
+	case errors.Is(err, queue.ErrSchedule):
+		var se *queue.ScheduleError
+		detail := "The queue " + d.Queue.Name + " takes no scheduled orders (" + ingress.HeaderNotBefore + ")."
+		if errors.As(err, &se) && se.MaxDelay > 0 {
+			detail = ingress.HeaderNotBefore + " is too far ahead: the queue " + d.Queue.Name + " delivers at most " +
+				strconv.FormatInt(int64(se.MaxDelay/time.Second), 10) + " s (max_delay " + se.MaxDelay.String() + ") after receipt."
+		}
+		ingress.WriteProblem(w, http.StatusBadRequest, detail)
 	case errors.Is(err, queue.ErrInvalidRequest):
 		ingress.WriteProblem(w, http.StatusBadRequest, "This request cannot be queued.")
 	case errors.Is(err, queue.ErrTooLarge):
@@ -211,16 +273,20 @@ func idempotencyKey(h http.Header) (key string, ok bool) {
 
 // statusBody is the JSON of GET /sluice/v1/deferred/{ticket}.
 type statusBody struct {
-	Ticket     string        `json:"ticket"`
-	Queue      string        `json:"queue"`
-	Status     queue.Status  `json:"status"`
-	Attempts   int           `json:"attempts"`
-	LastError  string        `json:"last_error,omitempty"`
-	Position   uint64        `json:"position,omitempty"`
-	ReceivedAt time.Time     `json:"received_at"`
-	UpdatedAt  time.Time     `json:"updated_at"`
-	Result     *resultBody   `json:"result,omitempty"`
-	NextTry    *time.Time    `json:"next_attempt_at,omitempty"`
+	Ticket     string       `json:"ticket"`
+	Queue      string       `json:"queue"`
+	Status     queue.Status `json:"status"`
+	Attempts   int          `json:"attempts"`
+	LastError  string       `json:"last_error,omitempty"`
+	Position   uint64       `json:"position,omitempty"`
+	ReceivedAt time.Time    `json:"received_at"`
+	UpdatedAt  time.Time    `json:"updated_at"`
+	Result     *resultBody  `json:"result,omitempty"`
+	NextTry    *time.Time   `json:"next_attempt_at,omitempty"`
+	// NotBefore and DueIn (whole seconds, rounded up) tell when a scheduled order
+	// falls due.
+	NotBefore  *time.Time    `json:"not_before,omitempty"`
+	DueIn      *int64        `json:"due_in,omitempty"`
 	RetryAfter time.Duration `json:"-"`
 }
 
@@ -259,6 +325,10 @@ func (q *Deferrer) StatusHandler() http.Handler {
 			LastError: rec.LastError, Position: rec.Position, ReceivedAt: rec.ReceivedAt, UpdatedAt: rec.UpdatedAt}
 		if !rec.NextAttemptAt.IsZero() && !rec.Status.Final() {
 			body.NextTry = &rec.NextAttemptAt
+		}
+		if rec.Status == queue.StatusScheduled && !rec.NotBefore.IsZero() {
+			due := ingress.RetryAfterSeconds(max(time.Until(rec.NotBefore), 0))
+			body.NotBefore, body.DueIn = &rec.NotBefore, &due
 		}
 		if res := rec.Result; res != nil {
 			body.Result = &resultBody{Status: res.StatusCode, Headers: res.Header, Truncated: res.Truncated, Subject: res.Subject}

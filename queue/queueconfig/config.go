@@ -37,6 +37,9 @@ const (
 	// DefaultDeadLetterMaxAge is how long dead letters are kept unless DeadLetterMaxAge
 	// says otherwise.
 	DefaultDeadLetterMaxAge = 14 * 24 * time.Hour
+	// MaxScheduleDelay is the most Delay and MaxDelay may be: an order waits at most a
+	// year for its time.
+	MaxScheduleDelay = 366 * 24 * time.Hour
 )
 
 // Idempotency key caps (see Config.MaxIdempotencyKeys).
@@ -148,7 +151,21 @@ type Config struct {
 	// TenantMaxDepth caps the waiting orders of one tenant lane (0: no cap beyond
 	// MaxDepth); past it a park is refused like a full queue (queue.ErrFull).
 	TenantMaxDepth int64
+	// MaxDelay is how far in the future a client may ask its order to be delivered
+	// (the Sluice-Not-Before request header), counted from when the request is received;
+	// a later time is refused. 0 (the default): the queue takes no client schedules. At
+	// most MaxScheduleDelay.
+	MaxDelay time.Duration
+	// Delay holds back every order of the queue: none is delivered sooner than Delay
+	// after it was received (a client's later Sluice-Not-Before wins). 0: none. At most
+	// MaxScheduleDelay.
+	Delay time.Duration
 }
+
+// Scheduled reports whether orders of the queue may wait for a time of their own
+// (Delay or MaxDelay set). The queue's stream then allows JetStream message schedules,
+// which it keeps for good (JetStream cannot turn them off again).
+func (c Config) Scheduled() bool { return c.Delay > 0 || c.MaxDelay > 0 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
@@ -308,6 +325,12 @@ func (c Config) Validate() error {
 		bad("callback_secret", "callback_secret without callback_hosts: no callback could be sent")
 	case c.CallbackSecret != "" && err != nil:
 		bad("callback_secret", "callback_secret: %v", err)
+	}
+	if c.MaxDelay < 0 || c.MaxDelay > MaxScheduleDelay {
+		bad("max_delay", "max_delay must be between 0 and %s, got %s", MaxScheduleDelay, c.MaxDelay)
+	}
+	if c.Delay < 0 || c.Delay > MaxScheduleDelay {
+		bad("delay", "delay must be between 0 and %s, got %s", MaxScheduleDelay, c.Delay)
 	}
 	// JetStream's per-message TTLs count whole seconds.
 	if c.DeadLetterMaxAge < time.Second {

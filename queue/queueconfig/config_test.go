@@ -89,3 +89,33 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("defaults: %+v", c)
 	}
 }
+
+func TestConfigScheduleBounds(t *testing.T) {
+	for _, tc := range []struct {
+		maxDelay, delay time.Duration
+		field           string // "": valid
+	}{
+		{0, 0, ""},
+		{time.Hour, 0, ""},
+		{0, time.Minute, ""},
+		{queueconfig.MaxScheduleDelay, queueconfig.MaxScheduleDelay, ""},
+		{-time.Second, 0, "max_delay"},
+		{queueconfig.MaxScheduleDelay + time.Second, 0, "max_delay"},
+		{0, -time.Second, "delay"},
+		{0, queueconfig.MaxScheduleDelay + time.Second, "delay"},
+	} {
+		c := testConfig("q")
+		c.MaxDelay, c.Delay = tc.maxDelay, tc.delay
+		err := c.Validate()
+		var ce *queueconfig.ConfigError
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("max_delay %s, delay %s: %v", tc.maxDelay, tc.delay, err)
+		case tc.field != "" && (!errors.As(err, &ce) || ce.Field != tc.field):
+			t.Errorf("max_delay %s, delay %s: %v; want a problem of %s", tc.maxDelay, tc.delay, err, tc.field)
+		}
+		if got, want := c.Scheduled(), tc.maxDelay > 0 || tc.delay > 0; got != want {
+			t.Errorf("max_delay %s, delay %s: Scheduled() = %v", tc.maxDelay, tc.delay, got)
+		}
+	}
+}
