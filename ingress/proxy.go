@@ -387,7 +387,7 @@ func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) 
 			res.retryable = true // nothing of the body was read
 			return fail(err)
 		}
-		_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+		setReadDeadline(ctx, conn, time.Now().Add(time.Second))
 		_, err := c.br.Peek(1)
 		clearReadDeadline(ctx, conn)
 		if err == nil {
@@ -412,7 +412,7 @@ func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) 
 			}
 			// The upstream may have answered before reading the whole body (a 413 of
 			// its own): that answer is better than a 502.
-			_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+			setReadDeadline(ctx, conn, time.Now().Add(time.Second))
 			resp, rerr := p.readResponse(c, r, false)
 			clearReadDeadline(ctx, conn)
 			if rerr != nil {
@@ -426,7 +426,7 @@ func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) 
 		res.retryable = !hasBody
 		return fail(err)
 	}
-	_ = conn.SetReadDeadline(time.Now().Add(p.timeout))
+	setReadDeadline(ctx, conn, time.Now().Add(p.timeout))
 	resp, err := p.readResponse(c, r, false)
 	if err != nil {
 		// Nothing came back at all: the upstream closed a kept-alive connection
@@ -440,14 +440,18 @@ func (p *Proxy) exchange(ctx context.Context, c *upstreamConn, r *http.Request) 
 	return res, nil
 }
 
-// clearReadDeadline lifts conn's read deadline, unless ctx is done: the deadline in
-// the past that ctx's end set (maybe just before) must stay.
-func clearReadDeadline(ctx context.Context, conn net.Conn) {
-	_ = conn.SetReadDeadline(time.Time{})
+// setReadDeadline sets conn's read deadline to t, unless ctx is done: the deadline in
+// the past that ctx's end set (maybe just before) must stay, or a cancelled request
+// would wait out t.
+func setReadDeadline(ctx context.Context, conn net.Conn, t time.Time) {
+	_ = conn.SetReadDeadline(t)
 	if ctx.Err() != nil {
 		_ = conn.SetDeadline(aLongTimeAgo)
 	}
 }
+
+// clearReadDeadline lifts conn's read deadline, unless ctx is done (see setReadDeadline).
+func clearReadDeadline(ctx context.Context, conn net.Conn) { setReadDeadline(ctx, conn, time.Time{}) }
 
 // readResponse reads the next final response from c, skipping informational ones
 // (other than 100 Continue when continued is true).
