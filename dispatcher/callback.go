@@ -54,6 +54,9 @@ func (d *Dispatcher) runCallbacks(ctx context.Context) {
 	for attempt := 1; cc == nil; attempt++ {
 		var err error
 		if cc, err = d.store.CallbackConsumer(ctx, p.Timeout+5*time.Second, p.Workers); err != nil {
+			if ctx.Err() != nil {
+				return // stopping
+			}
 			d.log.Warn("callbacks: cannot reach the callback stream; retrying", "err", err)
 			if d.opts.clock.Sleep(ctx, retryDelay(queueconfig.Backoff{Initial: time.Second, Max: 30 * time.Second}, attempt)) != nil {
 				return

@@ -105,6 +105,9 @@ func (r *runner) setup(ctx context.Context) bool {
 		if err == nil {
 			return true
 		}
+		if ctx.Err() != nil {
+			return false // stopping: the failure is the stop's, nothing to warn about
+		}
 		if r.retired(ctx) {
 			r.log.Info("queue retired; its dispatcher stops")
 			return false
