@@ -47,9 +47,15 @@ func (p CallbackPolicy) validate() error {
 }
 
 // runCallbacks sends completion callbacks until ctx ends. Only queues that declare
-// callback_hosts have any; the consumer is shared with every other dispatcher.
+// callback_hosts have any: until one does (a reload may add them), it only looks every
+// second. The consumer is shared with every other dispatcher.
 func (d *Dispatcher) runCallbacks(ctx context.Context) {
 	p := d.opts.callbacks
+	for !d.anyCallbacks() {
+		if d.opts.clock.Sleep(ctx, time.Second) != nil {
+			return
+		}
+	}
 	var cc *queue.CallbackConsumer
 	for attempt := 1; cc == nil; attempt++ {
 		var err error
@@ -138,4 +144,14 @@ func (d *Dispatcher) postCallback(ctx context.Context, cb *queue.Callback) (int,
 		wait, _ = pace.RetryAfter(resp.Header, d.opts.clock.Now())
 	}
 	return resp.StatusCode, wait, nil
+}
+
+// anyCallbacks reports whether a queue of the store takes completion callbacks.
+func (d *Dispatcher) anyCallbacks() bool {
+	for _, q := range d.store.Queues() {
+		if len(q.Config().CallbackHosts) > 0 {
+			return true
+		}
+	}
+	return false
 }

@@ -327,6 +327,13 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 	if err != nil {
 		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
 	}
+	// Callback jobs are written when an order ends, by whichever process settles it:
+	// their stream must exist from the moment such a queue takes orders.
+	if len(cfg.CallbackHosts) > 0 {
+		if _, err := s.ensureCallbackStream(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return s.add(cfg, stream, keys, false), nil
 }
 
