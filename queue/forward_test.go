@@ -39,9 +39,9 @@ func TestForwardSignsForSubscribers(t *testing.T) {
 			// Never forwarded, so never covered.
 			Callback: "https://cb.example/x",
 		},
-		Ticket:         "aaaaaaaaaaaaaaaaaaaaaaaaaa",
-		Fingerprint:    "f00d",
-		Signature:      "v1=internal",
+		Ticket:      "aaaaaaaaaaaaaaaaaaaaaaaaaa",
+		Fingerprint: "f00d",
+		Signature:   "v1=internal",
 	}
 	m.IdempotencyKey = "k-1"
 	seq, err := s.Forward(ctxT(t), "orders.paid", m)
