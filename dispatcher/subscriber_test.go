@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/dispatcher"
@@ -17,10 +19,10 @@ import (
 	"github.com/sluicehq/sluice/queue/subscriber"
 )
 
-// worker consumes a queue's downstream stream as the package subscriber says a
-// consumer should: decode, verify (terminate what fails), work, reply, acknowledge
-// (Nak when the reply fails, so that it is retried).
-func worker(ctx context.Context, t *testing.T, js jetstream.JetStream, stream string, v *subscriber.Verifier, answer func(*subscriber.Order) subscriber.Result) {
+// worker consumes a queue's downstream stream with subscriber.Verifier.Handle until
+// ctx ends.
+// Orders that do not verify are reported on rejected.
+func worker(ctx context.Context, t *testing.T, js jetstream.JetStream, stream string, v *subscriber.Verifier, rejected chan<- error, answer func(*subscriber.Order) subscriber.Result) {
 	cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Error(err)
@@ -32,20 +34,13 @@ func worker(ctx context.Context, t *testing.T, js jetstream.JetStream, stream st
 			continue
 		}
 		for jm := range batch.Messages() {
-			o, err := subscriber.DecodeJetStream(jm)
-			if err == nil {
-				err = v.Verify(o)
+			err := v.Handle(ctx, js, jm, func(_ context.Context, o *subscriber.Order) (*subscriber.Result, error) {
+				r := answer(o)
+				return &r, nil
+			})
+			if errors.Is(err, subscriber.ErrForged) || errors.Is(err, subscriber.ErrNotOrder) {
+				rejected <- err
 			}
-			if err != nil {
-				t.Errorf("worker: %v", err)
-				_ = jm.Term()
-				continue
-			}
-			if err := v.Reply(ctx, js, o, answer(o)); err != nil {
-				_ = jm.NakWithDelay(100 * time.Millisecond) // the result stream may not exist yet
-				continue
-			}
-			_ = jm.Ack()
 		}
 	}
 }
@@ -103,11 +98,12 @@ func TestSubscriberResultLandsInTicket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	rejected := make(chan error, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		worker(ctx, t, js, "PAID", v, func(o *subscriber.Order) subscriber.Result {
+		worker(ctx, t, js, "PAID", v, rejected, func(o *subscriber.Order) subscriber.Result {
 			return subscriber.Result{
 				StatusCode: 201,
 				Header:     http.Header{"Content-Type": {"text/plain"}, "X-Receipt": {"rcpt-" + o.RawQuery}, "Set-Cookie": {"s=1"}, "X-Internal": {"1"}},
@@ -155,6 +151,37 @@ func TestSubscriberResultLandsInTicket(t *testing.T) {
 	st, err := store.Status(ctxT(t), tickets[0])
 	if err != nil || st.Result.StatusCode != 201 {
 		t.Errorf("first ticket: %+v, %v", st, err)
+	}
+
+	// A delivered order with its body changed, republished on the subject: the
+	// worker rejects it, and the ticket keeps its result.
+	raw, err := js.Stream(ctxT(t), "PAID")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := raw.GetMsg(ctxT(t), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := nats.NewMsg("orders.paid")
+	tampered.Header = orig.Header
+	tampered.Header.Del(subscriber.HeaderMsgID)
+	tampered.Data = []byte(`{"order":999}`)
+	if _, err := js.PublishMsg(ctxT(t), tampered); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-rejected:
+		if !errors.Is(err, subscriber.ErrForged) {
+			t.Errorf("tampered order rejected with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the tampered order was not rejected")
+	}
+	select {
+	case err := <-rejected:
+		t.Errorf("a second order was rejected: %v", err)
+	default:
 	}
 
 	// A second, genuine result of the same ticket does not replace the first.
