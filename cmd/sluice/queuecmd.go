@@ -18,7 +18,7 @@ import (
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
-const queueHelp = `Usage: sluice queue list|show|pause|resume|retire [QUEUE] [flags]
+const queueHelp = `Usage: sluice queue list|show|pause|resume|retire|delivery-key [QUEUE] [flags]
 
 Operates the queues of a running sluice through its admin API (--admin, the address
 of its --admin-listen; the token of its --admin-token in --admin-token or
@@ -31,6 +31,10 @@ SLUICE_ADMIN_TOKEN).
   resume QUEUE    end a pause, also one a downstream's Retry-After set
   retire QUEUE    delete an orphaned queue once it is empty; --drop deletes the
                   orders and dead letters it still holds
+  delivery-key QUEUE
+                  print the key the consumers of a nats: queue verify its orders and
+                  sign its results with (package queue/subscriber), derived from the
+                  signing key in SLUICE_QUEUE_KEY; needs no running sluice
 
 --json prints the API's JSON instead of a table.
 
@@ -82,7 +86,7 @@ func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		if fs.NArg() != 1 {
 			return usageErr("list takes no queue")
 		}
-	case "show", "pause", "resume", "retire":
+	case "show", "pause", "resume", "retire", "delivery-key":
 		if fs.NArg() != 2 {
 			return usageErr("%s takes one queue", action)
 		}
@@ -91,7 +95,10 @@ func runQueue(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
 		}
 	default:
-		return usageErr("unknown action %q: want list, show, pause, resume or retire", action)
+		return usageErr("unknown action %q: want list, show, pause, resume, retire or delivery-key", action)
+	}
+	if action == "delivery-key" {
+		return runDeliveryKey(name, stdout, stderr)
 	}
 	if action == "pause" && (cfg.pause == "") == (cfg.until == "") {
 		return usageErr("pause needs --for DURATION or --until TIME (one of them)")
