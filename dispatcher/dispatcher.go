@@ -212,6 +212,18 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 		defer close(callbacksDone)
 		d.runCallbacks(cbCtx)
 	}()
+	// Results of nats: deliveries are written while the queues drain, by every
+	// dispatcher that runs a queue with a nats: downstream.
+	resultsDone := make(chan struct{})
+	go func() {
+		defer close(resultsDone)
+		for _, q := range qs {
+			if q.Config().NATSSubject() != "" {
+				d.runResults(cbCtx)
+				return
+			}
+		}
+	}()
 	var wg sync.WaitGroup
 	for _, r := range runners {
 		wg.Add(1)
@@ -223,6 +235,7 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 	wg.Wait()
 	stopCallbacks()
 	<-callbacksDone
+	<-resultsDone
 	if d.opts.client == nil {
 		d.client.CloseIdleConnections()
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/subscriber"
 )
 
 // ForwardOption configures Store.Forward.
@@ -19,7 +21,9 @@ type forwardOptions struct{ atMostOnce bool }
 func ForwardAtMostOnce() ForwardOption { return func(o *forwardOptions) { o.atMostOnce = true } }
 
 // Forward publishes a parked order to a NATS subject (a nats:SUBJECT downstream): the
-// body with the metadata headers (Message.Headers) and the ticket as Nats-Msg-Id.
+// body with the metadata headers (Message.Headers), the ticket as Nats-Msg-Id and the
+// order's delivery signature (subscriber.HeaderDeliverySignature, under the queue's
+// DeliveryKey), which consumers check with package subscriber.
 // By default through JetStream: done once a stream acknowledged it (at least once;
 // Declare made sure a stream captures the subject); seq is its stream sequence.
 //
@@ -35,6 +39,12 @@ func (s *Store) Forward(ctx context.Context, subject string, m *Message, opts ..
 	msg.Header = m.Headers()
 	msg.Header.Set(HeaderMsgID, m.Ticket)
 	msg.Data = m.Body
+	// Signed as the consumer decodes it, so that both sides cover the same fields.
+	ord, err := subscriber.Decode(msg)
+	if err != nil {
+		return 0, fmt.Errorf("%w: cannot forward %s: %v", ErrInvalidRequest, m.Ticket, err)
+	}
+	msg.Header.Set(subscriber.HeaderDeliverySignature, subscriber.SignOrder(s.DeliveryKey(m.Queue), ord))
 	if !o.atMostOnce {
 		ack, err := s.js.PublishMsg(ctx, msg)
 		if err != nil {
@@ -49,6 +59,13 @@ func (s *Store) Forward(ctx context.Context, subject string, m *Message, opts ..
 		return 0, forwardError(fmt.Errorf("flush to %s: %w", subject, err))
 	}
 	return 0, nil
+}
+
+// DeliveryKey returns the delivery key of a queue: the key its nats:SUBJECT consumers
+// check its orders and sign its results with (subscriber.DeliveryKey of the signing
+// key). It cannot sign anything of another queue, nor anything sluice keeps.
+func (s *Store) DeliveryKey(queue string) []byte {
+	return subscriber.DeliveryKey(s.opts.signingKey, queue)
 }
 
 // forwardError adds to err the class callers branch on (see Forward), keeping its text.

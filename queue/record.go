@@ -39,7 +39,8 @@ const MaxResultBody = 64 << 10
 
 // Result is the downstream's answer to the final delivery attempt.
 type Result struct {
-	// StatusCode is the HTTP status (0 for a NATS downstream).
+	// StatusCode is the HTTP status. For a NATS downstream it is 0 until the consumer
+	// replies (package subscriber; see ResultConsumer), then the reply's status.
 	StatusCode int         `json:"status_code,omitempty"`
 	Header     http.Header `json:"header,omitempty"`
 	// Body holds at most MaxResultBody bytes; Truncated tells whether there was more.

@@ -20,7 +20,7 @@ import (
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
-const queueHelp = `Usage: sluice queue list|show|pause|resume|retire [QUEUE] [flags]
+const queueHelp = `Usage: sluice queue list|show|pause|resume|retire|delivery-key [QUEUE] [flags]
 
 Operates the queues of a running sluice through its admin API (--admin, the address
 of its --admin-listen; the token of its --admin-token in --admin-token or
@@ -33,6 +33,10 @@ SLUICE_ADMIN_TOKEN).
   resume QUEUE    end a pause, also one a downstream's Retry-After set
   retire QUEUE    delete an orphaned queue once it is empty; --drop deletes the
                   orders and dead letters it still holds
+  delivery-key QUEUE
+                  print the key the consumers of a nats: queue verify its orders and
+                  sign its results with (package queue/subscriber), derived from the
+                  signing key in SLUICE_QUEUE_KEY; needs no running sluice
 
 --json prints the API's JSON instead of a table.
 
@@ -65,7 +69,7 @@ func queueCommand(stdout, stderr io.Writer) *cobra.Command {
 		Short:     "list, show, pause, resume or retire the queues of a running sluice",
 		Long:      queueHelp,
 		Args:      cobra.ArbitraryArgs,
-		ValidArgs: []cobra.Completion{"list", "show", "pause", "resume", "retire"},
+		ValidArgs: []cobra.Completion{"list", "show", "pause", "resume", "retire", "delivery-key"},
 		RunE: func(c *cobra.Command, args []string) error {
 			if _, ok := loadFlags(c.Flags(), stderr); !ok {
 				return exitStatus(exitUsage)
@@ -90,7 +94,7 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 		return exitUsage
 	}
 	if len(args) < 1 {
-		return usageErr("want an action: list, show, pause, resume or retire")
+		return usageErr("want an action: list, show, pause, resume, retire or delivery-key")
 	}
 	action := args[0]
 	var name string
@@ -99,7 +103,7 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 		if len(args) != 1 {
 			return usageErr("list takes no queue")
 		}
-	case "show", "pause", "resume", "retire":
+	case "show", "pause", "resume", "retire", "delivery-key":
 		if len(args) != 2 {
 			return usageErr("%s takes one queue", action)
 		}
@@ -108,7 +112,10 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
 		}
 	default:
-		return usageErr("unknown action %q: want list, show, pause, resume or retire", action)
+		return usageErr("unknown action %q: want list, show, pause, resume, retire or delivery-key", action)
+	}
+	if action == "delivery-key" {
+		return runDeliveryKey(name, stdout, stderr)
 	}
 	if action == "pause" && (cfg.pause == "") == (cfg.until == "") {
 		return usageErr("pause needs --for DURATION or --until TIME (one of them)")

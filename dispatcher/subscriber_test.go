@@ -1,0 +1,213 @@
+package dispatcher_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/subscriber"
+)
+
+// worker consumes a queue's downstream stream with subscriber.Verifier.Handle until
+// ctx ends.
+// Orders that do not verify are reported on rejected.
+func worker(ctx context.Context, t *testing.T, js jetstream.JetStream, stream string, v *subscriber.Verifier, rejected chan<- error, answer func(*subscriber.Order) subscriber.Result) {
+	cons, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "worker", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(300*time.Millisecond))
+		if err != nil {
+			continue
+		}
+		for jm := range batch.Messages() {
+			err := v.Handle(ctx, js, jm, func(_ context.Context, o *subscriber.Order) (*subscriber.Result, error) {
+				r := answer(o)
+				return &r, nil
+			})
+			if errors.Is(err, subscriber.ErrForged) || errors.Is(err, subscriber.ErrNotOrder) {
+				rejected <- err
+			}
+		}
+	}
+}
+
+// A consumer of a nats: queue verifies each order and replies; the dispatcher writes
+// the reply into the ticket, with the headers the queue keeps. Forged results — signed
+// with another queue's key, or for a ticket of an HTTP queue — never land.
+func TestSubscriberResultLandsInTicket(t *testing.T) {
+	srv := natstest.Start(t)
+	js, err := jetstream.New(srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "PAID", Subjects: []string{"orders.paid"}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig("pay", "nats:orders.paid")
+	cfg.ResultHeaders = []string{"X-Receipt"}
+	httpCfg := baseConfig("web", "http://127.0.0.1:1")
+	store, _ := openStore(t, srv.Conn, cfg)
+	if _, err := store.Declare(ctxT(t), httpCfg); err != nil {
+		t.Fatal(err)
+	}
+
+	// A result for an HTTP queue's ticket and one signed with another queue's key,
+	// published before any genuine one: the dispatcher drops both.
+	webTicket := park(t, store, "web", 0, 1)[0]
+	tickets := park(t, store, "pay", 0, 3)
+	var logs lockedBuffer
+	startReplica(t, srv, cfg, "a", dispatcher.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	waitFor(t, "the result stream", 20*time.Second, func() bool {
+		_, err := js.Stream(ctxT(t), queue.ResultStream)
+		return err == nil
+	})
+	forge := func(signer, queueName, ticket string) {
+		t.Helper()
+		v, err := subscriber.NewVerifier(signer, store.DeliveryKey(signer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := v.ReplyMsg(&subscriber.Order{Ticket: ticket, Queue: signer}, subscriber.Result{StatusCode: 299, Body: []byte("forged")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg.Subject = subscriber.ResultSubject(queueName, ticket)
+		msg.Header.Del(subscriber.HeaderMsgID)
+		if _, err := js.PublishMsg(ctxT(t), msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forge("web", "pay", tickets[0]) // web's consumer writing pay's result
+	forge("web", "web", webTicket)  // a result for an HTTP delivery
+
+	v, err := subscriber.NewVerifier("pay", store.DeliveryKey("pay"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rejected := make(chan error, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		worker(ctx, t, js, "PAID", v, rejected, func(o *subscriber.Order) subscriber.Result {
+			return subscriber.Result{
+				StatusCode: 201,
+				Header:     http.Header{"Content-Type": {"text/plain"}, "X-Receipt": {"rcpt-" + o.RawQuery}, "Set-Cookie": {"s=1"}, "X-Internal": {"1"}},
+				Body:       fmt.Appendf(nil, "paid %s %s", o.Method, o.Body),
+			}
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+
+	for i, tk := range tickets {
+		var st *queue.Record
+		waitFor(t, "the result of "+tk, 30*time.Second, func() bool {
+			st, err = store.Status(ctxT(t), tk)
+			return err == nil && st.Result != nil && st.Result.StatusCode != 0
+		})
+		r := st.Result
+		if st.Status != queue.StatusDone || r.StatusCode != 201 || string(r.Body) != fmt.Sprintf(`paid POST {"order":%d}`, i) ||
+			r.Subject != "orders.paid" || r.Sequence != uint64(i+1) {
+			t.Errorf("ticket %d: %s, result %+v", i, st.Status, r)
+		}
+		if r.Header.Get("X-Receipt") != fmt.Sprintf("rcpt-n=%d", i) || r.Header.Get("Content-Type") != "text/plain" ||
+			r.Header.Get("Set-Cookie") != "" || r.Header.Get("X-Internal") != "" {
+			t.Errorf("ticket %d: result headers %v", i, r.Header)
+		}
+	}
+	// The forged results were consumed (the stream is empty) and left no trace.
+	waitFor(t, "the result stream to drain", 20*time.Second, func() bool {
+		st, err := js.Stream(ctxT(t), queue.ResultStream)
+		if err != nil {
+			return false
+		}
+		info, err := st.Info(ctxT(t))
+		return err == nil && info.State.Msgs == 0
+	})
+	for _, want := range []string{
+		"result refused", tickets[0] + ": subscriber: forged", webTicket + `: queue \"web\" has no nats: downstream`,
+	} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the logs do not say %q:\n%s", want, logs.String())
+		}
+	}
+	if rec, err := store.Record(ctxT(t), webTicket); err == nil && rec.Result != nil && rec.Result.StatusCode == 299 {
+		t.Errorf("forged result landed on the HTTP ticket: %+v", rec.Result)
+	}
+	st, err := store.Status(ctxT(t), tickets[0])
+	if err != nil || st.Result.StatusCode != 201 {
+		t.Errorf("first ticket: %+v, %v", st, err)
+	}
+
+	// A delivered order with its body changed, republished on the subject: the
+	// worker rejects it, and the ticket keeps its result.
+	raw, err := js.Stream(ctxT(t), "PAID")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := raw.GetMsg(ctxT(t), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := nats.NewMsg("orders.paid")
+	tampered.Header = orig.Header
+	tampered.Header.Del(subscriber.HeaderMsgID)
+	tampered.Data = []byte(`{"order":999}`)
+	if _, err := js.PublishMsg(ctxT(t), tampered); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-rejected:
+		if !errors.Is(err, subscriber.ErrForged) {
+			t.Errorf("tampered order rejected with %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the tampered order was not rejected")
+	}
+	select {
+	case err := <-rejected:
+		t.Errorf("a second order was rejected: %v", err)
+	default:
+	}
+
+	// A second, genuine result of the same ticket does not replace the first.
+	o := &subscriber.Order{Ticket: tickets[1], Queue: "pay"}
+	msg, err := v.ReplyMsg(o, subscriber.Result{StatusCode: 500, Body: []byte("again")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg.Header.Del(subscriber.HeaderMsgID) // past the duplicate window, as it were
+	if _, err := js.PublishMsg(ctxT(t), msg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the repeated result to be consumed", 20*time.Second, func() bool {
+		st, err := js.Stream(ctxT(t), queue.ResultStream)
+		if err != nil {
+			return false
+		}
+		info, err := st.Info(ctxT(t))
+		return err == nil && info.State.Msgs == 0
+	})
+	if st, err := store.Status(ctxT(t), tickets[1]); err != nil || st.Result.StatusCode != 201 {
+		t.Errorf("second ticket after a repeated result: %+v, %v", st.Result, err)
+	}
+
+	// A result over the bounds is refused by the stream itself.
+	if _, err := js.Publish(ctxT(t), subscriber.ResultSubject("pay", tickets[2]), make([]byte, 200<<10)); err == nil {
+		t.Error("the result stream stored a 200 KiB result")
+	}
+}
