@@ -373,8 +373,9 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 }
 
 // Headers returns the metadata headers of m, as published to nats:SUBJECT downstreams
-// (without Nats-Msg-Id, which the publisher sets, and without the signature, which only
-// sluice can check).
+// (without Nats-Msg-Id, which the publisher sets, and without sluice's own signature,
+// which only holders of the signing key could check: Forward adds the delivery
+// signature a consumer checks with its queue's key).
 func (m *Message) Headers() nats.Header {
 	msg := m.encode("_")
 	msg.Header.Del(HeaderMsgID)
