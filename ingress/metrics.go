@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/internal/telemetry"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -66,6 +68,12 @@ func (m *DecisionMetrics) Count(rule, outcome string) {
 
 // Observe records how long deciding one request took.
 func (m *DecisionMetrics) Observe(d time.Duration) { m.decisionDuration.Observe(d.Seconds()) }
+
+// ObserveContext is Observe with an exemplar naming the trace of ctx's span when it is
+// sampled.
+func (m *DecisionMetrics) ObserveContext(ctx context.Context, d time.Duration) {
+	telemetry.Observe(ctx, m.decisionDuration, d.Seconds())
+}
 
 // InitRules creates every rule's series of set at 0.
 func (m *DecisionMetrics) InitRules(set *rules.Set) { m.initRules(set) }
