@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -42,8 +41,7 @@ func histogramExemplars(t *testing.T, reg prometheus.Gatherer, name string) []st
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			var bs []*dto.Bucket = m.GetHistogram().GetBucket()
-			for _, b := range bs {
+			for _, b := range m.GetHistogram().GetBucket() {
 				for _, l := range b.GetExemplar().GetLabel() {
 					if l.GetName() == "trace_id" {
 						ids = append(ids, l.GetValue())

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/internal/telemetry"
 )
 
 // ForwardOption configures Store.Forward.
@@ -19,7 +22,8 @@ type forwardOptions struct{ atMostOnce bool }
 func ForwardAtMostOnce() ForwardOption { return func(o *forwardOptions) { o.atMostOnce = true } }
 
 // Forward publishes a parked order to a NATS subject (a nats:SUBJECT downstream): the
-// body with the metadata headers (Message.Headers) and the ticket as Nats-Msg-Id.
+// body with the metadata headers (Message.Headers), the ticket as Nats-Msg-Id and the
+// span context of ctx, if valid, as a W3C traceparent (and tracestate) header.
 // By default through JetStream: done once a stream acknowledged it (at least once;
 // Declare made sure a stream captures the subject); seq is its stream sequence.
 //
@@ -34,6 +38,7 @@ func (s *Store) Forward(ctx context.Context, subject string, m *Message, opts ..
 	msg := nats.NewMsg(subject)
 	msg.Header = m.Headers()
 	msg.Header.Set(HeaderMsgID, m.Ticket)
+	telemetry.Inject(ctx, http.Header(msg.Header))
 	msg.Data = m.Body
 	if !o.atMostOnce {
 		ack, err := s.js.PublishMsg(ctx, msg)

@@ -35,6 +35,8 @@ import (
 //	Sluice-Idempotency-Key  the client's Idempotency-Key, if any
 //	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
 //	Sluice-Callback         the URL to call when the order ends (see Request.Callback)
+//	Sluice-Traceparent      W3C trace context of the park (see Message.TraceParent)
+//	Sluice-Tracestate       its tracestate, if any
 //	Sluice-Signature        HMAC of all the above, the headers and the body (see Store.Verify)
 //	Sluice-H-{Name}         each kept request header, canonical name, every value
 //
@@ -55,6 +57,8 @@ const (
 	HeaderClient         = "Sluice-Client"
 	HeaderIdempotencyKey = "Sluice-Idempotency-Key"
 	HeaderFingerprint    = "Sluice-Fingerprint"
+	HeaderTraceParent    = "Sluice-Traceparent"
+	HeaderTraceState     = "Sluice-Tracestate"
 	HeaderPrefix         = "Sluice-H-"
 
 	// Headers added to dead letters.
@@ -100,6 +104,12 @@ type Message struct {
 	Ticket string
 	// Fingerprint is the payload fingerprint used for idempotency (see Fingerprint).
 	Fingerprint string
+	// TraceParent and TraceState are the W3C trace context (traceparent, tracestate)
+	// of the park: Park's span (see WithTracerProvider), else the span of the context
+	// Park was given; empty when neither was valid. The dispatcher's delivery span
+	// links to it. They are covered by the signature like the rest, though a forged
+	// one could do no harm: it only names the span a delivery links to.
+	TraceParent, TraceState string
 	// Signature is the value of HeaderSignature: set by Park, kept as it is by dead
 	// letters and re-queueing, checked by Store.Verify.
 	Signature string
@@ -252,6 +262,8 @@ func (m *Message) encode(subject string) *nats.Msg {
 	setIf(h, HeaderIdempotencyKey, m.IdempotencyKey)
 	h.Set(HeaderFingerprint, m.Fingerprint)
 	setIf(h, HeaderCallback, m.Callback)
+	setIf(h, HeaderTraceParent, m.TraceParent)
+	setIf(h, HeaderTraceState, m.TraceState)
 	setIf(h, HeaderSignature, m.Signature)
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -298,6 +310,8 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 		Ticket:      h.Get(HeaderTicket),
 		Fingerprint: h.Get(HeaderFingerprint),
 		Signature:   h.Get(HeaderSignature),
+		TraceParent: h.Get(HeaderTraceParent),
+		TraceState:  h.Get(HeaderTraceState),
 		Request: Request{
 			Queue:          h.Get(HeaderQueue),
 			Rule:           h.Get(HeaderRule),
@@ -330,12 +344,15 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 }
 
 // Headers returns the metadata headers of m, as published to nats:SUBJECT downstreams
-// (without Nats-Msg-Id, which the publisher sets, and without the signature, which only
-// sluice can check).
+// (without Nats-Msg-Id, which the publisher sets, without the signature, which only
+// sluice can check, and without the park's trace context: Forward sends the
+// delivery's as traceparent).
 func (m *Message) Headers() nats.Header {
 	msg := m.encode("_")
 	msg.Header.Del(HeaderMsgID)
 	msg.Header.Del(HeaderSignature)
 	msg.Header.Del(HeaderCallback)
+	msg.Header.Del(HeaderTraceParent)
+	msg.Header.Del(HeaderTraceState)
 	return msg.Header
 }

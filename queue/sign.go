@@ -46,7 +46,7 @@ func (s *Store) mac(domain string, fields ...[]byte) []byte {
 // messageMAC covers what decides a message's delivery and identity: ticket, queue,
 // rule, method, path, query, received-at, client, idempotency key, fingerprint, every
 // kept header (sorted names, each with its count of values, then the values in order),
-// the body and the callback URL.
+// the body, the callback URL and the park's trace context.
 func (s *Store) messageMAC(m *Message) []byte {
 	names := make([]string, 0, len(m.Header))
 	for k := range m.Header {
@@ -70,6 +70,12 @@ func (s *Store) messageMAC(m *Message) []byte {
 	// Appended only when set, so that messages parked before callbacks existed verify.
 	if m.Callback != "" {
 		fields = append(fields, []byte("callback"), []byte(m.Callback))
+	}
+	// Likewise for messages parked before tracing. Covered although a forged trace
+	// context would be harmless (it names only the span a delivery links to): every
+	// header sluice reads back is signed, so none needs an argument of its own.
+	if m.TraceParent != "" || m.TraceState != "" {
+		fields = append(fields, []byte("trace"), []byte(m.TraceParent), []byte(m.TraceState))
 	}
 	return s.mac("sluice message", fields...)
 }

@@ -115,6 +115,9 @@ func TestVerifyRefusesForgedMessages(t *testing.T) {
 			m.Header.Set(queue.HeaderReceivedAt, time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano))
 		}},
 		{"rule", func(m *nats.Msg) { m.Header.Set(queue.HeaderRule, "other-rule") }},
+		{"trace context added", func(m *nats.Msg) {
+			m.Header.Set(queue.HeaderTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+		}},
 		{"ticket", func(m *nats.Msg) {
 			m.Header.Set(queue.HeaderTicket, other)
 			m.Subject = "sluice.q.orders." + other
