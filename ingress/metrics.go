@@ -167,7 +167,8 @@ func (t instrumentedTransport) RoundTrip(r *http.Request) (*http.Response, error
 		class = statusClass(resp.StatusCode)
 	}
 	t.metrics.requests.WithLabelValues(class).Inc()
-	t.metrics.duration.WithLabelValues(class).Observe(time.Since(start).Seconds())
+	// An exemplar when the request carries a sampled span (an outer instrumentation's).
+	telemetry.Observe(r.Context(), t.metrics.duration.WithLabelValues(class), time.Since(start).Seconds())
 	return resp, err
 }
 
