@@ -31,16 +31,17 @@ func TestParkKeepsTraceContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Read before the consumer acknowledges it: the work-queue stream then removes it.
+	raw, err := q.Stream().GetLastMsgForSubject(ctx, "sluice.q.orders."+rc.Ticket)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := next(t, cons)
 	if m.TraceParent != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" || m.TraceState != "vendor=x" {
 		t.Errorf("parked trace context %q %q", m.TraceParent, m.TraceState)
 	}
 	if err := s.Verify(m); err != nil {
 		t.Fatalf("genuine traced message: %v", err)
-	}
-	raw, err := q.Stream().GetLastMsgForSubject(ctx, "sluice.q.orders."+rc.Ticket)
-	if err != nil {
-		t.Fatal(err)
 	}
 	forged := copyMsg(raw)
 	forged.Header.Set(queue.HeaderTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01")
