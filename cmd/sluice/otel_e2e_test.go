@@ -165,6 +165,19 @@ func TestTracesReachAnOTLPReceiver(t *testing.T) {
 		spanAttr(deliver, "http.response.status_code") != "201" {
 		t.Errorf("delivery span attributes %v", deliver.GetAttributes())
 	}
+	// The delivery histogram names the delivery's trace in an exemplar (OpenMetrics).
+	req, _ := http.NewRequest("GET", p.admin+"/metrics", nil)
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	exemplar := `trace_id="` + hexID(deliver.GetTraceId()) + `"`
+	if !bytes.Contains(metrics, []byte(exemplar)) {
+		t.Errorf("/metrics (OpenMetrics) has no exemplar %s", exemplar)
+	}
 	mu.Lock()
 	tp := gotTraceparent
 	mu.Unlock()
