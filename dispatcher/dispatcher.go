@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/dispatcher/pace"
+	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -34,6 +36,7 @@ type options struct {
 	circuitAfter    int
 	circuitMaxProbe time.Duration
 	callbacks       CallbackPolicy
+	tracerProvider  trace.TracerProvider
 }
 
 // WithLogger sets the logger (default: discard).
@@ -88,6 +91,20 @@ func WithCircuit(after int, maxProbeInterval time.Duration) Option {
 // (default pace.SystemClock).
 func WithDispatcherClock(c pace.Clock) Option { return func(o *options) { o.clock = c } }
 
+// WithTracerProvider sets where delivery spans go (default otel.GetTracerProvider(),
+// which records nothing until the program sets a provider; noop.NewTracerProvider()
+// turns them off). Each delivery attempt gets a span "sluice.deliver" with the
+// attributes sluice.queue, sluice.ticket, sluice.attempt and, once answered,
+// http.response.status_code. It starts a trace of its own, linked to the parked
+// order's trace context (queue.Message.TraceParent): the wait can last hours, longer
+// than any request's trace should. Its context goes to the downstream as W3C
+// traceparent (and tracestate), replacing the client's, on HTTP requests and on
+// nats:SUBJECT publishes alike; the delivery and wait histograms carry its trace as
+// an exemplar when it is sampled.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tracerProvider = tp }
+}
+
 // Dispatcher drains queues of a queue.Store to their downstreams.
 //
 // Any number of dispatcher processes may run the same queue. They share one durable pull
@@ -131,6 +148,7 @@ type Dispatcher struct {
 	log     *slog.Logger
 	metrics *metrics
 	client  *http.Client
+	tracer  trace.Tracer // nil: no spans
 }
 
 // New returns a dispatcher for the queues of store.
@@ -166,7 +184,7 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 	if o.ackWait > 0 && o.ackWait <= o.deliveryTimeout {
 		return nil, fmt.Errorf("dispatcher: ack wait %s must exceed the delivery timeout %s", o.ackWait, o.deliveryTimeout)
 	}
-	d := &Dispatcher{store: store, opts: o, log: o.logger, metrics: newMetrics()}
+	d := &Dispatcher{store: store, opts: o, log: o.logger, metrics: newMetrics(), tracer: telemetry.Tracer(o.tracerProvider)}
 	if o.registerer != nil {
 		if err := d.metrics.register(o.registerer); err != nil {
 			return nil, err

@@ -7,7 +7,11 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -148,19 +152,26 @@ func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time
 	tgt := r.target
 	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(bg, r.d.opts.deliveryTimeout)
-	ctx = context.WithValue(ctx, deliveryKey{}, Delivery{Ticket: m.Ticket, Queue: m.Queue, Attempt: l.Record().Attempts + 1, Start: start})
+	attempt := l.Record().Attempts + 1
+	if r.d.tracer != nil {
+		var span trace.Span
+		ctx, span = startDelivery(ctx, r.d.tracer, m, attempt)
+		defer span.End()
+	}
+	ctx = context.WithValue(ctx, deliveryKey{}, Delivery{Ticket: m.Ticket, Queue: m.Queue, Attempt: attempt, Start: start})
 	out := tgt.deliver(ctx, m)
 	cancel()
+	describeDelivery(trace.SpanFromContext(ctx), out)
 	// Only allow-listed response headers are kept at rest and shown by the monitor.
 	out.header = cfg.ResultHeader(out.header)
-	r.m.duration.Observe(time.Since(start).Seconds())
+	telemetry.Observe(ctx, r.m.duration, time.Since(start).Seconds())
 	if r.downstreamDown(l, out, probe) {
 		return
 	}
 
 	switch out.kind {
 	case outcomeDone:
-		r.done(l, out, start)
+		r.done(ctx, l, out, start)
 	case outcomeThrottled:
 		r.throttled(l, out)
 	case outcomeRetry:
@@ -189,7 +200,38 @@ func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time
 	}
 }
 
-func (r *runner) done(l *queue.Lease, out outcome, start time.Time) {
+// startDelivery starts the span of a delivery attempt: the root of a trace of its
+// own, linked to the trace context parked with the order.
+func startDelivery(ctx context.Context, tracer trace.Tracer, m *queue.Message, attempt int) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{
+		trace.WithNewRoot(),
+		trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(
+			attribute.String("sluice.queue", m.Queue),
+			attribute.String("sluice.ticket", m.Ticket),
+			attribute.Int("sluice.attempt", attempt),
+		),
+	}
+	if sc := telemetry.Extract(m.TraceParent, m.TraceState); sc.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
+	}
+	return tracer.Start(ctx, "sluice.deliver", opts...)
+}
+
+// describeDelivery sets the outcome of a delivery attempt on its span.
+func describeDelivery(span trace.Span, out outcome) {
+	if !span.IsRecording() {
+		return
+	}
+	if out.status != 0 {
+		span.SetAttributes(attribute.Int("http.response.status_code", out.status))
+	}
+	if out.kind != outcomeDone {
+		span.SetStatus(codes.Error, out.describe())
+	}
+}
+
+func (r *runner) done(ctx context.Context, l *queue.Lease, out outcome, start time.Time) {
 	m := l.Message()
 	if err := l.Done(context.Background(), out.result()); err != nil {
 		// It comes back after the ack wait and is acknowledged unseen (record is done).
@@ -197,7 +239,7 @@ func (r *runner) done(l *queue.Lease, out outcome, start time.Time) {
 	}
 	r.m.delivered.Inc()
 	if !m.ReceivedAt.IsZero() {
-		r.m.wait.Observe(max(start.Sub(m.ReceivedAt), 0).Seconds())
+		telemetry.Observe(ctx, r.m.wait, max(start.Sub(m.ReceivedAt), 0).Seconds())
 	}
 	r.log.Debug("delivered", "ticket", m.Ticket, "status", out.status)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/dispatcher/pace"
+	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -143,6 +144,8 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 	if len(req.Header.Values("Idempotency-Key")) == 0 {
 		req.Header.Set("Idempotency-Key", m.Ticket)
 	}
+	// The delivery's trace context, when traced, replaces the client's traceparent.
+	telemetry.Inject(ctx, req.Header)
 	resp, err := t.client.Do(req)
 	if err != nil {
 		var ne net.Error

@@ -64,7 +64,9 @@ func (a *Admin) Routes() []Route {
 			_, _ = w.Write([]byte("ok\n"))
 		})},
 		{"GET /readyz", http.HandlerFunc(a.readyz)},
-		{"GET /metrics", promhttp.HandlerFor(a.Gatherer, promhttp.HandlerOpts{})},
+		// OpenMetrics on request (Accept), for the exemplars that name traces; the
+		// text format otherwise, as before.
+		{"GET /metrics", promhttp.HandlerFor(a.Gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true})},
 		{"GET /sluice/v1/rules", http.HandlerFunc(a.rules)},
 		{"GET /sluice/v1/status", http.HandlerFunc(a.status)},
 		{"GET " + OpenAPIPath, http.HandlerFunc(serveOpenAPI)},

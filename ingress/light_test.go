@@ -18,7 +18,13 @@ var heavyModules = []string{
 	"github.com/nats-io/nats.go",
 	"github.com/fsnotify/fsnotify",
 	"github.com/redis/go-redis/v9",
+	"go.opentelemetry.io/otel/sdk",
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace",
 }
+
+// otelSDK is what only cmd/sluice may link of OpenTelemetry: the SDK and the exporters
+// (the libraries use the API alone).
+var otelSDK = []string{"go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters/"}
 
 func goTool(t *testing.T, args ...string) string {
 	t.Helper()
@@ -31,7 +37,9 @@ func goTool(t *testing.T, args ...string) string {
 }
 
 // TestLightPackages: the packages a program imports to limit requests pull in no NATS
-// server and no Redis client (nor, for rules and ingress, any NATS or fsnotify).
+// server and no Redis client (nor, for rules and ingress, any NATS or fsnotify); none
+// of the libraries links the OpenTelemetry SDK or an exporter (ingress, queue and
+// dispatcher use the otel API; limiter and rules not even that).
 func TestLightPackages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
@@ -40,9 +48,11 @@ func TestLightPackages(t *testing.T) {
 		pkg    string
 		banned []string
 	}{
-		{"limiter", []string{"github.com/nats-io/", "github.com/redis/"}},
-		{"rules", []string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/sluicehq/sluice/queue\n"}},
-		{"ingress", []string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/sluicehq/sluice/queue\n"}},
+		{"limiter", append([]string{"github.com/nats-io/", "github.com/redis/", "go.opentelemetry.io/"}, otelSDK...)},
+		{"rules", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/sluicehq/sluice/queue\n", "go.opentelemetry.io/"}, otelSDK...)},
+		{"ingress", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/sluicehq/sluice/queue\n"}, otelSDK...)},
+		{"queue", otelSDK},
+		{"dispatcher", otelSDK},
 	} {
 		deps := goTool(t, "list", "-deps", "github.com/sluicehq/sluice/"+tc.pkg)
 		t.Logf("%s: %d packages", tc.pkg, strings.Count(deps, "\n"))

@@ -1,6 +1,7 @@
 package ingress
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -68,6 +70,12 @@ func (m *DecisionMetrics) Count(rule, outcome string) {
 
 // Observe records how long deciding one request took.
 func (m *DecisionMetrics) Observe(d time.Duration) { m.decisionDuration.Observe(d.Seconds()) }
+
+// ObserveContext is Observe with an exemplar naming the trace of ctx's span when it is
+// sampled.
+func (m *DecisionMetrics) ObserveContext(ctx context.Context, d time.Duration) {
+	telemetry.Observe(ctx, m.decisionDuration, d.Seconds())
+}
 
 // InitRules creates every rule's series of set at 0.
 func (m *DecisionMetrics) InitRules(set *rules.Set) { m.initRules(set) }
@@ -161,7 +169,8 @@ func (t instrumentedTransport) RoundTrip(r *http.Request) (*http.Response, error
 		class = statusClass(resp.StatusCode)
 	}
 	t.metrics.requests.WithLabelValues(class).Inc()
-	t.metrics.duration.WithLabelValues(class).Observe(time.Since(start).Seconds())
+	// An exemplar when the request carries a sampled span (an outer instrumentation's).
+	telemetry.Observe(r.Context(), t.metrics.duration.WithLabelValues(class), time.Since(start).Seconds())
 	return resp, err
 }
 

@@ -22,6 +22,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -88,6 +93,8 @@ type Middleware struct {
 	log      *slog.Logger
 	reg      prometheus.Registerer
 	metrics  *metrics
+	tp       trace.TracerProvider
+	tracer   trace.Tracer // nil: tracing off
 
 	checks sync.Pool // *[]rules.Check, reused across requests
 	seen   atomic.Pointer[rules.Set]
@@ -127,6 +134,16 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(m *Middleware) { m.reg = reg }
 }
 
+// WithTracerProvider sets where the decision spans go (default otel.GetTracerProvider(),
+// which records nothing until the program sets a provider). Each request that a rule
+// applies to gets a span "sluice.decide", a child of the request's W3C traceparent (or
+// of the span already in its context), with the attributes sluice.route, sluice.rule
+// (the rule that decided: the one over its limit, else the one closest to it) and
+// sluice.outcome; never a client's address or key. A deferred request's context, this
+// span's, goes to the Deferrer. noop.NewTracerProvider() turns tracing off at no cost
+// per request; the global provider, while none is set, costs two small allocations.
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(m *Middleware) { m.tp = tp } }
+
 // DefaultMaxBody is the default request body cap.
 const DefaultMaxBody = 10 << 20
 
@@ -153,6 +170,7 @@ func New(src RulesSource, lim limiter.Limiter, opts ...Option) (*Middleware, err
 	if m.metrics, err = newMetrics(m.reg); err != nil {
 		return nil, err
 	}
+	m.tracer = telemetry.Tracer(m.tp)
 	m.checks.New = func() any { s := make([]rules.Check, 0, 8); return &s }
 	return m, nil
 }
@@ -199,8 +217,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
-	v := m.decide(r.Context(), checks)
+	ctx := r.Context()
+	var span trace.Span
+	if m.tracer != nil {
+		ctx, span = m.startDecision(r)
+	}
+	v := m.decide(ctx, checks)
 	v.writeHeaders(w.Header())
+	deferring := v.violated != nil && v.violated.OnLimit == rules.Defer && m.deferrer != nil && bodyMissing == ""
+	if span != nil {
+		endDecision(span, route, &v, deferring)
+	}
 	switch {
 	case v.violated == nil && r.Header[HeaderNotBefore] != nil && m.deferrer != nil:
 		// A client that asks for a delivery time wants its order queued, over the
@@ -219,7 +246,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	case v.violated == nil:
 		next.ServeHTTP(w, r)
-	case v.violated.OnLimit == rules.Defer && m.deferrer != nil && bodyMissing == "":
+	case deferring:
+		if span != nil {
+			r = r.WithContext(ctx) // the park's span is the decision's child
+		}
 		h := r.Header.Clone()
 		setForwarded(m.ids, r, h)
 		priority, tenant := route.Lane(r, client.Addr(), v.violated.Queue)
@@ -262,6 +292,40 @@ func schedulingRule(checks []rules.Check) *rules.Rule {
 		}
 	}
 	return first
+}
+
+// startDecision starts the decision span of r: a child of the span in r's context, else
+// of the request's traceparent.
+func (m *Middleware) startDecision(r *http.Request) (context.Context, trace.Span) {
+	ctx := r.Context()
+	// Looked up by canonical name first: Extract's lower-case lookup costs an
+	// allocation, which requests without a traceparent need not pay.
+	if len(r.Header["Traceparent"]) > 0 && !trace.SpanContextFromContext(ctx).IsValid() {
+		ctx = telemetry.TraceContext.Extract(ctx, propagation.HeaderCarrier(r.Header))
+	}
+	return m.tracer.Start(ctx, "sluice.decide")
+}
+
+// endDecision describes verdict v on span and ends it. Attributes are built only for a
+// recording span.
+func endDecision(span trace.Span, route *rules.Route, v *verdict, deferring bool) {
+	if span.IsRecording() {
+		outcome, rule := OutcomeAllowed, ""
+		switch {
+		case v.violated != nil && deferring:
+			outcome, rule = OutcomeDeferred, v.violated.Name
+		case v.violated != nil:
+			outcome, rule = OutcomeRejected, v.violated.Name
+		case v.closestRule != nil:
+			rule = v.closestRule.Name
+		}
+		span.SetAttributes(
+			attribute.String("sluice.route", route.Name),
+			attribute.String("sluice.rule", rule),
+			attribute.String("sluice.outcome", outcome),
+		)
+	}
+	span.End()
 }
 
 // SetRetryAfter sets Retry-After and X-Ratelimit-Retry-After to d in whole seconds,
@@ -309,7 +373,7 @@ func (m *Middleware) decide(ctx context.Context, checks []rules.Check) verdict {
 		}
 		m.metrics.Count(rule.Name, outcome)
 	}
-	m.metrics.Observe(time.Since(start))
+	m.metrics.ObserveContext(ctx, time.Since(start))
 	return v
 }
 

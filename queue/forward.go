@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue/subscriber"
 )
 
@@ -23,7 +25,8 @@ func ForwardAtMostOnce() ForwardOption { return func(o *forwardOptions) { o.atMo
 // Forward publishes a parked order to a NATS subject (a nats:SUBJECT downstream): the
 // body with the metadata headers (Message.Headers), the ticket as Nats-Msg-Id and the
 // order's delivery signature (subscriber.HeaderDeliverySignature, under the queue's
-// DeliveryKey), which consumers check with package subscriber.
+// DeliveryKey), which consumers check with package subscriber, and the span context
+// of ctx, if valid, as a W3C traceparent (and tracestate) header.
 // By default through JetStream: done once a stream acknowledged it (at least once;
 // Declare made sure a stream captures the subject); seq is its stream sequence.
 //
@@ -38,6 +41,7 @@ func (s *Store) Forward(ctx context.Context, subject string, m *Message, opts ..
 	msg := nats.NewMsg(subject)
 	msg.Header = m.Headers()
 	msg.Header.Set(HeaderMsgID, m.Ticket)
+	telemetry.Inject(ctx, http.Header(msg.Header))
 	msg.Data = m.Body
 	// Signed as the consumer decodes it, so that both sides cover the same fields.
 	ord, err := subscriber.Decode(msg)

@@ -38,6 +38,8 @@ import (
 //	Sluice-Lane             the order's lane in a laned queue (see ReadySubject)
 //	Sluice-Not-Before       a scheduled order's due time, RFC 3339 in whole seconds (absent
 //	                        for an order delivered as soon as its turn comes)
+//	Sluice-Traceparent      W3C trace context of the park (see Message.TraceParent)
+//	Sluice-Tracestate       its tracestate, if any
 //	Sluice-Signature        HMAC of all the above, the headers and the body (see Store.Verify)
 //	Sluice-H-{Name}         each kept request header, canonical name, every value
 //
@@ -60,6 +62,8 @@ const (
 	HeaderFingerprint    = "Sluice-Fingerprint"
 	HeaderLane           = "Sluice-Lane"
 	HeaderNotBefore      = "Sluice-Not-Before"
+	HeaderTraceParent    = "Sluice-Traceparent"
+	HeaderTraceState     = "Sluice-Tracestate"
 	HeaderPrefix         = "Sluice-H-"
 
 	// Headers added to dead letters.
@@ -119,6 +123,12 @@ type Message struct {
 	Ticket string
 	// Fingerprint is the payload fingerprint used for idempotency (see Fingerprint).
 	Fingerprint string
+	// TraceParent and TraceState are the W3C trace context (traceparent, tracestate)
+	// of the park: Park's span (see WithTracerProvider), else the span of the context
+	// Park was given; empty when neither was valid. The dispatcher's delivery span
+	// links to it. They are covered by the signature like the rest, though a forged
+	// one could do no harm: it only names the span a delivery links to.
+	TraceParent, TraceState string
 	// Signature is the value of HeaderSignature: set by Park, kept as it is by dead
 	// letters and re-queueing, checked by Store.Verify.
 	Signature string
@@ -287,6 +297,8 @@ func (m *Message) encode(subject string) *nats.Msg {
 	if !m.NotBefore.IsZero() {
 		h.Set(HeaderNotBefore, m.NotBefore.UTC().Format(time.RFC3339))
 	}
+	setIf(h, HeaderTraceParent, m.TraceParent)
+	setIf(h, HeaderTraceState, m.TraceState)
 	setIf(h, HeaderSignature, m.Signature)
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -334,6 +346,8 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 		Fingerprint: h.Get(HeaderFingerprint),
 		Signature:   h.Get(HeaderSignature),
 		Lane:        h.Get(HeaderLane),
+		TraceParent: h.Get(HeaderTraceParent),
+		TraceState:  h.Get(HeaderTraceState),
 		Request: Request{
 			Queue:          h.Get(HeaderQueue),
 			Rule:           h.Get(HeaderRule),
@@ -373,13 +387,16 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 }
 
 // Headers returns the metadata headers of m, as published to nats:SUBJECT downstreams
-// (without Nats-Msg-Id, which the publisher sets, and without sluice's own signature,
+// (without Nats-Msg-Id, which the publisher sets, without sluice's own signature,
 // which only holders of the signing key could check: Forward adds the delivery
-// signature a consumer checks with its queue's key).
+// signature a consumer checks with its queue's key, and without the park's trace
+// context: Forward sends the delivery's as traceparent).
 func (m *Message) Headers() nats.Header {
 	msg := m.encode("_")
 	msg.Header.Del(HeaderMsgID)
 	msg.Header.Del(HeaderSignature)
 	msg.Header.Del(HeaderCallback)
+	msg.Header.Del(HeaderTraceParent)
+	msg.Header.Del(HeaderTraceState)
 	return msg.Header
 }

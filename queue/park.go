@@ -12,6 +12,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -106,7 +111,12 @@ const keyReserve = 0.9
 // the dispatcher records when the order becomes final, before it acknowledges the
 // message); a retry after the window and after delivery is a new order, which the
 // downstream still recognises: it carries the client's own Idempotency-Key.
-func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
+func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) {
+	if s.tracer != nil {
+		var span trace.Span
+		ctx, span = s.tracer.Start(ctx, "sluice.park")
+		defer func() { endPark(span, req.Queue, rc, err) }()
+	}
 	if err := req.validate(); err != nil {
 		return Receipt{}, err
 	}
@@ -132,6 +142,7 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 	if m.NotBefore, err = dueTime(cfg, m.ReceivedAt, req.NotBefore, time.Now()); err != nil {
 		return Receipt{}, err
 	}
+	m.TraceParent, m.TraceState = telemetry.Format(trace.SpanContextFromContext(ctx))
 
 	if !s.connected() {
 		return Receipt{}, fmt.Errorf("%w: not connected to NATS", ErrUnavailable)
@@ -157,6 +168,20 @@ func (s *Store) Park(ctx context.Context, req *Request) (Receipt, error) {
 		return Receipt{}, err
 	}
 	return q.receiptOf(ctx, m, ack.Sequence, ack.Duplicate), nil
+}
+
+// endPark describes the outcome of a park on its span and ends it.
+func endPark(span trace.Span, queue string, rc Receipt, err error) {
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("sluice.queue", queue))
+		if rc.Ticket != "" {
+			span.SetAttributes(attribute.String("sluice.ticket", rc.Ticket), attribute.Bool("sluice.duplicate", rc.Duplicate))
+		}
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+		}
+	}
+	span.End()
 }
 
 // dueTime returns when an order received at receivedAt and asking for notBefore (zero:
@@ -201,6 +226,7 @@ const (
 // on the target (without Nats-Msg-Id and the scheduling headers, which the signature
 // does not cover) and purges the schedule message; the dispatch consumer, filtered on
 // the ready subjects, only ever sees the copy.
+
 func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string) (*jetstream.PubAck, error) {
 	s.sign(m)
 	ready := ReadySubject(q.name, m.Lane, m.Ticket)

@@ -48,8 +48,9 @@ func (s *Store) mac(domain string, fields ...[]byte) []byte {
 // kept header (sorted names, each with its count of values, then the values in order),
 // the body and, only when they are set (so that the signatures of older orders stay
 // what they were), a laned order's lane (so it cannot be moved to a better lane), the
-// callback URL and a scheduled order's due time (so that nobody without the key can
-// move it); the lists stay apart because the body before them is length-prefixed.
+// callback URL, a scheduled order's due time (so that nobody without the key can move
+// it) and the park's trace context; the lists stay apart because the body before them
+// is length-prefixed.
 func (s *Store) messageMAC(m *Message) []byte {
 	names := make([]string, 0, len(m.Header))
 	for k := range m.Header {
@@ -81,6 +82,12 @@ func (s *Store) messageMAC(m *Message) []byte {
 	}
 	if !m.NotBefore.IsZero() {
 		fields = append(fields, []byte(m.NotBefore.UTC().Format(time.RFC3339)))
+	}
+	// Likewise for messages parked before tracing. Covered although a forged trace
+	// context would be harmless (it names only the span a delivery links to): every
+	// header sluice reads back is signed, so none needs an argument of its own.
+	if m.TraceParent != "" || m.TraceState != "" {
+		fields = append(fields, []byte("trace"), []byte(m.TraceParent), []byte(m.TraceState))
 	}
 	return s.mac("sluice message", fields...)
 }

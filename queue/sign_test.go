@@ -73,16 +73,17 @@ func TestVerifyRefusesForgedMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Read before the consumer acknowledges it: the work-queue stream then removes it.
+	raw, err := q.Stream().GetLastMsgForSubject(ctx, "sluice.q.orders."+rc.Ticket)
+	if err != nil {
+		t.Fatal(err)
+	}
 	genuine := next(t, cons)
 	if err := s.Verify(genuine); err != nil {
 		t.Fatalf("genuine message: %v", err)
 	}
 	if len(genuine.Signature) < 10 || genuine.Signature[:3] != "v1=" {
 		t.Fatalf("signature %q", genuine.Signature)
-	}
-	raw, err := q.Stream().GetLastMsgForSubject(ctx, "sluice.q.orders."+rc.Ticket)
-	if err != nil {
-		t.Fatal(err)
 	}
 	other := queue.NewTicket()
 	otherKey, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(bytes.Repeat([]byte("k"), 32)))
@@ -115,6 +116,9 @@ func TestVerifyRefusesForgedMessages(t *testing.T) {
 			m.Header.Set(queue.HeaderReceivedAt, time.Now().Add(time.Hour).UTC().Format(time.RFC3339Nano))
 		}},
 		{"rule", func(m *nats.Msg) { m.Header.Set(queue.HeaderRule, "other-rule") }},
+		{"trace context added", func(m *nats.Msg) {
+			m.Header.Set(queue.HeaderTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+		}},
 		{"ticket", func(m *nats.Msg) {
 			m.Header.Set(queue.HeaderTicket, other)
 			m.Subject = "sluice.q.orders." + other

@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -92,6 +94,7 @@ type options struct {
 	signingKey     []byte
 	keptBytes      int64
 	storeLimit     int64
+	tracerProvider trace.TracerProvider
 }
 
 // WithReplicas sets the replica count of the shared resources: the dead-letter stream
@@ -129,6 +132,15 @@ func WithKeptRecordsBytes(n int64) Option { return func(o *options) { o.keptByte
 // Park fails only when JetStream itself refuses.
 func WithStoreLimit(n int64) Option { return func(o *options) { o.storeLimit = n } }
 
+// WithTracerProvider sets where Park's spans go (default otel.GetTracerProvider(),
+// which records nothing until the program sets a provider; noop.NewTracerProvider()
+// turns them off). Park's span "sluice.park", a child of the span in Park's context,
+// has the attributes sluice.queue and sluice.ticket, and its context is kept with the
+// parked order (Message.TraceParent) for the delivery span to link to.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tracerProvider = tp }
+}
+
 // HighWater is the share of the store limit (WithStoreLimit) past which Park refuses
 // new orders.
 const HighWater = 0.85
@@ -149,6 +161,7 @@ type Store struct {
 	idem    jetstream.KeyValue
 	dead    jetstream.Stream
 	metrics *storeMetrics
+	tracer  trace.Tracer // nil: no spans
 	kept    *keptRecords
 	usage   storeUsage
 
@@ -179,7 +192,8 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes)}
+	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes),
+		tracer: telemetry.Tracer(o.tracerProvider)}
 	s.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        DeadStream,
 		Description: "sluice dead letters of every queue",

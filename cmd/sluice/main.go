@@ -372,6 +372,21 @@ func versionText() string {
 	return formatVersion(version, info)
 }
 
+// buildVersion is this binary's version: the first line of sluice version.
+func buildVersion() string {
+	info, _ := debug.ReadBuildInfo()
+	return versionName(version, info)
+}
+
+// versionName is linkVersion, else the module version of info.
+func versionName(linkVersion string, info *debug.BuildInfo) string {
+	v := linkVersion
+	if v == "" && info != nil {
+		v = info.Main.Version
+	}
+	return cmp.Or(v, "(unknown)")
+}
+
 // formatVersion writes the version of a binary built with info (nil: none recorded)
 // and linked with the version linkVersion (empty: none):
 //
@@ -388,11 +403,7 @@ func versionText() string {
 // three VCS lines.
 func formatVersion(linkVersion string, info *debug.BuildInfo) string {
 	var b strings.Builder
-	v := linkVersion
-	if v == "" && info != nil {
-		v = info.Main.Version
-	}
-	fmt.Fprintf(&b, "sluice %s\n", cmp.Or(v, "(unknown)"))
+	fmt.Fprintf(&b, "sluice %s\n", versionName(linkVersion, info))
 	vcs := map[string]string{}
 	goVersion := runtime.Version()
 	if info != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
@@ -345,7 +346,8 @@ type queues struct {
 	dispOpts []dispatcher.Option // nil: park only
 	reg      prometheus.Registerer
 	log      *slog.Logger
-	reload   func() error // reads the rules files again (watch.Watcher.Reload)
+	reload   func() error         // reads the rules files again (watch.Watcher.Reload)
+	tracing  trace.TracerProvider // nil: the global one
 
 	store atomic.Pointer[queue.Store] // nil until open
 
@@ -462,7 +464,7 @@ func (q *queues) open(ctx context.Context) (*queue.Store, error) {
 		limit = q.conn.embedded.MaxStore()
 	}
 	store, err := queue.Open(ctx, q.conn.nc, queue.WithReplicas(replicas), queue.WithRegisterer(q.reg), queue.WithLogger(q.log),
-		queue.WithIdempotencyMaxBytes(q.conn.idemMax), queue.WithSigningKey(q.conn.key), queue.WithStoreLimit(limit))
+		queue.WithIdempotencyMaxBytes(q.conn.idemMax), queue.WithSigningKey(q.conn.key), queue.WithStoreLimit(limit), queue.WithTracerProvider(q.tracing))
 	if err != nil {
 		return nil, fmt.Errorf("queues: %w", err)
 	}

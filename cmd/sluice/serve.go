@@ -28,6 +28,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
@@ -121,6 +122,9 @@ type gatewayConfig struct {
 	dispatch    bool
 	printConfig bool
 	envoy       envoyConfig
+	// tracing receives the spans of the front door, the parks and the deliveries:
+	// from the OTEL_* environment (see newTracing), not a flag.
+	tracing trace.TracerProvider
 }
 
 // frontConfig configures the front door.
@@ -291,6 +295,12 @@ func runGateway(ctx context.Context, mode gatewayMode, fs *pflag.FlagSet, cfg *g
 	if err != nil {
 		return fail("%v", err)
 	}
+	tr, err := newTracing(ctx, os.Getenv, log)
+	if err != nil {
+		return fail("%v", err)
+	}
+	defer tr.close(log)
+	cfg.tracing = tr.provider
 	g, err := newGateway(mode, *cfg, log)
 	if err != nil {
 		var probs rules.Problems
@@ -473,9 +483,10 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	}
 	var disp []dispatcher.Option
 	if cfg.dispatch {
-		disp = cfg.disp.options()
+		disp = append(cfg.disp.options(), dispatcher.WithTracerProvider(cfg.tracing))
 	}
 	g.queues = newQueues(g.nats, disp, reg, log, g.watcher.Reload)
+	g.queues.tracing = cfg.tracing
 	g.declaring.Store(g.queues)
 	// A first attempt before serving, so that a reachable NATS (the embedded one
 	// always) has the queues declared when the front door opens. What fails for want
@@ -567,7 +578,7 @@ func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Def
 	}
 	g.limiter = store
 	opts := []ingress.Option{ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(int64(cfg.maxBody)),
-		ingress.WithLogger(g.log), ingress.WithRegisterer(reg)}
+		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithTracerProvider(g.cfg.tracing)}
 	if deferrer != nil {
 		opts = append(opts, ingress.WithDeferrer(deferrer), ingress.WithIdempotencyScopeKey(subKey(g.nats.key, "idempotency scope")))
 	}

@@ -143,6 +143,13 @@ func startCommand(t *testing.T, command string, args ...string) *sluiceProcess {
 // startBinary is startCommand with another build of sluice.
 func startBinary(t *testing.T, sluiceBinary, command string, args ...string) *sluiceProcess {
 	t.Helper()
+	return startBinaryEnv(t, sluiceBinary, nil, command, args...)
+}
+
+// startBinaryEnv is startBinary with env ("NAME=value") added to the test's
+// environment, for the process alone.
+func startBinaryEnv(t *testing.T, sluiceBinary string, env []string, command string, args ...string) *sluiceProcess {
+	t.Helper()
 	if sluiceBinary == "" {
 		t.Fatal("the sluice binary was not built")
 	}
@@ -159,6 +166,9 @@ func startBinary(t *testing.T, sluiceBinary, command string, args ...string) *sl
 	}
 	p.cmd = exec.Command(sluiceBinary, append(base, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
 	p.cmd.SysProcAttr = childproc.Attr()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -199,7 +199,7 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		}
 		resp.ResponseHeadersToAdd = rateLimitHeaders(ingress.RateLimitFieldsOf(near.rule, near.limit, near.d), wait)
 	}
-	s.metrics.Observe(time.Since(start))
+	s.metrics.ObserveContext(ctx, time.Since(start))
 	return resp, nil
 }
 
