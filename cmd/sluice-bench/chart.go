@@ -82,14 +82,15 @@ func (c barChart) layout() chartLayout {
 
 func drawable(v float64) bool { return v > 0 && !math.IsInf(v, 1) }
 
-// niceCeil is the least of 1, 2, 2.5 or 5 times a power of ten that is at least v
-// (1 when v is 0), so the ticks fall on round numbers.
+// niceCeil is the least of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten
+// that is at least v (1 when v is not positive): a fifth of each is a round number
+// for the ticks, and the longest bar fills at least 4/5 of the axis.
 func niceCeil(v float64) float64 {
 	if v <= 0 {
 		return 1
 	}
 	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 2.5, 5, 10} {
+	for _, m := range []float64{1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10} {
 		if m*p >= v {
 			return m * p
 		}
@@ -152,11 +153,13 @@ func writeSVG(w io.Writer, c barChart) error {
 		if c.Unit != "" {
 			value += " " + c.Unit
 		}
+		ratio := ""
 		if br.Ratio > 0 {
-			value += fmt.Sprintf("  %.2fx", br.Ratio)
+			// SVG collapses spaces: dx keeps the ratio apart from the value.
+			ratio = fmt.Sprintf(` <tspan class="ratio" dx="6" font-weight="bold">%.2fx</tspan>`, br.Ratio)
 		}
-		fmt.Fprintf(&b, `<text class="value" x="%.2f" y="%.2f" dominant-baseline="middle">%s</text>`+"\n",
-			l.plotX+l.widths[i]+6, mid, esc(value))
+		fmt.Fprintf(&b, `<text class="value" x="%.2f" y="%.2f" dominant-baseline="middle">%s%s</text>`+"\n",
+			l.plotX+l.widths[i]+6, mid, esc(value), ratio)
 		y += chartRow
 	}
 

@@ -128,7 +128,7 @@ func TestWriteSVG(t *testing.T) {
 		return false
 	}
 	for _, want := range []string{hostile, "a <title> & more", "parameters", "ratio: over the reference", "g1", "g2",
-		"control\uFFFDchar", "2,500 req/s  2.50x", "1,000 req/s  1.00x", "12.50 req/s", "400.00 req/s  0.40x", "req/s"} {
+		"control\uFFFDchar", "2,500 req/s 2.50x", "1,000 req/s 1.00x", "12.50 req/s", "400.00 req/s 0.40x", "req/s"} {
 		if !has(want) {
 			t.Errorf("no text %q in %q", want, doc.texts)
 		}
@@ -180,7 +180,7 @@ func TestWriteSVGOddValues(t *testing.T) {
 }
 
 func TestNiceCeil(t *testing.T) {
-	for v, want := range map[float64]float64{0: 1, -5: 1, 0.3: 0.5, 1: 1, 1.2: 2, 2.2: 2.5, 7: 10, 2500: 2500, 2501: 5000, 1234567: 2e6} {
+	for v, want := range map[float64]float64{0: 1, -5: 1, 0.3: 0.3, 0.31: 0.4, 1: 1, 1.1: 1.2, 2.2: 2.5, 7: 8, 9: 10, 2500: 2500, 2501: 3000, 5_689_069: 6e6, 11_604: 12_000} {
 		if got := niceCeil(v); math.Abs(got-want) > 1e-9*want {
 			t.Errorf("niceCeil(%v) = %v, want %v", v, got, want)
 		}

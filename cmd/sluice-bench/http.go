@@ -247,8 +247,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if out.svg != "" {
 		c := barChart{
 			Title: "sluice-bench http: requests per second through the front door",
-			Subtitle: fmt.Sprintf("closed loop, %d connections, %s per target and round; median of %d rounds; GOMAXPROCS %d; %s",
-				*workers, *duration, *rounds, runtime.GOMAXPROCS(0), runtime.Version()),
+			Subtitle: fmt.Sprintf("closed loop, %d connections, %s per target and round; median of %s; GOMAXPROCS %d; %s",
+				*workers, *duration, plural(*rounds, "round"), runtime.GOMAXPROCS(0), runtime.Version()),
 			Unit: "req/s",
 			Note: "ratio: requests per second over httputil.ReverseProxy's (1.00x)",
 		}

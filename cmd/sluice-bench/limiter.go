@@ -146,8 +146,8 @@ func runLimiter(ctx context.Context, args []string, stdout, stderr io.Writer) in
 func limiterChart(cfg limiterConfig, results []result) barChart {
 	c := barChart{
 		Title: "sluice-bench limiter: decisions per second",
-		Subtitle: fmt.Sprintf("%s each after a %s warm-up; %d keys (memory), %d keys per caller (Redis); GOMAXPROCS %d; %s",
-			cfg.duration, cfg.warmup, cfg.keys, cfg.redisKeys, runtime.GOMAXPROCS(0), runtime.Version()),
+		Subtitle: fmt.Sprintf("%s each after a %s warm-up; %s keys (memory), %s keys per caller (Redis); GOMAXPROCS %d; %s",
+			cfg.duration, cfg.warmup, count(cfg.keys), count(cfg.redisKeys), runtime.GOMAXPROCS(0), runtime.Version()),
 		Unit: "decisions/s",
 		Note: "ratio: decisions per second over the peer's in the same scenario (the peer is 1.00x)",
 	}
