@@ -201,12 +201,12 @@ func esc(s string) string {
 }
 
 // formatValue writes a bar's value: whole numbers with thousands separators from
-// 1000 up, two decimals below.
+// 100 up (where decimals are noise in a throughput), two decimals below.
 func formatValue(v float64) string {
 	switch {
 	case math.IsNaN(v) || math.IsInf(v, 0):
 		return strconv.FormatFloat(v, 'f', -1, 64)
-	case math.Abs(v) >= 1000:
+	case math.Abs(v) >= 100:
 		s := count(int(math.Abs(math.Round(v))))
 		if v < 0 {
 			s = "-" + s

@@ -168,10 +168,14 @@ func runPacing(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // pacingChart draws the events per second each contender achieved in its steady
 // state, a group per rate, with its ratio over the configured rate.
 func pacingChart(cfg pacingConfig, results []pacingResult) barChart {
+	order := "side by side"
+	if cfg.sequential {
+		order = "one after another"
+	}
 	c := barChart{
 		Title: "sluice-bench pacing: achieved outflow",
-		Subtitle: fmt.Sprintf("%s per contender and rate, one stall of %s halfway, side by side: %v; GOMAXPROCS %d; %s",
-			cfg.duration, cfg.stall, !cfg.sequential, runtime.GOMAXPROCS(0), runtime.Version()),
+		Subtitle: fmt.Sprintf("%s per contender and rate, contenders %s; one stall of %s halfway; GOMAXPROCS %d; %s",
+			cfg.duration, order, cfg.stall, runtime.GOMAXPROCS(0), runtime.Version()),
 		Unit: "events/s",
 		Note: "ratio: achieved events per second (before the stall) over the configured rate (1.00x is exact)",
 	}
