@@ -113,17 +113,23 @@ func writeSVG(w io.Writer, c barChart) error {
 		group = br.Group
 		rows += chartRow
 	}
-	height := chartPad + 20 + 18 + 18 + 8 + rows + 40 + chartPad
+	// The subtitle and the note wrap at the chart's width, a line under another.
+	maxChars := (chartWidth - 2*chartPad) / chartCharWidth
+	var lines []string
+	for _, l := range [][]string{wrap(c.Subtitle, maxChars), wrap(c.Note, maxChars)} {
+		lines = append(lines, l...)
+	}
+	height := chartPad + 20 + 18*len(lines) + 8 + rows + 40 + chartPad
 	fmt.Fprintf(&b, `<?xml version="1.0" encoding="UTF-8"?>`+"\n"+
 		`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
 		chartWidth, height, chartWidth, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="#ffffff"/>`+"\n")
 	y += 16
 	fmt.Fprintf(&b, `<text class="title" x="%d" y="%.0f" font-size="16" font-weight="bold">%s</text>`+"\n", chartPad, y, esc(c.Title))
-	y += 18
-	fmt.Fprintf(&b, `<text class="subtitle" x="%d" y="%.0f" fill="#444444">%s</text>`+"\n", chartPad, y, esc(c.Subtitle))
-	y += 18
-	fmt.Fprintf(&b, `<text class="note" x="%d" y="%.0f" fill="#444444">%s</text>`+"\n", chartPad, y, esc(c.Note))
+	for _, l := range lines {
+		y += 18
+		fmt.Fprintf(&b, `<text class="subtitle" x="%d" y="%.0f" fill="#444444">%s</text>`+"\n", chartPad, y, esc(l))
+	}
 	y += 8
 	plotTop := y
 
@@ -177,6 +183,28 @@ func writeSVG(w io.Writer, c barChart) error {
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// wrap breaks s at spaces into lines of at most width runes (a longer word is a
+// line of its own); "" is no line.
+func wrap(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case len([]rune(line))+1+len([]rune(w)) <= width:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = w
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
 }
 
 // writeSVGFile writes c to path, creating or truncating it.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -156,6 +157,32 @@ func TestWriteSVG(t *testing.T) {
 	}
 }
 
+// TestWriteSVGWraps: a subtitle longer than the chart is wide comes in lines, every
+// word kept.
+func TestWriteSVGWraps(t *testing.T) {
+	var words []string
+	for i := range 60 {
+		words = append(words, "param"+strconv.Itoa(i))
+	}
+	var b bytes.Buffer
+	if err := writeSVG(&b, barChart{Title: "t", Subtitle: strings.Join(words, " "), Bars: []bar{{Label: "a", Value: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	doc := parseSVG(t, b.Bytes())
+	var got []string
+	for _, s := range doc.texts {
+		if strings.HasPrefix(s, "param") {
+			got = append(got, s)
+			if len(s) > (chartWidth-2*chartPad)/chartCharWidth {
+				t.Errorf("line of %d characters: %q", len(s), s)
+			}
+		}
+	}
+	if len(got) < 2 || strings.Join(got, " ") != strings.Join(words, " ") {
+		t.Errorf("subtitle lines %q", got)
+	}
+}
+
 // TestWriteSVGOddValues: no bars, and values that are not positive numbers, still
 // make a document; such bars have no width.
 func TestWriteSVGOddValues(t *testing.T) {
@@ -183,6 +210,24 @@ func TestNiceCeil(t *testing.T) {
 	for v, want := range map[float64]float64{0: 1, -5: 1, 0.3: 0.3, 0.31: 0.4, 1: 1, 1.1: 1.2, 2.2: 2.5, 7: 8, 9: 10, 2500: 2500, 2501: 3000, 5_689_069: 6e6, 11_604: 12_000} {
 		if got := niceCeil(v); math.Abs(got-want) > 1e-9*want {
 			t.Errorf("niceCeil(%v) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+func TestWrap(t *testing.T) {
+	for _, tc := range []struct {
+		s     string
+		width int
+		want  []string
+	}{
+		{"", 10, nil},
+		{"   ", 10, nil},
+		{"one two three", 20, []string{"one two three"}},
+		{"one two three", 7, []string{"one two", "three"}},
+		{"one averyveryverylongword two", 7, []string{"one", "averyveryverylongword", "two"}},
+	} {
+		if got := wrap(tc.s, tc.width); !slices.Equal(got, tc.want) {
+			t.Errorf("wrap(%q, %d) = %q, want %q", tc.s, tc.width, got, tc.want)
 		}
 	}
 }
