@@ -257,3 +257,24 @@ func TestSVGUnwritable(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestFigures: the charts committed for the README (deploy/figures, made by the
+// commands in the README's Figures section) parse and have bars.
+func TestFigures(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "deploy", "figures", "*.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Skip("no figures in deploy/figures")
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if doc := parseSVG(t, data); len(doc.widths) == 0 {
+			t.Errorf("%s: no bars", f)
+		}
+	}
+}
