@@ -125,6 +125,7 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.DurationVar(&cfg.progressEvery, "progress-every", 0, "progress line interval (default: 250ms on a terminal, 1s otherwise)")
 	fs.StringVar(&cfg.sluicePath, "sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	fs.StringVar(&cfg.natsServerPath, "nats-server", "", "nats-server binary to run (default: build the version in go.mod)")
+	out := addOutputFlags(fs, false)
 	if code, done := parseModeFlags(fs, args, clusterHelp, stdout); done {
 		return code
 	}
@@ -169,7 +170,13 @@ func runCluster(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "sluice-bench cluster: %v\n", err)
 		return exitFailure
 	}
-	if err := rep.write(stdout); err != nil {
+	if out.json {
+		err = rep.writeJSON(stdout, cfg)
+	} else {
+		err = rep.write(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice-bench cluster: writing the report: %v\n", err)
 		return exitFailure
 	}
 	if rep.Lost > 0 || !rep.Drained {
@@ -634,28 +641,59 @@ func (b *clusterBench) drain(ctx context.Context, tickets []string) bool {
 }
 
 type clusterReport struct {
-	Replicas    int
-	Rate        int
-	Duration    time.Duration
-	Sent        int64
-	Accepted    int64
-	Rejected    int64
-	Deferred    int64
-	Unavailable int64
-	CutOff      int64
-	Errors      int64
-	FirstError  string
-	Delivered   int
-	Lost        int
-	Duplicates  int
-	Unpromised  int
-	Drained     bool
-	DrainTime   time.Duration
-	Outflow     limiter.Rate
-	Achieved    float64 // deliveries per second while the queue held a backlog
-	MaxWindow   int     // most deliveries in one second
-	Bound       int     // ceil(rate × 1s) + 1
-	Events      []string
+	Replicas    int           `json:"-"` // in the parameters of the JSON document
+	Rate        int           `json:"-"`
+	Duration    time.Duration `json:"-"`
+	Sent        int64         `json:"sent"`
+	Accepted    int64         `json:"accepted"`
+	Rejected    int64         `json:"rejected"`
+	Deferred    int64         `json:"deferred"`
+	Unavailable int64         `json:"unavailable"`
+	CutOff      int64         `json:"cut_off"`
+	Errors      int64         `json:"errors"`
+	FirstError  string        `json:"first_error,omitempty"`
+	Delivered   int           `json:"delivered"`
+	Lost        int           `json:"lost"`
+	Duplicates  int           `json:"duplicates"`
+	Unpromised  int           `json:"unpromised"`
+	Drained     bool          `json:"drained"`
+	DrainTime   time.Duration `json:"-"`
+	Outflow     limiter.Rate  `json:"-"`
+	Achieved    float64       `json:"achieved_outflow_per_second"` // deliveries per second while the queue held a backlog; 0: never backlogged
+	MaxWindow   int           `json:"max_in_1s"`                   // most deliveries in one second
+	Bound       int           `json:"bound_in_1s"`                 // ceil(rate × 1s) + 1
+	Events      []string      `json:"events"`
+}
+
+// writeJSON writes the report and the parameters of the run as one JSON document.
+func (r *clusterReport) writeJSON(w io.Writer, cfg clusterConfig) error {
+	events := r.Events
+	if events == nil {
+		events = []string{}
+	}
+	rep := *r
+	rep.Events = events
+	return writeJSONDoc(w, struct {
+		runInfo
+		Duration         string         `json:"duration"`
+		Rate             int            `json:"rate"`
+		Workers          int            `json:"workers"`
+		Replicas         int            `json:"replicas"`
+		Users            int            `json:"users"`
+		QuoteShare       float64        `json:"quote_share"`
+		Outflow          string         `json:"outflow"`
+		OutflowPerSecond float64        `json:"outflow_per_second"`
+		KillNATSAt       string         `json:"kill_nats_at"`
+		NATSDownFor      string         `json:"nats_down_for"`
+		StopRedisAt      string         `json:"stop_redis_at"`
+		RedisDownFor     string         `json:"redis_down_for"`
+		KillReplicaAt    string         `json:"kill_replica_at"`
+		DrainSeconds     float64        `json:"drain_seconds"`
+		Report           *clusterReport `json:"report"`
+	}{newRunInfo("cluster"), cfg.duration.String(), cfg.rate, cfg.workers, cfg.replicas, cfg.users, cfg.quoteShare,
+		cfg.outflow.String(), cfg.outflow.PerSecondFloat(), cfg.killNATSAt.String(), cfg.natsDownFor.String(),
+		cfg.stopRedisAt.String(), cfg.redisDownFor.String(), cfg.killReplicaAt.String(), r.DrainTime.Seconds(),
+		&rep})
 }
 
 func (b *clusterBench) report(start, loadEnd time.Time, tickets []string, drained bool) *clusterReport {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -39,5 +40,45 @@ func TestClusterReport(t *testing.T) {
 	}
 	if !strings.Contains(errOut, "elapsed") || !strings.Contains(errOut, "delivered") {
 		t.Errorf("no progress on stderr: %q", errOut)
+	}
+}
+
+// TestClusterJSON: the report as one JSON document, with the parameters of the run.
+func TestClusterJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds sluice and nats-server and runs 3 NATS nodes, Redis and 1 sluice replica as processes")
+	}
+	redistest.Require(t)
+	out, errOut, code := benchRun(t, "cluster", "--duration", "1s", "--rate", "40", "--users", "2", "--replicas", "1",
+		"--drain-timeout", "60s", "--json")
+	if code != exitOK {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	var doc struct {
+		Mode     string  `json:"mode"`
+		Duration string  `json:"duration"`
+		Rate     int     `json:"rate"`
+		Replicas int     `json:"replicas"`
+		Outflow  string  `json:"outflow"`
+		Drain    float64 `json:"drain_seconds"`
+		Report   *struct {
+			Sent      int64    `json:"sent"`
+			Deferred  int64    `json:"deferred"`
+			Delivered int      `json:"delivered"`
+			Lost      *int     `json:"lost"`
+			Drained   bool     `json:"drained"`
+			Bound     int      `json:"bound_in_1s"`
+			Events    []string `json:"events"`
+		} `json:"report"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not one JSON document: %v\n%s", err, out)
+	}
+	if doc.Mode != "cluster" || doc.Duration != "1s" || doc.Rate != 40 || doc.Replicas != 1 || doc.Outflow == "" || doc.Drain < 0 {
+		t.Errorf("parameters: %s", out)
+	}
+	r := doc.Report
+	if r == nil || r.Sent < 1 || r.Lost == nil || *r.Lost != 0 || !r.Drained || int64(r.Delivered) != r.Deferred || r.Bound < 2 || r.Events == nil {
+		t.Errorf("report: %s", out)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,6 +73,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sluicePath := fs.String("sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	withRedis := fs.Bool("redis", true, "also measure sluice with a Redis limiter (starts a redis-server on a free port)")
 	rounds := fs.Int("rounds", 3, "rounds over every target, alternating; each figure is the median of the rounds")
+	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, httpHelp, stdout); done {
 		return code
 	}
@@ -208,57 +210,112 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	type row struct {
-		name           string
-		maxRPS         float64
-		cpuPerReq      time.Duration
-		p50, p99, p999 time.Duration
-		errors         float64
-	}
-	rows := make([]row, len(targets))
-	byName := map[string]row{}
+	rows := make([]httpResult, len(targets))
+	byName := map[string]httpResult{}
 	for i, tg := range targets {
 		s := samples[i]
-		r := row{name: tg.name,
-			maxRPS:    median(s, func(s sample) float64 { return s.maxRPS }),
-			cpuPerReq: median(s, func(s sample) time.Duration { return s.cpuPerReq }),
-			p50:       median(s, func(s sample) time.Duration { return s.latencies.P50 }),
-			p99:       median(s, func(s sample) time.Duration { return s.latencies.P99 }),
-			p999:      median(s, func(s sample) time.Duration { return s.latencies.Quantile(0.999) }),
+		r := httpResult{Target: tg.name,
+			RequestsPerSec: median(s, func(s sample) float64 { return s.maxRPS }),
+			cpuPerReq:      median(s, func(s sample) time.Duration { return s.cpuPerReq }),
+			p50:            median(s, func(s sample) time.Duration { return s.latencies.P50 }),
+			p99:            median(s, func(s sample) time.Duration { return s.latencies.P99 }),
+			p999:           median(s, func(s sample) time.Duration { return s.latencies.Quantile(0.999) }),
 		}
 		for _, x := range s {
-			r.errors = max(r.errors, x.errors)
+			r.ErrorRatio = max(r.ErrorRatio, x.errors)
 		}
 		rows[i], byName[tg.name] = r, r
 	}
+	// ratio is r's requests per second over target to's; 0 when to did not run.
+	ratio := func(r httpResult, to string) float64 {
+		ref, ok := byName[to]
+		if !ok || ref.RequestsPerSec == 0 {
+			return 0
+		}
+		return r.RequestsPerSec / ref.RequestsPerSec
+	}
+	for i := range rows {
+		r := &rows[i]
+		r.VsReverseProxy, r.VsNginx = ratio(*r, targetReverseProxy), ratio(*r, targetNginx)
+		r.CPUNsPerRequest = r.cpuPerReq.Nanoseconds()
+		r.P50Ns, r.P99Ns, r.P999Ns = r.p50.Nanoseconds(), r.p99.Nanoseconds(), r.p999.Nanoseconds()
+		if r.Target != targetUpstream {
+			r.P50AddedNs = (r.p50 - byName[targetUpstream].p50).Nanoseconds()
+		}
+	}
 
+	if out.svg != "" {
+		c := barChart{
+			Title: "sluice-bench http: requests per second through the front door",
+			Subtitle: fmt.Sprintf("closed loop, %d connections, %s per target and round; median of %s; GOMAXPROCS %d; %s",
+				*workers, *duration, plural(*rounds, "round"), runtime.GOMAXPROCS(0), runtime.Version()),
+			Unit: "req/s",
+			Note: "ratio: requests per second over httputil.ReverseProxy's (1.00x)",
+		}
+		for _, r := range rows {
+			c.Bars = append(c.Bars, bar{Label: r.Target, Value: r.RequestsPerSec, Ratio: r.VsReverseProxy,
+				Sluice: strings.HasPrefix(r.Target, "sluice ")})
+		}
+		if err := writeSVGFile(out.svg, c); err != nil {
+			return fail(fmt.Errorf("--svg: %w", err))
+		}
+	}
+	if out.json {
+		if err := writeJSONDoc(stdout, struct {
+			runInfo
+			Duration string       `json:"duration"`
+			Workers  uint64       `json:"workers"`
+			Rate     int          `json:"rate"`
+			Rounds   int          `json:"rounds"`
+			Redis    bool         `json:"redis"`
+			Results  []httpResult `json:"results"`
+		}{newRunInfo("http"), duration.String(), *workers, *rate, *rounds, *withRedis, rows}); err != nil {
+			return fail(fmt.Errorf("writing the results: %w", err))
+		}
+		return exitOK
+	}
 	fmt.Fprintf(stdout, "HTTP through the front door: %d workers closed loop; latency open loop at %d/s; %v each; median of %d rounds\n\n",
 		*workers, *rate, *duration, *rounds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tCPU/req\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
-	ratio := func(r row, to string) string {
-		ref, ok := byName[to]
-		if !ok || ref.maxRPS == 0 {
+	times := func(ratio float64) string {
+		if ratio == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.2fx", r.maxRPS/ref.maxRPS)
+		return fmt.Sprintf("%.2fx", ratio)
 	}
 	for _, r := range rows {
 		added := "-"
-		if r.name != targetUpstream {
-			added = (r.p50 - byName[targetUpstream].p50).Round(time.Microsecond).String()
+		if r.Target != targetUpstream {
+			added = time.Duration(r.P50AddedNs).Round(time.Microsecond).String()
 		}
 		cpu := "-"
 		if r.cpuPerReq > 0 {
 			cpu = r.cpuPerReq.Round(100 * time.Nanosecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.name, r.maxRPS, ratio(r, targetReverseProxy), ratio(r, targetNginx),
-			cpu, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond), added, 100*r.errors)
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.Target, r.RequestsPerSec, times(r.VsReverseProxy), times(r.VsNginx),
+			cpu, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond), added, 100*r.ErrorRatio)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(err)
 	}
 	return exitOK
+}
+
+// httpResult is one target's figures, each the median of the rounds.
+type httpResult struct {
+	Target          string  `json:"target"`
+	RequestsPerSec  float64 `json:"requests_per_second"` // closed loop
+	VsReverseProxy  float64 `json:"vs_reverse_proxy,omitempty"`
+	VsNginx         float64 `json:"vs_nginx,omitempty"`
+	CPUNsPerRequest int64   `json:"cpu_ns_per_request,omitempty"` // 0: unknown
+	P50Ns           int64   `json:"p50_ns"`                       // open loop
+	P99Ns           int64   `json:"p99_ns"`
+	P999Ns          int64   `json:"p999_ns"`
+	P50AddedNs      int64   `json:"p50_added_vs_upstream_ns"` // 0 for the upstream itself
+	ErrorRatio      float64 `json:"error_ratio"`              // the worst of the rounds, 0 to 1
+
+	cpuPerReq, p50, p99, p999 time.Duration
 }
 
 // cpuTime returns the CPU time, user and system, that process pid and its running

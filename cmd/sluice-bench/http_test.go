@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,6 +53,49 @@ func TestHTTPTable(t *testing.T) {
 	if !strings.Contains(errOut, "[round 1/1] [3/") {
 		t.Errorf("no progress on stderr: %q", errOut)
 	}
+}
+
+func TestHTTPJSON(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "http.svg")
+	out, errOut, code := benchRun(t, "http", "--duration", "100ms", "--rate", "100", "--workers", "2", "--redis=false", "--rounds", "1",
+		"--json", "--svg", svg)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Mode     string       `json:"mode"`
+		Duration string       `json:"duration"`
+		Workers  int          `json:"workers"`
+		Rate     int          `json:"rate"`
+		Rounds   int          `json:"rounds"`
+		Redis    *bool        `json:"redis"`
+		Results  []httpResult `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not one JSON document: %v\n%s", err, out)
+	}
+	if doc.Mode != "http" || doc.Duration != "100ms" || doc.Workers != 2 || doc.Rate != 100 || doc.Rounds != 1 || doc.Redis == nil || *doc.Redis {
+		t.Errorf("parameters: %s", out)
+	}
+	byTarget := map[string]httpResult{}
+	for _, r := range doc.Results {
+		byTarget[r.Target] = r
+		if r.RequestsPerSec <= 0 || r.P50Ns <= 0 || r.P99Ns < r.P50Ns || r.ErrorRatio != 0 {
+			t.Errorf("result %+v", r)
+		}
+	}
+	for _, target := range []string{targetUpstream, targetReverseProxy, "sluice serve (memory)"} {
+		if _, ok := byTarget[target]; !ok {
+			t.Errorf("no result for %s: %s", target, out)
+		}
+	}
+	if r := byTarget[targetReverseProxy]; r.VsReverseProxy != 1 {
+		t.Errorf("the reference's own ratio: %v", r.VsReverseProxy)
+	}
+	if byTarget[targetUpstream].P50AddedNs != 0 {
+		t.Errorf("upstream: p50 added %d", byTarget[targetUpstream].P50AddedNs)
+	}
+	readSVG(t, svg, len(doc.Results))
 }
 
 // TestServersStopOnSignal: the servers that run as processes of their own (upstream

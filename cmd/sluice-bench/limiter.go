@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -75,7 +74,7 @@ func runLimiter(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.StringVar(&cfg.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis `URL` for the Redis scenarios; '' skips them")
 	fs.IntVar(&cfg.redisKeys, "redis-keys", 1000, "keys per caller in the Redis scenarios, used round-robin")
 	callers := fs.String("redis-callers", "1,16,64", "comma-separated caller counts of the Redis scenarios")
-	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, limiterHelp, stdout); done {
 		return code
 	}
@@ -124,7 +123,13 @@ func runLimiter(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "sluice-bench limiter: %v\n", err)
 		return exitFailure
 	}
-	if *asJSON {
+	if out.svg != "" {
+		if err := writeSVGFile(out.svg, limiterChart(cfg, results)); err != nil {
+			fmt.Fprintf(stderr, "sluice-bench limiter: --svg: %v\n", err)
+			return exitFailure
+		}
+	}
+	if out.json {
 		err = writeJSON(stdout, cfg, results)
 	} else {
 		err = writeTable(stdout, results)
@@ -134,6 +139,27 @@ func runLimiter(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitFailure
 	}
 	return exitOK
+}
+
+// limiterChart draws decisions per second, a group per scenario and caller count,
+// sluice's ratio over the peer's and the peer's own 1.
+func limiterChart(cfg limiterConfig, results []result) barChart {
+	c := barChart{
+		Title: "sluice-bench limiter: decisions per second",
+		Subtitle: fmt.Sprintf("%s each after a %s warm-up; %s keys (memory), %s keys per caller (Redis); GOMAXPROCS %d; %s",
+			cfg.duration, cfg.warmup, count(cfg.keys), count(cfg.redisKeys), runtime.GOMAXPROCS(0), runtime.Version()),
+		Unit: "decisions/s",
+		Note: "ratio: decisions per second over the peer's in the same scenario (the peer is 1.00x)",
+	}
+	for _, r := range results {
+		ratio := 1.0
+		if r.Sluice {
+			ratio = r.RatioVsPeer
+		}
+		c.Bars = append(c.Bars, bar{Group: r.Scenario + ", " + plural(r.Callers, "caller"), Label: r.Store,
+			Value: r.DecisionsPerSec, Ratio: ratio, Sluice: r.Sluice})
+	}
+	return c
 }
 
 // decideFunc makes one decision for one caller; callers never share one.
@@ -523,15 +549,16 @@ func writeColumns(w io.Writer, rows [][]string, leftAligned []bool) error {
 }
 
 func writeJSON(w io.Writer, cfg limiterConfig, results []result) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(struct {
-		Go         string   `json:"go"`
-		GOMAXPROCS int      `json:"gomaxprocs"`
-		Duration   string   `json:"duration"`
-		Warmup     string   `json:"warmup"`
-		Results    []result `json:"results"`
-	}{runtime.Version(), runtime.GOMAXPROCS(0), cfg.duration.String(), cfg.warmup.String(), results})
+	return writeJSONDoc(w, struct {
+		runInfo
+		Duration     string   `json:"duration"`
+		Warmup       string   `json:"warmup"`
+		Keys         int      `json:"keys"`
+		Redis        bool     `json:"redis"`
+		RedisKeys    int      `json:"redis_keys"`
+		RedisCallers []int    `json:"redis_callers"`
+		Results      []result `json:"results"`
+	}{newRunInfo("limiter"), cfg.duration.String(), cfg.warmup.String(), cfg.keys, cfg.redisURL != "", cfg.redisKeys, cfg.redisCallers, results})
 }
 
 func plural(n int, what string) string {

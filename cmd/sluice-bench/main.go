@@ -1,7 +1,12 @@
 // Command sluice-bench measures sluice side by side with the libraries its users would
 // otherwise pick, in one process and one run, so the figures compare like with like.
 //
-//	go run -C cmd/sluice-bench . limiter [--duration 2s] [--redis URL | --redis ''] [--json]
+//	go run -C cmd/sluice-bench . limiter [--duration 2s] [--redis URL | --redis ''] [--json] [--svg FILE]
+//
+// Every measuring mode prints a table, or with --json one JSON document: the mode,
+// the Go version, GOMAXPROCS, the parameters of the run and its results, in
+// snake_case fields. The comparison modes (limiter, http, parking, pacing, rls) also
+// draw their comparison as an SVG bar chart with --svg FILE.
 package main
 
 import (

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -64,20 +65,29 @@ func TestLimiterTable(t *testing.T) {
 }
 
 func TestLimiterJSON(t *testing.T) {
-	out, errOut, code := benchRun(t, "limiter", "--duration", "10ms", "--warmup", "0s", "--keys", "100", "--redis", "", "--json")
+	svg := filepath.Join(t.TempDir(), "limiter.svg")
+	out, errOut, code := benchRun(t, "limiter", "--duration", "10ms", "--warmup", "0s", "--keys", "100", "--redis", "", "--json", "--svg", svg)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	var doc struct {
+		Mode       string   `json:"mode"`
 		GOMAXPROCS int      `json:"gomaxprocs"`
+		Duration   string   `json:"duration"`
+		Keys       int      `json:"keys"`
+		Redis      *bool    `json:"redis"`
 		Results    []result `json:"results"`
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("not one JSON document: %v\n%s", err, out)
 	}
+	if doc.Mode != "limiter" || doc.GOMAXPROCS < 1 || doc.Duration != "10ms" || doc.Keys != 100 || doc.Redis == nil || *doc.Redis {
+		t.Errorf("parameters: %+v", doc)
+	}
 	if len(doc.Results) == 0 || len(doc.Results)%2 != 0 {
 		t.Fatalf("%d results, want pairs", len(doc.Results))
 	}
+	readSVG(t, svg, len(doc.Results))
 	for i, r := range doc.Results {
 		if r.Decisions <= 0 || r.DecisionsPerSec <= 0 || r.Callers < 1 {
 			t.Errorf("result %d: %+v", i, r)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -91,7 +91,7 @@ func runPacing(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.DurationVar(&cfg.stall, "stall", 300*time.Millisecond, "one stall of the caller halfway through (0: none)")
 	fs.BoolVar(&cfg.sequential, "sequential", false, "run the contenders one after the other instead of side by side")
 	fs.BoolVar(&cfg.dispatcher, "dispatcher", true, "include the end-to-end dispatcher (embedded NATS, HTTP downstream)")
-	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, pacingHelp, stdout); done {
 		return code
 	}
@@ -126,12 +126,29 @@ func runPacing(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		}
 		results = append(results, res...)
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(map[string]any{
-			"duration": cfg.duration.String(), "window": cfg.window.String(), "stall": cfg.stall.String(), "results": results,
-		}); err != nil {
+	if out.svg != "" {
+		if err := writeSVGFile(out.svg, pacingChart(cfg, results)); err != nil {
+			fmt.Fprintf(stderr, "sluice-bench pacing: --svg: %v\n", err)
+			return exitFailure
+		}
+	}
+	if out.json {
+		rates := make([]string, len(cfg.rates))
+		for i, r := range cfg.rates {
+			rates[i] = r.String()
+		}
+		if err := writeJSONDoc(stdout, struct {
+			runInfo
+			Rates      []string       `json:"rates"`
+			Duration   string         `json:"duration"`
+			Window     string         `json:"window"`
+			Stall      string         `json:"stall"`
+			Sequential bool           `json:"sequential"`
+			Dispatcher bool           `json:"dispatcher"`
+			Results    []pacingResult `json:"results"`
+		}{newRunInfo("pacing"), rates, cfg.duration.String(), cfg.window.String(), cfg.stall.String(),
+			cfg.sequential, cfg.dispatcher, results}); err != nil {
+			fmt.Fprintf(stderr, "sluice-bench pacing: writing the results: %v\n", err)
 			return exitFailure
 		}
 		return exitOK
@@ -146,6 +163,31 @@ func runPacing(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return exitFailure
 	}
 	return exitOK
+}
+
+// pacingChart draws the events per second each contender achieved in its steady
+// state, a group per rate, with its ratio over the configured rate.
+func pacingChart(cfg pacingConfig, results []pacingResult) barChart {
+	order := "side by side"
+	if cfg.sequential {
+		order = "one after another"
+	}
+	c := barChart{
+		Title: "sluice-bench pacing: achieved outflow",
+		Subtitle: fmt.Sprintf("%s per contender and rate, contenders %s; one stall of %s halfway; GOMAXPROCS %d; %s",
+			cfg.duration, order, cfg.stall, runtime.GOMAXPROCS(0), runtime.Version()),
+		Unit: "events/s",
+		Note: "ratio: achieved events per second (before the stall) over the configured rate (1.00x is exact)",
+	}
+	for _, r := range results {
+		ratio := 0.0
+		if rt, err := limiter.ParseRate(r.Rate); err == nil && rt.PerSecondFloat() > 0 {
+			ratio = r.Achieved / rt.PerSecondFloat()
+		}
+		c.Bars = append(c.Bars, bar{Group: "rate " + r.Rate, Label: r.Contender, Value: r.Achieved, Ratio: ratio,
+			Sluice: strings.HasPrefix(r.Contender, "sluice ")})
+	}
+	return c
 }
 
 // pacingContender produces event times at rate r for d, stalling once at d/2.
@@ -479,6 +521,9 @@ publishes' in the same run.
 Flags:
 `
 
+// parkingRaw is the reference contender: JetStream publishes with no sluice around.
+const parkingRaw = "jetstream publish"
+
 type parkingResult struct {
 	Contender   string  `json:"contender"`
 	Concurrency int     `json:"concurrency"`
@@ -493,7 +538,7 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	duration := fs.Duration("duration", 3*time.Second, "how long each measurement runs")
 	conc := fs.String("concurrency", "1,16", "comma-separated numbers of concurrent callers")
 	size := fs.Int("size", 512, "body size in bytes")
-	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, parkingHelp, stdout); done {
 		return code
 	}
@@ -515,10 +560,21 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "sluice-bench parking: %v\n", err)
 		return exitFailure
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(map[string]any{"duration": duration.String(), "size": *size, "results": results}); err != nil {
+	if out.svg != "" {
+		if err := writeSVGFile(out.svg, parkingChart(*duration, *size, results)); err != nil {
+			fmt.Fprintf(stderr, "sluice-bench parking: --svg: %v\n", err)
+			return exitFailure
+		}
+	}
+	if out.json {
+		if err := writeJSONDoc(stdout, struct {
+			runInfo
+			Duration    string          `json:"duration"`
+			Concurrency []int           `json:"concurrency"`
+			Size        int             `json:"size"`
+			Results     []parkingResult `json:"results"`
+		}{newRunInfo("parking"), duration.String(), concs, *size, results}); err != nil {
+			fmt.Fprintf(stderr, "sluice-bench parking: writing the results: %v\n", err)
 			return exitFailure
 		}
 		return exitOK
@@ -536,6 +592,27 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return exitFailure
 	}
 	return exitOK
+}
+
+// parkingChart draws orders per second, a group per caller count, with the ratio
+// over the raw JetStream publishes'.
+func parkingChart(d time.Duration, size int, results []parkingResult) barChart {
+	c := barChart{
+		Title: "sluice-bench parking: orders parked per second",
+		Subtitle: fmt.Sprintf("%s each; %d-byte bodies; embedded NATS, file storage; GOMAXPROCS %d; %s",
+			d, size, runtime.GOMAXPROCS(0), runtime.Version()),
+		Unit: "orders/s",
+		Note: "ratio: orders per second over raw JetStream publishes' with the same callers (1.00x)",
+	}
+	for _, r := range results {
+		ratio := r.VsRaw
+		if r.Contender == parkingRaw {
+			ratio = 1
+		}
+		c.Bars = append(c.Bars, bar{Group: plural(r.Concurrency, "caller"), Label: r.Contender, Value: r.PerSecond,
+			Ratio: ratio, Sluice: r.Contender != parkingRaw})
+	}
+	return c
 }
 
 // parkingRules defer every order: the limit of one per hour is spent at once (the
@@ -633,7 +710,7 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 		name string
 		op   func(ctx context.Context) error
 	}{
-		{"jetstream publish", func(ctx context.Context) error {
+		{parkingRaw, func(ctx context.Context) error {
 			id := nextID()
 			msg := nats.NewMsg("raw." + strconv.Itoa(id))
 			msg.Data = body
@@ -667,7 +744,7 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 				return nil, fmt.Errorf("%s: %w", ct.name, err)
 			}
 			res := parkingResult{Contender: ct.name, Concurrency: c, Orders: count, PerSecond: float64(count) / d.Seconds()}
-			if ct.name == "jetstream publish" {
+			if ct.name == parkingRaw {
 				raw = res.PerSecond
 			} else if raw > 0 {
 				res.VsRaw = res.PerSecond / raw

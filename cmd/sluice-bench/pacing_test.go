@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -30,4 +32,74 @@ func TestParkingTable(t *testing.T) {
 			t.Errorf("no row for %s in\n%s", contender, out)
 		}
 	}
+}
+
+func TestPacingJSON(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "pacing.svg")
+	out, errOut, code := benchRun(t, "pacing", "--rates", "20,5/100ms", "--duration", "200ms", "--stall", "0", "--dispatcher=false", "--json", "--svg", svg)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Mode       string         `json:"mode"`
+		Rates      []string       `json:"rates"`
+		Duration   string         `json:"duration"`
+		Window     string         `json:"window"`
+		Dispatcher *bool          `json:"dispatcher"`
+		Results    []pacingResult `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not one JSON document: %v\n%s", err, out)
+	}
+	if doc.Mode != "pacing" || len(doc.Rates) != 2 || doc.Duration != "200ms" || doc.Window != "100ms" || doc.Dispatcher == nil || *doc.Dispatcher {
+		t.Errorf("parameters: %s", out)
+	}
+	if len(doc.Results) != 2*5 {
+		t.Fatalf("%d results, want 5 contenders at 2 rates: %s", len(doc.Results), out)
+	}
+	for _, r := range doc.Results {
+		if r.Contender == "" || r.Rate == "" || r.Events < 1 || r.Bound < 2 {
+			t.Errorf("result %+v", r)
+		}
+	}
+	doc2 := readSVG(t, svg, len(doc.Results))
+	for _, group := range []string{"rate " + doc.Results[0].Rate, "rate " + doc.Results[5].Rate} {
+		found := false
+		for _, s := range doc2.texts {
+			found = found || s == group
+		}
+		if !found {
+			t.Errorf("no group heading %q in the chart", group)
+		}
+	}
+}
+
+func TestParkingJSON(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "parking.svg")
+	out, errOut, code := benchRun(t, "parking", "--duration", "100ms", "--concurrency", "1,2", "--size", "64", "--json", "--svg", svg)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Mode        string          `json:"mode"`
+		Duration    string          `json:"duration"`
+		Concurrency []int           `json:"concurrency"`
+		Size        int             `json:"size"`
+		Results     []parkingResult `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not one JSON document: %v\n%s", err, out)
+	}
+	if doc.Mode != "parking" || doc.Duration != "100ms" || len(doc.Concurrency) != 2 || doc.Size != 64 {
+		t.Errorf("parameters: %s", out)
+	}
+	if len(doc.Results) != 2*5 {
+		t.Fatalf("%d results, want 5 contenders with 1 and 2 callers: %s", len(doc.Results), out)
+	}
+	for _, r := range doc.Results {
+		if r.Orders < 1 || r.PerSecond <= 0 || (r.Contender == parkingRaw) != (r.VsRaw == 0) {
+			t.Errorf("result %+v", r)
+		}
+	}
+	readSVG(t, svg, len(doc.Results))
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -138,7 +137,7 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	withRedis := fs.Bool("redis", true, "also measure on Redis (starts a redis-server on a free port) against envoyproxy/ratelimit")
 	var envoyEnv envList
 	fs.Var(&envoyEnv, "envoy-env", "a setting of envoyproxy/ratelimit, `KEY=VALUE` (repeatable), e.g. REDIS_PIPELINE_WINDOW=150us")
-	asJSON := fs.Bool("json", false, "print one JSON document instead of the table")
+	out := addOutputFlags(fs, true)
 	headers := fs.Bool("headers", true, "sluice fills response_headers_to_add (its default; envoyproxy/ratelimit adds none): --headers=false measures both without")
 	cpuProfiles := fs.String("cpuprofile", "", "write a CPU profile of each sluice service process, over the whole run, to `DIR`/sluice-STORE.pprof")
 	if code, done := parseModeFlags(fs, args, rlsHelp, stdout); done {
@@ -240,18 +239,25 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if n := fallbacksIn(filepath.Join(dir, "sluice-redis.log")); n > 0 {
 		fmt.Fprintf(stderr, "sluice-bench: warning: sluice (redis) decided %d calls without Redis (too slow: its failure mode decided in-process); the figures include them\n", n)
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(struct {
-			Go             string      `json:"go"`
-			GOMAXPROCS     int         `json:"gomaxprocs"`
+	if out.svg != "" {
+		if err := writeSVGFile(out.svg, rlsChart(cfg, *headers, results)); err != nil {
+			return fail(fmt.Errorf("--svg: %w", err))
+		}
+	}
+	if out.json {
+		err = writeJSONDoc(stdout, struct {
+			runInfo
 			EnvoyRatelimit string      `json:"envoyproxy_ratelimit"`
 			Duration       string      `json:"duration"`
 			Warmup         string      `json:"warmup"`
+			Callers        []int       `json:"callers"`
+			Keys           int         `json:"keys"`
+			Conns          int         `json:"conns"`
+			Redis          bool        `json:"redis"`
+			Headers        bool        `json:"headers"`
 			Results        []rlsResult `json:"results"`
-		}{runtime.Version(), runtime.GOMAXPROCS(0), moduleVersion("github.com/envoyproxy/ratelimit"),
-			cfg.duration.String(), cfg.warmup.String(), results})
+		}{newRunInfo("rls"), moduleVersion("github.com/envoyproxy/ratelimit"),
+			cfg.duration.String(), cfg.warmup.String(), cfg.callers, cfg.keys, cfg.conns, *withRedis, *headers, results})
 	} else {
 		err = writeRLSTable(stdout, results)
 	}
@@ -259,6 +265,28 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(fmt.Errorf("writing the results: %w", err))
 	}
 	return exitOK
+}
+
+// rlsChart draws decisions per second, a group per store and caller count, with
+// sluice's ratio over envoyproxy/ratelimit's and the peer's own 1; the memory store
+// has no peer, so its bars have no ratio.
+func rlsChart(cfg rlsConfig, headers bool, results []rlsResult) barChart {
+	c := barChart{
+		Title: "sluice-bench rls: ShouldRateLimit decisions per second",
+		Subtitle: fmt.Sprintf("%s each after a %s warm-up; %d keys per caller; %d gRPC connections; response headers %v; envoyproxy/ratelimit %s; GOMAXPROCS %d",
+			cfg.duration, cfg.warmup, cfg.keys, cfg.conns, headers, moduleVersion("github.com/envoyproxy/ratelimit"), runtime.GOMAXPROCS(0)),
+		Unit: "decisions/s",
+		Note: "ratio: decisions per second over envoyproxy/ratelimit's on the same Redis (1.00x); the memory store has no peer",
+	}
+	for _, r := range results {
+		ratio := r.RatioVsPeer
+		if !r.Sluice {
+			ratio = 1
+		}
+		c.Bars = append(c.Bars, bar{Group: r.Store + ", " + plural(r.Callers, "caller"), Label: r.Service + " (" + r.Store + ")",
+			Value: r.DecisionsPerSec, Ratio: ratio, Sluice: r.Sluice})
+	}
+	return c
 }
 
 // measureRLS measures every target with every caller count: per store and caller

@@ -55,17 +55,26 @@ func TestRLSTable(t *testing.T) {
 }
 
 func TestRLSJSON(t *testing.T) {
-	out, errOut, code := benchRun(t, "rls", "--duration", "50ms", "--warmup", "0s", "--callers", "2", "--keys", "5", "--redis=false", "--json")
+	svg := filepath.Join(t.TempDir(), "rls.svg")
+	out, errOut, code := benchRun(t, "rls", "--duration", "50ms", "--warmup", "0s", "--callers", "2", "--keys", "5", "--redis=false", "--json", "--svg", svg)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	var doc struct {
+		Mode           string      `json:"mode"`
 		EnvoyRatelimit string      `json:"envoyproxy_ratelimit"`
+		Callers        []int       `json:"callers"`
+		Keys           int         `json:"keys"`
+		Redis          *bool       `json:"redis"`
 		Results        []rlsResult `json:"results"`
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("not one JSON document: %v\n%s", err, out)
 	}
+	if doc.Mode != "rls" || len(doc.Callers) != 1 || doc.Callers[0] != 2 || doc.Keys != 5 || doc.Redis == nil || *doc.Redis {
+		t.Errorf("parameters: %s", out)
+	}
+	readSVG(t, svg, len(doc.Results))
 	if !strings.HasPrefix(doc.EnvoyRatelimit, "v") {
 		t.Errorf("envoyproxy/ratelimit version %q", doc.EnvoyRatelimit)
 	}
