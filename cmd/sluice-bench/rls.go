@@ -78,7 +78,8 @@ loaded machine's slow answers decisions without Redis). Decisions sluice made
 without Redis are reported as a warning.
 
 envoyproxy/ratelimit runs with its defaults (REDIS_POOL_SIZE 10, no pipelining), stats
-off and logging at warn; --envoy-env passes more of its settings.
+off and logging at warn; --envoy-env passes more of its settings. sluice runs as sluice
+rls does, with GOGC=400 (envoy.GCPercent) unless GOGC is set.
 
 Flags:
 `
@@ -699,6 +700,9 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 			return exitFailure
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if _, given := os.LookupEnv("GOGC"); !given {
+		debug.SetGCPercent(envoy.GCPercent) // as sluice rls
 	}
 	rls, err := envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log), envoy.WithResponseHeaders(*headers))
 	if err != nil {
