@@ -64,10 +64,21 @@ runs first.
 DECISIONS/S counts answered calls in the measured window (after a warm-up); P50 and
 P99 are the latencies one caller sees; VS PEER is sluice's decisions per second
 divided by envoyproxy/ratelimit's, P99 VS PEER sluice's p99 divided by its (below 1
-is better).
+is better). CPU/DEC is the CPU time (user and system, from /proc, to the clock
+tick) the service process used per decision in the measured window and REDIS/DEC
+redis-server's (from INFO cpu); CPU VS PEER is envoyproxy/ratelimit's CPU per
+decision divided by sluice's, service and redis-server together (above 1 is
+better). On a busy machine, decisions per second measure the scheduler as much as
+the code; CPU per decision is the steadier figure.
+
+Both Redis contenders wait --redis-timeout for Redis (envoyproxy/ratelimit's
+REDIS_TIMEOUT; sluice's --redis-timeout, whose product default of 50ms would make a
+loaded machine's slow answers decisions without Redis). Decisions sluice made
+without Redis are reported as a warning.
 
 envoyproxy/ratelimit runs with its defaults (REDIS_POOL_SIZE 10, no pipelining), stats
-off and logging at warn; --envoy-env passes more of its settings.
+off and logging at warn; --envoy-env passes more of its settings. sluice runs as sluice
+rls does, with GOGC=400 (envoy.GCPercent) unless GOGC is set.
 
 Flags:
 `
@@ -89,6 +100,9 @@ type rlsConfig struct {
 	duration, warmup time.Duration
 	callers          []int
 	keys, conns      int
+	redisTimeout     time.Duration
+	// redisCPU is redis-server's CPU time so far (nil without Redis).
+	redisCPU func() (time.Duration, bool)
 }
 
 type rlsResult struct {
@@ -104,12 +118,24 @@ type rlsResult struct {
 	P99Ns           int64   `json:"p99_ns"`
 	RatioVsPeer     float64 `json:"ratio_vs_peer,omitempty"`
 	P99RatioVsPeer  float64 `json:"p99_ratio_vs_peer,omitempty"`
+	// CPUNsPerDecision is the service process's CPU time per decision, and
+	// RedisCPUNsPerDecision redis-server's; 0 where they cannot be read.
+	CPUNsPerDecision      float64 `json:"cpu_ns_per_decision,omitempty"`
+	RedisCPUNsPerDecision float64 `json:"redis_cpu_ns_per_decision,omitempty"`
+	// ClientCPUNsPerDecision is this process's (the callers') CPU time per decision:
+	// on a machine the callers share with the services, it bounds what a faster
+	// service can gain in decisions per second.
+	ClientCPUNsPerDecision float64 `json:"client_cpu_ns_per_decision,omitempty"`
+	// CPURatioVsPeer is the peer's CPU time per decision (service and redis-server)
+	// divided by sluice's: above 1, sluice needs less.
+	CPURatioVsPeer float64 `json:"cpu_ratio_vs_peer,omitempty"`
 }
 
 // rlsTarget is one running service.
 type rlsTarget struct {
 	store, service, addr string
 	sluice               bool
+	pid                  int // its process
 }
 
 type envList []string
@@ -139,6 +165,7 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Var(&envoyEnv, "envoy-env", "a setting of envoyproxy/ratelimit, `KEY=VALUE` (repeatable), e.g. REDIS_PIPELINE_WINDOW=150us")
 	out := addOutputFlags(fs, true)
 	headers := fs.Bool("headers", true, "sluice fills response_headers_to_add (its default; envoyproxy/ratelimit adds none): --headers=false measures both without")
+	fs.DurationVar(&cfg.redisTimeout, "redis-timeout", time.Second, "how long each Redis contender waits for Redis")
 	cpuProfiles := fs.String("cpuprofile", "", "write a CPU profile of each sluice service process, over the whole run, to `DIR`/sluice-STORE.pprof")
 	if code, done := parseModeFlags(fs, args, rlsHelp, stdout); done {
 		return code
@@ -159,6 +186,8 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageErr("--duration must be positive and --warmup not negative")
 	case cfg.keys < 1 || cfg.conns < 1:
 		return usageErr("--keys and --conns must be positive")
+	case cfg.redisTimeout <= 0:
+		return usageErr("--redis-timeout must be positive")
 	}
 	for _, f := range strings.Split(*callers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -193,16 +222,20 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "sluice-bench rls: starting the services…")
 	var targets []rlsTarget
 	addr := freeAddr()
-	if err := procs.start(ctx, "sluice-memory", profileEnv("sluice-memory"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers), addr, rulesPath); err != nil {
+	pid, err := procs.start(ctx, "sluice-memory", profileEnv("sluice-memory"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers), addr, rulesPath)
+	if err != nil {
 		return fail(err)
 	}
-	targets = append(targets, rlsTarget{"memory", "sluice", addr, true})
+	targets = append(targets, rlsTarget{"memory", "sluice", addr, true, pid})
 	if *withRedis {
 		srv, err := redistest.New()
 		if err != nil {
 			return fail(fmt.Errorf("starting redis-server (or pass --redis=false): %w", err))
 		}
 		defer srv.Close()
+		rc := srv.Client()
+		defer rc.Close()
+		cfg.redisCPU = func() (time.Duration, bool) { return redisCPU(ctx, rc) }
 		envoyAddr := freeAddr()
 		host, port, _ := net.SplitHostPort(envoyAddr)
 		env := append([]string{
@@ -213,6 +246,7 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"GRPC_HOST=" + host, "GRPC_PORT=" + port,
 			"HOST=127.0.0.1", "PORT=" + portOf(freeAddr()),
 			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + portOf(freeAddr()),
+			"REDIS_TIMEOUT=" + cfg.redisTimeout.String(),
 		}, envoyEnv...)
 		confDir := filepath.Join(dir, "envoy-runtime", "ratelimit", "config")
 		if err := os.MkdirAll(confDir, 0o755); err != nil {
@@ -221,14 +255,17 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(rlsRules), 0o644); err != nil {
 			return fail(err)
 		}
-		if err := procs.start(ctx, "envoyproxy-ratelimit", env, envoyAddr, "envoy-ratelimit"); err != nil {
+		envoyPID, err := procs.start(ctx, "envoyproxy-ratelimit", env, envoyAddr, "envoy-ratelimit")
+		if err != nil {
 			return fail(err)
 		}
 		addr := freeAddr()
-		if err := procs.start(ctx, "sluice-redis", profileEnv("sluice-redis"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers), addr, rulesPath, "redis://"+srv.Addr()+"/0"); err != nil {
+		pid, err := procs.start(ctx, "sluice-redis", profileEnv("sluice-redis"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers),
+			"--redis-timeout="+cfg.redisTimeout.String(), addr, rulesPath, "redis://"+srv.Addr()+"/0")
+		if err != nil {
 			return fail(err)
 		}
-		targets = append(targets, rlsTarget{"redis", "envoyproxy/ratelimit", envoyAddr, false}, rlsTarget{"redis", "sluice", addr, true})
+		targets = append(targets, rlsTarget{"redis", "envoyproxy/ratelimit", envoyAddr, false, envoyPID}, rlsTarget{"redis", "sluice", addr, true, pid})
 	}
 
 	results, err := measureRLS(ctx, cfg, targets, stderr)
@@ -236,7 +273,8 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	procs.stop() // the services say how many decisions they made without Redis
-	if n := fallbacksIn(filepath.Join(dir, "sluice-redis.log")); n > 0 {
+	fallbacks := fallbacksIn(filepath.Join(dir, "sluice-redis.log"))
+	if n := fallbacks; n > 0 {
 		fmt.Fprintf(stderr, "sluice-bench: warning: sluice (redis) decided %d calls without Redis (too slow: its failure mode decided in-process); the figures include them\n", n)
 	}
 	if out.svg != "" {
@@ -255,9 +293,12 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Conns          int         `json:"conns"`
 			Redis          bool        `json:"redis"`
 			Headers        bool        `json:"headers"`
+			RedisTimeout   string      `json:"redis_timeout"`
+			Fallbacks      int64       `json:"fallbacks"`
 			Results        []rlsResult `json:"results"`
 		}{newRunInfo("rls"), moduleVersion("github.com/envoyproxy/ratelimit"),
-			cfg.duration.String(), cfg.warmup.String(), cfg.callers, cfg.keys, cfg.conns, *withRedis, *headers, results})
+			cfg.duration.String(), cfg.warmup.String(), cfg.callers, cfg.keys, cfg.conns, *withRedis, *headers,
+			cfg.redisTimeout.String(), fallbacks, results})
 	} else {
 		err = writeRLSTable(stdout, results)
 	}
@@ -330,6 +371,9 @@ func measureRLS(ctx context.Context, cfg rlsConfig, targets []rlsTarget, stderr 
 				if peer != nil && peer.DecisionsPerSec > 0 && peer.P99Ns > 0 {
 					r.RatioVsPeer = r.DecisionsPerSec / peer.DecisionsPerSec
 					r.P99RatioVsPeer = float64(r.P99Ns) / float64(peer.P99Ns)
+					if own := r.CPUNsPerDecision + r.RedisCPUNsPerDecision; r.CPUNsPerDecision > 0 && peer.CPUNsPerDecision > 0 && own > 0 {
+						r.CPURatioVsPeer = (peer.CPUNsPerDecision + peer.RedisCPUNsPerDecision) / own
+					}
 				}
 				results = append(results, r)
 			}
@@ -418,14 +462,32 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 			return false
 		}
 	}
+	// The CPU times of the service and of redis-server over the measured window.
+	cpu := func() (own, redis time.Duration, known, redisKnown bool) {
+		own, known = childCPU(t.pid)
+		if cfg.redisCPU != nil && t.store == "redis" {
+			redis, redisKnown = cfg.redisCPU()
+		}
+		return own, redis, known, redisKnown
+	}
 	ok := sleep(cfg.warmup)
 	phase.CompareAndSwap(warming, recording)
 	t0 := time.Now()
+	own0, redis0, ownKnown, redisKnown := cpu()
+	client0, clientKnown := processCPU()
 	ok = ok && sleep(cfg.duration)
 	phase.Store(stopped)
 	elapsed := time.Since(t0)
-	cancel()
+	own1, redis1, ownKnown1, redisKnown1 := cpu()
+	client1, _ := processCPU()
+	// The calls under way finish rather than being cancelled: a cancelled call is
+	// a decision the service makes without Redis, which would count as a fallback.
+	// A service that does not answer within the Redis timeout and then some is cut
+	// off.
+	cut := time.AfterFunc(cfg.redisTimeout+5*time.Second, cancel)
 	wg.Wait()
+	cut.Stop()
+	cancel()
 	switch {
 	case firstErr != nil:
 		return rlsResult{}, firstErr
@@ -446,6 +508,15 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 	slices.Sort(all)
 	r.DecisionsPerSec = float64(r.Decisions) / elapsed.Seconds()
 	r.P50Ns, r.P99Ns = int64(quantile(all, 0.50)), int64(quantile(all, 0.99))
+	if ownKnown && ownKnown1 {
+		r.CPUNsPerDecision = float64((own1 - own0).Nanoseconds()) / float64(r.Decisions)
+	}
+	if clientKnown {
+		r.ClientCPUNsPerDecision = float64((client1 - client0).Nanoseconds()) / float64(r.Decisions)
+	}
+	if redisKnown && redisKnown1 {
+		r.RedisCPUNsPerDecision = float64((redis1 - redis0).Nanoseconds()) / float64(r.Decisions)
+	}
 	return r, nil
 }
 
@@ -462,16 +533,25 @@ func rlsRequest(user string) *rlsv3.RateLimitRequest {
 }
 
 func writeRLSTable(w io.Writer, results []rlsResult) error {
-	rows := [][]string{{"STORE", "CALLERS", "SERVICE", "DECISIONS/S", "P50", "P99", "VS PEER", "P99 VS PEER"}}
+	rows := [][]string{{"STORE", "CALLERS", "SERVICE", "DECISIONS/S", "P50", "P99", "VS PEER", "P99 VS PEER", "CPU/DEC", "REDIS/DEC", "CPU VS PEER"}}
 	for _, r := range results {
-		ratio, p99 := "", ""
+		ratio, p99, cpuRatio, cpu, redisCPU := "", "", "", "", ""
 		if r.RatioVsPeer > 0 {
 			ratio, p99 = fmt.Sprintf("%.2fx", r.RatioVsPeer), fmt.Sprintf("%.2fx", r.P99RatioVsPeer)
 		}
+		if r.CPURatioVsPeer > 0 {
+			cpuRatio = fmt.Sprintf("%.2fx", r.CPURatioVsPeer)
+		}
+		if r.CPUNsPerDecision > 0 {
+			cpu = latency(r.CPUNsPerDecision)
+		}
+		if r.RedisCPUNsPerDecision > 0 {
+			redisCPU = latency(r.RedisCPUNsPerDecision)
+		}
 		rows = append(rows, []string{r.Store, strconv.Itoa(r.Callers), r.Service, count(int(r.DecisionsPerSec)),
-			latency(float64(r.P50Ns)), latency(float64(r.P99Ns)), ratio, p99})
+			latency(float64(r.P50Ns)), latency(float64(r.P99Ns)), ratio, p99, cpu, redisCPU, cpuRatio})
 	}
-	return writeColumns(w, rows, []bool{true, false, true, false, false, false, false, false})
+	return writeColumns(w, rows, []bool{true, false, true, false, false, false, false, false, false, false, false})
 }
 
 // moduleVersion is the version of module path built into this executable.
@@ -503,16 +583,16 @@ type children struct {
 
 // start runs this executable with args and env, its output in a log file, and waits
 // until a ShouldRateLimit call to addr is answered with the benchmark's limit: the
-// service is up and has loaded the rules.
-func (c *children) start(ctx context.Context, name string, env []string, addr string, args ...string) error {
+// service is up and has loaded the rules. It returns the process id.
+func (c *children) start(ctx context.Context, name string, env []string, addr string, args ...string) (int, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	logPath := filepath.Join(c.dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer logFile.Close()
 	cmd := exec.Command(self, args...)
@@ -520,7 +600,7 @@ func (c *children) start(ctx context.Context, name string, env []string, addr st
 	cmd.Env = append(append(os.Environ(), childEnv+"=1"), env...)
 	cmd.SysProcAttr = childproc.Attr()
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return 0, fmt.Errorf("%s: %w", name, err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
@@ -528,7 +608,7 @@ func (c *children) start(ctx context.Context, name string, env []string, addr st
 
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer conn.Close()
 	client := rlsv3.NewRateLimitServiceClient(conn)
@@ -539,17 +619,17 @@ func (c *children) start(ctx context.Context, name string, env []string, addr st
 		cancel()
 		if err == nil {
 			if len(resp.Statuses) == 1 && resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() == rlsLimit {
-				return nil
+				return cmd.Process.Pid, nil
 			}
 			err = fmt.Errorf("answered %v without the benchmark's limit: the rules are not loaded", resp)
 		}
 		select {
 		case <-exited:
-			return fmt.Errorf("%s exited: %s", name, tail(logPath))
+			return 0, fmt.Errorf("%s exited: %s", name, tail(logPath))
 		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s on %s never answered: %w\n%s", name, addr, err, tail(logPath))
+			return 0, fmt.Errorf("%s on %s never answered: %w\n%s", name, addr, err, tail(logPath))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -593,12 +673,13 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 	fs := flag.NewFlagSet("rls-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	headers := fs.Bool("headers", true, "fill response_headers_to_add")
+	redisTimeout := fs.Duration("redis-timeout", 50*time.Millisecond, "how long a decision waits for Redis (sluice's --redis-timeout)")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
 	args = fs.Args()
 	if len(args) != 2 && len(args) != 3 {
-		fmt.Fprintln(stderr, "usage: sluice-bench rls-server [--headers=false] ADDR RULES_FILE [REDIS_URL]")
+		fmt.Fprintln(stderr, "usage: sluice-bench rls-server [--headers=false] [--redis-timeout=D] ADDR RULES_FILE [REDIS_URL]")
 		return exitUsage
 	}
 	data, err := os.ReadFile(args[1])
@@ -622,7 +703,7 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		opts.ContextTimeoutEnabled = true // as sluice's --redis client
 		client := redis.NewClient(opts)
 		defer client.Close()
-		r, err := redisstore.New(client, redisstore.WithLogger(log))
+		r, err := redisstore.New(client, redisstore.WithLogger(log), redisstore.WithTimeout(*redisTimeout))
 		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return exitFailure
@@ -648,6 +729,9 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 			return exitFailure
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if _, given := os.LookupEnv("GOGC"); !given {
+		debug.SetGCPercent(envoy.GCPercent) // as sluice rls
 	}
 	rls, err := envoy.NewRateLimitService(ingress.StaticRules{S: set}, store, envoy.WithLogger(log), envoy.WithResponseHeaders(*headers))
 	if err != nil {
@@ -693,4 +777,28 @@ func runEnvoyRatelimit(_ context.Context, args []string, _, stderr io.Writer) in
 	r := envoyrunner.NewRunner(envoysettings.NewSettings())
 	r.Run() // returns when the server stops; its errors exit the process
 	return exitOK
+}
+
+// redisCPU is the CPU time (user and system) redis-server has used so far, from
+// INFO cpu (to the microsecond).
+func redisCPU(ctx context.Context, c *redis.Client) (time.Duration, bool) {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, false
+	}
+	var total float64
+	found := 0
+	for _, l := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(l), ":")
+		if !ok || (k != "used_cpu_sys" && k != "used_cpu_user") {
+			continue
+		}
+		s, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, false
+		}
+		total += s
+		found++
+	}
+	return time.Duration(total * float64(time.Second)), found == 2
 }

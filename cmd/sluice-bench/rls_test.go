@@ -13,12 +13,15 @@ import (
 
 func TestRLSTable(t *testing.T) {
 	redistest.Require(t)
-	out, errOut, code := benchRun(t, "rls", "--duration", "100ms", "--warmup", "20ms", "--callers", "1,4", "--keys", "10", "--conns", "2")
+	// A generous Redis timeout: no decision is made without Redis, even on a loaded
+	// machine, so the run must not report any (the calls under way at the end of a
+	// measurement are not cancelled either).
+	out, errOut, code := benchRun(t, "rls", "--duration", "100ms", "--warmup", "20ms", "--callers", "1,4", "--keys", "10", "--conns", "2", "--redis-timeout", "30s")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if h := strings.Fields(lines[0]); len(h) < 7 || h[0] != "STORE" || h[3] != "DECISIONS/S" || h[5] != "P99" {
+	if h := strings.Fields(lines[0]); len(h) != 16 || h[0] != "STORE" || h[3] != "DECISIONS/S" || h[5] != "P99" || h[11] != "CPU/DEC" || h[15] != "PEER" {
 		t.Fatalf("header %q", lines[0])
 	}
 	rows := lines[1:]
@@ -41,13 +44,17 @@ func TestRLSTable(t *testing.T) {
 				t.Errorf("%d rows for %s / %s callers / %s in\n%s", len(found), want.store, callers, want.service, out)
 				continue
 			}
-			if f := strings.Fields(found[0]); want.ratio != (len(f) == 8 && strings.HasSuffix(f[6], "x") && strings.HasSuffix(f[7], "x")) {
+			f := strings.Fields(found[0])
+			if want.ratio != (len(f) >= 8 && strings.HasSuffix(f[6], "x") && strings.HasSuffix(f[7], "x")) {
 				t.Errorf("row %q: ratios to the peer wanted: %v", found[0], want.ratio)
 			}
 		}
 	}
 	if strings.Contains(errOut, "OVER_LIMIT") {
 		t.Errorf("a service limited the benchmark's calls: %s", errOut)
+	}
+	if strings.Contains(errOut, "without Redis") {
+		t.Errorf("decisions without Redis reported: %s", errOut)
 	}
 	if !strings.Contains(errOut, "[6/6]") {
 		t.Errorf("no progress on stderr: %q", errOut)
@@ -161,5 +168,26 @@ func TestFallbacksIn(t *testing.T) {
 	}
 	if got := fallbacksIn(filepath.Join(dir, "missing.log")); got != 0 {
 		t.Errorf("missing log: %d", got)
+	}
+}
+
+func TestChildCPU(t *testing.T) {
+	if _, known := childCPU(os.Getpid()); !known {
+		t.Skip("no per-process CPU times on this platform")
+	}
+	// Burn CPU until getrusage sees 100ms: /proc must then tell about as much.
+	start, _ := processCPU()
+	for x := 0; ; x++ {
+		if now, _ := processCPU(); now-start >= 100*time.Millisecond {
+			break
+		}
+	}
+	self, _ := processCPU()
+	got, _ := childCPU(os.Getpid())
+	if got < 100*time.Millisecond || got > self+clockTick {
+		t.Errorf("childCPU(self) = %v, getrusage %v", got, self)
+	}
+	if _, known := childCPU(-1); known {
+		t.Error("childCPU(-1) known")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sluicehq/sluice/ingress/envoy"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
@@ -47,6 +48,16 @@ func setMemoryLimit(deferMemory int64, set *rules.Set, dispatching bool, log *sl
 	limit := memoryLimit(deferMemory, set, dispatching)
 	debug.SetMemoryLimit(limit)
 	log.Debug("Go memory limit set", "bytes", limit)
+}
+
+// setRLSGCPercent sets the garbage collector's target of sluice rls to
+// envoy.GCPercent (unless GOGC is set): a small live heap and per-call garbage.
+func setRLSGCPercent(log *slog.Logger) {
+	if _, given := os.LookupEnv("GOGC"); given {
+		return
+	}
+	debug.SetGCPercent(envoy.GCPercent)
+	log.Debug("Go GC target set", "gogc", envoy.GCPercent)
 }
 
 // memoryLimit is twice --defer-memory (the bodies being read, and their copies inside

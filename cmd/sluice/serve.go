@@ -456,6 +456,9 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	if mode.front {
 		setMemoryLimit(int64(cfg.front.deferMemory), g.watcher.Set(), cfg.dispatch, log)
 	}
+	if mode.rls {
+		setRLSGCPercent(log)
+	}
 	// Redis and NATS are every replica's: their trouble shows in /sluice/v1/status and
 	// the metrics, never in /readyz, which would take every replica out at once.
 	if g.deps, err = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),

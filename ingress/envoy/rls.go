@@ -140,6 +140,7 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
+	slots := make([]statusSlot, len(descs))
 	var (
 		near       closest
 		over       bool
@@ -150,7 +151,7 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		c := byDesc[i]
 		if o := d.GetLimit(); o != nil {
 			if !slices.Contains(set.Domains(), req.Domain) {
-				resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+				resp.Statuses[i] = slots[i].ok()
 				continue
 			}
 			var err error
@@ -161,14 +162,14 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		if c == nil || c.Rule.Unlimited || d.GetIsNegativeHits() {
 			// No rule; unlimited; or a refund, which sluice's limiter cannot give
 			// back: nothing is charged.
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+			resp.Statuses[i] = slots[i].ok()
 			continue
 		}
 		dec, err := ingress.DecideCheck(ctx, s.limiter, c, hits)
 		if err != nil {
 			s.log.Error("limiter failed", "rule", c.Rule.Name, "err", err)
 		}
-		st := descriptorStatus(c.Rule, dec)
+		st := slots[i].status(c.Rule, dec)
 		outcome := ingress.OutcomeAllowed
 		switch {
 		case dec.Over && (c.Rule.Shadow || s.shadow):
@@ -286,37 +287,53 @@ func overrideCheck(domain string, d *rlcommon.RateLimitDescriptor, o *rlcommon.R
 	return &c, err
 }
 
-// descriptorStatus reports dec of rule: the limit closest to running out, what
-// remains of it, and the time until it resets (when over: until the request would be
-// allowed).
-func descriptorStatus(rule *rules.Rule, dec ingress.RuleDecision) *rlsv3.RateLimitResponse_DescriptorStatus {
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+// statusSlot holds the messages of one descriptor's status: a response allocates
+// those of all its descriptors at once rather than three per descriptor.
+type statusSlot struct {
+	st    rlsv3.RateLimitResponse_DescriptorStatus
+	limit rlsv3.RateLimitResponse_RateLimit
+	reset durationpb.Duration
+}
+
+// ok is the status OK without a current limit.
+func (s *statusSlot) ok() *rlsv3.RateLimitResponse_DescriptorStatus {
+	s.st.Code = rlsv3.RateLimitResponse_OK
+	return &s.st
+}
+
+// status reports dec of rule: the limit closest to running out, what remains of it,
+// and the time until it resets (when over: until the request would be allowed).
+func (s *statusSlot) status(rule *rules.Rule, dec ingress.RuleDecision) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := s.ok()
 	if dec.Over {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if rule.Deny {
-		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{Name: rule.Name}
+		s.limit.Name = rule.Name
+		st.CurrentLimit = &s.limit
 		return st
 	}
 	if dec.ClosestLimit < 0 {
 		return st
 	}
 	l, d := rule.Limits[dec.ClosestLimit], dec.Closest
-	st.CurrentLimit = currentLimit(rule.Name, l)
+	st.CurrentLimit = currentLimit(&s.limit, rule.Name, l)
 	st.LimitRemaining = uint32(min(max(d.Remaining, 0), 1<<32-1))
 	wait := d.ResetAfter
 	if !d.Allowed && d.RetryAfter != limiter.Never {
 		wait = d.RetryAfter
 	}
-	st.DurationUntilReset = durationpb.New(wait)
+	// As durationpb.New, which would allocate.
+	s.reset.Seconds, s.reset.Nanos = int64(wait/time.Second), int32(wait%time.Second)
+	st.DurationUntilReset = &s.reset
 	return st
 }
 
-// currentLimit writes l as Envoy's RateLimit: the largest unit that divides the
-// period, with the multiplier for the rest (30s: SECOND × 30); UNKNOWN for periods
-// that are not whole seconds.
-func currentLimit(name string, l limiter.Limit) *rlsv3.RateLimitResponse_RateLimit {
-	out := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: uint32(min(l.Rate, 1<<32-1))}
+// currentLimit writes l into out as Envoy's RateLimit: the largest unit that divides
+// the period, with the multiplier for the rest (30s: SECOND × 30); UNKNOWN for
+// periods that are not whole seconds.
+func currentLimit(out *rlsv3.RateLimitResponse_RateLimit, name string, l limiter.Limit) *rlsv3.RateLimitResponse_RateLimit {
+	out.Name, out.RequestsPerUnit = name, uint32(min(l.Rate, 1<<32-1))
 	units := []struct {
 		u rlsv3.RateLimitResponse_RateLimit_Unit
 		d time.Duration
@@ -346,8 +363,16 @@ func currentLimit(name string, l limiter.Limit) *rlsv3.RateLimitResponse_RateLim
 // the http.Header that ingress.WriteRateLimitHeaders and ingress.SetRetryAfter fill,
 // in the same order, without the map (this is every call's cost).
 func rateLimitHeaders(f ingress.RateLimitFields, retryAfter string) []*corev3.HeaderValue {
-	var all [6]corev3.HeaderValue
-	out := make([]*corev3.HeaderValue, 0, len(all))
+	// One allocation holds the headers there are (usually four of the six): a
+	// HeaderValue is a hundred bytes, and this is every call's garbage.
+	n := 0
+	for _, v := range [...]string{f.RateLimit, f.Policy, retryAfter, f.Limit, f.Remaining, retryAfter} {
+		if v != "" {
+			n++
+		}
+	}
+	all := make([]corev3.HeaderValue, n)
+	out := make([]*corev3.HeaderValue, 0, n)
 	add := func(k, v string) {
 		if v != "" {
 			all[len(out)] = corev3.HeaderValue{Key: k, Value: v}
