@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -316,11 +317,11 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 	if cfg.Scheduled() || s.allowsSchedules(ctx, qs.Name) {
 		scheduledStream(&qs, cfg.Name)
 	}
-	stream, err := s.js.CreateOrUpdateStream(ctx, qs)
+	stream, err := s.ensureStream(ctx, qs)
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
 	}
-	keys, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	keys, err := s.ensureStream(ctx, jetstream.StreamConfig{
 		Name:                 KeyStreamName(cfg.Name),
 		Description:          "sluice idempotency key slots of queue " + cfg.Name,
 		Subjects:             []string{keySubjectFor(cfg.Name, "*")},
@@ -349,6 +350,37 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		}
 	}
 	return s.add(cfg, stream, keys, false), nil
+}
+
+// ensureStream creates the stream, or updates it when the settings sluice chooses
+// differ from those it has. A stream that matches is left alone: every replica declares
+// every queue at start and on each reload, and a needless update rewrites the stream's
+// configuration while other replicas create consumers on it, which nats-server does
+// not serialise (the race detector saw it when two dispatchers of a laned queue
+// started together).
+func (s *Store) ensureStream(ctx context.Context, want jetstream.StreamConfig) (jetstream.Stream, error) {
+	if st, err := s.js.Stream(ctx, want.Name); err == nil && sameStream(st.CachedInfo().Config, want) {
+		return st, nil
+	}
+	return s.js.CreateOrUpdateStream(ctx, want)
+}
+
+// sameStream reports whether have holds every setting sluice chooses in want (the
+// server fills in the rest, and adds metadata of its own).
+func sameStream(have, want jetstream.StreamConfig) bool {
+	for k, v := range want.Metadata {
+		if have.Metadata[k] != v {
+			return false
+		}
+	}
+	return have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
+		have.Retention == want.Retention && have.Storage == want.Storage && have.Discard == want.Discard &&
+		have.DiscardNewPerSubject == want.DiscardNewPerSubject && have.MaxMsgs == want.MaxMsgs &&
+		have.MaxBytes == want.MaxBytes && have.MaxMsgsPerSubject == want.MaxMsgsPerSubject &&
+		have.MaxAge == want.MaxAge && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
+		have.AllowDirect == want.AllowDirect && have.AllowAtomicPublish == want.AllowAtomicPublish &&
+		have.AllowMsgSchedules == want.AllowMsgSchedules && have.AllowRollup == want.AllowRollup &&
+		have.AllowMsgTTL == want.AllowMsgTTL && have.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL
 }
 
 // scheduledStream turns a queue's stream config into one that holds scheduled orders:
