@@ -29,9 +29,10 @@ import (
 const httpHelp = `Usage: sluice-bench http [flags]
 
 Measures, in one run on this machine, the upstream alone, a plain Go reverse proxy
-(httputil.ReverseProxy), nginx with limit_req (when nginx is on PATH) and 'sluice
-serve' in front of the same upstream, with the memory limiter and with Redis. Every server is a process of its own; the load comes
-from this process (vegeta as a library):
+(httputil.ReverseProxy), nginx with limit_req (when nginx is on PATH or in /usr/sbin)
+and 'sluice serve' in front of the same upstream, with the memory limiter and with
+Redis. Every server is a process of its own; the load comes from this process (vegeta
+as a library):
 
   closed loop: --workers connections sending as fast as they can, as wrk -c does:
                the most requests per second each target passes;
@@ -144,8 +145,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		{targetUpstream, "http://" + upstreamAddr + "/", procs[0].cmd.Process.Pid},
 		{targetReverseProxy, "http://" + proxyAddr + "/", procs[1].cmd.Process.Pid},
 	}
-	if nginx, err := exec.LookPath("nginx"); err != nil {
-		fmt.Fprintln(stderr, "nginx is not on PATH: no nginx row (install nginx to compare with it)")
+	if nginx, err := nginxPath(); err != nil {
+		fmt.Fprintln(stderr, "nginx is not on PATH nor in /usr/sbin: no nginx row (install nginx to compare with it)")
 	} else {
 		addr := freeAddr()
 		prefix := filepath.Join(dir, "nginx")
@@ -429,6 +430,18 @@ http {
     }
 }
 `
+
+// nginxPath finds nginx on PATH, or in /usr/sbin, where Debian installs it and which is
+// not on a user's PATH.
+func nginxPath() (string, error) {
+	p, err := exec.LookPath("nginx")
+	if err != nil {
+		if p, err := exec.LookPath("/usr/sbin/nginx"); err == nil {
+			return p, nil
+		}
+	}
+	return p, err
+}
 
 // writeNginxConf writes the nginx contender's configuration under prefix and returns
 // its path.
