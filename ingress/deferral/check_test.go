@@ -27,6 +27,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1, name: pay}
   - key: client
     rate_limit: {unit: hour, requests_per_unit: 1, name: per_client}
+  - key: route
+    value: later
+    rate_limit: {unit: hour, requests_per_unit: 100, name: later}
+    on_limit: defer
+    queue: orders
 routes:
   - name: orders
     match: {method: [POST], path: /v1/orders}
@@ -40,6 +45,10 @@ routes:
     match: {path: /v1/pay}
     descriptors:
       - [{key: route, value: pay}]
+  - name: later
+    match: {method: [POST], path: /v1/later}
+    descriptors:
+      - [{key: route, value: later}]
 queues:
   orders:
     outflow: {rate: 10/s}
