@@ -12,29 +12,50 @@ import (
 // auth_request and Traefik ForwardAuth.
 const CheckPath = "/sluice/v1/check"
 
-// BodyNotForwarded is the reason, for a defer rule's 429, that the proxy sent no body.
+// BodyNotForwarded is the reason, for a defer rule's 429 on Envoy's ext_authz, that
+// the check carried no body.
 const BodyNotForwarded = "the check did not carry the request's body, so the order could not be parked " +
-	"(Envoy: with_request_body and allow_partial_message: false; Traefik: forwardBody: true; nginx auth_request never sends it)."
+	"(Envoy: with_request_body and allow_partial_message: false)."
+
+// forwardAuthNoPark is the reason, for a defer rule's 429 on CheckHandler, that the
+// order was not parked.
+const forwardAuthNoPark = "this check came from a proxy's forward authentication (nginx auth_request, Traefik ForwardAuth), " +
+	"which takes every 2xx answer for \"allowed\": a parked order would reach the upstream now and again from the queue. " +
+	"Send deferrable requests through sluice's front door or Envoy's ext_authz (gRPC)."
 
 // CheckHandler answers authorization checks in the form of nginx auth_request and
 // Traefik ForwardAuth: the request to decide is the one the proxy describes, its
-// method from X-Forwarded-Method (else X-Original-Method), its path and query from
-// X-Forwarded-Uri (else X-Original-URI), its host from X-Forwarded-Host (else Host),
-// the other headers as sent, and its client from the peer address, or from
-// X-Forwarded-For / Forwarded when the peer is a trusted proxy. It answers 200 with
-// the rate-limit headers when the request may pass; otherwise 429 with the problem, or
-// 202 with the ticket when a defer rule parked it, which needs the body: the check
-// request's own (Traefik forwardBody), or an explicit Content-Length: 0.
+// method from X-Forwarded-Method (else X-Original-Method, else the check's own), its
+// path and query from X-Forwarded-Uri (else X-Original-URI; a check naming neither is
+// refused with 400), its host from X-Forwarded-Host (else Host), the other headers as
+// sent, and its client from the peer address, or from X-Forwarded-For / Forwarded
+// when the peer is a trusted proxy.
+//
+// It answers 200 with the rate-limit headers when the request may pass; otherwise
+// 429 with Retry-After and the problem. It never parks an order and never answers
+// another 2xx, whatever body the check carries: both proxies take every 2xx for
+// "allowed" and would send the request upstream, so a parked order would be
+// delivered twice. Over a defer rule it answers 429 as over a reject rule, the
+// problem's detail saying why; a request asking for scheduled delivery
+// (Sluice-Not-Before) is refused with 400. Parking through a proxy is for Envoy's
+// ext_authz over gRPC, where a denied answer of 202 reaches the client as the
+// response (package ingress/envoy). The check's body is never read: a check that
+// declares one is answered with Connection: close, so that a body that never comes
+// (nginx forwarding Content-Length without the body) delays nothing.
 //
 // It is meant for the proxies only: serve it on a listener clients cannot reach.
 func (m *Middleware) CheckHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 {
+			// Go's server would otherwise read the rest of the body before answering.
+			w.Header().Set("Connection", "close")
+		}
 		orig, err := originalRequest(r)
 		if err != nil {
 			writeProblem(w, simpleProblem(http.StatusBadRequest, err.Error()))
 			return
 		}
-		if m.Authorize(w, orig, bodyMissing(orig)) {
+		if m.Authorize(w, orig, forwardAuthNoPark) {
 			w.WriteHeader(http.StatusOK)
 		}
 	})
@@ -114,16 +135,4 @@ func validMethod(m string) bool {
 		}
 	}
 	return true
-}
-
-// bodyMissing says why r (a check's description of a request) cannot be parked: ""
-// when its body is there (not empty, or declared empty).
-func bodyMissing(r *http.Request) string {
-	if r.ContentLength > 0 || r.ContentLength < 0 && r.Body != nil && r.Body != http.NoBody {
-		return ""
-	}
-	if v, ok := r.Header["Content-Length"]; ok && len(v) == 1 && strings.TrimSpace(v[0]) == "0" {
-		return ""
-	}
-	return BodyNotForwarded
 }

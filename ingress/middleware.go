@@ -186,16 +186,17 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 // holds. It reports whether r may pass, having set on w the rate-limit headers for the
 // proxy to add to the response; otherwise it has answered on w what the proxy should
 // send the client: a 429 problem, or the 202 of an order parked by a defer rule.
-// bodyMissing, when not empty, says why r's body did not reach sluice: a defer rule
-// over its limit then answers 429 with that in the problem's detail, rather than park
-// an incomplete order.
-func (m *Middleware) Authorize(w http.ResponseWriter, r *http.Request, bodyMissing string) bool {
+// noPark, when not empty, says why r must not be parked (its body did not reach sluice
+// whole, or the proxy would take a 202 for "allowed"): a defer rule over its limit then
+// answers 429 with that in the problem's detail, and a request asking for scheduled
+// delivery (Sluice-Not-Before) 400.
+func (m *Middleware) Authorize(w http.ResponseWriter, r *http.Request, noPark string) bool {
 	allowed := false
-	m.serve(w, r, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { allowed = true }), bodyMissing)
+	m.serve(w, r, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { allowed = true }), noPark)
 	return allowed
 }
 
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, bodyMissing string) {
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, noPark string) {
 	if m.maxBody > 0 {
 		if r.ContentLength > m.maxBody {
 			writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
@@ -224,7 +225,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	v := m.decide(ctx, checks)
 	v.writeHeaders(w.Header())
-	deferring := v.violated != nil && v.violated.OnLimit == rules.Defer && m.deferrer != nil && bodyMissing == ""
+	deferring := v.violated != nil && v.violated.OnLimit == rules.Defer && m.deferrer != nil && noPark == ""
 	if span != nil {
 		endDecision(span, route, &v, deferring)
 	}
@@ -237,8 +238,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case rule == nil:
 			writeProblem(w, simpleProblem(http.StatusBadRequest,
 				HeaderNotBefore+" asks for scheduled delivery, but no rule of this route defers into a queue."))
-		case bodyMissing != "":
-			writeProblem(w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+bodyMissing))
+		case noPark != "":
+			writeProblem(w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+noPark))
 		default:
 			h := r.Header.Clone()
 			setForwarded(m.ids, r, h)
@@ -260,8 +261,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			"client", clientHash(client), "retry_after", v.retryAfter)
 		SetRetryAfter(w.Header(), v.retryAfter)
 		p := quotaExceeded(v.violatedNames, v.closest.Limit, v.retryAfter)
-		if v.violated.OnLimit == rules.Defer && bodyMissing != "" {
-			p.Detail += " The rule defers requests over its limit, but " + bodyMissing
+		if v.violated.OnLimit == rules.Defer && noPark != "" {
+			p.Detail += " The rule defers requests over its limit, but " + noPark
 		}
 		writeProblem(w, p)
 	}
