@@ -1,6 +1,7 @@
 package deferral
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -16,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/queue"
 )
 
 // nginxExample is the shipped auth_request configuration the test runs.
@@ -87,13 +90,17 @@ http {
 }
 `
 
-// startNginx runs nginx (bin) with the example in front of the check server and the API
-// and returns its address once it accepts connections. It stops when the test ends.
-func startNginx(t *testing.T, bin, check, api string) string {
+// startNginx runs nginx (bin) with the example, changed by edit unless nil, in front
+// of the check server and the API and returns its address once it accepts
+// connections. It stops when the test ends.
+func startNginx(t *testing.T, bin, check, api string, edit func(t *testing.T, conf []byte) []byte) string {
 	t.Helper()
 	example, err := os.ReadFile(nginxExample)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if edit != nil {
+		example = edit(t, example)
 	}
 	prefix := t.TempDir()
 	listen := freeAddr(t)
@@ -171,89 +178,96 @@ func (u *upstreamLog) take() []string {
 	return s
 }
 
-// TestCheckBehindNginx runs Debian's nginx with deploy/nginx/auth_request.conf in
-// front of the check endpoint and an API, and checks what a client gets.
-func TestCheckBehindNginx(t *testing.T) {
+// nginxFront is nginx with (a variant of) the example in front of the check server
+// (its store parks) and an API that writes down what reaches it.
+type nginxFront struct {
+	t      *testing.T
+	url    string
+	client *http.Client
+	check  *httptest.Server
+	store  *queue.Store
+	api    *upstreamLog
+}
+
+func newNginxFront(t *testing.T, edit func(t *testing.T, conf []byte) []byte) *nginxFront {
 	bin := nginxPath(t)
 	check, store := checkServer(t, true)
 	api := &upstreamLog{}
 	upstream := httptest.NewServer(api)
 	t.Cleanup(upstream.Close)
-	front := "http://" + startNginx(t, bin, check.Listener.Addr().String(), upstream.Listener.Addr().String())
+	f := &nginxFront{t: t, check: check, store: store, api: api, client: &http.Client{Timeout: 30 * time.Second}}
+	f.url = "http://" + startNginx(t, bin, check.Listener.Addr().String(), upstream.Listener.Addr().String(), edit)
+	t.Cleanup(f.client.CloseIdleConnections)
+	return f
+}
 
-	client := &http.Client{Timeout: 30 * time.Second}
-	t.Cleanup(client.CloseIdleConnections)
-	do := func(method, path string, body io.Reader, headers ...string) (*http.Response, string) {
-		t.Helper()
-		req, err := http.NewRequest(method, front+path, body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := 0; i+1 < len(headers); i += 2 {
-			req.Header.Set(headers[i], headers[i+1])
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp, string(b)
+// do sends a request to nginx and returns the response and its body.
+func (f *nginxFront) do(method, path string, body io.Reader, headers ...string) (*http.Response, string) {
+	f.t.Helper()
+	req, err := http.NewRequest(method, f.url+path, body)
+	if err != nil {
+		f.t.Fatal(err)
 	}
-	problem := func(what string, resp *http.Response, body string, status int) map[string]any {
-		t.Helper()
-		var p map[string]any
-		if resp.StatusCode != status || resp.Header.Get("Content-Type") != "application/problem+json" {
-			t.Fatalf("%s: %d %v %q, want a %d problem", what, resp.StatusCode, resp.Header, body, status)
-		}
-		if err := json.Unmarshal([]byte(body), &p); err != nil || p["status"] != float64(status) {
-			t.Fatalf("%s: body %q: %v", what, body, err)
-		}
-		return p
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
 	}
-	notForwarded := func(what string) {
-		t.Helper()
-		if seen := api.take(); len(seen) != 0 {
-			t.Fatalf("%s reached the API: %q", what, seen)
-		}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
 	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return resp, string(b)
+}
 
-	// Within the limit: the API answers, with sluice's rate-limit headers.
-	resp, body := do("GET", "/v1/pay?x=1", nil)
+// problem checks that resp is a problem of status and returns it.
+func (f *nginxFront) problem(what string, resp *http.Response, body string, status int) map[string]any {
+	f.t.Helper()
+	var p map[string]any
+	if resp.StatusCode != status || resp.Header.Get("Content-Type") != "application/problem+json" {
+		f.t.Fatalf("%s: %d %v %q, want a %d problem", what, resp.StatusCode, resp.Header, body, status)
+	}
+	if err := json.Unmarshal([]byte(body), &p); err != nil || p["status"] != float64(status) {
+		f.t.Fatalf("%s: body %q: %v", what, body, err)
+	}
+	return p
+}
+
+// notForwarded checks that nothing reached the API since the last look.
+func (f *nginxFront) notForwarded(what string) {
+	f.t.Helper()
+	if seen := f.api.take(); len(seen) != 0 {
+		f.t.Fatalf("%s reached the API: %q", what, seen)
+	}
+}
+
+// notParked checks that the queue of the defer rules holds nothing.
+func (f *nginxFront) notParked(what string) {
+	f.t.Helper()
+	q, err := f.store.Queue("orders")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if depth, err := q.Depth(context.Background()); err != nil || depth != 0 {
+		f.t.Fatalf("queue depth %d, %v: %s parked an order", depth, err, what)
+	}
+}
+
+// ordersRefused sends orders to the route of a defer rule (limit 1 an hour): the first
+// reaches the API with its body; the next ones, however the client sends the body, are
+// refused with 429 and Retry-After as over a reject rule, since nginx would take a 202
+// for "allowed". None reaches the API or the queue.
+func (f *nginxFront) ordersRefused() {
+	f.t.Helper()
+	resp, body := f.do("POST", "/v1/orders", strings.NewReader(`{"n":1}`))
 	if resp.StatusCode != 200 || body != "upstream" {
-		t.Fatalf("allowed: %d %q", resp.StatusCode, body)
+		f.t.Fatalf("first order: %d %q", resp.StatusCode, body)
 	}
-	if got := resp.Header.Get("RateLimit-Policy"); got != `"pay";q=1;w=3600` {
-		t.Errorf("allowed: RateLimit-Policy %q", got)
-	}
-	if resp.Header.Get("RateLimit") == "" || resp.Header.Get("X-Ratelimit-Limit") != "1" || resp.Header.Get("X-Ratelimit-Remaining") != "0" {
-		t.Errorf("allowed: rate-limit headers %v", resp.Header)
-	}
-	if seen := api.take(); len(seen) != 1 || seen[0] != "GET /v1/pay?x=1 " {
-		t.Fatalf("the API saw %q", seen)
-	}
-
-	// Over a reject rule: 429, Retry-After and the headers; the API sees nothing.
-	resp, body = do("GET", "/v1/pay", nil)
-	p := problem("over the limit", resp, body, 429)
-	if p["type"] != "https://iana.org/assignments/http-problem-types#quota-exceeded" || resp.Header.Get("Retry-After") == "" ||
-		resp.Header.Get("RateLimit-Policy") != `"pay";q=1;w=3600` {
-		t.Errorf("over the limit: %v %v", resp.Header, p)
-	}
-	notForwarded("a refused request")
-
-	// A defer rule: the first order passes with its body; over the limit nginx has no
-	// body to give sluice, so the order is refused like over a reject rule, however
-	// the client sends its body, and nothing is parked.
-	resp, body = do("POST", "/v1/orders", strings.NewReader(`{"n":1}`))
-	if resp.StatusCode != 200 || body != "upstream" {
-		t.Fatalf("first order: %d %q", resp.StatusCode, body)
-	}
-	if seen := api.take(); len(seen) != 1 || seen[0] != `POST /v1/orders {"n":1}` {
-		t.Fatalf("the API saw %q", seen)
+	if seen := f.api.take(); len(seen) != 1 || seen[0] != `POST /v1/orders {"n":1}` {
+		f.t.Fatalf("the API saw %q", seen)
 	}
 	for _, c := range []struct {
 		what string
@@ -263,38 +277,83 @@ func TestCheckBehindNginx(t *testing.T) {
 		{"an empty order (Content-Length: 0)", http.NoBody},
 		{"a chunked order", io.MultiReader(strings.NewReader(`{"n":3}`))},
 	} {
-		resp, body = do("POST", "/v1/orders", c.body)
-		problem(c.what, resp, body, 429)
+		resp, body = f.do("POST", "/v1/orders", c.body)
+		f.problem(c.what, resp, body, 429)
 		if resp.Header.Get("Retry-After") == "" {
-			t.Errorf("%s: no Retry-After: %v", c.what, resp.Header)
+			f.t.Errorf("%s: no Retry-After: %v", c.what, resp.Header)
 		}
-		notForwarded(c.what)
+		f.notForwarded(c.what)
+		f.notParked(c.what)
 	}
-	q, err := store.Queue("orders")
-	if err != nil {
-		t.Fatal(err)
+}
+
+// TestCheckBehindNginx runs Debian's nginx with deploy/nginx/auth_request.conf in
+// front of the check endpoint and an API, and checks what a client gets.
+func TestCheckBehindNginx(t *testing.T) {
+	f := newNginxFront(t, nil)
+
+	// Within the limit: the API answers, with sluice's rate-limit headers.
+	resp, body := f.do("GET", "/v1/pay?x=1", nil)
+	if resp.StatusCode != 200 || body != "upstream" {
+		t.Fatalf("allowed: %d %q", resp.StatusCode, body)
 	}
-	if depth, err := q.Depth(context.Background()); err != nil || depth != 0 {
-		t.Fatalf("queue depth %d, %v: a check without a body parked an order", depth, err)
+	if got := resp.Header.Get("RateLimit-Policy"); got != `"pay";q=1;w=3600` {
+		t.Errorf("allowed: RateLimit-Policy %q", got)
+	}
+	if resp.Header.Get("RateLimit") == "" || resp.Header.Get("X-Ratelimit-Limit") != "1" || resp.Header.Get("X-Ratelimit-Remaining") != "0" {
+		t.Errorf("allowed: rate-limit headers %v", resp.Header)
+	}
+	if seen := f.api.take(); len(seen) != 1 || seen[0] != "GET /v1/pay?x=1 " {
+		t.Fatalf("the API saw %q", seen)
 	}
 
-	// Scheduled delivery needs the body too: 400.
-	resp, body = do("POST", "/v1/later", strings.NewReader(`{"n":4}`), "Sluice-Not-Before", "60")
-	problem("a scheduled order", resp, body, 400)
-	notForwarded("a scheduled order")
+	// Over a reject rule: 429, Retry-After and the headers; the API sees nothing.
+	resp, body = f.do("GET", "/v1/pay", nil)
+	p := f.problem("over the limit", resp, body, 429)
+	if p["type"] != "https://iana.org/assignments/http-problem-types#quota-exceeded" || resp.Header.Get("Retry-After") == "" ||
+		resp.Header.Get("RateLimit-Policy") != `"pay";q=1;w=3600` {
+		t.Errorf("over the limit: %v %v", resp.Header, p)
+	}
+	f.notForwarded("a refused request")
+
+	f.ordersRefused()
+
+	// Scheduled delivery would park: 400.
+	resp, body = f.do("POST", "/v1/later", strings.NewReader(`{"n":4}`), "Sluice-Not-Before", "60")
+	f.problem("a scheduled order", resp, body, 400)
+	f.notForwarded("a scheduled order")
 
 	// nginx is the edge: the client is its peer, whatever X-Forwarded-For it sends.
-	if resp, _ := do("GET", "/v1/ip", nil, "X-Forwarded-For", "203.0.113.1"); resp.StatusCode != 200 {
+	if resp, _ := f.do("GET", "/v1/ip", nil, "X-Forwarded-For", "203.0.113.1"); resp.StatusCode != 200 {
 		t.Fatalf("first client request: %d", resp.StatusCode)
 	}
-	if resp, _ := do("GET", "/v1/ip", nil, "X-Forwarded-For", "203.0.113.2"); resp.StatusCode != 429 {
+	if resp, _ := f.do("GET", "/v1/ip", nil, "X-Forwarded-For", "203.0.113.2"); resp.StatusCode != 429 {
 		t.Fatalf("a client's own X-Forwarded-For changed the client: %d", resp.StatusCode)
 	}
-	api.take()
+	f.api.take()
 
 	// No sluice: nginx fails closed.
-	check.Close()
-	resp, body = do("GET", "/v1/pay", nil)
-	problem("sluice down", resp, body, 503)
-	notForwarded("a request while sluice is down")
+	f.check.Close()
+	resp, body = f.do("GET", "/v1/pay", nil)
+	f.problem("sluice down", resp, body, 503)
+	f.notForwarded("a request while sluice is down")
+}
+
+// TestCheckBehindNginxForwardingBody runs the example without the lines that keep the
+// body and its Content-Length off the check: the dangerous configuration. There the
+// check declares the client's body (which nginx never sends) or Content-Length: 0, and
+// sluice once waited for the body until the client gave up, or parked the empty order
+// and answered 202, which nginx let through to the API as well. The client gets 429,
+// the API nothing, the queue nothing.
+func TestCheckBehindNginxForwardingBody(t *testing.T) {
+	f := newNginxFront(t, func(t *testing.T, conf []byte) []byte {
+		for _, line := range []string{"proxy_pass_request_body off;", `proxy_set_header Content-Length "";`} {
+			if bytes.Count(conf, []byte(line)) != 1 {
+				t.Fatalf("%s: %q not written once", nginxExample, line)
+			}
+			conf = bytes.Replace(conf, []byte(line), nil, 1)
+		}
+		return conf
+	})
+	f.ordersRefused()
 }
