@@ -541,13 +541,12 @@ func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, hasBody, expect boo
 	if headerHasToken(r.Header, "Te", "trailers") {
 		writeField(bw, "Te", "trailers")
 	}
-	fwd := make(http.Header, 3)
-	setForwarded(p.ids, r, fwd)
-	for k, vv := range fwd {
-		for _, v := range vv {
-			writeField(bw, k, v)
-		}
+	xff, fwdHost, proto := forwarded(p.ids, r)
+	if xff != "" {
+		writeField(bw, "X-Forwarded-For", xff)
 	}
+	writeField(bw, "X-Forwarded-Host", fwdHost)
+	writeField(bw, "X-Forwarded-Proto", proto)
 	switch {
 	case !hasBody:
 		switch r.Method {
@@ -742,22 +741,41 @@ func headerHasToken(h http.Header, k, token string) bool {
 // writes them from the real connection, whatever the client sent.
 var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
-// setForwarded sets the forwarding headers of a request made on behalf of in, into out:
-// the client's Forwarded and X-Forwarded-* are dropped; X-Forwarded-For is the peer
-// address, appended to the chain the peer sent only when the peer is a trusted proxy
-// (ids); X-Forwarded-Host and -Proto come from in's host and connection. Proxied
-// requests and parked (deferred) ones both get their headers here, so a downstream sees
-// the same either way.
+// setForwarded sets the forwarding headers of a request made on behalf of in, into out
+// (see forwarded): the client's Forwarded and X-Forwarded-* are dropped. Proxied
+// requests and parked (deferred) ones both get their headers from forwarded, so a
+// downstream sees the same either way.
 func setForwarded(ids *ClientIdentity, in *http.Request, out http.Header) {
 	for _, h := range forwardingHeaders {
 		delete(out, h)
 	}
-	if ids != nil && ids.peerTrusted(in) {
-		if chain := in.Header["X-Forwarded-For"]; len(chain) > 0 {
-			out["X-Forwarded-For"] = slices.Clone(chain)
+	xff, host, proto := forwarded(ids, in)
+	if xff != "" {
+		out["X-Forwarded-For"] = []string{xff}
+	}
+	out["X-Forwarded-Host"] = []string{host}
+	out["X-Forwarded-Proto"] = []string{proto}
+}
+
+// forwarded returns the values of X-Forwarded-For, -Host and -Proto for a request made
+// on behalf of in, as httputil.ProxyRequest.SetXForwarded sets them: X-Forwarded-For is
+// the peer address, appended to the chain the peer sent only when the peer is a
+// trusted proxy (ids), and empty (no header) when in's RemoteAddr is not host:port;
+// X-Forwarded-Host is in's host, X-Forwarded-Proto "https" over TLS, else "http".
+func forwarded(ids *ClientIdentity, in *http.Request) (xff, host, proto string) {
+	if ip, _, err := net.SplitHostPort(in.RemoteAddr); err == nil {
+		xff = ip
+		if ids != nil && ids.peerTrusted(in) {
+			if chain := in.Header["X-Forwarded-For"]; len(chain) > 0 {
+				xff = strings.Join(chain, ", ") + ", " + ip
+			}
 		}
 	}
-	(&httputil.ProxyRequest{In: in, Out: &http.Request{Header: out}}).SetXForwarded()
+	proto = "http"
+	if in.TLS != nil {
+		proto = "https"
+	}
+	return xff, in.Host, proto
 }
 
 func isConnReset(err error) bool {

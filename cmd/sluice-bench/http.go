@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -31,13 +32,23 @@ const httpHelp = `Usage: sluice-bench http [flags]
 Measures, in one run on this machine, the upstream alone, a plain Go reverse proxy
 (httputil.ReverseProxy), nginx with limit_req (when nginx is on PATH or in /usr/sbin)
 and 'sluice serve' in front of the same upstream, with the memory limiter and with
-Redis. Every server is a process of its own; the load comes from this process (vegeta
-as a library):
+Redis. Every server is a process of its own. The load:
 
-  closed loop: --workers connections sending as fast as they can, as wrk -c does:
-               the most requests per second each target passes;
-  open loop:   --rate requests per second at fixed intervals, whatever the responses:
-               latency quantiles at a load every target sustains.
+  closed loop: --workers connections sending as fast as they can: the most requests
+               per second each target passes. wrk sends them when it is on PATH and
+               --duration is whole seconds (--closed-loop auto), else this process
+               (vegeta as a library). The generator shares the machine's cores with
+               the targets, and a Go one spends more CPU per request than wrk does,
+               which caps every ratio between targets: prefer wrk.
+  open loop:   --rate requests per second, on a schedule the answers do not change
+               (no coordinated omission), from this process: a thread of its own
+               sleeps to each slot with the platform's finest sleep (on Linux
+               nanosleep with 1 ns timer slack, not Go's timers, which round waits
+               below 1 ms up to 1 ms and would send bursts) and sends every slot due
+               when it wakes, on an idle keep-alive connection, with one write. A
+               latency runs from that write to the last byte of the answer, so the
+               sleeper's own lateness is in no sample: latency quantiles at a load
+               every target sustains.
 
 sluice checks every request against a per-client-IP token bucket that never runs out,
 so each request pays for a real decision and is proxied; nginx runs the same shape
@@ -74,6 +85,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sluicePath := fs.String("sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	withRedis := fs.Bool("redis", true, "also measure sluice with a Redis limiter (starts a redis-server on a free port)")
 	rounds := fs.Int("rounds", 3, "rounds over every target, alternating; each figure is the median of the rounds")
+	closedGen := fs.String("closed-loop", "auto", "closed-loop load generator: wrk, go (vegeta in this process) or auto (wrk when on PATH and --duration is whole seconds)")
 	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, httpHelp, stdout); done {
 		return code
@@ -85,6 +97,20 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "sluice-bench http: %v\n", err)
 		return exitFailure
+	}
+	wrkPath, gen, err := closedLoopGenerator(*closedGen, *duration)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice-bench http: %v\n", err)
+		return exitUsage
+	}
+	if gen == genGo && *closedGen == "auto" {
+		fmt.Fprintf(stderr, "closed loop from this process (vegeta): %s\n", whyNotWrk(*duration))
+	}
+	closedLoop := func(u string) (closedLoopResult, error) {
+		if gen == genWrk {
+			return wrkClosedLoop(ctx, wrkPath, u, min(runtime.NumCPU(), int(*workers)), int(*workers), *duration)
+		}
+		return attack(u, *workers, *duration), nil
 	}
 	dir, err := os.MkdirTemp("", "sluice-bench-http-")
 	if err != nil {
@@ -189,7 +215,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	type sample struct {
 		maxRPS    float64
 		cpuPerReq time.Duration // 0: unknown
-		latencies vegeta.LatencyMetrics
+		p50, p99  time.Duration
+		p999      time.Duration
 		errors    float64
 	}
 	samples := make([][]sample, len(targets))
@@ -197,18 +224,34 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for i, tg := range targets {
 			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: closed loop, %d workers, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *workers, *duration)
 			cpu0, cpuOK := cpuTime(tg.pid)
-			closed := attack(tg.url, vegeta.Rate{}, *workers, *duration)
+			closed, err := closedLoop(tg.url)
+			if err != nil {
+				return fail(fmt.Errorf("%s: %w", tg.name, err))
+			}
 			cpu1, _ := cpuTime(tg.pid)
 			var perReq time.Duration
 			if cpuOK && closed.Requests > 0 {
 				perReq = (cpu1 - cpu0) / time.Duration(closed.Requests)
 			}
 			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: open loop, %d/s, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *rate, *duration)
-			open := attack(tg.url, vegeta.Rate{Freq: *rate, Per: time.Second}, *workers, *duration)
-			samples[i] = append(samples[i], sample{closed.Throughput, perReq, open.Latencies, 1 - min(closed.Success, open.Success)})
-			if ctx.Err() != nil {
-				return fail(ctx.Err())
+			open, err := openLoop(ctx, tg.url, *rate, int(*workers), *duration)
+			if err != nil {
+				return fail(fmt.Errorf("%s: %w", tg.name, err))
 			}
+			if open.Late > 0 {
+				fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: %d of %d requests found every connection busy and went out late\n",
+					round+1, *rounds, i+1, len(targets), tg.name, open.Late, open.Sent)
+			}
+			errRatio := 0.0
+			if closed.Requests > 0 {
+				errRatio = float64(closed.Failed) / float64(closed.Requests)
+			}
+			if open.Sent > 0 {
+				errRatio = max(errRatio, float64(open.Failed)/float64(open.Sent))
+			}
+			samples[i] = append(samples[i], sample{closed.PerSecond, perReq, open.quantile(0.5), open.quantile(0.99), open.quantile(0.999), errRatio})
+			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: %.0f req/s, CPU/req %v, p50 %v\n", round+1, *rounds, i+1, len(targets), tg.name,
+				closed.PerSecond, perReq.Round(100*time.Nanosecond), open.quantile(0.5).Round(time.Microsecond))
 		}
 	}
 	rows := make([]httpResult, len(targets))
@@ -218,9 +261,9 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		r := httpResult{Target: tg.name,
 			RequestsPerSec: median(s, func(s sample) float64 { return s.maxRPS }),
 			cpuPerReq:      median(s, func(s sample) time.Duration { return s.cpuPerReq }),
-			p50:            median(s, func(s sample) time.Duration { return s.latencies.P50 }),
-			p99:            median(s, func(s sample) time.Duration { return s.latencies.P99 }),
-			p999:           median(s, func(s sample) time.Duration { return s.latencies.Quantile(0.999) }),
+			p50:            median(s, func(s sample) time.Duration { return s.p50 }),
+			p99:            median(s, func(s sample) time.Duration { return s.p99 }),
+			p999:           median(s, func(s sample) time.Duration { return s.p999 }),
 		}
 		for _, x := range s {
 			r.ErrorRatio = max(r.ErrorRatio, x.errors)
@@ -248,8 +291,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if out.svg != "" {
 		c := barChart{
 			Title: "sluice-bench http: requests per second through the front door",
-			Subtitle: fmt.Sprintf("closed loop, %d connections, %s per target and round; median of %s; GOMAXPROCS %d; %s",
-				*workers, *duration, plural(*rounds, "round"), runtime.GOMAXPROCS(0), runtime.Version()),
+			Subtitle: fmt.Sprintf("closed loop (%s), %d connections, %s per target and round; median of %s; GOMAXPROCS %d; %s",
+				gen, *workers, *duration, plural(*rounds, "round"), runtime.GOMAXPROCS(0), runtime.Version()),
 			Unit: "req/s",
 			Note: "ratio: requests per second over httputil.ReverseProxy's (1.00x)",
 		}
@@ -269,14 +312,15 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Rate     int          `json:"rate"`
 			Rounds   int          `json:"rounds"`
 			Redis    bool         `json:"redis"`
+			Closed   string       `json:"closed_loop_generator"`
 			Results  []httpResult `json:"results"`
-		}{newRunInfo("http"), duration.String(), *workers, *rate, *rounds, *withRedis, rows}); err != nil {
+		}{newRunInfo("http"), duration.String(), *workers, *rate, *rounds, *withRedis, string(gen), rows}); err != nil {
 			return fail(fmt.Errorf("writing the results: %w", err))
 		}
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "HTTP through the front door: %d workers closed loop; latency open loop at %d/s; %v each; median of %d rounds\n\n",
-		*workers, *rate, *duration, *rounds)
+	fmt.Fprintf(stdout, "HTTP through the front door: %d connections closed loop (%s); latency open loop at %d/s; %v each; median of %d rounds\n\n",
+		*workers, gen, *rate, *duration, *rounds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tCPU/req\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
 	times := func(ratio float64) string {
@@ -453,18 +497,56 @@ func writeNginxConf(prefix, listen, upstream string) (string, error) {
 	return conf, os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, prefix, listen, upstream)), 0o644)
 }
 
-// attack sends GET url at rate (closed loop with `workers` connections when rate is
-// zero) for d and returns vegeta's metrics.
-func attack(u string, rate vegeta.Rate, workers uint64, d time.Duration) vegeta.Metrics {
+// closedLoopGen names a closed-loop load generator.
+type closedLoopGen string
+
+const (
+	genWrk closedLoopGen = "wrk"
+	genGo  closedLoopGen = "go"
+)
+
+// closedLoopGenerator resolves the --closed-loop flag: wrk (and its path), go, or
+// auto, which is wrk when it is on PATH and d is whole seconds (wrk's unit), else go.
+func closedLoopGenerator(flag string, d time.Duration) (wrkPath string, gen closedLoopGen, err error) {
+	switch flag {
+	case "go":
+		return "", genGo, nil
+	case "wrk", "auto":
+		if whyNotWrk(d) == "" {
+			path, _ := exec.LookPath("wrk")
+			return path, genWrk, nil
+		}
+		if flag == "auto" {
+			return "", genGo, nil
+		}
+		return "", "", fmt.Errorf("--closed-loop wrk: %s", whyNotWrk(d))
+	}
+	return "", "", fmt.Errorf("--closed-loop %q: want wrk, go or auto", flag)
+}
+
+// whyNotWrk tells why wrk cannot run a closed loop of d, or "" when it can.
+func whyNotWrk(d time.Duration) string {
+	if _, err := exec.LookPath("wrk"); err != nil {
+		return "wrk is not on PATH (install wrk: it spends less of the shared CPU per request)"
+	}
+	if d < time.Second || d%time.Second != 0 {
+		return fmt.Sprintf("wrk takes whole seconds, not --duration %v", d)
+	}
+	return ""
+}
+
+// attack is the Go closed loop: GET u as fast as `workers` connections go, for d.
+func attack(u string, workers uint64, d time.Duration) closedLoopResult {
 	a := vegeta.NewAttacker(vegeta.Workers(workers), vegeta.MaxWorkers(workers),
 		vegeta.Connections(int(workers)), vegeta.KeepAlive(true), vegeta.Timeout(10*time.Second))
 	tr := vegeta.NewStaticTargeter(vegeta.Target{Method: "GET", URL: u})
 	var m vegeta.Metrics
-	for res := range a.Attack(tr, rate, d, "bench") {
+	for res := range a.Attack(tr, vegeta.Rate{}, d, "bench") {
 		m.Add(res)
 	}
 	m.Close()
-	return m
+	ok := int64(math.Round(m.Success * float64(m.Requests)))
+	return closedLoopResult{Requests: int64(m.Requests), PerSecond: m.Throughput, Failed: int64(m.Requests) - ok}
 }
 
 // buildSluice builds the sluice binary to out, in the sluice module this tool is built
