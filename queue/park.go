@@ -335,7 +335,7 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 // the final ticket record before it removes the order from the queue, so an order that
 // left the queue before the first look is recorded before the second.
 func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (Receipt, bool, error) {
-	_, parked, err := s.waiting(ctx, q, m.Ticket)
+	_, parked, err := s.waitingAs(ctx, q, m)
 	switch {
 	case err == nil:
 		rc, err := s.repeatOf(ctx, q, idemRecord{Ticket: parked.Ticket, Fingerprint: parked.Fingerprint, Queue: q.name}, m.Fingerprint)
@@ -403,6 +403,20 @@ func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerp
 	default:
 		return Receipt{}, err
 	}
+}
+
+// waitingAs returns the waiting order of m's ticket where m would wait: on the ready
+// subject of m's lane, or as a schedule message (a scheduled order, before it falls
+// due, or one scheduled by an earlier request with the key). Literal subjects only: a
+// direct get by a wildcard subject walks the stream. So a repeat whose lane differs
+// from its order's (its priority or tenant changed) does not find it here, and parks
+// again once past the duplicate window.
+func (s *Store) waitingAs(ctx context.Context, q *Queue, m *Message) (*jetstream.RawStreamMsg, *Message, error) {
+	raw, parked, err := s.scheduled(ctx, q, m.Ticket)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return s.parkedOn(ctx, q, ReadySubject(q.name, m.Lane, m.Ticket))
+	}
+	return raw, parked, err
 }
 
 // duplicate answers m, whose publish was a duplicate of the message at seq (a racing
