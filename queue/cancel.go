@@ -91,7 +91,7 @@ func (s *Store) cancel(ctx context.Context, ticket string) error {
 		return err
 	}
 	rec = &Record{Ticket: ticket, Queue: q.name, Rule: m.Rule, Status: StatusCancelled,
-		LastError: "cancelled by the ticket holder", ReceivedAt: m.ReceivedAt}
+		LastError: "cancelled by the ticket holder", ReceivedAt: m.ReceivedAt, Fingerprint: m.Fingerprint}
 	if err := s.saveRecord(ctx, rec, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		return err
 	}
@@ -132,7 +132,7 @@ func (s *Store) cancelScheduled(ctx context.Context, ticket string) error {
 		return ErrNotFound
 	}
 	rec := &Record{Ticket: ticket, Queue: q.name, Rule: m.Rule, Status: StatusCancelled,
-		LastError: "cancelled by the ticket holder", ReceivedAt: m.ReceivedAt}
+		LastError: "cancelled by the ticket holder", ReceivedAt: m.ReceivedAt, Fingerprint: m.Fingerprint}
 	if err := s.saveRecord(ctx, rec, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		return err
 	}

@@ -30,13 +30,12 @@ func group(ctx context.Context, ids ...string) []*commitReq {
 	return out
 }
 
-// forceBatches makes the store write q's orders, slots and idempotency records by
+// forceBatches makes the store write q's orders and key slots by
 // atomic batches whenever a write is in flight, as on a replicated stream (the test
 // server's single-replica file streams wait for more: see directWrites).
 func forceBatches(s *Store, q *Queue) {
 	q.orders = newGroupCommit(s.nc, s.js, StreamName(q.name), s.opts.publishTimeout, 1)
 	q.slots = newGroupCommit(s.nc, s.js, KeyStreamName(q.name), s.opts.publishTimeout, 1)
-	s.idemWrite = newGroupCommit(s.nc, s.js, "KV_"+IdempotencyBucket, s.opts.publishTimeout, 1)
 }
 
 // The acknowledgement each message of an atomic batch gets names the sequence that
@@ -190,8 +189,8 @@ func testParkConcurrentKeyed(t *testing.T, batched bool) {
 	if d, err := q.Depth(ctx); err != nil || d != limit+1 {
 		t.Fatalf("depth %d (%v), want %d", d, err, limit+1)
 	}
-	if k := keyCount(t, ctx, s); k != limit+1 {
-		t.Fatalf("%d keys recorded, want %d", k, limit+1)
+	if k := keyCount(t, ctx, s); k != 0 {
+		t.Fatalf("%d keys recorded for queued orders, want none (an order is its key's record until it is final)", k)
 	}
 	if sl := slotCount(t, ctx, q); sl != limit+1 {
 		t.Fatalf("%d slots, want %d", sl, limit+1)
@@ -199,8 +198,8 @@ func testParkConcurrentKeyed(t *testing.T, batched bool) {
 }
 
 // The server goes down while batched keyed Parks are under way: every Park that
-// returned a receipt has its order and its key after the restart, and every other one
-// returned an error.
+// returned a receipt has its order after the restart, and its key maps to it; every
+// other one returned an error.
 func TestParkBatchedServerDown(t *testing.T) {
 	s, q, ctx, srv := openInternalServer(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1",
 		MaxIdempotencyKeys: 100_000})
@@ -271,9 +270,8 @@ func TestParkBatchedServerDown(t *testing.T) {
 		if raw.Header.Get(HeaderTicket) != a.rc.Ticket {
 			t.Fatalf("order %s: message of %s", a.rc.Ticket, raw.Header.Get(HeaderTicket))
 		}
-		rec, found, err := s.getKey(ctx, idemKey(a.req.Client, a.req.IdempotencyKey))
-		if err != nil || !found || rec.Ticket != a.rc.Ticket {
-			t.Fatalf("key of order %s: %+v, %v, %v", a.rc.Ticket, rec, found, err)
+		if rc, err := s.Park(ctx, a.req); err != nil || rc.Ticket != a.rc.Ticket || !rc.Duplicate {
+			t.Fatalf("order %s repeated: %+v, %v", a.rc.Ticket, rc, err)
 		}
 	}
 	t.Logf("%d accepted and found after the restart, %d refused", len(ok), failed)

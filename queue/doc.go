@@ -23,8 +23,8 @@
 //	                              per-message TTL)
 //	kv      sluice_tickets        ticket → Record (status, attempts, result); per-key TTL
 //	kv      sluice_idempotency    {client hash}.{key hash} → ticket and payload fingerprint;
-//	                              create-if-absent after the order is stored; byte cap;
-//	                              its stream KV_sluice_idempotency allows atomic batches
+//	                              written when the order becomes final (while it waits,
+//	                              its message is the record: see Store.Park); byte cap
 //	stream  SLUICE_KEYS_{queue}   one slot per accepted key on sluice.keys.{queue}.{client
 //	                              hash}, MaxIdempotencyKeys per subject (discard-new per
 //	                              subject), per-message TTL IdempotencyTTL; atomic batches
@@ -86,9 +86,10 @@
 // by their number.
 // # Group commit
 //
-// Park writes to three streams: a keyed order takes its key slot, then stores the
-// order, then records the key, each write acknowledged (synced) before the next is
-// made; an order without a key is the one write. Each stream has one writer per Store.
+// Park writes to two streams: an order without a key is one write; a keyed order
+// takes its key slot and stores the order side by side, so it too waits for one synced
+// write (its key is recorded only when the order becomes final). Each stream has one
+// writer per Store.
 // While few of its writes are in flight, each goes out at once as a plain synchronous
 // publish; the writes that arrive beyond that are gathered and go as one JetStream
 // atomic batch (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit; up to 256

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -83,34 +84,38 @@ const keyReserve = 0.9
 // recorded: the same key works again.
 //
 // Idempotency (req.IdempotencyKey set). The key K is scoped by req.Client (see idemKey)
-// and recorded only for an accepted order:
+// and names the order's ticket T (keyedTicket: an HMAC of queue and K), so that every
+// request with K agrees on T before anything is written. While the order waits, its
+// message is K's record (it carries T and the payload fingerprint); when the order
+// becomes final (done, failed, dead) the dispatcher records K in IdempotencyBucket
+// with IdempotencyTTL (KeepKey) before the message leaves the queue.
 //
-//  1. K recorded already: a different payload fingerprint is ErrIdempotencyConflict;
-//     the same one gets the earlier ticket and its status. Nothing is published.
-//  2. the bucket is within keyReserve of its byte cap (else ErrKeyStoreFull), and a
-//     slot is taken for K in the queue's key stream, on the client's subject, whose
-//     per-subject limit is MaxIdempotencyKeys (discard-new: ErrTooManyKeys). Slots
-//     expire after IdempotencyTTL, so the cap counts the keys accepted within it.
-//  3. publish with Nats-Msg-Id = "k."+K and wait for the PubAck. Refused (full queue,
-//     too large…): the slot is deleted and the error returned. A duplicate PubAck
-//     (a concurrent or retried request with K, within the duplicate window): the
-//     stored message at the acked sequence gives the ticket and fingerprint.
-//  4. create-if-absent of K with the ticket and fingerprint, without a TTL: a key
-//     lives until its order is final, then the dispatcher gives it IdempotencyTTL
-//     (KeepKey). If K cannot be recorded, the message and slot are deleted and
-//     ErrUnavailable (or ErrKeyStoreFull) returned.
+//  1. An earlier order with K: T's message in the queue, else K's record in the bucket
+//     (or T's ticket record, for a cancelled order). A different payload fingerprint is
+//     ErrIdempotencyConflict; the same one gets the earlier ticket and its status.
+//     Nothing is written. The queue is read first: an order that leaves it is recorded
+//     before it does, so no order is missed between the two reads.
+//  2. The bucket is within keyReserve of its byte cap (else ErrKeyStoreFull).
+//  3. Two writes side by side, each waiting for its synced acknowledgement: a slot for
+//     K in the queue's key stream, on the client's subject, whose per-subject limit is
+//     MaxIdempotencyKeys (discard-new: ErrTooManyKeys; slots expire after
+//     IdempotencyTTL, so the cap counts the keys accepted within it), and the order
+//     with Nats-Msg-Id "k."+K. Either refused: the other is deleted and the error
+//     returned. A duplicate PubAck (a concurrent or retried request with K within the
+//     duplicate window): the stored message gives the ticket and fingerprint.
 //
-// Each of the writes in 2, 3 and 4 may share its synced write with concurrent Parks
-// (see "Group commit" in the package documentation); each is still acknowledged
-// before the next step is taken.
+// One synced write's wait per keyed order, as for an order without a key; each write
+// may share its disk sync with concurrent Parks (see "Group commit" in the package
+// documentation).
 //
-// Crash safety. A crash before 3 leaves at most a slot (freed by its TTL) and no order.
-// A crash between 3 and 4 leaves an order without a key and a client without a receipt:
-// its retry within the duplicate window is a duplicate PubAck and records K with the
-// stored ticket (or, once the order was delivered and its message gone, finds K, which
-// the dispatcher records when the order becomes final, before it acknowledges the
-// message); a retry after the window and after delivery is a new order, which the
-// downstream still recognises: it carries the client's own Idempotency-Key.
+// A refused slot's order is deleted at once, but a dispatcher that fetched it in the
+// instant between its write and its deletion delivers it: the client, told 429 (or
+// 503), then finds its key taken by that order when it retries — delivered once, as
+// its key promised.
+//
+// Crash safety. A crash in step 3 leaves a slot (freed by its TTL), an order without a
+// slot (the client's cap is one short), or both, and a client without a receipt: its
+// retry finds the order by T (step 1) or, once delivered, by K's record.
 func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) {
 	if s.tracer != nil {
 		var span trace.Span
@@ -274,53 +279,98 @@ func (q *Queue) receipt(ctx context.Context, ticket string, seq uint64, duplicat
 		EstimatedDelivery: q.eta(time.Now(), pos), Duplicate: duplicate}
 }
 
-// parkKeyed is Park for a request with an idempotency key (steps 1 to 4).
+// keyedTicket is the ticket of an order with the idempotency key key (see idemKey) in
+// queue: derived from both with the signing key, so that every request with the key
+// names the same ticket before anything is written (see parkKeyed), and nobody without
+// the signing key can tell it.
+func (s *Store) keyedTicket(queue, key string) string {
+	sum := s.mac("keyed-ticket", []byte(queue), []byte(key))
+	return strings.ToLower(ticketEncoding.EncodeToString(sum[:16]))
+}
+
+// parkKeyed is Park for a request with an idempotency key (steps 1 to 3).
 func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, error) {
 	key := idemKey(m.Client, m.IdempotencyKey)
-	if rc, ok, err := s.repeat(ctx, q, key, m.Fingerprint); ok || err != nil {
+	m.Ticket = s.keyedTicket(q.name, key)
+	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
 		return rc, err
 	}
 	if err := s.keyRoom(ctx); err != nil {
 		return Receipt{}, err
 	}
-	slot, err := s.takeSlot(ctx, q, m.Client, key)
-	if err != nil {
-		return Receipt{}, err
+	// The slot and the order are written side by side, each waiting for its own
+	// synced write.
+	type slotResult struct {
+		seq uint64
+		err error
 	}
+	slotc := make(chan slotResult, 1)
+	go func() {
+		seq, err := s.takeSlot(ctx, q, m.Client, key)
+		slotc <- slotResult{seq, err}
+	}()
 	ack, err := s.publish(ctx, q, m, keyMsgID(key))
-	if err != nil {
-		s.undo(ctx, q, "", 0, slot)
-		return Receipt{}, err
+	slot := <-slotc
+	if err != nil || slot.err != nil {
+		var seq uint64 // the order this request stored, if it did
+		if err == nil && !ack.Duplicate {
+			seq = ack.Sequence
+		}
+		s.undo(ctx, q, m.Ticket, seq, slot.seq)
+		return Receipt{}, cmp.Or(err, slot.err)
 	}
 	if ack.Duplicate {
 		// The slot stays: it is the key's, not this request's. Slots of one key are
 		// deduplicated like its orders (the same Nats-Msg-Id and window), so a slot taken
 		// here (slot != 0) is the key's only one even when a racing request with the
 		// key stored the order first; freeing it would let the client past its cap.
-		return s.duplicate(ctx, q, key, m.Fingerprint, ack.Sequence)
-	}
-	rec := idemRecord{Ticket: m.Ticket, Fingerprint: m.Fingerprint, Queue: q.name, CreatedAt: time.Now().UTC()}
-	prev, err := s.recordKey(ctx, key, rec)
-	if err != nil || prev.Ticket != m.Ticket {
-		// Not recorded, or recorded for another order (possible only beyond the
-		// duplicate window): this order must not stay.
-		s.undo(ctx, q, m.Ticket, ack.Sequence, slot)
-		if err != nil {
-			return Receipt{}, err
-		}
-		return s.repeatOf(ctx, q, prev, m.Fingerprint)
+		return s.duplicate(ctx, q, key, m, ack.Sequence)
 	}
 	return q.receiptOf(ctx, m, ack.Sequence, false), nil
 }
 
-// repeat implements step 1: ok is true when key is recorded (then rc or err is the answer).
-func (s *Store) repeat(ctx context.Context, q *Queue, key, fingerprint string) (Receipt, bool, error) {
-	prev, found, err := s.getKey(ctx, key)
-	if err != nil || !found {
+// repeat implements step 1 for m, whose Ticket is its key's: ok is true when the key
+// belongs to an earlier order (then rc or err is the answer). It looks for that order
+// in the queue first and in the records only then: a dispatcher records the key and
+// the final ticket record before it removes the order from the queue, so an order that
+// left the queue before the first look is recorded before the second.
+func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (Receipt, bool, error) {
+	_, parked, err := s.waitingAs(ctx, q, m)
+	switch {
+	case err == nil:
+		rc, err := s.repeatOf(ctx, q, idemRecord{Ticket: parked.Ticket, Fingerprint: parked.Fingerprint, Queue: q.name}, m.Fingerprint)
+		return rc, true, err
+	case !errors.Is(err, jetstream.ErrMsgNotFound):
 		return Receipt{}, false, err
 	}
-	rc, err := s.repeatOf(ctx, q, prev, fingerprint)
-	return rc, true, err
+	var (
+		rec    *Record
+		recErr error
+		read   = make(chan struct{})
+	)
+	go func() {
+		defer close(read)
+		rec, recErr = s.Record(ctx, m.Ticket)
+	}()
+	prev, found, err := s.getKey(ctx, key)
+	<-read
+	switch {
+	case err != nil:
+		return Receipt{}, false, err
+	case found: // final, or parked by an earlier sluice, which recorded keys at once
+		rc, err := s.repeatOf(ctx, q, prev, m.Fingerprint)
+		return rc, true, err
+	case recErr == nil:
+		// A ticket record but no key: a cancelled order (a key is recorded when its
+		// order is delivered or dead-lettered), or one whose key has just expired.
+		if rec.Fingerprint != "" && rec.Fingerprint != m.Fingerprint {
+			return Receipt{}, true, ErrIdempotencyConflict
+		}
+		return Receipt{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, EstimatedDelivery: time.Now(), Duplicate: true}, true, nil
+	case !errors.Is(recErr, ErrNotFound):
+		return Receipt{}, false, recErr
+	}
+	return Receipt{}, false, nil
 }
 
 // repeatOf answers a request whose key is recorded as prev.
@@ -355,37 +405,42 @@ func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerp
 	}
 }
 
-// duplicate answers a request whose publish was a duplicate of the message at seq
-// (step 3).
-func (s *Store) duplicate(ctx context.Context, q *Queue, key, fingerprint string, seq uint64) (Receipt, error) {
+// waitingAs returns the waiting order of m's ticket where m would wait: on the ready
+// subject of m's lane, or as a schedule message (a scheduled order, before it falls
+// due, or one scheduled by an earlier request with the key). Literal subjects only: a
+// direct get by a wildcard subject walks the stream. So a repeat whose lane differs
+// from its order's (its priority or tenant changed) does not find it here, and parks
+// again once past the duplicate window.
+func (s *Store) waitingAs(ctx context.Context, q *Queue, m *Message) (*jetstream.RawStreamMsg, *Message, error) {
+	raw, parked, err := s.scheduled(ctx, q, m.Ticket)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return s.parkedOn(ctx, q, ReadySubject(q.name, m.Lane, m.Ticket))
+	}
+	return raw, parked, err
+}
+
+// duplicate answers m, whose publish was a duplicate of the message at seq (a racing
+// or retried request with its key, within the duplicate window).
+func (s *Store) duplicate(ctx context.Context, q *Queue, key string, m *Message, seq uint64) (Receipt, error) {
 	raw, err := q.stream.GetMsg(ctx, seq)
 	if err == nil && raw.Header.Get(HeaderMsgID) == keyMsgID(key) {
-		m, derr := decodeRaw(raw)
+		stored, derr := decodeRaw(raw)
 		if derr == nil {
-			derr = s.Verify(m) // a forged message cannot lend its ticket
+			derr = s.Verify(stored) // a forged message cannot lend its ticket
 		}
 		if derr != nil {
 			return Receipt{}, fmt.Errorf("%w: %v", ErrUnavailable, derr)
 		}
-		if m.Fingerprint != fingerprint {
+		if stored.Fingerprint != m.Fingerprint {
 			return Receipt{}, ErrIdempotencyConflict
 		}
-		// The first request may have died before step 4: record the key for it.
-		rec := idemRecord{Ticket: m.Ticket, Fingerprint: m.Fingerprint, Queue: q.name, CreatedAt: time.Now().UTC()}
-		prev, err := s.recordKey(ctx, key, rec)
-		if err != nil {
-			return Receipt{}, err
-		}
-		if prev.Ticket != m.Ticket {
-			return s.repeatOf(ctx, q, prev, fingerprint)
-		}
-		return q.receiptOf(ctx, m, seq, true), nil
+		return q.receiptOf(ctx, stored, seq, true), nil
 	}
 	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return Receipt{}, unavailable("message lookup", err)
 	}
 	// Delivered and acknowledged meanwhile: the dispatcher recorded the key first.
-	if rc, ok, err := s.repeat(ctx, q, key, fingerprint); ok || err != nil {
+	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
 		return rc, err
 	}
 	return Receipt{}, fmt.Errorf("%w: the order with this idempotency key is being settled; retry", ErrUnavailable)
@@ -414,40 +469,6 @@ func (s *Store) getKey(ctx context.Context, key string) (idemRecord, bool, error
 		return idemRecord{}, false, fmt.Errorf("%w: corrupt idempotency record", ErrUnavailable)
 	}
 	return rec, true, nil
-}
-
-// recordKey creates key with rec unless it exists; it returns the record the key holds.
-func (s *Store) recordKey(ctx context.Context, key string, rec idemRecord) (idemRecord, error) {
-	val, err := s.seal(idemKind, key, rec)
-	if err != nil {
-		return idemRecord{}, err
-	}
-	// The common case, a key not recorded yet, goes with the records of concurrent
-	// Parks (one synced write for all); anything else — the key exists, a deleted
-	// key's marker is in the way, the bucket is full — is sorted out below.
-	msg := nats.NewMsg("$KV." + IdempotencyBucket + "." + key)
-	msg.Data = val
-	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
-	if _, err := s.idemWrite.publish(ctx, msg); err == nil {
-		return rec, nil
-	}
-	for range 3 {
-		_, err := s.idem.Create(ctx, key, val)
-		if err == nil {
-			return rec, nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) {
-			return idemRecord{}, keyStoreError(err)
-		}
-		prev, found, err := s.getKey(ctx, key)
-		if err != nil {
-			return idemRecord{}, err
-		}
-		if found {
-			return prev, nil
-		}
-	}
-	return idemRecord{}, fmt.Errorf("%w: idempotency key keeps changing", ErrUnavailable)
 }
 
 // keyStoreError maps a failed write to the bucket or a key stream.

@@ -44,6 +44,15 @@ func openInternalServer(t *testing.T, cfg queueconfig.Config, opts ...Option) (*
 	return s, q, ctx, srv
 }
 
+func depth(t *testing.T, ctx context.Context, q *Queue) uint64 {
+	t.Helper()
+	d, err := q.Depth(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // keyCount is the number of live keys in the idempotency bucket.
 func keyCount(t *testing.T, ctx context.Context, s *Store) int {
 	t.Helper()
@@ -67,31 +76,29 @@ func slotCount(t *testing.T, ctx context.Context, q *Queue) uint64 {
 	return info.State.Msgs
 }
 
-// A crash between the publish and recording the key leaves an order without a key and
-// a client without a receipt. Its retry must get the stored order's ticket (the
-// duplicate window) and record the key; nothing is parked twice.
-func TestIdempotencyCrashBetweenPublishAndKey(t *testing.T) {
+// A crash after the order was published and before its key slot was taken leaves an
+// order without a slot and a client without a receipt. Its retry, even past the
+// duplicate window, must find the stored order by the ticket its key names; nothing is
+// parked twice.
+func TestIdempotencyCrashAfterPublish(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	req := keyedOrder("c1", `"crash"`, `{"sku":1}`)
-	// Steps 2 and 3 of Park happened, then the process died.
-	m := &Message{Request: *req, Ticket: newTicket()}
+	key := idemKey("c1", `"crash"`)
+	m := &Message{Request: *req, Ticket: s.keyedTicket(q.name, key)}
 	m.Header = KeptHeader(req.Header, nil)
 	m.Fingerprint = Fingerprint(&m.Request)
-	key := idemKey("c1", `"crash"`)
-	if _, err := s.publish(ctx, q, m, keyMsgID(key)); err != nil {
+	// Another message id: the stream's duplicate window cannot recognise the retry.
+	if _, err := s.publish(ctx, q, m, "past-the-window"); err != nil {
 		t.Fatal(err)
 	}
-	if n := keyCount(t, ctx, s); n != 0 {
-		t.Fatalf("%d keys before the retry", n)
-	}
 	rc, err := s.Park(ctx, req)
-	if err != nil || rc.Ticket != m.Ticket || !rc.Duplicate {
+	if err != nil || rc.Ticket != m.Ticket || !rc.Duplicate || rc.Status != StatusQueued {
 		t.Fatalf("retry: %+v %v, want ticket %s", rc, err, m.Ticket)
 	}
-	if d, _ := q.Depth(ctx); d != 1 || keyCount(t, ctx, s) != 1 {
-		t.Fatalf("depth %d, keys %d", d, keyCount(t, ctx, s))
+	if d, _ := q.Depth(ctx); d != 1 {
+		t.Fatalf("depth %d", d)
 	}
-	// The same key with another payload, racing the crashed one: 422, nothing stored.
+	// The same key with another payload: 422, nothing stored.
 	if _, err := s.Park(ctx, keyedOrder("c1", `"crash"`, `{"sku":2}`)); !errors.Is(err, ErrIdempotencyConflict) {
 		t.Fatalf("other payload: %v", err)
 	}
@@ -102,11 +109,37 @@ func TestIdempotencyCrashBetweenPublishAndKey(t *testing.T) {
 	if err := q.stream.Purge(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if rc, err := s.Park(ctx, req); err != nil || rc.Ticket != m.Ticket {
+	if rc, err := s.Park(ctx, req); err != nil || rc.Ticket != m.Ticket || !rc.Duplicate {
 		t.Fatalf("retry after delivery: %+v %v", rc, err)
+	}
+	if _, err := s.Park(ctx, keyedOrder("c1", `"crash"`, `{"sku":2}`)); !errors.Is(err, ErrIdempotencyConflict) {
+		t.Fatalf("other payload after delivery: %v", err)
 	}
 	if d, _ := q.Depth(ctx); d != 0 {
 		t.Fatalf("a delivered order was parked again (depth %d)", d)
+	}
+}
+
+// A cancelled order's key stays taken: a repeat gets the cancelled ticket, another
+// payload 422, and nothing is parked again.
+func TestKeyOfCancelledOrder(t *testing.T) {
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	req := keyedOrder("c1", "k", `{"sku":1}`)
+	rc, err := s.Park(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Cancel(ctx, rc.Ticket); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Park(ctx, req); err != nil || again.Ticket != rc.Ticket || !again.Duplicate || again.Status != StatusCancelled {
+		t.Fatalf("repeat of a cancelled order: %+v %v", again, err)
+	}
+	if _, err := s.Park(ctx, keyedOrder("c1", "k", `{"sku":2}`)); !errors.Is(err, ErrIdempotencyConflict) {
+		t.Fatalf("other payload: %v", err)
+	}
+	if d, _ := q.Depth(ctx); d != 0 {
+		t.Fatalf("depth %d after the cancellation and its repeats", d)
 	}
 }
 
@@ -123,8 +156,8 @@ func TestRefusedLeavesNoKey(t *testing.T) {
 			t.Fatalf("full queue: %v", err)
 		}
 	}
-	if n, slots := keyCount(t, ctx, s), slotCount(t, ctx, q); n != 2 || slots != 2 {
-		t.Fatalf("after 50 refusals: %d keys, %d slots; want 2 and 2", n, slots)
+	if d, slots := depth(t, ctx, q), slotCount(t, ctx, q); d != 2 || slots != 2 {
+		t.Fatalf("after 50 refusals: depth %d, %d slots; want 2 and 2", d, slots)
 	}
 	if err := q.stream.Purge(ctx); err != nil { // the queue drained
 		t.Fatal(err)
@@ -159,22 +192,34 @@ func TestKeyCapPerClient(t *testing.T) {
 	if _, err := s.Park(ctx, keyedOrder("c1", "", "{}")); err != nil {
 		t.Fatalf("no key: %v", err)
 	}
-	if n, slots := keyCount(t, ctx, s), slotCount(t, ctx, q); n != 4 || slots != 4 {
-		t.Fatalf("%d keys, %d slots; want 4", n, slots)
+	// Three orders of c1 and one of c2 with keys, one of c1 without: the refused one was
+	// withdrawn.
+	if d, slots := depth(t, ctx, q), slotCount(t, ctx, q); d != 5 || slots != 4 {
+		t.Fatalf("depth %d, %d slots; want 5 and 4", d, slots)
 	}
 }
 
-// The bucket's byte cap: new keys are refused with ErrKeyStoreFull (a 503) and nothing
-// is accepted; requests without a key still park.
+// The bucket's byte cap: once the keys of final orders fill it, new keys are refused
+// with ErrKeyStoreFull (a 503) and nothing is accepted; requests without a key still
+// park.
 func TestKeyStoreFull(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"},
 		WithIdempotencyMaxBytes(4096))
 	accepted, refused := 0, false
 	for i := 0; i < 200 && !refused; i++ {
-		_, err := s.Park(ctx, keyedOrder("c1", fmt.Sprint("k", i), "{}"))
+		req := keyedOrder("c1", fmt.Sprint("k", i), "{}")
+		rc, err := s.Park(ctx, req)
 		switch {
 		case err == nil:
 			accepted++
+			// Delivered: the dispatcher keeps its key.
+			m := &Message{Request: *req, Ticket: rc.Ticket, Fingerprint: Fingerprint(req)}
+			if err := s.KeepKey(ctx, m); err != nil && !errors.Is(err, ErrKeyStoreFull) {
+				t.Fatal(err)
+			}
+			if _, err := s.idemInfo.streamInfo(ctx, 0); err != nil { // keyRoom's view, up to a second old
+				t.Fatal(err)
+			}
 		case errors.Is(err, ErrKeyStoreFull) && errors.Is(err, ErrUnavailable):
 			refused = true
 		default:
@@ -184,8 +229,8 @@ func TestKeyStoreFull(t *testing.T) {
 	if !refused || accepted == 0 {
 		t.Fatalf("accepted %d, refused %v", accepted, refused)
 	}
-	if d, _ := q.Depth(ctx); int(d) != accepted || keyCount(t, ctx, s) != accepted {
-		t.Fatalf("depth %d, keys %d, accepted %d", d, keyCount(t, ctx, s), accepted)
+	if d := depth(t, ctx, q); int(d) != accepted {
+		t.Fatalf("depth %d, accepted %d", d, accepted)
 	}
 	if _, err := s.Park(ctx, keyedOrder("c1", "", "{}")); err != nil {
 		t.Fatalf("no key: %v", err)
@@ -203,17 +248,19 @@ func TestKeepKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := idemKey("c1", "k")
-	m := &Message{Request: *keyedOrder("c1", "k", "{}"), Ticket: newTicket()}
-	if err := s.KeepKey(ctx, m); err != nil { // another ticket: untouched, no TTL
+	if _, found, err := s.getKey(ctx, key); err != nil || found {
+		t.Fatalf("a queued order's key recorded (%v, %v): its message is its record", found, err)
+	}
+	m := &Message{Request: *keyedOrder("c1", "k", "{}"), Ticket: rc.Ticket}
+	if err := s.KeepKey(ctx, m); err != nil { // final: created with the TTL
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
+	other := &Message{Request: *keyedOrder("c1", "k", "{}"), Ticket: newTicket()}
+	if err := s.KeepKey(ctx, other); err != nil { // another ticket: untouched
+		t.Fatal(err)
+	}
 	if rec, found, err := s.getKey(ctx, key); err != nil || !found || rec.Ticket != rc.Ticket {
-		t.Fatalf("key of a pending order gone or changed: %+v %v %v", rec, found, err)
-	}
-	m.Ticket = rc.Ticket
-	if err := s.KeepKey(ctx, m); err != nil {
-		t.Fatal(err)
+		t.Fatalf("key of a final order: %+v %v %v", rec, found, err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -228,13 +275,6 @@ func TestKeepKey(t *testing.T) {
 			t.Fatal("the key of a final order never expired")
 		}
 		time.Sleep(100 * time.Millisecond)
-	}
-	// Missing (the ingress died before recording it): created with the TTL.
-	if err := s.KeepKey(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	if e, err := s.idem.Get(ctx, key); err != nil || e == nil {
-		t.Fatalf("missing key not created: %v", err)
 	}
 }
 

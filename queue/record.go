@@ -70,6 +70,9 @@ type Record struct {
 	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
 	// Result is set in the final states done and failed.
 	Result *Result `json:"result,omitempty"`
+	// Fingerprint is the order's payload fingerprint, in a record written by Cancel (a
+	// repeat of a cancelled order's idempotency key still tells its payload apart).
+	Fingerprint string `json:"fingerprint,omitempty"`
 
 	// Computed by Status for non-final tickets (not stored).
 	Position uint64 `json:"position,omitempty"`

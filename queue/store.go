@@ -168,8 +168,6 @@ type Store struct {
 
 	// idemInfo serves the idempotency bucket's cached stream info (Park's byte check).
 	idemInfo *Queue
-	// idemWrite writes Park's idempotency records, in groups (see groupCommit).
-	idemWrite *groupCommit
 
 	mu     sync.RWMutex
 	queues map[string]*Queue
@@ -256,7 +254,6 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, IdempotencyBucket, err)
 	}
 	s.idemInfo = &Queue{store: s, name: IdempotencyBucket, stream: idemStream}
-	s.idemWrite = newGroupCommit(nc, js, idemStream.CachedInfo().Config.Name, o.publishTimeout, s.allowBatches(ctx, idemStream))
 	s.metrics = newStoreMetrics(s)
 	if o.registerer != nil {
 		if err := s.metrics.register(o.registerer); err != nil {
@@ -459,23 +456,6 @@ func directWrites(stream jetstream.Stream) int {
 		return 1
 	}
 	return fileDirectWrites
-}
-
-// allowBatches lets the idempotency bucket's stream take atomic batches (the
-// key-value API has no setting for it) and returns directWrites of it. A failure
-// leaves the bucket as it is: its records are then written one by one.
-func (s *Store) allowBatches(ctx context.Context, stream jetstream.Stream) int {
-	cfg := stream.CachedInfo().Config
-	if cfg.AllowAtomicPublish {
-		return directWrites(stream)
-	}
-	cfg.AllowAtomicPublish = true
-	updated, err := s.js.UpdateStream(ctx, cfg)
-	if err != nil {
-		s.log.Warn("idempotency records are written one by one: the bucket's stream takes no atomic batches", "err", err)
-		return 0
-	}
-	return directWrites(updated)
 }
 
 // checkDownstreamStream makes sure the subject of an at-least-once nats: downstream is

@@ -274,15 +274,16 @@ func TestIdempotencyKeysBounded(t *testing.T) {
 	if code := p.stop(t); code != 0 {
 		t.Fatalf("serve exit %d", code)
 	}
-	keys := bucketKeys(t, dataDir)
-	if want := 2 + statuses[http.StatusAccepted]; keys != want {
-		t.Errorf("%d idempotency keys stored, want %d (one per accepted order)", keys, want)
+	slots, keys := storedKeys(t, dataDir, "small")
+	if want := 2 + statuses[http.StatusAccepted]; slots != want || keys > want {
+		t.Errorf("%d key slots and %d idempotency keys stored, want %d slots (one per accepted order) and at most as many keys (one per final order)", slots, keys, want)
 	}
 }
 
-// bucketKeys counts the live keys of the idempotency bucket in a stopped sluice's data
-// directory.
-func bucketKeys(t *testing.T, dataDir string) int {
+// storedKeys counts, in a stopped sluice's data directory, the key slots of a queue
+// (one per accepted order with a key) and the live keys of the idempotency bucket (one
+// per such order that is final).
+func storedKeys(t *testing.T, dataDir, queueName string) (slots, keys int) {
 	t.Helper()
 	emb, err := embedded.Start(embedded.Config{DataDir: dataDir})
 	if err != nil {
@@ -297,6 +298,11 @@ func bucketKeys(t *testing.T, dataDir string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	js, _ := jetstream.New(nc)
+	st, err := js.Stream(ctx, queue.KeyStreamName(queueName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots = int(st.CachedInfo().State.Msgs)
 	kv, err := js.KeyValue(ctx, queue.IdempotencyBucket)
 	if err != nil {
 		t.Fatal(err)
@@ -305,9 +311,8 @@ func bucketKeys(t *testing.T, dataDir string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
 	for range lister.Keys() {
-		n++
+		keys++
 	}
-	return n
+	return slots, keys
 }
