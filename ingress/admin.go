@@ -2,7 +2,6 @@ package ingress
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"maps"
 	"net/http"
@@ -29,7 +28,8 @@ import (
 //	/sluice/v1/queues…        queue operations (ingress/queueapi), when Queues is set
 //	/sluice/v1/openapi.json   the OpenAPI document of these endpoints
 //
-// With a Token, everything but /healthz needs `Authorization: Bearer TOKEN`.
+// With a Token, everything but /healthz needs `Authorization: Bearer TOKEN`; an address
+// that keeps presenting wrong tokens is locked out for a while (429, see TokenGuard).
 type Admin struct {
 	Gatherer prometheus.Gatherer
 	Rules    RulesSource
@@ -40,6 +40,9 @@ type Admin struct {
 	// Dependencies are shown by /sluice/v1/status; nil: none.
 	Dependencies *Dependencies
 	Token        string
+	// Guard checks the token and locks out addresses that keep presenting wrong ones
+	// (see TokenGuard); nil: a guard of Token of its own.
+	Guard *TokenGuard
 	// Extra adds handlers under their patterns ("GET /path").
 	Extra map[string]http.Handler
 	// Queues serves the queue operations: a *queueapi.API (package ingress/queueapi);
@@ -101,10 +104,26 @@ func (a *Admin) authorize(next http.Handler) http.Handler {
 	if a.Token == "" {
 		return next
 	}
-	want := []byte("Bearer " + a.Token)
+	guard := a.Guard
+	if guard == nil {
+		guard = NewTokenGuard(a.Token, nil)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		// No credentials at all is not a guess (a scraper without the token, say).
+		var ok bool
+		var retryAfter time.Duration
+		if h := r.Header.Get("Authorization"); h != "" {
+			presented, bearer := strings.CutPrefix(h, "Bearer ")
+			if !bearer {
+				presented = "" // a wrong guess: the token is never empty here
+			}
+			ok, retryAfter = guard.Check(r, presented)
+		}
+		switch {
+		case retryAfter > 0:
+			WriteLockedOut(w, retryAfter)
+			return
+		case !ok:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice admin"`)
 			writeProblem(w, simpleProblem(http.StatusUnauthorized, "A valid bearer token is required."))
 			return

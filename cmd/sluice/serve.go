@@ -522,6 +522,11 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) error {
 	g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: g.cfg.admin.token}
 	opts := []console.Option{console.WithGatherer(reg), console.WithRules(g.watcher), console.WithReloads(&g.reloads),
 		console.WithLogger(g.log)}
+	if g.cfg.admin.token != "" {
+		// One allowance of wrong tokens per address for the API and the console's sign-in.
+		g.adminAPI.Guard = ingress.NewTokenGuard(g.cfg.admin.token, nil)
+		opts = append(opts, console.WithTokenGuard(g.adminAPI.Guard))
+	}
 	if g.queues != nil {
 		g.adminAPI.Queues = &queueapi.API{Store: &g.queues.store, Log: g.log}
 		opts = append(opts, console.WithQueueStore(&g.queues.store))

@@ -57,6 +57,7 @@ var staticFS embed.FS
 // Console is the operator console's handler. Create it with New.
 type Console struct {
 	token    string
+	guard    *ingress.TokenGuard
 	key      []byte // HMAC key of sessions and CSRF tokens, derived from the token
 	api      http.Handler
 	gatherer prometheus.Gatherer
@@ -117,6 +118,19 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
+// WithTokenGuard checks sign-ins with g (share the admin API's, ingress.Admin.Guard,
+// so that a guesser has one allowance for both); by default the console has one of its
+// own.
+func WithTokenGuard(g *ingress.TokenGuard) Option {
+	return func(c *Console) error {
+		if g == nil {
+			return fmt.Errorf("%w: nil token guard", ErrInvalidOption)
+		}
+		c.guard = g
+		return nil
+	}
+}
+
 // WithLogger receives sign-ins and refusals; default slog.Default().
 func WithLogger(l *slog.Logger) Option {
 	return func(c *Console) error {
@@ -146,6 +160,9 @@ func New(token string, api http.Handler, opts ...Option) (*Console, error) {
 		if err := o(c); err != nil {
 			return nil, err
 		}
+	}
+	if c.guard == nil {
+		c.guard = ingress.NewTokenGuard(token, c.now)
 	}
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
@@ -332,8 +349,13 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		ingress.WriteProblem(w, http.StatusBadRequest, "The sign-in form could not be read.")
 		return
 	}
-	got := r.PostForm.Get("token")
-	if subtle.ConstantTimeCompare([]byte(got), []byte(c.token)) != 1 {
+	ok, retryAfter := c.guard.Check(r, r.PostForm.Get("token"))
+	if retryAfter > 0 {
+		c.log.Warn("console: sign-in refused, too many wrong tokens from this address", "remote", r.RemoteAddr, "retry_after", retryAfter)
+		ingress.WriteLockedOut(w, retryAfter)
+		return
+	}
+	if !ok {
 		c.log.Warn("console: sign-in with a wrong token", "remote", r.RemoteAddr)
 		http.Redirect(w, r, Prefix+"login?failed=1", http.StatusSeeOther)
 		return

@@ -279,6 +279,30 @@ func TestSignIn(t *testing.T) {
 }
 
 // A session cookie is only good as minted, for this token, until it expires.
+// Wrong tokens lock the address out of the sign-in (429 with Retry-After), the right
+// token included, until its allowance refills.
+func TestSignInLockout(t *testing.T) {
+	f := newFixture(t, nil)
+	form := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
+	signIn := func(tok string) *httptest.ResponseRecorder {
+		return f.do(req{method: "POST", target: "/console/login", body: "token=" + url.QueryEscape(tok), headers: form})
+	}
+	for i := range ingress.MaxWrongTokens {
+		if w := signIn("guess"); w.Code != http.StatusSeeOther {
+			t.Fatalf("wrong token %d: %d", i+1, w.Code)
+		}
+	}
+	for _, tok := range []string{"guess", testToken} {
+		if w := signIn(tok); w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" || len(w.Result().Cookies()) != 0 {
+			t.Fatalf("%q while locked out: %d %v", tok, w.Code, w.Header())
+		}
+	}
+	f.advance(ingress.WrongTokenRefill)
+	if w := signIn(testToken); w.Code != http.StatusSeeOther || len(w.Result().Cookies()) != 1 {
+		t.Fatalf("right token after the lockout: %d %v", w.Code, w.Header())
+	}
+}
+
 func TestSessionForgery(t *testing.T) {
 	f := newFixture(t, nil)
 	good, _ := f.login()
