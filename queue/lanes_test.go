@@ -289,3 +289,19 @@ func TestLanesUpgrade(t *testing.T) {
 		t.Errorf("after the lanes went: %v", got)
 	}
 }
+
+// A store that first meets a queue unlaned still finds an order an earlier, laned
+// configuration left in a lane (it looks in lanes only when there may be orders there).
+func TestLanedOrderFoundAfterTheLanesWent(t *testing.T) {
+	srv := natstest.Start(t)
+	laned := testConfig("gone")
+	laned.FairBy = "header:X-Tenant"
+	left := parkAs(t, openStore(t, srv, laned), "gone", "t", "", "left")
+	plain := openStore(t, srv, testConfig("gone")) // another process, unlaned from the start
+	if rec, err := plain.Status(ctxT(t), left.Ticket); err != nil || rec.Status != queue.StatusQueued {
+		t.Fatalf("status of an order left in a lane: %+v, %v", rec, err)
+	}
+	if err := plain.Cancel(ctxT(t), left.Ticket); err != nil {
+		t.Fatalf("cancel an order left in a lane: %v", err)
+	}
+}

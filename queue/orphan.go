@@ -88,6 +88,7 @@ func (s *Store) AdoptOrphans(ctx context.Context, declared []string) ([]Orphan, 
 			return nil, unavailable("stream of "+name, err)
 		} else {
 			o.Queue = s.add(cfg, stream, nil, true)
+			o.Queue.noteLanes(ctx)
 		}
 		orphans = append(orphans, o)
 	}

@@ -346,7 +346,9 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 			return nil, err
 		}
 	}
-	return s.add(cfg, stream, keys, false), nil
+	q := s.add(cfg, stream, keys, false)
+	q.noteLanes(ctx)
+	return q, nil
 }
 
 // ensureStream creates the stream, or updates it when the settings sluice chooses
@@ -434,6 +436,22 @@ func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orpha
 	return q
 }
 
+// noteLanes keeps mayHaveLanes. A stream's laned orders are looked for once, at the
+// first declaration, in case an earlier configuration laned the queue.
+func (q *Queue) noteLanes(ctx context.Context) {
+	if q.Config().Laned() {
+		q.mayHaveLanes.Store(true)
+		return
+	}
+	if q.lanesChecked.Swap(true) {
+		return
+	}
+	_, err := q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(ReadySubject(q.name, "*", "*")))
+	if !errors.Is(err, jetstream.ErrMsgNotFound) { // found, or not known: look in lanes
+		q.mayHaveLanes.Store(true)
+	}
+}
+
 // fileDirectWrites is directWrites for a single-replica file stream. nats-server
 // stages each atomic batch of such a stream in a file store of its own, made and
 // removed for the batch: measured on 2.15.2 (sluice-bench parking on a shared disk),
@@ -513,6 +531,12 @@ type Queue struct {
 	schedules atomic.Bool
 
 	samples outflowSamples
+
+	// mayHaveLanes is true when a ticket's order may wait in a lane (see parked): the
+	// queue is laned, was when this store declared it before, or its stream held a
+	// laned order when this store first declared it (lanesChecked).
+	mayHaveLanes atomic.Bool
+	lanesChecked atomic.Bool
 
 	infoMu   sync.Mutex
 	info     *jetstream.StreamInfo
