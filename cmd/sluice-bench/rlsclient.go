@@ -29,7 +29,8 @@ import (
 // requests wait for the server's connection window.
 type leanConn struct {
 	nc    net.Conn
-	block []byte // the header block of every request
+	first []byte // the header block of the first request
+	block []byte // the header block of every later request
 	done  chan struct{}
 
 	wmu      sync.Mutex
@@ -70,21 +71,26 @@ func dialLean(addr, method string) (*leanConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The request headers, as literals never indexed (or static-table entries):
-	// a block that does not touch the server's dynamic table can be sent again and
-	// again.
+	// The request headers: the first request's block adds them to the server's
+	// dynamic table (HPACK), after which every request's block is the same handful
+	// of indices, as a client reusing its headers sends (Envoy, grpc-go).
 	var block []byte
 	enc := hpack.NewEncoder(writerFunc(func(p []byte) (int, error) { block = append(block, p...); return len(p), nil }))
-	for _, f := range [][2]string{
-		{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", addr},
-		{"content-type", "application/grpc"}, {"te", "trailers"}, {"user-agent", "sluice-bench"},
-	} {
-		if err := enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1], Sensitive: true}); err != nil {
-			nc.Close()
-			return nil, err
+	var blocks [2][]byte
+	for i := range blocks {
+		block = nil
+		for _, f := range [][2]string{
+			{":method", "POST"}, {":scheme", "http"}, {":path", method}, {":authority", addr},
+			{"content-type", "application/grpc"}, {"te", "trailers"}, {"user-agent", "sluice-bench"},
+		} {
+			if err := enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}); err != nil {
+				nc.Close()
+				return nil, err
+			}
 		}
+		blocks[i] = block
 	}
-	c := &leanConn{nc: nc, block: block, done: make(chan struct{}), nextID: 1, sendWin: 65535, streams: map[uint32]*leanCall{}}
+	c := &leanConn{nc: nc, first: blocks[0], block: blocks[1], done: make(chan struct{}), nextID: 1, sendWin: 65535, streams: map[uint32]*leanCall{}}
 	c.wcond.L = &c.wmu
 	c.wbuf = append(c.wbuf, http2.ClientPreface...)
 	c.wbuf = appendFrame(c.wbuf, http2.FrameSettings, 0, 0, []byte{0, byte(http2.SettingEnablePush), 0, 0, 0, 0})
@@ -134,7 +140,11 @@ func (c *leanConn) Call(ctx context.Context, call *leanCall, msg []byte) ([]byte
 	c.smu.Lock()
 	c.streams[id] = call
 	c.smu.Unlock()
-	c.wbuf = appendFrame(c.wbuf, h2FrameHeaders, h2FlagHeaders, id, c.block)
+	block := c.block
+	if id == 1 {
+		block = c.first
+	}
+	c.wbuf = appendFrame(c.wbuf, h2FrameHeaders, h2FlagHeaders, id, block)
 	c.wbuf = appendFrame(c.wbuf, h2FrameData, h2FlagEnd, id, msg)
 	c.flushAndUnlock()
 
@@ -286,9 +296,16 @@ func (c *leanConn) read() {
 			}
 			c.smu.Unlock()
 		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				c.queue(http2.FrameSettings, h2FlagEnd, nil)
+			if f.IsAck() {
+				break
 			}
+			// The later requests' header blocks rely on a dynamic table of
+			// HPACK's default size.
+			if v, ok := f.Value(http2.SettingHeaderTableSize); ok && v < 4096 {
+				c.fail(fmt.Errorf("the server's HPACK table of %d bytes is smaller than 4096", v))
+				return
+			}
+			c.queue(http2.FrameSettings, h2FlagEnd, nil)
 		case *http2.PingFrame:
 			if !f.IsAck() {
 				c.queue(http2.FramePing, h2FlagEnd, f.Data[:])
