@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -26,12 +27,15 @@ import (
 //
 // Flow control: it opens its connection-level receive window to 1 GiB and tops it
 // up as it reads; responses are far below a stream's initial window of 64 KiB, and
-// requests wait for the server's connection window.
+// so are requests, which wait for the server's connection window. A call waits, too,
+// while the server's SETTINGS_MAX_CONCURRENT_STREAMS streams are open.
 type leanConn struct {
 	nc    net.Conn
-	first []byte // the header block of the first request
-	block []byte // the header block of every later request
-	done  chan struct{}
+	first []byte        // the header block of the first request
+	block []byte        // the header block of every later request
+	done  chan struct{} // closed when read returns
+	// settled is closed when the server's first SETTINGS have been applied.
+	settled chan struct{}
 
 	wmu      sync.Mutex
 	wcond    sync.Cond // on wmu: the send window grew, or the connection failed
@@ -39,8 +43,10 @@ type leanConn struct {
 	spare    []byte    // the other write buffer
 	flushing bool      // a goroutine is writing wbuf out
 	nextID   uint32
-	sendWin  int64 // the server's connection-level window for our DATA
-	err      error // why the connection is unusable (sticky)
+	sendWin  int64  // the server's connection-level window for our DATA
+	open     uint32 // streams open: sent and neither answered nor reset
+	maxOpen  uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS
+	err      error  // why the connection is unusable (sticky)
 
 	smu     sync.Mutex
 	streams map[uint32]*leanCall
@@ -90,7 +96,7 @@ func dialLean(addr, method string) (*leanConn, error) {
 		}
 		blocks[i] = block
 	}
-	c := &leanConn{nc: nc, first: blocks[0], block: blocks[1], done: make(chan struct{}), nextID: 1, sendWin: 65535, streams: map[uint32]*leanCall{}}
+	c := &leanConn{nc: nc, first: blocks[0], block: blocks[1], done: make(chan struct{}), settled: make(chan struct{}), nextID: 1, sendWin: 65535, maxOpen: 1<<31 - 1, streams: map[uint32]*leanCall{}}
 	c.wcond.L = &c.wmu
 	c.wbuf = append(c.wbuf, http2.ClientPreface...)
 	c.wbuf = appendFrame(c.wbuf, http2.FrameSettings, 0, 0, []byte{0, byte(http2.SettingEnablePush), 0, 0, 0, 0})
@@ -98,7 +104,17 @@ func dialLean(addr, method string) (*leanConn, error) {
 	c.wmu.Lock()
 	c.flushAndUnlock()
 	go c.read()
-	return c, nil
+	// The server's settings first: its limit on concurrent streams applies from
+	// the first call.
+	select {
+	case <-c.settled:
+		return c, nil
+	case <-c.done:
+		return nil, c.err
+	case <-time.After(10 * time.Second):
+		c.Close()
+		return nil, fmt.Errorf("%s sent no HTTP/2 settings", addr)
+	}
 }
 
 type writerFunc func([]byte) (int, error)
@@ -120,10 +136,13 @@ func appendWindowUpdate(b []byte, incr uint32) []byte {
 // new stream and waits for the answer: the response message's bytes, valid until
 // call is used again. Cancelling ctx abandons the stream.
 func (c *leanConn) Call(ctx context.Context, call *leanCall, msg []byte) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	call.data = call.data[:0]
 	call.httpStatus, call.grpcStatus, call.grpcMsg = "", "", ""
 	c.wmu.Lock()
-	for c.err == nil && c.sendWin < int64(len(msg)) {
+	for c.err == nil && (c.sendWin < int64(len(msg)) || c.open >= c.maxOpen) {
 		c.wcond.Wait()
 	}
 	if c.err == nil && c.nextID > 1<<31-1 {
@@ -137,6 +156,7 @@ func (c *leanConn) Call(ctx context.Context, call *leanCall, msg []byte) ([]byte
 	id := c.nextID
 	c.nextID += 2
 	c.sendWin -= int64(len(msg))
+	c.open++
 	c.smu.Lock()
 	c.streams[id] = call
 	c.smu.Unlock()
@@ -160,7 +180,13 @@ func (c *leanConn) Call(ctx context.Context, call *leanCall, msg []byte) ([]byte
 		c.smu.Unlock()
 		if !pending {
 			<-call.done // finished meanwhile
+			return nil, ctx.Err()
 		}
+		// The stream stays open on the server until it is reset (CANCEL).
+		c.wmu.Lock()
+		c.wbuf = appendFrame(c.wbuf, http2.FrameRSTStream, 0, id, binary.BigEndian.AppendUint32(nil, uint32(http2.ErrCodeCancel)))
+		c.closedLocked()
+		c.flushAndUnlock()
 		return nil, ctx.Err()
 	}
 	switch {
@@ -195,6 +221,23 @@ func (c *leanConn) flushAndUnlock() {
 	}
 	c.wbuf = c.wbuf[:0]
 	c.flushing = false
+	c.wmu.Unlock()
+}
+
+// closed counts a stream closed (wmu held).
+func (c *leanConn) closedLocked() {
+	c.open--
+	c.wcond.Broadcast()
+}
+
+// closed counts n streams closed.
+func (c *leanConn) closed(n int) {
+	if n == 0 {
+		return
+	}
+	c.wmu.Lock()
+	c.open -= uint32(n)
+	c.wcond.Broadcast()
 	c.wmu.Unlock()
 }
 
@@ -256,6 +299,7 @@ func (c *leanConn) read() {
 		blockID  uint32
 		blockEnd bool // the HEADERS frame ended its stream
 		received uint32
+		settled  bool
 	)
 	for {
 		f, err := fr.ReadFrame()
@@ -265,15 +309,18 @@ func (c *leanConn) read() {
 		}
 		switch f := f.(type) {
 		case *http2.DataFrame:
+			ended := 0
 			c.smu.Lock()
 			call := c.streams[f.StreamID]
 			if call != nil {
 				call.data = append(call.data, f.Data()...)
 				if f.StreamEnded() {
 					c.finishLocked(f.StreamID, call)
+					ended = 1
 				}
 			}
 			c.smu.Unlock()
+			c.closed(ended)
 			if received += f.Length; received >= leanRecvWindow/2 {
 				c.queue(http2.FrameWindowUpdate, 0, binary.BigEndian.AppendUint32(nil, received))
 				received = 0
@@ -281,20 +328,23 @@ func (c *leanConn) read() {
 		case *http2.HeadersFrame:
 			block, blockID, blockEnd = append(block[:0], f.HeaderBlockFragment()...), f.StreamID, f.StreamEnded()
 			if f.HeadersEnded() {
-				c.headers(dec, &cur, blockID, block, blockEnd)
+				c.closed(c.headers(dec, &cur, blockID, block, blockEnd))
 			}
 		case *http2.ContinuationFrame:
 			block = append(block, f.HeaderBlockFragment()...)
 			if f.HeadersEnded() {
-				c.headers(dec, &cur, blockID, block, blockEnd)
+				c.closed(c.headers(dec, &cur, blockID, block, blockEnd))
 			}
 		case *http2.RSTStreamFrame:
+			reset := 0
 			c.smu.Lock()
 			if call := c.streams[f.StreamID]; call != nil {
 				delete(c.streams, f.StreamID)
 				call.done <- fmt.Errorf("stream reset: %v", f.ErrCode)
+				reset = 1
 			}
 			c.smu.Unlock()
+			c.closed(reset)
 		case *http2.SettingsFrame:
 			if f.IsAck() {
 				break
@@ -305,7 +355,17 @@ func (c *leanConn) read() {
 				c.fail(fmt.Errorf("the server's HPACK table of %d bytes is smaller than 4096", v))
 				return
 			}
+			if v, ok := f.Value(http2.SettingMaxConcurrentStreams); ok {
+				c.wmu.Lock()
+				c.maxOpen = v
+				c.wcond.Broadcast()
+				c.wmu.Unlock()
+			}
 			c.queue(http2.FrameSettings, h2FlagEnd, nil)
+			if !settled {
+				settled = true
+				close(c.settled)
+			}
 		case *http2.PingFrame:
 			if !f.IsAck() {
 				c.queue(http2.FramePing, h2FlagEnd, f.Data[:])
@@ -325,8 +385,9 @@ func (c *leanConn) read() {
 }
 
 // headers decodes a complete header block of stream id: the response's headers,
-// its trailers, or both at once (trailers-only), which end the call.
-func (c *leanConn) headers(dec *hpack.Decoder, cur **leanCall, id uint32, block []byte, end bool) {
+// its trailers, or both at once (trailers-only), which end the call. It returns
+// how many calls it ended (0 or 1).
+func (c *leanConn) headers(dec *hpack.Decoder, cur **leanCall, id uint32, block []byte, end bool) int {
 	c.smu.Lock()
 	defer c.smu.Unlock()
 	*cur = c.streams[id] // nil for an abandoned stream, whose headers are decoded all the same
@@ -335,11 +396,13 @@ func (c *leanConn) headers(dec *hpack.Decoder, cur **leanCall, id uint32, block 
 		c.smu.Unlock()
 		c.fail(fmt.Errorf("decoding headers: %w", err))
 		c.smu.Lock()
-		return
+		return 0
 	}
 	if *cur != nil && end {
 		c.finishLocked(id, *cur)
+		return 1
 	}
+	return 0
 }
 
 // finishLocked ends the call on stream id (smu held).

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/ingress"
@@ -97,6 +98,102 @@ func TestLeanConnCalls(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestLeanConnStreamLimit calls a server that allows 2 concurrent streams with 8
+// callers on one connection: calls wait for a free stream instead of being refused.
+func TestLeanConnStreamLimit(t *testing.T) {
+	set, err := rules.Parse(rules.File{Name: "rules.yaml", Data: []byte(rlsRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rls, err := envoy.NewRateLimitService(ingress.StaticRules{S: set}, limiter.NewMemory())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.MaxConcurrentStreams(2))
+	rlsv3.RegisterRateLimitServiceServer(srv, rls)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Stop()
+	c, err := dialLean(ln.Addr().String(), rlsMethod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for id := range 8 {
+		msg := leanMessage(t, rlsRequest(fmt.Sprintf("c%d", id)))
+		wg.Go(func() {
+			call := newLeanCall()
+			for i := range 200 {
+				if _, err := c.Call(context.Background(), call, msg); err != nil {
+					errs <- fmt.Errorf("caller %d, call %d: %w", id, i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// blockingRLS answers domain "fast" at once and blocks other calls until they are
+// cancelled; it reports each such call on started and its cancellation on cancelled.
+type blockingRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	started, cancelled chan struct{}
+}
+
+func (b *blockingRLS) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if req.Domain == "fast" {
+		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+	}
+	b.started <- struct{}{}
+	<-ctx.Done()
+	b.cancelled <- struct{}{}
+	return nil, ctx.Err()
+}
+
+// TestLeanConnCancel: a cancelled call resets its stream, so the server sees the
+// cancellation and the stream no longer counts against its limit of one.
+func TestLeanConnCancel(t *testing.T) {
+	b := &blockingRLS{started: make(chan struct{}, 1), cancelled: make(chan struct{}, 1)}
+	srv := grpc.NewServer(grpc.MaxConcurrentStreams(1))
+	rlsv3.RegisterRateLimitServiceServer(srv, b)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer srv.Stop()
+	c, err := dialLean(ln.Addr().String(), rlsMethod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-b.started // the call is under way
+		cancel()
+	}()
+	if _, err := c.Call(ctx, newLeanCall(), leanMessage(t, rlsRequest("slow"))); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v", err)
+	}
+	<-b.cancelled
+	fast := leanMessage(t, &rlsv3.RateLimitRequest{Domain: "fast"})
+	if b, err := c.Call(context.Background(), newLeanCall(), fast); err != nil {
+		t.Fatalf("after the reset: %v", err)
+	} else if code, _ := overallCode(b); code != rlsv3.RateLimitResponse_OK {
+		t.Errorf("after the reset: %v", code)
 	}
 }
 
