@@ -38,7 +38,7 @@ type leanConn struct {
 	settled chan struct{}
 
 	wmu      sync.Mutex
-	wcond    sync.Cond // on wmu: the send window grew, or the connection failed
+	wcond    sync.Cond // on wmu: the send window grew, a stream closed, or the connection failed
 	wbuf     []byte    // frames to write
 	spare    []byte    // the other write buffer
 	flushing bool      // a goroutine is writing wbuf out
