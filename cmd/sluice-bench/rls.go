@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -30,6 +31,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/envoy"
@@ -55,11 +59,23 @@ Each service is a process of its own (this executable, started again in the
 rls-server or envoy-ratelimit mode), both load the same Envoy-format rules file, and a
 redis-server of their own on a free port is shared by the Redis contenders. The load
 comes from this process: --callers concurrent callers, each on its own --keys
-descriptor values (user=…) used round-robin, one descriptor per request, over real gRPC
-clients (go-control-plane's generated types) on up to --conns connections. The limit
-(10^9 per hour) is never reached, so every call is a full decision that reaches the
-store; any OVER_LIMIT answer is reported as a warning. For each caller count the peer
-runs first.
+descriptor values (user=…) used round-robin, one descriptor per request, on up to
+--conns connections shared round-robin. The limit (10^9 per hour) is never reached, so
+every call is a full decision that reaches the store; any OVER_LIMIT answer is
+reported as a warning, any error ends the run. For each caller count the peer runs
+first.
+
+The callers share the machine with the services, so every microsecond of CPU they
+spend per call is taken from the services: they do as little as a call needs, the
+same for both services. Requests are encoded (go-control-plane's generated types)
+before the clock starts, and answers are read only as far as their overall code.
+--client lean (the default) sends them with a gRPC client of this tool made for this
+one call: it writes each call's two HTTP/2 frames, prepared in advance (a header
+block that after the first call is a few indices into the server's HPACK table, and
+the message), in batches with the other callers' frames, and one goroutine per
+connection reads the answers. --client grpc uses grpc-go instead (a codec passing
+the encoded bytes through; fixed flow-control windows, as Envoy's, and no retries):
+in a run with 64 callers, about twice the callers' CPU per call.
 
 DECISIONS/S counts answered calls in the measured window (after a warm-up); P50 and
 P99 are the latencies one caller sees; VS PEER is sluice's decisions per second
@@ -68,8 +84,9 @@ is better). CPU/DEC is the CPU time (user and system, from /proc, to the clock
 tick) the service process used per decision in the measured window and REDIS/DEC
 redis-server's (from INFO cpu); CPU VS PEER is envoyproxy/ratelimit's CPU per
 decision divided by sluice's, service and redis-server together (above 1 is
-better). On a busy machine, decisions per second measure the scheduler as much as
-the code; CPU per decision is the steadier figure.
+better). LOAD/DEC is this process's CPU time per decision (getrusage): the callers'
+share of the machine. On a busy machine, decisions per second measure the scheduler
+as much as the code; CPU per decision is the steadier figure.
 
 Both Redis contenders wait --redis-timeout for Redis (envoyproxy/ratelimit's
 REDIS_TIMEOUT; sluice's --redis-timeout, whose product default of 50ms would make a
@@ -100,6 +117,7 @@ type rlsConfig struct {
 	duration, warmup time.Duration
 	callers          []int
 	keys, conns      int
+	client           string // lean or grpc
 	redisTimeout     time.Duration
 	// redisCPU is redis-server's CPU time so far (nil without Redis).
 	redisCPU func() (time.Duration, bool)
@@ -159,6 +177,7 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.warmup, "warmup", 0, "warm-up before each measurement (default a quarter of --duration, at most 1s)")
 	callers := fs.String("callers", "1,16,64", "comma-separated counts of concurrent callers")
 	fs.IntVar(&cfg.keys, "keys", 1000, "descriptor values per caller, used round-robin")
+	fs.StringVar(&cfg.client, "client", "lean", "the callers' gRPC client: lean (encoded requests on HTTP/2 frames prepared in advance) or grpc (grpc-go, requests encoded in advance)")
 	fs.IntVar(&cfg.conns, "conns", 4, "gRPC connections shared by the callers (at most one per caller)")
 	withRedis := fs.Bool("redis", true, "also measure on Redis (starts a redis-server on a free port) against envoyproxy/ratelimit")
 	var envoyEnv envList
@@ -166,7 +185,7 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	out := addOutputFlags(fs, true)
 	headers := fs.Bool("headers", true, "sluice fills response_headers_to_add (its default; envoyproxy/ratelimit adds none): --headers=false measures both without")
 	fs.DurationVar(&cfg.redisTimeout, "redis-timeout", time.Second, "how long each Redis contender waits for Redis")
-	cpuProfiles := fs.String("cpuprofile", "", "write a CPU profile of each sluice service process, over the whole run, to `DIR`/sluice-STORE.pprof")
+	cpuProfiles := fs.String("cpuprofile", "", "write CPU profiles over the whole run of each sluice service process to `DIR`/sluice-STORE.pprof and of the callers to DIR/callers.pprof")
 	if code, done := parseModeFlags(fs, args, rlsHelp, stdout); done {
 		return code
 	}
@@ -188,6 +207,8 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageErr("--keys and --conns must be positive")
 	case cfg.redisTimeout <= 0:
 		return usageErr("--redis-timeout must be positive")
+	case cfg.client != "lean" && cfg.client != "grpc":
+		return usageErr("--client must be lean or grpc")
 	}
 	for _, f := range strings.Split(*callers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -219,6 +240,13 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return []string{cpuProfileEnv + "=" + filepath.Join(*cpuProfiles, name+".pprof")}
 	}
 
+	if *cpuProfiles != "" {
+		stop, err := startCPUProfile(filepath.Join(*cpuProfiles, "callers.pprof"))
+		if err != nil {
+			return fail(fmt.Errorf("--cpuprofile: %w", err))
+		}
+		defer stop()
+	}
 	fmt.Fprintln(stderr, "sluice-bench rls: starting the services…")
 	var targets []rlsTarget
 	addr := freeAddr()
@@ -394,15 +422,11 @@ func measureRLS(ctx context.Context, cfg rlsConfig, targets []rlsTarget, stderr 
 // records every call for cfg.duration. run makes the descriptor values of this
 // measurement its own, so that no measurement finds another's counters.
 func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, run int) (rlsResult, error) {
-	conns := make([]*grpc.ClientConn, min(callers, cfg.conns))
-	for i := range conns {
-		c, err := grpc.NewClient(t.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			return rlsResult{}, err
-		}
-		defer c.Close()
-		conns[i] = c
+	newCaller, closeConns, err := rlsCallers(cfg.client, t.addr, min(callers, cfg.conns))
+	if err != nil {
+		return rlsResult{}, err
 	}
+	defer closeConns()
 	runtime.GC() // the previous measurement's garbage is not this one's cost
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -419,11 +443,15 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 	var firstErr error
 	var wg sync.WaitGroup
 	for id := range callers {
-		client := rlsv3.NewRateLimitServiceClient(conns[id%len(conns)])
-		// The requests are built before the clock starts; gRPC only reads them.
+		// The requests are encoded before the clock starts; each call sends one's
+		// bytes as they are.
 		reqs := make([]*rlsv3.RateLimitRequest, cfg.keys)
 		for k := range reqs {
 			reqs[k] = rlsRequest(fmt.Sprintf("r%d-c%d-k%d", run, id, k))
+		}
+		call, err := newCaller(id, reqs)
+		if err != nil {
+			return rlsResult{}, err
 		}
 		wg.Go(func() {
 			lat := make([]time.Duration, 0, 1<<14)
@@ -433,8 +461,12 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 					break
 				}
 				start := time.Now()
-				resp, err := client.ShouldRateLimit(ctx, reqs[i%len(reqs)])
+				resp, err := call(ctx, i%len(reqs))
 				elapsed := time.Since(start)
+				code, known := overallCode(resp)
+				if err == nil && !known {
+					err = fmt.Errorf("an answer that is not a RateLimitResponse: %x", resp)
+				}
 				if err != nil {
 					if phase.Load() != stopped { // after the end: calls cancelled
 						errOnce.Do(func() { firstErr = err })
@@ -444,7 +476,7 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 				}
 				if ph == recording && phase.Load() == recording {
 					lat = append(lat, elapsed)
-					if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					if code != rlsv3.RateLimitResponse_OK {
 						over[id]++
 					}
 				}
@@ -526,6 +558,153 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
+// rlsMethod is the full name of ShouldRateLimit, as its generated client calls it.
+const rlsMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
+// rlsCall makes a call with request k of its caller and returns the encoded
+// response, valid until the next call.
+type rlsCall func(ctx context.Context, k int) ([]byte, error)
+
+// rlsCallers opens conns connections of client kind (lean or grpc) to addr; the
+// callers it returns, given an id and their requests, share them round-robin.
+func rlsCallers(client, addr string, conns int) (newCaller func(id int, reqs []*rlsv3.RateLimitRequest) (rlsCall, error), closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for _, c := range closers {
+			c()
+		}
+	}
+	switch client {
+	case "lean":
+		cs := make([]*leanConn, conns)
+		for i := range cs {
+			if cs[i], err = dialLean(addr, rlsMethod); err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+			closers = append(closers, cs[i].Close)
+		}
+		return func(id int, reqs []*rlsv3.RateLimitRequest) (rlsCall, error) {
+			msgs := make([][]byte, len(reqs))
+			for k, r := range reqs {
+				b, err := proto.Marshal(r)
+				if err != nil {
+					return nil, err
+				}
+				// gRPC's length-prefixed message: not compressed, the length, the bytes.
+				msgs[k] = append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(b))), b...)
+			}
+			conn, call := cs[id%len(cs)], newLeanCall()
+			return func(ctx context.Context, k int) ([]byte, error) { return conn.Call(ctx, call, msgs[k]) }, nil
+		}, closeAll, nil
+	case "grpc":
+		cs := make([]*grpc.ClientConn, conns)
+		for i := range cs {
+			if cs[i], err = grpc.NewClient(addr, rlsDialOptions()...); err != nil {
+				closeAll()
+				return nil, nil, err
+			}
+			closers = append(closers, func() { cs[i].Close() })
+		}
+		return func(id int, reqs []*rlsv3.RateLimitRequest) (rlsCall, error) {
+			msgs := make([]rawMessage, len(reqs))
+			for k, r := range reqs {
+				b, err := proto.Marshal(r)
+				if err != nil {
+					return nil, err
+				}
+				msgs[k] = rawMessage{data: mem.BufferSlice{mem.SliceBuffer(b)}}
+			}
+			conn := cs[id%len(cs)]
+			var resp rawMessage
+			return func(ctx context.Context, k int) ([]byte, error) {
+				err := conn.Invoke(ctx, rlsMethod, &msgs[k], &resp, rawCall)
+				return resp.buf, err
+			}, nil
+		}, closeAll, nil
+	}
+	return nil, nil, fmt.Errorf("--client %q: lean or grpc", client)
+}
+
+// rlsDialOptions are the options of the callers' connections, the same for every
+// service: fixed flow-control windows (as Envoy's own, which sends no pings to
+// estimate the bandwidth; grpc-go's default pings the server while a connection
+// reads, which costs both sides on every burst) and no retries (a retrying call
+// keeps its messages to replay them, which allocates on every call).
+func rlsDialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStaticStreamWindowSize(1 << 20),
+		grpc.WithStaticConnWindowSize(1 << 24),
+		grpc.WithDisableRetry(),
+	}
+}
+
+// rawCall makes a call send and receive rawMessages: what is measured is the service,
+// not the callers' encoding of requests and decoding of responses.
+var rawCall = grpc.ForceCodecV2(rawCodec{})
+
+// rawMessage is a message as it travels: data, to send, is a request encoded once
+// before the measurement; buf receives a response, reused from call to call.
+type rawMessage struct {
+	data mem.BufferSlice
+	buf  []byte
+}
+
+// rawCodec sends a rawMessage's bytes as they are and copies a response's bytes
+// into one (gRPC frees its buffers after Unmarshal). Its name is proto's, so that
+// the calls carry the content type application/grpc+proto.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(*rawMessage)
+	if !ok {
+		return nil, fmt.Errorf("rawCodec: cannot marshal %T", v)
+	}
+	return m.data, nil // a mem.SliceBuffer: gRPC's Free leaves it alone
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(*rawMessage)
+	if !ok {
+		return fmt.Errorf("rawCodec: cannot unmarshal into %T", v)
+	}
+	m.buf = m.buf[:0]
+	for _, b := range data {
+		m.buf = append(m.buf, b.ReadOnlyData()...)
+	}
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
+
+// overallCode reads field 1 of an encoded RateLimitResponse, overall_code, and
+// skips the rest (statuses, headers): known is false when b is not a
+// RateLimitResponse's encoding. Without the field, the code is proto3's default,
+// UNKNOWN.
+func overallCode(b []byte) (code rlsv3.RateLimitResponse_Code, known bool) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		if num == 1 && typ == protowire.VarintType {
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return 0, false
+			}
+			code, b = rlsv3.RateLimitResponse_Code(v), b[n:]
+			continue // the last occurrence wins, as in protobuf
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+	}
+	return code, true
+}
+
 func rlsRequest(user string) *rlsv3.RateLimitRequest {
 	return &rlsv3.RateLimitRequest{Domain: rlsDomain, Descriptors: []*rlcommon.RateLimitDescriptor{
 		{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "user", Value: user}}},
@@ -533,9 +712,9 @@ func rlsRequest(user string) *rlsv3.RateLimitRequest {
 }
 
 func writeRLSTable(w io.Writer, results []rlsResult) error {
-	rows := [][]string{{"STORE", "CALLERS", "SERVICE", "DECISIONS/S", "P50", "P99", "VS PEER", "P99 VS PEER", "CPU/DEC", "REDIS/DEC", "CPU VS PEER"}}
+	rows := [][]string{{"STORE", "CALLERS", "SERVICE", "DECISIONS/S", "P50", "P99", "VS PEER", "P99 VS PEER", "CPU/DEC", "REDIS/DEC", "LOAD/DEC", "CPU VS PEER"}}
 	for _, r := range results {
-		ratio, p99, cpuRatio, cpu, redisCPU := "", "", "", "", ""
+		ratio, p99, cpuRatio, cpu, redisCPU, load := "", "", "", "", "", ""
 		if r.RatioVsPeer > 0 {
 			ratio, p99 = fmt.Sprintf("%.2fx", r.RatioVsPeer), fmt.Sprintf("%.2fx", r.P99RatioVsPeer)
 		}
@@ -548,10 +727,13 @@ func writeRLSTable(w io.Writer, results []rlsResult) error {
 		if r.RedisCPUNsPerDecision > 0 {
 			redisCPU = latency(r.RedisCPUNsPerDecision)
 		}
+		if r.ClientCPUNsPerDecision > 0 {
+			load = latency(r.ClientCPUNsPerDecision)
+		}
 		rows = append(rows, []string{r.Store, strconv.Itoa(r.Callers), r.Service, count(int(r.DecisionsPerSec)),
-			latency(float64(r.P50Ns)), latency(float64(r.P99Ns)), ratio, p99, cpu, redisCPU, cpuRatio})
+			latency(float64(r.P50Ns)), latency(float64(r.P99Ns)), ratio, p99, cpu, redisCPU, load, cpuRatio})
 	}
-	return writeColumns(w, rows, []bool{true, false, true, false, false, false, false, false, false, false, false})
+	return writeColumns(w, rows, []bool{true, false, true, false, false, false, false, false, false, false, false, false})
 }
 
 // moduleVersion is the version of module path built into this executable.
@@ -656,6 +838,22 @@ func (c *children) stop() {
 // cpuProfileEnv names the file where an rls-server child writes its CPU profile.
 const cpuProfileEnv = "SLUICE_BENCH_CPUPROFILE"
 
+// startCPUProfile profiles this process into the file at path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
+}
+
 // tail is the end of a child's log, for an error message.
 func tail(path string) string {
 	b, _ := os.ReadFile(path)
@@ -718,17 +916,12 @@ func runRLSServer(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return exitFailure
 	}
 	if path := os.Getenv(cpuProfileEnv); path != "" {
-		f, err := os.Create(path)
+		stop, err := startCPUProfile(path)
 		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return exitFailure
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(stderr, err)
-			return exitFailure
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	if _, given := os.LookupEnv("GOGC"); !given {
 		debug.SetGCPercent(envoy.GCPercent) // as sluice rls

@@ -22,7 +22,7 @@ func TestRLSTable(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if h := strings.Fields(lines[0]); len(h) != 16 || h[0] != "STORE" || h[3] != "DECISIONS/S" || h[5] != "P99" || h[11] != "CPU/DEC" || h[15] != "PEER" {
+	if h := strings.Fields(lines[0]); len(h) != 17 || h[0] != "STORE" || h[3] != "DECISIONS/S" || h[5] != "P99" || h[11] != "CPU/DEC" || h[13] != "LOAD/DEC" || h[16] != "PEER" {
 		t.Fatalf("header %q", lines[0])
 	}
 	rows := lines[1:]
@@ -64,7 +64,7 @@ func TestRLSTable(t *testing.T) {
 
 func TestRLSJSON(t *testing.T) {
 	svg := filepath.Join(t.TempDir(), "rls.svg")
-	out, errOut, code := benchRun(t, "rls", "--duration", "50ms", "--warmup", "0s", "--callers", "2", "--keys", "5", "--redis=false", "--json", "--svg", svg)
+	out, errOut, code := benchRun(t, "rls", "--duration", "50ms", "--warmup", "0s", "--callers", "2", "--keys", "5", "--redis=false", "--client", "grpc", "--json", "--svg", svg)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -120,6 +120,7 @@ func TestRLSUsage(t *testing.T) {
 		{"rls", "--callers", "1,x"},
 		{"rls", "--callers", "0"},
 		{"rls", "--keys", "0"},
+		{"rls", "--client", "h3"},
 		{"rls", "--envoy-env", "NOEQUALS"},
 		{"rls", "extra"},
 		{"rls-server"},

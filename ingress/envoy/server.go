@@ -75,6 +75,14 @@ func NewServer(rls *RateLimitService, auth *AuthService, opts ...ServerOption) *
 		// tenth of the CPU of ShouldRateLimit on Redis); calls beyond the pool still
 		// get a goroutine of their own.
 		grpc.NumStreamWorkers(uint32(max(64, 16*runtime.GOMAXPROCS(0)))),
+		// Fixed flow-control windows instead of grpc-go's estimate of the
+		// bandwidth-delay product, which pings a busy connection's peer about every
+		// third call (a PING and its ACK each way, on the server and on Envoy) to
+		// size windows for bulk transfers: rate limit calls are a few hundred bytes,
+		// and an ext_authz body of up to WithMaxMessageBytes flows in a 1 MiB window.
+		// 16 MiB for a connection is what the estimate grows to at most.
+		grpc.StaticStreamWindowSize(1 << 20),
+		grpc.StaticConnWindowSize(16 << 20),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: c.idle, Time: c.pingTime, Timeout: 20 * time.Second}),
 		// Envoy pings idle connections when told to; a peer pinging more often than
 		// every 10 s is cut off rather than allowed to keep the server busy.
