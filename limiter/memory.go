@@ -205,28 +205,11 @@ func (sh *memoryShard) find(h uint64, check uint32) int {
 }
 
 // insert adds the key with hash h and check to sh, whose lock is held, with algorithm
-// a and an empty state.
-//
-// If a key on the new key's probe path (from its home slot to the first empty one,
-// which the failed lookup has just brought into the cache) has a state that is fresh
-// again, the new key takes its slot: dropping that key loses nothing, and no other
-// slot changes, so a store whose keys come and go pays nothing more for a new key
-// than for a known one. Otherwise, like Redis' expiry, insert inspects a few keys
-// (from the key's home slot on): those whose state is fresh again are dropped, and if
-// the shard is full the one that becomes fresh soonest is evicted.
+// a and an empty state. Like Redis' expiry, it first inspects a few keys (those from
+// the key's home slot on, which the lookup has just brought into the cache): those
+// whose state is fresh again are dropped, and if the shard is full the one that
+// becomes fresh soonest is evicted.
 func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, now int64) *slot {
-	key := slot{id: h&idMask | uint64(a), check: check}
-	if sh.used > 0 {
-		mask := uint64(len(sh.table) - 1)
-		// Every slot from home to i is taken, so a lookup from home reaches i.
-		for i := home(h, mask); sh.table[i].id != 0; i = (i + 1) & mask {
-			if s := &sh.table[i]; s.Expires <= now {
-				sh.freeLog(s)
-				*s = key
-				return s
-			}
-		}
-	}
 	if sh.used > 0 {
 		type ref struct {
 			id    uint64
@@ -263,7 +246,7 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		sh.grow()
 	}
 	sh.used++
-	return sh.place(key)
+	return sh.place(slot{id: h&idMask | uint64(a), check: check})
 }
 
 // place puts s in the first empty slot from its home and returns it.
