@@ -393,13 +393,17 @@ func TestShouldRateLimitSharesRedisWithTheFrontDoor(t *testing.T) {
 	srv := redistest.Start(t)
 	// Redis gets a budget no loaded machine misses: a timeout would fall back to
 	// counting in memory, and this test checks the counters Redis shares.
+	// Both on one fixed clock: the per-minute window must not roll over between the
+	// requests (a run that crossed a minute boundary failed).
 	set := parseRules(t, rlsRules)
-	front, err := redisstore.New(srv.Client(), redisstore.WithTimeout(10*time.Second))
+	now := time.Date(2026, 11, 30, 12, 0, 30, 0, time.UTC)
+	clock := redisstore.WithClock(func() time.Time { return now })
+	front, err := redisstore.New(srv.Client(), redisstore.WithTimeout(10*time.Second), clock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { front.Close() })
-	rls, err := redisstore.New(srv.Client(), redisstore.WithTimeout(10*time.Second))
+	rls, err := redisstore.New(srv.Client(), redisstore.WithTimeout(10*time.Second), clock)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -547,13 +547,22 @@ func TestRedisHungServer(t *testing.T) {
 				}
 				time.Sleep(5 * ms)
 			}
-			// Redis has counted the decisions that reached it, memory the others.
-			fb := r.Fallbacks()
-			if d := check(t, r, "k", l, 1); !d.Allowed || d.Remaining >= 1e6-1 {
-				t.Fatalf("after Redis woke up: %+v", d)
-			}
-			if r.Fallbacks() != fb {
-				t.Fatalf("decision fell back after Redis woke up")
+			// Back on Redis, which has counted the decisions that reached it (memory the
+			// others). A busy machine may still miss the 50 ms budget now and then: a
+			// decision that does not fall back must come, not the very next one.
+			for {
+				fb := r.Fallbacks()
+				d := check(t, r, "k", l, 1)
+				if r.Fallbacks() == fb {
+					if !d.Allowed || d.Remaining >= 1e6-1 {
+						t.Fatalf("after Redis woke up: %+v", d)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("every decision fell back after Redis woke up")
+				}
+				time.Sleep(5 * ms)
 			}
 		})
 	}
