@@ -69,7 +69,6 @@ func NewServer(rls *RateLimitService, auth *AuthService, opts ...ServerOption) *
 	}
 	gopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(c.maxRecv),
-		grpc.ForceServerCodecV2(newVTCodec()),
 		grpc.MaxConcurrentStreams(c.streams),
 		// Calls run on a pool of goroutines that keep their grown stacks, rather than
 		// a new goroutine per call whose stack grows again on every call (about a
