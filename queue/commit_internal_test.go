@@ -39,7 +39,7 @@ func forceBatches(s *Store, q *Queue) {
 }
 
 // The acknowledgement each message of an atomic batch gets names the sequence that
-// holds that very message: undo deletes by it.
+// holds that very message: freeSlot deletes by it, receipts count positions from it.
 func TestGroupCommitSequences(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	forceBatches(s, q)

@@ -130,11 +130,12 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 	for _, dl := range todo {
 		m := dl.Message
 		rec := &Record{
-			Ticket:     m.Ticket,
-			Queue:      queue,
-			Rule:       m.Rule,
-			Status:     StatusQueued,
-			ReceivedAt: m.ReceivedAt,
+			Ticket:      m.Ticket,
+			Queue:       queue,
+			Rule:        m.Rule,
+			Status:      StatusQueued,
+			ReceivedAt:  m.ReceivedAt,
+			Fingerprint: m.Fingerprint,
 		}
 		// A forged one goes back as it is (and is dead-lettered again), without
 		// touching the record of the ticket it names, which may be a genuine order's.

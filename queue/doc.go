@@ -86,10 +86,10 @@
 // by their number.
 // # Group commit
 //
-// Park writes to two streams: an order without a key is one write; a keyed order
-// takes its key slot and stores the order side by side, so it too waits for one synced
-// write (its key is recorded only when the order becomes final). Each stream has one
-// writer per Store.
+// Park writes to two streams: an order without a key is one write; a keyed order takes
+// its key slot, then stores the order (its key is recorded only when the order becomes
+// final; while it waits, its message is the key's record). Each stream has one writer
+// per Store.
 // While few of its writes are in flight, each goes out at once as a plain synchronous
 // publish; the writes that arrive beyond that are gathered and go as one JetStream
 // atomic batch (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit; up to 256
@@ -119,9 +119,10 @@
 // whose acknowledgement was lost): the client then retries, and with an Idempotency-Key
 // the retry maps to the stored message.
 //
-// Lifetimes: an idempotency key is remembered from its order's acceptance until the
-// order is final, then for the queue's IdempotencyTTL (default 24h, at least MaxAge;
-// see Store.KeepKey); a ticket record for IdempotencyTTL after its last change. A message waits in the queue until it is delivered; with MaxAge set, a
+// Lifetimes: an idempotency key is remembered from its order's acceptance (by the
+// waiting message, found through the ticket the key names in its queue) until the
+// order is final, then for the queue's IdempotencyTTL in the key-value bucket (default
+// 24h, at least MaxAge; see Store.KeepKey); a ticket record for IdempotencyTTL after its last change. A message waits in the queue until it is delivered; with MaxAge set, a
 // dispatcher dead-letters the messages older than that instead of delivering them (the
 // stream itself has no age limit, which would delete them unseen).
 //

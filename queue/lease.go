@@ -401,7 +401,7 @@ func (l *Lease) Load(ctx context.Context) error {
 	case err == nil:
 		l.rec, l.stored = rec, true
 	case errors.Is(err, ErrNotFound):
-		l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: StatusQueued, ReceivedAt: m.ReceivedAt}
+		l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: StatusQueued, ReceivedAt: m.ReceivedAt, Fingerprint: m.Fingerprint}
 	default:
 		_ = l.jm.NakWithDelay(time.Second)
 		return unavailable("ticket record", err)
@@ -552,7 +552,7 @@ func (l *Lease) HandBack(ctx context.Context) {
 	if !l.stored && l.verr == nil {
 		m := l.m
 		if l.rec == nil {
-			l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, ReceivedAt: m.ReceivedAt}
+			l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, ReceivedAt: m.ReceivedAt, Fingerprint: m.Fingerprint}
 		}
 		l.rec.Status = StatusQueued
 		l.save(ctx)
@@ -589,7 +589,7 @@ func (l *Lease) Dead(ctx context.Context, cause string, retryIn time.Duration) e
 			return nil
 		}
 		reason = cause
-		l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, ReceivedAt: m.ReceivedAt}
+		l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, ReceivedAt: m.ReceivedAt, Fingerprint: m.Fingerprint}
 	}
 	rec := l.rec
 	rec.Status, rec.NextAttemptAt, rec.LastError = StatusDead, time.Time{}, cause

@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -72,8 +71,9 @@ func idemKey(client, key string) string {
 // requests race or retry.
 func keyMsgID(key string) string { return "k." + key }
 
-// keyReserve is the share of the idempotency bucket's bytes that new keys may fill; the
-// rest is kept for the dispatchers' refreshes of existing keys (see Store.KeepKey).
+// keyReserve is the share of the idempotency bucket's bytes past which Park refuses
+// new keys; the rest is kept for the keys of orders already waiting, which the
+// dispatchers record when the orders become final (see Store.KeepKey).
 const keyReserve = 0.9
 
 // Park stores req in its queue and returns once JetStream has acknowledged it (the
@@ -94,28 +94,24 @@ const keyReserve = 0.9
 //     (or T's ticket record, for a cancelled order). A different payload fingerprint is
 //     ErrIdempotencyConflict; the same one gets the earlier ticket and its status.
 //     Nothing is written. The queue is read first: an order that leaves it is recorded
-//     before it does, so no order is missed between the two reads.
-//  2. The bucket is within keyReserve of its byte cap (else ErrKeyStoreFull).
-//  3. Two writes side by side, each waiting for its synced acknowledgement: a slot for
-//     K in the queue's key stream, on the client's subject, whose per-subject limit is
-//     MaxIdempotencyKeys (discard-new: ErrTooManyKeys; slots expire after
-//     IdempotencyTTL, so the cap counts the keys accepted within it), and the order
-//     with Nats-Msg-Id "k."+K. Either refused: the other is deleted and the error
-//     returned. A duplicate PubAck (a concurrent or retried request with K within the
-//     duplicate window): the stored message gives the ticket and fingerprint.
+//     before it does, so no order is missed between the two reads. While it waits, an
+//     order is found in its own queue only: K's ticket is derived per queue.
+//  2. The bucket is within keyReserve of its byte cap (else ErrKeyStoreFull), and a
+//     slot is taken for K in the queue's key stream, on the client's subject, whose
+//     per-subject limit is MaxIdempotencyKeys (discard-new: ErrTooManyKeys). Slots
+//     expire after IdempotencyTTL, so the cap counts the keys accepted within it.
+//  3. The order is published with Nats-Msg-Id "k."+K. Refused (full queue, too
+//     large…): the slot is deleted and the error returned. A duplicate PubAck (a
+//     concurrent or retried request with K within the duplicate window): the stored
+//     message gives the ticket and fingerprint.
 //
-// One synced write's wait per keyed order, as for an order without a key; each write
-// may share its disk sync with concurrent Parks (see "Group commit" in the package
-// documentation).
+// Two synced writes, one after the other (the slot first, so that an order anybody can
+// see, a repeat or a dispatcher, is never withdrawn); each may share its disk sync with
+// concurrent Parks (see "Group commit" in the package documentation).
 //
-// A refused slot's order is deleted at once, but a dispatcher that fetched it in the
-// instant between its write and its deletion delivers it: the client, told 429 (or
-// 503), then finds its key taken by that order when it retries — delivered once, as
-// its key promised.
-//
-// Crash safety. A crash in step 3 leaves a slot (freed by its TTL), an order without a
-// slot (the client's cap is one short), or both, and a client without a receipt: its
-// retry finds the order by T (step 1) or, once delivered, by K's record.
+// Crash safety. A crash after 2 leaves a slot (freed by its TTL) and no order; after 3,
+// an order and a client without a receipt: its retry finds the order by T (step 1) or,
+// once delivered, by K's record.
 func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) {
 	if s.tracer != nil {
 		var span trace.Span
@@ -298,26 +294,16 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 	if err := s.keyRoom(ctx); err != nil {
 		return Receipt{}, err
 	}
-	// The slot and the order are written side by side, each waiting for its own
-	// synced write.
-	type slotResult struct {
-		seq uint64
-		err error
+	// The slot first: an order that anybody can see (a repeat, a dispatcher) has its
+	// slot, so nothing seen is ever withdrawn.
+	slot, err := s.takeSlot(ctx, q, m.Client, key)
+	if err != nil {
+		return Receipt{}, err
 	}
-	slotc := make(chan slotResult, 1)
-	go func() {
-		seq, err := s.takeSlot(ctx, q, m.Client, key)
-		slotc <- slotResult{seq, err}
-	}()
 	ack, err := s.publish(ctx, q, m, keyMsgID(key))
-	slot := <-slotc
-	if err != nil || slot.err != nil {
-		var seq uint64 // the order this request stored, if it did
-		if err == nil && !ack.Duplicate {
-			seq = ack.Sequence
-		}
-		s.undo(ctx, q, m.Ticket, seq, slot.seq)
-		return Receipt{}, cmp.Or(err, slot.err)
+	if err != nil {
+		s.freeSlot(ctx, q, slot)
+		return Receipt{}, err
 	}
 	if ack.Duplicate {
 		// The slot stays: it is the key's, not this request's. Slots of one key are
@@ -405,16 +391,18 @@ func (s *Store) repeatOf(ctx context.Context, q *Queue, prev idemRecord, fingerp
 	}
 }
 
-// waitingAs returns the waiting order of m's ticket where m would wait: on the ready
-// subject of m's lane, or as a schedule message (a scheduled order, before it falls
-// due, or one scheduled by an earlier request with the key). Literal subjects only: a
-// direct get by a wildcard subject walks the stream. So a repeat whose lane differs
-// from its order's (its priority or tenant changed) does not find it here, and parks
-// again once past the duplicate window.
+// waitingAs returns the waiting order of m's ticket: as a schedule message (before it
+// falls due), on the ready subject of m's lane, and only then, when the queue may have
+// lanes, on any ready subject of the ticket. The literal subjects first: a direct get by
+// the lane wildcard walks every ticket of an unlaned queue.
 func (s *Store) waitingAs(ctx context.Context, q *Queue, m *Message) (*jetstream.RawStreamMsg, *Message, error) {
 	raw, parked, err := s.scheduled(ctx, q, m.Ticket)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return s.parkedOn(ctx, q, ReadySubject(q.name, m.Lane, m.Ticket))
+		raw, parked, err = s.parkedOn(ctx, q, ReadySubject(q.name, m.Lane, m.Ticket))
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) && (m.Lane != "" || q.mayHaveLanes.Load()) {
+		// Another lane (the repeat's priority or tenant differs, or the lanes changed).
+		return s.parked(ctx, q, m.Ticket)
 	}
 	return raw, parked, err
 }
@@ -533,30 +521,16 @@ func (q *Queue) keyLimitError(ctx context.Context, subject string) error {
 	return e
 }
 
-// undo deletes what a refused request wrote: its message (ticket at seq; 0: none) and
-// its key slot (slot, 0: none). It runs even when ctx has ended. The message is deleted
-// only when seq holds ticket: a sequence is the count of an atomic batch's
-// acknowledgement (see groupCommit.batch), and another order must never go instead.
-func (s *Store) undo(ctx context.Context, q *Queue, ticket string, seq, slot uint64) {
+// freeSlot deletes the key slot (0: none) of a request whose order was refused. It
+// runs even when ctx has ended.
+func (s *Store) freeSlot(ctx context.Context, q *Queue, slot uint64) {
+	if slot == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if seq != 0 {
-		raw, err := q.stream.GetMsg(ctx, seq)
-		if err == nil && raw.Header.Get(HeaderTicket) != ticket {
-			err = fmt.Errorf("sequence %d holds another order", seq)
-		}
-		if err == nil {
-			err = q.stream.DeleteMsg(ctx, seq)
-		}
-		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			s.log.Warn("cannot withdraw an order whose idempotency key was not recorded; it will be delivered",
-				"queue", q.name, "seq", seq, "err", err)
-		}
-	}
-	if slot != 0 {
-		if err := q.keys.DeleteMsg(ctx, slot); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			s.log.Warn("cannot free an idempotency key slot; it expires with its TTL", "queue", q.name, "err", err)
-		}
+	if err := q.keys.DeleteMsg(ctx, slot); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		s.log.Warn("cannot free an idempotency key slot; it expires with its TTL", "queue", q.name, "err", err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,6 +118,68 @@ func TestIdempotencyCrashAfterPublish(t *testing.T) {
 	}
 	if d, _ := q.Depth(ctx); d != 0 {
 		t.Fatalf("a delivered order was parked again (depth %d)", d)
+	}
+}
+
+// A key refused at the cap leaves nothing behind: once a slot frees, the same key is
+// accepted (not taken for an order that was never kept), and nothing anybody saw was
+// withdrawn.
+func TestKeyRefusedAtTheCapWorksAgain(t *testing.T) {
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 1,
+		Downstream: "http://127.0.0.1:1"})
+	if _, err := s.Park(ctx, keyedOrder("c1", "k1", "{}")); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs { // racing repeats of a refused key
+		wg.Go(func() { _, errs[i] = s.Park(ctx, keyedOrder("c1", "k2", "{}")) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if !errors.Is(err, ErrTooManyKeys) {
+			t.Fatalf("request %d past the cap: %v", i, err)
+		}
+	}
+	if d := depth(t, ctx, q); d != 1 {
+		t.Fatalf("depth %d after refusals, want 1", d)
+	}
+	if err := q.keys.Purge(ctx); err != nil { // the slot's TTL ran out
+		t.Fatal(err)
+	}
+	rc, err := s.Park(ctx, keyedOrder("c1", "k2", "{}"))
+	if err != nil || rc.Duplicate {
+		t.Fatalf("the refused key once a slot freed: %+v %v", rc, err)
+	}
+	if d := depth(t, ctx, q); d != 2 {
+		t.Fatalf("depth %d, want 2", d)
+	}
+}
+
+// A repeat whose lane differs from its order's (another priority) still finds the
+// waiting order, past the duplicate window too.
+func TestKeyedRepeatInAnotherLane(t *testing.T) {
+	cfg := queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1",
+		Priorities: queueconfig.Priorities{Levels: []string{"high", "low"}, Default: "low"}}
+	s, q, ctx := openInternal(t, cfg)
+	req := keyedOrder("c1", "k", "{}")
+	req.Priority = "high"
+	m := &Message{Request: *req, Ticket: s.keyedTicket(q.name, idemKey("c1", "k"))}
+	m.Header = KeptHeader(req.Header, nil)
+	m.Fingerprint = Fingerprint(&m.Request)
+	m.Lane = s.laneFor(q.Config(), "high", "")
+	// Another message id: the duplicate window cannot recognise the repeat.
+	if _, err := s.publish(ctx, q, m, "past-the-window"); err != nil {
+		t.Fatal(err)
+	}
+	low := keyedOrder("c1", "k", "{}")
+	low.Priority = "low"
+	rc, err := s.Park(ctx, low)
+	if err != nil || rc.Ticket != m.Ticket || !rc.Duplicate {
+		t.Fatalf("repeat in another lane: %+v %v, want ticket %s", rc, err, m.Ticket)
+	}
+	if d := depth(t, ctx, q); d != 1 {
+		t.Fatalf("depth %d, want 1", d)
 	}
 }
 

@@ -70,8 +70,10 @@ type Record struct {
 	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
 	// Result is set in the final states done and failed.
 	Result *Result `json:"result,omitempty"`
-	// Fingerprint is the order's payload fingerprint, in a record written by Cancel (a
-	// repeat of a cancelled order's idempotency key still tells its payload apart).
+	// Fingerprint is the order's payload fingerprint (empty in records of an older
+	// sluice): a repeat of the order's idempotency key that finds the record but not
+	// the key (a cancelled order, or one whose key could not be recorded) still tells
+	// its payload apart.
 	Fingerprint string `json:"fingerprint,omitempty"`
 
 	// Computed by Status for non-final tickets (not stored).
@@ -213,13 +215,14 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 			return nil, err
 		}
 		rec := &Record{
-			Ticket:     ticket,
-			Queue:      q.name,
-			Rule:       m.Rule,
-			Status:     StatusQueued,
-			ReceivedAt: m.ReceivedAt,
-			UpdatedAt:  raw.Time,
-			RetryAfter: time.Second,
+			Ticket:      ticket,
+			Queue:       q.name,
+			Rule:        m.Rule,
+			Status:      StatusQueued,
+			ReceivedAt:  m.ReceivedAt,
+			Fingerprint: m.Fingerprint,
+			UpdatedAt:   raw.Time,
+			RetryAfter:  time.Second,
 		}
 		if raw.Subject == scheduleSubjectFor(q.name, ticket) {
 			rec.Status, rec.NotBefore = StatusScheduled, m.NotBefore

@@ -437,7 +437,9 @@ func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orpha
 }
 
 // noteLanes keeps mayHaveLanes. A stream's laned orders are looked for once, at the
-// first declaration, in case an earlier configuration laned the queue.
+// first declaration, in case an earlier configuration laned the queue. Another process
+// that parks in lanes later (a configuration rolling out) is seen when this one's
+// configuration lanes the queue too.
 func (q *Queue) noteLanes(ctx context.Context) {
 	if q.Config().Laned() {
 		q.mayHaveLanes.Store(true)
@@ -446,9 +448,17 @@ func (q *Queue) noteLanes(ctx context.Context) {
 	if q.lanesChecked.Swap(true) {
 		return
 	}
-	_, err := q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(ReadySubject(q.name, "*", "*")))
-	if !errors.Is(err, jetstream.ErrMsgNotFound) { // found, or not known: look in lanes
-		q.mayHaveLanes.Store(true)
+	// A laned order, or a schedule message (whose target lane shows only when it fires).
+	subjects := []string{ReadySubject(q.name, "*", "*")}
+	if q.schedules.Load() {
+		subjects = append(subjects, scheduleFilter(q.name))
+	}
+	for _, subject := range subjects {
+		_, err := q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subject))
+		if !errors.Is(err, jetstream.ErrMsgNotFound) { // found, or not known: look in lanes
+			q.mayHaveLanes.Store(true)
+			return
+		}
 	}
 }
 

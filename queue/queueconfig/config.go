@@ -106,9 +106,10 @@ type Config struct {
 	// DuplicateWindow is JetStream's Nats-Msg-Id duplicate window (default 2m).
 	// Idempotency beyond it comes from the key-value bucket.
 	DuplicateWindow time.Duration
-	// IdempotencyTTL is how long an idempotency key is remembered after it is first
-	// used, and how long a ticket's status record is kept after its last change
-	// (default 24h). It must be at least MaxAge so that a key outlives its message.
+	// IdempotencyTTL is how long an idempotency key is remembered after its order
+	// became final (while the order waits, its message remembers the key), and how
+	// long a ticket's status record is kept after its last change (default 24h). It
+	// must be at least MaxAge.
 	IdempotencyTTL time.Duration
 	// MaxBody is the largest request body the queue stores, in bytes (default 1 MiB,
 	// at most 8 MiB). The ingress answers 413 to a larger one without reading it. A
