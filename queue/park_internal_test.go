@@ -77,10 +77,9 @@ func slotCount(t *testing.T, ctx context.Context, q *Queue) uint64 {
 	return info.State.Msgs
 }
 
-// A crash after the order was published and before its key slot was taken leaves an
-// order without a slot and a client without a receipt. Its retry, even past the
-// duplicate window, must find the stored order by the ticket its key names; nothing is
-// parked twice.
+// A crash after the order was stored and before its client got the receipt leaves an
+// order whose key is in no bucket yet. Its retry, even past the duplicate window, must
+// find the stored order by the ticket its key names; nothing is parked twice.
 func TestIdempotencyCrashAfterPublish(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	req := keyedOrder("c1", `"crash"`, `{"sku":1}`)
