@@ -112,19 +112,7 @@ func TestLeanConnStreamLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.MaxConcurrentStreams(2))
-	rlsv3.RegisterRateLimitServiceServer(srv, rls)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Stop()
-	c, err := dialLean(ln.Addr().String(), rlsMethod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := leanTo(t, rls, 2)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for id := range 8 {
@@ -167,19 +155,7 @@ func (b *blockingRLS) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitR
 // cancellation and the stream no longer counts against its limit of one.
 func TestLeanConnCancel(t *testing.T) {
 	b := &blockingRLS{started: make(chan struct{}, 1), cancelled: make(chan struct{}, 1)}
-	srv := grpc.NewServer(grpc.MaxConcurrentStreams(1))
-	rlsv3.RegisterRateLimitServiceServer(srv, b)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	defer srv.Stop()
-	c, err := dialLean(ln.Addr().String(), rlsMethod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := leanTo(t, b, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		<-b.started // the call is under way
@@ -268,4 +244,24 @@ func TestOverallCode(t *testing.T) {
 	if _, known := overallCode([]byte{0xff}); known {
 		t.Error("a truncated tag is known")
 	}
+}
+
+// leanTo serves rls on a gRPC server of its own allowing streams concurrent streams
+// per connection and returns a lean connection to it; both go when the test ends.
+func leanTo(t *testing.T, rls rlsv3.RateLimitServiceServer, streams uint32) *leanConn {
+	t.Helper()
+	srv := grpc.NewServer(grpc.MaxConcurrentStreams(streams))
+	rlsv3.RegisterRateLimitServiceServer(srv, rls)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	c, err := dialLean(ln.Addr().String(), rlsMethod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
