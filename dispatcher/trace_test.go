@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/ingress/telemetry/telemetrytest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
@@ -123,11 +124,11 @@ func TestDeliverySpanLinksToThePark(t *testing.T) {
 		t.Errorf("downstream got %d traceparent headers", n)
 	}
 
-	ids := exemplarTraceIDs(t, reg, "sluice_delivery_duration_seconds")
+	ids := telemetrytest.ExemplarTraceIDs(t, reg, "sluice_delivery_duration_seconds")
 	if len(ids) != 1 || ids[0] != del.SpanContext.TraceID().String() {
 		t.Errorf("delivery histogram exemplars %v, want the delivery's trace %s", ids, del.SpanContext.TraceID())
 	}
-	if ids := exemplarTraceIDs(t, reg, "sluice_queue_wait_seconds"); len(ids) != 1 {
+	if ids := telemetrytest.ExemplarTraceIDs(t, reg, "sluice_queue_wait_seconds"); len(ids) != 1 {
 		t.Errorf("wait histogram exemplars %v, want one", ids)
 	}
 }
@@ -165,30 +166,4 @@ func TestNATSDownstreamGetsTraceparent(t *testing.T) {
 	if v := msg.Header.Get(queue.HeaderTraceParent); v != "" {
 		t.Errorf("published the park's trace context too: %q", v)
 	}
-}
-
-// exemplarTraceIDs returns the trace_id labels of the exemplars of the histogram
-// family name in reg.
-func exemplarTraceIDs(t *testing.T, reg prometheus.Gatherer, name string) []string {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, b := range m.GetHistogram().GetBucket() {
-				for _, l := range b.GetExemplar().GetLabel() {
-					if l.GetName() == "trace_id" {
-						ids = append(ids, l.GetValue())
-					}
-				}
-			}
-		}
-	}
-	return ids
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/sluicehq/sluice/ingress/telemetry/telemetrytest"
 )
 
 // newTracing returns a provider that records every span into the returned exporter.
@@ -25,32 +26,6 @@ func attrs(s tracetest.SpanStub) map[attribute.Key]string {
 		out[kv.Key] = kv.Value.Emit()
 	}
 	return out
-}
-
-// histogramExemplars returns the trace_id labels of the exemplars of the histogram
-// named name in reg.
-func histogramExemplars(t *testing.T, reg prometheus.Gatherer, name string) []string {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, b := range m.GetHistogram().GetBucket() {
-				for _, l := range b.GetExemplar().GetLabel() {
-					if l.GetName() == "trace_id" {
-						ids = append(ids, l.GetValue())
-					}
-				}
-			}
-		}
-	}
-	return ids
 }
 
 // TestDecisionSpan: a decided request gets a span that continues the client's
@@ -92,7 +67,7 @@ func TestDecisionSpan(t *testing.T) {
 			}
 		}
 	}
-	ids := histogramExemplars(t, f.reg, "sluice_decision_duration_seconds")
+	ids := telemetrytest.ExemplarTraceIDs(t, f.reg, "sluice_decision_duration_seconds")
 	if len(ids) == 0 || ids[0] != "4bf92f3577b34da6a3ce929d0e0e4736" {
 		t.Errorf("decision histogram exemplars %v, want the request's trace", ids)
 	}
@@ -118,7 +93,7 @@ func TestDecisionSpanRoot(t *testing.T) {
 	if n := len(exp.GetSpans()); n != 0 {
 		t.Errorf("%d spans recorded under an unsampled parent", n)
 	}
-	if ids := histogramExemplars(t, g.reg, "sluice_decision_duration_seconds"); len(ids) != 0 {
+	if ids := telemetrytest.ExemplarTraceIDs(t, g.reg, "sluice_decision_duration_seconds"); len(ids) != 0 {
 		t.Errorf("exemplars %v without a sampled span", ids)
 	}
 }
