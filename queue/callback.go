@@ -48,7 +48,7 @@ type CallbackEvent struct {
 }
 
 func (s *Store) ensureCallbackStream(ctx context.Context) (jetstream.Stream, error) {
-	st, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	st, err := s.ensureStream(ctx, jetstream.StreamConfig{
 		Name:        CallbackStream,
 		Description: "sluice completion callbacks waiting to be sent",
 		Subjects:    []string{"sluice.cb.>"},

@@ -39,7 +39,7 @@ const (
 var ErrResultRefused = errors.New("queue: result refused")
 
 func (s *Store) ensureResultStream(ctx context.Context) (jetstream.Stream, error) {
-	st, err := s.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	st, err := s.ensureStream(ctx, jetstream.StreamConfig{
 		Name:        ResultStream,
 		Description: "sluice results of nats: deliveries, waiting to be written into their tickets",
 		Subjects:    []string{subscriber.ResultPrefix + ">"},

@@ -193,7 +193,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	}
 	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes),
 		tracer: telemetry.Tracer(o.tracerProvider)}
-	s.dead, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	s.dead, err = s.ensureStream(ctx, jetstream.StreamConfig{
 		Name:        DeadStream,
 		Description: "sluice dead letters of every queue",
 		Subjects:    []string{"sluice.dlq.>"},
@@ -353,10 +353,11 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 
 // ensureStream creates the stream, or updates it when the settings sluice chooses
 // differ from those it has. A stream that matches is left alone: every replica declares
-// every queue at start and on each reload, and a needless update rewrites the stream's
-// configuration while other replicas create consumers on it, which nats-server does
-// not serialise (the race detector saw it when two dispatchers of a laned queue
-// started together).
+// every stream at start (queues also on each reload), and a needless update rewrites
+// the stream's configuration while other replicas, or this one's dispatchers, create
+// consumers on it, which nats-server does not serialise (the race detector saw it when
+// two dispatchers of a laned queue started together, and when a queue's declaration
+// met the callback sender's consumer on the callback stream).
 func (s *Store) ensureStream(ctx context.Context, want jetstream.StreamConfig) (jetstream.Stream, error) {
 	if st, err := s.js.Stream(ctx, want.Name); err == nil && sameStream(st.CachedInfo().Config, want) {
 		return st, nil
@@ -379,7 +380,8 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 		have.MaxAge == want.MaxAge && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
 		have.AllowDirect == want.AllowDirect && have.AllowAtomicPublish == want.AllowAtomicPublish &&
 		have.AllowMsgSchedules == want.AllowMsgSchedules && have.AllowRollup == want.AllowRollup &&
-		have.AllowMsgTTL == want.AllowMsgTTL && have.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL
+		have.AllowMsgTTL == want.AllowMsgTTL && have.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL &&
+		have.MaxMsgSize == want.MaxMsgSize
 }
 
 // scheduledStream turns a queue's stream config into one that holds scheduled orders:
