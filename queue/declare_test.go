@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -39,5 +41,111 @@ func TestDeclareUpdatesOnlyWhatChanged(t *testing.T) {
 	}
 	if after, meta3 := streamConfig(); after != 200 || meta3[queue.MetadataConfig] == meta[queue.MetadataConfig] {
 		t.Errorf("a changed max_depth was not applied: max msgs %d", after)
+	}
+}
+
+// keyedPark parks an order with key and wants it accepted, not as a repeat.
+func keyedPark(t *testing.T, s *queue.Store, q, key string) {
+	t.Helper()
+	req := order(q, `{"sku":1}`)
+	req.IdempotencyKey = key
+	rc, err := s.Park(ctxT(t), req)
+	if err != nil || rc.Duplicate {
+		t.Fatalf("keyed park %s: %+v %v", key, rc, err)
+	}
+}
+
+// keyStream returns the configuration and message count of a queue's key stream.
+func keyStream(t *testing.T, js jetstream.JetStream, q string) (jetstream.StreamConfig, uint64) {
+	t.Helper()
+	st, err := js.Stream(ctxT(t), queue.KeyStreamName(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Config, info.State.Msgs
+}
+
+// A single-replica key stream is written without disk syncs (a slot only counts a key
+// against its client's cap); the queue's own stream keeps syncing. A synced key
+// stream made by an earlier sluice is kept as it is (JetStream cannot change a
+// stream's persist mode) and still takes slots.
+func TestKeyStreamPersistMode(t *testing.T) {
+	srv := natstest.Start(t)
+	js, err := jetstream.New(srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openStore(t, srv, testConfig("fresh"))
+	keyedPark(t, s, "fresh", `"a"`)
+	if cfg, n := keyStream(t, js, "fresh"); cfg.PersistMode != jetstream.AsyncPersistMode || cfg.AllowAtomicPublish || n != 1 {
+		t.Errorf("new key stream: persist mode %v, atomic batches %v, %d slots; want async, none, 1", cfg.PersistMode, cfg.AllowAtomicPublish, n)
+	}
+	if info, err := srv.Stream(t, queue.StreamName("fresh")).Info(ctxT(t)); err != nil || info.Config.PersistMode != jetstream.DefaultPersistMode {
+		t.Errorf("the queue's stream must stay synced: %v %v", info.Config.PersistMode, err)
+	}
+
+	// The key stream as an earlier sluice declared it.
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{
+		Name: queue.KeyStreamName("old"), Subjects: []string{"sluice.keys.old.*"},
+		Storage: jetstream.FileStorage, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
+		MaxMsgsPerSubject: 10, AllowMsgTTL: true, AllowDirect: true, AllowAtomicPublish: true,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Declare(ctxT(t), testConfig("old")); err != nil {
+		t.Fatal(err)
+	}
+	keyedPark(t, s, "old", `"a"`)
+	keyedPark(t, s, "old", `"b"`)
+	if cfg, n := keyStream(t, js, "old"); cfg.PersistMode != jetstream.DefaultPersistMode || !cfg.AllowAtomicPublish || n != 2 {
+		t.Errorf("earlier key stream: persist mode %v, atomic batches %v, %d slots; want default, allowed, 2", cfg.PersistMode, cfg.AllowAtomicPublish, n)
+	}
+	if _, err := s.Declare(ctxT(t), testConfig("old")); err != nil {
+		t.Errorf("declaring the queue again: %v", err)
+	}
+}
+
+// A queue that becomes replicated gets a synced key stream (JetStream refuses async
+// persistence on replicated streams and cannot change it on a stream): the old one is
+// made anew, and keyed parks go on.
+func TestKeyStreamBecomesReplicated(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	nc := c.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := queue.Open(ctxT(t), nc, queue.WithSigningKey(natstest.SigningKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("orders")
+	cfg.Replicas = 1
+	if _, err := s.Declare(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	keyedPark(t, s, "orders", `"a"`)
+	if kc, _ := keyStream(t, js, "orders"); kc.PersistMode != jetstream.AsyncPersistMode {
+		t.Fatalf("single-replica key stream: persist mode %v", kc.PersistMode)
+	}
+	cfg.Replicas = 3
+	if _, err := s.Declare(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	keyedPark(t, s, "orders", `"b"`)
+	kc, n := keyStream(t, js, "orders")
+	if kc.PersistMode != jetstream.DefaultPersistMode || kc.Replicas != 3 || !kc.AllowAtomicPublish || n != 1 {
+		t.Errorf("replicated key stream: persist mode %v, %d replicas, atomic batches %v, %d slots; want default, 3, allowed, 1 (made anew)",
+			kc.PersistMode, kc.Replicas, kc.AllowAtomicPublish, n)
+	}
+	// The order parked before the change is still found by its key.
+	req := order("orders", `{"sku":1}`)
+	req.IdempotencyKey = `"a"`
+	if rc, err := s.Park(ctxT(t), req); err != nil || !rc.Duplicate {
+		t.Errorf("repeat of the first key: %+v %v", rc, err)
 	}
 }

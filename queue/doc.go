@@ -89,7 +89,8 @@
 // Park writes to two streams: an order without a key is one write; a keyed order takes
 // its key slot, then stores the order (its key is recorded only when the order becomes
 // final; while it waits, its message is the key's record). Each stream has one writer
-// per Store.
+// per Store. A single-replica key stream is not synced and takes no batches (see
+// Store.ensureKeyStream): what follows is about the synced writes.
 // While few of its writes are in flight, each goes out at once as a plain synchronous
 // publish; the writes that arrive beyond that are gathered and go as one JetStream
 // atomic batch (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit; up to 256

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -152,6 +153,64 @@ func TestKeyRefusedAtTheCapWorksAgain(t *testing.T) {
 	}
 	if d := depth(t, ctx, q); d != 2 {
 		t.Fatalf("depth %d, want 2", d)
+	}
+}
+
+// A repeat takes a slot while it looks for its earlier order (most keys are new):
+// found, the repeat's answer stands even when the client is at its cap, and a slot it
+// took past the duplicate window is freed again, so repeats never use up the cap.
+func TestKeyedRepeatsLeaveTheSlotsAlone(t *testing.T) {
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 2,
+		DuplicateWindow: 100 * time.Millisecond, Downstream: "http://127.0.0.1:1"})
+	first, err := s.Park(ctx, keyedOrder("c1", "k1", "{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Past the window the repeat's slot is a new message: taken, then freed.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		rc, err := s.Park(ctx, keyedOrder("c1", "k1", "{}"))
+		if err != nil || !rc.Duplicate || rc.Ticket != first.Ticket {
+			t.Fatalf("repeat: %+v %v", rc, err)
+		}
+		if n := slotCount(t, ctx, q); n != 1 {
+			t.Fatalf("%d slots after a repeat, want 1", n)
+		}
+		info, err := q.keys.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.LastSeq > 1 {
+			break // a repeat took a slot of its own, and freed it
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no repeat got past the slots' duplicate window")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// At the cap (a second slot of c1's, under another message id), the repeat of an
+	// order waiting past the window has its slot refused: the repeat's answer stands.
+	m := &Message{Request: *keyedOrder("c1", "k2", "{}"), Ticket: s.keyedTicket(q.name, idemKey("c1", "k2"))}
+	m.Header = KeptHeader(m.Request.Header, nil)
+	m.Fingerprint = Fingerprint(&m.Request)
+	if _, err := s.publish(ctx, q, m, "past-the-window"); err != nil {
+		t.Fatal(err)
+	}
+	slot := nats.NewMsg(keySubjectFor(q.name, scopeToken("c1")))
+	slot.Header.Set(HeaderMsgID, "another-slot")
+	if _, err := s.js.PublishMsg(ctx, slot); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.Park(ctx, keyedOrder("c1", "k2", "{}"))
+	if err != nil || !rc.Duplicate || rc.Ticket != m.Ticket {
+		t.Fatalf("repeat at the cap: %+v %v, want ticket %s", rc, err, m.Ticket)
+	}
+	if _, err := s.Park(ctx, keyedOrder("c1", "k3", "{}")); !errors.Is(err, ErrTooManyKeys) {
+		t.Fatalf("a new key at the cap: %v", err)
+	}
+	if d, n := depth(t, ctx, q), slotCount(t, ctx, q); d != 2 || n != 2 {
+		t.Fatalf("depth %d, %d slots; want 2 and 2", d, n)
 	}
 }
 

@@ -318,7 +318,7 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 	if err != nil {
 		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
 	}
-	keys, err := s.ensureStream(ctx, jetstream.StreamConfig{
+	keys, err := s.ensureKeyStream(ctx, jetstream.StreamConfig{
 		Name:                 KeyStreamName(cfg.Name),
 		Description:          "sluice idempotency key slots of queue " + cfg.Name,
 		Subjects:             []string{keySubjectFor(cfg.Name, "*")},
@@ -334,7 +334,7 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		Duplicates:         cfg.DuplicateWindow,
 		Replicas:           cfg.Replicas,
 		AllowDirect:        true,
-		AllowAtomicPublish: true, // key slots are taken in groups too
+		AllowAtomicPublish: true, // on a replicated stream; see ensureKeyStream
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
@@ -365,6 +365,39 @@ func (s *Store) ensureStream(ctx context.Context, want jetstream.StreamConfig) (
 	return s.js.CreateOrUpdateStream(ctx, want)
 }
 
+// ensureKeyStream is ensureStream for a queue's key stream. A slot only counts a key
+// against its client's cap (the order itself is the key's record, and is synced), so a
+// single-replica key stream is written without waiting for a disk sync (nats-server's
+// async persist mode, which takes no atomic batches): a keyed park then waits for one
+// synced write, its order's. A server crash may lose the newest slots, which lets their
+// clients past the cap by as many keys until the slots' TTL would have freed them;
+// nothing of an order is lost or repeated.
+//
+// JetStream cannot change a stream's persist mode. A synced key stream made by an
+// earlier sluice stays synced; an async one that must become replicated is made anew,
+// and its clients' caps start afresh.
+func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig) (jetstream.Stream, error) {
+	if want.Replicas <= 1 {
+		want.PersistMode, want.AllowAtomicPublish = jetstream.AsyncPersistMode, false
+	}
+	st, err := s.js.Stream(ctx, want.Name)
+	if err != nil {
+		return s.ensureStream(ctx, want)
+	}
+	switch have := st.CachedInfo().Config; {
+	case have.PersistMode == want.PersistMode:
+	case want.PersistMode == jetstream.AsyncPersistMode:
+		want.PersistMode, want.AllowAtomicPublish = have.PersistMode, true
+	default:
+		s.log.Warn("making the key stream anew: a replicated stream cannot skip disk syncs, and JetStream cannot change that on a stream",
+			"stream", want.Name, "replicas", want.Replicas)
+		if err := s.js.DeleteStream(ctx, want.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, err
+		}
+	}
+	return s.ensureStream(ctx, want)
+}
+
 // sameStream reports whether have holds every setting sluice chooses in want (the
 // server fills in the rest, and adds metadata of its own).
 func sameStream(have, want jetstream.StreamConfig) bool {
@@ -381,7 +414,7 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 		have.AllowDirect == want.AllowDirect && have.AllowAtomicPublish == want.AllowAtomicPublish &&
 		have.AllowMsgSchedules == want.AllowMsgSchedules && have.AllowRollup == want.AllowRollup &&
 		have.AllowMsgTTL == want.AllowMsgTTL && have.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL &&
-		have.MaxMsgSize == want.MaxMsgSize
+		have.MaxMsgSize == want.MaxMsgSize && have.PersistMode == want.PersistMode
 }
 
 // scheduledStream turns a queue's stream config into one that holds scheduled orders:
