@@ -510,10 +510,12 @@ directory, every write synced to disk before it is acknowledged), side by side:
   sluice park          queue.Store.Park: the same publish plus the request headers and
                        metadata, acknowledged before it returns
   sluice ingress       the front door end to end: an HTTP POST over a defer rule's limit,
-                       parked, answered 202 (HTTP client and server in this process)
-  sluice park+idem     Park with an Idempotency-Key per order (the key's slot, the
-                       order and the key's record: three synced writes, each shared by
-                       the concurrent callers' — see queue's group commit)
+                       parked, answered 202 (HTTP client and server in this process;
+                       --client picks the callers' HTTP client)
+  sluice park+idem     Park with an Idempotency-Key per order (the order is a synced
+                       write shared with concurrent callers' — see queue's group
+                       commit; the key's slot is written before it, not synced, on a
+                       single server)
   sluice ingress+idem  the front door with an Idempotency-Key per order
 with the same number of concurrent callers. VS RAW is sluice's rate divided by the raw
 publishes' in the same run.
@@ -538,6 +540,7 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	duration := fs.Duration("duration", 3*time.Second, "how long each measurement runs")
 	conc := fs.String("concurrency", "1,16", "comma-separated numbers of concurrent callers")
 	size := fs.Int("size", 512, "body size in bytes")
+	client := fs.String("client", "lean", "HTTP client of the front door's callers: lean (kept-alive connections of the tool's own, read on the caller's goroutine) or net/http")
 	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, parkingHelp, stdout); done {
 		return code
@@ -555,7 +558,11 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		}
 		concs = append(concs, n)
 	}
-	results, err := parking(ctx, *duration, concs, *size, stderr)
+	if *client != "lean" && *client != "net/http" {
+		fmt.Fprintf(stderr, "sluice-bench parking: --client: %q is neither lean nor net/http\n", *client)
+		return exitUsage
+	}
+	results, err := parking(ctx, *duration, concs, *size, *client == "net/http", stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice-bench parking: %v\n", err)
 		return exitFailure
@@ -636,7 +643,7 @@ queues:
     max_idempotency_keys: 10000000
 `
 
-func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr io.Writer) ([]parkingResult, error) {
+func parking(ctx context.Context, d time.Duration, concs []int, size int, goClient bool, stderr io.Writer) ([]parkingResult, error) {
 	nc, stop, err := tempNATS()
 	if err != nil {
 		return nil, err
@@ -683,28 +690,40 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, stderr
 	if resp, err := client.Post(front.URL+"/v1/orders", "application/json", nil); err == nil {
 		resp.Body.Close() // spends the limit: every later order is deferred
 	}
+	lean, err := newLeanPoster(front.URL+"/v1/orders", header, body, 256)
+	if err != nil {
+		return nil, err
+	}
+	defer lean.close()
+	send := lean.post
+	if goClient {
+		send = func(ctx context.Context, key string) (int, error) {
+			req, err := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/orders", bytes.NewReader(body))
+			if err != nil {
+				return 0, err
+			}
+			req.Header = header.Clone()
+			if key != "" {
+				req.Header.Set("Idempotency-Key", key)
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				return 0, err
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode, nil
+		}
+	}
 
 	// post sends one order through the front door (with an Idempotency-Key unless
 	// key is empty) and wants 202.
 	post := func(ctx context.Context, key string) error {
-		req, err := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/orders", bytes.NewReader(body))
-		if err != nil {
-			return err
+		status, err := send(ctx, key)
+		if err == nil && status != http.StatusAccepted {
+			err = fmt.Errorf("the front door answered %d", status)
 		}
-		req.Header = header.Clone()
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			return err
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusAccepted {
-			return fmt.Errorf("the front door answered %d", resp.StatusCode)
-		}
-		return nil
+		return err
 	}
 	contenders := []struct {
 		name string
