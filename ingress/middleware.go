@@ -203,7 +203,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				"The request body is larger than "+strconv.FormatInt(m.maxBody, 10)+" bytes."))
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
+		if r.Body != nil && r.Body != http.NoBody {
+			// A request without a body (most GETs) has nothing to cap: the wrapper
+			// would be an allocation per request.
+			r.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
+		}
 	}
 	set := m.rules.Set()
 	if old := m.seen.Load(); old != set && m.seen.CompareAndSwap(old, set) {

@@ -58,7 +58,10 @@ The targets take turns for --rounds rounds and each figure is the median; req/s 
 also given as a ratio to httputil.ReverseProxy and to nginx. CPU/req is the CPU time
 (user and system, from /proc: Linux only) the target's processes spent per request of
 the closed loop: on a shared machine it tells the cost of each target more steadily
-than req/s, which also measures how busy the machine was.
+than req/s, which also measures how busy the machine was. --variant NAME=PATH adds
+another sluice binary (or a script that sets its environment and execs one) as a
+target of its own, "sluice serve (NAME)", so that two builds or settings are compared
+in the same rounds rather than across runs.
 `
 
 const benchRules = `domain: bench
@@ -85,6 +88,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	sluicePath := fs.String("sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	withRedis := fs.Bool("redis", true, "also measure sluice with a Redis limiter (starts a redis-server on a free port)")
 	rounds := fs.Int("rounds", 3, "rounds over every target, alternating; each figure is the median of the rounds")
+	var variants variantFlag
+	fs.Var(&variants, "variant", "also measure `NAME=PATH`, another sluice binary (or a script that execs one) with the memory limiter, beside the others (repeatable): builds side by side in one run")
 	closedGen := fs.String("closed-loop", "auto", "closed-loop load generator: wrk, go (vegeta in this process) or auto (wrk when on PATH and --duration is whole seconds)")
 	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, httpHelp, stdout); done {
@@ -185,19 +190,25 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		targets = append(targets, target{targetNginx, "http://" + addr + "/", lastPID()})
 	}
-	startSluice := func(name string, extra ...string) error {
+	startSluiceBin := func(bin, name string, extra ...string) error {
 		listen, admin := freeAddr(), freeAddr()
 		args := append([]string{"serve", "--rules", rulesPath, "--upstream", "http://" + upstreamAddr,
 			"--listen", listen, "--admin-listen", admin, "--log-level", "error",
 			"--data-dir", filepath.Join(dir, "data-"+listen)}, extra...)
-		if err := spawn("http://"+admin+"/healthz", *sluicePath, args...); err != nil {
+		if err := spawn("http://"+admin+"/healthz", bin, args...); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		targets = append(targets, target{name, "http://" + listen + "/", lastPID()})
 		return nil
 	}
+	startSluice := func(name string, extra ...string) error { return startSluiceBin(*sluicePath, name, extra...) }
 	if err := startSluice("sluice serve (memory)"); err != nil {
 		return fail(err)
+	}
+	for _, v := range variants {
+		if err := startSluiceBin(v.path, "sluice serve ("+v.name+")"); err != nil {
+			return fail(err)
+		}
 	}
 	if *withRedis {
 		srv, err := redistest.New()
@@ -345,6 +356,20 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	return exitOK
+}
+
+// variantFlag is the http mode's repeatable --variant NAME=PATH.
+type variantFlag []struct{ name, path string }
+
+func (f *variantFlag) String() string { return "" }
+
+func (f *variantFlag) Set(s string) error {
+	name, path, ok := strings.Cut(s, "=")
+	if !ok || name == "" || path == "" {
+		return fmt.Errorf("%q is not NAME=PATH", s)
+	}
+	*f = append(*f, struct{ name, path string }{name, path})
+	return nil
 }
 
 // httpResult is one target's figures, each the median of the rounds.

@@ -144,3 +144,20 @@ func TestServersStopOnSignal(t *testing.T) {
 		}
 	}
 }
+
+func TestVariantFlag(t *testing.T) {
+	var f variantFlag
+	for _, s := range []string{"a=/bin/one", "b=/x=y"} {
+		if err := f.Set(s); err != nil {
+			t.Fatalf("Set(%q): %v", s, err)
+		}
+	}
+	if len(f) != 2 || f[0].name != "a" || f[0].path != "/bin/one" || f[1].name != "b" || f[1].path != "/x=y" {
+		t.Errorf("parsed %+v", f)
+	}
+	for _, bad := range []string{"", "noequals", "=path", "name="} {
+		if err := f.Set(bad); err == nil {
+			t.Errorf("Set(%q) took it", bad)
+		}
+	}
+}
