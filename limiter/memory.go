@@ -125,10 +125,11 @@ func ttlOf(d int64) uint32 {
 		return 0
 	}
 	f := float32(d)
+	b := math.Float32bits(f)
 	if f < 1<<63 && int64(f) < d { // at or above 2^63, f exceeds any int64
-		f = math.Nextafter32(f, float32(math.Inf(1)))
+		b++ // the next float32 up, d being positive and finite
 	}
-	return math.Float32bits(f)
+	return b
 }
 
 // expires is algo.State.Expires of s, or later by ttlOf's rounding; it saturates
