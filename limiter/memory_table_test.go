@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
@@ -121,6 +122,17 @@ func TestTTL(t *testing.T) {
 	}
 	if s := (slot{last: -5, ttl: ttlOf(-3)}); s.expires() != -5 {
 		t.Errorf("a negative ttl expires at %d, want last", s.expires())
+	}
+}
+
+// TestMemoryLayout checks the sizes the memory store's cache behaviour rests on: two
+// slots to a cache line, and shards that start on one.
+func TestMemoryLayout(t *testing.T) {
+	if n := unsafe.Sizeof(slot{}); n != 32 {
+		t.Errorf("a slot is %d bytes, want 32", n)
+	}
+	if n := unsafe.Sizeof(memoryShard{}); n%64 != 0 {
+		t.Errorf("a shard is %d bytes, not a multiple of 64", n)
 	}
 }
 
