@@ -3,7 +3,6 @@ package limiter
 import (
 	"context"
 	"hash/maphash"
-	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -17,15 +16,12 @@ import (
 // key whose state has gone back to a fresh key's is dropped when new keys arrive, and
 // beyond MaxKeys the key closest to fresh is evicted (which forgets its history).
 //
-// Each shard is an open-addressing hash table (linear probing) of 32-byte slots, two
-// to a cache line: with many keys, a decision costs one cache miss for its state, where
-// a Go map of pointers costs three or four (bucket, key bytes, state), and the smaller
-// the table, the more of it the caches keep. A token or leaky bucket's state lives in
-// its slot; the windows' and the sliding log's, which do not fit, live in a record of
-// the shard that the slot refers to (one more memory access per decision). The tables
-// hold no pointers, so the garbage collector does not scan them, and the keys
-// themselves are not kept: a slot holds two independent hashes of its key, 88 bits in
-// all that must match (see slot).
+// Each shard is an open-addressing hash table (linear probing) whose slots hold the
+// key's state inline, one cache line per key: with many keys, a decision costs one
+// cache miss for its state, where a Go map of pointers costs three or four (bucket,
+// key bytes, state). The tables hold no pointers, so the garbage collector does not
+// scan them, and the keys themselves are not kept: a slot holds two independent
+// hashes of its key, 88 bits in all that must match (see slot).
 type Memory struct {
 	seed      maphash.Seed // the key's hash: shard, slot and identity
 	checkSeed maphash.Seed // the key's second hash: identity
@@ -42,17 +38,14 @@ type memoryShard struct {
 	table []slot // a power of two of slots, at most 13/16 used; nil until the first key
 	used  int
 
-	windows pool[window]       // the windows' states beyond their slots
-	logs    pool[algo.TimeLog] // the sliding logs' timestamps
+	logs     []algo.TimeLog // sliding window logs, by slot.log-1
+	freeLogs []int32        // indices of unused logs
 
-	// 192 bytes in all, three cache lines: the lock and the table's header share the
-	// first, and neighbouring shards' locks never share one.
-	_ [56]byte
+	_ [40]byte // keep neighbouring shards' locks off one cache line
 }
 
-// slot is one key of a shard's table: 32 bytes, two to a cache line and never across
-// two (tables are allocated as powers of two of slots, which Go aligns to their size
-// up to a page).
+// slot is one key of a shard's table: 64 bytes, aligned to a cache line (tables are
+// allocated as powers of two of slots, which Go aligns to their size up to a page).
 //
 // A key is known by its hash h (64 bits, from which its shard and home slot derive)
 // and a 32-bit check from a second, independently seeded hash. The low byte of h is
@@ -65,51 +58,10 @@ type memoryShard struct {
 // seeds are what keeps clients from steering keys into one another, as they do for
 // Go's own maps.
 type slot struct {
-	id    uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
-	check uint32 // the key's second hash
-	ttl   uint32 // µs from last until the state is a fresh key's again (see ttlOf)
-	last  int64  // algo.State.Last
-	// word is a bucket's algo.State.Level (its bits), or for the other algorithms the
-	// reference of the key's record in the shard's windows or logs (see pool).
-	word uint64
-}
-
-// window is the state of a fixed window or sliding window counter beyond its slot:
-// algo.State.Start, Count and Prev. It holds no pointers, so the garbage collector
-// does not scan the windows either.
-type window struct{ start, count, prev int64 }
-
-// pool holds the records that slots refer to, reusing the released ones. A reference
-// is 1 + the record's index; 0 is none.
-type pool[T any] struct {
-	items []T
-	free  []int32 // indices of released records
-}
-
-// get returns the record of *ref, making one (and setting *ref) if it is 0.
-func (p *pool[T]) get(ref *uint64) *T {
-	if *ref == 0 {
-		if n := len(p.free); n > 0 {
-			*ref = uint64(p.free[n-1]) + 1
-			p.free = p.free[:n-1]
-		} else {
-			var zero T
-			p.items = append(p.items, zero)
-			*ref = uint64(len(p.items))
-		}
-	}
-	return &p.items[*ref-1]
-}
-
-// release clears the record of *ref, if any, for reuse, and sets *ref to 0.
-func (p *pool[T]) release(ref *uint64) {
-	if *ref == 0 {
-		return
-	}
-	var zero T
-	p.items[*ref-1] = zero
-	p.free = append(p.free, int32(*ref-1))
-	*ref = 0
+	id         uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
+	check      uint32 // the key's second hash
+	log        int32  // sliding window log: 1 + its index in the shard's logs; 0: none
+	algo.State        // 48 bytes
 }
 
 const idMask = ^uint64(0xff) // the bits of a slot's id that come from the key's hash
@@ -118,34 +70,6 @@ func (s *slot) algorithm() algo.Algo { return algo.Algo(s.id) }
 
 // home is the slot where probing for hash h starts, in a table of mask+1 slots.
 func home(h, mask uint64) uint64 { return (h >> 8) & mask }
-
-// ttlOf is how a slot keeps the time from its state's Last to its Expires: d µs as a
-// float32, rounded up. A key is then dropped as fresh at most 2^-23 of that time late
-// (a state stays fresh once it is), which leaves 32 bits of the slot to the check.
-func ttlOf(d int64) uint32 {
-	if d <= 0 {
-		return 0
-	}
-	f := float32(d)
-	b := math.Float32bits(f)
-	if f < 1<<63 && int64(f) < d { // at or above 2^63, f exceeds any int64
-		b++ // the next float32 up, d being positive and finite
-	}
-	return b
-}
-
-// expires is algo.State.Expires of s, or later by ttlOf's rounding; it saturates
-// rather than overflows.
-func (s *slot) expires() int64 {
-	d := math.Float32frombits(s.ttl)
-	if d >= 1<<63 {
-		return math.MaxInt64
-	}
-	if e := s.last + int64(d); e >= s.last {
-		return e
-	}
-	return math.MaxInt64
-}
 
 // MemoryOption configures a Memory store.
 type MemoryOption func(*memoryConfig)
@@ -250,27 +174,15 @@ func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 		s = m.insert(sh, h, check, p.Algorithm, now)
 	}
 	if s.algorithm() != p.Algorithm {
-		sh.release(s)
-		*s = slot{id: h&idMask | uint64(p.Algorithm), check: check}
+		sh.freeLog(s)
+		s.id = h&idMask | uint64(p.Algorithm)
+		s.State = algo.State{}
 	}
-	// The algorithms work on an algo.State, which the slot (with its record) is a
-	// packed copy of.
-	st := algo.State{Last: s.last}
-	var o algo.Outcome
-	switch {
-	case p.Algorithm.Bucket():
-		st.Level = math.Float64frombits(s.word)
-		o = st.Decide(p, now, n, nil)
-		s.word = math.Float64bits(st.Level)
-	case p.Algorithm == algo.SlidingWindowLog:
-		o = st.Decide(p, now, n, sh.logs.get(&s.word))
-	default:
-		w := sh.windows.get(&s.word)
-		st.Start, st.Count, st.Prev = w.start, w.count, w.prev
-		o = st.Decide(p, now, n, nil)
-		*w = window{st.Start, st.Count, st.Prev}
+	var log *algo.TimeLog
+	if p.Algorithm == algo.SlidingWindowLog {
+		log = sh.logOf(s)
 	}
-	s.last, s.ttl = st.Last, ttlOf(st.Expires-st.Last)
+	o := s.Decide(p, now, n, log)
 	sh.mu.Unlock()
 	return o
 }
@@ -310,11 +222,11 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		i, seen := home(h, mask), 0
 		for range sh.table {
 			if s := &sh.table[i]; s.id != 0 {
-				if e := s.expires(); e <= now {
+				if s.Expires <= now {
 					expired[nexpired] = ref{s.id, s.check}
 					nexpired++
-				} else if victim.id == 0 || e < victimExpires {
-					victim, victimExpires = ref{s.id, s.check}, e
+				} else if victim.id == 0 || s.Expires < victimExpires {
+					victim, victimExpires = ref{s.id, s.check}, s.Expires
 				}
 				if seen++; seen == sampleSize {
 					break
@@ -366,7 +278,7 @@ func (sh *memoryShard) remove(id uint64, check uint32) {
 	if i < 0 {
 		return
 	}
-	sh.release(&sh.table[i])
+	sh.freeLog(&sh.table[i])
 	mask := uint64(len(sh.table) - 1)
 	hole := uint64(i)
 	for j := (hole + 1) & mask; sh.table[j].id != 0; j = (j + 1) & mask {
@@ -380,15 +292,28 @@ func (sh *memoryShard) remove(id uint64, check uint32) {
 	sh.used--
 }
 
-// release releases the record of s, if any: a window's state, a log's timestamps.
-func (sh *memoryShard) release(s *slot) {
-	switch a := s.algorithm(); {
-	case a.Bucket():
-	case a == algo.SlidingWindowLog:
-		sh.logs.release(&s.word)
-	default:
-		sh.windows.release(&s.word)
+// logOf returns the sliding window log of s, making it if s has none.
+func (sh *memoryShard) logOf(s *slot) *algo.TimeLog {
+	if s.log == 0 {
+		if n := len(sh.freeLogs); n > 0 {
+			s.log = sh.freeLogs[n-1] + 1
+			sh.freeLogs = sh.freeLogs[:n-1]
+		} else {
+			sh.logs = append(sh.logs, algo.TimeLog{})
+			s.log = int32(len(sh.logs))
+		}
 	}
+	return &sh.logs[s.log-1]
+}
+
+// freeLog releases the sliding window log of s, if any, and its timestamps.
+func (sh *memoryShard) freeLog(s *slot) {
+	if s.log == 0 {
+		return
+	}
+	sh.logs[s.log-1] = algo.TimeLog{}
+	sh.freeLogs = append(sh.freeLogs, s.log-1)
+	s.log = 0
 }
 
 // Len returns the number of keys tracked.

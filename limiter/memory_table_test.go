@@ -1,11 +1,9 @@
 package limiter
 
 import (
-	"math"
 	"math/rand/v2"
 	"reflect"
 	"testing"
-	"unsafe"
 
 	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
@@ -21,7 +19,7 @@ func TestMemoryTable(t *testing.T) {
 		id    uint64
 		check uint32
 	}
-	want := map[key]int64{} // key → its slot's word, a marker
+	want := map[key]int64{} // key → its state's count, a marker
 	var keys []key
 	for step := range 20_000 {
 		if len(keys) == 0 || rng.IntN(3) > 0 {
@@ -34,8 +32,8 @@ func TestMemoryTable(t *testing.T) {
 			if sh.find(k.id, k.check) >= 0 {
 				t.Fatalf("step %d: %v found before it was inserted", step, k)
 			}
-			s := m.insert(sh, k.id, k.check, algo.TokenBucket, 0)
-			s.word, s.ttl = uint64(step), ttlOf(1<<62) // never dropped as fresh
+			s := m.insert(sh, k.id, k.check, algo.FixedWindow, 0)
+			s.Count, s.Expires = int64(step), 1<<62 // never dropped as fresh
 
 			want[k] = int64(step)
 			keys = append(keys, k)
@@ -55,8 +53,8 @@ func TestMemoryTable(t *testing.T) {
 			if i < 0 {
 				t.Fatalf("step %d: %v lost", step, k)
 			}
-			if s := &sh.table[i]; s.word != uint64(count) || s.algorithm() != algo.TokenBucket {
-				t.Fatalf("step %d: %v has marker %d, algorithm %d; want %d", step, k, s.word, s.algorithm(), count)
+			if s := &sh.table[i]; s.Count != count || s.algorithm() != algo.FixedWindow {
+				t.Fatalf("step %d: %v has count %d, algorithm %d; want %d", step, k, s.Count, s.algorithm(), count)
 			}
 		}
 		if len(sh.table) > 256 {
@@ -65,74 +63,37 @@ func TestMemoryTable(t *testing.T) {
 	}
 }
 
-// TestMemoryRecordsAreReleased checks that the state a key keeps outside its slot (a
-// sliding log's timestamps, a window's counts) goes with the key: when the key is
-// dropped or changes to a bucket, whose state is all in its slot.
-func TestMemoryRecordsAreReleased(t *testing.T) {
+// TestMemoryLogsAreReleased checks that a sliding log's timestamps go with its key:
+// when the key is dropped or changes algorithm.
+func TestMemoryLogsAreReleased(t *testing.T) {
 	now := int64(0)
 	m := NewMemory(WithShards(1))
 	m.now = func() int64 { return now }
 	log := algo.Params{Algorithm: algo.SlidingWindowLog, Rate: 100, Period: 1000, Capacity: 100}
-	fixed := algo.Params{Algorithm: algo.FixedWindow, Rate: 100, Period: 1000, Capacity: 100}
-	bucket := algo.Params{Algorithm: algo.TokenBucket, Rate: 100, Period: 1000, Capacity: 100}
+	window := algo.Params{Algorithm: algo.FixedWindow, Rate: 100, Period: 1000, Capacity: 100}
 	sh := &m.shards[0]
 	m.decide("a", &log, 5)
-	m.decide("b", &fixed, 5)
-	m.decide("c", &log, 5)
-	if len(sh.logs.items) != 2 || len(sh.windows.items) != 1 || len(sh.logs.free)+len(sh.windows.free) != 0 {
-		t.Fatalf("%d logs, %d windows, %d free; want 2, 1, 0", len(sh.logs.items), len(sh.windows.items), len(sh.logs.free)+len(sh.windows.free))
+	m.decide("b", &log, 5)
+	if len(sh.logs) != 2 || len(sh.freeLogs) != 0 {
+		t.Fatalf("%d logs, %d free; want 2, 0", len(sh.logs), len(sh.freeLogs))
 	}
-	m.decide("a", &bucket, 1)
-	m.decide("b", &bucket, 1)
-	if len(sh.logs.free) != 1 || !reflect.DeepEqual(sh.logs.items[sh.logs.free[0]], algo.TimeLog{}) ||
-		len(sh.windows.free) != 1 || sh.windows.items[sh.windows.free[0]] != (window{}) {
-		t.Fatalf("a and b changed to a bucket but their records were kept: %d logs, %d windows free", len(sh.logs.free), len(sh.windows.free))
+	m.decide("a", &window, 1)
+	if len(sh.freeLogs) != 1 || !reflect.DeepEqual(sh.logs[sh.freeLogs[0]], algo.TimeLog{}) {
+		t.Fatalf("a changed algorithm but its log was kept: %d free", len(sh.freeLogs))
 	}
-	m.decide("d", &log, 1) // reuses a's log
-	if len(sh.logs.items) != 2 || len(sh.logs.free) != 0 {
-		t.Fatalf("%d logs, %d free; want 2, 0", len(sh.logs.items), len(sh.logs.free))
+	m.decide("c", &log, 1) // reuses a's log
+	if len(sh.logs) != 2 || len(sh.freeLogs) != 0 {
+		t.Fatalf("%d logs, %d free; want 2, 0", len(sh.logs), len(sh.freeLogs))
 	}
 	now = 10_000 // every key is fresh again: new keys sweep them away
-	for _, k := range []string{"e", "f", "g", "h"} {
-		m.decide(k, &bucket, 1)
+	for _, k := range []string{"d", "e", "f", "g"} {
+		m.decide(k, &window, 1)
 	}
 	if got := m.Len(); got != 4 {
 		t.Fatalf("%d keys, want the 4 new ones", got)
 	}
-	if len(sh.logs.free) != 2 {
-		t.Fatalf("%d logs free, want 2", len(sh.logs.free))
-	}
-}
-
-// TestTTL checks that a slot's ttl never brings a key's expiry forward, and keeps it
-// within float32's precision.
-func TestTTL(t *testing.T) {
-	for _, last := range []int64{-1e15, 0, 1_800_000_000_000_000, math.MaxInt64 - 10} {
-		for _, d := range []int64{0, 1, 999_999, 1<<24 + 1, 1<<53 - 1, 1e15 + 7, math.MaxInt64} {
-			s := slot{last: last, ttl: ttlOf(d)}
-			want := last + d
-			if want < last {
-				want = math.MaxInt64
-			}
-			// Saturating at the largest time is later still, which is allowed.
-			if got := s.expires(); got < want || got != math.MaxInt64 && float64(got)-float64(last) > float64(d)*(1+1.0/(1<<23)) {
-				t.Errorf("last %d, ttl of %d µs: expires %d, want %d or at most 2^-23 of the ttl later", last, d, got, want)
-			}
-		}
-	}
-	if s := (slot{last: -5, ttl: ttlOf(-3)}); s.expires() != -5 {
-		t.Errorf("a negative ttl expires at %d, want last", s.expires())
-	}
-}
-
-// TestMemoryLayout checks the sizes the memory store's cache behaviour rests on: two
-// slots to a cache line, and shards that start on one.
-func TestMemoryLayout(t *testing.T) {
-	if n := unsafe.Sizeof(slot{}); n != 32 {
-		t.Errorf("a slot is %d bytes, want 32", n)
-	}
-	if n := unsafe.Sizeof(memoryShard{}); n%64 != 0 {
-		t.Errorf("a shard is %d bytes, not a multiple of 64", n)
+	if len(sh.freeLogs) != 2 {
+		t.Fatalf("%d logs free, want 2", len(sh.freeLogs))
 	}
 }
 
