@@ -517,8 +517,9 @@ directory, every write synced to disk before it is acknowledged), side by side:
                        commit; the key's slot is written before it, not synced, on a
                        single server)
   sluice ingress+idem  the front door with an Idempotency-Key per order
-with the same number of concurrent callers. VS RAW is sluice's rate divided by the raw
-publishes' in the same run.
+with the same number of concurrent callers. The contenders take turns for --rounds
+rounds: PER SECOND is the median of the rounds, VS RAW the median of each round's
+ratio of sluice's rate to the raw publishes' (ORDERS counts every round).
 
 Flags:
 `
@@ -540,12 +541,13 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	duration := fs.Duration("duration", 3*time.Second, "how long each measurement runs")
 	conc := fs.String("concurrency", "1,16", "comma-separated numbers of concurrent callers")
 	size := fs.Int("size", 512, "body size in bytes")
+	rounds := fs.Int("rounds", 3, "rounds over every contender, alternating; each figure is the median of the rounds")
 	client := fs.String("client", "lean", "HTTP client of the front door's callers: lean (kept-alive connections of the tool's own, read on the caller's goroutine) or net/http")
 	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, parkingHelp, stdout); done {
 		return code
 	}
-	if fs.NArg() > 0 || *duration <= 0 || *size < 0 {
+	if fs.NArg() > 0 || *duration <= 0 || *size < 0 || *rounds < 1 {
 		fmt.Fprintln(stderr, "sluice-bench parking: bad arguments (see -h)")
 		return exitUsage
 	}
@@ -562,7 +564,7 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "sluice-bench parking: --client: %q is neither lean nor net/http\n", *client)
 		return exitUsage
 	}
-	results, err := parking(ctx, *duration, concs, *size, *client == "net/http", stderr)
+	results, err := parking(ctx, *duration, *rounds, concs, *size, *client == "net/http", stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice-bench parking: %v\n", err)
 		return exitFailure
@@ -579,8 +581,9 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 			Duration    string          `json:"duration"`
 			Concurrency []int           `json:"concurrency"`
 			Size        int             `json:"size"`
+			Rounds      int             `json:"rounds"`
 			Results     []parkingResult `json:"results"`
-		}{newRunInfo("parking"), duration.String(), concs, *size, results}); err != nil {
+		}{newRunInfo("parking"), duration.String(), concs, *size, *rounds, results}); err != nil {
 			fmt.Fprintf(stderr, "sluice-bench parking: writing the results: %v\n", err)
 			return exitFailure
 		}
@@ -643,7 +646,7 @@ queues:
     max_idempotency_keys: 10000000
 `
 
-func parking(ctx context.Context, d time.Duration, concs []int, size int, goClient bool, stderr io.Writer) ([]parkingResult, error) {
+func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, size int, goClient bool, stderr io.Writer) ([]parkingResult, error) {
 	nc, stop, err := tempNATS()
 	if err != nil {
 		return nil, err
@@ -753,20 +756,35 @@ func parking(ctx context.Context, d time.Duration, concs []int, size int, goClie
 			return post(ctx, fmt.Sprintf(`"h-%d"`, nextID()))
 		}},
 	}
+	// The contenders take turns for rounds rounds; each figure is the median of the
+	// rounds, each ratio the median of the rounds' ratios (a disk that stalls during
+	// one measurement moves one round's figures, not the result).
 	var results []parkingResult
 	for _, c := range concs {
-		var raw float64
-		for _, ct := range contenders {
-			fmt.Fprintf(stderr, "parking: %s with %d callers for %s...\n", ct.name, c, d)
-			count, err := parkingMeasure(ctx, d, c, ct.op)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", ct.name, err)
+		type round struct{ rate, vsRaw float64 }
+		rounds := make([][]round, len(contenders))
+		orders := make([]int, len(contenders))
+		for r := range nRounds {
+			var raw float64
+			for i, ct := range contenders {
+				fmt.Fprintf(stderr, "parking: [round %d/%d] %s with %d callers for %s...\n", r+1, nRounds, ct.name, c, d)
+				count, err := parkingMeasure(ctx, d, c, ct.op)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", ct.name, err)
+				}
+				rate := float64(count) / d.Seconds()
+				if ct.name == parkingRaw {
+					raw = rate
+				}
+				orders[i] += count
+				rounds[i] = append(rounds[i], round{rate, rate / raw})
 			}
-			res := parkingResult{Contender: ct.name, Concurrency: c, Orders: count, PerSecond: float64(count) / d.Seconds()}
-			if ct.name == parkingRaw {
-				raw = res.PerSecond
-			} else if raw > 0 {
-				res.VsRaw = res.PerSecond / raw
+		}
+		for i, ct := range contenders {
+			res := parkingResult{Contender: ct.name, Concurrency: c, Orders: orders[i],
+				PerSecond: median(rounds[i], func(r round) float64 { return r.rate })}
+			if ct.name != parkingRaw {
+				res.VsRaw = median(rounds[i], func(r round) float64 { return r.vsRaw })
 			}
 			results = append(results, res)
 		}

@@ -76,7 +76,7 @@ func TestPacingJSON(t *testing.T) {
 
 func TestParkingJSON(t *testing.T) {
 	svg := filepath.Join(t.TempDir(), "parking.svg")
-	out, errOut, code := benchRun(t, "parking", "--duration", "100ms", "--concurrency", "1,2", "--size", "64", "--json", "--svg", svg)
+	out, errOut, code := benchRun(t, "parking", "--duration", "100ms", "--rounds", "2", "--concurrency", "1,2", "--size", "64", "--json", "--svg", svg)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -85,19 +85,20 @@ func TestParkingJSON(t *testing.T) {
 		Duration    string          `json:"duration"`
 		Concurrency []int           `json:"concurrency"`
 		Size        int             `json:"size"`
+		Rounds      int             `json:"rounds"`
 		Results     []parkingResult `json:"results"`
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("not one JSON document: %v\n%s", err, out)
 	}
-	if doc.Mode != "parking" || doc.Duration != "100ms" || len(doc.Concurrency) != 2 || doc.Size != 64 {
+	if doc.Mode != "parking" || doc.Duration != "100ms" || len(doc.Concurrency) != 2 || doc.Size != 64 || doc.Rounds != 2 {
 		t.Errorf("parameters: %s", out)
 	}
 	if len(doc.Results) != 2*5 {
 		t.Fatalf("%d results, want 5 contenders with 1 and 2 callers: %s", len(doc.Results), out)
 	}
 	for _, r := range doc.Results {
-		if r.Orders < 1 || r.PerSecond <= 0 || (r.Contender == parkingRaw) != (r.VsRaw == 0) {
+		if r.Orders < 2 || r.PerSecond <= 0 || (r.Contender == parkingRaw) != (r.VsRaw == 0) { // an order at least per round
 			t.Errorf("result %+v", r)
 		}
 	}
