@@ -508,11 +508,23 @@ type RateLimitFields struct {
 // decision d of rule.Limits[limit], for callers that do not write an http.Header
 // (the Envoy services).
 func RateLimitFieldsOf(rule *rules.Rule, limit int, d limiter.Decision) RateLimitFields {
-	l := rule.Limits[limit]
-	f := RateLimitFields{Limit: strconv.FormatInt(d.Limit, 10), Remaining: strconv.FormatInt(d.Remaining, 10)}
-	f.Policy, _ = FormatPolicy(Policy{Name: rule.Name, Quota: d.Limit, Window: QuotaWindow(l)})
-	f.RateLimit, _ = FormatRateLimit(Status{Name: rule.Name, Remaining: d.Remaining, Reset: d.ResetAfter})
-	return f
+	// The four values are written into one buffer and cut from one string: one
+	// allocation instead of four, on every response.
+	var buf [256]byte
+	b := strconv.AppendInt(buf[:0], d.Limit, 10)
+	ends := [4]int{len(b)}
+	b = strconv.AppendInt(b, d.Remaining, 10)
+	ends[1] = len(b)
+	if p, err := appendPolicy(b, 0, Policy{Name: rule.Name, Quota: d.Limit, Window: QuotaWindow(rule.Limits[limit])}); err == nil {
+		b = p
+	}
+	ends[2] = len(b)
+	if s, err := appendStatus(b, 0, Status{Name: rule.Name, Remaining: d.Remaining, Reset: d.ResetAfter}); err == nil {
+		b = s
+	}
+	ends[3] = len(b)
+	all := string(b)
+	return RateLimitFields{Limit: all[:ends[0]], Remaining: all[ends[0]:ends[1]], Policy: all[ends[1]:ends[2]], RateLimit: all[ends[2]:ends[3]]}
 }
 
 // QuotaWindow is the time over which a limit grants its whole quota: the window, or

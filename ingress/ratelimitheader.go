@@ -40,14 +40,9 @@ func FormatPolicy(policies ...Policy) (string, error) {
 	b := buf[:0]
 	for i, p := range policies {
 		var err error
-		if b, err = appendItem(b, i, p.Name); err != nil {
+		if b, err = appendPolicy(b, i, p); err != nil {
 			return "", err
 		}
-		b = appendInt(b, "q", p.Quota)
-		if p.Window > 0 {
-			b = appendInt(b, "w", RetryAfterSeconds(p.Window))
-		}
-		b = appendBytes(b, "pk", p.PartitionKey)
 	}
 	return string(b), nil
 }
@@ -58,14 +53,35 @@ func FormatRateLimit(statuses ...Status) (string, error) {
 	b := buf[:0]
 	for i, s := range statuses {
 		var err error
-		if b, err = appendItem(b, i, s.Name); err != nil {
+		if b, err = appendStatus(b, i, s); err != nil {
 			return "", err
 		}
-		b = appendInt(b, "r", s.Remaining)
-		b = appendInt(b, "t", RetryAfterSeconds(s.Reset))
-		b = appendBytes(b, "pk", s.PartitionKey)
 	}
 	return string(b), nil
+}
+
+// appendPolicy appends p, the list's item i, to b.
+func appendPolicy(b []byte, i int, p Policy) ([]byte, error) {
+	b, err := appendItem(b, i, p.Name)
+	if err != nil {
+		return nil, err
+	}
+	b = appendInt(b, "q", p.Quota)
+	if p.Window > 0 {
+		b = appendInt(b, "w", RetryAfterSeconds(p.Window))
+	}
+	return appendBytes(b, "pk", p.PartitionKey), nil
+}
+
+// appendStatus appends s, the list's item i, to b.
+func appendStatus(b []byte, i int, s Status) ([]byte, error) {
+	b, err := appendItem(b, i, s.Name)
+	if err != nil {
+		return nil, err
+	}
+	b = appendInt(b, "r", s.Remaining)
+	b = appendInt(b, "t", RetryAfterSeconds(s.Reset))
+	return appendBytes(b, "pk", s.PartitionKey), nil
 }
 
 // RetryAfterSeconds rounds d up to whole seconds, as Retry-After and the draft's

@@ -62,8 +62,18 @@ comes from this process: --callers concurrent callers, each on its own --keys
 descriptor values (user=…) used round-robin, one descriptor per request, on up to
 --conns connections shared round-robin. The limit (10^9 per hour) is never reached, so
 every call is a full decision that reaches the store; any OVER_LIMIT answer is
-reported as a warning, any error ends the run. For each caller count the peer runs
-first.
+reported as a warning, any error ends the run. For each caller count and header
+setting the peer runs first.
+
+--headers on|off|both (default both) says whether the services add response headers,
+and both measures each service both ways (a process per setting), alternating: every
+row says which in its HEADERS column, and a row's peer is the one with the same
+setting. on: sluice's service as it is by default (RateLimit, RateLimit-Policy,
+X-RateLimit-Limit and X-RateLimit-Remaining of the limit closest to running out) and
+envoyproxy/ratelimit with LIMIT_RESPONSE_HEADERS_ENABLED=true (RateLimit-Limit,
+RateLimit-Remaining and RateLimit-Reset, its names by default; off by default). off:
+sluice's service with its headers turned off (sluice rls --rls-headers=false) and
+envoyproxy/ratelimit as it is by default.
 
 The callers share the machine with the services, so every microsecond of CPU they
 spend per call is taken from the services: they do as little as a call needs, the
@@ -94,8 +104,9 @@ loaded machine's slow answers decisions without Redis). Decisions sluice made
 without Redis are reported as a warning.
 
 envoyproxy/ratelimit runs with its defaults (REDIS_POOL_SIZE 10, no pipelining), stats
-off and logging at warn; --envoy-env passes more of its settings. sluice runs as sluice
-rls does, with GOGC=400 (envoy.GCPercent) unless GOGC is set.
+off and logging at warn, response headers as --headers says; --envoy-env passes more
+of its settings. sluice runs as sluice rls does, with GOGC=400 (envoy.GCPercent)
+unless GOGC is set.
 
 Flags:
 `
@@ -124,9 +135,11 @@ type rlsConfig struct {
 }
 
 type rlsResult struct {
-	Store           string  `json:"store"`
-	Service         string  `json:"service"`
-	Sluice          bool    `json:"sluice"`
+	Store   string `json:"store"`
+	Service string `json:"service"`
+	Sluice  bool   `json:"sluice"`
+	// Headers says whether the service added response headers.
+	Headers         bool    `json:"headers"`
 	Callers         int     `json:"callers"`
 	Decisions       int64   `json:"decisions"`
 	OverLimit       int64   `json:"over_limit"`
@@ -153,7 +166,20 @@ type rlsResult struct {
 type rlsTarget struct {
 	store, service, addr string
 	sluice               bool
-	pid                  int // its process
+	headers              bool // it adds response headers
+	pid                  int  // its process
+}
+
+// rlsHeaderSettings are the settings of response headers that --headers selects, in
+// the order in which they are measured.
+var rlsHeaderSettings = map[string][]bool{"on": {true}, "off": {false}, "both": {true, false}}
+
+// onOff names a header setting as --headers and the table do.
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
 }
 
 type envList []string
@@ -183,9 +209,9 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var envoyEnv envList
 	fs.Var(&envoyEnv, "envoy-env", "a setting of envoyproxy/ratelimit, `KEY=VALUE` (repeatable), e.g. REDIS_PIPELINE_WINDOW=150us")
 	out := addOutputFlags(fs, true)
-	headers := fs.Bool("headers", true, "sluice fills response_headers_to_add (its default; envoyproxy/ratelimit adds none): --headers=false measures both without")
+	headersFlag := fs.String("headers", "both", "response headers from both services: `on`, off, or both (each service measured both ways)")
 	fs.DurationVar(&cfg.redisTimeout, "redis-timeout", time.Second, "how long each Redis contender waits for Redis")
-	cpuProfiles := fs.String("cpuprofile", "", "write CPU profiles over the whole run of each sluice service process to `DIR`/sluice-STORE.pprof and of the callers to DIR/callers.pprof")
+	cpuProfiles := fs.String("cpuprofile", "", "write CPU profiles over the whole run of each sluice service process to `DIR`/sluice-STORE.pprof (sluice-STORE-headers-on.pprof and …-off with --headers both) and of the callers to DIR/callers.pprof")
 	if code, done := parseModeFlags(fs, args, rlsHelp, stdout); done {
 		return code
 	}
@@ -209,7 +235,10 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return usageErr("--redis-timeout must be positive")
 	case cfg.client != "lean" && cfg.client != "grpc":
 		return usageErr("--client must be lean or grpc")
+	case rlsHeaderSettings[*headersFlag] == nil:
+		return usageErr("--headers must be on, off or both")
 	}
+	headerSettings := rlsHeaderSettings[*headersFlag]
 	for _, f := range strings.Split(*callers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 || n > 10_000 {
@@ -249,12 +278,31 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, "sluice-bench rls: starting the services…")
 	var targets []rlsTarget
-	addr := freeAddr()
-	pid, err := procs.start(ctx, "sluice-memory", profileEnv("sluice-memory"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers), addr, rulesPath)
-	if err != nil {
-		return fail(err)
+	// procName names a service process (its log and profile): base, and its header
+	// setting when both are measured.
+	procName := func(base string, headers bool) string {
+		if len(headerSettings) > 1 {
+			return base + "-headers-" + onOff(headers)
+		}
+		return base
 	}
-	targets = append(targets, rlsTarget{"memory", "sluice", addr, true, pid})
+	// startSluice starts sluice's service on store, with response headers or not;
+	// storeArgs are rls-server's arguments after ADDR and RULES_FILE.
+	startSluice := func(store string, headers bool, storeArgs ...string) error {
+		name, addr := procName("sluice-"+store, headers), freeAddr()
+		args := []string{"rls-server", "--headers=" + strconv.FormatBool(headers), "--redis-timeout=" + cfg.redisTimeout.String(), addr, rulesPath}
+		pid, err := procs.start(ctx, name, profileEnv(name), addr, append(args, storeArgs...)...)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, rlsTarget{store: store, service: "sluice", addr: addr, sluice: true, headers: headers, pid: pid})
+		return nil
+	}
+	for _, h := range headerSettings {
+		if err := startSluice("memory", h); err != nil {
+			return fail(err)
+		}
+	}
 	if *withRedis {
 		srv, err := redistest.New()
 		if err != nil {
@@ -264,16 +312,11 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		rc := srv.Client()
 		defer rc.Close()
 		cfg.redisCPU = func() (time.Duration, bool) { return redisCPU(ctx, rc) }
-		envoyAddr := freeAddr()
-		host, port, _ := net.SplitHostPort(envoyAddr)
 		env := append([]string{
 			"RUNTIME_ROOT=" + filepath.Join(dir, "envoy-runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
 			"RUNTIME_APPDIRECTORY=config", "RUNTIME_WATCH_ROOT=false",
 			"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn",
 			"BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=SINGLE", "REDIS_URL=" + srv.Addr(),
-			"GRPC_HOST=" + host, "GRPC_PORT=" + port,
-			"HOST=127.0.0.1", "PORT=" + portOf(freeAddr()),
-			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + portOf(freeAddr()),
 			"REDIS_TIMEOUT=" + cfg.redisTimeout.String(),
 		}, envoyEnv...)
 		confDir := filepath.Join(dir, "envoy-runtime", "ratelimit", "config")
@@ -283,17 +326,23 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(rlsRules), 0o644); err != nil {
 			return fail(err)
 		}
-		envoyPID, err := procs.start(ctx, "envoyproxy-ratelimit", env, envoyAddr, "envoy-ratelimit")
-		if err != nil {
-			return fail(err)
+		for _, h := range headerSettings {
+			name, addr := procName("envoyproxy-ratelimit", h), freeAddr()
+			host, port, _ := net.SplitHostPort(addr)
+			// After --envoy-env: --headers decides.
+			env := append(slices.Clip(env), "GRPC_HOST="+host, "GRPC_PORT="+port,
+				"HOST=127.0.0.1", "PORT="+portOf(freeAddr()),
+				"DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+portOf(freeAddr()),
+				"LIMIT_RESPONSE_HEADERS_ENABLED="+strconv.FormatBool(h))
+			pid, err := procs.start(ctx, name, env, addr, "envoy-ratelimit")
+			if err != nil {
+				return fail(err)
+			}
+			targets = append(targets, rlsTarget{store: "redis", service: "envoyproxy/ratelimit", addr: addr, headers: h, pid: pid})
+			if err := startSluice("redis", h, "redis://"+srv.Addr()+"/0"); err != nil {
+				return fail(err)
+			}
 		}
-		addr := freeAddr()
-		pid, err := procs.start(ctx, "sluice-redis", profileEnv("sluice-redis"), addr, "rls-server", "--headers="+strconv.FormatBool(*headers),
-			"--redis-timeout="+cfg.redisTimeout.String(), addr, rulesPath, "redis://"+srv.Addr()+"/0")
-		if err != nil {
-			return fail(err)
-		}
-		targets = append(targets, rlsTarget{"redis", "envoyproxy/ratelimit", envoyAddr, false, envoyPID}, rlsTarget{"redis", "sluice", addr, true, pid})
 	}
 
 	results, err := measureRLS(ctx, cfg, targets, stderr)
@@ -301,12 +350,15 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	procs.stop() // the services say how many decisions they made without Redis
-	fallbacks := fallbacksIn(filepath.Join(dir, "sluice-redis.log"))
+	var fallbacks int64
+	for _, h := range headerSettings {
+		fallbacks += fallbacksIn(filepath.Join(dir, procName("sluice-redis", h)+".log"))
+	}
 	if n := fallbacks; n > 0 {
 		fmt.Fprintf(stderr, "sluice-bench: warning: sluice (redis) decided %d calls without Redis (too slow: its failure mode decided in-process); the figures include them\n", n)
 	}
 	if out.svg != "" {
-		if err := writeSVGFile(out.svg, rlsChart(cfg, *headers, results)); err != nil {
+		if err := writeSVGFile(out.svg, rlsChart(cfg, *headersFlag, results)); err != nil {
 			return fail(fmt.Errorf("--svg: %w", err))
 		}
 	}
@@ -320,12 +372,12 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			Keys           int         `json:"keys"`
 			Conns          int         `json:"conns"`
 			Redis          bool        `json:"redis"`
-			Headers        bool        `json:"headers"`
+			Headers        string      `json:"headers"`
 			RedisTimeout   string      `json:"redis_timeout"`
 			Fallbacks      int64       `json:"fallbacks"`
 			Results        []rlsResult `json:"results"`
 		}{newRunInfo("rls"), moduleVersion("github.com/envoyproxy/ratelimit"),
-			cfg.duration.String(), cfg.warmup.String(), cfg.callers, cfg.keys, cfg.conns, *withRedis, *headers,
+			cfg.duration.String(), cfg.warmup.String(), cfg.callers, cfg.keys, cfg.conns, *withRedis, *headersFlag,
 			cfg.redisTimeout.String(), fallbacks, results})
 	} else {
 		err = writeRLSTable(stdout, results)
@@ -339,10 +391,10 @@ func runRLS(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // rlsChart draws decisions per second, a group per store and caller count, with
 // sluice's ratio over envoyproxy/ratelimit's and the peer's own 1; the memory store
 // has no peer, so its bars have no ratio.
-func rlsChart(cfg rlsConfig, headers bool, results []rlsResult) barChart {
+func rlsChart(cfg rlsConfig, headers string, results []rlsResult) barChart {
 	c := barChart{
 		Title: "sluice-bench rls: ShouldRateLimit decisions per second",
-		Subtitle: fmt.Sprintf("%s each after a %s warm-up; %d keys per caller; %d gRPC connections; response headers %v; envoyproxy/ratelimit %s; GOMAXPROCS %d",
+		Subtitle: fmt.Sprintf("%s each after a %s warm-up; %d keys per caller; %d gRPC connections; response headers %s; envoyproxy/ratelimit %s; GOMAXPROCS %d",
 			cfg.duration, cfg.warmup, cfg.keys, cfg.conns, headers, moduleVersion("github.com/envoyproxy/ratelimit"), runtime.GOMAXPROCS(0)),
 		Unit: "decisions/s",
 		Note: "ratio: decisions per second over envoyproxy/ratelimit's on the same Redis (1.00x); the memory store has no peer",
@@ -352,70 +404,92 @@ func rlsChart(cfg rlsConfig, headers bool, results []rlsResult) barChart {
 		if !r.Sluice {
 			ratio = 1
 		}
-		c.Bars = append(c.Bars, bar{Group: r.Store + ", " + plural(r.Callers, "caller"), Label: r.Service + " (" + r.Store + ")",
+		c.Bars = append(c.Bars, bar{Group: r.Store + ", " + plural(r.Callers, "caller") + ", headers " + onOff(r.Headers), Label: r.Service + " (" + r.Store + ")",
 			Value: r.DecisionsPerSec, Ratio: ratio, Sluice: r.Sluice})
 	}
 	return c
 }
 
-// measureRLS measures every target with every caller count: per store and caller
-// count the peer first, then sluice.
+// measureRLS measures every target with every caller count: per store, caller count
+// and header setting (in the order of targets) the peer first, then sluice.
 func measureRLS(ctx context.Context, cfg rlsConfig, targets []rlsTarget, stderr io.Writer) ([]rlsResult, error) {
 	var stores []string
+	var settings []bool
 	for _, t := range targets {
 		if !slices.Contains(stores, t.store) {
 			stores = append(stores, t.store)
+		}
+		if !slices.Contains(settings, t.headers) {
+			settings = append(settings, t.headers)
 		}
 	}
 	p := newProgress(stderr, len(targets)*len(cfg.callers))
 	defer p.done()
 	var results []rlsResult
 	run := 0
+	measure := func(t rlsTarget, callers int) (rlsResult, error) {
+		what := fmt.Sprintf("%s, %s, headers %s: %s", t.store, plural(callers, "caller"), onOff(t.headers), t.service)
+		p.step(what)
+		run++
+		r, err := measureRLSTarget(ctx, cfg, t, callers, run)
+		if err != nil {
+			return r, fmt.Errorf("%s: %w", what, err)
+		}
+		return r, nil
+	}
 	for _, store := range stores {
 		for _, callers := range cfg.callers {
-			var peer *rlsResult
-			for _, t := range targets {
-				if t.store != store || t.sluice {
-					continue
+			for _, headers := range settings {
+				if err := measureRLSGroup(targets, store, headers, callers, measure, &results); err != nil {
+					return nil, err
 				}
-				p.step(fmt.Sprintf("%s, %s: %s", store, plural(callers, "caller"), t.service))
-				run++
-				r, err := measureRLSTarget(ctx, cfg, t, callers, run)
-				if err != nil {
-					return nil, fmt.Errorf("%s, %s, %s: %w", store, plural(callers, "caller"), t.service, err)
-				}
-				peer = &r
-			}
-			for _, t := range targets {
-				if t.store != store || !t.sluice {
-					continue
-				}
-				p.step(fmt.Sprintf("%s, %s: %s", store, plural(callers, "caller"), t.service))
-				run++
-				r, err := measureRLSTarget(ctx, cfg, t, callers, run)
-				if err != nil {
-					return nil, fmt.Errorf("%s, %s, %s: %w", store, plural(callers, "caller"), t.service, err)
-				}
-				if peer != nil && peer.DecisionsPerSec > 0 && peer.P99Ns > 0 {
-					r.RatioVsPeer = r.DecisionsPerSec / peer.DecisionsPerSec
-					r.P99RatioVsPeer = float64(r.P99Ns) / float64(peer.P99Ns)
-					if own := r.CPUNsPerDecision + r.RedisCPUNsPerDecision; r.CPUNsPerDecision > 0 && peer.CPUNsPerDecision > 0 && own > 0 {
-						r.CPURatioVsPeer = (peer.CPUNsPerDecision + peer.RedisCPUNsPerDecision) / own
-					}
-				}
-				results = append(results, r)
-			}
-			if peer != nil {
-				results = append(results, *peer)
 			}
 		}
 	}
 	for _, r := range results {
 		if r.OverLimit > 0 {
-			fmt.Fprintf(stderr, "sluice-bench: warning: %s (%s) answered OVER_LIMIT to %d of %d calls; the figures include them\n", r.Service, r.Store, r.OverLimit, r.Decisions)
+			fmt.Fprintf(stderr, "sluice-bench: warning: %s (%s, headers %s) answered OVER_LIMIT to %d of %d calls; the figures include them\n", r.Service, r.Store, onOff(r.Headers), r.OverLimit, r.Decisions)
 		}
 	}
 	return results, nil
+}
+
+// measureRLSGroup measures the targets of store with one header setting under
+// callers callers, the peer first, and appends sluice's results, with their ratios
+// to the peer's, then the peer's.
+func measureRLSGroup(targets []rlsTarget, store string, headers bool, callers int, measure func(rlsTarget, int) (rlsResult, error), results *[]rlsResult) error {
+	var peer *rlsResult
+	for _, t := range targets {
+		if t.store != store || t.headers != headers || t.sluice {
+			continue
+		}
+		r, err := measure(t, callers)
+		if err != nil {
+			return err
+		}
+		peer = &r
+	}
+	for _, t := range targets {
+		if t.store != store || t.headers != headers || !t.sluice {
+			continue
+		}
+		r, err := measure(t, callers)
+		if err != nil {
+			return err
+		}
+		if peer != nil && peer.DecisionsPerSec > 0 && peer.P99Ns > 0 {
+			r.RatioVsPeer = r.DecisionsPerSec / peer.DecisionsPerSec
+			r.P99RatioVsPeer = float64(r.P99Ns) / float64(peer.P99Ns)
+			if own := r.CPUNsPerDecision + r.RedisCPUNsPerDecision; r.CPUNsPerDecision > 0 && peer.CPUNsPerDecision > 0 && own > 0 {
+				r.CPURatioVsPeer = (peer.CPUNsPerDecision + peer.RedisCPUNsPerDecision) / own
+			}
+		}
+		*results = append(*results, r)
+	}
+	if peer != nil {
+		*results = append(*results, *peer)
+	}
+	return nil
 }
 
 // measureRLSTarget runs callers concurrent callers against t for cfg.warmup, then
@@ -528,7 +602,7 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 	}
 
 	var all []time.Duration
-	r := rlsResult{Store: t.store, Service: t.service, Sluice: t.sluice, Callers: callers, Seconds: elapsed.Seconds()}
+	r := rlsResult{Store: t.store, Service: t.service, Sluice: t.sluice, Headers: t.headers, Callers: callers, Seconds: elapsed.Seconds()}
 	for id := range samples {
 		all = append(all, samples[id]...)
 		r.OverLimit += over[id]
@@ -712,7 +786,7 @@ func rlsRequest(user string) *rlsv3.RateLimitRequest {
 }
 
 func writeRLSTable(w io.Writer, results []rlsResult) error {
-	rows := [][]string{{"STORE", "CALLERS", "SERVICE", "DECISIONS/S", "P50", "P99", "VS PEER", "P99 VS PEER", "CPU/DEC", "REDIS/DEC", "LOAD/DEC", "CPU VS PEER"}}
+	rows := [][]string{{"STORE", "CALLERS", "SERVICE", "HEADERS", "DECISIONS/S", "P50", "P99", "VS PEER", "P99 VS PEER", "CPU/DEC", "REDIS/DEC", "LOAD/DEC", "CPU VS PEER"}}
 	for _, r := range results {
 		ratio, p99, cpuRatio, cpu, redisCPU, load := "", "", "", "", "", ""
 		if r.RatioVsPeer > 0 {
@@ -730,10 +804,10 @@ func writeRLSTable(w io.Writer, results []rlsResult) error {
 		if r.ClientCPUNsPerDecision > 0 {
 			load = latency(r.ClientCPUNsPerDecision)
 		}
-		rows = append(rows, []string{r.Store, strconv.Itoa(r.Callers), r.Service, count(int(r.DecisionsPerSec)),
+		rows = append(rows, []string{r.Store, strconv.Itoa(r.Callers), r.Service, onOff(r.Headers), count(int(r.DecisionsPerSec)),
 			latency(float64(r.P50Ns)), latency(float64(r.P99Ns)), ratio, p99, cpu, redisCPU, load, cpuRatio})
 	}
-	return writeColumns(w, rows, []bool{true, false, true, false, false, false, false, false, false, false, false, false})
+	return writeColumns(w, rows, []bool{true, false, true, true, false, false, false, false, false, false, false, false, false})
 }
 
 // moduleVersion is the version of module path built into this executable.

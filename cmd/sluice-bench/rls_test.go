@@ -22,7 +22,7 @@ func TestRLSTable(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	if h := strings.Fields(lines[0]); len(h) != 17 || h[0] != "STORE" || h[3] != "DECISIONS/S" || h[5] != "P99" || h[11] != "CPU/DEC" || h[13] != "LOAD/DEC" || h[16] != "PEER" {
+	if h := strings.Fields(lines[0]); len(h) != 18 || h[0] != "STORE" || h[3] != "HEADERS" || h[4] != "DECISIONS/S" || h[6] != "P99" || h[12] != "CPU/DEC" || h[14] != "LOAD/DEC" || h[17] != "PEER" {
 		t.Fatalf("header %q", lines[0])
 	}
 	rows := lines[1:]
@@ -35,19 +35,21 @@ func TestRLSTable(t *testing.T) {
 		{"redis", "envoyproxy/ratelimit", false},
 	} {
 		for _, callers := range []string{"1", "4"} {
-			var found []string
-			for _, r := range rows {
-				if f := strings.Fields(r); len(f) >= 6 && f[0] == want.store && f[1] == callers && f[2] == want.service {
-					found = append(found, r)
+			for _, headers := range []string{"on", "off"} { // --headers both, the default
+				var found []string
+				for _, r := range rows {
+					if f := strings.Fields(r); len(f) >= 7 && f[0] == want.store && f[1] == callers && f[2] == want.service && f[3] == headers {
+						found = append(found, r)
+					}
 				}
-			}
-			if len(found) != 1 {
-				t.Errorf("%d rows for %s / %s callers / %s in\n%s", len(found), want.store, callers, want.service, out)
-				continue
-			}
-			f := strings.Fields(found[0])
-			if want.ratio != (len(f) >= 8 && strings.HasSuffix(f[6], "x") && strings.HasSuffix(f[7], "x")) {
-				t.Errorf("row %q: ratios to the peer wanted: %v", found[0], want.ratio)
+				if len(found) != 1 {
+					t.Errorf("%d rows for %s / %s callers / %s / headers %s in\n%s", len(found), want.store, callers, want.service, headers, out)
+					continue
+				}
+				f := strings.Fields(found[0])
+				if want.ratio != (len(f) >= 9 && strings.HasSuffix(f[7], "x") && strings.HasSuffix(f[8], "x")) {
+					t.Errorf("row %q: ratios to the peer wanted: %v", found[0], want.ratio)
+				}
 			}
 		}
 	}
@@ -57,14 +59,14 @@ func TestRLSTable(t *testing.T) {
 	if strings.Contains(errOut, "without Redis") {
 		t.Errorf("decisions without Redis reported: %s", errOut)
 	}
-	if !strings.Contains(errOut, "[6/6]") {
+	if !strings.Contains(errOut, "[12/12]") {
 		t.Errorf("no progress on stderr: %q", errOut)
 	}
 }
 
 func TestRLSJSON(t *testing.T) {
 	svg := filepath.Join(t.TempDir(), "rls.svg")
-	out, errOut, code := benchRun(t, "rls", "--duration", "50ms", "--warmup", "0s", "--callers", "2", "--keys", "5", "--redis=false", "--client", "grpc", "--json", "--svg", svg)
+	out, errOut, code := benchRun(t, "rls", "--duration", "50ms", "--warmup", "0s", "--callers", "2", "--keys", "5", "--redis=false", "--headers", "on", "--client", "grpc", "--json", "--svg", svg)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -74,12 +76,13 @@ func TestRLSJSON(t *testing.T) {
 		Callers        []int       `json:"callers"`
 		Keys           int         `json:"keys"`
 		Redis          *bool       `json:"redis"`
+		Headers        string      `json:"headers"`
 		Results        []rlsResult `json:"results"`
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("not one JSON document: %v\n%s", err, out)
 	}
-	if doc.Mode != "rls" || len(doc.Callers) != 1 || doc.Callers[0] != 2 || doc.Keys != 5 || doc.Redis == nil || *doc.Redis {
+	if doc.Mode != "rls" || len(doc.Callers) != 1 || doc.Callers[0] != 2 || doc.Keys != 5 || doc.Redis == nil || *doc.Redis || doc.Headers != "on" {
 		t.Errorf("parameters: %s", out)
 	}
 	readSVG(t, svg, len(doc.Results))
@@ -90,7 +93,7 @@ func TestRLSJSON(t *testing.T) {
 		t.Fatalf("%d results, want 1 (memory, 2 callers): %s", len(doc.Results), out)
 	}
 	r := doc.Results[0]
-	if r.Store != "memory" || !r.Sluice || r.Callers != 2 || r.Decisions <= 0 || r.DecisionsPerSec <= 0 ||
+	if r.Store != "memory" || !r.Sluice || !r.Headers || r.Callers != 2 || r.Decisions <= 0 || r.DecisionsPerSec <= 0 ||
 		r.P50Ns <= 0 || r.P99Ns < r.P50Ns || r.OverLimit != 0 || r.RatioVsPeer != 0 {
 		t.Errorf("result %+v", r)
 	}
@@ -101,7 +104,7 @@ func TestRLSJSON(t *testing.T) {
 func TestRLSProfileNoHeaders(t *testing.T) {
 	dir := t.TempDir()
 	out, errOut, code := benchRun(t, "rls", "--duration", "100ms", "--warmup", "0s", "--callers", "2", "--keys", "5",
-		"--redis=false", "--headers=false", "--cpuprofile", dir, "--json")
+		"--redis=false", "--headers=off", "--cpuprofile", dir, "--json")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -121,6 +124,7 @@ func TestRLSUsage(t *testing.T) {
 		{"rls", "--callers", "0"},
 		{"rls", "--keys", "0"},
 		{"rls", "--client", "h3"},
+		{"rls", "--headers", "true"},
 		{"rls", "--envoy-env", "NOEQUALS"},
 		{"rls", "extra"},
 		{"rls-server"},

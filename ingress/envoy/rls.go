@@ -123,8 +123,17 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 	if old := s.seen.Load(); old != set && s.seen.CompareAndSwap(old, set) {
 		s.metrics.InitRules(set)
 	}
-	entries := make([]rules.Entry, 0, 2*len(req.Descriptors))
-	descs := make([][]rules.Entry, len(req.Descriptors))
+	// One allocation holds the response, the messages it points to and the
+	// lookup's scratch when there is one descriptor, the usual case.
+	c := new(call)
+	resp, slots := &c.resp, c.slots[:]
+	resp.OverallCode, resp.Statuses = rlsv3.RateLimitResponse_OK, c.statuses[:]
+	entries, descs, byDesc, checks := c.entries[:0], c.descs[:], c.byDesc[:], c.checks[:0]
+	if n := len(req.Descriptors); n > 1 {
+		resp.Statuses, slots = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n), make([]statusSlot, n)
+		entries, descs = make([]rules.Entry, 0, 2*n), make([][]rules.Entry, n)
+		byDesc, checks = make([]*rules.Check, n), make([]rules.Check, 0, n)
+	}
 	for i, d := range req.Descriptors {
 		from := len(entries)
 		for _, e := range d.Entries {
@@ -132,15 +141,11 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		}
 		descs[i] = entries[from:len(entries):len(entries)]
 	}
-	byDesc := make([]*rules.Check, len(descs))
-	checks := set.Evaluate(req.Domain, descs, make([]rules.Check, 0, len(descs)))
+	checks = set.Evaluate(req.Domain, descs, checks)
 	for i := range checks {
 		byDesc[checks[i].Descriptor] = &checks[i]
 	}
 
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
-	slots := make([]statusSlot, len(descs))
 	var (
 		near       closest
 		over       bool
@@ -287,6 +292,19 @@ func overrideCheck(domain string, d *rlcommon.RateLimitDescriptor, o *rlcommon.R
 	return &c, err
 }
 
+// call is what a ShouldRateLimit call allocates at once: the response and, for one
+// descriptor, its status and the lookup's scratch (the descriptor's entries, up to
+// two without another allocation; the check found).
+type call struct {
+	resp     rlsv3.RateLimitResponse
+	statuses [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	slots    [1]statusSlot
+	entries  [2]rules.Entry
+	descs    [1][]rules.Entry
+	byDesc   [1]*rules.Check
+	checks   [1]rules.Check
+}
+
 // statusSlot holds the messages of one descriptor's status: a response allocates
 // those of all its descriptors at once rather than three per descriptor.
 type statusSlot struct {
@@ -363,20 +381,29 @@ func currentLimit(out *rlsv3.RateLimitResponse_RateLimit, name string, l limiter
 // the http.Header that ingress.WriteRateLimitHeaders and ingress.SetRetryAfter fill,
 // in the same order, without the map (this is every call's cost).
 func rateLimitHeaders(f ingress.RateLimitFields, retryAfter string) []*corev3.HeaderValue {
-	// One allocation holds the headers there are (usually four of the six): a
-	// HeaderValue is a hundred bytes, and this is every call's garbage.
-	n := 0
-	for _, v := range [...]string{f.RateLimit, f.Policy, retryAfter, f.Limit, f.Remaining, retryAfter} {
-		if v != "" {
-			n++
-		}
+	// One allocation holds the list and its messages (a HeaderValue is a hundred
+	// bytes): room for four, or for six when Retry-After is there.
+	if retryAfter == "" {
+		h := new(struct {
+			vals [4]corev3.HeaderValue
+			ptrs [4]*corev3.HeaderValue
+		})
+		return appendHeaders(h.ptrs[:0], h.vals[:], f, "")
 	}
-	all := make([]corev3.HeaderValue, n)
-	out := make([]*corev3.HeaderValue, 0, n)
+	h := new(struct {
+		vals [6]corev3.HeaderValue
+		ptrs [6]*corev3.HeaderValue
+	})
+	return appendHeaders(h.ptrs[:0], h.vals[:], f, retryAfter)
+}
+
+// appendHeaders appends the headers of rateLimitHeaders to out, the messages in
+// vals (which has room for them).
+func appendHeaders(out []*corev3.HeaderValue, vals []corev3.HeaderValue, f ingress.RateLimitFields, retryAfter string) []*corev3.HeaderValue {
 	add := func(k, v string) {
 		if v != "" {
-			all[len(out)] = corev3.HeaderValue{Key: k, Value: v}
-			out = append(out, &all[len(out)])
+			vals[len(out)] = corev3.HeaderValue{Key: k, Value: v}
+			out = append(out, &vals[len(out)])
 		}
 	}
 	add("ratelimit", f.RateLimit)
