@@ -93,15 +93,13 @@ const keyReserve = 0.9
 //  1. An earlier order with K: T's message in the queue, else K's record in the bucket
 //     (or T's ticket record, for a cancelled order). A different payload fingerprint is
 //     ErrIdempotencyConflict; the same one gets the earlier ticket and its status.
-//     No order is written. The queue is read first: an order that leaves it is
-//     recorded before it does, so no order is missed between the two reads. While it
-//     waits, an order is found in its own queue only: K's ticket is derived per queue.
-//  2. Meanwhile (most keys are new): the bucket is within keyReserve of its byte cap
-//     (else ErrKeyStoreFull), and a slot is taken for K in the queue's key stream, on
-//     the client's subject, whose per-subject limit is MaxIdempotencyKeys
-//     (discard-new: ErrTooManyKeys). Slots expire after IdempotencyTTL, so the cap
-//     counts the keys accepted within it. When step 1 finds an earlier order, its
-//     answer stands and the slot is freed again (see parkKeyed).
+//     Nothing is written. The queue is read first: an order that leaves it is recorded
+//     before it does, so no order is missed between the two reads. While it waits, an
+//     order is found in its own queue only: K's ticket is derived per queue.
+//  2. The bucket is within keyReserve of its byte cap (else ErrKeyStoreFull), and a
+//     slot is taken for K in the queue's key stream, on the client's subject, whose
+//     per-subject limit is MaxIdempotencyKeys (discard-new: ErrTooManyKeys). Slots
+//     expire after IdempotencyTTL, so the cap counts the keys accepted within it.
 //  3. The order is published with Nats-Msg-Id "k."+K. Refused (full queue, too
 //     large…): the slot is deleted and the error returned. A duplicate PubAck (a
 //     concurrent or retried request with K within the duplicate window): the stored
@@ -112,7 +110,8 @@ const keyReserve = 0.9
 // disk sync with concurrent Parks (see "Group commit" in the package documentation);
 // on a single server the slot's is not (see Store.ensureKeyStream).
 //
-// Crash safety. A crash after 2 leaves a slot (freed by its TTL) and no order; after 3,
+// Crash safety. A crash after 2 leaves no order and at most a slot (freed by its TTL);
+// after 3,
 // an order and a client without a receipt: its retry finds the order by T (step 1) or,
 // once delivered, by K's record.
 func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) {
@@ -291,34 +290,29 @@ func (s *Store) keyedTicket(queue, key string) string {
 func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, error) {
 	key := idemKey(m.Client, m.IdempotencyKey)
 	m.Ticket = s.keyedTicket(q.name, key)
-	// Most keys are new: step 2 runs while step 1 looks for an earlier order. The slot
-	// still comes before the order, so nothing anybody can see is ever withdrawn.
-	taken := make(chan slotTaken, 1)
-	go func() { taken <- s.takeSlot(ctx, q, m.Client, key) }()
-	rc, waiting, ok, err := s.repeat(ctx, q, key, m)
-	slot := <-taken
-	if ok || err != nil {
-		// A slot taken here for an earlier order's key is freed, unless that order was
-		// stored within the duplicate window: its own request may then have found this
-		// slot taken (slots of one key are deduplicated like its orders), and it is
-		// the key's only one.
-		if waiting == nil || time.Since(waiting.Time) >= q.Config().DuplicateWindow {
-			s.freeSlot(ctx, q, slot.seq)
-		}
+	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
 		return rc, err
 	}
-	if slot.err != nil {
-		return Receipt{}, slot.err
+	if err := s.keyRoom(ctx); err != nil {
+		return Receipt{}, err
+	}
+	// The slot first: an order that anybody can see (a repeat, a dispatcher) has its
+	// slot, so nothing seen is ever withdrawn. (Taken during the lookup instead, a
+	// repeat's slot would count against its client's cap while it lasts, and a new key
+	// could be refused beside it.)
+	slot, err := s.takeSlot(ctx, q, m.Client, key)
+	if err != nil {
+		return Receipt{}, err
 	}
 	ack, err := s.publish(ctx, q, m, keyMsgID(key))
 	if err != nil {
-		s.freeSlot(ctx, q, slot.seq)
+		s.freeSlot(ctx, q, slot)
 		return Receipt{}, err
 	}
 	if ack.Duplicate {
 		// The slot stays: it is the key's, not this request's. Slots of one key are
 		// deduplicated like its orders (the same Nats-Msg-Id and window), so a slot taken
-		// here (seq != 0) is the key's only one even when a racing request with the
+		// here (slot != 0) is the key's only one even when a racing request with the
 		// key stored the order first; freeing it would let the client past its cap.
 		return s.duplicate(ctx, q, key, m, ack.Sequence)
 	}
@@ -326,19 +320,18 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 }
 
 // repeat implements step 1 for m, whose Ticket is its key's: ok is true when the key
-// belongs to an earlier order (then rc or err is the answer, and waiting is the
-// order's message if it still waits). It looks for that order in the queue first and
-// in the records only then: a dispatcher records the key and the final ticket record
-// before it removes the order from the queue, so an order that left the queue before
-// the first look is recorded before the second.
-func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (rc Receipt, waiting *jetstream.RawStreamMsg, ok bool, err error) {
-	raw, parked, err := s.waitingAs(ctx, q, m)
+// belongs to an earlier order (then rc or err is the answer). It looks for that order
+// in the queue first and in the records only then: a dispatcher records the key and
+// the final ticket record before it removes the order from the queue, so an order that
+// left the queue before the first look is recorded before the second.
+func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (Receipt, bool, error) {
+	_, parked, err := s.waitingAs(ctx, q, m)
 	switch {
 	case err == nil:
 		rc, err := s.repeatOf(ctx, q, idemRecord{Ticket: parked.Ticket, Fingerprint: parked.Fingerprint, Queue: q.name}, m.Fingerprint)
-		return rc, raw, true, err
+		return rc, true, err
 	case !errors.Is(err, jetstream.ErrMsgNotFound):
-		return Receipt{}, nil, false, err
+		return Receipt{}, false, err
 	}
 	var (
 		rec    *Record
@@ -353,21 +346,21 @@ func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (r
 	<-read
 	switch {
 	case err != nil:
-		return Receipt{}, nil, false, err
+		return Receipt{}, false, err
 	case found: // final, or parked by an earlier sluice, which recorded keys at once
 		rc, err := s.repeatOf(ctx, q, prev, m.Fingerprint)
-		return rc, nil, true, err
+		return rc, true, err
 	case recErr == nil:
 		// A ticket record but no key: a cancelled order (a key is recorded when its
 		// order is delivered or dead-lettered), or one whose key has just expired.
 		if rec.Fingerprint != "" && rec.Fingerprint != m.Fingerprint {
-			return Receipt{}, nil, true, ErrIdempotencyConflict
+			return Receipt{}, true, ErrIdempotencyConflict
 		}
-		return Receipt{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, EstimatedDelivery: time.Now(), Duplicate: true}, nil, true, nil
+		return Receipt{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, EstimatedDelivery: time.Now(), Duplicate: true}, true, nil
 	case !errors.Is(recErr, ErrNotFound):
-		return Receipt{}, nil, false, recErr
+		return Receipt{}, false, recErr
 	}
-	return Receipt{}, nil, false, nil
+	return Receipt{}, false, nil
 }
 
 // repeatOf answers a request whose key is recorded as prev.
@@ -439,7 +432,7 @@ func (s *Store) duplicate(ctx context.Context, q *Queue, key string, m *Message,
 		return Receipt{}, unavailable("message lookup", err)
 	}
 	// Delivered and acknowledged meanwhile: the dispatcher recorded the key first.
-	if rc, _, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
+	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
 		return rc, err
 	}
 	return Receipt{}, fmt.Errorf("%w: the order with this idempotency key is being settled; retry", ErrUnavailable)
@@ -495,19 +488,9 @@ func (s *Store) keyRoom(ctx context.Context) error {
 	return nil
 }
 
-// slotTaken is the outcome of takeSlot: the slot's sequence in the queue's key stream
-// (0 when the publish was a duplicate: a racing request with the key holds it), or why
-// none was taken.
-type slotTaken struct {
-	seq uint64
-	err error
-}
-
-// takeSlot implements step 2.
-func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) slotTaken {
-	if err := s.keyRoom(ctx); err != nil {
-		return slotTaken{err: err}
-	}
+// takeSlot implements step 2's slot: it returns the slot's sequence in the queue's key
+// stream (0 when the publish was a duplicate: a racing request with the key holds it).
+func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uint64, error) {
 	cfg := q.Config()
 	msg := nats.NewMsg(keySubjectFor(q.name, scopeToken(client)))
 	msg.Header.Set(HeaderMsgID, keyMsgID(key))
@@ -520,14 +503,14 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) slot
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "per subject") {
-			return slotTaken{err: q.keyLimitError(ctx, msg.Subject)}
+			return 0, q.keyLimitError(ctx, msg.Subject)
 		}
-		return slotTaken{err: keyStoreError(err)}
+		return 0, keyStoreError(err)
 	}
 	if ack.Duplicate {
-		return slotTaken{}
+		return 0, nil
 	}
-	return slotTaken{seq: ack.Sequence}
+	return ack.Sequence, nil
 }
 
 // keyLimitError says when the client's oldest key slot expires.

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -156,61 +155,53 @@ func TestKeyRefusedAtTheCapWorksAgain(t *testing.T) {
 	}
 }
 
-// A repeat takes a slot while it looks for its earlier order (most keys are new):
-// found, the repeat's answer stands even when the client is at its cap, and a slot it
-// took past the duplicate window is freed again, so repeats never use up the cap.
-func TestKeyedRepeatsLeaveTheSlotsAlone(t *testing.T) {
+// A repeat takes no slot, so it never counts against its client's cap: a new key that
+// races it one below the cap is accepted, and at the cap a repeat of an order waiting
+// past the duplicate window still gets its order back.
+func TestKeyedRepeatsTakeNoSlot(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 2,
-		DuplicateWindow: 100 * time.Millisecond, Downstream: "http://127.0.0.1:1"})
-	first, err := s.Park(ctx, keyedOrder("c1", "k1", "{}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Past the window the repeat's slot is a new message: taken, then freed.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		rc, err := s.Park(ctx, keyedOrder("c1", "k1", "{}"))
-		if err != nil || !rc.Duplicate || rc.Ticket != first.Ticket {
-			t.Fatalf("repeat: %+v %v", rc, err)
-		}
-		if n := slotCount(t, ctx, q); n != 1 {
-			t.Fatalf("%d slots after a repeat, want 1", n)
-		}
-		info, err := q.keys.Info(ctx)
-		if err != nil {
+		Downstream: "http://127.0.0.1:1"})
+	const clients = 20
+	for c := range clients {
+		if _, err := s.Park(ctx, keyedOrder(fmt.Sprint("c", c), "a", "{}")); err != nil {
 			t.Fatal(err)
 		}
-		if info.State.LastSeq > 1 {
-			break // a repeat took a slot of its own, and freed it
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no repeat got past the slots' duplicate window")
-		}
-		time.Sleep(50 * time.Millisecond)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2*clients)
+	for c := range clients {
+		client := fmt.Sprint("c", c)
+		wg.Go(func() {
+			rc, err := s.Park(ctx, keyedOrder(client, "a", "{}"))
+			if err == nil && !rc.Duplicate {
+				err = fmt.Errorf("the repeat was parked again: %+v", rc)
+			}
+			errs[2*c] = err
+		})
+		wg.Go(func() { _, errs[2*c+1] = s.Park(ctx, keyedOrder(client, "b", "{}")) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if d, n := depth(t, ctx, q), slotCount(t, ctx, q); d != 2*clients || n != 2*clients {
+		t.Fatalf("depth %d, %d slots; want %d of each", d, n, 2*clients)
 	}
 
-	// At the cap (a second slot of c1's, under another message id), the repeat of an
-	// order waiting past the window has its slot refused: the repeat's answer stands.
-	m := &Message{Request: *keyedOrder("c1", "k2", "{}"), Ticket: s.keyedTicket(q.name, idemKey("c1", "k2"))}
+	// At c0's cap: an order of its key "w" parked so long ago that the duplicate window
+	// no longer knows its message id.
+	m := &Message{Request: *keyedOrder("c0", "w", "{}"), Ticket: s.keyedTicket(q.name, idemKey("c0", "w"))}
 	m.Header = KeptHeader(m.Request.Header, nil)
 	m.Fingerprint = Fingerprint(&m.Request)
 	if _, err := s.publish(ctx, q, m, "past-the-window"); err != nil {
 		t.Fatal(err)
 	}
-	slot := nats.NewMsg(keySubjectFor(q.name, scopeToken("c1")))
-	slot.Header.Set(HeaderMsgID, "another-slot")
-	if _, err := s.js.PublishMsg(ctx, slot); err != nil {
-		t.Fatal(err)
-	}
-	rc, err := s.Park(ctx, keyedOrder("c1", "k2", "{}"))
+	rc, err := s.Park(ctx, keyedOrder("c0", "w", "{}"))
 	if err != nil || !rc.Duplicate || rc.Ticket != m.Ticket {
 		t.Fatalf("repeat at the cap: %+v %v, want ticket %s", rc, err, m.Ticket)
 	}
-	if _, err := s.Park(ctx, keyedOrder("c1", "k3", "{}")); !errors.Is(err, ErrTooManyKeys) {
+	if _, err := s.Park(ctx, keyedOrder("c0", "x", "{}")); !errors.Is(err, ErrTooManyKeys) {
 		t.Fatalf("a new key at the cap: %v", err)
-	}
-	if d, n := depth(t, ctx, q), slotCount(t, ctx, q); d != 2 || n != 2 {
-		t.Fatalf("depth %d, %d slots; want 2 and 2", d, n)
 	}
 }
 

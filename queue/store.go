@@ -367,22 +367,28 @@ func (s *Store) ensureStream(ctx context.Context, want jetstream.StreamConfig) (
 
 // ensureKeyStream is ensureStream for a queue's key stream. A slot only counts a key
 // against its client's cap (the order itself is the key's record, and is synced), so a
-// single-replica key stream is written without waiting for a disk sync (nats-server's
+// single-replica key stream is written without waiting for the disk (nats-server's
 // async persist mode, which takes no atomic batches): a keyed park then waits for one
-// synced write, its order's. A server crash may lose the newest slots, which lets their
-// clients past the cap by as many keys until the slots' TTL would have freed them;
-// nothing of an order is lost or repeated.
+// synced write, its order's. The server acknowledges such a write before it reaches
+// the disk and syncs the stream every sync interval, so a crash of the server or its
+// host may lose the slots (and the deletions of freed slots) of that long: their
+// clients get past the cap, or are held to it by slots already freed, until the slots'
+// TTL ends; nothing of an order is lost or repeated.
 //
 // JetStream cannot change a stream's persist mode. A synced key stream made by an
 // earlier sluice stays synced; an async one that must become replicated is made anew,
-// and its clients' caps start afresh.
+// and its clients' caps start afresh. (An earlier sluice cannot declare an async key
+// stream: to go back to one, delete the key streams first.)
 func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig) (jetstream.Stream, error) {
 	if want.Replicas <= 1 {
 		want.PersistMode, want.AllowAtomicPublish = jetstream.AsyncPersistMode, false
 	}
 	st, err := s.js.Stream(ctx, want.Name)
-	if err != nil {
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
 		return s.ensureStream(ctx, want)
+	case err != nil:
+		return nil, err
 	}
 	switch have := st.CachedInfo().Config; {
 	case have.PersistMode == want.PersistMode:
@@ -395,7 +401,14 @@ func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig
 			return nil, err
 		}
 	}
-	return s.ensureStream(ctx, want)
+	st, err = s.ensureStream(ctx, want)
+	if err != nil {
+		// Another process declaring the queue may have made it meanwhile.
+		if again, aerr := s.js.Stream(ctx, want.Name); aerr == nil && sameStream(again.CachedInfo().Config, want) {
+			return again, nil
+		}
+	}
+	return st, err
 }
 
 // sameStream reports whether have holds every setting sluice chooses in want (the
