@@ -34,8 +34,8 @@ func group(ctx context.Context, ids ...string) []*commitReq {
 // atomic batches whenever a write is in flight, as on a replicated stream (the test
 // server's single-replica file streams wait for more: see directWrites).
 func forceBatches(s *Store, q *Queue) {
-	q.orders = newGroupCommit(s.nc, s.js, StreamName(q.name), s.opts.publishTimeout, 1)
-	q.slots = newGroupCommit(s.nc, s.js, KeyStreamName(q.name), s.opts.publishTimeout, 1)
+	q.orders.Store(newGroupCommit(s.nc, s.js, StreamName(q.name), s.opts.publishTimeout, 1))
+	q.slots.Store(newGroupCommit(s.nc, s.js, KeyStreamName(q.name), s.opts.publishTimeout, 1))
 }
 
 // The acknowledgement each message of an atomic batch gets names the sequence that
@@ -44,9 +44,9 @@ func TestGroupCommitSequences(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	forceBatches(s, q)
 	// Something stored first, so that the batch's sequences do not start at 1.
-	q.orders.write(group(ctx, "first"))
+	q.orders.Load().write(group(ctx, "first"))
 	g := group(ctx, "a", "b", "c", "d", "e")
-	q.orders.write(g)
+	q.orders.Load().write(g)
 	seen := map[uint64]bool{}
 	for _, r := range g {
 		res := <-r.done
@@ -76,13 +76,13 @@ func TestGroupCommitRefusedBatch(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	forceBatches(s, q)
 	first := group(ctx, "dup")
-	q.orders.write(first)
+	q.orders.Load().write(first)
 	stored := <-first[0].done
 	if stored.err != nil {
 		t.Fatal(stored.err)
 	}
 	g := group(ctx, "x", "dup", "y")
-	q.orders.write(g)
+	q.orders.Load().write(g)
 	for i, r := range g {
 		res := <-r.done
 		if res.err != nil {
@@ -108,11 +108,12 @@ func TestGroupCommitSkipsDepartedCallers(t *testing.T) {
 	cancel()
 	g := group(ctx, "stays")
 	g = append(g, group(gone, "gone")...)
-	q.orders.mu.Lock()
-	q.orders.pending = g
-	q.orders.running = true
-	q.orders.mu.Unlock()
-	q.orders.run()
+	w := q.orders.Load()
+	w.mu.Lock()
+	w.pending = g
+	w.running = true
+	w.mu.Unlock()
+	w.run()
 	if res := <-g[0].done; res.err != nil {
 		t.Fatal(res.err)
 	}

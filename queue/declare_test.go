@@ -132,9 +132,20 @@ func TestKeyStreamBecomesReplicated(t *testing.T) {
 	if kc, _ := keyStream(t, js, "orders"); kc.PersistMode != jetstream.AsyncPersistMode {
 		t.Fatalf("single-replica key stream: persist mode %v", kc.PersistMode)
 	}
+	q, err := s.Queue("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if orders, slots := q.WriterBatches(); orders != 16 || slots != 0 {
+		t.Errorf("single replica: writers batch past %d orders and %d slots, want 16 and 0 (never)", orders, slots)
+	}
 	cfg.Replicas = 3
 	if _, err := s.Declare(ctxT(t), cfg); err != nil {
 		t.Fatal(err)
+	}
+	// Replicated streams stage batches in memory: worth it from the second write on.
+	if orders, slots := q.WriterBatches(); orders != 1 || slots != 1 {
+		t.Errorf("three replicas: writers batch past %d orders and %d slots, want 1 and 1", orders, slots)
 	}
 	keyedPark(t, s, "orders", `"b"`)
 	kc, n := keyStream(t, js, "orders")

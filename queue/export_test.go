@@ -13,3 +13,16 @@ var NewTicket = newTicket
 func (s *Store) Conn() *nats.Conn               { return s.nc }
 func (s *Store) JetStream() jetstream.JetStream { return s.js }
 func (q *Queue) Stream() jetstream.Stream       { return q.stream }
+
+// WriterBatches tells how Park's writers of q's stream and key stream batch (see
+// directWrites); -1 for a writer there is not.
+func (q *Queue) WriterBatches() (orders, slots int) {
+	orders, slots = -1, -1
+	if w := q.orders.Load(); w != nil {
+		orders = w.direct
+	}
+	if w := q.slots.Load(); w != nil {
+		slots = w.direct
+	}
+	return orders, slots
+}

@@ -251,7 +251,7 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 	}
 	msg := m.encode(ready)
 	msg.Header.Set(HeaderMsgID, msgID)
-	ack, err := q.orders.publish(ctx, msg)
+	ack, err := q.orders.Load().publish(ctx, msg)
 	if err != nil {
 		return nil, s.publishError(ctx, q, err)
 	}
@@ -495,7 +495,7 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uin
 	msg := nats.NewMsg(keySubjectFor(q.name, scopeToken(client)))
 	msg.Header.Set(HeaderMsgID, keyMsgID(key))
 	msg.Header.Set(jetstream.MsgTTLHeader, cfg.IdempotencyTTL.String())
-	w := q.slots
+	w := q.slots.Load()
 	if w == nil { // an orphan: no key stream known
 		w = newGroupCommit(nil, s.js, KeyStreamName(q.name), s.opts.publishTimeout, 0)
 	}

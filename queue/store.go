@@ -471,11 +471,11 @@ func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orpha
 	}
 	if q.keys == nil && keys != nil {
 		q.keys = keys
-		q.slots = newGroupCommit(s.nc, s.js, KeyStreamName(cfg.Name), s.opts.publishTimeout, directWrites(keys))
 	}
-	if q.orders == nil {
-		q.orders = newGroupCommit(s.nc, s.js, StreamName(cfg.Name), s.opts.publishTimeout, directWrites(q.stream))
+	if keys != nil {
+		q.slots.Store(s.writer(q.slots.Load(), KeyStreamName(cfg.Name), keys))
 	}
+	q.orders.Store(s.writer(q.orders.Load(), StreamName(cfg.Name), stream))
 	q.cfg.Store(&cfg)
 	q.orphaned.Store(orphaned)
 	if info := stream.CachedInfo(); info != nil {
@@ -508,6 +508,17 @@ func (q *Queue) noteLanes(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// writer returns w, Park's writer of the named stream, or a new one when w is nil or
+// batches otherwise than the stream's settings (as just declared) call for: a queue
+// that became replicated, or a key stream made anew (see ensureKeyStream). Writes
+// under way finish on the writer they started with.
+func (s *Store) writer(w *groupCommit, name string, stream jetstream.Stream) *groupCommit {
+	if d := directWrites(stream); w == nil || w.direct != d {
+		return newGroupCommit(s.nc, s.js, name, s.opts.publishTimeout, d)
+	}
+	return w
 }
 
 // fileDirectWrites is directWrites for a single-replica file stream. nats-server
@@ -580,9 +591,9 @@ type Queue struct {
 	name     string
 	cfg      atomic.Pointer[queueconfig.Config]
 	stream   jetstream.Stream
-	keys     jetstream.Stream // key slots (KeyStreamName); nil for an orphan
-	orders   *groupCommit     // Park's writes to stream
-	slots    *groupCommit     // Park's writes to keys; nil with keys
+	keys     jetstream.Stream            // key slots (KeyStreamName); nil for an orphan
+	orders   atomic.Pointer[groupCommit] // Park's writes to stream
+	slots    atomic.Pointer[groupCommit] // Park's writes to keys; nil with keys
 	orphaned atomic.Bool
 	// schedules: the stream holds scheduled orders (see scheduledStream); Park then
 	// enforces MaxDepth and MaxBytes itself.
