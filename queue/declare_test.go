@@ -2,9 +2,11 @@ package queue_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
@@ -28,10 +30,22 @@ func TestDeclareUpdatesOnlyWhatChanged(t *testing.T) {
 		}
 		return info.Config.MaxMsgs, info.Config.Metadata
 	}
+	// Every stream update is announced: the same declarations again, by this store and
+	// a second one, must announce none.
+	updates := make(chan *nats.Msg, 64)
+	sub, err := srv.Conn.ChanSubscribe("$JS.EVENT.ADVISORY.STREAM.UPDATED.>", updates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := srv.Conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	before, meta := streamConfig()
 	if _, err := s.Declare(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
+	openStore(t, srv, cfg)
 	if again, meta2 := streamConfig(); again != before || meta2[queue.MetadataConfig] != meta[queue.MetadataConfig] {
 		t.Errorf("the same declaration changed the stream: max msgs %d → %d", before, again)
 	}
@@ -41,6 +55,24 @@ func TestDeclareUpdatesOnlyWhatChanged(t *testing.T) {
 	}
 	if after, meta3 := streamConfig(); after != 200 || meta3[queue.MetadataConfig] == meta[queue.MetadataConfig] {
 		t.Errorf("a changed max_depth was not applied: max msgs %d", after)
+	}
+	// The change's announcement comes after any of the declarations before it. (The
+	// key-value buckets are declared anew at each Open: nothing of sluice's creates
+	// consumers on them meanwhile.)
+	want := "$JS.EVENT.ADVISORY.STREAM.UPDATED." + queue.StreamName("orders")
+	for {
+		select {
+		case m := <-updates:
+			if strings.HasPrefix(m.Subject, "$JS.EVENT.ADVISORY.STREAM.UPDATED.KV_") {
+				continue
+			}
+			if m.Subject != want {
+				t.Errorf("a declaration that changed nothing updated a stream: %s", m.Subject)
+			}
+			return
+		case <-ctx.Done():
+			t.Fatal("no update announced for the changed max_depth")
+		}
 	}
 }
 

@@ -421,13 +421,21 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 	}
 	return have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) &&
 		have.Retention == want.Retention && have.Storage == want.Storage && have.Discard == want.Discard &&
-		have.DiscardNewPerSubject == want.DiscardNewPerSubject && have.MaxMsgs == want.MaxMsgs &&
-		have.MaxBytes == want.MaxBytes && have.MaxMsgsPerSubject == want.MaxMsgsPerSubject &&
+		have.DiscardNewPerSubject == want.DiscardNewPerSubject && limit(have.MaxMsgs) == limit(want.MaxMsgs) &&
+		limit(have.MaxBytes) == limit(want.MaxBytes) && limit(have.MaxMsgsPerSubject) == limit(want.MaxMsgsPerSubject) &&
 		have.MaxAge == want.MaxAge && have.Duplicates == want.Duplicates && have.Replicas == want.Replicas &&
 		have.AllowDirect == want.AllowDirect && have.AllowAtomicPublish == want.AllowAtomicPublish &&
 		have.AllowMsgSchedules == want.AllowMsgSchedules && have.AllowRollup == want.AllowRollup &&
 		have.AllowMsgTTL == want.AllowMsgTTL && have.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL &&
-		have.MaxMsgSize == want.MaxMsgSize && have.PersistMode == want.PersistMode
+		limit(have.MaxMsgSize) == limit(want.MaxMsgSize) && have.PersistMode == want.PersistMode
+}
+
+// limit is a stream limit as the server keeps it: none (0 when asked for) is -1.
+func limit[T int32 | int64](v T) T {
+	if v <= 0 {
+		return -1
+	}
+	return v
 }
 
 // scheduledStream turns a queue's stream config into one that holds scheduled orders:
