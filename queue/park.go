@@ -111,9 +111,8 @@ const keyReserve = 0.9
 // on a single server the slot's is not (see Store.ensureKeyStream).
 //
 // Crash safety. A crash after 2 leaves no order and at most a slot (freed by its TTL);
-// after 3,
-// an order and a client without a receipt: its retry finds the order by T (step 1) or,
-// once delivered, by K's record.
+// after 3, an order and a client without a receipt: its retry finds the order by T
+// (step 1) or, once delivered, by K's record.
 func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) {
 	if s.tracer != nil {
 		var span trace.Span

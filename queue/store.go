@@ -359,8 +359,17 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 // two dispatchers of a laned queue started together, and when a queue's declaration
 // met the callback sender's consumer on the callback stream).
 func (s *Store) ensureStream(ctx context.Context, want jetstream.StreamConfig) (jetstream.Stream, error) {
-	if st, err := s.js.Stream(ctx, want.Name); err == nil && sameStream(st.CachedInfo().Config, want) {
-		return st, nil
+	st, err := s.js.Stream(ctx, want.Name)
+	if err != nil {
+		st = nil // absent, or not known: creating or updating it says more
+	}
+	return s.ensureFrom(ctx, st, want)
+}
+
+// ensureFrom is ensureStream for the stream have as just looked up (nil: none).
+func (s *Store) ensureFrom(ctx context.Context, have jetstream.Stream, want jetstream.StreamConfig) (jetstream.Stream, error) {
+	if have != nil && sameStream(have.CachedInfo().Config, want) {
+		return have, nil
 	}
 	return s.js.CreateOrUpdateStream(ctx, want)
 }
@@ -386,22 +395,24 @@ func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig
 	st, err := s.js.Stream(ctx, want.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
-		return s.ensureStream(ctx, want)
+		st = nil
 	case err != nil:
 		return nil, err
-	}
-	switch have := st.CachedInfo().Config; {
-	case have.PersistMode == want.PersistMode:
-	case want.PersistMode == jetstream.AsyncPersistMode:
-		want.PersistMode, want.AllowAtomicPublish = have.PersistMode, true
 	default:
-		s.log.Warn("making the key stream anew: a replicated stream cannot skip disk syncs, and JetStream cannot change that on a stream",
-			"stream", want.Name, "replicas", want.Replicas)
-		if err := s.js.DeleteStream(ctx, want.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, err
+		switch have := st.CachedInfo().Config; {
+		case have.PersistMode == want.PersistMode:
+		case want.PersistMode == jetstream.AsyncPersistMode:
+			want.PersistMode, want.AllowAtomicPublish = have.PersistMode, true
+		default:
+			s.log.Warn("making the key stream anew: a replicated stream cannot skip disk syncs, and JetStream cannot change that on a stream",
+				"stream", want.Name, "replicas", want.Replicas)
+			if err := s.js.DeleteStream(ctx, want.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return nil, err
+			}
+			st = nil
 		}
 	}
-	st, err = s.ensureStream(ctx, want)
+	st, err = s.ensureFrom(ctx, st, want)
 	if err != nil {
 		// Another process declaring the queue may have made it meanwhile.
 		if again, aerr := s.js.Stream(ctx, want.Name); aerr == nil && sameStream(again.CachedInfo().Config, want) {
