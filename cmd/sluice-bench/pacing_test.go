@@ -23,14 +23,19 @@ func TestPacingTable(t *testing.T) {
 }
 
 func TestParkingTable(t *testing.T) {
-	out, errOut, code := benchRun(t, "parking", "--duration", "200ms", "--concurrency", "2")
-	if code != exitOK {
-		t.Fatalf("exit %d: %s", code, errOut)
-	}
-	for _, contender := range []string{"jetstream publish", "sluice park", "sluice ingress (HTTP 202)", "sluice park+idem"} {
-		if !strings.Contains(out, contender) {
-			t.Errorf("no row for %s in\n%s", contender, out)
+	for _, client := range []string{"lean", "net/http"} {
+		out, errOut, code := benchRun(t, "parking", "--duration", "200ms", "--rounds", "1", "--concurrency", "2", "--client", client)
+		if code != exitOK {
+			t.Fatalf("--client %s: exit %d: %s", client, code, errOut)
 		}
+		for _, contender := range []string{"jetstream publish", "sluice park", "sluice ingress (HTTP 202)", "sluice park+idem", "sluice ingress+idem (HTTP 202)"} {
+			if !strings.Contains(out, contender) {
+				t.Errorf("--client %s: no row for %s in\n%s", client, contender, out)
+			}
+		}
+	}
+	if _, errOut, code := benchRun(t, "parking", "--client", "curl"); code != exitUsage || !strings.Contains(errOut, "neither lean nor net/http") {
+		t.Errorf("--client curl: exit %d: %s", code, errOut)
 	}
 }
 
