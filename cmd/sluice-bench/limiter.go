@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"golang.org/x/time/rate"
 
@@ -30,7 +31,9 @@ Measures decisions per second, in one process and one run:
 Every algorithm is a token bucket (x/time/rate's; redis_rate's GCRA is its equivalent)
 of 10^12 tokens refilled at 1/s: every request is allowed and every key's state stays
 live, so the figures are the cost of the decision path. Keys are drawn at random in the
-memory scenarios and round-robin per caller in the Redis ones. Each measurement runs
+memory scenarios, each written into a buffer of its caller's as the ingress writes the
+key of a request it has just read (shaped like its keys, 53 bytes), and round-robin per
+caller in the Redis ones. Each measurement runs
 after a warm-up of its own; the peer runs first.
 
 NS/DECISION is wall time per decision (1s / decisions per second); LATENCY is the mean
@@ -204,11 +207,6 @@ type result struct {
 }
 
 func memoryScenarios(cfg limiterConfig) []scenario {
-	keys := make([]string, cfg.keys)
-	for i := range keys {
-		keys[i] = "bench:user-" + strconv.Itoa(i)
-	}
-	one := keys[:1]
 	procs := []int{1}
 	if p := runtime.GOMAXPROCS(0); p > 1 {
 		procs = append(procs, p)
@@ -216,11 +214,11 @@ func memoryScenarios(cfg limiterConfig) []scenario {
 	var out []scenario
 	for _, set := range []struct {
 		name string
-		keys []string
+		keys int
 		peer contender
 	}{
-		{"memory, 1 key", one, xrateSingle()},
-		{fmt.Sprintf("memory, %s keys", count(cfg.keys)), keys, xrateMap(keys)},
+		{"memory, 1 key", 1, xrateSingle()},
+		{fmt.Sprintf("memory, %s keys", count(cfg.keys)), cfg.keys, xrateMap(cfg.keys)},
 	} {
 		for _, c := range procs {
 			out = append(out, scenario{name: set.name, callers: c, batch: 256,
@@ -234,27 +232,55 @@ func memoryScenarios(cfg limiterConfig) []scenario {
 // flatter whichever contender allocated its per-key state in that same order, since the
 // hardware prefetcher would then hide the cache misses that dominate with many keys.
 // It is an xorshift generator: a few nanoseconds, the same for every contender.
+//
+// Each key is written into the picker's buffer, shaped like the ingress's keys
+// (rules.Check.Key: prefix, rule hash, limit, hash of the request's values), as the
+// ingress writes the key of a request it has just read: its bytes are in the cache, and
+// it is not the string a map holds for it. A table of prepared key strings would make
+// every decision pay a cache miss of the tool's own to fetch the key, and would let Go's
+// map compare its stored key with the very same string, by pointer.
 type keyPicker struct {
-	keys []string
-	x    uint64
+	n   int // keys to draw from: 1 is one fixed key
+	x   uint64
+	buf []byte
 }
 
-func newKeyPicker(keys []string, id int) *keyPicker {
-	return &keyPicker{keys: keys, x: 0x9E3779B97F4A7C15 * uint64(id+1)}
+// keyPrefix is the constant start of every benchmark key: domain, rule hash and limit.
+const keyPrefix = "sl:bench:5f1c0a2e9b3d4c7a:tb1s:"
+
+// keyDigits is the length of the per-key end (the ingress's is 22 base64url characters).
+const keyDigits = 22
+
+func newKeyPicker(n, id int) *keyPicker {
+	buf := make([]byte, len(keyPrefix)+keyDigits)
+	copy(buf, keyPrefix)
+	p := &keyPicker{n: n, x: 0x9E3779B97F4A7C15 * uint64(id+1), buf: buf}
+	p.write(0)
+	return p
 }
 
+// next returns the next key. It is only valid until the following call: a contender
+// that keeps a key must copy it.
 func (p *keyPicker) next() string {
-	if len(p.keys) == 1 {
-		return p.keys[0]
+	if p.n > 1 {
+		p.x ^= p.x << 13
+		p.x ^= p.x >> 7
+		p.x ^= p.x << 17
+		// Multiply-shift maps the top 32 bits onto [0, n) without a division.
+		p.write((p.x >> 32) * uint64(p.n) >> 32)
 	}
-	p.x ^= p.x << 13
-	p.x ^= p.x >> 7
-	p.x ^= p.x << 17
-	// Multiply-shift maps the top 32 bits onto [0, len) without a division.
-	return p.keys[(p.x>>32)*uint64(len(p.keys))>>32]
+	return unsafe.String(&p.buf[0], len(p.buf))
 }
 
-func sluiceMemory(keys []string) contender {
+// write puts key i's end into the buffer: i in decimal, zero-padded.
+func (p *keyPicker) write(i uint64) {
+	for j := len(p.buf) - 1; j >= len(keyPrefix); j-- {
+		p.buf[j] = byte('0' + i%10)
+		i /= 10
+	}
+}
+
+func sluiceMemory(keys int) contender {
 	return contender{name: "sluice memory", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
 		m := limiter.NewMemory()
 		return func(id int) decideFunc {
@@ -288,15 +314,15 @@ func (r *rateMap) allow(key string) bool {
 	l := r.m[key]
 	if l == nil {
 		l = rate.NewLimiter(benchRate, benchBurst)
-		r.m[key] = l
+		r.m[strings.Clone(key)] = l // key is the picker's buffer
 	}
 	r.mu.Unlock()
 	return l.Allow()
 }
 
-func xrateMap(keys []string) contender {
+func xrateMap(keys int) contender {
 	return contender{name: "x/time/rate mutex map", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
-		rm := &rateMap{m: make(map[string]*rate.Limiter, len(keys))}
+		rm := &rateMap{m: make(map[string]*rate.Limiter, keys)}
 		return func(id int) decideFunc {
 			p := newKeyPicker(keys, id)
 			return func(context.Context) (bool, error) { return rm.allow(p.next()), nil }

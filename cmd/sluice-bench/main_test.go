@@ -5,8 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/time/rate"
 
 	"github.com/sluicehq/sluice/limiter/redistest"
 )
@@ -142,5 +145,34 @@ func TestLimiterRedis(t *testing.T) {
 	}
 	if keys, err := srv.Client().Keys(context.Background(), "*").Result(); err != nil || len(keys) > 0 {
 		t.Errorf("keys left in Redis: %d, %v", len(keys), err)
+	}
+}
+
+// TestKeyPicker checks the memory scenarios' keys: shaped like the ingress's, drawn
+// among n, and copied by the mutex map before its buffer is written again (a map that
+// kept the buffer itself would hold keys that change under it, and grow past n).
+func TestKeyPicker(t *testing.T) {
+	const n = 1000
+	p := newKeyPicker(n, 0)
+	rm := &rateMap{m: make(map[string]*rate.Limiter)}
+	for range 20 * n {
+		k := p.next()
+		if len(k) != len(keyPrefix)+keyDigits || !strings.HasPrefix(k, keyPrefix) {
+			t.Fatalf("key %q: want %q and %d digits", k, keyPrefix, keyDigits)
+		}
+		rm.allow(k)
+	}
+	if len(rm.m) != n {
+		t.Fatalf("%d keys in the map after 20 draws per key, want %d", len(rm.m), n)
+	}
+	for k := range rm.m {
+		i, err := strconv.Atoi(k[len(keyPrefix):])
+		if err != nil || i < 0 || i >= n {
+			t.Fatalf("map key %q: not one of the %d keys", k, n)
+		}
+	}
+	one := newKeyPicker(1, 3)
+	if a, b := strings.Clone(one.next()), one.next(); a != b {
+		t.Fatalf("one key gave %q, then %q", a, b)
 	}
 }
