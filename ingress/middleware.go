@@ -205,8 +205,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		if r.Body != nil && r.Body != http.NoBody {
 			// A request without a body (most GETs) has nothing to cap: the wrapper
-			// would be an allocation per request.
-			r.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
+			// would be an allocation per request. The capped body goes on a copy of
+			// r: net/http's server looks at the request's own Body after the handler
+			// (to tell an unread Expect: 100-continue body, which it must not wait
+			// for, from one it may drain), and a handler must not modify r.
+			capped := *r
+			capped.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
+			r = &capped
 		}
 	}
 	set := m.rules.Set()

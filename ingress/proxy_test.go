@@ -279,44 +279,57 @@ func TestProxyTrailers(t *testing.T) {
 }
 
 // Expect: 100-continue goes to the upstream, which decides: when it refuses, the
-// client never sends the body; when it accepts, the body goes through.
+// client never sends the body; when it accepts, the body goes through. Also behind the
+// middleware, which caps the body: net/http reads an unread body before it answers
+// when the request's Body is not its own (a handler that swapped it in place), and
+// since the 100 Continue is no longer sent once the answer is written, the answer
+// waited for a body the client never sent.
 func TestProxyExpectContinue(t *testing.T) {
-	f := newProxyFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Expect") != "100-continue" {
-			http.Error(w, "no expectation", http.StatusBadRequest)
-			return
-		}
-		if r.URL.Path == "/refuse" {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		_, _ = io.Copy(w, r.Body)
-	}), nil)
-	for _, tt := range []struct {
-		path     string
-		status   int
-		bodySent bool
-	}{{"/refuse", http.StatusUnauthorized, false}, {"/accept", http.StatusOK, true}} {
-		var read atomic.Bool
-		data := strings.NewReader("data")
-		body := readFunc(func(p []byte) (int, error) {
-			read.Store(true)
-			return data.Read(p)
-		})
-		req, _ := http.NewRequest("POST", f.front.URL+tt.path, io.NopCloser(body))
-		req.ContentLength = 4
-		req.Header.Set("Expect", "100-continue")
-		resp, err := f.client.Do(req)
-		if err != nil {
-			t.Fatalf("%s: %v", tt.path, err)
-		}
-		got, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != tt.status || read.Load() != tt.bodySent {
-			t.Errorf("%s: status %d, body sent %v; want %d, %v", tt.path, resp.StatusCode, read.Load(), tt.status, tt.bodySent)
-		}
-		if tt.bodySent && string(got) != "data" {
-			t.Errorf("%s: echoed %q, want data", tt.path, got)
+	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(testRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, wrap := range []struct {
+		name string
+		wrap func(http.Handler) http.Handler
+	}{{"proxy", nil}, {"middleware", mustNew(t, StaticRules{set}, limiter.NewMemory(), WithMaxBody(1000)).Wrap}} {
+		f := newProxyFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Expect") != "100-continue" {
+				http.Error(w, "no expectation", http.StatusBadRequest)
+				return
+			}
+			if r.URL.Path == "/refuse" {
+				w.WriteHeader(http.StatusUnauthorized)
+				return
+			}
+			_, _ = io.Copy(w, r.Body)
+		}), wrap.wrap)
+		for _, tt := range []struct {
+			path     string
+			status   int
+			bodySent bool
+		}{{"/refuse", http.StatusUnauthorized, false}, {"/accept", http.StatusOK, true}} {
+			var read atomic.Bool
+			data := strings.NewReader("data")
+			body := readFunc(func(p []byte) (int, error) {
+				read.Store(true)
+				return data.Read(p)
+			})
+			req, _ := http.NewRequest("POST", f.front.URL+tt.path, io.NopCloser(body))
+			req.ContentLength = 4
+			req.Header.Set("Expect", "100-continue")
+			resp, err := f.client.Do(req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", wrap.name, tt.path, err)
+			}
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.status || read.Load() != tt.bodySent {
+				t.Errorf("%s %s: status %d, body sent %v; want %d, %v", wrap.name, tt.path, resp.StatusCode, read.Load(), tt.status, tt.bodySent)
+			}
+			if tt.bodySent && string(got) != "data" {
+				t.Errorf("%s %s: echoed %q, want data", wrap.name, tt.path, got)
+			}
 		}
 	}
 }
