@@ -557,7 +557,31 @@ func (l *Lease) HandBack(ctx context.Context) {
 		l.rec.Status = StatusQueued
 		l.save(ctx)
 	}
-	l.Release(time.Millisecond)
+	l.nakAndWait(ctx, time.Millisecond)
+}
+
+// handBackWait bounds how long HandBack waits for the server to take its nak.
+const handBackWait = 2 * time.Second
+
+// nakAndWait is Release(delay), waiting until the server has taken the nak: a hand-back
+// comes just before the connection or an embedded server stops, and a nak still
+// travelling (sent, or queued for the consumer inside the server) when the server
+// stops is lost, and its order waits out the ack wait. JetStream answers an
+// acknowledgement of any kind that asks for an answer once it has applied it (the
+// client's synchronous ack does this for Ack only; the payload is JetStream's nak with
+// a delay). Without an answer in time the nak is not sent again: it may have been
+// applied, the order redelivered, and a second one would cut short another
+// dispatcher's delivery; the ack wait is the backstop.
+func (l *Lease) nakAndWait(ctx context.Context, delay time.Duration) {
+	delay = max(delay, time.Millisecond)
+	nc := l.s.nc
+	if l.jm.Reply() == "" || !nc.IsConnected() {
+		_ = l.jm.NakWithDelay(delay) // sent on reconnection, if any
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, handBackWait)
+	defer cancel()
+	_, _ = nc.RequestWithContext(wctx, l.jm.Reply(), fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
 }
 
 // Dead moves the order to the dead-letter stream with cause as its reason, then

@@ -272,3 +272,42 @@ func TestForwardAndCheckQueue(t *testing.T) {
 		}
 	}
 }
+
+// A hand-back comes just before the connection or an embedded server stops: HandBack
+// returns once the server has applied its nak, so a server restarted right after it
+// redelivers every order at once, not after the ack wait (here an hour; lease gives
+// up after 30 s).
+func TestHandBackOutlivesServerRestart(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, testConfig("orders"))
+	ctx := ctxT(t)
+	const orders = 20
+	for range orders {
+		if _, err := s.Park(ctx, order("orders", "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q, err := s.Queue("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := q.Consumer()
+	cfg := leaseConsumer
+	cfg.AckWait, cfg.MaxInFlight = time.Hour, orders
+	if err := c.Ensure(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var leases []*queue.Lease
+	for range orders {
+		leases = append(leases, lease(t, c))
+	}
+	for _, l := range leases {
+		l.HandBack(ctx)
+	}
+	srv.Restart() // at once: nothing else waits for the naks to arrive
+	waitFor(t, srv.Conn.IsConnected)
+	seen := map[string]bool{}
+	for len(seen) < orders {
+		seen[lease(t, c).Message().Ticket] = true
+	}
+}
