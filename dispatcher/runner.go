@@ -71,14 +71,15 @@ func (r *runner) run(ctx context.Context) {
 		defer close(maintDone)
 		r.maintain(ctx)
 	}()
-	r.fetchLoop(ctx)
-	// The hand-backs of the messages not started are on their way before anything
-	// else stops (the connection, or the embedded server with the process).
+	r.fetchLoop(ctx) // the messages not started are handed back (HandBack waits for each)
+	<-maintDone
+	r.deliveries.Wait()
+	// The settlements of the last deliveries (a retry's nak, a term) are on their way
+	// before anything else stops (the connection, or the embedded server with the
+	// process).
 	fctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = r.cons.Flush(fctx)
 	cancel()
-	<-maintDone
-	r.deliveries.Wait()
 	r.unpin()
 	r.m.paused.Set(0)
 	r.m.circuit.Set(0)

@@ -308,9 +308,9 @@ func (c *Consumer) Unpin(ctx context.Context) error {
 	return nil
 }
 
-// Flush waits until the settlements sent so far (hand-backs above all) reached the
+// Flush waits until the settlements sent so far (a retry's nak, a term) reached the
 // server, so that they are on their way before the connection or the embedded server
-// stops. A closed connection has nothing to flush.
+// stops (HandBack waits for its own). A closed connection has nothing to flush.
 func (c *Consumer) Flush(ctx context.Context) error {
 	nc := c.q.store.nc
 	if nc.IsClosed() {
