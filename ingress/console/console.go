@@ -344,7 +344,12 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		ingress.WriteProblem(w, http.StatusForbidden, "Cross-site sign-in refused.")
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxLoginBody)
+	// The capped body goes on a copy of r: net/http's server looks at the request's
+	// own Body after the handler, and an unread Expect: 100-continue body (a sign-in
+	// that is not a form) must not be waited for.
+	capped := *r
+	capped.Body = http.MaxBytesReader(w, r.Body, maxLoginBody)
+	r = &capped
 	if err := r.ParseForm(); err != nil {
 		ingress.WriteProblem(w, http.StatusBadRequest, "The sign-in form could not be read.")
 		return
