@@ -567,21 +567,39 @@ const handBackWait = 2 * time.Second
 // comes just before the connection or an embedded server stops, and a nak still
 // travelling (sent, or queued for the consumer inside the server) when the server
 // stops is lost, and its order waits out the ack wait. JetStream answers an
-// acknowledgement of any kind that asks for an answer once it has applied it (the
-// client's synchronous ack does this for Ack only; the payload is JetStream's nak with
-// a delay). Without an answer in time the nak is not sent again: it may have been
-// applied, the order redelivered, and a second one would cut short another
-// dispatcher's delivery; the ack wait is the backstop.
+// acknowledgement of any kind that asks for an answer once its consumer has processed
+// it (the client's synchronous ack does this for Ack only; the payload is JetStream's
+// nak with a delay); on a replicated consumer the answer comes once the leader has
+// applied the nak and proposed it to its followers, not once they have it. The wait
+// is bounded by handBackWait and by ctx; a ctx already done sends the nak without
+// waiting (it is sent whatever ctx says). A nak that nobody received (no responders:
+// the consumer has no leader just now) is sent again until the wait ends. Without an
+// answer in time it is not sent again: it may have been applied, the order
+// redelivered, and a second one would cut short another dispatcher's delivery
+// (JetStream applies a nak to the message's current delivery, whichever it is); the
+// ack wait is the backstop. While the connection is down the nak goes to the
+// connection's reconnect buffer; sluice's connections have none, and it is lost.
 func (l *Lease) nakAndWait(ctx context.Context, delay time.Duration) {
 	delay = max(delay, time.Millisecond)
 	nc := l.s.nc
-	if l.jm.Reply() == "" || !nc.IsConnected() {
-		_ = l.jm.NakWithDelay(delay) // sent on reconnection, if any
+	if l.jm.Reply() == "" || !nc.IsConnected() || ctx.Err() != nil {
+		_ = l.jm.NakWithDelay(delay)
 		return
 	}
 	wctx, cancel := context.WithTimeout(ctx, handBackWait)
 	defer cancel()
-	_, _ = nc.RequestWithContext(wctx, l.jm.Reply(), fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
+	payload := fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds())
+	for {
+		_, err := nc.RequestWithContext(wctx, l.jm.Reply(), payload)
+		if !errors.Is(err, nats.ErrNoResponders) {
+			return
+		}
+		select {
+		case <-wctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // Dead moves the order to the dead-letter stream with cause as its reason, then

@@ -311,3 +311,31 @@ func TestHandBackOutlivesServerRestart(t *testing.T) {
 		seen[lease(t, c).Message().Ticket] = true
 	}
 }
+
+// A hand-back whose context is done already (a stopping caller's) still hands the
+// order back: the nak is sent without waiting for its answer, and the order comes back
+// long before the ack wait (an hour; lease gives up after 30 s).
+func TestHandBackDoneContext(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, testConfig("orders"))
+	if _, err := s.Park(ctxT(t), order("orders", "x")); err != nil {
+		t.Fatal(err)
+	}
+	q, err := s.Queue("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := q.Consumer()
+	cfg := leaseConsumer
+	cfg.AckWait = time.Hour
+	if err := c.Ensure(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	l := lease(t, c)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	l.HandBack(done)
+	if got := lease(t, c).Message().Ticket; got != l.Message().Ticket {
+		t.Fatalf("ticket %s came, want %s", got, l.Message().Ticket)
+	}
+}
