@@ -564,21 +564,19 @@ func (l *Lease) HandBack(ctx context.Context) {
 const handBackWait = 2 * time.Second
 
 // nakAndWait is Release(delay), waiting until the server has taken the nak: a hand-back
-// comes just before the connection or an embedded server stops, and a nak still
-// travelling (sent, or queued for the consumer inside the server) when the server
-// stops is lost, and its order waits out the ack wait. JetStream answers an
-// acknowledgement of any kind that asks for an answer once its consumer has processed
-// it (the client's synchronous ack does this for Ack only; the payload is JetStream's
-// nak with a delay); on a replicated consumer the answer comes once the leader has
-// applied the nak and proposed it to its followers, not once they have it. The wait
-// is bounded by handBackWait and by ctx; a ctx already done sends the nak without
-// waiting (it is sent whatever ctx says). A nak that nobody received (no responders:
-// the consumer has no leader just now) is sent again until the wait ends. Without an
-// answer in time it is not sent again: it may have been applied, the order
-// redelivered, and a second one would cut short another dispatcher's delivery
-// (JetStream applies a nak to the message's current delivery, whichever it is); the
-// ack wait is the backstop. While the connection is down the nak goes to the
-// connection's reconnect buffer; sluice's connections have none, and it is lost.
+// comes just before the connection or an embedded server stops, and a nak still on its
+// way (or queued for the consumer inside the server) when the server stops is lost,
+// its order waiting out the ack wait. JetStream answers an acknowledgement of any kind
+// that asks for one once its consumer has processed it (the payload is JetStream's nak
+// with a delay; the client's synchronous form exists for Ack only); a replicated
+// consumer answers once its leader has applied the nak and proposed it, not once the
+// followers have it. The wait is bounded by handBackWait and ctx; a ctx already done
+// sends the nak without waiting. Without an answer (time out, or no responders: the
+// consumer has no leader, or is gone) it is not sent again: applied and redelivered
+// meanwhile, a second nak would cut short another dispatcher's delivery (JetStream
+// applies a nak to the message's current delivery); the ack wait is the backstop.
+// While the connection is down the nak is lost (sluice's connections keep no
+// reconnect buffer).
 func (l *Lease) nakAndWait(ctx context.Context, delay time.Duration) {
 	delay = max(delay, time.Millisecond)
 	nc := l.s.nc
@@ -588,18 +586,7 @@ func (l *Lease) nakAndWait(ctx context.Context, delay time.Duration) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, handBackWait)
 	defer cancel()
-	payload := fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds())
-	for {
-		_, err := nc.RequestWithContext(wctx, l.jm.Reply(), payload)
-		if !errors.Is(err, nats.ErrNoResponders) {
-			return
-		}
-		select {
-		case <-wctx.Done():
-			return
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	_, _ = nc.RequestWithContext(wctx, l.jm.Reply(), fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
 }
 
 // Dead moves the order to the dead-letter stream with cause as its reason, then
