@@ -273,17 +273,15 @@ func TestForwardAndCheckQueue(t *testing.T) {
 	}
 }
 
-// A hand-back comes just before the connection or an embedded server stops: HandBack
-// returns once the server has applied its nak, so a server restarted right after it
-// redelivers every order at once, not after the ack wait (here an hour; lease gives
-// up after 30 s).
-func TestHandBackOutlivesServerRestart(t *testing.T) {
+// parkedForHandBack parks n orders and returns their queue's consumer with an ack
+// wait of an hour, longer than any test waits (lease gives up after 30 s): an order
+// that comes again came back by its nak.
+func parkedForHandBack(t *testing.T, n int) (*natstest.Server, *queue.Consumer) {
+	t.Helper()
 	srv := natstest.Start(t)
 	s := openStore(t, srv, testConfig("orders"))
-	ctx := ctxT(t)
-	const orders = 20
-	for range orders {
-		if _, err := s.Park(ctx, order("orders", "x")); err != nil {
+	for range n {
+		if _, err := s.Park(ctxT(t), order("orders", "x")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -293,16 +291,25 @@ func TestHandBackOutlivesServerRestart(t *testing.T) {
 	}
 	c := q.Consumer()
 	cfg := leaseConsumer
-	cfg.AckWait, cfg.MaxInFlight = time.Hour, orders
-	if err := c.Ensure(ctx, cfg); err != nil {
+	cfg.AckWait, cfg.MaxInFlight = time.Hour, n
+	if err := c.Ensure(ctxT(t), cfg); err != nil {
 		t.Fatal(err)
 	}
+	return srv, c
+}
+
+// A hand-back comes just before the connection or an embedded server stops: HandBack
+// returns once the server has applied its nak, so a server restarted right after it
+// redelivers every order at once, not after the ack wait.
+func TestHandBackOutlivesServerRestart(t *testing.T) {
+	const orders = 20
+	srv, c := parkedForHandBack(t, orders)
 	var leases []*queue.Lease
 	for range orders {
 		leases = append(leases, lease(t, c))
 	}
 	for _, l := range leases {
-		l.HandBack(ctx)
+		l.HandBack(ctxT(t))
 	}
 	srv.Restart() // at once: nothing else waits for the naks to arrive
 	waitFor(t, srv.Conn.IsConnected)
@@ -313,24 +320,9 @@ func TestHandBackOutlivesServerRestart(t *testing.T) {
 }
 
 // A hand-back whose context is done already (a stopping caller's) still hands the
-// order back: the nak is sent without waiting for its answer, and the order comes back
-// long before the ack wait (an hour; lease gives up after 30 s).
+// order back: the nak is sent without waiting for its answer.
 func TestHandBackDoneContext(t *testing.T) {
-	srv := natstest.Start(t)
-	s := openStore(t, srv, testConfig("orders"))
-	if _, err := s.Park(ctxT(t), order("orders", "x")); err != nil {
-		t.Fatal(err)
-	}
-	q, err := s.Queue("orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := q.Consumer()
-	cfg := leaseConsumer
-	cfg.AckWait = time.Hour
-	if err := c.Ensure(ctxT(t), cfg); err != nil {
-		t.Fatal(err)
-	}
+	_, c := parkedForHandBack(t, 1)
 	l := lease(t, c)
 	done, cancel := context.WithCancel(context.Background())
 	cancel()
