@@ -580,7 +580,7 @@ const handBackWait = 2 * time.Second
 func (l *Lease) nakAndWait(ctx context.Context, delay time.Duration) {
 	delay = max(delay, time.Millisecond)
 	nc := l.s.nc
-	if l.jm.Reply() == "" || !nc.IsConnected() || ctx.Err() != nil {
+	if !nc.IsConnected() || ctx.Err() != nil {
 		_ = l.jm.NakWithDelay(delay)
 		return
 	}
