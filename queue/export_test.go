@@ -26,3 +26,7 @@ func (q *Queue) WriterBatches() (orders, slots int) {
 	}
 	return orders, slots
 }
+
+// InProgress resets the lease's ack wait on the server, as a dispatcher that works on
+// its order for long would.
+func (l *Lease) InProgress() error { return l.jm.InProgress() }

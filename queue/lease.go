@@ -112,9 +112,10 @@ type Consumer struct {
 	q   *Queue
 	log *slog.Logger
 
-	mu    sync.Mutex
-	cons  jetstream.Consumer
-	pinID string
+	mu      sync.Mutex
+	cons    jetstream.Consumer
+	pinID   string
+	ackWait time.Duration // as set by Ensure
 
 	// A laned queue's scheduler and this handle's lead of the queue (see sched.go).
 	id      string
@@ -191,6 +192,7 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if c.cons == nil || created {
 		c.cons = cons
 	}
+	c.ackWait = cfg.AckWait
 	c.mu.Unlock()
 	return nil
 }
@@ -252,12 +254,13 @@ func (c *Consumer) lease(jm jetstream.Msg) *Lease {
 		_ = jm.TermWithReason("not a sluice message")
 		return nil
 	}
+	c.mu.Lock()
 	if pin := jm.Headers().Get("Nats-Pin-Id"); pin != "" {
-		c.mu.Lock()
 		c.pinID = pin
-		c.mu.Unlock()
 	}
-	return &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m)}
+	ackWait := c.ackWait
+	c.mu.Unlock()
+	return &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m), stale: staleAt(time.Now(), ackWait)}
 }
 
 // PauseState reports whether the consumer is paused on the server, and for how much
@@ -366,6 +369,20 @@ type Lease struct {
 
 	rec    *Record // nil until Load
 	stored bool    // rec was read from the bucket (else it is new)
+
+	// stale is when the server may have handed the order to another dispatcher: its
+	// ack wait has run out (zero: never known; see nak).
+	stale time.Time
+}
+
+// staleAt is when a lease fetched at fetched from a consumer with ackWait goes stale:
+// a little before its ack wait runs out as counted from fetched, since the server
+// counts it from the delivery, which came first.
+func staleAt(fetched time.Time, ackWait time.Duration) time.Time {
+	if ackWait <= 0 {
+		return time.Time{}
+	}
+	return fetched.Add(ackWait - min(ackWait/10, time.Second))
 }
 
 // Message returns the parked order.
@@ -403,7 +420,7 @@ func (l *Lease) Load(ctx context.Context) error {
 	case errors.Is(err, ErrNotFound):
 		l.rec = &Record{Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Status: StatusQueued, ReceivedAt: m.ReceivedAt, Fingerprint: m.Fingerprint}
 	default:
-		_ = l.jm.NakWithDelay(time.Second)
+		l.nak(ctx, time.Second)
 		return unavailable("ticket record", err)
 	}
 	return nil
@@ -428,7 +445,7 @@ func (l *Lease) Start(ctx context.Context) error {
 		_ = l.jm.TermWithReason("cancelled")
 		return err
 	case err != nil && !errors.Is(err, ErrUnavailable):
-		_ = l.jm.NakWithDelay(time.Second)
+		l.nak(ctx, time.Second)
 		return err
 	case err != nil:
 		l.c.log.Debug("cannot mark delivering", "ticket", l.m.Ticket, "err", err)
@@ -529,23 +546,19 @@ func (l *Lease) requeue(ctx context.Context, next time.Time, cause string, redel
 	}
 	rec.Status, rec.NextAttemptAt, rec.LastError = StatusQueued, next, cause
 	l.save(ctx)
-	_ = l.jm.NakWithDelay(redeliverIn)
+	l.nak(ctx, redeliverIn)
 	return nil
 }
 
 // Release hands the message back for redelivery after `after`, its record untouched:
 // for an order this dispatcher will not start now (it is stopping, or the queue is
-// paused). A nak with a delay, never a plain one: the server keeps a plain nak in
-// memory only, so after a restart of the server (the embedded one restarts with
-// sluice) the message would wait out its ack wait; a delayed nak is stored as the
-// message's new deadline.
+// paused). See nak.
 func (l *Lease) Release(after time.Duration) {
-	_ = l.jm.NakWithDelay(max(after, time.Millisecond))
+	l.nak(context.Background(), after)
 }
 
 // HandBack returns an order this consumer will not deliver (its dispatcher is
-// stopping) for immediate redelivery to another one. The nak is stored by the server
-// (a delay), so it holds across a restart of an embedded server. A genuine order whose
+// stopping) for immediate redelivery to another one (see nak). A genuine order whose
 // ticket has no record yet gets a queued one first: its status would otherwise be
 // read as delivering, the consumer having handed it out.
 func (l *Lease) HandBack(ctx context.Context) {
@@ -557,34 +570,51 @@ func (l *Lease) HandBack(ctx context.Context) {
 		l.rec.Status = StatusQueued
 		l.save(ctx)
 	}
-	l.nakAndWait(ctx, time.Millisecond)
+	l.nak(ctx, time.Millisecond)
 }
 
-// handBackWait bounds how long HandBack waits for the server to take its nak.
-const handBackWait = 2 * time.Second
+// nakWait bounds how long nak waits for the server to take a nak.
+const nakWait = 2 * time.Second
 
-// nakAndWait is Release(delay), waiting until the server has taken the nak: a hand-back
-// comes just before the connection or an embedded server stops, and a nak still on its
-// way (or queued for the consumer inside the server) when the server stops is lost,
-// its order waiting out the ack wait. JetStream answers an acknowledgement of any kind
-// that asks for one once its consumer has processed it (the payload is JetStream's nak
-// with a delay; the client's synchronous form exists for Ack only); a replicated
-// consumer answers once its leader has applied the nak and proposed it, not once the
-// followers have it. The wait is bounded by handBackWait and ctx; a ctx already done
-// sends the nak without waiting. Without an answer (time out, or no responders: the
-// consumer has no leader, or is gone) it is not sent again: applied and redelivered
-// meanwhile, a second nak would cut short another dispatcher's delivery (JetStream
-// applies a nak to the message's current delivery); the ack wait is the backstop.
-// While the connection is down the nak is lost (sluice's connections keep no
-// reconnect buffer).
-func (l *Lease) nakAndWait(ctx context.Context, delay time.Duration) {
+// nak hands the message back for redelivery after delay, and is how every settlement
+// of a Lease does. Three things it guards against:
+//
+//   - A lease past its ack wait (stale) sends nothing. The server may have handed the
+//     order to another dispatcher meanwhile, and JetStream applies a nak to whichever
+//     delivery of the message is current: the nak would cut that delivery short and the
+//     order would go out a third time beside it. The server redelivers a stale lease's
+//     order by itself.
+//   - A nak with a delay, never a plain one: the server keeps a plain nak in memory
+//     only, so after a restart of the server (the embedded one restarts with sluice)
+//     the message would wait out its ack wait; a delayed nak is stored as the message's
+//     new deadline.
+//   - It waits until the server has taken the nak: a settlement may come just before
+//     the connection or an embedded server stops (a dispatcher stopping), and a nak
+//     still on its way, or queued for the consumer inside the server, when the server
+//     stops is lost, its order waiting out the ack wait. JetStream answers an
+//     acknowledgement of any kind that asks for one once its consumer has processed
+//     it (the payload is JetStream's nak with a delay; the client's synchronous form
+//     exists for Ack only); a replicated consumer answers once its leader has applied
+//     the nak and proposed it, not once the followers have it. The wait is bounded by
+//     nakWait and ctx; a ctx already done sends the nak without waiting. Without an
+//     answer (time out, or no responders: the consumer has no leader, or is gone) it is
+//     not sent again: applied and redelivered meanwhile, a second nak would cut short
+//     another dispatcher's delivery, as above; the ack wait is the backstop. While the
+//     connection is down the nak is lost (sluice's connections keep no reconnect
+//     buffer).
+func (l *Lease) nak(ctx context.Context, delay time.Duration) {
+	if !l.stale.IsZero() && time.Now().After(l.stale) {
+		l.c.log.Debug("not handing back an order held past its ack wait: the server redelivers it",
+			"ticket", l.m.Ticket, "stale_for", time.Since(l.stale).Round(time.Millisecond))
+		return
+	}
 	delay = max(delay, time.Millisecond)
 	nc := l.s.nc
 	if !nc.IsConnected() || ctx.Err() != nil {
 		_ = l.jm.NakWithDelay(delay)
 		return
 	}
-	wctx, cancel := context.WithTimeout(ctx, handBackWait)
+	wctx, cancel := context.WithTimeout(ctx, nakWait)
 	defer cancel()
 	_, _ = nc.RequestWithContext(wctx, l.jm.Reply(), fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
 }
@@ -608,7 +638,7 @@ func (l *Lease) Dead(ctx context.Context, cause string, retryIn time.Duration) e
 			l.rec.Status = StatusQueued
 			l.save(ctx)
 		}
-		_ = l.jm.NakWithDelay(retryIn)
+		l.nak(ctx, retryIn)
 		return err
 	}
 	reason := "dead-lettered: " + cause

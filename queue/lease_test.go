@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -329,5 +330,83 @@ func TestHandBackDoneContext(t *testing.T) {
 	l.HandBack(done)
 	if got := lease(t, c).Message().Ticket; got != l.Message().Ticket {
 		t.Fatalf("ticket %s came, want %s", got, l.Message().Ticket)
+	}
+}
+
+// TestStaleLeaseSendsNoNak: a lease held past its ack wait, whose order the server has
+// handed out again, must not hand it back: JetStream applies a nak to the message's
+// current delivery, so the order would go out a third time while the second lease
+// still holds it.
+func TestStaleLeaseSendsNoNak(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv)
+	ctx := ctxT(t)
+	const ackWait = 2 * time.Second
+	for _, tc := range []struct {
+		name   string
+		settle func(l *queue.Lease)
+	}{
+		{"hand back", func(l *queue.Lease) { l.HandBack(ctx) }},
+		{"release", func(l *queue.Lease) { l.Release(0) }},
+		{"retry", func(l *queue.Lease) {
+			if err := l.Retry(ctx, 0, "503"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := strings.ReplaceAll(tc.name, " ", "-")
+			q, err := s.Declare(ctx, testConfig(name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := q.Consumer()
+			if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Park(ctx, order(name, `{"id":1}`)); err != nil {
+				t.Fatal(err)
+			}
+			first := lease(t, c)
+			if err := first.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			second := lease(t, c) // the server's redelivery, once first's ack wait ran out
+			if second.Message().Ticket != first.Message().Ticket {
+				t.Fatalf("second lease is %s, want the redelivery of %s", second.Message().Ticket, first.Message().Ticket)
+			}
+			// The second delivery stays in progress while the test looks for a third (the
+			// first reset goes before the settlement: a later one would undo its nak).
+			if err := second.InProgress(); err != nil {
+				t.Fatal(err)
+			}
+			held, release := context.WithCancel(ctx)
+			defer release()
+			go func() {
+				for {
+					select {
+					case <-held.Done():
+						return
+					case <-time.After(ackWait / 4):
+						_ = second.InProgress()
+					}
+				}
+			}()
+			tc.settle(first)
+			look, cancel := context.WithTimeout(ctx, ackWait)
+			defer cancel()
+			if third, err := c.Next(look); err == nil {
+				t.Fatalf("the stale lease's settlement handed %s out a third time beside the second delivery", third.Message().Ticket)
+			} else if !errors.Is(err, queue.ErrNoMessages) {
+				t.Fatal(err)
+			}
+			release()
+			if err := second.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := second.Done(ctx, &queue.Result{StatusCode: 200}); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
