@@ -188,6 +188,18 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if err := c.ensureLanes(ctx, cfg, qcfg, cons, existing); err != nil {
 		return err
 	}
+	// The handle kept reads the consumer's config back: leases go stale by the ack wait
+	// it caches (see lease), and a handle kept from before, or one read before the
+	// update above, caches an older one.
+	c.mu.Lock()
+	h := c.cons
+	c.mu.Unlock()
+	if h == nil || created {
+		h = cons
+	}
+	if _, err := h.Info(ctx); err != nil {
+		return unavailable("consumer of "+c.q.name, err)
+	}
 	c.mu.Lock()
 	if c.cons == nil || created {
 		c.cons = cons
@@ -223,7 +235,7 @@ func (c *Consumer) Next(ctx context.Context) (*Lease, error) {
 	if err == nil {
 		var l *Lease
 		for jm := range batch.Messages() {
-			l = c.lease(jm)
+			l = c.lease(jm, serverAckWait(cons))
 		}
 		if l != nil {
 			return l, nil
@@ -246,8 +258,25 @@ func (c *Consumer) Next(ctx context.Context) (*Lease, error) {
 	return nil, unavailable("fetch from "+c.q.name, err)
 }
 
+// serverAckWait is the ack wait of a consumer as the server last reported it to this
+// handle (0: unknown). The dispatcher's PauseState refreshes the queue consumer's every
+// few seconds; a laned queue's scheduler reads its lanes' with every refresh.
+func serverAckWait(cons jetstream.Consumer) time.Duration {
+	if cons == nil {
+		return 0
+	}
+	if ci := cons.CachedInfo(); ci != nil {
+		return ci.Config.AckWait
+	}
+	return 0
+}
+
 // lease decodes a fetched message; nil when it is not a parked request (terminated).
-func (c *Consumer) lease(jm jetstream.Msg) *Lease {
+// serverAck is the ack wait the server last reported for the consumer it came from (0:
+// unknown): the lease goes stale by the shorter of it and this handle's, since another
+// replica's Ensure may have shortened it on the server, and a lane the configuration
+// no longer has keeps the ack wait it was created with.
+func (c *Consumer) lease(jm jetstream.Msg, serverAck time.Duration) *Lease {
 	m, err := Decode(jm)
 	if err != nil {
 		c.log.Error("terminating a message that is not a parked request", "err", err)
@@ -260,6 +289,9 @@ func (c *Consumer) lease(jm jetstream.Msg) *Lease {
 	}
 	ackWait := c.ackWait
 	c.mu.Unlock()
+	if serverAck > 0 && (ackWait <= 0 || serverAck < ackWait) {
+		ackWait = serverAck
+	}
 	return &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m), stale: staleAt(time.Now(), ackWait)}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -408,5 +409,137 @@ func TestStaleLeaseSendsNoNak(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// expectNoThirdDelivery settles first, the stale lease of an order c handed out again
+// as second, and fails if the order comes a third time while second holds it.
+func expectNoThirdDelivery(t *testing.T, c *queue.Consumer, first, second *queue.Lease, settle func(*queue.Lease)) {
+	t.Helper()
+	ctx := ctxT(t)
+	if second.Message().Ticket != first.Message().Ticket {
+		t.Fatalf("second lease is %s, want the redelivery of %s", second.Message().Ticket, first.Message().Ticket)
+	}
+	if err := second.InProgress(); err != nil {
+		t.Fatal(err)
+	}
+	held, release := context.WithCancel(ctx)
+	defer release()
+	go func() {
+		for {
+			select {
+			case <-held.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+				_ = second.InProgress()
+			}
+		}
+	}()
+	settle(first)
+	look, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if third, err := c.Next(look); err == nil {
+		t.Fatalf("the stale lease's settlement handed %s out a third time beside the second delivery", third.Message().Ticket)
+	} else if !errors.Is(err, queue.ErrNoMessages) {
+		t.Fatal(err)
+	}
+}
+
+// TestStaleLeaseServerAckWait: a lease goes stale by the consumer's ack wait on the
+// server when that is shorter than the one this handle set: another replica's Ensure
+// shortened it (the dispatcher reads it back with PauseState every few seconds), or the
+// lease came from a lane the configuration no longer has, whose consumer keeps the ack
+// wait it was created with.
+func TestStaleLeaseServerAckWait(t *testing.T) {
+	const short, long = 2 * time.Second, time.Minute
+	t.Run("another replica", func(t *testing.T) {
+		srv := natstest.Start(t)
+		s := openStore(t, srv)
+		ctx := ctxT(t)
+		q, err := s.Declare(ctx, testConfig("replica"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := q.Consumer()
+		if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: long, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Consumer().Ensure(ctx, queue.ConsumerConfig{AckWait: short, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := c.PauseState(ctx); err != nil { // as the dispatcher does every 2s
+			t.Fatal(err)
+		}
+		if _, err := s.Park(ctx, order("replica", `{"id":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		first := lease(t, c)
+		expectNoThirdDelivery(t, c, first, lease(t, c), func(l *queue.Lease) { l.Release(0) })
+	})
+	t.Run("leftover lane", func(t *testing.T) {
+		srv := natstest.Start(t)
+		cfg := testConfig("left")
+		cfg.FairBy = "header:X-Tenant"
+		cfg.FairLanes = 4
+		s := openStore(t, srv, cfg)
+		ctx := ctxT(t)
+		q, err := s.Queue("left")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := q.Consumer().Ensure(ctx, queue.ConsumerConfig{AckWait: short, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+			t.Fatal(err)
+		}
+		tenant := ""
+		for i := range 100 {
+			tn := fmt.Sprintf("tenant-%d", i)
+			if l := s.LaneFor(cfg, "", tn); l == "p0t2" || l == "p0t3" {
+				tenant = tn
+				break
+			}
+		}
+		if tenant == "" {
+			t.Fatal("no tenant in lane t2 or t3")
+		}
+		parkAs(t, s, "left", tenant, "", "left0")
+		cfg.FairLanes = 2 // lanes t2 and t3 stay until drained, with their ack wait
+		if q, err = s.Declare(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		c := q.Consumer()
+		if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: long, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+			t.Fatal(err)
+		}
+		first := lease(t, c)
+		expectNoThirdDelivery(t, c, first, lease(t, c), func(l *queue.Lease) { l.Release(0) })
+	})
+}
+
+// TestLeaseAfterLongerAckWait: a handle whose Ensure lengthened the ack wait judges its
+// leases by the new one, not by the one its handle cached before the update, so a lease
+// held past the old ack wait still hands its order back.
+func TestLeaseAfterLongerAckWait(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv)
+	ctx := ctxT(t)
+	q, err := s.Declare(ctx, testConfig("longer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := q.Consumer()
+	if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: time.Second, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: 10 * time.Minute, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Park(ctx, order("longer", `{"id":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	first := lease(t, c)
+	time.Sleep(1500 * time.Millisecond) // past the old ack wait
+	first.Release(0)
+	if again := lease(t, c); again.Message().Ticket != first.Message().Ticket { // waits at most 30s, not 10m
+		t.Fatalf("got %s, want %s back", again.Message().Ticket, first.Message().Ticket)
 	}
 }

@@ -30,8 +30,9 @@ type laneState struct {
 	l       lane
 	name    string // consumer name
 	cons    jetstream.Consumer
-	pending uint64 // waiting orders as last seen
-	probe   bool   // orders handed out: some may come back (retries) and be due
+	pending uint64        // waiting orders as last seen
+	probe   bool          // orders handed out: some may come back (retries) and be due
+	ackWait time.Duration // the lane consumer's on the server, as last seen (0: unknown)
 }
 
 func (s *laneState) active() bool { return s.pending > 0 || s.probe }
@@ -85,6 +86,7 @@ func (sc *scheduler) refresh(ctx context.Context, stream jetstream.Stream, now t
 		}
 		if ls := byName[ci.Name]; ls != nil {
 			ls.pending, ls.probe = ci.NumPending, ci.NumAckPending > 0
+			ls.ackWait = ci.Config.AckWait
 		}
 	}
 	if err := list.Err(); err != nil {
@@ -232,7 +234,7 @@ func (c *Consumer) tryLaned(ctx context.Context) (_ *Lease, leading bool, _ erro
 			ls.pending = md.NumPending
 		}
 		ls.probe = true
-		if l := c.lease(jm); l != nil {
+		if l := c.lease(jm, cmp.Or(ls.ackWait, serverAckWait(ls.cons))); l != nil {
 			return l, true, nil
 		}
 	}
