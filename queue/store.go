@@ -212,22 +212,34 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("%w: dead-letter stream: %v", ErrUnavailable, err)
 	}
 	bucket := func(name, desc string, maxBytes int64) (jetstream.KeyValue, error) {
-		kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		cfg := jetstream.KeyValueConfig{
 			Bucket:      name,
 			Description: desc,
 			History:     1,
 			Storage:     jetstream.FileStorage,
-			Replicas:    o.replicas,
+			Replicas:    max(o.replicas, 1),
 			MaxBytes:    maxBytes,
 			// Enables per-key TTLs (every entry is written with one).
 			LimitMarkerTTL: time.Minute,
-		})
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeNoStorage {
-			// A larger byte cap than the bucket has finds no room to reserve: the
-			// bucket as it is serves (another process sized it).
+		}
+		// A bucket as wanted is used as it is: an update rewrites its configuration on
+		// disk, which fails on a full disk, and a sluice that cannot start cannot drain
+		// the queues that would free it.
+		st, err := js.Stream(ctx, "KV_"+name)
+		exists := err == nil
+		if exists && sameBucket(st.CachedInfo().Config, cfg, true) {
+			if kv, err := js.KeyValue(ctx, name); err == nil {
+				return kv, nil
+			}
+		}
+		kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+		if err != nil && exists && sameBucket(st.CachedInfo().Config, cfg, false) {
+			// Only its byte cap differs (the cap follows the store's size) and it cannot
+			// be changed: no room to reserve a larger one, or no room on the disk for
+			// the new configuration. The bucket as it is serves.
 			if kv, gerr := js.KeyValue(ctx, name); gerr == nil {
-				o.logger.Warn("key-value bucket kept at its byte cap: the store has no room to raise it", "bucket", name, "asked", maxBytes)
+				o.logger.Warn("key-value bucket kept at its byte cap: it cannot be changed now", "bucket", name,
+					"asked", maxBytes, "err", err)
 				return kv, nil
 			}
 		}
@@ -439,6 +451,15 @@ func sameStream(have, want jetstream.StreamConfig) bool {
 		have.AllowMsgSchedules == want.AllowMsgSchedules && have.AllowRollup == want.AllowRollup &&
 		have.AllowMsgTTL == want.AllowMsgTTL && have.SubjectDeleteMarkerTTL == want.SubjectDeleteMarkerTTL &&
 		limit(have.MaxMsgSize) == limit(want.MaxMsgSize) && have.PersistMode == want.PersistMode
+}
+
+// sameBucket reports whether the stream of a key-value bucket, have, holds every
+// setting of want that sluice chooses (the byte cap only when withCap).
+func sameBucket(have jetstream.StreamConfig, want jetstream.KeyValueConfig, withCap bool) bool {
+	return have.Description == want.Description && have.MaxMsgsPerSubject == int64(want.History) &&
+		have.Storage == want.Storage && have.Replicas == want.Replicas &&
+		(!withCap || limit(have.MaxBytes) == limit(want.MaxBytes)) &&
+		have.SubjectDeleteMarkerTTL == want.LimitMarkerTTL && have.AllowMsgTTL
 }
 
 // limit is a stream limit as the server keeps it: none (0 when asked for) is -1.
