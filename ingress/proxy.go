@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/ingress/internal/warn"
 )
 
 // ProxyOption configures NewProxy.
@@ -88,6 +90,7 @@ type Proxy struct {
 	plainPath  bool // the upstream URL has neither path nor query: requests keep theirs
 	ids        *ClientIdentity
 	log        *slog.Logger
+	failures   *warn.Sometimes // "upstream request failed", once per warnInterval
 	timeout    time.Duration
 	dialer     net.Dialer
 	byClass    [len(statusClasses)]classMetrics
@@ -142,6 +145,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 		return nil, err
 	}
 	p := &Proxy{
+		failures:   warn.Every(warnInterval),
 		upstream:   upstream,
 		plainPath:  (upstream.Path == "" || upstream.Path == "/") && upstream.RawQuery == "",
 		ids:        cfg.ids,
@@ -194,6 +198,10 @@ func (p *Proxy) reverseProxy(metrics *upstreamMetrics) *httputil.ReverseProxy {
 	}
 }
 
+// warnInterval is how often a warning that each failing request repeats (an upstream
+// down, the queues unreachable) is logged: once, then at most once per interval.
+const warnInterval = 10 * time.Second
+
 // fail answers the client when no response came from the upstream.
 func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
@@ -209,7 +217,7 @@ func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body could not be read."))
 		return
 	}
-	p.log.Warn("upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)
+	p.failures.Warn(p.log, "upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)
 	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		writeProblem(w, simpleProblem(http.StatusGatewayTimeout, "The upstream did not answer in time."))
 		return

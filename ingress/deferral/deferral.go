@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/internal/warn"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -39,11 +40,19 @@ type Deferrer struct {
 	parker Parker
 	log    *slog.Logger
 	memory memoryBudget
+	// Warnings every refused request would repeat, logged at most once per
+	// warnInterval.
+	unavailable, keysFull *warn.Sometimes
 }
+
+// warnInterval is how often a warning that every refused request repeats (the queues
+// unreachable, the key store full) is logged: once, then at most once per interval.
+const warnInterval = 10 * time.Second
 
 // New returns a deferrer that parks with p.
 func New(p Parker, opts ...Option) *Deferrer {
-	q := &Deferrer{parker: p, log: slog.Default(), memory: memoryBudget{max: DefaultBodyMemory}}
+	q := &Deferrer{parker: p, log: slog.Default(), memory: memoryBudget{max: DefaultBodyMemory},
+		unavailable: warn.Every(warnInterval), keysFull: warn.Every(warnInterval)}
 	for _, o := range opts {
 		o(q)
 	}
@@ -208,7 +217,7 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 				" Idempotency-Keys the queue "+d.Queue.Name+" accepts per client (max_idempotency_keys) within "+
 				d.Queue.IdempotencyTTL.String()+"; retry in "+strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10)+" s.")
 	case errors.Is(err, queue.ErrKeyStoreFull):
-		q.log.Warn("idempotency key store full", "queue", d.Queue.Name, "err", err)
+		q.keysFull.Warn(q.log, "idempotency key store full", "queue", d.Queue.Name, "err", err)
 		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
 		ingress.WriteProblem(w, http.StatusServiceUnavailable,
 			"The idempotency key store is full; nothing was accepted. Retry later.")
@@ -226,7 +235,7 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge, "The request is too large to be queued.")
 	default:
 		// ErrUnavailable, an undeclared queue, anything else: nothing was accepted.
-		q.log.Warn("deferring failed", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)
+		q.unavailable.Warn(q.log, "deferring failed", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)
 		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
 		ingress.WriteProblem(w, http.StatusServiceUnavailable,
 			"The request could not be queued; nothing was accepted. Retry later.")

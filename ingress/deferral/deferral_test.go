@@ -1,8 +1,10 @@
 package deferral
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
+	"github.com/sluicehq/sluice/ingress/internal/warn"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
@@ -38,15 +41,16 @@ queues:
 `
 
 type deferFixture struct {
-	handler http.Handler
-	nats    *natstest.Server
-	store   *queue.Store
+	handler  http.Handler
+	nats     *natstest.Server
+	store    *queue.Store
+	deferrer *Deferrer
 }
 
-func newDeferFixture(t *testing.T) *deferFixture {
+func newDeferFixture(t *testing.T, opts ...Option) *deferFixture {
 	t.Helper()
 	set, srv, store := openRules(t, deferRules)
-	d := New(store)
+	d := New(store, opts...)
 	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(d))
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +58,7 @@ func newDeferFixture(t *testing.T) *deferFixture {
 	mux := http.NewServeMux()
 	mux.Handle("GET "+Path+"{ticket}", d.StatusHandler())
 	mux.Handle("/", m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })))
-	return &deferFixture{handler: mux, nats: srv, store: store}
+	return &deferFixture{handler: mux, nats: srv, store: store, deferrer: d}
 }
 
 func (f *deferFixture) post(body string, headers ...string) *httptest.ResponseRecorder {
@@ -142,7 +146,9 @@ func TestDeferIdempotency(t *testing.T) {
 }
 
 func TestDeferFullQueueAndNATSDown(t *testing.T) {
-	f := newDeferFixture(t)
+	var logs bytes.Buffer
+	f := newDeferFixture(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	f.deferrer.unavailable = warn.Every(time.Hour)
 	f.post(`{}`)
 	for i := range 3 {
 		if w := f.post(`{}`); w.Code != 202 {
@@ -154,9 +160,15 @@ func TestDeferFullQueueAndNATSDown(t *testing.T) {
 		t.Fatalf("full queue: %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
 	}
 	f.nats.Shutdown()
-	w = f.post(`{}`)
-	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
-		t.Fatalf("NATS down: %d %s, Retry-After %q", w.Code, w.Body, w.Header().Get("Retry-After"))
+	for range 20 {
+		w = f.post(`{}`)
+		if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+			t.Fatalf("NATS down: %d %s, Retry-After %q", w.Code, w.Body, w.Header().Get("Retry-After"))
+		}
+	}
+	// An outage does not write a line per refused request.
+	if n := strings.Count(logs.String(), `msg="deferring failed"`); n != 1 {
+		t.Errorf("20 refused defers logged %d warnings, want 1:\n%s", n, logs.String())
 	}
 }
 
