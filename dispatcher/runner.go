@@ -206,10 +206,16 @@ func (r *runner) fetchLoop(ctx context.Context) {
 	}
 }
 
-// maintain follows the server's pause state and config changes of the queue.
+// reclaimEvery is how often a dispatcher looks for acknowledged orders its queue's
+// stream still holds (see queue.Consumer.Reclaim).
+const reclaimEvery = time.Minute
+
+// maintain follows the server's pause state and config changes of the queue, and
+// reclaims what the stream kept of acknowledged orders.
 func (r *runner) maintain(ctx context.Context) {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
+	var reclaimAt time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -217,6 +223,10 @@ func (r *runner) maintain(ctx context.Context) {
 		case <-t.C:
 		}
 		r.flushRecords(ctx)
+		if now := time.Now(); now.After(reclaimAt) {
+			reclaimAt = now.Add(reclaimEvery)
+			r.reclaim(ctx)
+		}
 		if cfg := r.q.Config(); !sameQueueConfig(cfg, r.config()) {
 			if err := r.ensureConsumer(ctx); err != nil {
 				r.log.Warn("cannot apply the new queue config", "err", err)
@@ -253,6 +263,20 @@ func (r *runner) maintain(ctx context.Context) {
 		} else {
 			r.m.paused.Set(0)
 		}
+	}
+}
+
+// reclaim removes the acknowledged orders the queue's stream still holds: a removal
+// that failed (a full disk) is not tried again by JetStream.
+func (r *runner) reclaim(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := r.cons.Reclaim(rctx)
+	if n > 0 {
+		r.log.Warn("removed acknowledged orders the stream still held (JetStream could not remove them then: a full disk?)", "orders", n)
+	}
+	if err != nil {
+		r.log.Debug("cannot reclaim acknowledged orders", "err", err)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -542,4 +544,70 @@ func TestLeaseAfterLongerAckWait(t *testing.T) {
 	if again := lease(t, c); again.Message().Ticket != first.Message().Ticket { // waits at most 30s, not 10m
 		t.Fatalf("got %s, want %s back", again.Message().Ticket, first.Message().Ticket)
 	}
+}
+
+// Reclaim removes what a dispatch consumer acknowledged and the stream still holds
+// (JetStream does not retry a removal that failed on a full disk, not even at its next
+// start), and nothing else. A full disk cannot be made here, so the test makes the same
+// state: the stream's messages are put back on disk as they were before the orders
+// were acknowledged, while the consumer keeps its ack floor.
+func TestReclaimAcknowledgedOrders(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, testConfig("orders"))
+	q, _ := s.Queue("orders")
+	ctx := ctxT(t)
+	c := consumer(t, s, "orders")
+	reclaim := func(want uint64) {
+		t.Helper()
+		if n, err := c.Reclaim(ctx); err != nil || n != want {
+			t.Fatalf("reclaimed %d (%v), want %d", n, err, want)
+		}
+	}
+	for i := range 3 {
+		if _, err := s.Park(ctx, order("orders", fmt.Sprintf(`{"id":%d}`, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reclaim(0)
+	msgs := filepath.Join(srv.Dir, "jetstream", "$G", "streams", queue.StreamName("orders"), "msgs")
+	kept := filepath.Join(t.TempDir(), "msgs")
+	srv.Shutdown()
+	if err := os.CopyFS(kept, os.DirFS(msgs)); err != nil {
+		t.Fatal(err)
+	}
+	srv.Restart()
+	waitFor(t, func() bool { return srv.Conn.IsConnected() })
+	for range 3 {
+		l := lease(t, c)
+		if err := l.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Done(ctx, &queue.Result{StatusCode: 200}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Shutdown()
+	if err := os.RemoveAll(msgs); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(msgs, os.DirFS(kept)); err != nil {
+		t.Fatal(err)
+	}
+	srv.Restart()
+	waitFor(t, func() bool { return srv.Conn.IsConnected() })
+	if d, err := q.Depth(ctx); err != nil || d != 3 {
+		t.Fatalf("depth %d (%v) with the acknowledged orders back on disk, want 3", d, err)
+	}
+	for i := range 2 {
+		if _, err := s.Park(ctx, order("orders", fmt.Sprintf(`{"after":%d}`, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := lease(t, c) // one of the two new orders, handed out and not acknowledged
+	reclaim(3)
+	reclaim(0)
+	if d, err := q.Depth(ctx); err != nil || d != 2 {
+		t.Errorf("depth %d (%v) after reclaiming, want the 2 new orders", d, err)
+	}
+	held.Release(time.Millisecond)
 }
