@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
 
@@ -102,4 +104,51 @@ func TestParkStopsAtHighWater(t *testing.T) {
 		t.Errorf("refused at %d of %d bytes", used, limit)
 	}
 	t.Logf("%d orders of 32 KiB accepted; refused at %d of %d bytes", accepted, used, limit)
+}
+
+// Park keeps the disk's reserve whatever the store limit: other files may fill the
+// disk under the store, and a nats-server that meets a full disk answers no write
+// until it restarts.
+func TestParkKeepsTheDiskReserve(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := ctxT(t)
+	var free atomic.Uint64
+	free.Store(1 << 40)
+	s, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()),
+		queue.WithDiskFree(func() (uint64, error) { return free.Load(), nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Declare(ctx, testConfig("disk")); err != nil {
+		t.Fatal(err)
+	}
+	park := func() error { _, err := s.Park(ctx, order("disk", `{}`)); return err }
+	if err := park(); err != nil {
+		t.Fatal(err)
+	}
+	free.Store(queue.DiskReserve(0) - 1)
+	waitFor(t, func() bool {
+		err := park()
+		if err != nil && !(errors.Is(err, queue.ErrStorageFull) && errors.Is(err, queue.ErrUnavailable)) {
+			t.Fatalf("park with the disk at its reserve: %v", err)
+		}
+		return err != nil
+	})
+	free.Store(queue.DiskReserve(0))
+	waitFor(t, func() bool { return park() == nil })
+}
+
+func TestEmbeddedDiskFree(t *testing.T) {
+	emb, err := embedded.Start(embedded.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer emb.Shutdown()
+	free, err := emb.DiskFree()
+	if errors.Is(err, embedded.ErrDiskFreeUnknown) {
+		t.Skip(err)
+	}
+	if err != nil || free == 0 {
+		t.Fatalf("free %d, %v", free, err)
+	}
 }

@@ -95,6 +95,7 @@ type options struct {
 	signingKey     []byte
 	keptBytes      int64
 	storeLimit     int64
+	diskFree       func() (uint64, error)
 	tracerProvider trace.TracerProvider
 }
 
@@ -132,6 +133,21 @@ func WithKeptRecordsBytes(n int64) Option { return func(o *options) { o.keptByte
 // writes (ticket records, dead letters). 0: only an account limit counts; without one
 // Park fails only when JetStream itself refuses.
 func WithStoreLimit(n int64) Option { return func(o *options) { o.storeLimit = n } }
+
+// WithDiskFree tells the Store how to read the bytes free on the disk that holds its
+// JetStream store (embedded.Server.DiskFree for the embedded server). Park refuses new
+// orders with ErrStorageFull while fewer than DiskReserve(limit) are free, whatever the
+// store limit: a server whose disk fills up (other files grow) answers no write
+// (nats-server 2.15 leaves JetStream unanswering until it restarts, even once space is
+// freed), and the dispatchers' records and removals need the room the reserve keeps.
+func WithDiskFree(free func() (uint64, error)) Option { return func(o *options) { o.diskFree = free } }
+
+// DiskReserve is the free disk Park leaves (see WithDiskFree) for a store limit of
+// limit bytes (0: unknown): what the high-water mark keeps of the limit, and at least
+// 16 MiB.
+func DiskReserve(limit int64) uint64 {
+	return max(uint64(float64(max(limit, 0))*(1-HighWater)), 16<<20)
+}
 
 // WithTracerProvider sets where Park's spans go (default otel.GetTracerProvider(),
 // which records nothing until the program sets a provider; noop.NewTracerProvider()
@@ -248,7 +264,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		}
 		return kv, nil
 	}
-	s.usage.init(ctx, js, o.storeLimit, o.logger)
+	s.usage.init(ctx, js, o.storeLimit, o.diskFree, o.logger)
 	// A stream's byte cap is reserved from the store when the stream is made: the key
 	// stores (the bucket and every queue's key stream) take a share of a store of
 	// known size, never more than it holds.

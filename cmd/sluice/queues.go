@@ -459,12 +459,13 @@ func (q *queues) open(ctx context.Context) (*queue.Store, error) {
 		// A request now would fail at once anyway; say why.
 		return nil, q.conn.notConnected()
 	}
-	var limit int64 // a cluster's account limit, if any, is read by Open
+	opts := []queue.Option{queue.WithReplicas(replicas), queue.WithRegisterer(q.reg), queue.WithLogger(q.log),
+		queue.WithIdempotencyMaxBytes(q.conn.idemMax), queue.WithSigningKey(q.conn.key), queue.WithTracerProvider(q.tracing)}
+	// A cluster's account limit, if any, is read by Open.
 	if q.conn.embedded != nil {
-		limit = q.conn.embedded.MaxStore()
+		opts = append(opts, queue.WithStoreLimit(q.conn.embedded.MaxStore()), queue.WithDiskFree(q.conn.embedded.DiskFree))
 	}
-	store, err := queue.Open(ctx, q.conn.nc, queue.WithReplicas(replicas), queue.WithRegisterer(q.reg), queue.WithLogger(q.log),
-		queue.WithIdempotencyMaxBytes(q.conn.idemMax), queue.WithSigningKey(q.conn.key), queue.WithStoreLimit(limit), queue.WithTracerProvider(q.tracing))
+	store, err := queue.Open(ctx, q.conn.nc, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("queues: %w", err)
 	}

@@ -72,9 +72,13 @@ type Config struct {
 // to fall back on, so an acknowledged message survives a crash of the process or the
 // machine.
 type Server struct {
-	srv   *server.Server
-	token string
+	srv     *server.Server
+	token   string
+	dataDir string
 }
+
+// ErrDiskFreeUnknown: DiskFree has no figure on this system.
+var ErrDiskFreeUnknown = errors.New("queue: the free disk space is not known on this system")
 
 // Start starts the server and waits until it accepts connections.
 func Start(cfg Config) (*Server, error) {
@@ -161,7 +165,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 		return nil, fmt.Errorf("queue: embedded NATS opened %d of the %d streams in %s; refusing to start without the others", loaded, stored, cfg.DataDir)
 	}
-	return &Server{srv: srv, token: cfg.Token}, nil
+	return &Server{srv: srv, token: cfg.Token, dataDir: cfg.DataDir}, nil
 }
 
 // storedStreams counts the streams of the global account in dir, and those of them
@@ -189,6 +193,11 @@ func (e *Server) MaxStore() int64 {
 	}
 	return 0
 }
+
+// DiskFree returns the bytes free (to an unprivileged writer) on the disk of the data
+// directory: what queue.Open takes as queue.WithDiskFree. ErrDiskFreeUnknown where the
+// system has no such figure for sluice.
+func (e *Server) DiskFree() (uint64, error) { return diskFree(e.dataDir) }
 
 // ClientURL returns the URL of the listener ("" without one).
 func (e *Server) ClientURL() string {

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package embedded
+
+func diskFree(string) (uint64, error) { return 0, ErrDiskFreeUnknown }
