@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
@@ -303,5 +305,56 @@ func TestLanedOrderFoundAfterTheLanesWent(t *testing.T) {
 	}
 	if err := plain.Cancel(ctxT(t), left.Ticket); err != nil {
 		t.Fatalf("cancel an order left in a lane: %v", err)
+	}
+}
+
+// TestLanedOrderBelowTheFloorAfterTheLanesWent: while a queue had lanes, its consumer of
+// unlaned orders delivered one (parked by a replica still without lanes) that came after
+// an order waiting in a lane, so its ack floor passed that order. When the lanes go, the
+// consumer takes every subject again and must still deliver the laned order; nor may
+// Reclaim, which removes what lies at or below a consumer's ack floor, take it for
+// acknowledged.
+func TestLanedOrderBelowTheFloorAfterTheLanesWent(t *testing.T) {
+	srv := natstest.Start(t)
+	plain := testConfig("floor")
+	laned := plain
+	laned.FairBy = "header:X-Tenant"
+	a := openStore(t, srv, laned)
+	b := openStore(t, srv, plain) // a replica not yet on the laned configuration
+	parkAs(t, a, "floor", "t", "", "laned")
+	parkAs(t, b, "floor", "", "", "unlaned")
+	// The consumer of unlaned orders delivers the unlaned one (the scheduler of the
+	// lanes would pick either first; the test takes it straight from that consumer).
+	laneConsumerOf(t, a, "floor")
+	ctx := ctxT(t)
+	dispatch, err := srv.Stream(t, queue.StreamName("floor")).Consumer(ctx, queue.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := dispatch.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		order, err := queue.Decode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tag := order.Header.Get("X-Tag"); tag != "unlaned" {
+			t.Fatalf("the unlaned consumer delivered %q", tag)
+		}
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Declare(ctxT(t), plain); err != nil {
+		t.Fatal(err)
+	}
+	c := consumer(t, a, "floor")
+	if n, err := c.Reclaim(ctxT(t)); err != nil || n != 0 {
+		t.Fatalf("reclaim took %d orders (%v): the laned order was never delivered", n, err)
+	}
+	if got := deliver(t, c, 1); !slices.Equal(got, []string{"laned"}) {
+		t.Errorf("after the lanes went: %v, want the laned order", got)
 	}
 }

@@ -169,8 +169,26 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	switch {
 	case err == nil:
 		have := cons.CachedInfo().Config
-		if !sameConsumer(have, want) {
-			want.PauseUntil = have.PauseUntil
+		want.PauseUntil = have.PauseUntil
+		switch {
+		case sameConsumer(have, want):
+		case have.FilterSubject != want.FilterSubject && want.FilterSubject == readyFilter(c.q.name):
+			// The lanes went: the consumer takes every ready subject again. Updated, it
+			// would keep its ack floor, which may have passed orders of the lanes while
+			// it took only the unlaned ones: those would be delivered never (and
+			// Reclaim would take them for acknowledged). Made anew, it starts from the
+			// first order; the orders it had handed out come again.
+			if err := stream.DeleteConsumer(ctx, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return unavailable("delete consumer of "+c.q.name, err)
+			}
+			if _, err := stream.CreateOrUpdateConsumer(ctx, want); err != nil {
+				return unavailable("create consumer of "+c.q.name, err)
+			}
+			if cons, err = stream.Consumer(ctx, ConsumerName); err != nil {
+				return unavailable("consumer of "+c.q.name, err)
+			}
+			created = true
+		default:
 			if _, err := stream.UpdateConsumer(ctx, want); err != nil {
 				return unavailable("update consumer of "+c.q.name, err)
 			}
