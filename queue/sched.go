@@ -166,6 +166,11 @@ func (sc *scheduler) levelActive(lv int) bool {
 func (c *Consumer) nextLaned(ctx context.Context) (*Lease, error) {
 	for {
 		l, leading, err := c.tryLaned(ctx)
+		if err != nil && ctx.Err() != nil {
+			// The caller's time ran out within a request: nothing came, as for an
+			// unlaned queue's Next.
+			return nil, fmt.Errorf("%w: %w", ErrNoMessages, ctx.Err())
+		}
 		if l != nil || err != nil {
 			return l, err
 		}
