@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sluicehq/sluice/ingress/internal/warn"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -382,7 +385,8 @@ func TestProxyUpgrade(t *testing.T) {
 	}
 }
 
-// An upstream that does not listen is 502 with a problem body, counted as an error.
+// An upstream that does not listen is 502 with a problem body, counted as an error,
+// and logged once, not once a request.
 func TestProxyUpstreamDown(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -391,19 +395,27 @@ func TestProxyUpstreamDown(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	reg := prometheus.NewRegistry()
-	p, err := NewProxy(&url.URL{Scheme: "http", Host: addr}, WithProxyRegisterer(reg))
+	var logs bytes.Buffer
+	p, err := NewProxy(&url.URL{Scheme: "http", Host: addr}, WithProxyRegisterer(reg),
+		WithProxyLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.failures = warn.Every(time.Hour)
 	front := httptest.NewServer(p)
 	defer front.Close()
-	resp, err := front.Client().Get(front.URL + "/x")
-	if err != nil {
-		t.Fatal(err)
+	for range 5 {
+		resp, err := front.Client().Get(front.URL + "/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantProblem(t, resp, http.StatusBadGateway)
 	}
-	wantProblem(t, resp, http.StatusBadGateway)
-	if got := counterOf(t, p.byClass[errorClass].requests); got != 1 {
-		t.Errorf("sluice_upstream_requests_total{class=error} = %v, want 1", got)
+	if got := counterOf(t, p.byClass[errorClass].requests); got != 5 {
+		t.Errorf("sluice_upstream_requests_total{class=error} = %v, want 5", got)
+	}
+	if n := strings.Count(logs.String(), `msg="upstream request failed"`); n != 1 {
+		t.Errorf("5 failed requests logged %d warnings, want 1:\n%s", n, logs.String())
 	}
 }
 
