@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/natstest"
@@ -114,8 +116,10 @@ func TestParkKeepsTheDiskReserve(t *testing.T) {
 	ctx := ctxT(t)
 	var free atomic.Uint64
 	free.Store(1 << 40)
-	s, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()),
-		queue.WithDiskFree(func() (uint64, error) { return free.Load(), nil }))
+	const limit = 1 << 30
+	reg := prometheus.NewRegistry()
+	s, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()), queue.WithRegisterer(reg),
+		queue.WithStoreLimit(limit), queue.WithDiskFree(func() (uint64, error) { return free.Load(), nil }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +130,17 @@ func TestParkKeepsTheDiskReserve(t *testing.T) {
 	if err := park(); err != nil {
 		t.Fatal(err)
 	}
-	free.Store(queue.DiskReserve(0) - 1)
+	if got := gather(t, reg, "sluice_queue_store_disk_free_bytes"); got != 1<<40 {
+		t.Errorf("disk free gauge %v, want %v", got, 1<<40)
+	}
+	if got := gather(t, reg, "sluice_queue_store_limit_bytes"); got != limit {
+		t.Errorf("store limit gauge %v, want %v", got, limit)
+	}
+	reserve := queue.DiskReserve(limit)
+	if reserve != limit*15/100 {
+		t.Errorf("reserve %d for a %d-byte store, want 15%%", reserve, limit)
+	}
+	free.Store(reserve - 1)
 	waitFor(t, func() bool {
 		err := park()
 		if err != nil && !(errors.Is(err, queue.ErrStorageFull) && errors.Is(err, queue.ErrUnavailable)) {
@@ -134,8 +148,11 @@ func TestParkKeepsTheDiskReserve(t *testing.T) {
 		}
 		return err != nil
 	})
-	free.Store(queue.DiskReserve(0))
+	free.Store(reserve)
 	waitFor(t, func() bool { return park() == nil })
+	if queue.DiskReserve(0) != 16<<20 {
+		t.Errorf("reserve without a store limit: %d, want 16 MiB", queue.DiskReserve(0))
+	}
 }
 
 func TestEmbeddedDiskFree(t *testing.T) {

@@ -19,6 +19,9 @@ type storeMetrics struct {
 	maxDepth      *prometheus.Desc
 	outflow       *prometheus.Desc
 	orphaned      *prometheus.Desc
+	storeUsed     *prometheus.Desc
+	storeLimit    *prometheus.Desc
+	diskFree      *prometheus.Desc
 }
 
 func newStoreMetrics(s *Store) *storeMetrics {
@@ -52,6 +55,15 @@ func newStoreMetrics(s *Store) *storeMetrics {
 		orphaned: prometheus.NewDesc("sluice_queue_orphaned",
 			"1 for a queue that left the rules and drains with the configuration it was declared with (retire it once empty), 0 for a declared one.",
 			[]string{"queue"}, nil),
+		storeUsed: prometheus.NewDesc("sluice_queue_store_used_bytes",
+			"JetStream storage the account uses (present when the store has a limit: parking stops at 85% of it).",
+			nil, nil),
+		storeLimit: prometheus.NewDesc("sluice_queue_store_limit_bytes",
+			"The JetStream storage limit parking's high-water mark applies to: the embedded server's, or the account's (absent without one).",
+			nil, nil),
+		diskFree: prometheus.NewDesc("sluice_queue_store_disk_free_bytes",
+			"Bytes free on the embedded NATS server's disk (absent with --nats); parking stops below 15% of the store limit, at least 16 MiB.",
+			nil, nil),
 	}
 }
 
@@ -104,11 +116,23 @@ func (c queueCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.m.maxDepth
 	ch <- c.m.outflow
 	ch <- c.m.orphaned
+	ch <- c.m.storeUsed
+	ch <- c.m.storeLimit
+	ch <- c.m.diskFree
 }
 
 func (c queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	u := &c.m.store.usage
+	used, free := u.current(ctx)
+	if u.limit > 0 {
+		ch <- prometheus.MustNewConstMetric(c.m.storeUsed, prometheus.GaugeValue, float64(used))
+		ch <- prometheus.MustNewConstMetric(c.m.storeLimit, prometheus.GaugeValue, float64(u.limit))
+	}
+	if u.diskFree != nil {
+		ch <- prometheus.MustNewConstMetric(c.m.diskFree, prometheus.GaugeValue, float64(free))
+	}
 	for _, q := range c.m.store.Queues() {
 		cfg := q.Config()
 		ch <- prometheus.MustNewConstMetric(c.m.outflow, prometheus.GaugeValue, cfg.Outflow.PerSecondFloat(), q.name)
