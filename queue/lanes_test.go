@@ -358,3 +358,62 @@ func TestLanedOrderBelowTheFloorAfterTheLanesWent(t *testing.T) {
 		t.Errorf("after the lanes went: %v, want the laned order", got)
 	}
 }
+
+// TestReclaimAfterAnUpdateWidenedTheConsumer: an earlier sluice (or a replica still
+// running it) widened the consumer of unlaned orders by an update when the lanes went,
+// which kept its ack floor past an order still waiting in a lane. Reclaim must not take
+// that order for acknowledged: it purges only the unlaned orders of that consumer.
+func TestReclaimAfterAnUpdateWidenedTheConsumer(t *testing.T) {
+	srv := natstest.Start(t)
+	plain := testConfig("widened")
+	laned := plain
+	laned.FairBy = "header:X-Tenant"
+	a := openStore(t, srv, laned)
+	b := openStore(t, srv, plain)
+	parkAs(t, a, "widened", "t", "", "laned")
+	parkAs(t, b, "widened", "", "", "unlaned")
+	laneConsumerOf(t, a, "widened")
+	ctx := ctxT(t)
+	st := srv.Stream(t, queue.StreamName("widened"))
+	dispatch, err := st.Consumer(ctx, queue.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := dispatch.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// What Ensure did before it made the consumer anew: the lanes' consumers deleted,
+	// then the queue's consumer updated to every ready subject.
+	list := st.ListConsumers(ctx)
+	for ci := range list.Info() {
+		if ci.Name != queue.ConsumerName {
+			if err := st.DeleteConsumer(ctx, ci.Name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := list.Err(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := dispatch.CachedInfo().Config
+	cfg.FilterSubject = "sluice.q.widened.>"
+	if _, err := st.UpdateConsumer(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Declare(ctx, plain); err != nil {
+		t.Fatal(err)
+	}
+	c := consumer(t, a, "widened")
+	if n, err := c.Reclaim(ctx); err != nil || n != 0 {
+		t.Fatalf("reclaim took %d orders (%v): the laned order was never delivered", n, err)
+	}
+	if si, err := st.Info(ctx); err != nil || si.State.Msgs != 1 {
+		t.Fatalf("the stream holds %v orders (%v), want the laned one", si.State.Msgs, err)
+	}
+}

@@ -15,19 +15,32 @@ import (
 // full) is tried neither again nor at the server's next start: the order would stay for
 // good, counted in the queue's depth and in the store, whose room is what a full disk
 // lacks. A consumer's ack floor says which of the orders it takes are acknowledged:
-// every one at or below it. Each consumer's are purged by its filter, so nothing of
-// another lane, nor a scheduled order, is touched; a consumer not of sluice's is left
-// alone.
+// every one at or below it, but only on subjects the consumer has taken all along: an
+// update that widens a consumer's filter keeps its ack floor, so a subject it took up
+// later may hold orders below the floor that it never delivered. A lane's consumer
+// always takes its lane; the queue's own always took the unlaned orders, and took the
+// laned ones only while the queue had no lanes (an earlier sluice widened it by an
+// update when the lanes went), so its purge is of the unlaned orders alone. Nothing of
+// another lane, nor a scheduled order, is touched; a consumer not of sluice's, or one
+// of sluice's name with a filter sluice does not give it, is left alone.
 func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 	stream := c.q.stream
-	var purge []jetstream.ConsumerInfo
+	type target struct {
+		floor  uint64
+		filter string
+	}
+	var purge []target
 	list := stream.ListConsumers(ctx)
 	for ci := range list.Info() {
-		if tok, ok := strings.CutPrefix(ci.Name, ConsumerName+"_"); !(ci.Name == ConsumerName || ok && validLane(tok)) {
+		if ci.AckFloor.Stream == 0 {
 			continue
 		}
-		if ci.AckFloor.Stream > 0 && ci.Config.FilterSubject != "" {
-			purge = append(purge, *ci)
+		unlaned := ReadySubject(c.q.name, "", "*")
+		switch tok, ok := strings.CutPrefix(ci.Name, ConsumerName+"_"); {
+		case ci.Name == ConsumerName && (ci.Config.FilterSubject == unlaned || ci.Config.FilterSubject == readyFilter(c.q.name)):
+			purge = append(purge, target{ci.AckFloor.Stream, unlaned})
+		case ok && validLane(tok) && ci.Config.FilterSubject == ReadySubject(c.q.name, tok, "*"):
+			purge = append(purge, target{ci.AckFloor.Stream, ci.Config.FilterSubject})
 		}
 	}
 	if err := list.Err(); err != nil {
@@ -35,7 +48,7 @@ func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 	}
 	var removed uint64
 	for _, ci := range purge {
-		floor, filter := ci.AckFloor.Stream, ci.Config.FilterSubject
+		floor, filter := ci.floor, ci.filter
 		first, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
