@@ -178,10 +178,13 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 			// it took only the unlaned ones: those would be delivered never (and
 			// Reclaim would take them for acknowledged). Made anew, it starts from the
 			// first order; the orders it had handed out come again.
+			// Created, never updated: a consumer another replica made between the delete
+			// and here (one still with lanes, which may have delivered since) would keep
+			// its ack floor through an update. Ensure is then tried again.
 			if err := stream.DeleteConsumer(ctx, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return unavailable("delete consumer of "+c.q.name, err)
 			}
-			if _, err := stream.CreateOrUpdateConsumer(ctx, want); err != nil {
+			if _, err := stream.CreateConsumer(ctx, want); err != nil {
 				return unavailable("create consumer of "+c.q.name, err)
 			}
 			if cons, err = stream.Consumer(ctx, ConsumerName); err != nil {
