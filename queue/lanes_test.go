@@ -406,14 +406,21 @@ func TestReclaimAfterAnUpdateWidenedTheConsumer(t *testing.T) {
 	if _, err := st.UpdateConsumer(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Declare(ctx, plain); err != nil {
+	q0, err := a.Declare(ctx, plain)
+	if err != nil {
 		t.Fatal(err)
 	}
-	c := consumer(t, a, "widened")
+	// Reclaim (of a dispatcher still on the widened consumer) leaves the laned order.
+	c := q0.Consumer()
 	if n, err := c.Reclaim(ctx); err != nil || n != 0 {
 		t.Fatalf("reclaim took %d orders (%v): the laned order was never delivered", n, err)
 	}
 	if si, err := st.Info(ctx); err != nil || si.State.Msgs != 1 {
 		t.Fatalf("the stream holds %v orders (%v), want the laned one", si.State.Msgs, err)
+	}
+	// Ensure finds the laned order below the floor and makes the consumer anew.
+	c = consumer(t, a, "widened")
+	if got := deliver(t, c, 1); !slices.Equal(got, []string{"laned"}) {
+		t.Errorf("after Ensure: %v, want the laned order", got)
 	}
 }

@@ -170,14 +170,18 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	case err == nil:
 		have := cons.CachedInfo().Config
 		want.PauseUntil = have.PauseUntil
+		widened := have.FilterSubject != want.FilterSubject && want.FilterSubject == readyFilter(c.q.name)
+		if !widened && want.FilterSubject == readyFilter(c.q.name) && have.FilterSubject == want.FilterSubject {
+			// Widened by an update already (a sluice before c6a003f did so): an order of
+			// a lane at or below its ack floor was never delivered by it.
+			widened = c.floorPassedLanes(ctx, cons.CachedInfo().AckFloor.Stream)
+		}
 		switch {
-		case sameConsumer(have, want):
-		case have.FilterSubject != want.FilterSubject && want.FilterSubject == readyFilter(c.q.name):
+		case widened:
 			// The lanes went: the consumer takes every ready subject again. Updated, it
 			// would keep its ack floor, which may have passed orders of the lanes while
-			// it took only the unlaned ones: those would be delivered never (and
-			// Reclaim would take them for acknowledged). Made anew, it starts from the
-			// first order; the orders it had handed out come again.
+			// it took only the unlaned ones: those would be delivered never. Made anew,
+			// it starts from the first order; the orders it had handed out come again.
 			// Created, never updated: a consumer another replica made between the delete
 			// and here (one still with lanes, which may have delivered since) would keep
 			// its ack floor through an update. Ensure is then tried again.
@@ -191,6 +195,7 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 				return unavailable("consumer of "+c.q.name, err)
 			}
 			created = true
+		case sameConsumer(have, want):
 		default:
 			if _, err := stream.UpdateConsumer(ctx, want); err != nil {
 				return unavailable("update consumer of "+c.q.name, err)
@@ -228,6 +233,25 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	c.ackWait = cfg.AckWait
 	c.mu.Unlock()
 	return nil
+}
+
+// floorPassedLanes reports whether an order of a lane waits at or below floor, the ack
+// floor of the queue's consumer taking every ready subject. Such an order was never
+// delivered by it, unless JetStream failed to remove it once acknowledged (a full
+// disk): either way the consumer made anew delivers it (Load drops one whose record is
+// final). A lookup that fails says no: the next Ensure looks again.
+func (c *Consumer) floorPassedLanes(ctx context.Context, floor uint64) bool {
+	if floor == 0 {
+		return false
+	}
+	first, err := c.q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(ReadySubject(c.q.name, "*", "*")))
+	if err != nil {
+		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			c.log.Debug("cannot look for laned orders below the consumer's ack floor", "queue", c.q.name, "err", err)
+		}
+		return false
+	}
+	return first.Sequence <= floor
 }
 
 func (c *Consumer) handle() jetstream.Consumer {
