@@ -172,8 +172,8 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 		want.PauseUntil = have.PauseUntil
 		widened := have.FilterSubject != want.FilterSubject && want.FilterSubject == readyFilter(c.q.name)
 		if !widened && want.FilterSubject == readyFilter(c.q.name) && have.FilterSubject == want.FilterSubject {
-			// Widened by an update already (a sluice before c6a003f did so): an order of
-			// a lane at or below its ack floor was never delivered by it.
+			// Widened by an update already (earlier sluices did so when the lanes went):
+			// an order of a lane at or below its ack floor was never delivered by it.
 			widened = c.floorPassedLanes(ctx, cons.CachedInfo().AckFloor.Stream)
 		}
 		switch {

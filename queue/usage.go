@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
 
@@ -32,7 +31,15 @@ const usageMaxAge = 250 * time.Millisecond
 
 func (u *storeUsage) init(ctx context.Context, js jetstream.JetStream, limit int64, diskFree func() (uint64, error), log *slog.Logger) {
 	u.js, u.diskFree = js, diskFree
-	u.free = u.readFree(math.MaxUint64)
+	if diskFree != nil {
+		free, err := diskFree()
+		if err != nil {
+			// Without the figure only the store limit stops parking.
+			log.Warn("cannot read the free space of the store's disk; parking keeps no disk reserve", "err", err)
+			u.diskFree = nil
+		}
+		u.free = free
+	}
 	info, err := js.AccountInfo(ctx)
 	if err != nil {
 		// Without the account's numbers only JetStream's own refusal stops parking.
@@ -94,7 +101,8 @@ func (u *storeUsage) current(ctx context.Context) (used, free uint64) {
 	return used, free
 }
 
-// readFree reads the free disk, or returns last when it cannot (or is not asked to).
+// readFree reads the free disk, or returns last when it cannot (or is not asked to):
+// a disk whose figure could be read at Open does not stop answering statfs.
 func (u *storeUsage) readFree(last uint64) uint64 {
 	if u.diskFree == nil {
 		return last
