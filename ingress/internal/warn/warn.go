@@ -5,33 +5,37 @@ package warn
 
 import (
 	"log/slog"
-	"sync/atomic"
+	"sync"
 	"time"
-
-	"golang.org/x/time/rate"
 )
 
 // Sometimes logs one warning: the first time, then at most once per interval. Each line
 // says how many were held back since the one before (held_back). Safe for concurrent
-// use.
+// use. (golang.org/x/time/rate's Sometimes does the same without the count; the root
+// module keeps x/time, a peer of the benchmarks, out of its direct requirements.)
 type Sometimes struct {
-	s     rate.Sometimes
-	count atomic.Int64
-	last  int64 // count at the last line; only touched inside s.Do, which runs one f at a time
+	interval time.Duration
+
+	mu   sync.Mutex
+	last time.Time // zero until the first line
+	held int64
 }
 
 // Every returns a Sometimes that lets a line through at most once per interval.
-func Every(interval time.Duration) *Sometimes {
-	return &Sometimes{s: rate.Sometimes{First: 1, Interval: interval}}
-}
+func Every(interval time.Duration) *Sometimes { return &Sometimes{interval: interval} }
 
 // Warn logs msg with args at warning level through log, or counts it when a line went
 // out within the interval.
 func (w *Sometimes) Warn(log *slog.Logger, msg string, args ...any) {
-	n := w.count.Add(1)
-	w.s.Do(func() {
-		held := n - w.last - 1
-		w.last = n
-		log.Warn(msg, append(args, "held_back", max(held, 0))...)
-	})
+	now := time.Now()
+	w.mu.Lock()
+	if !w.last.IsZero() && now.Sub(w.last) < w.interval {
+		w.held++
+		w.mu.Unlock()
+		return
+	}
+	held := w.held
+	w.last, w.held = now, 0
+	w.mu.Unlock()
+	log.Warn(msg, append(args, "held_back", held)...)
 }

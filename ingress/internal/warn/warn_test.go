@@ -29,7 +29,7 @@ func TestSometimes(t *testing.T) {
 		t.Fatalf("200 warnings within the interval gave %d lines, want the first only:\n%s", len(lines), buf.String())
 	}
 	// Once the interval has passed, the next line counts the ones held back.
-	w.s.Interval = time.Nanosecond
+	w.interval = time.Nanosecond
 	time.Sleep(time.Millisecond)
 	w.Warn(log, "deferring failed", "queue", "orders")
 	lines = strings.Split(strings.TrimSpace(buf.String()), "\n")
