@@ -563,9 +563,10 @@ func TestFailuresDeadLetterThenRequeue(t *testing.T) {
 	if v := gather(t, reg, "sluice_queue_retried_total", "reason", "error"); v != 2 {
 		t.Errorf("retried{error} = %v", v)
 	}
-	if v := gather(t, reg, "sluice_queue_dead_total"); v != 1 {
-		t.Errorf("dead_total = %v", v)
-	}
+	// The dead event goes out within the settlement, the counter right after it.
+	waitFor(t, "dead_total counting the dead letter", 30*time.Second, func() bool {
+		return gather(t, reg, "sluice_queue_dead_total") == 1
+	})
 
 	ds.setRespond(func(hit, int) (int, http.Header, string) { return 200, nil, "fine now" })
 	if n, err := store.Requeue(ctxT(t), "orders"); err != nil || n != 1 {
