@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -162,8 +163,8 @@ func TestEmbeddedDiskFree(t *testing.T) {
 	}
 	defer emb.Shutdown()
 	free, err := emb.DiskFree()
-	if errors.Is(err, embedded.ErrDiskFreeUnknown) {
-		t.Skip(err)
+	if errors.Is(err, embedded.ErrDiskFreeUnknown) && runtime.GOOS != "linux" {
+		t.Skip(err) // read on Linux only
 	}
 	if err != nil || free == 0 {
 		t.Fatalf("free %d, %v", free, err)

@@ -308,26 +308,23 @@ func TestLanedOrderFoundAfterTheLanesWent(t *testing.T) {
 	}
 }
 
-// TestLanedOrderBelowTheFloorAfterTheLanesWent: while a queue had lanes, its consumer of
-// unlaned orders delivered one (parked by a replica still without lanes) that came after
-// an order waiting in a lane, so its ack floor passed that order. When the lanes go, the
-// consumer takes every subject again and must still deliver the laned order; nor may
-// Reclaim, which removes what lies at or below a consumer's ack floor, take it for
-// acknowledged.
-func TestLanedOrderBelowTheFloorAfterTheLanesWent(t *testing.T) {
-	srv := natstest.Start(t)
-	plain := testConfig("floor")
+// floorPastALanedOrder sets up queue name with lanes (returned: the store and the
+// configuration without them) and an order waiting in a lane below the ack floor of the
+// consumer of unlaned orders: a replica not yet on the laned configuration parks an
+// unlaned order after the laned one, and that consumer delivers it (the scheduler of
+// the lanes would pick either first; this takes it straight from that consumer).
+func floorPastALanedOrder(t *testing.T, srv *natstest.Server, name string) (*queue.Store, queueconfig.Config) {
+	t.Helper()
+	plain := testConfig(name)
 	laned := plain
 	laned.FairBy = "header:X-Tenant"
 	a := openStore(t, srv, laned)
-	b := openStore(t, srv, plain) // a replica not yet on the laned configuration
-	parkAs(t, a, "floor", "t", "", "laned")
-	parkAs(t, b, "floor", "", "", "unlaned")
-	// The consumer of unlaned orders delivers the unlaned one (the scheduler of the
-	// lanes would pick either first; the test takes it straight from that consumer).
-	laneConsumerOf(t, a, "floor")
+	b := openStore(t, srv, plain)
+	parkAs(t, a, name, "t", "", "laned")
+	parkAs(t, b, name, "", "", "unlaned")
+	laneConsumerOf(t, a, name)
 	ctx := ctxT(t)
-	dispatch, err := srv.Stream(t, queue.StreamName("floor")).Consumer(ctx, queue.ConsumerName)
+	dispatch, err := srv.Stream(t, queue.StreamName(name)).Consumer(ctx, queue.ConsumerName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,6 +344,18 @@ func TestLanedOrderBelowTheFloorAfterTheLanesWent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return a, plain
+}
+
+// TestLanedOrderBelowTheFloorAfterTheLanesWent: while a queue had lanes, its consumer of
+// unlaned orders delivered one (parked by a replica still without lanes) that came after
+// an order waiting in a lane, so its ack floor passed that order. When the lanes go, the
+// consumer takes every subject again and must still deliver the laned order; nor may
+// Reclaim, which removes what lies at or below a consumer's ack floor, take it for
+// acknowledged.
+func TestLanedOrderBelowTheFloorAfterTheLanesWent(t *testing.T) {
+	srv := natstest.Start(t)
+	a, plain := floorPastALanedOrder(t, srv, "floor")
 	if _, err := a.Declare(ctxT(t), plain); err != nil {
 		t.Fatal(err)
 	}
@@ -365,28 +374,12 @@ func TestLanedOrderBelowTheFloorAfterTheLanesWent(t *testing.T) {
 // that order for acknowledged: it purges only the unlaned orders of that consumer.
 func TestReclaimAfterAnUpdateWidenedTheConsumer(t *testing.T) {
 	srv := natstest.Start(t)
-	plain := testConfig("widened")
-	laned := plain
-	laned.FairBy = "header:X-Tenant"
-	a := openStore(t, srv, laned)
-	b := openStore(t, srv, plain)
-	parkAs(t, a, "widened", "t", "", "laned")
-	parkAs(t, b, "widened", "", "", "unlaned")
-	laneConsumerOf(t, a, "widened")
+	a, plain := floorPastALanedOrder(t, srv, "widened")
 	ctx := ctxT(t)
 	st := srv.Stream(t, queue.StreamName("widened"))
 	dispatch, err := st.Consumer(ctx, queue.ConsumerName)
 	if err != nil {
 		t.Fatal(err)
-	}
-	batch, err := dispatch.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for m := range batch.Messages() {
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatal(err)
-		}
 	}
 	// What Ensure did before it made the consumer anew: the lanes' consumers deleted,
 	// then the queue's consumer updated to every ready subject.
