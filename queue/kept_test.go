@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/queue"
-	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
 
@@ -153,20 +151,5 @@ func TestParkKeepsTheDiskReserve(t *testing.T) {
 	waitFor(t, func() bool { return park() == nil })
 	if queue.DiskReserve(0) != 16<<20 {
 		t.Errorf("reserve without a store limit: %d, want 16 MiB", queue.DiskReserve(0))
-	}
-}
-
-func TestEmbeddedDiskFree(t *testing.T) {
-	emb, err := embedded.Start(embedded.Config{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer emb.Shutdown()
-	free, err := emb.DiskFree()
-	if errors.Is(err, embedded.ErrDiskFreeUnknown) && runtime.GOOS != "linux" {
-		t.Skip(err) // read on Linux only
-	}
-	if err != nil || free == 0 {
-		t.Fatalf("free %d, %v", free, err)
 	}
 }

@@ -30,12 +30,12 @@ func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 		filter string
 	}
 	var purge []target
+	unlaned := ReadySubject(c.q.name, "", "*")
 	list := stream.ListConsumers(ctx)
 	for ci := range list.Info() {
 		if ci.AckFloor.Stream == 0 {
 			continue
 		}
-		unlaned := ReadySubject(c.q.name, "", "*")
 		switch tok, ok := strings.CutPrefix(ci.Name, ConsumerName+"_"); {
 		case ci.Name == ConsumerName && (ci.Config.FilterSubject == unlaned || ci.Config.FilterSubject == readyFilter(c.q.name)):
 			purge = append(purge, target{ci.AckFloor.Stream, unlaned})
