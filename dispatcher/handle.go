@@ -133,11 +133,22 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 	return d, ok
 }
 
+// settleTime is what a delivery needs after its attempt, within the order's ack
+// wait: the final record's write, which makes a redelivery acknowledged unseen.
+const settleTime = 5 * time.Second
+
 // deliver runs one delivery attempt and settles the order. probe tells whether the
 // attempt probes an open circuit.
 func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time, probe bool) {
 	m := l.Message()
 	bg := context.Background()
+	// The record read and the pacing slot may have taken a good part of the ack wait:
+	// an order whose delivery could outlast it would go out twice.
+	if !l.Extend(bg, r.d.opts.deliveryTimeout+settleTime) {
+		r.cb.cancel(probe)
+		r.log.Info("not delivering an order held too near its ack wait; the server hands it out again", "ticket", m.Ticket)
+		return
+	}
 	switch err := l.Start(bg); {
 	case errors.Is(err, queue.ErrCancelled):
 		r.log.Info("order cancelled before delivery; dropping it", "ticket", m.Ticket)

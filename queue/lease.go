@@ -337,7 +337,7 @@ func (c *Consumer) lease(jm jetstream.Msg, serverAck time.Duration) *Lease {
 	if serverAck > 0 && (ackWait <= 0 || serverAck < ackWait) {
 		ackWait = serverAck
 	}
-	return &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m), stale: staleAt(time.Now(), ackWait)}
+	return &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m), ackWait: ackWait, stale: staleAt(time.Now(), ackWait)}
 }
 
 // PauseState reports whether the consumer is paused on the server, and for how much
@@ -448,8 +448,9 @@ type Lease struct {
 	stored bool    // rec was read from the bucket (else it is new)
 
 	// stale is when the server may have handed the order to another dispatcher: its
-	// ack wait has run out (zero: never known; see nak).
-	stale time.Time
+	// ack wait has run out (zero: never known; see nak). Extend moves it.
+	stale   time.Time
+	ackWait time.Duration
 }
 
 // staleAt is when a lease fetched at fetched from a consumer with ackWait goes stale:
@@ -648,6 +649,37 @@ func (l *Lease) HandBack(ctx context.Context) {
 		l.save(ctx)
 	}
 	l.nak(ctx, time.Millisecond)
+}
+
+// Extend makes sure the lease has at least need left before its ack wait runs out,
+// so that a delivery about to start (need: its timeout and the final record's write)
+// ends before the server may hand the order to another dispatcher, however long the
+// steps before it took (the record read, the pacing slot, each bounded by seconds).
+// With less left, it restarts the ack wait on the server (JetStream's "in progress")
+// and waits for the server to take it (bounded by nakWait and ctx). false: the order
+// must not be delivered here, and the lease must be left as it is: the server
+// redelivers the order. Either the lease is stale already (the server may have handed
+// the order out again: nothing is sent), or it had too little left and the server did
+// not answer (whether the ack wait restarted is not known).
+func (l *Lease) Extend(ctx context.Context, need time.Duration) bool {
+	if l.stale.IsZero() {
+		return true // the ack wait is not known: nothing to keep
+	}
+	now := time.Now()
+	switch {
+	case now.After(l.stale):
+		return false
+	case l.stale.Sub(now) >= need:
+		return true
+	}
+	wctx, cancel := context.WithTimeout(ctx, nakWait)
+	defer cancel()
+	if _, err := l.s.nc.RequestWithContext(wctx, l.jm.Reply(), []byte("+WPI")); err != nil {
+		l.c.log.Debug("cannot restart an order's ack wait", "ticket", l.m.Ticket, "err", err)
+		return false
+	}
+	l.stale = staleAt(now, l.ackWait)
+	return true
 }
 
 // nakWait bounds how long nak waits for the server to take a nak.

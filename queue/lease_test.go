@@ -386,6 +386,72 @@ func TestStaleLeaseSendsNoNak(t *testing.T) {
 	}
 }
 
+// TestLeaseExtend: a delivery about to start gets its whole time within the ack wait,
+// and a lease that went stale before it is not delivered.
+func TestLeaseExtend(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv)
+	ctx := ctxT(t)
+	setUp := func(t *testing.T, name string, ackWait time.Duration) *queue.Consumer {
+		t.Helper()
+		q, err := s.Declare(ctx, testConfig(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := q.Consumer()
+		if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Park(ctx, order(name, `{"id":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	t.Run("enough left", func(t *testing.T) {
+		c := setUp(t, "enough", time.Minute)
+		if l := lease(t, c); !l.Extend(ctx, 10*time.Second) {
+			t.Fatal("a fresh lease with 50s to spare refused a 10s delivery")
+		}
+	})
+	t.Run("restarted", func(t *testing.T) {
+		// Each Extend restarts the 5s ack wait; 7s later the order has not come again.
+		c := setUp(t, "restarted", 5*time.Second)
+		l := lease(t, c)
+		for end := time.Now().Add(7 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
+			if !l.Extend(ctx, 10*time.Second) {
+				t.Fatal("Extend refused a lease it had kept alive")
+			}
+		}
+		look, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if again, err := c.Next(look); err == nil {
+			t.Fatalf("%s came again while its lease was extended", again.Message().Ticket)
+		} else if !errors.Is(err, queue.ErrNoMessages) {
+			t.Fatal(err)
+		}
+		if err := l.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Done(ctx, &queue.Result{StatusCode: 200}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("stale", func(t *testing.T) {
+		c := setUp(t, "stale", 2*time.Second)
+		first := lease(t, c)
+		second := lease(t, c) // handed out again once first's ack wait ran out
+		if first.Extend(ctx, time.Second) {
+			t.Fatal("a lease whose order was handed out again may be delivered")
+		}
+		if err := second.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := second.Done(ctx, &queue.Result{StatusCode: 200}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 // expectNoThirdDelivery settles first, the stale lease of an order c handed out again
 // as second, and fails if the order comes a third time while second holds it. The
 // second delivery is kept in progress meanwhile; its first reset goes before the
