@@ -247,11 +247,11 @@ func (s *Store) findMessage(ctx context.Context, ticket, name string) (*Queue, *
 	return nil, nil, nil
 }
 
-// handedOut reports whether the consumer serving raw (the queue's, or its lane's) has
-// handed it to a dispatcher (Status calls such an order without a record delivering).
+// handedOut reports whether the consumer serving raw (see servingConsumer) has handed
+// it to a dispatcher (Status calls such an order without a record delivering).
 func (q *Queue) handedOut(ctx context.Context, raw *jetstream.RawStreamMsg) (bool, error) {
 	seq := raw.Sequence
-	cons, err := q.stream.Consumer(ctx, q.consumerOf(raw.Subject))
+	cons, err := q.servingConsumer(ctx, raw.Subject)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return false, nil
 	}

@@ -14,8 +14,8 @@
 //	                              with schedules also sluice.s.{queue}.{ticket} (see
 //	                              Scheduled delivery)
 //	consumer dispatch             durable pull consumer of the dispatchers (see dispatcher),
-//	                              filtered on the ready subjects; in a laned queue only of
-//	                              the unlaned orders
+//	                              filtered on the ready subjects; in a laned queue on the
+//	                              unlaned orders and the lanes without a consumer
 //	consumer dispatch_p{L}t{T}    one per lane of a laned queue (see Priorities and fairness)
 //	stream  SLUICE_DEAD           dead letters of every queue on sluice.dlq.{queue}.{ticket}
 //	                              (limits retention: listed, re-queued, purged on demand;
@@ -65,10 +65,21 @@
 //     whose values hash to the same lane share its turns (raise fair_lanes).
 //
 // Orders of a queue that became laned, parked before, wait on the unlaned subject and
-// are drained as one more lane of the default level; orders of a lane that left the
-// configuration (fewer levels or lanes) keep their consumer and are drained as a lane
-// of the nearest level; when a queue stops being laned its lane consumers are deleted
-// and the queue's consumer takes every subject again, laned orders included.
+// are drained as one more lane of the default level. A lane that left the
+// configuration (fewer levels or lanes) keeps its consumer and is drained as a lane of
+// the nearest level. When a queue stops being laned its lane consumers are deleted and
+// the queue's consumer takes every subject again, laned orders included. An order can
+// wait in a lane that has no consumer: a lane the queue had before it lost its lanes,
+// or one it never had, when the order's lane was fixed under another configuration (a
+// dead letter re-queued into its lane, which is signed; a scheduled order, whose target
+// is set when it is parked; an order parked by a replica still on another
+// configuration). So in a laned queue the queue's consumer takes, beside the unlaned
+// orders, every lane of the 512 (MaxPriorityLevels × MaxFairLanes) that has no consumer
+// of its own, and such orders are drained with the unlaned ones: every ready subject
+// is taken by exactly one consumer. Its filter shrinks by an update when a lane gets a
+// consumer; it never grows by one (an update keeps the consumer's ack floor, which may
+// have passed orders of the subject added): when it must take more, it is made anew
+// (see Consumer.Ensure).
 //
 // The lead: the lanes are several consumers, which a pinned priority group cannot keep
 // with one dispatcher, so a laned queue is led through a key (leader.{queue}) in the

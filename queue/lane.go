@@ -134,8 +134,8 @@ func (q *Queue) laneRoom(ctx context.Context, cfg queueconfig.Config, tok string
 	return fmt.Errorf("%w: lane %s holds %d orders (tenant_max_depth %d)", fe, tok, depth, cfg.TenantMaxDepth)
 }
 
-// consumerOf returns the name of the consumer that serves the order stored on subject:
-// its lane's, or the queue's.
+// consumerOf returns the name of the consumer of the order stored on subject: its
+// lane's, or the queue's (see servingConsumer).
 func (q *Queue) consumerOf(subject string) string {
 	rest := strings.TrimPrefix(subject, "sluice.q."+q.name+".")
 	if tok, _, ok := strings.Cut(rest, "."); ok {
@@ -144,4 +144,16 @@ func (q *Queue) consumerOf(subject string) string {
 		}
 	}
 	return ConsumerName
+}
+
+// servingConsumer returns the consumer that takes the order stored on subject: its
+// lane's, or the queue's for an unlaned order and for one of a lane without a
+// consumer (any lane in a queue without lanes; see dispatchFilters).
+func (q *Queue) servingConsumer(ctx context.Context, subject string) (jetstream.Consumer, error) {
+	name := q.consumerOf(subject)
+	cons, err := q.stream.Consumer(ctx, name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) && name != ConsumerName {
+		cons, err = q.stream.Consumer(ctx, ConsumerName)
+	}
+	return cons, err
 }

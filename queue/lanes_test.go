@@ -395,7 +395,7 @@ func TestReclaimAfterAnUpdateWidenedTheConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := dispatch.CachedInfo().Config
-	cfg.FilterSubject = "sluice.q.widened.>"
+	cfg.FilterSubject, cfg.FilterSubjects = "sluice.q.widened.>", nil
 	if _, err := st.UpdateConsumer(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -415,5 +415,310 @@ func TestReclaimAfterAnUpdateWidenedTheConsumer(t *testing.T) {
 	c = consumer(t, a, "widened")
 	if got := deliver(t, c, 1); !slices.Equal(got, []string{"laned"}) {
 		t.Errorf("after Ensure: %v, want the laned order", got)
+	}
+}
+
+// tenantIn returns a tenant whose orders wait in lane tok of a queue of cfg.
+func tenantIn(t *testing.T, s *queue.Store, cfg queueconfig.Config, tok string) string {
+	t.Helper()
+	for i := range 1000 {
+		tenant := fmt.Sprintf("tenant-%d", i)
+		if s.LaneFor(cfg, "", tenant) == tok {
+			return tenant
+		}
+	}
+	t.Fatalf("no tenant in lane %s", tok)
+	return ""
+}
+
+// strayLaneConfigs returns a queue with four tenant lanes, the same queue without lanes
+// and with one tenant lane: an order of lane p0t3 of the first is a stray in the last.
+func strayLaneConfigs(name string) (four, plain, one queueconfig.Config) {
+	plain = scheduledConfig(name)
+	four = plain
+	four.FairBy, four.FairLanes = "header:X-Tenant", 4
+	one = four
+	one.FairLanes = 1
+	return four, plain, one
+}
+
+// laneGoneAndBack declares cfgs in turn on s, each followed by Ensure of c: the queue
+// loses its lanes (their consumers are deleted) and gets fewer back.
+func laneGoneAndBack(t *testing.T, s *queue.Store, c *queue.Consumer, cfgs ...queueconfig.Config) {
+	t.Helper()
+	for _, cfg := range cfgs {
+		if _, err := s.Declare(ctxT(t), cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Ensure(ctxT(t), laneConsumer); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestRequeueIntoALaneGone: a dead letter of lane p0t3 is re-queued (into its own lane:
+// the lane is signed) after the queue lost its lanes and got one back. No lane
+// consumer takes p0t3; the queue's consumer must.
+func TestRequeueIntoALaneGone(t *testing.T) {
+	srv := natstest.Start(t)
+	four, plain, one := strayLaneConfigs("requeue")
+	s := openStore(t, srv, four)
+	c := laneConsumerOf(t, s, "requeue")
+	rc := parkAs(t, s, "requeue", tenantIn(t, s, four, "p0t3"), "", "dead")
+	ctx := ctxT(t)
+	l := lease(t, c)
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Dead(ctx, "downstream answered 500", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	laneGoneAndBack(t, s, c, plain, one)
+	if n, err := s.Requeue(ctx, "requeue", rc.Ticket); err != nil || n != 1 {
+		t.Fatalf("requeue: %d, %v", n, err)
+	}
+	l = lease(t, c)
+	if m := l.Message(); m.Ticket != rc.Ticket || m.Lane != "p0t3" {
+		t.Fatalf("delivered %s of lane %q, want %s of p0t3", m.Ticket, m.Lane, rc.Ticket)
+	}
+	settle(t, l)
+}
+
+// TestScheduledIntoALaneGone: a scheduled order of lane p0t3 (its target subject, lane
+// included, is fixed when it is parked) falls due after the queue lost its lanes and
+// got one back; it is delivered.
+func TestScheduledIntoALaneGone(t *testing.T) {
+	srv := natstest.Start(t)
+	four, plain, one := strayLaneConfigs("later")
+	s := openStore(t, srv, four)
+	c := laneConsumerOf(t, s, "later")
+	tenant := tenantIn(t, s, four, "p0t3")
+	rc, err := s.Park(ctxT(t), &queue.Request{Queue: "later", Method: "POST", Path: "/orders", Tenant: tenant,
+		Header: http.Header{"X-Tenant": {tenant}}, NotBefore: time.Now().Add(2 * time.Second)})
+	if err != nil || rc.Status != queue.StatusScheduled {
+		t.Fatalf("park: %+v, %v", rc, err)
+	}
+	laneGoneAndBack(t, s, c, plain, one)
+	l := lease(t, c)
+	if m := l.Message(); m.Ticket != rc.Ticket || m.Lane != "p0t3" {
+		t.Fatalf("delivered %s of lane %q, want %s of p0t3", m.Ticket, m.Lane, rc.Ticket)
+	}
+	settle(t, l)
+}
+
+// TestOrderInALaneNoConsumerTakes: a replica still on an older configuration of the
+// queue (four tenant lanes) parks an order in a lane the current one (one lane) does
+// not have, and no dispatcher ever made a consumer for; it is delivered.
+func TestOrderInALaneNoConsumerTakes(t *testing.T) {
+	srv := natstest.Start(t)
+	four, _, one := strayLaneConfigs("rolling")
+	cur := openStore(t, srv, one)
+	c := laneConsumerOf(t, cur, "rolling")
+	old := openStore(t, srv, four)
+	rc := parkAs(t, old, "rolling", tenantIn(t, old, four, "p0t3"), "", "stray")
+	l := lease(t, c)
+	if m := l.Message(); m.Ticket != rc.Ticket || m.Lane != "p0t3" {
+		t.Fatalf("delivered %s of lane %q, want %s of p0t3", m.Ticket, m.Lane, rc.Ticket)
+	}
+	// Handed out by the queue's consumer, which status and cancel ask for it.
+	ctx := ctxT(t)
+	if rec, err := cur.Status(ctx, rc.Ticket); err != nil || rec.Status != queue.StatusDelivering {
+		t.Errorf("status of the handed-out stray: %+v, %v; want delivering", rec, err)
+	}
+	if err := cur.Cancel(ctx, rc.Ticket); !errors.Is(err, queue.ErrNotCancellable) {
+		t.Errorf("cancel of the handed-out stray: %v, want ErrNotCancellable", err)
+	}
+	settle(t, l)
+}
+
+// checkLanesCovered lists the filters of the consumers of queue name; it fails t unless
+// every ready subject of a laned queue is taken by exactly one: the unlaned orders and
+// each valid lane (or every ready subject by the queue's consumer alone).
+func checkLanesCovered(t *testing.T, srv *natstest.Server, name string) {
+	t.Helper()
+	ctx := ctxT(t)
+	taken := map[string]string{}
+	list := srv.Stream(t, queue.StreamName(name)).ListConsumers(ctx)
+	for ci := range list.Info() {
+		for _, f := range append([]string{ci.Config.FilterSubject}, ci.Config.FilterSubjects...) {
+			if f == "" {
+				continue
+			}
+			if other, ok := taken[f]; ok {
+				t.Errorf("%s taken by %s and %s", f, other, ci.Name)
+			}
+			taken[f] = ci.Name
+		}
+	}
+	if err := list.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if taken["sluice.q."+name+".>"] == queue.ConsumerName && len(taken) == 1 {
+		return
+	}
+	want := []string{"sluice.q." + name + ".*"}
+	for lv := range queueconfig.MaxPriorityLevels {
+		for tn := range queueconfig.MaxFairLanes {
+			want = append(want, fmt.Sprintf("sluice.q.%s.p%dt%d.*", name, lv, tn))
+		}
+	}
+	for _, f := range want {
+		if taken[f] == "" {
+			t.Errorf("%s is taken by no consumer", f)
+		}
+		delete(taken, f)
+	}
+	if len(taken) > 0 {
+		t.Errorf("unexpected filters: %v", taken)
+	}
+}
+
+// TestLanesConcurrentEnsure: replicas with different lanes configured (a rolling
+// change) set the consumers up at the same time, each trying again until it succeeds
+// as a dispatcher does; every lane ends up taken by exactly one consumer, and orders
+// of either configuration's lanes and of a lane neither has are delivered.
+func TestLanesConcurrentEnsure(t *testing.T) {
+	srv := natstest.Start(t)
+	four, plain, _ := strayLaneConfigs("rolling")
+	two := four
+	two.FairLanes = 2
+	prio := two
+	prio.Priorities = queueconfig.Priorities{Levels: []string{"high", "low"}, Default: "low", Mode: queueconfig.Strict}
+	a, b := openStore(t, srv, four), openStore(t, srv, two)
+	qa, _ := a.Queue("rolling")
+	qb, _ := b.Queue("rolling")
+	ca, cb := qa.Consumer(), qb.Consumer()
+	ensureBoth := func() {
+		t.Helper()
+		errs := make(chan error, 2)
+		for _, c := range []*queue.Consumer{ca, cb} {
+			go func() {
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					err := c.Ensure(ctxT(t), laneConsumer)
+					if err == nil || time.Now().After(deadline) {
+						errs <- err
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("ensure: %v", err)
+			}
+		}
+		checkLanesCovered(t, srv, "rolling")
+	}
+	ensureBoth()
+	laneGoneAndBack(t, a, ca, plain) // the lanes go: their consumers are deleted
+	checkLanesCovered(t, srv, "rolling")
+	for _, cfg := range []queueconfig.Config{four, prio} {
+		if _, err := b.Declare(ctxT(t), cfg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Declare(ctxT(t), two); err != nil {
+			t.Fatal(err)
+		}
+		ensureBoth()
+	}
+	// An order in each lane of the first, one of the last and a stray (p2t0, a level
+	// none has had), delivered by a replica that set up again since the last change.
+	if err := ca.Ensure(ctxT(t), laneConsumer); err != nil {
+		t.Fatal(err)
+	}
+	old := openStore(t, srv, four)
+	var want []string
+	for _, tok := range []string{"p0t0", "p0t1", "p0t2", "p0t3"} {
+		parkAs(t, old, "rolling", tenantIn(t, old, four, tok), "", tok)
+		want = append(want, tok)
+	}
+	parkAs(t, b, "rolling", "", "low", "low")
+	three := prio
+	three.Priorities.Levels = []string{"high", "mid", "low"}
+	parkAs(t, openStore(t, srv, three), "rolling", "", "low", "p2")
+	want = append(want, "low", "p2")
+	if got := deliver(t, ca, len(want)); !slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(want))) {
+		t.Errorf("delivered %v, want %v", got, want)
+	}
+}
+
+// TestStrayBelowTheFloorOfAnEarlierLanedConsumer: an earlier sluice's consumer of a
+// laned queue took the unlaned orders alone, and its ack floor passed an order of a lane
+// without a consumer. Reclaim leaves that order; Ensure makes the consumer anew with the
+// lane, and the order is delivered.
+func TestStrayBelowTheFloorOfAnEarlierLanedConsumer(t *testing.T) {
+	srv := natstest.Start(t)
+	four, plain, one := strayLaneConfigs("earlier")
+	cur := openStore(t, srv, one)
+	c := laneConsumerOf(t, cur, "earlier")
+	ctx := ctxT(t)
+	st := srv.Stream(t, queue.StreamName("earlier"))
+	dispatch, err := st.Consumer(ctx, queue.ConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := dispatch.CachedInfo().Config
+	cfg.FilterSubject, cfg.FilterSubjects = "sluice.q.earlier.*", nil
+	if _, err := st.UpdateConsumer(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	old := openStore(t, srv, four)
+	parkAs(t, old, "earlier", tenantIn(t, old, four, "p0t3"), "", "stray")
+	parkAs(t, openStore(t, srv, plain), "earlier", "", "", "unlaned")
+	batch, err := dispatch.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ci, err := dispatch.Info(ctx); err != nil || ci.AckFloor.Stream < 2 {
+		t.Fatalf("ack floor %+v, %v: not past the stray", ci, err)
+	}
+	if n, err := c.Reclaim(ctx); err != nil || n != 0 {
+		t.Fatalf("reclaim took %d orders (%v): the stray was never delivered", n, err)
+	}
+	if err := c.Ensure(ctx, laneConsumer); err != nil {
+		t.Fatal(err)
+	}
+	checkLanesCovered(t, srv, "earlier")
+	if got := deliver(t, c, 1); !slices.Equal(got, []string{"stray"}) {
+		t.Errorf("after Ensure: %v, want the stray", got)
+	}
+}
+
+// TestLaneConsumerGone: a consumer of a laned queue deleted under the dispatcher that
+// leads it (by hand, or by a replica that made it anew and stopped before it could
+// create it again) is ErrConsumerGone, so the dispatcher sets the lanes up again; the
+// orders it took are delivered.
+func TestLaneConsumerGone(t *testing.T) {
+	srv := natstest.Start(t)
+	_, _, one := strayLaneConfigs("gone")
+	s := openStore(t, srv, one)
+	c := laneConsumerOf(t, s, "gone")
+	parkAs(t, s, "gone", "t", "", "first")
+	deliver(t, c, 1)
+	ctx := ctxT(t)
+	for _, name := range []string{"dispatch_p0t0", queue.ConsumerName} {
+		if err := srv.Stream(t, queue.StreamName("gone")).DeleteConsumer(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		parkAs(t, s, "gone", "t", "", name)
+		nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		l, err := c.Next(nctx)
+		cancel()
+		if !errors.Is(err, queue.ErrConsumerGone) {
+			t.Fatalf("next after %s was deleted: %v, %v; want ErrConsumerGone", name, l, err)
+		}
+		if err := c.Ensure(ctx, laneConsumer); err != nil {
+			t.Fatal(err)
+		}
+		if got := deliver(t, c, 1); !slices.Equal(got, []string{name}) {
+			t.Errorf("after %s was set up again: %v", name, got)
+		}
 	}
 }

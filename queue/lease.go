@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,13 +47,15 @@ type ConsumerConfig struct {
 	LaneRefresh time.Duration
 }
 
-// jetstream is the configuration of the queue's consumer. In a laned queue it serves
-// only the unlaned orders (ReadySubject without a lane), and it is not pinned: the
-// lead (see Consumer.leadLocked) keeps the queue with one dispatcher.
-func (c ConsumerConfig) jetstream(laned bool, queue string) jetstream.ConsumerConfig {
+// jetstream is the configuration of the queue's consumer. In a laned queue it takes
+// the unlaned orders (ReadySubject without a lane) and every lane whose token served
+// does not name (see dispatchFilters), and it is not pinned: the lead (see
+// Consumer.leadLocked) keeps the queue with one dispatcher.
+func (c ConsumerConfig) jetstream(laned bool, queue string, served map[string]bool) jetstream.ConsumerConfig {
 	if laned {
 		cc := c.lane(lane{}, queue)
-		cc.Durable, cc.FilterSubject = ConsumerName, ReadySubject(queue, "", "*")
+		cc.Durable, cc.Description = ConsumerName, "sluice dispatchers"
+		cc.FilterSubject, cc.FilterSubjects = "", dispatchFilters(queue, served)
 		return cc
 	}
 	return jetstream.ConsumerConfig{
@@ -72,6 +75,48 @@ func (c ConsumerConfig) jetstream(laned bool, queue string) jetstream.ConsumerCo
 	}
 }
 
+// dispatchFilters returns the filters of the queue's consumer in a laned queue: the
+// unlaned orders, and every valid lane (queueconfig.MaxPriorityLevels ×
+// queueconfig.MaxFairLanes of them) whose token served does not name, served being
+// the lanes that have a consumer of their own or are about to get one. An order
+// waits in such a lane when its lane was fixed under another configuration: a dead
+// letter re-queued into its old lane (the lane is signed), a scheduled order whose
+// target was set when it was parked, an order parked by a replica still on another
+// configuration. Work-queue retention refuses two consumers filtering the same
+// subject, so every valid lane is then taken by exactly one consumer.
+func dispatchFilters(queue string, served map[string]bool) []string {
+	out := []string{ReadySubject(queue, "", "*")}
+	for lv := range queueconfig.MaxPriorityLevels {
+		for tn := range queueconfig.MaxFairLanes {
+			if tok := (lane{lv, tn}).token(); !served[tok] {
+				out = append(out, ReadySubject(queue, tok, "*"))
+			}
+		}
+	}
+	return out
+}
+
+// filtersOf returns the subject filters of a consumer, sorted.
+func filtersOf(cc jetstream.ConsumerConfig) []string {
+	var out []string
+	if cc.FilterSubject != "" {
+		out = append(out, cc.FilterSubject)
+	}
+	return slices.Sorted(slices.Values(append(out, cc.FilterSubjects...)))
+}
+
+// grows reports whether a consumer of queue filtered on have would take a subject it
+// does not take now once filtered on want.
+func grows(queue string, have, want []string) bool {
+	all := slices.Contains(have, readyFilter(queue))
+	for _, w := range want {
+		if !slices.Contains(have, w) && !(all && strings.HasPrefix(w, "sluice.q."+queue+".")) {
+			return true
+		}
+	}
+	return false
+}
+
 // lane is the configuration of a lane's consumer.
 func (c ConsumerConfig) lane(l lane, queue string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
@@ -87,7 +132,7 @@ func (c ConsumerConfig) lane(l lane, queue string) jetstream.ConsumerConfig {
 }
 
 func sameConsumer(a, b jetstream.ConsumerConfig) bool {
-	return a.FilterSubject == b.FilterSubject && a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
+	return slices.Equal(filtersOf(a), filtersOf(b)) && a.AckPolicy == b.AckPolicy && a.AckWait == b.AckWait && a.MaxDeliver == b.MaxDeliver &&
 		a.MaxAckPending == b.MaxAckPending && a.PriorityPolicy == b.PriorityPolicy &&
 		slices.Equal(a.PriorityGroups, b.PriorityGroups) && a.PinnedTTL == b.PinnedTTL
 }
@@ -139,22 +184,46 @@ func (q *Queue) Consumer(opts ...ConsumerOption) *Consumer {
 	return c
 }
 
-// Ensure creates the consumer or updates it to cfg, keeping a pause set on the server.
-// The handle stays the one it has unless the consumer was (re)created: it carries this
-// dispatcher's pin, and a fresh handle would lose the pin for a pinned TTL.
+// Ensure creates the consumer or updates it to cfg, keeping a pause set on the server,
+// and in a laned queue the consumers of its lanes (see ensureLanes). The handle stays
+// the one it has unless the consumer was (re)created: it carries this dispatcher's
+// pin, and a fresh handle would lose the pin for a pinned TTL.
+//
+// The queue's consumer never takes a subject more by an update: an update keeps the
+// consumer's ack floor and delivered sequence, and an order waiting on the added
+// subject below them would be delivered never. When its filter must grow (the lanes
+// went: it takes every ready subject again; a lane lost its consumer; an earlier
+// sluice's laned consumer took the unlaned orders alone) it is made anew, which starts
+// from the first order; the orders it had handed out come again (Load drops those
+// final meanwhile). It is created, never updated, then: a consumer another replica
+// made between the delete and here (one with another configuration, which may have
+// delivered since) would keep its ack floor through an update; Ensure fails and is
+// tried again. A lane is taken from it (a shrinking update) before the lane's consumer
+// is created, since work-queue retention refuses two consumers of one subject; a
+// replica that looks in between sees the lane taken by neither and makes the queue's
+// consumer anew with it, and the lane's creation fails and is tried again. Replicas
+// with different lanes configured converge: every lane either has a consumer, kept
+// once made, or is the queue's consumer's.
 func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if cfg.AckWait <= 0 || cfg.PinnedTTL <= 0 || cfg.MaxInFlight < 1 {
 		return fmt.Errorf("%w: consumer of %q: ack wait, pinned TTL and max in flight must be positive", ErrInvalidConfig, c.q.name)
 	}
 	qcfg := c.q.Config()
 	laned := qcfg.Laned()
-	want := cfg.jetstream(laned, c.q.name)
 	stream := c.q.stream
 	existing, err := c.laneConsumers(ctx)
 	if err != nil {
 		return err
 	}
-	if !laned {
+	served := map[string]bool{}
+	if laned {
+		for name := range existing {
+			served[strings.TrimPrefix(name, ConsumerName+"_")] = true
+		}
+		for _, l := range lanesOf(qcfg) {
+			served[l.token()] = true
+		}
+	} else {
 		// Lanes first: the queue's consumer takes every subject again, which work-queue
 		// retention refuses while another consumer filters some. Their orders are then
 		// the queue consumer's.
@@ -164,35 +233,26 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 			}
 		}
 	}
+	want := cfg.jetstream(laned, c.q.name, served)
 	cons, err := stream.Consumer(ctx, ConsumerName)
 	created := err != nil
 	switch {
 	case err == nil:
 		have := cons.CachedInfo().Config
 		want.PauseUntil = have.PauseUntil
-		widened := have.FilterSubject != want.FilterSubject && want.FilterSubject == readyFilter(c.q.name)
-		if !widened && want.FilterSubject == readyFilter(c.q.name) && have.FilterSubject == want.FilterSubject {
+		anew := grows(c.q.name, filtersOf(have), filtersOf(want))
+		if !anew && !laned && slices.Equal(filtersOf(have), filtersOf(want)) {
 			// Widened by an update already (earlier sluices did so when the lanes went):
 			// an order of a lane at or below its ack floor was never delivered by it.
-			widened = c.floorPassedLanes(ctx, cons.CachedInfo().AckFloor.Stream)
+			anew = c.floorPassedLanes(ctx, cons.CachedInfo().AckFloor.Stream)
 		}
 		switch {
-		case widened:
-			// The lanes went: the consumer takes every ready subject again. Updated, it
-			// would keep its ack floor, which may have passed orders of the lanes while
-			// it took only the unlaned ones: those would be delivered never. Made anew,
-			// it starts from the first order; the orders it had handed out come again.
-			// Created, never updated: a consumer another replica made between the delete
-			// and here (one still with lanes, which may have delivered since) would keep
-			// its ack floor through an update. Ensure is then tried again.
+		case anew:
 			if err := stream.DeleteConsumer(ctx, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 				return unavailable("delete consumer of "+c.q.name, err)
 			}
-			if _, err := stream.CreateConsumer(ctx, want); err != nil {
-				return unavailable("create consumer of "+c.q.name, err)
-			}
-			if cons, err = stream.Consumer(ctx, ConsumerName); err != nil {
-				return unavailable("consumer of "+c.q.name, err)
+			if cons, err = c.createDispatch(ctx, want); err != nil {
+				return err
 			}
 			created = true
 		case sameConsumer(have, want):
@@ -202,11 +262,8 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 			}
 		}
 	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		if _, err := stream.CreateOrUpdateConsumer(ctx, want); err != nil {
-			return unavailable("create consumer of "+c.q.name, err)
-		}
-		if cons, err = stream.Consumer(ctx, ConsumerName); err != nil {
-			return unavailable("consumer of "+c.q.name, err)
+		if cons, err = c.createDispatch(ctx, want); err != nil {
+			return err
 		}
 	default:
 		return unavailable("consumer of "+c.q.name, err)
@@ -233,6 +290,19 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	c.ackWait = cfg.AckWait
 	c.mu.Unlock()
 	return nil
+}
+
+// createDispatch creates the queue's consumer (never updating one of that name: see
+// Ensure) and returns a handle on it.
+func (c *Consumer) createDispatch(ctx context.Context, want jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	if _, err := c.q.stream.CreateConsumer(ctx, want); err != nil {
+		return nil, unavailable("create consumer of "+c.q.name, err)
+	}
+	cons, err := c.q.stream.Consumer(ctx, ConsumerName)
+	if err != nil {
+		return nil, unavailable("consumer of "+c.q.name, err)
+	}
+	return cons, nil
 }
 
 // floorPassedLanes reports whether an order of a lane waits at or below floor, the ack

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,11 +19,12 @@ import (
 // every one at or below it, but only on subjects the consumer has taken all along: an
 // update that widens a consumer's filter keeps its ack floor, so a subject it took up
 // later may hold orders below the floor that it never delivered. A lane's consumer
-// always takes its lane; the queue's own always took the unlaned orders, and took the
-// laned ones only while the queue had no lanes (an earlier sluice widened it by an
-// update when the lanes went), so its purge is of the unlaned orders alone. Nothing of
-// another lane, nor a scheduled order, is touched; a consumer not of sluice's, or one
-// of sluice's name with a filter sluice does not give it, is left alone.
+// always takes its lane; the queue's own always took the unlaned orders, but a lane it
+// takes (every lane in a queue without lanes, those without a consumer in a laned one)
+// may have come to it by an update (earlier sluices widened it so when the lanes
+// went), so its purge is of the unlaned orders alone. Nothing of another lane, nor a
+// scheduled order, is touched; a consumer not of sluice's, or one of sluice's name
+// with a filter sluice does not give it, is left alone.
 func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 	stream := c.q.stream
 	type target struct {
@@ -37,7 +39,7 @@ func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 			continue
 		}
 		switch tok, ok := strings.CutPrefix(ci.Name, ConsumerName+"_"); {
-		case ci.Name == ConsumerName && (ci.Config.FilterSubject == unlaned || ci.Config.FilterSubject == readyFilter(c.q.name)):
+		case ci.Name == ConsumerName && c.takesUnlaned(filtersOf(ci.Config)):
 			purge = append(purge, target{ci.AckFloor.Stream, unlaned})
 		case ok && validLane(tok) && ci.Config.FilterSubject == ReadySubject(c.q.name, tok, "*"):
 			purge = append(purge, target{ci.AckFloor.Stream, ci.Config.FilterSubject})
@@ -65,6 +67,26 @@ func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 		removed += n
 	}
 	return removed, nil
+}
+
+// takesUnlaned reports whether filters are ones sluice gives the queue's consumer:
+// every ready subject, or the unlaned orders and lanes (see dispatchFilters).
+func (c *Consumer) takesUnlaned(filters []string) bool {
+	if slices.Equal(filters, []string{readyFilter(c.q.name)}) {
+		return true
+	}
+	unlaned := false
+	for _, f := range filters {
+		rest, ok := strings.CutPrefix(f, "sluice.q."+c.q.name+".")
+		tok, star, laned := strings.Cut(rest, ".")
+		switch {
+		case ok && rest == "*":
+			unlaned = true
+		case !ok || !laned || star != "*" || !validLane(tok):
+			return false
+		}
+	}
+	return unlaned
 }
 
 // purgeBelow purges the messages on filter below seq from the queue's stream and

@@ -231,7 +231,7 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		}
 		// The dispatcher writes no record for a first attempt: a message already handed
 		// to a dispatcher (at or below the consumer's delivered sequence) is delivering.
-		if ci, err := q.stream.Consumer(ctx, q.consumerOf(raw.Subject)); err == nil && raw.Sequence <= ci.CachedInfo().Delivered.Stream {
+		if ci, err := q.servingConsumer(ctx, raw.Subject); err == nil && raw.Sequence <= ci.CachedInfo().Delivered.Stream {
 			rec.Status = StatusDelivering
 			return rec, nil
 		}

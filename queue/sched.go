@@ -70,7 +70,10 @@ func newScheduler(cfg queueconfig.Config, cons map[string]jetstream.Consumer, re
 
 // refresh reads the depth of every lane (one paged consumer listing) and whether the
 // queue is paused (the pause of the queue's own consumer: Queue.Pause and the
-// dispatchers' pauses set it there).
+// dispatchers' pauses set it there). A consumer of the scheduler's that the listing
+// lacks is ErrConsumerGone: its orders are taken by no consumer until Ensure sets
+// the lanes up again (another replica may have deleted it to make it anew, and
+// stopped before it could).
 func (sc *scheduler) refresh(ctx context.Context, stream jetstream.Stream, now time.Time) error {
 	byName := map[string]*laneState{}
 	for _, lv := range sc.levels {
@@ -79,6 +82,7 @@ func (sc *scheduler) refresh(ctx context.Context, stream jetstream.Stream, now t
 			ls.pending, ls.probe = 0, false
 		}
 	}
+	seen := 0
 	list := stream.ListConsumers(ctx)
 	for ci := range list.Info() {
 		if ci.Name == ConsumerName {
@@ -87,10 +91,15 @@ func (sc *scheduler) refresh(ctx context.Context, stream jetstream.Stream, now t
 		if ls := byName[ci.Name]; ls != nil {
 			ls.pending, ls.probe = ci.NumPending, ci.NumAckPending > 0
 			ls.ackWait = ci.Config.AckWait
+			seen++
 		}
 	}
+	queue := strings.TrimPrefix(stream.CachedInfo().Config.Name, StreamPrefix)
 	if err := list.Err(); err != nil {
-		return unavailable("lanes of "+strings.TrimPrefix(stream.CachedInfo().Config.Name, StreamPrefix), err)
+		return unavailable("lanes of "+queue, err)
+	}
+	if seen < len(byName) {
+		return fmt.Errorf("%w: a consumer of the lanes of %s is gone", ErrConsumerGone, queue)
 	}
 	sc.refreshedAt = now
 	return nil
@@ -360,8 +369,10 @@ func (c *Consumer) laneConsumers(ctx context.Context) (map[string]jetstream.Cons
 
 // ensureLanes creates or updates the lane consumers of a laned queue and sets up the
 // handle's scheduler (none for a queue without lanes). Lanes the configuration no
-// longer has (fewer fair_lanes or levels) keep their consumers until they are
-// empty, and are drained as lanes of the nearest level meanwhile.
+// longer has (fewer fair_lanes or levels) keep their consumers, and are drained as
+// lanes of the nearest level: the queue's consumer, which takes the lanes without a
+// consumer, could take theirs back only by being made anew (see Ensure). existing
+// are the lane consumers Ensure found, whose lanes it left out of own's filter.
 func (c *Consumer) ensureLanes(ctx context.Context, cfg ConsumerConfig, qcfg queueconfig.Config, own jetstream.Consumer,
 	existing map[string]jetstream.ConsumerConfig) error {
 	if !qcfg.Laned() {
@@ -392,8 +403,16 @@ func (c *Consumer) ensureLanes(ctx context.Context, cfg ConsumerConfig, qcfg que
 		}
 		l, _ := parseLane(strings.TrimPrefix(name, ConsumerName+"_"))
 		h, err := stream.Consumer(ctx, name)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			// Deleted meanwhile (by a replica without lanes, or by hand): the queue's
+			// consumer, set up without the lane, does not take it, so the lane gets its
+			// consumer back. Made anew: it starts from the lane's first order.
+			if _, err = stream.CreateConsumer(ctx, cfg.lane(l, c.q.name)); err == nil {
+				h, err = stream.Consumer(ctx, name)
+			}
+		}
 		if err != nil {
-			continue // deleted meanwhile
+			return unavailable("lane consumer of "+c.q.name, err)
 		}
 		lv := min(l.level, len(sc.levels)-1)
 		sc.levels[lv] = append(sc.levels[lv], &laneState{l: l, name: name, cons: h})
