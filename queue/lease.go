@@ -257,6 +257,12 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 			created = true
 		case sameConsumer(have, want):
 		default:
+			if have.AckWait != want.AckWait {
+				// Every dispatcher sets the ack wait it was given: the last one to start
+				// decides for all, which an operator should hear of.
+				c.log.Warn("changing the ack wait of the queue's consumer: dispatchers of one queue should share --ack-wait, or the last one to start sets it for all",
+					"queue", c.q.name, "was", have.AckWait, "now", want.AckWait)
+			}
 			if _, err := stream.UpdateConsumer(ctx, want); err != nil {
 				return unavailable("update consumer of "+c.q.name, err)
 			}
