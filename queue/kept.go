@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sort"
 	"sync"
 )
@@ -18,9 +19,13 @@ var ErrKeptRecordsFull = errors.New("queue: too many ticket records waiting to b
 // keptRecords holds ticket records that could not be written (JetStream full or
 // unreachable) until FlushRecords writes them. One entry per ticket, the newest.
 type keptRecords struct {
-	// write is held shared by SaveRecord and exclusively by FlushRecords for each
-	// write, so that a flush never puts a kept copy over a newer record.
-	write sync.RWMutex
+	// write is held, for the stripe of a record's ticket (writeLock), shared by
+	// SaveRecord and exclusively by FlushRecords for each write, so that a flush never
+	// puts a kept copy over a newer record. Striped so that a flush's write waiting on
+	// a store that does not answer holds up the records of few other tickets, not
+	// every delivery's.
+	write [keptStripes]sync.RWMutex
+	seed  maphash.Seed
 	// flushing lets one FlushRecords run at a time (others return at once).
 	flushing sync.Mutex
 
@@ -37,8 +42,16 @@ type keptRecord struct {
 	seq  uint64 // order of keeping, so that a flush writes the oldest first
 }
 
+// keptStripes is the number of stripes of keptRecords.write.
+const keptStripes = 64
+
 func newKeptRecords(limit int64) *keptRecords {
-	return &keptRecords{recs: map[string]*keptRecord{}, limit: limit}
+	return &keptRecords{recs: map[string]*keptRecord{}, limit: limit, seed: maphash.MakeSeed()}
+}
+
+// writeLock returns the lock of ticket's stripe (see keptRecords.write).
+func (k *keptRecords) writeLock(ticket string) *sync.RWMutex {
+	return &k.write[maphash.String(k.seed, ticket)%keptStripes]
 }
 
 func (k *keptRecords) get(ticket string) *Record {
@@ -148,8 +161,9 @@ func (s *Store) FlushRecords(ctx context.Context) (left int, err error) {
 
 func (s *Store) flushOne(ctx context.Context, e *keptRecord) error {
 	k := s.kept
-	k.write.Lock()
-	defer k.write.Unlock()
+	lock := k.writeLock(e.rec.Ticket)
+	lock.Lock()
+	defer lock.Unlock()
 	k.mu.Lock()
 	current := k.recs[e.rec.Ticket] == e
 	k.mu.Unlock()

@@ -138,8 +138,9 @@ func (s *Store) saveRecord(ctx context.Context, rec *Record, opts ...jetstream.P
 	}
 	// Shared with the other direct writes; FlushRecords takes it exclusively, so that it
 	// never writes a kept copy over a newer record written here.
-	s.kept.write.RLock()
-	defer s.kept.write.RUnlock()
+	lock := s.kept.writeLock(rec.Ticket)
+	lock.RLock()
+	defer lock.RUnlock()
 	if err := s.writeRecord(ctx, rec, opts...); err != nil {
 		return err
 	}
