@@ -227,7 +227,9 @@ func (r *runner) maintain(ctx context.Context) {
 			reclaimAt = now.Add(reclaimEvery)
 			r.reclaim(ctx)
 		}
-		if cfg := r.q.Config(); !sameQueueConfig(cfg, r.config()) {
+		// Lanes left to the queue's consumer while it held orders of theirs get their
+		// consumers by a later Ensure (see queue.Consumer.LanesHeld).
+		if cfg := r.q.Config(); !sameQueueConfig(cfg, r.config()) || r.cons.LanesHeld() {
 			if err := r.ensureConsumer(ctx); err != nil {
 				r.log.Warn("cannot apply the new queue config", "err", err)
 			}

@@ -79,7 +79,9 @@
 // is taken by exactly one consumer. Its filter shrinks by an update when a lane gets a
 // consumer; it never grows by one (an update keeps the consumer's ack floor, which may
 // have passed orders of the subject added): when it must take more, it is made anew
-// (see Consumer.Ensure).
+// (see Consumer.Ensure). A lane the queue's consumer took gets its own consumer only
+// once the orders of the lane it handed out are settled: it redelivers those whatever
+// its filter, and the lane's consumer would hand them out beside it.
 //
 // The lead: the lanes are several consumers, which a pinned priority group cannot keep
 // with one dispatcher, so a laned queue is led through a key (leader.{queue}) in the

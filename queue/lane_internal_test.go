@@ -52,7 +52,7 @@ func FuzzParseLane(f *testing.F) {
 func TestSchedulerWeightedBound(t *testing.T) {
 	cfg := queueconfig.Config{FairBy: "client_ip", FairLanes: 4, Priorities: queueconfig.Priorities{
 		Levels: []string{"h", "n", "l"}, Mode: queueconfig.Weighted, Weights: map[string]int{"h": 8, "n": 2, "l": 1}}}.WithDefaults()
-	sc := newScheduler(cfg, nil, 0)
+	sc := newScheduler(cfg, nil, nil, 0)
 	for _, lv := range sc.levels {
 		for _, ls := range lv[:3] { // three busy tenant lanes per level
 			ls.pending = 1 << 30
@@ -81,7 +81,7 @@ func TestSchedulerWeightedBound(t *testing.T) {
 func BenchmarkSchedulerPick(b *testing.B) {
 	cfg := queueconfig.Config{FairBy: "client_ip", FairLanes: 64, Priorities: queueconfig.Priorities{
 		Levels: []string{"h", "n", "l"}, Weights: map[string]int{"h": 8, "n": 2, "l": 1}}}.WithDefaults()
-	sc := newScheduler(cfg, nil, 0)
+	sc := newScheduler(cfg, nil, nil, 0)
 	for _, lv := range sc.levels {
 		for i, ls := range lv {
 			if i%2 == 0 {

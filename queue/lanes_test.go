@@ -722,3 +722,77 @@ func TestLaneConsumerGone(t *testing.T) {
 		}
 	}
 }
+
+// TestLaneAddedWhileItsOrdersAreHeld: the queue's consumer took a lane without a
+// consumer of its own, and holds two of its orders, one being delivered, one handed
+// back, when the configuration gets the lane. Neither is handed out beside its
+// delivery by the queue's consumer (which redelivers what it handed out whatever its
+// filter); once they are settled the lane gets its consumer.
+func TestLaneAddedWhileItsOrdersAreHeld(t *testing.T) {
+	srv := natstest.Start(t)
+	four, _, one := strayLaneConfigs("held")
+	cur := openStore(t, srv, one)
+	c := laneConsumerOf(t, cur, "held")
+	old := openStore(t, srv, four)
+	tenant := tenantIn(t, old, four, "p0t3")
+	parkAs(t, old, "held", tenant, "", "delivering")
+	parkAs(t, old, "held", tenant, "", "handed back")
+	ctx := ctxT(t)
+	delivering := lease(t, c)
+	if err := delivering.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := delivering.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease(t, c).HandBack(ctx)
+	if _, err := cur.Declare(ctx, four); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ensure(ctx, laneConsumer); err != nil {
+		t.Fatal(err)
+	}
+	checkLanesCovered(t, srv, "held")
+	if !c.LanesHeld() {
+		t.Error("LanesHeld false while the queue's consumer holds orders of p0t3")
+	}
+	var got []string
+	for {
+		nctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		l, err := c.Next(nctx)
+		cancel()
+		if errors.Is(err, queue.ErrNoMessages) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l.Message().Header.Get("X-Tag"))
+		if err := l.Load(ctx); errors.Is(err, queue.ErrFinal) {
+			continue // a copy of one settled meanwhile
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Done(ctx, &queue.Result{StatusCode: 200}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(got, []string{"handed back"}) {
+		t.Fatalf("handed out %q while the delivery went on; want the handed-back order once", got)
+	}
+	settle(t, delivering)
+	if err := c.Ensure(ctx, laneConsumer); err != nil {
+		t.Fatal(err)
+	}
+	if c.LanesHeld() {
+		t.Error("LanesHeld after the held orders were settled")
+	}
+	if _, err := srv.Stream(t, queue.StreamName("held")).Consumer(ctx, "dispatch_p0t3"); err != nil {
+		t.Errorf("lane p0t3 has no consumer once its orders were settled: %v", err)
+	}
+	checkLanesCovered(t, srv, "held")
+	parkAs(t, cur, "held", tenant, "", "after")
+	if got := deliver(t, c, 1); !slices.Equal(got, []string{"after"}) {
+		t.Errorf("delivered %v, want the order parked after", got)
+	}
+}

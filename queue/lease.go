@@ -169,6 +169,8 @@ type Consumer struct {
 	leadRev uint64
 	leadAt  time.Time
 	leadTTL time.Duration
+	// lanesHeld: Ensure left lanes to the queue's consumer (see heldLanes).
+	lanesHeld bool
 }
 
 // Consumer returns a handle on the queue's consumer for one dispatcher. It does no
@@ -203,7 +205,10 @@ func (q *Queue) Consumer(opts ...ConsumerOption) *Consumer {
 // replica that looks in between sees the lane taken by neither and makes the queue's
 // consumer anew with it, and the lane's creation fails and is tried again. Replicas
 // with different lanes configured converge: every lane either has a consumer, kept
-// once made, or is the queue's consumer's.
+// once made, or is the queue's consumer's. A lane of the configuration whose orders
+// the queue's consumer holds (handed out, not acknowledged) stays the queue
+// consumer's until they are settled, and is given its consumer by a later Ensure
+// (see heldLanes, LanesHeld).
 func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if cfg.AckWait <= 0 || cfg.PinnedTTL <= 0 || cfg.MaxInFlight < 1 {
 		return fmt.Errorf("%w: consumer of %q: ack wait, pinned TTL and max in flight must be positive", ErrInvalidConfig, c.q.name)
@@ -215,13 +220,19 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if err != nil {
 		return err
 	}
-	served := map[string]bool{}
+	cons, err := stream.Consumer(ctx, ConsumerName)
+	served, held := map[string]bool{}, map[string]bool{}
 	if laned {
+		if err == nil {
+			if held, err = c.heldLanes(ctx, cons.CachedInfo(), lanesOf(qcfg), existing); err != nil {
+				return err
+			}
+		}
 		for name := range existing {
 			served[strings.TrimPrefix(name, ConsumerName+"_")] = true
 		}
 		for _, l := range lanesOf(qcfg) {
-			served[l.token()] = true
+			served[l.token()] = !held[l.token()]
 		}
 	} else {
 		// Lanes first: the queue's consumer takes every subject again, which work-queue
@@ -234,7 +245,6 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 		}
 	}
 	want := cfg.jetstream(laned, c.q.name, served)
-	cons, err := stream.Consumer(ctx, ConsumerName)
 	created := err != nil
 	switch {
 	case err == nil:
@@ -274,7 +284,7 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	default:
 		return unavailable("consumer of "+c.q.name, err)
 	}
-	if err := c.ensureLanes(ctx, cfg, qcfg, cons, existing); err != nil {
+	if err := c.ensureLanes(ctx, cfg, qcfg, cons, existing, held); err != nil {
 		return err
 	}
 	// The handle kept reads the consumer's config back: leases go stale by the ack wait
@@ -296,6 +306,48 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	c.ackWait = cfg.AckWait
 	c.mu.Unlock()
 	return nil
+}
+
+// heldLanes returns the lanes (tokens) of the configuration without a consumer of
+// their own that the queue's consumer (ci) takes and holds orders of: handed out and
+// not acknowledged yet (in flight, or handed back for a retry). Such a lane stays the
+// queue's consumer's: it keeps redelivering what it handed out whatever its filter,
+// and the lane's consumer, which starts from the lane's first order, would hand those
+// orders out beside it. A later Ensure gives the lane its consumer (see LanesHeld).
+func (c *Consumer) heldLanes(ctx context.Context, ci *jetstream.ConsumerInfo, lanes []lane,
+	existing map[string]jetstream.ConsumerConfig) (map[string]bool, error) {
+	held := map[string]bool{}
+	if ci == nil || ci.NumAckPending == 0 {
+		return held, nil
+	}
+	have := filtersOf(ci.Config)
+	all := slices.Contains(have, readyFilter(c.q.name))
+	for _, l := range lanes {
+		subject := ReadySubject(c.q.name, l.token(), "*")
+		if _, ok := existing[l.consumer()]; ok || !all && !slices.Contains(have, subject) {
+			continue
+		}
+		// Above the ack floor and handed out, still stored: not acknowledged yet.
+		m, err := c.q.stream.GetMsg(ctx, ci.AckFloor.Stream+1, jetstream.WithGetMsgSubject(subject))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return nil, unavailable("orders of lane "+l.token()+" of "+c.q.name, err)
+		case m.Sequence <= ci.Delivered.Stream:
+			held[l.token()] = true
+		}
+	}
+	return held, nil
+}
+
+// LanesHeld reports whether the last Ensure left lanes of the configuration without
+// their consumers because the queue's consumer held orders of theirs (see heldLanes):
+// their orders are drained with the unlaned ones meanwhile, and Ensure, called again
+// once those are settled, gives the lanes their consumers.
+func (c *Consumer) LanesHeld() bool {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	return c.lanesHeld
 }
 
 // createDispatch creates the queue's consumer (never updating one of that name: see

@@ -53,11 +53,14 @@ type scheduler struct {
 	paused       bool
 }
 
-func newScheduler(cfg queueconfig.Config, cons map[string]jetstream.Consumer, refreshEvery time.Duration) *scheduler {
+func newScheduler(cfg queueconfig.Config, cons map[string]jetstream.Consumer, held map[string]bool, refreshEvery time.Duration) *scheduler {
 	nlevels, _ := cfg.LaneCount()
 	sc := &scheduler{cfg: cfg, levels: make([][]*laneState, nlevels), current: make([]int, nlevels),
 		cursor: make([]int, nlevels), refreshEvery: refreshEvery}
 	for _, l := range lanesOf(cfg) {
+		if held[l.token()] {
+			continue // the queue's consumer takes it (see Consumer.heldLanes)
+		}
 		sc.levels[l.level] = append(sc.levels[l.level], &laneState{l: l, name: l.consumer(), cons: cons[l.consumer()]})
 	}
 	def := 0
@@ -372,18 +375,22 @@ func (c *Consumer) laneConsumers(ctx context.Context) (map[string]jetstream.Cons
 // longer has (fewer fair_lanes or levels) keep their consumers, and are drained as
 // lanes of the nearest level: the queue's consumer, which takes the lanes without a
 // consumer, could take theirs back only by being made anew (see Ensure). existing
-// are the lane consumers Ensure found, whose lanes it left out of own's filter.
+// are the lane consumers Ensure found, whose lanes it left out of own's filter; held
+// the lanes it left to own instead of giving them a consumer now (see heldLanes).
 func (c *Consumer) ensureLanes(ctx context.Context, cfg ConsumerConfig, qcfg queueconfig.Config, own jetstream.Consumer,
-	existing map[string]jetstream.ConsumerConfig) error {
+	existing map[string]jetstream.ConsumerConfig, held map[string]bool) error {
 	if !qcfg.Laned() {
 		c.smu.Lock()
-		c.sched = nil
+		c.sched, c.lanesHeld = nil, false
 		c.smu.Unlock()
 		return nil
 	}
 	stream := c.q.stream
 	cons := map[string]jetstream.Consumer{ConsumerName: own}
 	for _, l := range lanesOf(qcfg) {
+		if held[l.token()] {
+			continue
+		}
 		want := cfg.lane(l, c.q.name)
 		if have, ok := existing[want.Durable]; !ok || !sameConsumer(have, want) {
 			if _, err := stream.CreateOrUpdateConsumer(ctx, want); err != nil {
@@ -396,7 +403,7 @@ func (c *Consumer) ensureLanes(ctx context.Context, cfg ConsumerConfig, qcfg que
 		}
 		cons[want.Durable] = h
 	}
-	sc := newScheduler(qcfg, cons, cmp.Or(cfg.LaneRefresh, DefaultLaneRefresh))
+	sc := newScheduler(qcfg, cons, held, cmp.Or(cfg.LaneRefresh, DefaultLaneRefresh))
 	for name := range existing {
 		if cons[name] != nil {
 			continue
@@ -418,7 +425,7 @@ func (c *Consumer) ensureLanes(ctx context.Context, cfg ConsumerConfig, qcfg que
 		sc.levels[lv] = append(sc.levels[lv], &laneState{l: l, name: name, cons: h})
 	}
 	c.smu.Lock()
-	c.sched, c.leadTTL = sc, cfg.PinnedTTL
+	c.sched, c.leadTTL, c.lanesHeld = sc, cfg.PinnedTTL, len(held) > 0
 	c.smu.Unlock()
 	return nil
 }
