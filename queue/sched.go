@@ -215,12 +215,15 @@ func (c *Consumer) tryLaned(ctx context.Context) (_ *Lease, leading bool, _ erro
 		return nil, false, err
 	}
 	now := time.Now()
-	if now.Sub(sc.refreshedAt) >= sc.refreshEvery {
+	// Lanes found idle are looked at again only when not just refreshed: each listing
+	// carries every consumer's configuration, the queue's with a filter per lane.
+	refreshed := now.Sub(sc.refreshedAt) >= sc.refreshEvery
+	if refreshed {
 		if err := sc.refresh(ctx, c.q.stream, now); err != nil {
 			return nil, true, err
 		}
 	}
-	for refreshed := false; ; {
+	for {
 		if sc.paused {
 			return nil, true, nil
 		}
