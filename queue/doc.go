@@ -81,7 +81,10 @@
 // have passed orders of the subject added): when it must take more, it is made anew
 // (see Consumer.Ensure). A lane the queue's consumer took gets its own consumer only
 // once the orders of the lane it handed out are settled: it redelivers those whatever
-// its filter, and the lane's consumer would hand them out beside it.
+// its filter, and the lane's consumer would hand them out beside it. On a queue where
+// some always are, it waits at most ConsumerConfig.MaxLaneHold (5 minutes), then gives
+// the lane its consumer anyway: the orders held then may go out twice (same
+// Idempotency-Key), which a warning says.
 //
 // The lead: the lanes are several consumers, which a pinned priority group cannot keep
 // with one dispatcher, so a laned queue is led through a key (leader.{queue}) in the

@@ -723,6 +723,42 @@ func TestLaneConsumerGone(t *testing.T) {
 	}
 }
 
+// TestLaneHeldAtMostMaxLaneHold: on a queue whose orders of a lane are always some in
+// flight, the lane gets its consumer once it has been held for MaxLaneHold.
+func TestLaneHeldAtMostMaxLaneHold(t *testing.T) {
+	srv := natstest.Start(t)
+	four, _, one := strayLaneConfigs("busy")
+	cur := openStore(t, srv, one)
+	c := laneConsumerOf(t, cur, "busy")
+	old := openStore(t, srv, four)
+	parkAs(t, old, "busy", tenantIn(t, old, four, "p0t3"), "", "in flight")
+	ctx := ctxT(t)
+	inFlight := lease(t, c)
+	if _, err := cur.Declare(ctx, four); err != nil {
+		t.Fatal(err)
+	}
+	hold := laneConsumer
+	hold.MaxLaneHold = time.Millisecond
+	if err := c.Ensure(ctx, hold); err != nil {
+		t.Fatal(err)
+	}
+	if !c.LanesHeld() {
+		t.Fatal("LanesHeld false while the queue's consumer holds an order of p0t3")
+	}
+	time.Sleep(10 * time.Millisecond) // past MaxLaneHold, the order still in flight
+	if err := c.Ensure(ctx, hold); err != nil {
+		t.Fatal(err)
+	}
+	if c.LanesHeld() {
+		t.Error("lane p0t3 still held past MaxLaneHold")
+	}
+	if _, err := srv.Stream(t, queue.StreamName("busy")).Consumer(ctx, "dispatch_p0t3"); err != nil {
+		t.Errorf("lane p0t3 has no consumer past MaxLaneHold: %v", err)
+	}
+	checkLanesCovered(t, srv, "busy")
+	settle(t, inFlight)
+}
+
 // TestLaneAddedWhileItsOrdersAreHeld: the queue's consumer took a lane without a
 // consumer of its own, and holds two of its orders, one being delivered, one handed
 // back, when the configuration gets the lane. Neither is handed out beside its

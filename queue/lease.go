@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 
 	"context"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -45,7 +47,14 @@ type ConsumerConfig struct {
 	// its lanes (default DefaultLaneRefresh): an order parked in a lane that had none
 	// is seen within it. Each refresh lists the queue's consumers.
 	LaneRefresh time.Duration
+	// MaxLaneHold bounds how long a lane of the configuration is left to the queue's
+	// consumer because it holds orders of the lane (default DefaultMaxLaneHold; see
+	// Consumer.Ensure): on a busy queue it nearly always does.
+	MaxLaneHold time.Duration
 }
+
+// DefaultMaxLaneHold is ConsumerConfig.MaxLaneHold's default.
+const DefaultMaxLaneHold = 5 * time.Minute
 
 // jetstream is the configuration of the queue's consumer. In a laned queue it takes
 // the unlaned orders (ReadySubject without a lane) and every lane whose token served
@@ -169,8 +178,10 @@ type Consumer struct {
 	leadRev uint64
 	leadAt  time.Time
 	leadTTL time.Duration
-	// lanesHeld: Ensure left lanes to the queue's consumer (see heldLanes).
+	// lanesHeld: Ensure left lanes to the queue's consumer (see heldLanes), since
+	// heldSince (see holdAtMost).
 	lanesHeld bool
+	heldSince time.Time
 }
 
 // Consumer returns a handle on the queue's consumer for one dispatcher. It does no
@@ -208,7 +219,7 @@ func (q *Queue) Consumer(opts ...ConsumerOption) *Consumer {
 // once made, or is the queue's consumer's. A lane of the configuration whose orders
 // the queue's consumer holds (handed out, not acknowledged) stays the queue
 // consumer's until they are settled, and is given its consumer by a later Ensure
-// (see heldLanes, LanesHeld).
+// (see heldLanes, LanesHeld), or by the first one past MaxLaneHold (see holdAtMost).
 func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if cfg.AckWait <= 0 || cfg.PinnedTTL <= 0 || cfg.MaxInFlight < 1 {
 		return fmt.Errorf("%w: consumer of %q: ack wait, pinned TTL and max in flight must be positive", ErrInvalidConfig, c.q.name)
@@ -227,6 +238,7 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 			if held, err = c.heldLanes(ctx, cons.CachedInfo(), lanesOf(qcfg), existing); err != nil {
 				return err
 			}
+			held = c.holdAtMost(held, cmp.Or(cfg.MaxLaneHold, DefaultMaxLaneHold))
 		}
 		for name := range existing {
 			served[strings.TrimPrefix(name, ConsumerName+"_")] = true
@@ -338,6 +350,30 @@ func (c *Consumer) heldLanes(ctx context.Context, ci *jetstream.ConsumerInfo, la
 		}
 	}
 	return held, nil
+}
+
+// holdAtMost returns held, or none once lanes have been held for longer than limit:
+// on a queue whose orders of those lanes are always some in flight the lanes would
+// never get their consumers (and their fairness). The orders the queue's consumer
+// holds of them then, it may deliver beside the lanes' consumers, with the same
+// Idempotency-Key: said in a warning.
+func (c *Consumer) holdAtMost(held map[string]bool, limit time.Duration) map[string]bool {
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	if len(held) == 0 {
+		c.heldSince = time.Time{}
+		return held
+	}
+	if c.heldSince.IsZero() {
+		c.heldSince = time.Now()
+	}
+	if since := time.Since(c.heldSince); since > limit {
+		c.log.Warn("giving lanes their consumers although the queue's consumer still holds orders of theirs: those may be delivered twice, with the same Idempotency-Key",
+			"queue", c.q.name, "lanes", slices.Sorted(maps.Keys(held)), "held_for", since.Round(time.Second))
+		c.heldSince = time.Time{}
+		return map[string]bool{}
+	}
+	return held
 }
 
 // LanesHeld reports whether the last Ensure left lanes of the configuration without
