@@ -134,21 +134,15 @@ func DeliveryFrom(ctx context.Context) (Delivery, bool) {
 }
 
 // settleTime is what a delivery needs after its attempt, within the order's ack
-// wait: the final record's write, which makes a redelivery acknowledged unseen.
-const settleTime = 5 * time.Second
+// wait: the key's and the final record's writes (5 s each at most), which make a
+// redelivery acknowledged unseen.
+const settleTime = 10 * time.Second
 
 // deliver runs one delivery attempt and settles the order. probe tells whether the
 // attempt probes an open circuit.
 func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time, probe bool) {
 	m := l.Message()
 	bg := context.Background()
-	// The record read and the pacing slot may have taken a good part of the ack wait:
-	// an order whose delivery could outlast it would go out twice.
-	if !l.Extend(bg, r.d.opts.deliveryTimeout+settleTime) {
-		r.cb.cancel(probe)
-		r.log.Info("not delivering an order held too near its ack wait; the server hands it out again", "ticket", m.Ticket)
-		return
-	}
 	switch err := l.Start(bg); {
 	case errors.Is(err, queue.ErrCancelled):
 		r.log.Info("order cancelled before delivery; dropping it", "ticket", m.Ticket)
@@ -157,6 +151,13 @@ func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time
 	case err != nil:
 		r.log.Debug("ticket record changed; trying later", "ticket", m.Ticket, "err", err)
 		r.cb.cancel(probe)
+		return
+	}
+	// The record read, the pacing slot and Start may have taken a good part of the ack
+	// wait: an order whose delivery could outlast it would go out twice.
+	if !l.Extend(bg, r.d.opts.deliveryTimeout+settleTime) {
+		r.cb.cancel(probe)
+		r.log.Info("not delivering an order held too near its ack wait; the server hands it out again", "ticket", m.Ticket)
 		return
 	}
 	r.mu.Lock()
