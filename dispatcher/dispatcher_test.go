@@ -802,6 +802,28 @@ func TestConfigReloadUpdatesConsumer(t *testing.T) {
 	}
 }
 
+// A rules reload that gives a queue tenant lanes sets them up without a restart.
+func TestConfigReloadAddsLanes(t *testing.T) {
+	srv := natstest.Start(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("orders", ds.URL)
+	_, q := openStore(t, srv.Conn, cfg)
+	r := startReplica(t, srv, cfg, "a")
+	lane := func() bool {
+		_, err := srv.Stream(t, q.StreamName()).Consumer(ctxT(t), queue.ConsumerName+"_p0t1")
+		return err == nil
+	}
+	waitFor(t, "the consumer", 10*time.Second, func() bool {
+		_, err := srv.Stream(t, q.StreamName()).Consumer(ctxT(t), queue.ConsumerName)
+		return err == nil
+	})
+	cfg.FairBy, cfg.FairLanes = "header:X-Tenant", 2
+	if _, err := r.store.Declare(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the lanes of the reloaded config", 15*time.Second, lane)
+}
+
 func TestExpiredOrdersAreDeadLetteredNotDropped(t *testing.T) {
 	srv := natstest.Start(t)
 	ds := newDownstream(t, func(hit, int) (int, http.Header, string) { return 200, nil, "ok" })

@@ -294,9 +294,12 @@ func (r *runner) retired(ctx context.Context) bool {
 	return false
 }
 
+// sameQueueConfig reports whether a and b agree on everything the dispatcher sets up
+// from a queue's config (its consumers, lanes and scheduler, pacer and target).
 func sameQueueConfig(a, b queueconfig.Config) bool {
 	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream && a.Delivery == b.Delivery &&
-		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff
+		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff &&
+		a.FairBy == b.FairBy && a.FairLanes == b.FairLanes && a.Priorities.Equal(b.Priorities)
 }
 
 // unpin releases the pin if this runner holds it, so that another replica takes over

@@ -2,6 +2,7 @@ package queueconfig
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -52,6 +53,11 @@ type Priorities struct {
 	Mode PriorityMode
 	// Weights gives each level its share in Weighted mode (default 1 each; 1–1000).
 	Weights map[string]int
+}
+
+// Equal reports whether p and o declare the same levels, default, mode and weights.
+func (p Priorities) Equal(o Priorities) bool {
+	return slices.Equal(p.Levels, o.Levels) && p.Default == o.Default && p.Mode == o.Mode && maps.Equal(p.Weights, o.Weights)
 }
 
 // Enabled reports whether any levels are declared.
