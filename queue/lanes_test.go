@@ -477,10 +477,7 @@ func TestRequeueIntoALaneGone(t *testing.T) {
 	if n, err := s.Requeue(ctx, "requeue", rc.Ticket); err != nil || n != 1 {
 		t.Fatalf("requeue: %d, %v", n, err)
 	}
-	l = lease(t, c)
-	if m := l.Message(); m.Ticket != rc.Ticket || m.Lane != "p0t3" {
-		t.Fatalf("delivered %s of lane %q, want %s of p0t3", m.Ticket, m.Lane, rc.Ticket)
-	}
+	l = strayLease(t, c, rc.Ticket)
 	settle(t, l)
 }
 
@@ -499,10 +496,7 @@ func TestScheduledIntoALaneGone(t *testing.T) {
 		t.Fatalf("park: %+v, %v", rc, err)
 	}
 	laneGoneAndBack(t, s, c, plain, one)
-	l := lease(t, c)
-	if m := l.Message(); m.Ticket != rc.Ticket || m.Lane != "p0t3" {
-		t.Fatalf("delivered %s of lane %q, want %s of p0t3", m.Ticket, m.Lane, rc.Ticket)
-	}
+	l := strayLease(t, c, rc.Ticket)
 	settle(t, l)
 }
 
@@ -516,10 +510,7 @@ func TestOrderInALaneNoConsumerTakes(t *testing.T) {
 	c := laneConsumerOf(t, cur, "rolling")
 	old := openStore(t, srv, four)
 	rc := parkAs(t, old, "rolling", tenantIn(t, old, four, "p0t3"), "", "stray")
-	l := lease(t, c)
-	if m := l.Message(); m.Ticket != rc.Ticket || m.Lane != "p0t3" {
-		t.Fatalf("delivered %s of lane %q, want %s of p0t3", m.Ticket, m.Lane, rc.Ticket)
-	}
+	l := strayLease(t, c, rc.Ticket)
 	// Handed out by the queue's consumer, which status and cancel ask for it.
 	ctx := ctxT(t)
 	if rec, err := cur.Status(ctx, rc.Ticket); err != nil || rec.Status != queue.StatusDelivering {
@@ -529,6 +520,17 @@ func TestOrderInALaneNoConsumerTakes(t *testing.T) {
 		t.Errorf("cancel of the handed-out stray: %v, want ErrNotCancellable", err)
 	}
 	settle(t, l)
+}
+
+// strayLease takes the next order from c and fails t unless it is ticket's, of lane
+// p0t3 (the stray lane of strayLaneConfigs' tests).
+func strayLease(t *testing.T, c *queue.Consumer, ticket string) *queue.Lease {
+	t.Helper()
+	l := lease(t, c)
+	if m := l.Message(); m.Ticket != ticket || m.Lane != "p0t3" {
+		t.Fatalf("delivered %s of lane %q, want %s of p0t3", m.Ticket, m.Lane, ticket)
+	}
+	return l
 }
 
 // checkLanesCovered lists the filters of the consumers of queue name; it fails t unless

@@ -360,18 +360,7 @@ func TestStaleLeaseSendsNoNak(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			name := strings.ReplaceAll(tc.name, " ", "-")
-			q, err := s.Declare(ctx, testConfig(name))
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := q.Consumer()
-			if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := s.Park(ctx, order(name, `{"id":1}`)); err != nil {
-				t.Fatal(err)
-			}
+			c := consumerWithOrder(t, s, strings.ReplaceAll(tc.name, " ", "-"), ackWait)
 			first := lease(t, c)
 			if err := first.Load(ctx); err != nil {
 				t.Fatal(err)
@@ -394,30 +383,15 @@ func TestLeaseExtend(t *testing.T) {
 	srv := natstest.Start(t)
 	s := openStore(t, srv)
 	ctx := ctxT(t)
-	setUp := func(t *testing.T, name string, ackWait time.Duration) *queue.Consumer {
-		t.Helper()
-		q, err := s.Declare(ctx, testConfig(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := q.Consumer()
-		if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Park(ctx, order(name, `{"id":1}`)); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
 	t.Run("enough left", func(t *testing.T) {
-		c := setUp(t, "enough", time.Minute)
+		c := consumerWithOrder(t, s, "enough", time.Minute)
 		if l := lease(t, c); !l.Extend(ctx, 10*time.Second) {
 			t.Fatal("a fresh lease with 50s to spare refused a 10s delivery")
 		}
 	})
 	t.Run("restarted", func(t *testing.T) {
 		// Each Extend restarts the 5s ack wait; 7s later the order has not come again.
-		c := setUp(t, "restarted", 5*time.Second)
+		c := consumerWithOrder(t, s, "restarted", 5*time.Second)
 		l := lease(t, c)
 		for end := time.Now().Add(7 * time.Second); time.Now().Before(end); time.Sleep(time.Second) {
 			if !l.Extend(ctx, 10*time.Second) {
@@ -439,7 +413,7 @@ func TestLeaseExtend(t *testing.T) {
 		}
 	})
 	t.Run("stale", func(t *testing.T) {
-		c := setUp(t, "stale", 2*time.Second)
+		c := consumerWithOrder(t, s, "stale", 2*time.Second)
 		first := lease(t, c)
 		second := lease(t, c) // handed out again once first's ack wait ran out
 		if first.Extend(ctx, time.Second) {
@@ -452,6 +426,25 @@ func TestLeaseExtend(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// consumerWithOrder declares queue name on s, sets its consumer up with ackWait and
+// parks one order in it.
+func consumerWithOrder(t *testing.T, s *queue.Store, name string, ackWait time.Duration) *queue.Consumer {
+	t.Helper()
+	ctx := ctxT(t)
+	q, err := s.Declare(ctx, testConfig(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := q.Consumer()
+	if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Park(ctx, order(name, `{"id":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // expectNoThirdDelivery settles first, the stale lease of an order c handed out again
