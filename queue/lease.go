@@ -178,9 +178,8 @@ type Consumer struct {
 	leadRev uint64
 	leadAt  time.Time
 	leadTTL time.Duration
-	// lanesHeld: Ensure left lanes to the queue's consumer (see heldLanes), since
-	// heldSince (see holdAtMost).
-	lanesHeld bool
+	// heldSince: since when Ensure has left lanes to the queue's consumer (see
+	// heldLanes, holdAtMost); zero while it leaves none.
 	heldSince time.Time
 }
 
@@ -233,13 +232,13 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	}
 	cons, err := stream.Consumer(ctx, ConsumerName)
 	served, held := map[string]bool{}, map[string]bool{}
-	if laned {
-		if err == nil {
-			if held, err = c.heldLanes(ctx, cons.CachedInfo(), lanesOf(qcfg), existing); err != nil {
-				return err
-			}
-			held = c.holdAtMost(held, cmp.Or(cfg.MaxLaneHold, DefaultMaxLaneHold))
+	if laned && err == nil {
+		if held, err = c.heldLanes(ctx, cons.CachedInfo(), lanesOf(qcfg), existing); err != nil {
+			return err
 		}
+	}
+	held = c.holdAtMost(held, cmp.Or(cfg.MaxLaneHold, DefaultMaxLaneHold))
+	if laned {
 		for name := range existing {
 			served[strings.TrimPrefix(name, ConsumerName+"_")] = true
 		}
@@ -383,7 +382,7 @@ func (c *Consumer) holdAtMost(held map[string]bool, limit time.Duration) map[str
 func (c *Consumer) LanesHeld() bool {
 	c.smu.Lock()
 	defer c.smu.Unlock()
-	return c.lanesHeld
+	return !c.heldSince.IsZero()
 }
 
 // createDispatch creates the queue's consumer (never updating one of that name: see
@@ -816,11 +815,11 @@ func (l *Lease) HandBack(ctx context.Context) {
 }
 
 // Extend makes sure the lease has at least need left before its ack wait runs out,
-// so that a delivery about to start (need: its timeout and the final record's write)
+// so that a delivery about to start (need: its timeout and its settlement's writes)
 // ends before the server may hand the order to another dispatcher, however long the
 // steps before it took (the record read, the pacing slot, each bounded by seconds).
 // With less left, it restarts the ack wait on the server (JetStream's "in progress")
-// and waits for the server to take it (bounded by nakWait and ctx). false: the order
+// and waits for the server to take it (see ask). false: the order
 // must not be delivered here, and the lease must be left as it is: the server
 // redelivers the order. Either the lease is stale already (the server may have handed
 // the order out again: nothing is sent), or it had too little left and the server did
@@ -836,9 +835,7 @@ func (l *Lease) Extend(ctx context.Context, need time.Duration) bool {
 	case l.stale.Sub(now) >= need:
 		return true
 	}
-	wctx, cancel := context.WithTimeout(ctx, nakWait)
-	defer cancel()
-	if _, err := l.s.nc.RequestWithContext(wctx, l.jm.Reply(), []byte("+WPI")); err != nil {
+	if err := l.ask(ctx, []byte("+WPI")); err != nil {
 		l.c.log.Debug("cannot restart an order's ack wait", "ticket", l.m.Ticket, "err", err)
 		return false
 	}
@@ -882,14 +879,20 @@ func (l *Lease) nak(ctx context.Context, delay time.Duration) {
 		return
 	}
 	delay = max(delay, time.Millisecond)
-	nc := l.s.nc
-	if !nc.IsConnected() || ctx.Err() != nil {
+	if !l.s.nc.IsConnected() || ctx.Err() != nil {
 		_ = l.jm.NakWithDelay(delay)
 		return
 	}
+	_ = l.ask(ctx, fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
+}
+
+// ask sends the acknowledgement ack of the lease's message and waits for the server to
+// have processed it (see nak), at most nakWait.
+func (l *Lease) ask(ctx context.Context, ack []byte) error {
 	wctx, cancel := context.WithTimeout(ctx, nakWait)
 	defer cancel()
-	_, _ = nc.RequestWithContext(wctx, l.jm.Reply(), fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
+	_, err := l.s.nc.RequestWithContext(wctx, l.jm.Reply(), ack)
+	return err
 }
 
 // Dead moves the order to the dead-letter stream with cause as its reason, then

@@ -384,7 +384,7 @@ func (c *Consumer) ensureLanes(ctx context.Context, cfg ConsumerConfig, qcfg que
 	existing map[string]jetstream.ConsumerConfig, held map[string]bool) error {
 	if !qcfg.Laned() {
 		c.smu.Lock()
-		c.sched, c.lanesHeld = nil, false
+		c.sched = nil
 		c.smu.Unlock()
 		return nil
 	}
@@ -428,7 +428,7 @@ func (c *Consumer) ensureLanes(ctx context.Context, cfg ConsumerConfig, qcfg que
 		sc.levels[lv] = append(sc.levels[lv], &laneState{l: l, name: name, cons: h})
 	}
 	c.smu.Lock()
-	c.sched, c.leadTTL, c.lanesHeld = sc, cfg.PinnedTTL, len(held) > 0
+	c.sched, c.leadTTL = sc, cfg.PinnedTTL
 	c.smu.Unlock()
 	return nil
 }
