@@ -98,8 +98,9 @@
 //
 // TenantMaxDepth caps the waiting and handed-out orders of a tenant lane: past it Park
 // refuses with a *FullError (Lane set), as a full queue does. The count is read from
-// the lane's consumer before the publish, so parks racing each other can overshoot it
-// by their number.
+// the lane's consumer before the publish, and the server counts a write there a moment
+// after it confirms it, so parks racing or following each other closely can overshoot
+// the cap by their number.
 // # Group commit
 //
 // Park writes to two streams: an order without a key is one write; a keyed order takes

@@ -101,9 +101,11 @@ func lanesOf(cfg queueconfig.Config) []lane {
 }
 
 // laneRoom refuses an order for a lane that holds TenantMaxDepth orders already (a
-// *FullError). The count is the lane consumer's waiting and handed-out orders; parks
-// racing each other may overshoot the cap by their number. A lane whose consumer no
-// dispatcher has set up yet is counted by its subjects.
+// *FullError). The count is the lane consumer's waiting and handed-out orders, which
+// nats-server updates just after it confirms a write (its stream signals consumers on
+// another goroutine): parks racing or closely following each other may overshoot the
+// cap by their number. A lane whose consumer no dispatcher has set up yet is counted
+// by its subjects.
 func (q *Queue) laneRoom(ctx context.Context, cfg queueconfig.Config, tok string) error {
 	if cfg.TenantMaxDepth <= 0 || tok == "" {
 		return nil

@@ -205,6 +205,9 @@ func TestTenantMaxDepth(t *testing.T) {
 		for i := range 3 {
 			parkAs(t, s, cfg.Name, "tenant-a", "", fmt.Sprintf("a%d", i))
 		}
+		if dispatched { // the lane's consumer counts an order a moment after its write
+			waitFor(t, func() bool { return lanePending(t, s) == 3 })
+		}
 		_, err := s.Park(ctxT(t), &queue.Request{Queue: cfg.Name, Method: "POST", Path: "/", Tenant: "tenant-a"})
 		var fe *queue.FullError
 		if !errors.Is(err, queue.ErrFull) || !errors.As(err, &fe) || fe.Lane == "" || fe.Depth != 3 || fe.RetryAfter < time.Second {
@@ -215,6 +218,20 @@ func TestTenantMaxDepth(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// lanePending returns the waiting and handed-out orders the consumers of the store's
+// one queue count.
+func lanePending(t *testing.T, s *queue.Store) uint64 {
+	var n uint64
+	infos := s.Queues()[0].Stream().ListConsumers(ctxT(t))
+	for ci := range infos.Info() {
+		n += ci.NumPending + uint64(ci.NumAckPending)
+	}
+	if err := infos.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestLanesLead: one dispatcher leads a laned queue; another gets nothing until the
