@@ -601,18 +601,36 @@ func freeAddr() string {
 }
 
 func waitHealthy(ctx context.Context, u string) error {
-	deadline := time.Now().Add(20 * time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
 	for {
-		resp, err := http.Get(u)
+		// Each try is bounded too: a process that accepts but never answers (stopped,
+		// or wrapped in a tool that holds it) must not hold the run past SIGTERM.
+		err := getOnce(ctx, u, time.Second)
 		if err == nil {
-			resp.Body.Close()
 			return nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
 			return fmt.Errorf("%s never answered: %w", u, err)
+		case <-time.After(20 * time.Millisecond):
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// getOnce GETs u, waiting at most timeout for the answer's header.
+func getOnce(ctx context.Context, u string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
 }
 
 // runUpstream is the benchmark's upstream, a process of its own: a small fixed answer.

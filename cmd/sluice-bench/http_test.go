@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -159,5 +160,29 @@ func TestVariantFlag(t *testing.T) {
 		if err := f.Set(bad); err == nil {
 			t.Errorf("Set(%q) took it", bad)
 		}
+	}
+}
+
+// TestWaitHealthyGivesUpOnASilentServer: a process that accepts connections but never
+// answers (stopped, or held by a wrapper) does not hold the run once it is cancelled.
+func TestWaitHealthyGivesUpOnASilentServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel) // as SIGTERM would
+	if err := waitHealthy(ctx, "http://"+ln.Addr().String()+"/healthz"); err == nil {
+		t.Fatal("a server that never answers was taken for healthy")
 	}
 }
