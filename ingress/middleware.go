@@ -71,13 +71,29 @@ type Deferral struct {
 }
 
 // ParkHeader is the header to park for r: d.Header, or when it is nil r's own header
-// with the forwarding headers set as on a proxied request (peers not trusted).
+// without its hop-by-hop headers, with the forwarding headers set as on a proxied
+// request (peers not trusted).
 func (d Deferral) ParkHeader(r *http.Request) http.Header {
 	if d.Header != nil {
 		return d.Header
 	}
+	return parkHeader(nil, r)
+}
+
+// parkHeader is the header to park for r, as a proxied request of r would carry it:
+// r's own without its hop-by-hop headers (those Connection names included), then the
+// forwarding headers set from the connection (see setForwarded). Hop-by-hop headers
+// go first, as the proxy drops them: a client that names X-Forwarded-For in
+// Connection must not have the queue drop the forwarding headers sluice set.
+func parkHeader(ids *ClientIdentity, r *http.Request) http.Header {
 	h := r.Header.Clone()
-	setForwarded(nil, r, h)
+	conn := h["Connection"]
+	for k := range h {
+		if skipHeader(k, conn) {
+			delete(h, k)
+		}
+	}
+	setForwarded(ids, r, h)
 	return h
 }
 
@@ -250,9 +266,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case noPark != "":
 			writeProblem(w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+noPark))
 		default:
-			h := r.Header.Clone()
-			setForwarded(m.ids, r, h)
-			m.deferrer.Defer(w, r, Deferral{Queue: rule.Queue, Rule: rule, Client: m.idempotencyScope(route, r, client), Header: h})
+			m.deferrer.Defer(w, r, Deferral{Queue: rule.Queue, Rule: rule, Client: m.idempotencyScope(route, r, client),
+				Header: parkHeader(m.ids, r)})
 		}
 	case v.violated == nil:
 		next.ServeHTTP(w, r)
@@ -260,11 +275,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if span != nil {
 			r = r.WithContext(ctx) // the park's span is the decision's child
 		}
-		h := r.Header.Clone()
-		setForwarded(m.ids, r, h)
 		priority, tenant := route.Lane(r, client.Addr(), v.violated.Queue)
 		m.deferrer.Defer(w, r, Deferral{Queue: v.violated.Queue, Rule: v.violated, Client: m.idempotencyScope(route, r, client),
-			Header: h, RetryAfter: v.retryAfter, Priority: priority, Tenant: tenant})
+			Header: parkHeader(m.ids, r), RetryAfter: v.retryAfter, Priority: priority, Tenant: tenant})
 	default:
 		m.log.Debug("rate limited", "rule", v.violated.Name, "route", route.Name,
 			"client", clientHash(client), "retry_after", v.retryAfter)
