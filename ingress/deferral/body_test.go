@@ -240,3 +240,60 @@ func TestDeferMemoryBudget(t *testing.T) {
 		t.Errorf("%d bytes of the budget still reserved", used)
 	}
 }
+
+// stalledBody is a request body that sends nothing: its first Read says so on started,
+// then waits until release is closed and fails, as a client that announced a length
+// and never sent the body would until the server's read timeout.
+type stalledBody struct {
+	started chan struct{}
+	release chan struct{}
+	once    bool
+}
+
+func (s *stalledBody) Read([]byte) (int, error) {
+	if !s.once {
+		s.once = true
+		close(s.started)
+	}
+	<-s.release
+	return 0, io.ErrUnexpectedEOF
+}
+
+// TestDeferMemoryNotHeldByStalledBodies: a client that announces a large
+// Content-Length and then sends nothing (slowloris) must not hold the memory of its
+// whole announced body: a handful of them would otherwise refuse every other deferred
+// order 503 until the server's read timeout (60 s in sluice serve), at no cost to them.
+// Memory is taken as the body arrives; an announced length that cannot fit in what is
+// left is still refused before a byte is read (TestDeferMemoryBudget).
+func TestDeferMemoryNotHeldByStalledBodies(t *testing.T) {
+	const budget = 256 << 10
+	f := newBodyFixture(t, queueconfig.Config{}, WithBodyMemory(budget))
+	release := make(chan struct{})
+	done := make(chan int, 2)
+	for range 2 {
+		body := &stalledBody{started: make(chan struct{}), release: release}
+		go func() {
+			done <- f.post(body, 120<<10).Code
+		}()
+		select {
+		case <-body.started:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the stalled body was never read")
+		}
+	}
+	// Two stalled clients announced 240 KiB of the 256 KiB and sent nothing: a 20 KiB
+	// order that arrives whole is taken.
+	w := f.post(newCountingReader(20<<10), 20<<10)
+	close(release)
+	for range 2 {
+		if code := <-done; code != http.StatusBadRequest {
+			t.Errorf("stalled body: %d, want 400 (the body could not be read)", code)
+		}
+	}
+	if w.Code != http.StatusAccepted {
+		t.Errorf("20 KiB order beside two stalled bodies: %d %s, want 202", w.Code, w.Body)
+	}
+	if used := f.deferrer.memory.used.Load(); used != 0 {
+		t.Errorf("%d bytes of the budget still reserved after every request ended", used)
+	}
+}
