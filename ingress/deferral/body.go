@@ -63,9 +63,10 @@ func (e *bodyTooLargeError) Error() string { return "ingress: body larger than "
 
 // readBody reads a deferred request's body, at most limit bytes, into memory reserved
 // from the budget; the caller gives back the returned reservation once the body is
-// parked. A Content-Length over the limit is refused before a byte is read; a body of
-// unknown length (chunked) is read and reserved a chunk at a time and refused as soon
-// as it passes the limit. Errors: *bodyTooLargeError, *http.MaxBytesError (the
+// parked. A Content-Length over the limit, or over what is left of the budget, is
+// refused before a byte is read, and its memory is reserved as the body arrives (see
+// readSized); a body of unknown length (chunked) is read and reserved a chunk at a
+// time and refused as soon as it passes the limit. Errors: *bodyTooLargeError, *http.MaxBytesError (the
 // middleware's --max-body), errNoMemory, or the read error.
 func (b *memoryBudget) readBody(r *http.Request, limit queue.BodyLimit) (body []byte, reserved int64, err error) {
 	if b.max > 0 && b.max < limit.Bytes {
@@ -79,17 +80,47 @@ func (b *memoryBudget) readBody(r *http.Request, limit queue.BodyLimit) (body []
 		if n > limit.Bytes {
 			return nil, 0, &bodyTooLargeError{limit}
 		}
-		if !b.take(n) {
+		if !b.fits(n) {
 			return nil, 0, errNoMemory
 		}
-		body = make([]byte, n)
-		if _, err := io.ReadFull(r.Body, body); err != nil {
-			b.give(n)
-			return nil, 0, err
-		}
-		return body, n, nil
+		return b.readSized(r.Body, n)
 	}
 	return b.readUnsized(r.Body, limit)
+}
+
+// fits reports whether n more bytes fit in what is left of the budget now (nothing is
+// reserved).
+func (b *memoryBudget) fits(n int64) bool {
+	return b.max <= 0 || b.used.Load()+n <= b.max
+}
+
+// readSized reads a body of n bytes (Content-Length) into a buffer that grows, each
+// growth reserved before it is made, as the body arrives: a client that announces n
+// bytes and sends them slowly, or never, holds only about what it sent (at most twice
+// that, and a chunk), not n, until the server's read timeout ends it.
+func (b *memoryBudget) readSized(r io.Reader, n int64) ([]byte, int64, error) {
+	var (
+		body     []byte
+		reserved int64
+	)
+	for int64(len(body)) < n {
+		if len(body) == cap(body) {
+			grown := min(n, max(readChunk, 2*int64(cap(body))))
+			if !b.take(grown - reserved) {
+				b.give(reserved)
+				return nil, 0, errNoMemory
+			}
+			reserved = grown
+			body = append(make([]byte, 0, grown), body...)
+		}
+		m, err := io.ReadFull(r, body[len(body):cap(body)])
+		body = body[:len(body)+m]
+		if err != nil {
+			b.give(reserved)
+			return nil, 0, err
+		}
+	}
+	return body, reserved, nil
 }
 
 // chunks holds the chunks of bodies of unknown length while they are read: a body that
