@@ -260,7 +260,9 @@ func overrideCheck(domain string, d *rlcommon.RateLimitDescriptor, o *rlcommon.R
 		return nil, fmt.Errorf("limit override: unit %v is not one of second, minute, hour, day, month, year", o.Unit)
 	}
 	if m := o.GetUnitMultiplier(); m != nil && m.Value > 1 {
-		if int64(m.Value) > int64(1<<53/time.Microsecond)/int64(period) {
+		// The window must stay below 2^53 µs, the limiter's exact range
+		// (limiter.Limit's bound on Period).
+		if int64(m.Value) > (int64(1<<53*time.Microsecond)-1)/int64(period) {
 			return nil, fmt.Errorf("limit override: unit_multiplier %d is too large", m.Value)
 		}
 		period *= time.Duration(m.Value)
