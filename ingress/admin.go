@@ -113,11 +113,7 @@ func (a *Admin) authorize(next http.Handler) http.Handler {
 		var ok bool
 		var retryAfter time.Duration
 		if h := r.Header.Get("Authorization"); h != "" {
-			presented, bearer := strings.CutPrefix(h, "Bearer ")
-			if !bearer {
-				presented = "" // a wrong guess: the token is never empty here
-			}
-			ok, retryAfter = guard.Check(r, presented)
+			ok, retryAfter = guard.Check(r, bearerToken(h))
 		}
 		switch {
 		case retryAfter > 0:
@@ -130,6 +126,17 @@ func (a *Admin) authorize(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// bearerToken is the token of an Authorization value of the Bearer scheme, whose name
+// is case-insensitive (RFC 9110 section 11.1) and followed by one or more spaces
+// (RFC 6750); "" for any other value (a wrong guess: the token is never empty).
+func bearerToken(h string) string {
+	scheme, token, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimLeft(token, " ")
 }
 
 const readyTimeout = 2 * time.Second
