@@ -688,7 +688,10 @@ func (p *Proxy) relay(w http.ResponseWriter, r *http.Request, c *upstreamConn, r
 	for k, vv := range resp.Trailer {
 		h[http.TrailerPrefix+k] = vv
 	}
-	if !res.stop() || !complete || resp.Close || res.bodyUnsent {
+	// Bytes already read past the response (a second response nobody asked for, a
+	// body sent to HEAD) would be taken for the next request's response, which may be
+	// another client's: such a connection is closed, as net/http's Transport does.
+	if !res.stop() || !complete || resp.Close || res.bodyUnsent || c.br.Buffered() > 0 {
 		_ = c.conn.Close()
 		if !complete && r.Context().Err() == nil {
 			// The upstream broke off: end the client's connection too, so that it
