@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -22,11 +23,11 @@ const (
 )
 
 // TokenGuard checks presented admin tokens and makes guessing them slow: an address
-// (the connection's peer) that presented MaxWrongTokens wrong tokens is refused, with
-// the right token too, until its allowance refills by one (WrongTokenRefill); right
-// tokens cost nothing. Admin uses one for its bearer token and the console for its
-// sign-in; sharing one between them (NewTokenGuard once) gives a guesser one allowance
-// for both. Safe for concurrent use.
+// (the connection's peer; for IPv6 its /64) that presented MaxWrongTokens wrong
+// tokens is refused, with the right token too, until its allowance refills by one
+// (WrongTokenRefill); right tokens cost nothing. Admin uses one for its bearer token
+// and the console for its sign-in; sharing one between them (NewTokenGuard once) gives
+// a guesser one allowance for both. Safe for concurrent use.
 type TokenGuard struct {
 	token []byte
 	now   func() time.Time
@@ -102,11 +103,22 @@ func WriteLockedOut(w http.ResponseWriter, retryAfter time.Duration) {
 	writeProblem(w, simpleProblem(http.StatusTooManyRequests, "Too many wrong tokens from this address: try again later."))
 }
 
+// guardV6Prefix is how IPv6 peers are grouped for their allowance of wrong tokens: a
+// host has a whole /64 to send from (the front door groups IPv6 clients the same way
+// by default).
+const guardV6Prefix = 64
+
 // peerAddr is the host of r's connection peer (not a forwarded address: the admin
-// listener trusts no proxy headers for this).
+// listener trusts no proxy headers for this); an IPv6 peer's /64.
 func peerAddr(r *http.Request) string {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		return host
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
 	}
-	return r.RemoteAddr
+	if a, err := netip.ParseAddr(host); err == nil && a.Unmap().Is6() {
+		if p, err := a.Prefix(guardV6Prefix); err == nil {
+			return p.String()
+		}
+	}
+	return host
 }
