@@ -95,6 +95,13 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 	}
 	header := d.ParkHeader(r)
 	header.Del(ingress.HeaderNotBefore) // sluice's, not the downstream's
+	// A header the dispatcher could not write (an ext_authz check can carry any): the
+	// order would be accepted and never delivered.
+	if !sendableHeader(header) {
+		ingress.WriteProblem(w, http.StatusBadRequest,
+			"This request cannot be queued: a header name is not a token, or a header value holds a control character.")
+		return
+	}
 	req := &queue.Request{
 		Queue:          d.Queue.Name,
 		Rule:           d.Rule.Name,
@@ -147,6 +154,30 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		ab.NotBefore = receipt.NotBefore.UTC().Format(time.RFC3339)
 	}
 	_ = json.NewEncoder(w).Encode(ab)
+}
+
+// sendableHeader reports whether every field of h can be written on an HTTP request:
+// names are tokens (RFC 9110 section 5.1), values hold no control character other than
+// horizontal tab (section 5.5), as net/http's client requires.
+func sendableHeader(h http.Header) bool {
+	for k, vs := range h {
+		if k == "" {
+			return false
+		}
+		for i := 0; i < len(k); i++ {
+			if c := k[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+				return false
+			}
+		}
+		for _, v := range vs {
+			for i := 0; i < len(v); i++ {
+				if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
+					return false
+				}
+			}
+		}
+	}
+	return true
 }
 
 // maxNotBeforeSeconds caps a delta-seconds Sluice-Not-Before: anything longer is
