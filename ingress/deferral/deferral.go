@@ -16,6 +16,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/warn"
 	"github.com/sluicehq/sluice/queue"
@@ -156,24 +158,16 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 	_ = json.NewEncoder(w).Encode(ab)
 }
 
-// sendableHeader reports whether every field of h can be written on an HTTP request:
-// names are tokens (RFC 9110 section 5.1), values hold no control character other than
-// horizontal tab (section 5.5), as net/http's client requires.
+// sendableHeader reports whether every field of h can be written on an HTTP request
+// by the dispatcher's client: it checks them as net/http's does (httpguts).
 func sendableHeader(h http.Header) bool {
 	for k, vs := range h {
-		if k == "" {
+		if !httpguts.ValidHeaderFieldName(k) {
 			return false
 		}
-		for i := 0; i < len(k); i++ {
-			if c := k[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
-				return false
-			}
-		}
 		for _, v := range vs {
-			for i := 0; i < len(v); i++ {
-				if c := v[i]; c < ' ' && c != '\t' || c == 0x7f {
-					return false
-				}
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return false
 			}
 		}
 	}
