@@ -129,6 +129,14 @@ func (s *Store) cancelScheduled(ctx context.Context, ticket string) error {
 		case ready != nil:
 			return errWrongRevision // look again from the start
 		}
+		// Settled by a dispatcher since the caller read no record: the final record is
+		// written before the message leaves the queue, so it is there now.
+		switch _, err := s.Record(ctx, ticket); {
+		case err == nil:
+			return errWrongRevision // look again from the start: the record decides
+		case !errors.Is(err, ErrNotFound):
+			return err
+		}
 		return ErrNotFound
 	}
 	rec := &Record{Ticket: ticket, Queue: q.name, Rule: m.Rule, Status: StatusCancelled,

@@ -191,6 +191,14 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
+	return s.statusFrom(ctx, ticket, rec, now, true)
+}
+
+// statusFrom is Status once the ticket's record was read (rec nil: none). again: the
+// record is read once more when no queue holds the order, as a dispatcher may have
+// settled it since the first read: it writes the final record before the message
+// leaves the queue, so an order gone from the queues has its record by then.
+func (s *Store) statusFrom(ctx context.Context, ticket string, rec *Record, now time.Time, again bool) (*Record, error) {
 	if rec != nil {
 		if !rec.Status.Final() {
 			rec.RetryAfter = time.Second
@@ -240,7 +248,14 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 		rec.RetryAfter = max(q.eta(now, rec.Position).Sub(now), time.Second)
 		return rec, nil
 	}
-	return nil, ErrNotFound
+	if !again {
+		return nil, ErrNotFound
+	}
+	rec, err := s.Record(ctx, ticket)
+	if err != nil {
+		return nil, err // ErrNotFound: unknown or expired
+	}
+	return s.statusFrom(ctx, ticket, rec, now, false)
 }
 
 // maxForgedCopies bounds how many messages on a ticket's subject parked finds wrong
