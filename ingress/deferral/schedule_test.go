@@ -170,3 +170,67 @@ func FuzzParseNotBefore(f *testing.F) {
 		}
 	})
 }
+
+const scheduleLanesRules = `
+domain: shop
+descriptors:
+  - key: route
+    value: orders
+    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
+    on_limit: defer
+    queue: orders
+routes:
+  - name: orders
+    match: {method: [POST], path: /v1/orders}
+    priority: {from: "header:X-Priority", default: normal}
+    descriptors:
+      - [{key: route, value: orders}]
+queues:
+  orders:
+    outflow: {rate: 10/s}
+    downstream: http://127.0.0.1:1
+    max_delay: 1h
+    priorities: {levels: [high, normal], default: normal}
+    fair_by: header:X-Tenant
+    fair_lanes: 8
+`
+
+// TestScheduledKeepsItsLane: a scheduled order waits for its due time in the lane of
+// its priority and tenant, whether its request was within its limit (parked because
+// it asked for a time) or over it (deferred). Within the limit it went to the
+// default level's lane of the empty tenant: its priority and tenant were lost.
+func TestScheduledKeepsItsLane(t *testing.T) {
+	set, srv, store := openRules(t, scheduleLanesRules)
+	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(New(store)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) }))
+	st := srv.Stream(t, queue.StreamName("orders"))
+	// The first request is within the limit of 1 an hour, the second over it.
+	var lanes []string
+	for _, what := range []string{"within the limit", "over the limit"} {
+		r := httptest.NewRequest("POST", "/v1/orders", strings.NewReader(`{"n":1}`))
+		r.RemoteAddr = "198.51.100.1:1000"
+		r.Header.Set(ingress.HeaderNotBefore, "600")
+		r.Header.Set("X-Priority", "high")
+		r.Header.Set("X-Tenant", "acme")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		var acc acceptedBody
+		if w.Code != http.StatusAccepted || json.Unmarshal(w.Body.Bytes(), &acc) != nil || acc.Status != "scheduled" {
+			t.Fatalf("%s: %d %s", what, w.Code, w.Body)
+		}
+		raw, err := st.GetLastMsgForSubject(context.Background(), "sluice.s.orders."+acc.Ticket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lanes = append(lanes, raw.Header.Get(queue.HeaderLane))
+	}
+	if !strings.HasPrefix(lanes[1], "p0t") {
+		t.Fatalf("over the limit: lane %q, want one of the level high (p0)", lanes[1])
+	}
+	if lanes[0] != lanes[1] {
+		t.Errorf("within the limit the scheduled order waits for lane %q; over it for %q (priority high, tenant acme)", lanes[0], lanes[1])
+	}
+}
