@@ -266,8 +266,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		case noPark != "":
 			writeProblem(w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+noPark))
 		default:
+			// Its lane, as over the limit: the route's priority, the queue's tenant.
+			priority, tenant := route.Lane(r, client.Addr(), rule.Queue)
 			m.deferrer.Defer(w, r, Deferral{Queue: rule.Queue, Rule: rule, Client: m.idempotencyScope(route, r, client),
-				Header: parkHeader(m.ids, r)})
+				Header: parkHeader(m.ids, r), Priority: priority, Tenant: tenant})
 		}
 	case v.violated == nil:
 		next.ServeHTTP(w, r)
