@@ -1,7 +1,10 @@
 package queue_test
 
 import (
+	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -291,5 +294,65 @@ func TestScheduleAddedToExistingQueue(t *testing.T) {
 			t.Fatalf("leased %s, want %s", l.Message().Ticket, want)
 		}
 		settle(t, l)
+	}
+}
+
+// TestCancelledScheduleOutlivesItsRecord: a cancel that cannot delete a scheduled
+// order's schedule message (the deletion fails: here the NATS user may not delete
+// messages) leaves it to fire, for a dispatcher to drop by its cancelled record. That
+// record must last until then: it lived the queue's idempotency TTL from the cancel,
+// so an order due later than that was delivered after its cancel was answered 204.
+func TestCancelledScheduleOutlivesItsRecord(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte(`accounts {
+  APP {
+    jetstream: enabled
+    users: [{user: app, password: app-pw, permissions: {publish: {allow: ">", deny: ["$JS.API.STREAM.MSG.DELETE.>"]}, subscribe: ">"}}]
+  }
+}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartConfig(t, conf)
+	nc := srv.Connect(t, nats.UserInfo("app", "app-pw"))
+	ctx := ctxT(t)
+	s, err := queue.Open(ctx, nc, queue.WithSigningKey(natstest.SigningKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := scheduledConfig("sched")
+	// A record lifetime shorter than the wait, as a max_delay beyond 24h makes it.
+	cfg.IdempotencyTTL, cfg.Backoff = 2*time.Second, queueconfig.Backoff{Initial: 100 * time.Millisecond, Max: time.Second}
+	if _, err := s.Declare(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := s.Park(ctx, at("sched", "x", time.Now().Add(5*time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The deletion gets no answer: each try is bounded; asking again is what a client
+	// told 503 does, and it ends in 204 (the record says cancelled).
+	for {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := s.Cancel(cctx, rc.Ticket)
+		cancel()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, queue.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("cancel: %v", err)
+		}
+	}
+	if rec, err := s.Status(ctx, rc.Ticket); err != nil || rec.Status != queue.StatusCancelled {
+		t.Fatalf("status after the cancel: %+v, %v", rec, err)
+	}
+	c := consumer(t, s, "sched")
+	l := lease(t, c)
+	if l.Message().Ticket != rc.Ticket {
+		t.Fatalf("leased %s, want %s", l.Message().Ticket, rc.Ticket)
+	}
+	if err := l.Load(ctx); !errors.Is(err, queue.ErrFinal) {
+		t.Fatalf("the cancelled order fired at %s (due %s) and loads as deliverable (%v): its cancelled record is gone",
+			time.Now().UTC().Format(time.RFC3339Nano), rc.NotBefore.Format(time.RFC3339), err)
 	}
 }
