@@ -140,7 +140,8 @@ func (s *Store) cancelScheduled(ctx context.Context, ticket string) error {
 		return ErrNotFound
 	}
 	rec := &Record{Ticket: ticket, Queue: q.name, Rule: m.Rule, Status: StatusCancelled,
-		LastError: "cancelled by the ticket holder", ReceivedAt: m.ReceivedAt, Fingerprint: m.Fingerprint}
+		LastError: "cancelled by the ticket holder", ReceivedAt: m.ReceivedAt, Fingerprint: m.Fingerprint,
+		keepUntil: m.NotBefore}
 	if err := s.saveRecord(ctx, rec, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		return err
 	}

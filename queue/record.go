@@ -85,6 +85,10 @@ type Record struct {
 	// rev is the bucket revision the record was read or written at (0: not stored),
 	// for the compare-and-set writes of Cancel and MarkDelivering.
 	rev uint64
+	// keepUntil: the record is written to last its lifetime past this time too (a
+	// cancelled scheduled order's due time: its schedule, if it could not be deleted,
+	// fires then, and the record is what has the copy dropped). Not stored.
+	keepUntil time.Time
 }
 
 // ticketKind names ticket records in their signatures (see Store.seal).
@@ -152,6 +156,9 @@ func (s *Store) writeRecord(ctx context.Context, rec *Record, opts ...jetstream.
 	ttl := queueconfig.DefaultIdempotencyTTL
 	if q, err := s.Queue(rec.Queue); err == nil {
 		ttl = q.Config().IdempotencyTTL
+	}
+	if wait := time.Until(rec.keepUntil); wait > 0 {
+		ttl += wait
 	}
 	rec.UpdatedAt = time.Now().UTC()
 	val, err := s.seal(ticketKind, rec.Ticket, rec)
