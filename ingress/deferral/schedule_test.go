@@ -234,3 +234,33 @@ func TestScheduledKeepsItsLane(t *testing.T) {
 		t.Errorf("within the limit the scheduled order waits for lane %q; over it for %q (priority high, tenant acme)", lanes[0], lanes[1])
 	}
 }
+
+// TestScheduledOnAnUnroutedPath: a request asking for a delivery time on a path no
+// route matches cannot be scheduled, like one on a route whose rules defer into no
+// queue: 400, and the upstream does not see it. It was proxied at once, the
+// Sluice-Not-Before header with it: delivered before the time it asked for.
+func TestScheduledOnAnUnroutedPath(t *testing.T) {
+	set, _, store := openRules(t, scheduleRules)
+	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(New(store)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reached []string
+	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached = append(reached, r.URL.Path+" "+r.Header.Get(ingress.HeaderNotBefore))
+		w.WriteHeader(200)
+	}))
+	for _, path := range []string{"/v1/ping", "/v1/elsewhere"} {
+		r := httptest.NewRequest("POST", path, strings.NewReader(`{"n":1}`))
+		r.RemoteAddr = "198.51.100.1:1000"
+		r.Header.Set(ingress.HeaderNotBefore, "600")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusBadRequest {
+			t.Errorf("POST %s with %s: %d %s; want 400", path, ingress.HeaderNotBefore, w.Code, w.Body)
+		}
+	}
+	if len(reached) != 0 {
+		t.Errorf("the upstream was called at once: %q", reached)
+	}
+}
