@@ -240,6 +240,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	route, checks := set.Match(r, client.Addr(), (*buf)[:0])
 	*buf = checks[:0]
 	if route == nil || len(checks) == 0 {
+		if m.deferrer != nil && r.Header[HeaderNotBefore] != nil {
+			// Nothing here parks it: passed on, it would be delivered now, before the
+			// time it asks for (as on a route whose rules defer into no queue).
+			writeProblem(w, simpleProblem(http.StatusBadRequest,
+				HeaderNotBefore+" asks for scheduled delivery, but no rule applies to this request to defer it into a queue."))
+			return
+		}
 		next.ServeHTTP(w, r)
 		return
 	}
