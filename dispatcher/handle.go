@@ -56,13 +56,14 @@ func (r *runner) prepare(ctx context.Context, l *queue.Lease) (p prepared, ok bo
 	}
 	if rec := l.Record(); rec.Attempts >= cfg.MaxAttempts {
 		// A previous dead-lettering did not complete.
-		r.deadLetter(l, rec.LastError, cfg)
+		r.deadLetter(l, rec.LastError, rec.LastError, cfg)
 		return p, false
 	}
 	// Age counts from when the message was stored in the queue, so a re-queued dead
 	// letter gets a fresh max_age.
 	if cfg.MaxAge > 0 && time.Since(m.StoredAt) > cfg.MaxAge {
-		r.deadLetter(l, fmt.Sprintf("expired: waited longer than max_age (%s)", cfg.MaxAge), cfg)
+		why := fmt.Sprintf("expired: waited longer than max_age (%s)", cfg.MaxAge)
+		r.deadLetter(l, why, why, cfg)
 		return p, false
 	}
 	return prepared{l: l, cfg: cfg}, true
@@ -193,18 +194,18 @@ func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time
 			delay := retryDelay(cfg.Backoff, l.Record().Attempts+1)
 			l.Retry(bg, delay, cause)
 			r.m.retried("unreachable").Inc()
-			r.log.Info("downstream unreachable; retrying", "ticket", m.Ticket, "err", cause, "in", delay)
+			r.log.Info("downstream unreachable; retrying", "ticket", m.Ticket, "err", out.detailed(), "in", delay)
 			return
 		}
 		attempts := l.CountAttempt()
 		if attempts >= cfg.MaxAttempts {
-			r.deadLetter(l, cause, cfg)
+			r.deadLetter(l, cause, out.detailed(), cfg)
 			return
 		}
 		delay := retryDelay(cfg.Backoff, attempts)
 		l.Retry(bg, delay, cause)
 		r.m.retried("error").Inc()
-		r.log.Info("delivery failed; retrying", "ticket", m.Ticket, "attempt", attempts, "err", cause, "in", delay)
+		r.log.Info("delivery failed; retrying", "ticket", m.Ticket, "attempt", attempts, "err", out.detailed(), "in", delay)
 	case outcomeFailed:
 		l.Fail(bg, out.result(), out.describe())
 		r.m.failed.Inc()
@@ -239,7 +240,7 @@ func describeDelivery(span trace.Span, out outcome) {
 		span.SetAttributes(attribute.Int("http.response.status_code", out.status))
 	}
 	if out.kind != outcomeDone {
-		span.SetStatus(codes.Error, out.describe())
+		span.SetStatus(codes.Error, out.detailed())
 	}
 }
 
@@ -275,15 +276,16 @@ func (r *runner) throttled(l *queue.Lease, out outcome) {
 func pauseNakDelay(pause time.Duration) time.Duration { return min(pause, 5*time.Second) }
 
 // deadLetter moves an order out of attempts (or expired) to the dead letters, with
-// cause as the reason; when that fails it is retried after the first backoff step.
-func (r *runner) deadLetter(l *queue.Lease, cause string, cfg queueconfig.Config) {
+// cause as the reason (detail is logged: see outcome.detail); when that fails it is
+// retried after the first backoff step.
+func (r *runner) deadLetter(l *queue.Lease, cause, detail string, cfg queueconfig.Config) {
 	m := l.Message()
 	if err := l.Dead(context.Background(), cause, retryDelay(cfg.Backoff, 1)); err != nil {
 		r.log.Warn("cannot dead-letter; retrying later", "ticket", m.Ticket, "err", err)
 		return
 	}
 	r.m.dead.Inc()
-	r.log.Warn("dead-lettered", "ticket", m.Ticket, "attempts", l.Record().Attempts, "err", cause)
+	r.log.Warn("dead-lettered", "ticket", m.Ticket, "attempts", l.Record().Attempts, "err", detail)
 }
 
 // reject dead-letters an order that must never be delivered, with the reason first in
@@ -316,7 +318,7 @@ func (r *runner) downstreamDown(l *queue.Lease, out outcome, probe bool) bool {
 	switch {
 	case changed && open:
 		r.m.circuit.Set(1)
-		r.log.Warn("downstream down; circuit open: queue paused, one order at a time probes it", "err", out.describe())
+		r.log.Warn("downstream down; circuit open: queue paused, one order at a time probes it", "err", out.detailed())
 	case changed:
 		r.m.circuit.Set(0)
 		r.log.Info("downstream answers again; circuit closed")

@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sluicehq/sluice/dispatcher/pace"
@@ -35,9 +37,13 @@ type outcome struct {
 	truncated  bool
 	retryAfter time.Duration
 	err        error
-	down       downKind // a failed attempt that found the downstream down (see circuit)
-	subject    string
-	seq        uint64
+	// detail is the whole error of a request that got no answer, for the log and the
+	// trace: it names the downstream's URL and address, which err must not, as err is
+	// kept in the ticket's record and shown to whoever holds the ticket.
+	detail  error
+	down    downKind // a failed attempt that found the downstream down (see circuit)
+	subject string
+	seq     uint64
 }
 
 func (o outcome) describe() string {
@@ -48,6 +54,14 @@ func (o outcome) describe() string {
 		return fmt.Sprintf("downstream answered %d %s", o.status, http.StatusText(o.status))
 	}
 	return ""
+}
+
+// detailed is describe with the whole error when there is one: for operators only.
+func (o outcome) detailed() string {
+	if o.detail != nil {
+		return o.detail.Error()
+	}
+	return o.describe()
 }
 
 func (o outcome) result() *queue.Result {
@@ -148,11 +162,7 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 	telemetry.Inject(ctx, req.Header)
 	resp, err := t.client.Do(req)
 	if err != nil {
-		var ne net.Error
-		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-			return outcome{kind: outcomeRetry, down: transportFailure(err), err: fmt.Errorf("delivery timed out: %w", err)}
-		}
-		return outcome{kind: outcomeRetry, down: transportFailure(err), err: fmt.Errorf("delivery failed: %w", err)}
+		return outcome{kind: outcomeRetry, down: transportFailure(err), err: errors.New(transportCause(err)), detail: err}
 	}
 	body, truncated, readErr := readCapped(resp.Body, queue.MaxResultBody)
 	_ = resp.Body.Close()
@@ -226,4 +236,28 @@ func (t *natsTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 		return outcome{kind: outcomeRetry, down: publishFailure(err), err: err}
 	}
 	return outcome{kind: outcomeDone, subject: t.subject, seq: seq}
+}
+
+// transportCause says why a request got no answer without the URL and the address that
+// err names (see outcome.detail): the kind of failure, and the system's word for it.
+func transportCause(err error) string {
+	var (
+		ne     net.Error
+		dns    *net.DNSError
+		errno  syscall.Errno
+		verify *tls.CertificateVerificationError
+	)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "delivery timed out: no answer from the downstream within the delivery timeout"
+	case errors.As(err, &dns):
+		return "delivery failed: the downstream's host name did not resolve"
+	case errors.As(err, &verify):
+		return "delivery failed: the downstream's TLS certificate was not accepted"
+	case errors.As(err, &errno):
+		return "delivery failed: " + errno.Error() // "connection refused", "connection reset by peer"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "delivery failed: the downstream closed the connection without an answer"
+	}
+	return "delivery failed: no answer could be read from the downstream"
 }

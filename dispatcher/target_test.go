@@ -1,8 +1,14 @@
 package dispatcher
 
 import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
 	"net/url"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluicehq/sluice/queue"
 )
@@ -69,4 +75,66 @@ func TestDeliveryURL(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTransportCauseNamesNoAddress: what the ticket's record says of a request that got
+// no answer (shown to whoever holds the ticket) names the kind of failure, never the
+// downstream's URL or address; the log keeps the whole error.
+func TestTransportCauseNamesNoAddress(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedAt := closed.Addr().String()
+	closed.Close()
+	hangUp := listenAndServe(t, func(c net.Conn) { // reads the request, answers nothing
+		defer c.Close()
+		if req, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			_, _ = io.Copy(io.Discard, req.Body) // left unread, the close would be a reset
+		}
+	})
+	silent := listenAndServe(t, func(c net.Conn) { <-t.Context().Done(); c.Close() })
+	client := &http.Client{Timeout: 200 * time.Millisecond}
+	cases := []struct {
+		name, url, want string
+	}{
+		{"refused", "http://" + refusedAt + "/v1/orders", "connection refused"},
+		{"closed without an answer", "http://" + hangUp + "/v1/orders", "closed the connection"},
+		{"timeout", "http://" + silent + "/v1/orders", "timed out"},
+		{"no such host", "http://no-such-host.invalid/v1/orders", "did not resolve"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := client.Post(tc.url, "application/json", strings.NewReader("{}"))
+			if err == nil {
+				resp.Body.Close()
+				t.Fatal("the request got an answer")
+			}
+			cause := transportCause(err)
+			u, _ := url.Parse(tc.url)
+			if !strings.Contains(cause, tc.want) || strings.Contains(cause, u.Host) || strings.Contains(cause, u.Hostname()) {
+				t.Errorf("cause %q of %v: want %q in it and no address", cause, err, tc.want)
+			}
+		})
+	}
+}
+
+// listenAndServe accepts connections on a loopback port until the test ends, each
+// handed to serve, and returns the address.
+func listenAndServe(t *testing.T, serve func(net.Conn)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return ln.Addr().String()
 }
