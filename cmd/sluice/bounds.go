@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/sluicehq/sluice/ingress/envoy"
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
@@ -119,3 +120,30 @@ func sizeDetail(err error) string {
 	}
 	return ""
 }
+
+// rateFlag is a flag holding a rate (COUNT/PERIOD, see limiter.ParseRate), or 0 for
+// none.
+type rateFlag limiter.Rate
+
+func (f *rateFlag) Set(v string) error {
+	if strings.TrimSpace(v) == "0" {
+		*f = rateFlag{}
+		return nil
+	}
+	r, err := limiter.ParseRate(v)
+	if err != nil {
+		return err
+	}
+	*f = rateFlag(r)
+	return nil
+}
+
+func (f *rateFlag) String() string {
+	if limiter.Rate(*f).IsZero() {
+		return "0"
+	}
+	return limiter.Rate(*f).String()
+}
+
+// Type names the kind of value in the flags' help.
+func (f *rateFlag) Type() string { return "rate" }

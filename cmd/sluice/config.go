@@ -325,7 +325,7 @@ func printConfig(w io.Writer, fs *pflag.FlagSet, src *flagSources) error {
 				tag = "!!bool"
 			case "int", "int64", "uint", "uint64":
 				tag = "!!int"
-			case "replicas", "size":
+			case "replicas", "size", "rate":
 				if _, err := strconv.Atoi(value); err == nil {
 					tag = "!!int"
 				}

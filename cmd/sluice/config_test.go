@@ -409,14 +409,14 @@ func TestMaskSecret(t *testing.T) {
 }
 
 // TestConfigKeys pins down what the loader relies on: every key is a flag of pflag's
-// own kinds, a sizeFlag or a replicasFlag (their String and Set round-trip), and the
+// own kinds, a sizeFlag, a rateFlag or a replicasFlag (their String and Set round-trip), and the
 // list flags are exactly those whose help says comma-separated.
 func TestConfigKeys(t *testing.T) {
 	for name, f := range keyFlags() {
 		switch f.Value.Type() {
-		case "string", "bool", "int", "int64", "duration", "size", "replicas":
+		case "string", "bool", "int", "int64", "duration", "size", "rate", "replicas":
 		default:
-			t.Errorf("--%s is a %s: the config file and --print-config handle string, bool, int, int64, duration, size and replicas flags", name, f.Value.Type())
+			t.Errorf("--%s is a %s: the config file and --print-config handle string, bool, int, int64, duration, size, rate and replicas flags", name, f.Value.Type())
 		}
 		if comma := strings.Contains(f.Usage, "comma-separated"); comma != listFlags[name] {
 			t.Errorf("--%s: comma-separated in its help is %v, a list key is %v", name, comma, listFlags[name])

@@ -136,6 +136,7 @@ type frontConfig struct {
 	ipv6Prefix     int
 	maxBody        sizeFlag
 	deferMemory    sizeFlag
+	ticketLookups  rateFlag
 	maxKeys        int
 	shadow         bool
 }
@@ -153,6 +154,9 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	c.deferMemory = deferral.DefaultBodyMemory
 	if front {
 		fs.Var(&c.deferMemory, "defer-memory", "most bytes of deferred request bodies held in memory at once, plain or with a unit (64MiB); past it 503 with Retry-After")
+		// A client following its tickets' Retry-After asks about each once a second at most.
+		c.ticketLookups = rateFlag(limiter.PerSecond(20))
+		fs.Var(&c.ticketLookups, "ticket-lookups", "ticket status and cancel requests each client may make (20/s, bursts of twice the count); past it 429 with Retry-After; 0: no limit")
 	}
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
@@ -551,7 +555,8 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) error {
 // limits live there.
 func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
 	cfg := g.cfg.front
-	deferrer := deferral.New(g.queues, deferral.WithLogger(g.log), deferral.WithBodyMemory(int64(cfg.deferMemory)))
+	deferrer := deferral.New(g.queues, deferral.WithLogger(g.log), deferral.WithBodyMemory(int64(cfg.deferMemory)),
+		deferral.WithLookupLimit(ids, limiter.Rate(cfg.ticketLookups)))
 	mw, err := g.middleware(ids, deferrer, reg)
 	if err != nil {
 		return nil, err

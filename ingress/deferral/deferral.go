@@ -42,6 +42,8 @@ type Deferrer struct {
 	parker Parker
 	log    *slog.Logger
 	memory memoryBudget
+	// lookups limits each client's status and cancel requests (nil: no limit).
+	lookups *lookupLimit
 	// Warnings every refused request would repeat, logged at most once per
 	// warnInterval.
 	unavailable, keysFull *warn.Sometimes
@@ -345,6 +347,9 @@ func (q *Deferrer) StatusHandler() http.Handler {
 			ingress.WriteProblem(w, http.StatusNotFound, "No such ticket.")
 			return
 		}
+		if !q.lookups.allow(w, r) {
+			return
+		}
 		rec, err := q.parker.Status(r.Context(), ticket)
 		switch {
 		case errors.Is(err, queue.ErrNotFound):
@@ -393,6 +398,9 @@ func (q *Deferrer) CancelHandler() http.Handler {
 		ticket := strings.TrimPrefix(r.URL.Path, Path)
 		if !queue.ValidTicket(ticket) {
 			ingress.WriteProblem(w, http.StatusNotFound, "No such ticket.")
+			return
+		}
+		if !q.lookups.allow(w, r) {
 			return
 		}
 		err := q.parker.Cancel(r.Context(), ticket)
