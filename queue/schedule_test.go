@@ -356,3 +356,45 @@ func TestCancelledScheduleOutlivesItsRecord(t *testing.T) {
 			time.Now().UTC().Format(time.RFC3339Nano), rc.NotBefore.Format(time.RFC3339), err)
 	}
 }
+
+// TestPositionBehindAWaitingSchedule: a scheduled order waiting for a distant time
+// holds the first sequence of its queue's stream, but it is not ahead of anything:
+// an order parked once the queue has drained what came after it is first in line
+// (position 1, estimated now), in its receipt and in its status. The position was
+// counted from the stream's first sequence: every order parked since the scheduled
+// one, delivered or not, and the ETA and Retry-After with it.
+func TestPositionBehindAWaitingSchedule(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv, scheduledConfig("sched"))
+	c := consumer(t, s, "sched")
+	ctx := ctxT(t)
+	if _, err := s.Park(ctx, at("sched", "later", time.Now().Add(30*time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	const drained = 20
+	for range drained {
+		if _, err := s.Park(ctx, order("sched", "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range drained {
+		settle(t, lease(t, c))
+	}
+	// Stream information is reused for up to a second.
+	time.Sleep(1100 * time.Millisecond)
+	rc, err := s.Park(ctx, order("sched", "alone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.Position != 1 {
+		t.Errorf("receipt of the only queued order: position %d, estimated delivery in %s; want 1, now",
+			rc.Position, time.Until(rc.EstimatedDelivery).Round(time.Second))
+	}
+	st, err := s.Status(ctx, rc.Ticket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Status != queue.StatusQueued || st.Position != 1 {
+		t.Errorf("status of the only queued order: %s at position %d (retry after %s); want queued at 1", st.Status, st.Position, st.RetryAfter)
+	}
+}
