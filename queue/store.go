@@ -667,6 +667,10 @@ type Queue struct {
 	info     *jetstream.StreamInfo
 	infoAt   time.Time
 	infoLock sync.Mutex // held while one caller refreshes
+	// firstReady is, in a queue that takes schedules, the sequence of its first ready
+	// order (see position), looked up at firstReadyAt along with a refresh of info.
+	firstReady   uint64
+	firstReadyAt time.Time
 }
 
 // Name returns the queue name.
@@ -698,7 +702,7 @@ func (q *Queue) Depth(ctx context.Context) (uint64, error) {
 // than waiting; a failed refresh also falls back to it.
 func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstream.StreamInfo, error) {
 	q.infoMu.Lock()
-	cached, at := q.info, q.infoAt
+	cached, at, readyAt := q.info, q.infoAt, q.firstReadyAt
 	q.infoMu.Unlock()
 	useCached := cached != nil && maxAge > 0
 	switch {
@@ -720,20 +724,66 @@ func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstrea
 		return nil, fmt.Errorf("%w: stream info of %q: %w", ErrUnavailable, q.name, err)
 	}
 	now := time.Now()
+	// At most one lookup a second: a failed one keeps the older sequence, which is
+	// lower than the true one (the first ready order only moves on), until then.
+	lookUp := q.schedules.Load() && now.Sub(readyAt) >= time.Second
+	var first uint64
+	if lookUp {
+		first = q.lookUpFirstReady(ctx, fresh)
+	}
 	q.infoMu.Lock()
 	q.info, q.infoAt = fresh, now
+	if lookUp {
+		q.firstReadyAt = now
+		if first != 0 {
+			q.firstReady = first
+		}
+	}
 	q.infoMu.Unlock()
 	q.samples.add(now, fresh.State)
 	return fresh, nil
 }
 
-// position estimates how many queued messages are ahead of seq, plus one.
+// lookUpFirstReady returns the sequence of the queue's first ready order, in any lane
+// (the stream's first sequence may be a schedule message waiting for a distant time):
+// with none, the sequence the next message gets (as of info, just fetched); 0 when the
+// lookup fails.
+func (q *Queue) lookUpFirstReady(ctx context.Context, info *jetstream.StreamInfo) uint64 {
+	raw, err := q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(readyFilter(q.name)))
+	switch {
+	case err == nil:
+		return raw.Sequence
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return info.State.LastSeq + 1
+	}
+	q.store.log.Debug("cannot look up the first ready order", "queue", q.name, "err", err)
+	return 0
+}
+
+// position estimates how many queued messages are ahead of seq, plus one: the
+// sequences from the first waiting order to seq, from stream information up to a
+// second old. In a queue that takes schedules the first waiting order is its first
+// ready one (looked up at a refresh of that information, at most once a second, so up
+// to about two seconds old), not the stream's first message, which may be a schedule
+// waiting for a distant time. The estimate still counts everything in between that is
+// not waiting ahead of seq: schedule messages parked in between, orders already gone
+// out of turn (cancelled, or delivered from another lane), and what was delivered
+// since the lookup.
 func (q *Queue) position(ctx context.Context, seq uint64) uint64 {
 	info, err := q.streamInfo(ctx, time.Second)
-	if err != nil || info.State.FirstSeq == 0 || seq < info.State.FirstSeq {
+	if err != nil {
 		return 1
 	}
-	return seq - info.State.FirstSeq + 1
+	first := info.State.FirstSeq
+	if q.schedules.Load() {
+		q.infoMu.Lock()
+		first = max(first, q.firstReady)
+		q.infoMu.Unlock()
+	}
+	if first == 0 || seq < first {
+		return 1
+	}
+	return seq - first + 1
 }
 
 // eta estimates when the message at position pos starts delivery.
