@@ -28,8 +28,11 @@ func TestClientIdentity(t *testing.T) {
 			map[string][]string{"X-Forwarded-For": {"1.2.3.4, 203.0.113.9, 10.9.9.9"}}, "203.0.113.9"},
 		{"several header lines read in order", "10.1.2.3:5000",
 			map[string][]string{"X-Forwarded-For": {"1.2.3.4", "203.0.113.9", "192.0.2.7"}}, "203.0.113.9"},
-		{"Forwarded wins over X-Forwarded-For", "10.1.2.3:5000",
-			map[string][]string{"Forwarded": {"for=203.0.113.5;proto=https"}, "X-Forwarded-For": {"203.0.113.9"}}, "203.0.113.5"},
+		// nginx, HAProxy, AWS ALB, Envoy and Traefik append to X-Forwarded-For and pass
+		// a client's own Forwarded through: believing it would let the client pick
+		// its address.
+		{"a client's Forwarded through a proxy that writes X-Forwarded-For", "10.1.2.3:5000",
+			map[string][]string{"Forwarded": {"for=5.6.7.8"}, "X-Forwarded-For": {"1.2.3.4"}}, "1.2.3.4"},
 		{"Forwarded with quoted IPv6 and port", "10.1.2.3:5000",
 			map[string][]string{"Forwarded": {`for=198.51.100.17, For="[2001:db8:cafe::17]:4711"`}}, "2001:db8:cafe::17"},
 		{"Forwarded with several elements and a trusted hop", "[2001:db8:ffff::1]:443",

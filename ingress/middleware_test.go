@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -209,6 +210,28 @@ func TestTrustedProxyForwardsTheClient(t *testing.T) {
 	}
 	if w := f.do("POST", "/v1/orders", "10.0.0.1:1000", "X-Forwarded-For", "203.0.113.2"); w.Code != http.StatusOK {
 		t.Fatalf("another client behind the same proxy: %d, want 200", w.Code)
+	}
+}
+
+// TestClientForwardedThroughAnXFFProxy: behind a trusted proxy that appends to
+// X-Forwarded-For (the default), a Forwarded header the client sent itself, passed
+// through by the proxy, must not name the client: a new value each request would be
+// a new limit each request.
+func TestClientForwardedThroughAnXFFProxy(t *testing.T) {
+	ids, err := NewClientIdentity([]string{"10.0.0.0/8"}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, WithClientIdentity(ids))
+	for i := range 5 {
+		if w := f.do("POST", "/v1/orders", "10.0.0.1:1000", "X-Forwarded-For", "203.0.113.1",
+			"Forwarded", "for=198.51.100."+strconv.Itoa(i+1)); w.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, w.Code)
+		}
+	}
+	if w := f.do("POST", "/v1/orders", "10.0.0.1:1000", "X-Forwarded-For", "203.0.113.1",
+		"Forwarded", "for=198.51.100.99"); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("6th request of one client with a new Forwarded: %d, want 429", w.Code)
 	}
 }
 

@@ -221,6 +221,12 @@ func TestCheckHandlerClientIdentity(t *testing.T) {
 	if ask(trusted, "203.0.113.1") != 200 || ask(trusted, "203.0.113.2") != 200 || ask(trusted, "203.0.113.1") != 429 {
 		t.Fatal("behind a trusted proxy, X-Forwarded-For does not name the client")
 	}
+	// nginx appends to X-Forwarded-For and passes the client's own Forwarded on: it
+	// names nobody, so 203.0.113.1 stays over its limit.
+	if resp, _ := askCheck(t, trusted, "GET", "", "X-Forwarded-Uri", "/v1/ip", "X-Forwarded-For", "203.0.113.1",
+		"Forwarded", "for=198.51.100.1"); resp.StatusCode != 429 {
+		t.Fatalf("a client's own Forwarded behind an X-Forwarded-For proxy: %d, want 429", resp.StatusCode)
+	}
 	untrusted, _ := checkServer(t, false)
 	if ask(untrusted, "203.0.113.1") != 200 || ask(untrusted, "203.0.113.2") != 429 {
 		t.Fatal("an untrusted peer's X-Forwarded-For changed the client")

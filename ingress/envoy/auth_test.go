@@ -241,6 +241,12 @@ func TestCheckClientIdentity(t *testing.T) {
 	if !ip("192.0.2.7", "203.0.113.50") || ip("192.0.2.7", "203.0.113.51") {
 		t.Fatal("a spoofed X-Forwarded-For from an untrusted peer changed the client")
 	}
+	// Behind a trusted proxy that appends to X-Forwarded-For, a Forwarded header the
+	// client sent itself names nobody: 203.0.113.9 has used its request.
+	if check(t, c, checkReq{method: "GET", path: "/v1/ip", source: "10.0.0.1",
+		headers: map[string]string{"x-forwarded-for": "203.0.113.9", "forwarded": "for=198.51.100.1"}}).GetOkResponse() != nil {
+		t.Fatal("a client's own Forwarded header behind an X-Forwarded-For proxy changed the client")
+	}
 }
 
 func TestCheckRefusesBadRequests(t *testing.T) {
