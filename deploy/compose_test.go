@@ -950,7 +950,7 @@ func checkNginx(t *testing.T, c composeFile, fronts []string, gws map[string]gat
 		t.Errorf("%s: X-Forwarded-For %q: want the client address nginx sees", conf, h)
 	}
 	if h, ok := headers["forwarded"]; !ok || (h != `""` && !strings.Contains(h, "$remote_addr")) {
-		t.Errorf("%s: a client's own Forwarded header reaches sluice, which reads it before X-Forwarded-For: clear it", conf)
+		t.Errorf("%s: a client's own Forwarded header reaches sluice, which reads it if --forwarded-header is ever set to forwarded: clear it", conf)
 	}
 }
 

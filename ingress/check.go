@@ -28,7 +28,8 @@ const forwardAuthNoPark = "this check came from a proxy's forward authentication
 // method from X-Forwarded-Method (else X-Original-Method, else the check's own), its
 // path and query from X-Forwarded-Uri (else X-Original-URI; a check naming neither is
 // refused with 400), its host from X-Forwarded-Host (else Host), the other headers as
-// sent, and its client from the peer address, or from X-Forwarded-For / Forwarded
+// sent, and its client from the peer address, or from the forwarding header of the
+// middleware's client identity (X-Forwarded-For or Forwarded, see WithForwardedHeader)
 // when the peer is a trusted proxy.
 //
 // It answers 200 with the rate-limit headers when the request may pass; otherwise

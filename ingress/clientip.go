@@ -5,23 +5,79 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
 // ClientIdentity finds the address of the client behind a request. The peer address of
-// the connection is the client unless the peer is a trusted proxy; only then are
-// Forwarded (RFC 7239) or, when that is absent, X-Forwarded-For read, right to left,
-// and the first address that is not a trusted proxy is the client. A client that forges
-// these headers from an untrusted address changes nothing.
+// the connection is the client unless the peer is a trusted proxy; only then is the
+// forwarding header those proxies write read (X-Forwarded-For by default, or
+// Forwarded, RFC 7239: see WithForwardedHeader), right to left, and the first address
+// that is not a trusted proxy is the client. The other header is never read: proxies
+// that append to one pass a client's own copy of the other through untouched. A client
+// that forges these headers from an untrusted address changes nothing.
 type ClientIdentity struct {
 	trusted  []netip.Prefix
 	v6Prefix int
+	header   ForwardedHeader
+}
+
+// ForwardedHeader names the header in which trusted proxies record the addresses they
+// forward for.
+type ForwardedHeader int
+
+const (
+	// XForwardedFor is X-Forwarded-For, which nginx, HAProxy, AWS ALB, Envoy and
+	// Traefik append to by default. The default.
+	XForwardedFor ForwardedHeader = iota
+	// Forwarded is RFC 7239's Forwarded (its for= parameters), for proxies configured
+	// to append to it.
+	Forwarded
+)
+
+// ParseForwardedHeader reads a ForwardedHeader as the flags write it:
+// "x-forwarded-for" or "forwarded" (in any case).
+func ParseForwardedHeader(s string) (ForwardedHeader, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "x-forwarded-for":
+		return XForwardedFor, nil
+	case "forwarded":
+		return Forwarded, nil
+	}
+	return 0, fmt.Errorf("forwarded header %q: want x-forwarded-for or forwarded (the header the trusted proxies write)", s)
+}
+
+// String returns the name ParseForwardedHeader reads.
+func (h ForwardedHeader) String() string {
+	switch h {
+	case XForwardedFor:
+		return "x-forwarded-for"
+	case Forwarded:
+		return "forwarded"
+	}
+	return "ForwardedHeader(" + strconv.Itoa(int(h)) + ")"
+}
+
+// IdentityOption configures NewClientIdentity.
+type IdentityOption func(*ClientIdentity)
+
+// WithForwardedHeader says which header the trusted proxies write (default
+// XForwardedFor): only it is read, and only it is kept as the chain of a proxied or
+// parked request (see NewProxy); the other is ignored.
+func WithForwardedHeader(h ForwardedHeader) IdentityOption {
+	return func(c *ClientIdentity) { c.header = h }
 }
 
 // NewClientIdentity trusts the proxies in trusted (CIDRs or single addresses) and
 // groups IPv6 clients by their first v6PrefixBits bits (64 when 0; 128 to not group).
-func NewClientIdentity(trusted []string, v6PrefixBits int) (*ClientIdentity, error) {
+func NewClientIdentity(trusted []string, v6PrefixBits int, opts ...IdentityOption) (*ClientIdentity, error) {
 	c := &ClientIdentity{v6Prefix: v6PrefixBits}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.header != XForwardedFor && c.header != Forwarded {
+		return nil, fmt.Errorf("forwarded header %v: want XForwardedFor or Forwarded", c.header)
+	}
 	if c.v6Prefix == 0 {
 		c.v6Prefix = 64
 	}
@@ -45,6 +101,9 @@ func NewClientIdentity(trusted []string, v6PrefixBits int) (*ClientIdentity, err
 	}
 	return c, nil
 }
+
+// Header returns the header the trusted proxies write (see WithForwardedHeader).
+func (c *ClientIdentity) Header() ForwardedHeader { return c.header }
 
 func (c *ClientIdentity) isTrusted(a netip.Addr) bool {
 	a = a.Unmap()
@@ -73,7 +132,7 @@ func (c *ClientIdentity) Addr(r *http.Request) netip.Addr {
 	if !c.isTrusted(client) {
 		return client
 	}
-	hops := forwardedHops(r.Header)
+	hops := c.hops(r.Header)
 	for i := len(hops) - 1; i >= 0; i-- {
 		a, ok := hops[i].addr, hops[i].ok
 		if !ok {
@@ -105,18 +164,18 @@ type hop struct {
 	ok   bool
 }
 
-// forwardedHops lists the client addresses proxies recorded, leftmost (farthest) first.
-func forwardedHops(h http.Header) []hop {
-	if values := h.Values("Forwarded"); len(values) > 0 {
-		var hops []hop
-		for _, v := range values {
+// hops lists the client addresses the trusted proxies recorded in the configured
+// header, leftmost (farthest) first.
+func (c *ClientIdentity) hops(h http.Header) []hop {
+	var hops []hop
+	if c.header == Forwarded {
+		for _, v := range h.Values("Forwarded") {
 			for element := range strings.SplitSeq(v, ",") {
 				hops = append(hops, forwardedFor(element))
 			}
 		}
 		return hops
 	}
-	var hops []hop
 	for _, v := range h.Values("X-Forwarded-For") {
 		for s := range strings.SplitSeq(v, ",") {
 			a, err := parseNode(strings.TrimSpace(s))
@@ -124,6 +183,28 @@ func forwardedHops(h http.Header) []hop {
 		}
 	}
 	return hops
+}
+
+// chain is the X-Forwarded-For chain a trusted peer sent, in the configured header:
+// X-Forwarded-For's values as they are, or Forwarded's for= addresses, "unknown" for
+// a hop that names none (unknown, an obfuscated name, no for=), so that whoever reads
+// the chain stops there as this package does.
+func (c *ClientIdentity) chain(h http.Header) []string {
+	if c.header != Forwarded {
+		return h["X-Forwarded-For"]
+	}
+	hops := c.hops(h)
+	if len(hops) == 0 {
+		return nil
+	}
+	out := make([]string, len(hops))
+	for i, hp := range hops {
+		out[i] = "unknown"
+		if hp.ok {
+			out[i] = hp.addr.String()
+		}
+	}
+	return []string{strings.Join(out, ", ")}
 }
 
 // forwardedFor reads the for= parameter of one Forwarded element. Commas inside

@@ -235,6 +235,29 @@ func TestClientForwardedThroughAnXFFProxy(t *testing.T) {
 	}
 }
 
+// TestClientThroughAForwardedProxy: behind trusted proxies that write Forwarded,
+// Forwarded names the client and a client's own X-Forwarded-For is ignored.
+func TestClientThroughAForwardedProxy(t *testing.T) {
+	ids, err := NewClientIdentity([]string{"10.0.0.0/8"}, 0, WithForwardedHeader(Forwarded))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, WithClientIdentity(ids))
+	for i := range 5 {
+		if w := f.do("POST", "/v1/orders", "10.0.0.1:1000", "Forwarded", "for=203.0.113.1",
+			"X-Forwarded-For", "198.51.100."+strconv.Itoa(i+1)); w.Code != http.StatusOK {
+			t.Fatalf("request %d: %d", i, w.Code)
+		}
+	}
+	if w := f.do("POST", "/v1/orders", "10.0.0.1:1000", "Forwarded", "for=203.0.113.1",
+		"X-Forwarded-For", "198.51.100.99"); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("6th request of one client with a new X-Forwarded-For: %d, want 429", w.Code)
+	}
+	if w := f.do("POST", "/v1/orders", "10.0.0.1:1000", "Forwarded", "for=203.0.113.2"); w.Code != http.StatusOK {
+		t.Fatalf("another client behind the same proxy: %d, want 200", w.Code)
+	}
+}
+
 func TestShadowModeCountsButNeverEnforces(t *testing.T) {
 	for _, global := range []bool{false, true} {
 		f := newFixture(t, WithShadow(global))

@@ -48,8 +48,9 @@ func WithProxyRegisterer(reg prometheus.Registerer) ProxyOption {
 	return func(c *proxyConfig) { c.reg = reg }
 }
 
-// WithProxyClientIdentity keeps the X-Forwarded-For chain of requests that come from
-// trusted proxies (others start a new chain with their peer address).
+// WithProxyClientIdentity keeps the chain of requests that come from trusted proxies,
+// read from the header id reads (see WithForwardedHeader) and sent on as
+// X-Forwarded-For; others start a new chain with their peer address.
 func WithProxyClientIdentity(id *ClientIdentity) ProxyOption {
 	return func(c *proxyConfig) { c.ids = id }
 }
@@ -771,13 +772,15 @@ func setForwarded(ids *ClientIdentity, in *http.Request, out http.Header) {
 // forwarded returns the values of X-Forwarded-For, -Host and -Proto for a request made
 // on behalf of in, as httputil.ProxyRequest.SetXForwarded sets them: X-Forwarded-For is
 // the peer address, appended to the chain the peer sent only when the peer is a
-// trusted proxy (ids), and empty (no header) when in's RemoteAddr is not host:port;
+// trusted proxy (ids), in the header ids reads (Forwarded's for= addresses when the
+// proxies write Forwarded: the chain the upstream gets is the one sluice believed),
+// and empty (no header) when in's RemoteAddr is not host:port;
 // X-Forwarded-Host is in's host, X-Forwarded-Proto "https" over TLS, else "http".
 func forwarded(ids *ClientIdentity, in *http.Request) (xff, host, proto string) {
 	if ip, _, err := net.SplitHostPort(in.RemoteAddr); err == nil {
 		xff = ip
 		if ids != nil && ids.peerTrusted(in) {
-			if chain := in.Header["X-Forwarded-For"]; len(chain) > 0 {
+			if chain := ids.chain(in.Header); len(chain) > 0 {
 				xff = strings.Join(chain, ", ") + ", " + ip
 			}
 		}

@@ -592,3 +592,62 @@ func TestProxyHeaderChecksAndEmptyPost(t *testing.T) {
 		t.Errorf("empty POST: status %d, upstream saw Content-Length %q, want 200 and 0", w.Code, got)
 	}
 }
+
+// TestProxyForwardedChain: the chain a trusted proxy sent is kept in the header the
+// client identity reads, and only that one, on proxied requests and parked ones
+// alike: the upstream gets as X-Forwarded-For the chain sluice believed, never a
+// client's own copy of the other header.
+func TestProxyForwardedChain(t *testing.T) {
+	sent := map[string]string{"X-Forwarded-For": "1.2.3.4",
+		"Forwarded": `for=5.6.7.8;proto=https, for="[2001:db8::1]:4711", for=_hidden`}
+	for _, tc := range []struct {
+		header  ForwardedHeader
+		trusted []string
+		want    string
+	}{
+		{XForwardedFor, []string{"127.0.0.1"}, "1.2.3.4, 127.0.0.1"},
+		{Forwarded, []string{"127.0.0.1"}, "5.6.7.8, 2001:db8::1, unknown, 127.0.0.1"},
+		{XForwardedFor, nil, "127.0.0.1"},
+		{Forwarded, nil, "127.0.0.1"},
+	} {
+		t.Run(tc.header.String()+" trusted "+strings.Join(tc.trusted, ","), func(t *testing.T) {
+			ids, err := NewClientIdentity(tc.trusted, 0, WithForwardedHeader(tc.header))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan http.Header, 1)
+			f := newProxyFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				got <- r.Header.Clone()
+			}), nil, WithProxyClientIdentity(ids))
+			req, _ := http.NewRequest("GET", f.front.URL+"/v1/x", nil)
+			for k, v := range sent {
+				req.Header.Set(k, v)
+			}
+			resp, err := f.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			h := <-got
+			if xff := h.Values("X-Forwarded-For"); len(xff) != 1 || xff[0] != tc.want {
+				t.Errorf("proxied: X-Forwarded-For = %q, want %q", xff, tc.want)
+			}
+			if v := h.Get("Forwarded"); v != "" {
+				t.Errorf("proxied: the upstream got Forwarded %q", v)
+			}
+
+			r := httptest.NewRequest("POST", "http://shop.example/v1/orders", nil)
+			r.RemoteAddr = "127.0.0.1:4000"
+			for k, v := range sent {
+				r.Header.Set(k, v)
+			}
+			parked := parkHeader(ids, r)
+			if xff := parked.Values("X-Forwarded-For"); len(xff) != 1 || xff[0] != tc.want {
+				t.Errorf("parked: X-Forwarded-For = %q, want %q", xff, tc.want)
+			}
+			if v := parked.Get("Forwarded"); v != "" {
+				t.Errorf("parked: Forwarded %q kept", v)
+			}
+		})
+	}
+}

@@ -409,3 +409,46 @@ func TestExplainArgs(t *testing.T) {
 		t.Errorf("--explain in one word: exit %d\n%s", code, out)
 	}
 }
+
+// TestForwardedHeaderFlag: --forwarded-header takes x-forwarded-for (the default) or
+// forwarded, from the command line, the environment or the file, and refuses
+// anything else before anything starts: a header the trusted proxies do not write
+// would let clients name their own address.
+func TestForwardedHeaderFlag(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  string
+		file string
+		args []string
+		want setting
+	}{
+		{name: "default", want: setting{"x-forwarded-for", "default"}},
+		{name: "flag", args: []string{"--forwarded-header", "forwarded"}, want: setting{"forwarded", "flag"}},
+		{name: "flag in another case", args: []string{"--forwarded-header=X-Forwarded-For"}, want: setting{"x-forwarded-for", "flag"}},
+		{name: "environment", env: "Forwarded", want: setting{"forwarded", "env SLUICE_FORWARDED_HEADER"}},
+		{name: "file", file: "forwarded-header: forwarded\n", want: setting{"forwarded", "file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != "" {
+				t.Setenv("SLUICE_FORWARDED_HEADER", tc.env)
+			}
+			args := append([]string{"serve"}, tc.args...)
+			if tc.file != "" {
+				args = append(args, "--config", writeFile(t, "sluice.yaml", tc.file))
+			}
+			if got := printedConfig(t, args...)["forwarded-header"]; got != tc.want {
+				t.Errorf("forwarded-header = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	for _, cmd := range []string{"serve", "ingress", "rls"} {
+		code, out, errOut := runIn(t, cmd, "--rules", "x.yaml", "--upstream", "http://x", "--forwarded-header", "x-real-ip")
+		want := `invalid value "x-real-ip" for --forwarded-header: want x-forwarded-for or forwarded`
+		if cmd == "rls" {
+			code, out, errOut = runIn(t, cmd, "--rules", "x.yaml", "--forwarded-header", "x-real-ip")
+		}
+		if code != exitUsage || out != "" || !strings.Contains(errOut, want) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 2 and %q", cmd, code, out, errOut, want)
+		}
+	}
+}

@@ -170,6 +170,9 @@ func TestConfigErrors(t *testing.T) {
 			want: []string{`FILE:1: max-body: invalid value "10 MiBs": want a size in bytes, plain or with a unit: 1048576, 64KiB, 10MiB`}},
 		{name: "size too large", content: "max-body: 99999999999999999999\n",
 			want: []string{`FILE:1: max-body: invalid value "99999999999999999999": want a size`}},
+		{name: "bad forwarded header", content: "forwarded-header: x-real-ip\n",
+			want: []string{`FILE:1: forwarded-header: invalid value "x-real-ip": want x-forwarded-for or forwarded`}},
+		{name: "forwarded header without a value", content: "forwarded-header:\n", want: []string{`FILE:1: forwarded-header: no value`}},
 		{name: "bad bool", content: "shadow: yes\n",
 			want: []string{`FILE:1: shadow: invalid value "yes": want true or false`}},
 		{name: "bool without a value", content: "shadow:\n", want: []string{`FILE:1: shadow: no value`}},
@@ -409,14 +412,14 @@ func TestMaskSecret(t *testing.T) {
 }
 
 // TestConfigKeys pins down what the loader relies on: every key is a flag of pflag's
-// own kinds, a sizeFlag, a rateFlag or a replicasFlag (their String and Set round-trip), and the
+// own kinds, a sizeFlag, a rateFlag, a replicasFlag or a forwardedHeaderFlag (their String and Set round-trip), and the
 // list flags are exactly those whose help says comma-separated.
 func TestConfigKeys(t *testing.T) {
 	for name, f := range keyFlags() {
 		switch f.Value.Type() {
-		case "string", "bool", "int", "int64", "duration", "size", "rate", "replicas":
+		case "string", "bool", "int", "int64", "duration", "size", "rate", "replicas", "header":
 		default:
-			t.Errorf("--%s is a %s: the config file and --print-config handle string, bool, int, int64, duration, size, rate and replicas flags", name, f.Value.Type())
+			t.Errorf("--%s is a %s: the config file and --print-config handle string, bool, int, int64, duration, size, rate, replicas and header flags", name, f.Value.Type())
 		}
 		if comma := strings.Contains(f.Usage, "comma-separated"); comma != listFlags[name] {
 			t.Errorf("--%s: comma-separated in its help is %v, a list key is %v", name, comma, listFlags[name])

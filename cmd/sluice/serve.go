@@ -133,6 +133,7 @@ type frontConfig struct {
 	listen         string
 	redis          redisConfig
 	trustedProxies string
+	forwarded      forwardedHeaderFlag
 	ipv6Prefix     int
 	maxBody        sizeFlag
 	deferMemory    sizeFlag
@@ -147,7 +148,8 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 		fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` of the front door")
 	}
 	c.redis.flags(fs)
-	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose Forwarded / X-Forwarded-For headers are believed, comma-separated")
+	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose forwarding header (--forwarded-header) is believed, comma-separated")
+	fs.Var(&c.forwarded, "forwarded-header", "the `header` the trusted proxies append the client to: x-forwarded-for or forwarded (RFC 7239); the other is ignored")
 	fs.IntVar(&c.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients are limited per `bits`-long prefix")
 	c.maxBody = ingress.DefaultMaxBody
 	fs.Var(&c.maxBody, "max-body", "largest request body, in bytes or with a unit (10MiB); larger ones get 413; 0: no limit")
@@ -161,6 +163,26 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
 }
+
+// forwardedHeaderFlag is --forwarded-header: which header the trusted proxies write
+// (ingress.ForwardedHeader), x-forwarded-for (the zero value, the default) or
+// forwarded. Believing the other one would let a client behind those proxies name
+// its own address.
+type forwardedHeaderFlag ingress.ForwardedHeader
+
+func (f *forwardedHeaderFlag) Set(v string) error {
+	h, err := ingress.ParseForwardedHeader(v)
+	if err != nil {
+		return errors.New("want x-forwarded-for or forwarded, the header the trusted proxies append the client to")
+	}
+	*f = forwardedHeaderFlag(h)
+	return nil
+}
+
+func (f *forwardedHeaderFlag) String() string { return ingress.ForwardedHeader(*f).String() }
+
+// Type names the kind of value for want and --print-config.
+func (f *forwardedHeaderFlag) Type() string { return "header" }
 
 // adminConfig configures the operations listener.
 type adminConfig struct {
@@ -249,9 +271,10 @@ func gatewayCommand(mode gatewayMode, short string, stdout, stderr io.Writer) *c
 // few words, and that the file flags take files.
 func completeFlagValues(c *cobra.Command) {
 	words := map[string][]cobra.Completion{
-		"log-format": {"text", "json"},
-		"log-level":  {"debug", "info", "warn", "error"},
-		"algorithm":  algorithmList(),
+		"log-format":       {"text", "json"},
+		"forwarded-header": {"x-forwarded-for", "forwarded"},
+		"log-level":        {"debug", "info", "warn", "error"},
+		"algorithm":        algorithmList(),
 	}
 	c.Flags().VisitAll(func(f *pflag.Flag) {
 		if w, ok := words[f.Name]; ok {
@@ -426,7 +449,8 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		if err := cfg.envoy.check(mode); err != nil {
 			return nil, err
 		}
-		if ids, err = ingress.NewClientIdentity(strings.Split(cfg.front.trustedProxies, ","), cfg.front.ipv6Prefix); err != nil {
+		if ids, err = ingress.NewClientIdentity(strings.Split(cfg.front.trustedProxies, ","), cfg.front.ipv6Prefix,
+			ingress.WithForwardedHeader(ingress.ForwardedHeader(cfg.front.forwarded))); err != nil {
 			return nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
 		}
 		// The client connects lazily: this checks the URL and the TLS files only.

@@ -27,8 +27,9 @@ type AuthService struct {
 }
 
 // NewAuthService returns an authorization service deciding with mw. mw's client
-// identity applies: the client is Envoy's source address, or the address that
-// X-Forwarded-For / Forwarded name when the source is a trusted proxy. mw's deferrer
+// identity applies: the client is Envoy's source address, or the address that the
+// identity's forwarding header (X-Forwarded-For, or Forwarded: see
+// ingress.WithForwardedHeader) names when the source is a trusted proxy. mw's deferrer
 // parks orders of defer rules when the check carries the body.
 func NewAuthService(mw *ingress.Middleware) *AuthService { return &AuthService{mw: mw} }
 
