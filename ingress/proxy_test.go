@@ -651,3 +651,57 @@ func TestProxyForwardedChain(t *testing.T) {
 		})
 	}
 }
+
+// TestProxyDropsH2CUpgrade: an upgrade to h2c is never offered to the upstream. A lax
+// upstream that took it would carry HTTP/2 streams on that connection, requests no
+// rule ever decided. The request is proxied as an ordinary one (as a server that does
+// not speak h2c answers it, RFC 9113 section 3.1 having deprecated the upgrade): no
+// Upgrade, no HTTP2-Settings, no Connection tokens for them. Other protocols a
+// request offers along with h2c stay offered.
+func TestProxyDropsH2CUpgrade(t *testing.T) {
+	type seen struct{ upgrade, connection, settings string }
+	got := make(chan seen, 1)
+	f := newProxyFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- seen{strings.Join(r.Header.Values("Upgrade"), ","), strings.Join(r.Header.Values("Connection"), ","),
+			strings.Join(r.Header.Values("Http2-Settings"), ",")}
+		_, _ = io.WriteString(w, "plain")
+	}), nil)
+	for _, tc := range []struct {
+		name, head string
+		want       seen
+	}{
+		{"h2c as curl --http2 sends it", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n", seen{}},
+		{"h2c in capitals, settings not named in Connection", "Connection: upgrade\r\nUpgrade: H2C\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n", seen{}},
+		{"h2c with a POST body", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\nContent-Length: 5\r\n", seen{}},
+		{"h2c among other protocols", "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c, echo\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n",
+			seen{upgrade: "echo", connection: "Upgrade"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", f.front.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(time.Minute))
+			method, body := "GET", ""
+			if strings.Contains(tc.head, "Content-Length") {
+				method, body = "POST", "hello"
+			}
+			if _, err := io.WriteString(conn, method+" /v1/x HTTP/1.1\r\nHost: shop.example\r\n"+tc.head+"\r\n"+body); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || string(b) != "plain" {
+				t.Fatalf("response %d %q, want the upstream's 200 plain", resp.StatusCode, b)
+			}
+			if s := <-got; s != tc.want {
+				t.Errorf("the upstream saw Upgrade %q, Connection %q, HTTP2-Settings %q; want %+v", s.upgrade, s.connection, s.settings, tc.want)
+			}
+		})
+	}
+}
