@@ -78,7 +78,9 @@ func WithProxyTimeout(d time.Duration) ProxyOption { return func(c *proxyConfig)
 // the Host header is the one the client sent.
 //
 // Requests to switch protocols (Connection: upgrade, as WebSocket) and CONNECT are
-// proxied by an httputil.ReverseProxy with the same rewriting, errors and metrics.
+// proxied by an httputil.ReverseProxy with the same rewriting, errors and metrics. An
+// offer of h2c is never passed on: a request offering nothing else is proxied as an
+// ordinary one, without Upgrade and HTTP2-Settings (see withoutH2C).
 //
 // When the upstream cannot be reached or breaks the exchange the client gets 502,
 // when it does not begin its response in time 504, both with a problem body. A
@@ -191,6 +193,7 @@ func (p *Proxy) reverseProxy(metrics *upstreamMetrics) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(p.upstream)
+			delete(pr.Out.Header, "Http2-Settings") // a hop header ReverseProxy does not know
 			setForwarded(p.ids, pr.In, pr.Out.Header)
 			pr.Out.Host = pr.In.Host // the upstream sees the host the client asked for
 		},
@@ -250,8 +253,10 @@ var aLongTimeAgo = time.Unix(1, 0)
 // ServeHTTP proxies r to the upstream (see Proxy).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect || headerHasToken(r.Header, "Connection", "upgrade") {
-		p.upgrades.ServeHTTP(w, r)
-		return
+		if r = withoutH2C(r); headerHasToken(r.Header, "Connection", "upgrade") || r.Method == http.MethodConnect {
+			p.upgrades.ServeHTTP(w, r)
+			return
+		}
 	}
 	ctx := r.Context()
 	start := time.Now()
@@ -493,6 +498,9 @@ func idempotent(method string) bool {
 var hopHeaders = map[string]bool{
 	"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
 	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	// HTTP/2's upgrade settings are for the connection that would switch (RFC 7540
+	// section 3.2.1), whether Connection names them or not.
+	"Http2-Settings": true,
 }
 
 // skipHeader reports whether header k of a message whose Connection header is conn
@@ -747,6 +755,49 @@ func headerHasToken(h http.Header, k, token string) bool {
 		}
 	}
 	return false
+}
+
+// withoutH2C returns r, or when r's Upgrade offers h2c a copy of it that does not.
+// An upstream that took the upgrade would carry HTTP/2 streams on the connection,
+// requests that no rule decided. Refusing the request would break clients that offer
+// h2c on the chance (curl --http2 on an http:// URL): a server that does not speak h2c
+// ignores the offer and answers in HTTP/1.1 (RFC 9113 section 3.1 deprecated the
+// upgrade), which is what the client gets here. With nothing else offered, the copy
+// has no Upgrade and no Connection token for it, and goes through the pool as an
+// ordinary request (which refuses a 101 answer); other protocols stay offered.
+// HTTP2-Settings is dropped always (hopHeaders).
+func withoutH2C(r *http.Request) *http.Request {
+	if !headerHasToken(r.Header, "Upgrade", "h2c") {
+		return r
+	}
+	var rest []string
+	for _, v := range r.Header["Upgrade"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" && !strings.EqualFold(tok, "h2c") {
+				rest = append(rest, tok)
+			}
+		}
+	}
+	r2 := r.WithContext(r.Context()) // a shallow copy
+	r2.Header = r.Header.Clone()
+	if len(rest) > 0 {
+		r2.Header["Upgrade"] = []string{strings.Join(rest, ", ")}
+		return r2
+	}
+	delete(r2.Header, "Upgrade")
+	var conn []string
+	for _, v := range r.Header["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" && !strings.EqualFold(tok, "upgrade") && !strings.EqualFold(tok, "http2-settings") {
+				conn = append(conn, tok)
+			}
+		}
+	}
+	delete(r2.Header, "Connection")
+	if len(conn) > 0 {
+		r2.Header["Connection"] = []string{strings.Join(conn, ", ")}
+	}
+	return r2
 }
 
 // forwardingHeaders are the headers that tell a server who asked and how; setForwarded
