@@ -338,7 +338,8 @@ func counterValue(t *testing.T, reg *prometheus.Registry, rule, outcome string) 
 
 // TestParkHeader: a Deferrer called without Deferral.Header parks the request's own
 // header with the forwarding headers rebuilt, so a client cannot have forged
-// Forwarded or X-Forwarded-* headers delivered downstream; a Header given is used as is.
+// Forwarded or X-Forwarded-* headers (or a Sluice-Ticket) delivered downstream; a
+// Header given is used as is.
 func TestParkHeader(t *testing.T) {
 	r := httptest.NewRequest("POST", "http://shop.example/v1/orders", nil)
 	r.RemoteAddr = "198.51.100.7:4000"
@@ -346,11 +347,13 @@ func TestParkHeader(t *testing.T) {
 	r.Header.Set("Forwarded", "for=10.0.0.1;host=evil.example")
 	r.Header.Set("X-Forwarded-Host", "evil.example")
 	r.Header.Set("X-Request-Id", "r-1")
+	r.Header.Set("Sluice-Ticket", "forged") // the dispatcher's to set on the delivery
 	h := Deferral{}.ParkHeader(r)
 	for name, want := range map[string]string{
 		"X-Forwarded-For":  "198.51.100.7",
 		"X-Forwarded-Host": "shop.example",
 		"Forwarded":        "",
+		"Sluice-Ticket":    "",
 		"X-Request-Id":     "r-1",
 	} {
 		if got := strings.Join(h.Values(name), ","); got != want {

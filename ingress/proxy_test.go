@@ -705,3 +705,40 @@ func TestProxyDropsH2CUpgrade(t *testing.T) {
 		})
 	}
 }
+
+// TestProxyDropsClientTicket: Sluice-Ticket is what the dispatcher sets on deliveries
+// of parked orders, so that an upstream may recognise one; a client's own never
+// reaches the upstream, neither on an ordinary request nor on an upgrade, as forged
+// X-Forwarded-* do not.
+func TestProxyDropsClientTicket(t *testing.T) {
+	got := make(chan []string, 1)
+	f := newProxyFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Values("Sluice-Ticket")
+	}), nil)
+	for _, tc := range []struct{ name, head string }{
+		{"ordinary", ""},
+		{"upgrade", "Connection: Upgrade\r\nUpgrade: echo\r\n"},
+		{"keep-alive", "Connection: keep-alive\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", f.front.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(time.Minute))
+			if _, err := io.WriteString(conn, "GET /v1/x HTTP/1.1\r\nHost: shop.example\r\n"+tc.head+
+				"Sluice-Ticket: forged\r\nsluice-ticket: again\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if v := <-got; len(v) != 0 {
+				t.Errorf("the upstream got Sluice-Ticket %q", v)
+			}
+		})
+	}
+}

@@ -63,3 +63,38 @@ func TestParkedForwardingHeadersSurviveConnection(t *testing.T) {
 		})
 	}
 }
+
+// TestParkedOrderDropsClientTicket: the dispatcher sets Sluice-Ticket on deliveries,
+// so that a downstream may recognise one; a client that sends its own cannot have it
+// parked with the order (where a subscriber reading the kept headers would see it),
+// as forged X-Forwarded-* are not.
+func TestParkedOrderDropsClientTicket(t *testing.T) {
+	f := newDeferFixture(t)
+	if w := f.post(`{"n":0}`); w.Code != http.StatusOK {
+		t.Fatalf("within the limit: %d", w.Code)
+	}
+	w := f.post(`{"n":1}`, queue.HeaderTicket, "forged-ticket", "X-Kept", "1")
+	if w.Code != http.StatusAccepted {
+		t.Fatalf("over the limit: %d %s", w.Code, w.Body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := f.nats.Stream(t, queue.StreamName("orders"))
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := st.GetMsg(ctx, info.State.FirstSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := raw.Header.Values(queue.HeaderPrefix + queue.HeaderTicket); len(got) != 0 {
+		t.Errorf("the client's %s was parked: %q", queue.HeaderTicket, got)
+	}
+	if got := raw.Header.Get(queue.HeaderPrefix + "X-Kept"); got != "1" {
+		t.Errorf("parked X-Kept = %q, want 1", got)
+	}
+	if got := raw.Header.Get(queue.HeaderTicket); got == "" || got == "forged-ticket" {
+		t.Errorf("the order's own ticket header is %q", got)
+	}
+}
