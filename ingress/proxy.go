@@ -75,7 +75,8 @@ func WithProxyTimeout(d time.Duration) ProxyOption { return func(c *proxyConfig)
 // Proxy-Connection, Proxy-Authenticate, Proxy-Authorization, TE except "trailers",
 // Trailer, Transfer-Encoding, Upgrade) are dropped both ways; Forwarded and
 // X-Forwarded-* are set from the real client connection (see WithProxyClientIdentity);
-// the Host header is the one the client sent.
+// a client's Sluice-Ticket, which only the dispatcher sets, is dropped; the Host
+// header is the one the client sent.
 //
 // Requests to switch protocols (Connection: upgrade, as WebSocket) and CONNECT are
 // proxied by an httputil.ReverseProxy with the same rewriting, errors and metrics. An
@@ -539,7 +540,7 @@ func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, hasBody, expect boo
 	conn := r.Header["Connection"]
 	for k, vv := range r.Header {
 		switch k {
-		case "Host", "Content-Length", "Expect", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto":
+		case "Host", "Content-Length", "Expect", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", ticketHeader:
 			continue
 		}
 		if skipHeader(k, conn) {
@@ -804,14 +805,20 @@ func withoutH2C(r *http.Request) *http.Request {
 // writes them from the real connection, whatever the client sent.
 var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
+// ticketHeader is queue.HeaderTicket, which the dispatcher sets on the deliveries of
+// parked orders so that a downstream may recognise one: a client's own is never passed
+// on, neither proxied nor parked. (Package ingress does not import the queues.)
+const ticketHeader = "Sluice-Ticket"
+
 // setForwarded sets the forwarding headers of a request made on behalf of in, into out
-// (see forwarded): the client's Forwarded and X-Forwarded-* are dropped. Proxied
-// requests and parked (deferred) ones both get their headers from forwarded, so a
-// downstream sees the same either way.
+// (see forwarded): the client's Forwarded and X-Forwarded-* are dropped, and so is its
+// Sluice-Ticket. Proxied requests and parked (deferred) ones both get their headers
+// from forwarded, so a downstream sees the same either way.
 func setForwarded(ids *ClientIdentity, in *http.Request, out http.Header) {
 	for _, h := range forwardingHeaders {
 		delete(out, h)
 	}
+	delete(out, ticketHeader)
 	xff, host, proto := forwarded(ids, in)
 	if xff != "" {
 		out["X-Forwarded-For"] = []string{xff}
