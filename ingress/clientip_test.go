@@ -137,3 +137,49 @@ func TestNewClientIdentityErrors(t *testing.T) {
 		}
 	}
 }
+
+// FuzzClientAddr: whatever a client writes in X-Forwarded-For and Forwarded, finding
+// its address never fails: an untrusted peer is the client; behind a trusted one the
+// client is an address (IPv4-mapped ones unmapped), and the other header alone changes
+// nothing.
+func FuzzClientAddr(f *testing.F) {
+	for _, seed := range [][2]string{
+		{"203.0.113.9, 10.9.9.9", `for="[2001:db8::1]:443";proto=https, for=unknown`},
+		{"unknown, ,1.2.3.4,, ", `for=_hidden, for="10.0.0.1", by=1.2.3.4`},
+		{"::ffff:10.0.0.1,[2001:db8::2]:80", `for="\"quoted\"";for=1.1.1.1`},
+		{"::ffff:203.0.113.9", `for="[::ffff:203.0.113.9]:80"`}, // the same client as 203.0.113.9
+		{"", ""},
+	} {
+		f.Add(seed[0], seed[1])
+	}
+	trusted := []string{"10.0.0.0/8"}
+	peer := netip.MustParseAddr("10.1.2.3")
+	f.Fuzz(func(t *testing.T, xff, fwd string) {
+		for _, h := range []ForwardedHeader{XForwardedFor, Forwarded} {
+			id, err := NewClientIdentity(trusted, 0, WithForwardedHeader(h))
+			if err != nil {
+				t.Fatal(err)
+			}
+			name, other := "X-Forwarded-For", "Forwarded"
+			value, otherValue := xff, fwd
+			if h == Forwarded {
+				name, other, value, otherValue = other, name, otherValue, value
+			}
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = "198.51.100.1:5000"
+			r.Header.Set(name, value)
+			r.Header.Set(other, otherValue)
+			if got := id.Addr(r); got != netip.MustParseAddr("198.51.100.1") {
+				t.Fatalf("%v: an untrusted peer's headers moved the client to %v", h, got)
+			}
+			r.RemoteAddr = netip.AddrPortFrom(peer, 5000).String()
+			if got := id.Addr(r); !got.IsValid() || got.Is4In6() {
+				t.Fatalf("%v: client %v from %q", h, got, value)
+			}
+			r.Header.Del(name)
+			if got := id.Addr(r); got != peer {
+				t.Fatalf("%v: the other header %q alone moved the client to %v", h, otherValue, got)
+			}
+		}
+	})
+}
