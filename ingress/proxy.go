@@ -306,9 +306,11 @@ func (p *Proxy) get(ctx context.Context) (*upstreamConn, error) {
 		p.mu.Unlock()
 		idle := now.Sub(c.idleSince)
 		// A connection idle for a while may have been closed by the upstream (its
-		// keep-alive timeout): look before using it, so that a request that cannot be
-		// retried is not sent into a closed connection.
-		if idle < p.idleExpiry && (idle < time.Second || connAlive(c.raw)) {
+		// keep-alive timeout), and one the upstream wrote on after its response (a
+		// second response nobody asked for, even a moment later) holds bytes that would
+		// be read as this request's response: look before using it, however short the
+		// idle time, so that neither happens.
+		if idle < p.idleExpiry && connAlive(c.raw) {
 			c.reused = true
 			return c, nil
 		}
