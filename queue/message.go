@@ -196,7 +196,8 @@ var hopByHop = []string{
 
 // KeptHeader returns a copy of h without the headers that are never stored: hop-by-hop
 // headers (including those named in Connection), Host, Content-Length, Expect and the
-// names in dropHeaders (a queue's DropHeaders). Values with CR or LF are dropped.
+// names in dropHeaders (a queue's DropHeaders). Values with CR or LF are dropped, the
+// others lose the blanks around them.
 func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 	out := make(http.Header, len(h))
 	drop := make(map[string]bool, len(hopByHop)+len(dropHeaders))
@@ -222,7 +223,10 @@ func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 			if strings.ContainsAny(v, "\r\n") {
 				continue
 			}
-			out[ck] = append(out[ck], v)
+			// Blanks around a value are not part of it (RFC 9110 section 5.5), and NATS
+			// drops those in front when it decodes the message: kept, they would make
+			// the signed header differ from the one read back, and the order forged.
+			out[ck] = append(out[ck], strings.Trim(v, " \t"))
 		}
 	}
 	return out
