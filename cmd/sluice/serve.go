@@ -156,9 +156,10 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	c.deferMemory = deferral.DefaultBodyMemory
 	if front {
 		fs.Var(&c.deferMemory, "defer-memory", "most bytes of deferred request bodies held in memory at once, plain or with a unit (64MiB); past it 503 with Retry-After")
-		// A client following its tickets' Retry-After asks about each once a second at most.
-		c.ticketLookups = rateFlag(limiter.PerSecond(20))
-		fs.Var(&c.ticketLookups, "ticket-lookups", "ticket status and cancel requests each client may make (20/s, bursts of twice the count); past it 429 with Retry-After; 0: no limit")
+		// A client following its tickets' Retry-After asks about each once a second at
+		// most: this lets one address follow a hundred tickets at once.
+		c.ticketLookups = rateFlag(limiter.PerSecond(100))
+		fs.Var(&c.ticketLookups, "ticket-lookups", "ticket status and cancel requests each client may make (100/s, bursts of twice the count); past it 429 with Retry-After; 0: no limit")
 	}
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
