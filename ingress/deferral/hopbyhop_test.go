@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -37,18 +39,7 @@ func TestParkedForwardingHeadersSurviveConnection(t *testing.T) {
 			if w.Code != http.StatusAccepted {
 				t.Fatalf("over the limit: %d %s", w.Code, w.Body)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			st := f.nats.Stream(t, queue.StreamName("orders"))
-			info, err := st.Info(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			raw, err := st.GetMsg(ctx, info.State.FirstSeq)
-			if err != nil {
-				t.Fatal(err)
-			}
-			h := raw.Header
+			h := f.firstParked(t).Header
 			for name, want := range map[string]string{
 				"X-Forwarded-For":   "198.51.100.1",
 				"X-Forwarded-Host":  "example.com",
@@ -77,6 +68,21 @@ func TestParkedOrderDropsClientTicket(t *testing.T) {
 	if w.Code != http.StatusAccepted {
 		t.Fatalf("over the limit: %d %s", w.Code, w.Body)
 	}
+	raw := f.firstParked(t)
+	if got := raw.Header.Values(queue.HeaderPrefix + queue.HeaderTicket); len(got) != 0 {
+		t.Errorf("the client's %s was parked: %q", queue.HeaderTicket, got)
+	}
+	if got := raw.Header.Get(queue.HeaderPrefix + "X-Kept"); got != "1" {
+		t.Errorf("parked X-Kept = %q, want 1", got)
+	}
+	if got := raw.Header.Get(queue.HeaderTicket); got == "" || got == "forged-ticket" {
+		t.Errorf("the order's own ticket header is %q", got)
+	}
+}
+
+// firstParked returns the first message of the orders queue's stream.
+func (f *deferFixture) firstParked(t *testing.T) *jetstream.RawStreamMsg {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	st := f.nats.Stream(t, queue.StreamName("orders"))
@@ -88,13 +94,5 @@ func TestParkedOrderDropsClientTicket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := raw.Header.Values(queue.HeaderPrefix + queue.HeaderTicket); len(got) != 0 {
-		t.Errorf("the client's %s was parked: %q", queue.HeaderTicket, got)
-	}
-	if got := raw.Header.Get(queue.HeaderPrefix + "X-Kept"); got != "1" {
-		t.Errorf("parked X-Kept = %q, want 1", got)
-	}
-	if got := raw.Header.Get(queue.HeaderTicket); got == "" || got == "forged-ticket" {
-		t.Errorf("the order's own ticket header is %q", got)
-	}
+	return raw
 }
