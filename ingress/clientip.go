@@ -102,9 +102,6 @@ func NewClientIdentity(trusted []string, v6PrefixBits int, opts ...IdentityOptio
 	return c, nil
 }
 
-// Header returns the header the trusted proxies write (see WithForwardedHeader).
-func (c *ClientIdentity) Header() ForwardedHeader { return c.header }
-
 func (c *ClientIdentity) isTrusted(a netip.Addr) bool {
 	a = a.Unmap()
 	for _, p := range c.trusted {

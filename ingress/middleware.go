@@ -272,11 +272,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				HeaderNotBefore+" asks for scheduled delivery, but no rule of this route defers into a queue."))
 		case noPark != "":
 			writeProblem(w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+noPark))
-		default:
-			// Its lane, as over the limit: the route's priority, the queue's tenant.
-			priority, tenant := route.Lane(r, client.Addr(), rule.Queue)
-			m.deferrer.Defer(w, r, Deferral{Queue: rule.Queue, Rule: rule, Client: m.idempotencyScope(route, r, client),
-				Header: parkHeader(m.ids, r), Priority: priority, Tenant: tenant})
+		default: // in its lane, as over the limit
+			m.deferrer.Defer(w, r, m.deferral(route, rule, r, client))
 		}
 	case v.violated == nil:
 		next.ServeHTTP(w, r)
@@ -284,9 +281,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if span != nil {
 			r = r.WithContext(ctx) // the park's span is the decision's child
 		}
-		priority, tenant := route.Lane(r, client.Addr(), v.violated.Queue)
-		m.deferrer.Defer(w, r, Deferral{Queue: v.violated.Queue, Rule: v.violated, Client: m.idempotencyScope(route, r, client),
-			Header: parkHeader(m.ids, r), RetryAfter: v.retryAfter, Priority: priority, Tenant: tenant})
+		d := m.deferral(route, v.violated, r, client)
+		d.RetryAfter = v.retryAfter
+		m.deferrer.Defer(w, r, d)
 	default:
 		m.log.Debug("rate limited", "rule", v.violated.Name, "route", route.Name,
 			"client", clientHash(client), "retry_after", v.retryAfter)
@@ -297,6 +294,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		writeProblem(w, p)
 	}
+}
+
+// deferral is what Defer needs to park r by rule of route: its queue, the client's
+// idempotency scope, the header as a proxied request would carry it, and its lane (the
+// route's priority, the queue's tenant).
+func (m *Middleware) deferral(route *rules.Route, rule *rules.Rule, r *http.Request, client netip.Prefix) Deferral {
+	priority, tenant := route.Lane(r, client.Addr(), rule.Queue)
+	return Deferral{Queue: rule.Queue, Rule: rule, Client: m.idempotencyScope(route, r, client),
+		Header: parkHeader(m.ids, r), Priority: priority, Tenant: tenant}
 }
 
 // HeaderNotBefore is the request header by which a client asks that its order be

@@ -253,11 +253,10 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // ServeHTTP proxies r to the upstream (see Proxy).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r = withoutH2C(r)
 	if r.Method == http.MethodConnect || headerHasToken(r.Header, "Connection", "upgrade") {
-		if r = withoutH2C(r); headerHasToken(r.Header, "Connection", "upgrade") || r.Method == http.MethodConnect {
-			p.upgrades.ServeHTTP(w, r)
-			return
-		}
+		p.upgrades.ServeHTTP(w, r)
+		return
 	}
 	ctx := r.Context()
 	start := time.Now()
@@ -542,10 +541,10 @@ func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, hasBody, expect boo
 	conn := r.Header["Connection"]
 	for k, vv := range r.Header {
 		switch k {
-		case "Host", "Content-Length", "Expect", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", ticketHeader:
+		case "Host", "Content-Length", "Expect":
 			continue
 		}
-		if skipHeader(k, conn) {
+		if replacedHeaders[k] || skipHeader(k, conn) {
 			continue
 		}
 		if strings.ContainsAny(k, "\r\n\x00: ") {
@@ -760,6 +759,24 @@ func headerHasToken(h http.Header, k, token string) bool {
 	return false
 }
 
+// withoutTokens sets header k of h to its comma-separated tokens other than drop (any
+// case), joined in one value, or deletes it when none is left.
+func withoutTokens(h http.Header, k string, drop ...string) {
+	var rest []string
+	for _, v := range h[k] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" && !slices.ContainsFunc(drop, func(d string) bool { return strings.EqualFold(tok, d) }) {
+				rest = append(rest, tok)
+			}
+		}
+	}
+	if len(rest) == 0 {
+		delete(h, k)
+		return
+	}
+	h[k] = []string{strings.Join(rest, ", ")}
+}
+
 // withoutH2C returns r, or when r's Upgrade offers h2c a copy of it that does not.
 // An upstream that took the upgrade would carry HTTP/2 streams on the connection,
 // requests that no rule decided. Refusing the request would break clients that offer
@@ -773,39 +790,21 @@ func withoutH2C(r *http.Request) *http.Request {
 	if !headerHasToken(r.Header, "Upgrade", "h2c") {
 		return r
 	}
-	var rest []string
-	for _, v := range r.Header["Upgrade"] {
-		for tok := range strings.SplitSeq(v, ",") {
-			if tok = strings.TrimSpace(tok); tok != "" && !strings.EqualFold(tok, "h2c") {
-				rest = append(rest, tok)
-			}
-		}
-	}
 	r2 := r.WithContext(r.Context()) // a shallow copy
 	r2.Header = r.Header.Clone()
-	if len(rest) > 0 {
-		r2.Header["Upgrade"] = []string{strings.Join(rest, ", ")}
-		return r2
-	}
-	delete(r2.Header, "Upgrade")
-	var conn []string
-	for _, v := range r.Header["Connection"] {
-		for tok := range strings.SplitSeq(v, ",") {
-			if tok = strings.TrimSpace(tok); tok != "" && !strings.EqualFold(tok, "upgrade") && !strings.EqualFold(tok, "http2-settings") {
-				conn = append(conn, tok)
-			}
-		}
-	}
-	delete(r2.Header, "Connection")
-	if len(conn) > 0 {
-		r2.Header["Connection"] = []string{strings.Join(conn, ", ")}
+	if withoutTokens(r2.Header, "Upgrade", "h2c"); r2.Header["Upgrade"] == nil {
+		withoutTokens(r2.Header, "Connection", "upgrade", "http2-settings")
 	}
 	return r2
 }
 
-// forwardingHeaders are the headers that tell a server who asked and how; setForwarded
-// writes them from the real connection, whatever the client sent.
-var forwardingHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+// replacedHeaders are a client's headers that never go on as it sent them: those that
+// tell a server who asked and how, which setForwarded and writeHead write from the real
+// connection, and Sluice-Ticket (ticketHeader).
+var replacedHeaders = map[string]bool{
+	"Forwarded": true, "X-Forwarded-For": true, "X-Forwarded-Host": true, "X-Forwarded-Proto": true,
+	ticketHeader: true,
+}
 
 // ticketHeader is queue.HeaderTicket, which the dispatcher sets on the deliveries of
 // parked orders so that a downstream may recognise one: a client's own is never passed
@@ -817,10 +816,9 @@ const ticketHeader = "Sluice-Ticket"
 // Sluice-Ticket. Proxied requests and parked (deferred) ones both get their headers
 // from forwarded, so a downstream sees the same either way.
 func setForwarded(ids *ClientIdentity, in *http.Request, out http.Header) {
-	for _, h := range forwardingHeaders {
+	for h := range replacedHeaders {
 		delete(out, h)
 	}
-	delete(out, ticketHeader)
 	xff, host, proto := forwarded(ids, in)
 	if xff != "" {
 		out["X-Forwarded-For"] = []string{xff}
