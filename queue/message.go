@@ -192,6 +192,7 @@ var hopByHop = []string{
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 	"Host", "Content-Length", "Expect",
 	HeaderCallback, // an instruction to sluice, kept as the message's own header
+	HeaderTicket,   // the dispatcher's to set on a delivery: a client's own is never kept
 }
 
 // KeptHeader returns a copy of h without the headers that are never stored: hop-by-hop

@@ -105,8 +105,9 @@ func TestParseRate(t *testing.T) {
 
 func TestKeptHeaderAndFingerprint(t *testing.T) {
 	req := order("q", `{"sku":1}`)
+	req.Header.Set(queue.HeaderTicket, "forged")
 	h := queue.KeptHeader(req.Header, []string{"authorization"})
-	for _, gone := range []string{"Connection", "X-Drop-Me", "Authorization", "Proxy-Authorization"} {
+	for _, gone := range []string{"Connection", "X-Drop-Me", "Authorization", "Proxy-Authorization", queue.HeaderTicket} {
 		if h.Get(gone) != "" {
 			t.Errorf("%s kept", gone)
 		}
