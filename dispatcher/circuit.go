@@ -26,14 +26,20 @@ const (
 func transportFailure(err error) downKind {
 	var op *net.OpError
 	var dns *net.DNSError
-	var ne net.Error
 	switch {
 	case errors.As(err, &op) && op.Op == "dial", errors.As(err, &dns):
 		return downRefused
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+	case timedOut(err):
 		return downTimeout
 	}
 	return downNone
+}
+
+// timedOut reports whether err of the HTTP client is a timeout: the delivery's
+// deadline, or a network timeout.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // publishFailure classifies an error of queue.Store.Forward.

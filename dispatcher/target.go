@@ -242,13 +242,12 @@ func (t *natsTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 // err names (see outcome.detail): the kind of failure, and the system's word for it.
 func transportCause(err error) string {
 	var (
-		ne     net.Error
 		dns    *net.DNSError
 		errno  syscall.Errno
 		verify *tls.CertificateVerificationError
 	)
 	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+	case timedOut(err):
 		return "delivery timed out: no answer from the downstream within the delivery timeout"
 	case errors.As(err, &dns):
 		return "delivery failed: the downstream's host name did not resolve"
