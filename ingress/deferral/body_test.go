@@ -67,10 +67,7 @@ func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...Option) *bodyF
 		t.Fatal(err)
 	}
 	d := New(store, opts...)
-	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(d))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMiddleware(t, set, ingress.WithDeferrer(d))
 	f := &bodyFixture{nats: srv, handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })),
 		rule: set.Rules()[0].Name, deferrer: d, queue: q}
 	if w := f.post(strings.NewReader("{}"), 2); w.Code != http.StatusOK {

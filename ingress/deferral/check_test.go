@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/ingress"
-	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -69,10 +68,7 @@ func checkServer(t *testing.T, trusted bool) (*httptest.Server, *queue.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithClientIdentity(ids), ingress.WithDeferrer(New(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMiddleware(t, set, ingress.WithClientIdentity(ids), ingress.WithDeferrer(New(store)))
 	ts := httptest.NewServer(m.CheckHandler())
 	t.Cleanup(ts.Close)
 	return ts, store

@@ -15,7 +15,6 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
 	"github.com/sluicehq/sluice/ingress/internal/warn"
-	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -51,10 +50,7 @@ func newDeferFixture(t *testing.T, opts ...Option) *deferFixture {
 	t.Helper()
 	set, srv, store := openRules(t, deferRules)
 	d := New(store, opts...)
-	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(d))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMiddleware(t, set, ingress.WithDeferrer(d))
 	mux := http.NewServeMux()
 	mux.Handle("GET "+Path+"{ticket}", d.StatusHandler())
 	mux.Handle("/", m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })))

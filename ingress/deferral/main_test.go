@@ -7,6 +7,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/rules"
@@ -37,4 +39,14 @@ func openRules(t *testing.T, yaml string) (*rules.Set, *natstest.Server, *queue.
 		}
 	}
 	return set, srv, store
+}
+
+// newMiddleware returns the front door's middleware deciding set on a memory limiter.
+func newMiddleware(t *testing.T, set *rules.Set, opts ...ingress.Option) *ingress.Middleware {
+	t.Helper()
+	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
-	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -50,10 +49,7 @@ queues:
 func TestScheduledThroughIngress(t *testing.T) {
 	set, srv, store := openRules(t, scheduleRules)
 	d := New(store)
-	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(d))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMiddleware(t, set, ingress.WithDeferrer(d))
 	mux := http.NewServeMux()
 	mux.Handle("GET "+Path+"{ticket}", d.StatusHandler())
 	mux.Handle("DELETE "+Path+"{ticket}", d.CancelHandler())
@@ -201,10 +197,7 @@ queues:
 // default level's lane of the empty tenant: its priority and tenant were lost.
 func TestScheduledKeepsItsLane(t *testing.T) {
 	set, srv, store := openRules(t, scheduleLanesRules)
-	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(New(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMiddleware(t, set, ingress.WithDeferrer(New(store)))
 	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) }))
 	st := srv.Stream(t, queue.StreamName("orders"))
 	// The first request is within the limit of 1 an hour, the second over it.
@@ -241,10 +234,7 @@ func TestScheduledKeepsItsLane(t *testing.T) {
 // Sluice-Not-Before header with it: delivered before the time it asked for.
 func TestScheduledOnAnUnroutedPath(t *testing.T) {
 	set, _, store := openRules(t, scheduleRules)
-	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(New(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMiddleware(t, set, ingress.WithDeferrer(New(store)))
 	var reached []string
 	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached = append(reached, r.URL.Path+" "+r.Header.Get(ingress.HeaderNotBefore))
