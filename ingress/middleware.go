@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -239,6 +240,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	defer m.checks.Put(buf)
 	route, checks := set.Match(r, client.Addr(), (*buf)[:0])
 	*buf = checks[:0]
+	if route != nil {
+		if err := route.Repeated(r); err != nil {
+			writeProblem(w, repeatedProblem(err))
+			return
+		}
+	}
 	if route == nil || len(checks) == 0 {
 		if m.deferrer != nil && r.Header[HeaderNotBefore] != nil {
 			// Nothing here parks it: passed on, it would be delivered now, before the
@@ -294,6 +301,27 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		writeProblem(w, p)
 	}
+}
+
+// repeatedProblem is the 400 for a request that gives a rate-limit key more than one
+// value (rules.Route.Repeated): deciding on one of them while the upstream may read
+// another would let a client be counted on a key of its choosing.
+func repeatedProblem(err error) problem {
+	var re *rules.RepeatedError
+	if !errors.As(err, &re) {
+		return simpleProblem(http.StatusBadRequest, err.Error())
+	}
+	kind, name, _ := strings.Cut(re.Source, ":")
+	what := "header " + name
+	if kind == "query" {
+		what = "query parameter " + name
+	}
+	how := "is sent more than once"
+	if re.Comma {
+		how = "holds a comma-separated list"
+	}
+	return simpleProblem(http.StatusBadRequest, "The request's "+what+" "+how+
+		", but a rate limit of this route is keyed on it and takes exactly one value: send "+name+" once, with one value.")
 }
 
 // deferral is what Defer needs to park r by rule of route: its queue, the client's

@@ -17,4 +17,20 @@
 // rule (limits, on_limit, queue, shadow mode) and its limiter keys. A watch.Watcher
 // (package rules/watch) keeps the current Set of some files and swaps in valid new
 // versions atomically.
+//
+// # One value per limit key
+//
+// A descriptor whose value comes from a header or a query parameter takes exactly
+// one value. Route.Repeated reports a request that gives more, and the front door
+// (HTTP middleware, the HTTP check for nginx and Traefik, Envoy's ext_authz) refuses
+// it with a 400 problem naming the header or parameter, deciding nothing: a header
+// sent on more than one field line, a header whose value holds a comma (a list in one
+// line, and how Envoy's ext_authz reports a header sent twice), except the headers
+// whose one value has commas by its syntax (User-Agent, Authorization,
+// Proxy-Authorization, Cookie, Date, If-Modified-Since, If-Unmodified-Since, If-Range),
+// and a query parameter present more than once, empty occurrences included. Combining
+// the values into one key was the alternative, and it is refused: a client that sends
+// a random value and then the victim's would still be counted on a fresh key on every
+// request, while an upstream that reads the last value, or all of them, serves the
+// victim. Refusing costs nothing to a client that sends one value.
 package rules

@@ -50,6 +50,10 @@ type Set struct {
 // request is never counted twice on one counter). The caller checks every limit of
 // every check; the most restrictive outcome wins.
 //
+// Values: a header or query parameter gives its first value; a caller refuses a
+// request for which the route's Repeated reports more than one (the front door does),
+// since the upstream may read another.
+//
 // Match does not allocate, except one string per check whose keys hold request values
 // (the keys of a rule fully given by constants are precomputed). Pass a reused dst.
 func (s *Set) Match(r *http.Request, clientIP netip.Addr, dst []Check) (*Route, []Check) {
@@ -472,10 +476,27 @@ func (rt *Route) evalDynamic(cd *compiledDesc, r *http.Request, t *ipText, p, ho
 // queryValue returns the first value of query parameter name in raw, decoded, as
 // url.Values.Get would, without parsing the whole query. An empty value counts as absent.
 func queryValue(raw, name string) (string, bool) {
+	v, _, found := nextParam(raw, name)
+	if !found {
+		return "", false
+	}
+	if strings.ContainsAny(v, "%+") {
+		uv, err := url.QueryUnescape(v)
+		if err != nil {
+			return "", false
+		}
+		v = uv
+	}
+	return v, v != ""
+}
+
+// nextParam finds the next occurrence of parameter name in the raw query raw, names
+// compared after URL-decoding, and returns its raw value and the query after it.
+func nextParam(raw, name string) (v, rest string, found bool) {
 	for raw != "" {
-		var kv string
+		var kv, k string
 		kv, raw, _ = strings.Cut(raw, "&")
-		k, v, _ := strings.Cut(kv, "=")
+		k, v, _ = strings.Cut(kv, "=")
 		if k != name {
 			if !strings.ContainsAny(k, "%+") {
 				continue
@@ -484,16 +505,9 @@ func queryValue(raw, name string) (string, bool) {
 				continue
 			}
 		}
-		if strings.ContainsAny(v, "%+") {
-			uv, err := url.QueryUnescape(v)
-			if err != nil {
-				return "", false
-			}
-			v = uv
-		}
-		return v, v != ""
+		return v, raw, true
 	}
-	return "", false
+	return "", "", false
 }
 
 // segmentAt returns segment i of the clean path p ("" when p is shorter).

@@ -121,9 +121,11 @@ type SourceKind uint8
 const (
 	// FromConstant: the entry's Value, written in the file.
 	FromConstant SourceKind = iota
-	// FromHeader: the first value of the request header Name (Host for `header:Host`).
+	// FromHeader: the value of the request header Name (Host for `header:Host`); a
+	// request giving it more than one is refused (Route.Repeated).
 	FromHeader
-	// FromQuery: the first value of the query parameter Name, URL-decoded.
+	// FromQuery: the value of the query parameter Name, URL-decoded; present more than
+	// once, the request is refused (Route.Repeated).
 	FromQuery
 	// FromClientIP: the client address the ingress determined (IPv4-mapped IPv6
 	// addresses are written as IPv4).

@@ -206,6 +206,9 @@ type Explanation struct {
 	Descriptors []DescriptorResult
 	// Checks are what Match returns.
 	Checks []Check
+	// Repeated is what Route.Repeated reports: when not nil, the front door refuses
+	// the request (400) and decides none of the checks.
+	Repeated error
 }
 
 // DescriptorResult is what became of one descriptor list of the route.
@@ -233,6 +236,7 @@ func (s *Set) Explain(r *http.Request, clientIP netip.Addr) Explanation {
 	if rt == nil {
 		return ex
 	}
+	ex.Repeated = rt.Repeated(r)
 	p, host := cleanPath(r.URL.Path), requestHost(r)
 	var t ipText
 	t.set(clientIP)

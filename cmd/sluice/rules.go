@@ -170,6 +170,9 @@ func printExplanation(w io.Writer, set *rules.Set, r *http.Request, addr netip.A
 	if m := describeMatch(rt.Match); m != "" {
 		fmt.Fprintf(w, "  match: %s\n", m)
 	}
+	if ex.Repeated != nil {
+		fmt.Fprintf(w, "refused with 400: %v; no limit is decided\n", ex.Repeated)
+	}
 	for i, d := range ex.Descriptors {
 		fmt.Fprintf(w, "descriptor %d: %s\n", i+1, formatRouteEntries(rt.Descriptors[i]))
 		if d.Missing != "" {

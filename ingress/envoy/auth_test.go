@@ -37,6 +37,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1, name: payments}
   - key: client
     rate_limit: {unit: hour, requests_per_unit: 1, name: per_client}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1, name: per_user}
 routes:
   - name: orders
     match: {method: [POST], path: /v1/orders}
@@ -47,6 +49,9 @@ routes:
   - name: ip
     match: {path: /v1/ip}
     descriptors: [[{key: client, from: client_ip}]]
+  - name: users
+    match: {path: /v1/users}
+    descriptors: [[{key: user, from: "header:X-User-ID"}], [{key: user, from: "query:user"}]]
 queues:
   orders:
     outflow: {rate: 50/s}
@@ -246,6 +251,48 @@ func TestCheckClientIdentity(t *testing.T) {
 	if check(t, c, checkReq{method: "GET", path: "/v1/ip", source: "10.0.0.1",
 		headers: map[string]string{"x-forwarded-for": "203.0.113.9", "forwarded": "for=198.51.100.1"}}).GetOkResponse() != nil {
 		t.Fatal("a client's own Forwarded header behind an X-Forwarded-For proxy changed the client")
+	}
+}
+
+// TestCheckRefusesRepeatedLimitKeys: a header or query parameter a limit is keyed on,
+// sent twice (Envoy's headers map joins the lines with a comma; header_map keeps
+// them apart), is denied with 400 naming it, never decided on its first value.
+func TestCheckRefusesRepeatedLimitKeys(t *testing.T) {
+	c, _ := authFixture(t)
+	for _, tc := range []struct {
+		name    string
+		path    string
+		headers map[string]string
+		lines   []string // header_map entries of X-User-ID
+		want    string
+	}{
+		{name: "headers map, joined", path: "/v1/users", headers: map[string]string{"x-user-id": "r4nd0m,alice"}, want: "X-User-Id holds a comma-separated list"},
+		{name: "header_map, two entries", path: "/v1/users", lines: []string{"r4nd0m", "alice"}, want: "X-User-Id is sent more than once"},
+		{name: "query twice", path: "/v1/users?user=r4nd0m&user=alice", want: "query parameter user is sent more than once"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &authv3.AttributeContext_HttpRequest{Method: "GET", Path: tc.path, Host: "shop.example", Headers: tc.headers}
+			if tc.lines != nil {
+				h.HeaderMap = &corev3.HeaderMap{}
+				for _, v := range tc.lines {
+					h.HeaderMap.Headers = append(h.HeaderMap.Headers, &corev3.HeaderValue{Key: "x-user-id", Value: v})
+				}
+			}
+			resp, err := c.Check(context.Background(), &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+				Request: &authv3.AttributeContext_Request{Http: h}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			code, hdr, p := denied(t, resp)
+			if detail, _ := p["detail"].(string); code != http.StatusBadRequest ||
+				headerOf(hdr, "content-type") != "application/problem+json" || !strings.Contains(detail, tc.want) {
+				t.Errorf("%d %v %v, want 400 saying %q", code, hdr, p, tc.want)
+			}
+		})
+	}
+	one := check(t, c, checkReq{method: "GET", path: "/v1/users?user=bob", headers: map[string]string{"x-user-id": "alice"}})
+	if one.GetOkResponse() == nil {
+		t.Fatalf("one value each: %v", one)
 	}
 }
 
