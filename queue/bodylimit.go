@@ -2,8 +2,11 @@ package queue
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // MetadataRoom is what a parked message keeps free, beside the request's body and
@@ -33,7 +36,8 @@ func (l BodyLimit) String() string {
 // the smallest of the queue's MaxBody, its MaxBytes (a body larger than the whole queue
 // can never fit, however empty it is) and the NATS server's max payload, the last two
 // less what req's headers and MetadataRoom take. req.Body is not looked at: the
-// ingress asks before it reads the body. Errors: ErrUnknownQueue.
+// ingress asks before it reads the body. Errors: ErrUnknownQueue, ErrHeaderTooLarge
+// (a *HeaderLimitError: req's headers cannot be stored whatever the body).
 func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 	q, err := s.Queue(req.Queue)
 	if err != nil {
@@ -49,7 +53,11 @@ func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 	m.Body, m.ReceivedAt = nil, time.Date(2000, 1, 1, 0, 0, 0, 111_111_111, time.UTC)
 	m.Header = KeptHeader(req.Header, cfg.DropHeaders)
 	m.Lane = s.laneFor(cfg, req.Priority, req.Tenant)
-	size := int64(m.encode(ReadySubject(q.name, m.Lane, m.Ticket)).Size())
+	msg := m.encode(ReadySubject(q.name, m.Lane, m.Ticket))
+	if err := s.headerFits(msg, MetadataRoom); err != nil {
+		return BodyLimit{}, err
+	}
+	size := int64(msg.Size())
 	if cfg.MaxBytes > 0 && cfg.MaxBytes-size-storeRoom < limit.Bytes {
 		limit = BodyLimit{Bytes: cfg.MaxBytes - size - storeRoom, By: "max_bytes"}
 	}
@@ -58,4 +66,47 @@ func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 	}
 	limit.Bytes = max(limit.Bytes, 0)
 	return limit, nil
+}
+
+// MaxHeaderBytes is the longest header block JetStream stores with a message: the
+// server writes its length in 16 bits and refuses a longer one ("header size exceeds
+// maximum allowed of 64k"). The server does not announce it: it is no setting.
+const MaxHeaderBytes = math.MaxUint16
+
+// HeaderLimitError is returned (wrapped) when a request's headers cannot be stored:
+// errors.Is(err, ErrHeaderTooLarge) holds for it.
+type HeaderLimitError struct {
+	// Size is the parked message's header block in bytes: the request's headers, each
+	// name prefixed with HeaderPrefix, and sluice's own.
+	Size int64
+	// Limit is the most the block may take: the smaller of MaxHeaderBytes and the
+	// connected server's max payload, less MetadataRoom for BodyLimit.
+	Limit int64
+	// By names the binding limit for the client's 431: "JetStream's 64 KiB header
+	// limit" or "the NATS server's max payload".
+	By string
+}
+
+func (e *HeaderLimitError) Error() string {
+	return ErrHeaderTooLarge.Error() + ": " + strconv.FormatInt(e.Size, 10) + " bytes stored, more than " +
+		strconv.FormatInt(e.Limit, 10) + " (" + e.By + ")"
+}
+
+func (e *HeaderLimitError) Unwrap() error { return ErrHeaderTooLarge }
+
+// headerFits reports whether msg's headers can be stored with room bytes to spare.
+// BodyLimit keeps MetadataRoom for the headers sluice adds later (a dead letter's, a
+// requeue's); publish keeps none: it refuses only what the server would, so that a
+// message the server can never take is refused as too large rather than retried as if
+// NATS were down.
+func (s *Store) headerFits(msg *nats.Msg, room int64) error {
+	hdr := int64(msg.Size() - len(msg.Subject) - len(msg.Reply) - len(msg.Data))
+	limit, by := int64(MaxHeaderBytes), "JetStream's 64 KiB header limit"
+	if p := s.nc.MaxPayload(); p > 0 && p < limit {
+		limit, by = p, "the NATS server's max payload"
+	}
+	if hdr+room > limit {
+		return &HeaderLimitError{Size: hdr, Limit: limit - room, By: by}
+	}
+	return nil
 }

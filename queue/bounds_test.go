@@ -3,6 +3,7 @@ package queue_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -263,4 +264,87 @@ func TestDeadStreamOfOlderSluice(t *testing.T) {
 	if dls, err := s.DeadLetters(ctx, "orders", 0); err != nil || len(dls) != 1 {
 		t.Errorf("dead letters after a new one: %d, %v", len(dls), err)
 	}
+}
+
+// TestHeaderLimit: headers that the server can never store (its 64 KiB header block,
+// or a smaller max payload) are ErrHeaderTooLarge from BodyLimit and Park, nothing
+// stored, not ErrUnavailable to be retried forever; the largest headers BodyLimit
+// accepts are stored and can be dead-lettered.
+func TestHeaderLimit(t *testing.T) {
+	small := filepath.Join(t.TempDir(), "small.conf")
+	if err := os.WriteFile(small, []byte("max_payload: 32768\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		srv  func(t *testing.T) *natstest.Server
+		by   string
+	}{
+		{"JetStream header limit", func(t *testing.T) *natstest.Server { return natstest.Start(t) }, "JetStream's 64 KiB header limit"},
+		{"max payload", func(t *testing.T) *natstest.Server {
+			srv := natstest.StartConfig(t, small)
+			srv.Conn = srv.Connect(t)
+			return srv
+		}, "max payload"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := tc.srv(t)
+			s := openStore(t, srv, testConfig("orders"))
+			ctx := ctxT(t)
+			q, _ := s.Queue("orders")
+			// ~3,500 headers, 42 kB, as a client can send through the front door.
+			many := order("orders", "")
+			for i := range 3500 {
+				many.Header.Set(fmt.Sprintf("X-H%d", i), "v")
+			}
+			for _, req := range []*queue.Request{many, padded(70_000)} {
+				var he *queue.HeaderLimitError
+				if _, err := s.BodyLimit(req); !errors.As(err, &he) || !errors.Is(err, queue.ErrHeaderTooLarge) ||
+					!errors.Is(err, queue.ErrTooLarge) || !strings.Contains(he.By, tc.by) || he.Size <= he.Limit {
+					t.Fatalf("BodyLimit: %v, want a HeaderLimitError by %s", err, tc.by)
+				}
+				if _, err := s.Park(ctx, req); !errors.Is(err, queue.ErrHeaderTooLarge) || errors.Is(err, queue.ErrUnavailable) {
+					t.Fatalf("Park: %v, want ErrHeaderTooLarge", err)
+				}
+				req.IdempotencyKey = "k-too-large"
+				if _, err := s.Park(ctx, req); !errors.Is(err, queue.ErrHeaderTooLarge) {
+					t.Fatalf("Park with a key: %v, want ErrHeaderTooLarge", err)
+				}
+			}
+			if d, err := q.Depth(ctx); err != nil || d != 0 {
+				t.Fatalf("depth %d (%v) after refusals, want 0", d, err)
+			}
+			// The largest padding BodyLimit takes: stored, and dead-lettered.
+			lo, hi := 0, 70_000 // fits(lo), !fits(hi)
+			for hi-lo > 1 {
+				mid := (lo + hi) / 2
+				if _, err := s.BodyLimit(padded(mid)); err == nil {
+					lo = mid
+				} else {
+					hi = mid
+				}
+			}
+			req := padded(lo)
+			rc, err := s.Park(ctx, req)
+			if err != nil {
+				t.Fatalf("the largest headers BodyLimit takes (%d bytes of padding): %v", lo, err)
+			}
+			raw, err := q.Stream().GetLastMsgForSubject(ctx, "sluice.q.orders."+rc.Ticket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &queue.Message{Request: *req, Ticket: rc.Ticket, Fingerprint: raw.Header.Get(queue.HeaderFingerprint), Seq: raw.Sequence}
+			m.Header = queue.KeptHeader(req.Header, nil)
+			if err := s.DeadLetter(ctx, m, 8, strings.Repeat("reason ", 100)); err != nil {
+				t.Errorf("dead-lettering the largest headers: %v", err)
+			}
+		})
+	}
+}
+
+// padded is an order whose X-Pad header has n bytes.
+func padded(n int) *queue.Request {
+	req := order("orders", "")
+	req.Header.Set("X-Pad", strings.Repeat("p", n))
+	return req
 }

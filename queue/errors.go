@@ -32,6 +32,10 @@ var (
 	ErrUnknownQueue = errors.New("queue: unknown queue")
 	// ErrTooLarge: the message is larger than the NATS server accepts (ingress: 413).
 	ErrTooLarge = errors.New("queue: message too large")
+	// ErrHeaderTooLarge: the request's headers, as its parked message stores them,
+	// exceed what the NATS server stores (ingress: 431); the error is a
+	// *HeaderLimitError naming the limit. It matches ErrTooLarge too.
+	ErrHeaderTooLarge = fmt.Errorf("%w: headers too large", ErrTooLarge)
 	// ErrInvalidConfig is queueconfig.ErrInvalidConfig: every problem of a queue's
 	// configuration, of a stored one, or of a Store option wraps it.
 	ErrInvalidConfig = queueconfig.ErrInvalidConfig

@@ -80,7 +80,8 @@ const keyReserve = 0.9
 // message is on disk — on every replica of an R3 stream — before Park returns a
 // receipt). Errors: ErrUnknownQueue, ErrInvalidRequest, ErrFull (a *FullError with a
 // retry delay), ErrUnavailable, ErrKeyStoreFull, ErrTooManyKeys (a *KeyLimitError),
-// ErrIdempotencyConflict, ErrTooLarge. After an error nothing was accepted and no key
+// ErrIdempotencyConflict, ErrTooLarge, ErrHeaderTooLarge (a *HeaderLimitError: headers
+// the server can never store; BodyLimit tells it before the body is read). After an error nothing was accepted and no key
 // recorded: the same key works again.
 //
 // Idempotency (req.IdempotencyKey set). The key K is scoped by req.Client (see idemKey)
@@ -238,6 +239,9 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 		msg.Header.Set(headerSchedule, "@at "+m.NotBefore.UTC().Format(time.RFC3339))
 		msg.Header.Set(headerScheduleTarget, ready)
 		msg.Header.Set(HeaderMsgID, msgID)
+		if err := s.headerFits(msg, 0); err != nil {
+			return nil, err
+		}
 		ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(q.StreamName()))
 		if err != nil {
 			return nil, s.publishError(ctx, q, err)
@@ -250,6 +254,10 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 	}
 	msg := m.encode(ready)
 	msg.Header.Set(HeaderMsgID, msgID)
+	// Checked before the order joins a group commit: the server would refuse it there.
+	if err := s.headerFits(msg, 0); err != nil {
+		return nil, err
+	}
 	ack, err := q.orders.Load().publish(ctx, msg)
 	if err != nil {
 		return nil, s.publishError(ctx, q, err)
@@ -580,11 +588,12 @@ func (s *Store) KeepKey(ctx context.Context, m *Message) error {
 
 // JetStream API error codes Park tells apart.
 const (
-	errCodeStoreFailed   = 10077 // "maximum messages exceeded", "maximum bytes exceeded", …
-	errCodeMsgTooLarge   = 10054
-	errCodeStreamMissing = 10059
-	errCodeNoResources   = 10023 // "insufficient resources": the server's store is full
-	errCodeNoStorage     = 10047 // "insufficient storage resources available" for a stream's reservation
+	errCodeStoreFailed    = 10077 // "maximum messages exceeded", "maximum bytes exceeded", …
+	errCodeMsgTooLarge    = 10054
+	errCodeHeaderTooLarge = 10097 // "header size exceeds maximum allowed of 64k"
+	errCodeStreamMissing  = 10059
+	errCodeNoResources    = 10023 // "insufficient resources": the server's store is full
+	errCodeNoStorage      = 10047 // "insufficient storage resources available" for a stream's reservation
 )
 
 func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
@@ -597,6 +606,8 @@ func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
 			return fmt.Errorf("%w (%s)", q.fullError(fctx), apiErr.Description)
 		case apiErr.ErrorCode == errCodeNoResources:
 			return fmt.Errorf("%w: %w: publish to %q: %s", ErrUnavailable, ErrStorageFull, q.name, apiErr.Description)
+		case apiErr.ErrorCode == errCodeHeaderTooLarge:
+			return fmt.Errorf("%w: %s", ErrHeaderTooLarge, apiErr.Description)
 		case apiErr.ErrorCode == errCodeMsgTooLarge || strings.Contains(apiErr.Description, "message size exceeds"):
 			return fmt.Errorf("%w: %s", ErrTooLarge, apiErr.Description)
 		}

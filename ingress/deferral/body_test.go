@@ -294,3 +294,27 @@ func TestDeferMemoryNotHeldByStalledBodies(t *testing.T) {
 		t.Errorf("%d bytes of the budget still reserved after every request ended", used)
 	}
 }
+
+// TestDeferHeadersTheQueueCannotStore: ~3,500 headers (42 kB, within the front door's
+// limits) make a parked message whose header block JetStream refuses: 431 naming the
+// limit, before the body is read and with nothing stored, not 503 "retry later" forever.
+func TestDeferHeadersTheQueueCannotStore(t *testing.T) {
+	f := newBodyFixture(t, queueconfig.Config{})
+	body := newCountingReader(100)
+	r := f.newRequest(body, 100)
+	for i := range 3500 {
+		r.Header.Set("X-H"+strconv.Itoa(i), "v")
+	}
+	w := httptest.NewRecorder()
+	f.handler.ServeHTTP(w, r)
+	if w.Code != http.StatusRequestHeaderFieldsTooLarge || w.Header().Get("Content-Type") != "application/problem+json" ||
+		!strings.Contains(w.Body.String(), "JetStream's 64 KiB header limit") || w.Header().Get("Retry-After") != "" {
+		t.Fatalf("%d %v %s, want a 431 problem naming the limit", w.Code, w.Header(), w.Body)
+	}
+	if n := body.read.Load(); n != 0 {
+		t.Errorf("%d bytes of the body read, want 0", n)
+	}
+	if d := f.depth(t); d != 0 {
+		t.Errorf("queue depth %d, want 0", d)
+	}
+}

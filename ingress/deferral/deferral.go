@@ -258,8 +258,19 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 		ingress.WriteProblem(w, http.StatusBadRequest, detail)
 	case errors.Is(err, queue.ErrInvalidRequest):
 		ingress.WriteProblem(w, http.StatusBadRequest, "This request cannot be queued.")
+	case errors.Is(err, queue.ErrHeaderTooLarge):
+		// Never stored however often it is sent: not a 503 to retry.
+		detail := "The request's headers are too large to be queued."
+		var he *queue.HeaderLimitError
+		if errors.As(err, &he) {
+			detail = "The request's headers are too large to be queued: stored with the order they take " +
+				strconv.FormatInt(he.Size, 10) + " bytes, and the queue " + d.Queue.Name + " stores at most " +
+				strconv.FormatInt(he.Limit, 10) + " (" + he.By + ")."
+		}
+		ingress.WriteProblem(w, http.StatusRequestHeaderFieldsTooLarge, detail)
 	case errors.Is(err, queue.ErrTooLarge):
-		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge, "The request is too large to be queued.")
+		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge,
+			"The request is too large to be queued: the NATS server refuses a message this large (its max payload).")
 	default:
 		// ErrUnavailable, an undeclared queue, anything else: nothing was accepted.
 		q.unavailable.Warn(q.log, "deferring failed", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)

@@ -2,6 +2,8 @@ package envoy
 
 import (
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -56,5 +58,25 @@ func TestCheckRefusesHeadersTheDispatcherCannotSend(t *testing.T) {
 				t.Fatalf("%d %v, want 400 or a delivered 202", code, body)
 			}
 		})
+	}
+}
+
+// TestCheckRefusesHeadersTheQueueCannotStore: ~3,500 headers (42 kB) make a parked
+// message whose header block JetStream refuses; the check is denied 431 naming the
+// limit, not 503 "retry later" for an order that can never be stored.
+func TestCheckRefusesHeadersTheQueueCannotStore(t *testing.T) {
+	c, _ := authFixture(t)
+	if resp := check(t, c, checkReq{method: "POST", path: "/v1/orders", source: "192.0.2.1", body: "{}",
+		headers: map[string]string{"content-length": "2"}}); resp.GetOkResponse() == nil {
+		t.Fatalf("first order (within the limit): %v", resp)
+	}
+	headers := map[string]string{"content-length": "2"}
+	for i := range 3500 {
+		headers["x-h"+strconv.Itoa(i)] = "v"
+	}
+	code, h, p := denied(t, check(t, c, checkReq{method: "POST", path: "/v1/orders", source: "192.0.2.1", body: "{}", headers: headers}))
+	if detail, _ := p["detail"].(string); code != http.StatusRequestHeaderFieldsTooLarge ||
+		!strings.Contains(detail, "JetStream's 64 KiB header limit") || headerOf(h, "retry-after") != "" {
+		t.Fatalf("%d %v %v, want 431 naming the limit", code, h, p)
 	}
 }
