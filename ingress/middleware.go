@@ -454,7 +454,10 @@ type RuleDecision struct {
 	// index in Rule.Limits (-1 when no limit was decided: unlimited, deny, failed).
 	Closest      limiter.Decision
 	ClosestLimit int
-	// RetryAfter is, when Over, the longest wait of the limits that refused.
+	// RetryAfter is, when Over, the longest wait of the limits that refused. A limit
+	// that can never allow n (more than its capacity: limiter.Never) waits as a
+	// block-list rule does (an hour): the same request never passes, and the client
+	// must not be told to retry it at once, nor given a wait no header can carry.
 	RetryAfter time.Duration
 }
 
@@ -481,7 +484,11 @@ func DecideCheck(ctx context.Context, lim limiter.Limiter, c *rules.Check, n int
 		}
 		if !d.Allowed {
 			out.Over = true
-			out.RetryAfter = max(out.RetryAfter, d.RetryAfter)
+			wait := d.RetryAfter
+			if wait == limiter.Never {
+				wait = denyRetryAfter
+			}
+			out.RetryAfter = max(out.RetryAfter, wait)
 		}
 	}
 	return out, first

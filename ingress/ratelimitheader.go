@@ -85,12 +85,17 @@ func appendStatus(b []byte, i int, s Status) ([]byte, error) {
 }
 
 // RetryAfterSeconds rounds d up to whole seconds, as Retry-After and the draft's
-// parameters count them (0 for d ≤ 0).
+// parameters count them (0 for d ≤ 0). It never overflows: rounding up divides first,
+// so the longest Duration gives its whole seconds plus one, never a negative number.
 func RetryAfterSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	secs := int64(d / time.Second)
+	if d%time.Second != 0 {
+		secs++
+	}
+	return secs
 }
 
 func appendItem(b []byte, i int, name string) ([]byte, error) {

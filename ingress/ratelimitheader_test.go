@@ -1,8 +1,11 @@
 package ingress
 
 import (
+	"math"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 func TestFormatPolicy(t *testing.T) {
@@ -65,6 +68,24 @@ func TestFormatRejectsNonASCIINames(t *testing.T) {
 		}
 		if got, err := FormatRateLimit(Status{Name: name}); err == nil {
 			t.Errorf("FormatRateLimit(%q) = %q, want an error", name, got)
+		}
+	}
+}
+
+func TestRetryAfterSecondsRoundsUpWithoutOverflow(t *testing.T) {
+	for d, want := range map[time.Duration]int64{
+		-time.Second:                   0,
+		0:                              0,
+		1:                              1,
+		time.Second:                    1,
+		time.Second + 1:                2,
+		limiter.Never - 1:              int64(limiter.Never/time.Second) + 1,
+		limiter.Never:                  int64(limiter.Never/time.Second) + 1,
+		time.Duration(math.MinInt64):   0,
+		999_999_999 * time.Millisecond: 1_000_000,
+	} {
+		if got := RetryAfterSeconds(d); got != want {
+			t.Errorf("RetryAfterSeconds(%d) = %d, want %d", d, got, want)
 		}
 	}
 }
