@@ -181,6 +181,14 @@ func TestEnvoyBootstrap(t *testing.T) {
 		t.Error("compose's sluice does not load deploy/envoy/rules")
 	}
 
+	// Paths are normalised before routing and ext_authz: sluice refuses the others.
+	hcm := at(boot, "static_resources", "listeners", 0, "filter_chains", 0, "filters", 0, "typed_config")
+	if at(hcm, "normalize_path") != true || at(hcm, "merge_slashes") != true ||
+		at(hcm, "path_with_escaped_slashes_action") != "REJECT_REQUEST" {
+		t.Errorf("the http_connection_manager does not normalise paths (normalize_path %v, merge_slashes %v, path_with_escaped_slashes_action %v)",
+			at(hcm, "normalize_path"), at(hcm, "merge_slashes"), at(hcm, "path_with_escaped_slashes_action"))
+	}
+
 	// Every cluster named anywhere exists.
 	var filters []map[string]any
 	walk(boot, func(m map[string]any) {

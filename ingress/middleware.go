@@ -207,7 +207,18 @@ func (m *Middleware) Wrap(next http.Handler) http.Handler {
 // whole, or the proxy would take a 202 for "allowed"): a defer rule over its limit then
 // answers 429 with that in the problem's detail, and a request asking for scheduled
 // delivery (Sluice-Not-Before) 400.
+//
+// A path that is not in normal form (CheckNormalPath: `//`, `.` or `..` segments,
+// encoded dots, slashes or backslashes) is refused with a 400 problem saying why,
+// whatever the rules: sluice would decide on the cleaned path while the proxy routes
+// and forwards the one it holds (`/v1/orders/../../admin` counted as /admin). A proxy
+// that normalises paths first (Envoy's normalize_path and merge_slashes) never sends
+// one.
 func (m *Middleware) Authorize(w http.ResponseWriter, r *http.Request, noPark string) bool {
+	if err := CheckNormalPath(r.URL.EscapedPath()); err != nil {
+		writeProblem(w, simpleProblem(http.StatusBadRequest, notNormalDetail(err)))
+		return false
+	}
 	allowed := false
 	m.serve(w, r, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { allowed = true }), noPark)
 	return allowed
@@ -301,6 +312,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		writeProblem(w, p)
 	}
+}
+
+// notNormalDetail is the problem detail of a check whose path CheckNormalPath refuses.
+func notNormalDetail(err error) string {
+	return "The request's path is not in normal form (" + strings.TrimPrefix(err.Error(), ErrPathNotNormal.Error()+": ") +
+		"): sluice decides on the normalised path, which may name another resource than the one the proxy routes and forwards. " +
+		"Normalise paths in the proxy (Envoy: normalize_path, merge_slashes, path_with_escaped_slashes_action) or send the normal form."
 }
 
 // repeatedProblem is the 400 for a request that gives a rate-limit key more than one

@@ -296,6 +296,24 @@ func TestCheckRefusesRepeatedLimitKeys(t *testing.T) {
 	}
 }
 
+// TestCheckRefusesPathsNotInNormalForm: ext_authz decided on the cleaned path
+// (/v1/orders/../../admin counted as /admin) while Envoy routes and forwards the one it
+// holds; such a path is denied with 400 and a problem saying why.
+func TestCheckRefusesPathsNotInNormalForm(t *testing.T) {
+	c, _ := authFixture(t)
+	for _, p := range []string{"/v1/orders/../../admin", "/v1/payments/../orders", "//v1/payments", "/v1/%2E%2E/payments", "/v1%2Fpayments"} {
+		code, h, body := denied(t, check(t, c, checkReq{method: "POST", path: p, source: "192.0.2.1"}))
+		if detail, _ := body["detail"].(string); code != http.StatusBadRequest ||
+			headerOf(h, "content-type") != "application/problem+json" || !strings.Contains(detail, "not in normal form") {
+			t.Errorf("%s: %d %v %v, want a 400 problem", p, code, h, body)
+		}
+	}
+	// The normal form is decided as ever.
+	if resp := check(t, c, checkReq{method: "POST", path: "/v1/payments", source: "192.0.2.1"}); resp.GetOkResponse() == nil {
+		t.Fatalf("/v1/payments: %v", resp)
+	}
+}
+
 func TestCheckRefusesBadRequests(t *testing.T) {
 	c, _ := authFixture(t)
 	for _, req := range []*authv3.CheckRequest{
