@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,4 +125,42 @@ func TestExtAuthzDefersThroughServe(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode == 200 && strings.Contains(string(b), `"status":"done"`)
 	})
+}
+
+// Whatever hits_addend Envoy sends (0 to 2^32−1), `sluice rls` never answers a
+// negative Retry-After or duration_until_reset: a hits_addend over the limit answered
+// Retry-After: -9223372035.
+func TestRLSHitsAddendNeverGivesANegativeWait(t *testing.T) {
+	rulesPath := writeRules(t, t.TempDir(), e2eRules(4))
+	rlsAddr := freeAddr(t)
+	startCommand(t, "rls", "--rules", rulesPath, "--grpc-listen", rlsAddr)
+	c := rlsv3.NewRateLimitServiceClient(grpcConn(t, rlsAddr))
+	for i, hits := range []uint32{0, 1, 4, 5, 1 << 31, 1<<32 - 1} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "e2e", HitsAddend: hits, Descriptors: []*rlcommon.RateLimitDescriptor{{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "route", Value: "orders"}, {Key: "user", Value: "u" + strconv.Itoa(i)}}}}})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := resp.Statuses[0].GetDurationUntilReset(); d != nil && d.AsDuration() < 0 {
+			t.Errorf("hits %d: duration_until_reset %v", hits, d.AsDuration())
+		}
+		over := resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT
+		if over != (hits > 4) {
+			t.Errorf("hits %d of a limit of 4: %v", hits, resp.OverallCode)
+		}
+		for _, h := range resp.ResponseHeadersToAdd {
+			if h.Key != "retry-after" {
+				continue
+			}
+			if n, err := strconv.ParseInt(h.Value, 10, 64); err != nil || n < 1 || n > 3600 {
+				t.Errorf("hits %d: Retry-After %q, want 1 to 3600 s", hits, h.Value)
+			}
+			over = false
+		}
+		if over {
+			t.Errorf("hits %d: over the limit without Retry-After: %v", hits, resp.ResponseHeadersToAdd)
+		}
+	}
 }
