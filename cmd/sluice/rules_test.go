@@ -71,6 +71,8 @@ queues:
 		}, ""},
 		{"explain a skipped list", []string{"check", good, "--explain", "POST", "/v1/orders"}, 0, []string{
 			"skipped: the request has no header:X-User-Id", "skipped: the request has no client_ip"}, ""},
+		{"explain a repeated key", []string{"check", good, "--explain", "POST", "/v1/orders", "-H", "X-User-ID: r4nd0m", "-H", "X-User-ID: u-1"}, 0, []string{
+			"refused with 400: header:X-User-Id: more than one value (sent more than once); no limit is decided"}, ""},
 		{"explain without route", []string{"check", good, "--explain", "GET", "/health"}, 0, []string{"route: none matches"}, ""},
 		{"explain invalid rules", []string{"check", bad, "--explain", "GET", "/"}, 1, []string{"unknown unit"}, ""},
 		{"one domain in two files", []string{"check", part1, part2}, 1, []string{
