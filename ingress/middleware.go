@@ -251,11 +251,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	defer m.checks.Put(buf)
 	route, checks := set.Match(r, client.Addr(), (*buf)[:0])
 	*buf = checks[:0]
-	if route != nil {
-		if err := route.Repeated(r); err != nil {
-			writeProblem(w, repeatedProblem(err))
-			return
-		}
+	if err := set.Repeated(r, route); err != nil {
+		writeProblem(w, repeatedProblem(err))
+		return
 	}
 	if route == nil || len(checks) == 0 {
 		if m.deferrer != nil && r.Header[HeaderNotBefore] != nil {
@@ -322,8 +320,9 @@ func notNormalDetail(err error) string {
 }
 
 // repeatedProblem is the 400 for a request that gives a rate-limit key more than one
-// value (rules.Route.Repeated): deciding on one of them while the upstream may read
-// another would let a client be counted on a key of its choosing.
+// value, or gives one a route's match compares more than one (rules.Set.Repeated):
+// deciding on one of them while the upstream may read another would let a client be
+// counted on a key, or take a route, of its choosing.
 func repeatedProblem(err error) problem {
 	var re *rules.RepeatedError
 	if !errors.As(err, &re) {
@@ -339,7 +338,7 @@ func repeatedProblem(err error) problem {
 		how = "holds a comma-separated list"
 	}
 	return simpleProblem(http.StatusBadRequest, "The request's "+what+" "+how+
-		", but a rate limit of this route is keyed on it and takes exactly one value: send "+name+" once, with one value.")
+		", but sluice chooses the route or the rate-limit key by it and takes exactly one value: send "+name+" once, with one value.")
 }
 
 // deferral is what Defer needs to park r by rule of route: its queue, the client's

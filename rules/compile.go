@@ -169,5 +169,6 @@ func compile(files []File, probs *problemList, cfg loadConfig) *Set {
 	slices.Sort(s.queueNames)
 	s.queues = c.queues
 	s.table = buildTable(s.routes)
+	s.choosing = choosingHeaders(s.routes)
 	return s
 }

@@ -21,16 +21,18 @@
 // # One value per limit key
 //
 // A descriptor whose value comes from a header or a query parameter takes exactly
-// one value. Route.Repeated reports a request that gives more, and the front door
-// (HTTP middleware, the HTTP check for nginx and Traefik, Envoy's ext_authz) refuses
-// it with a 400 problem naming the header or parameter, deciding nothing: a header
-// sent on more than one field line, a header whose value holds a comma (a list in one
-// line, and how Envoy's ext_authz reports a header sent twice), except the headers
-// whose one value has commas by its syntax (User-Agent, Authorization,
-// Proxy-Authorization, Cookie, Date, If-Modified-Since, If-Unmodified-Since, If-Range),
-// and a query parameter present more than once, empty occurrences included. Combining
-// the values into one key was the alternative, and it is refused: a client that sends
-// a random value and then the victim's would still be counted on a fresh key on every
-// request, while an upstream that reads the last value, or all of them, serves the
-// victim. Refusing costs nothing to a client that sends one value.
+// one value, and so does a header that a route's match compares with a value (it
+// chooses the route, and with it the limits). Set.Repeated reports a request that
+// gives more, and the front door (HTTP middleware, the HTTP check for nginx and
+// Traefik, Envoy's ext_authz) refuses it with a 400 problem naming the header or
+// parameter, deciding nothing: a header sent on more than one field line, a header
+// whose value holds a comma (a list in one line, and how Envoy's ext_authz reports a
+// header sent twice), except the headers whose one value has commas by its syntax
+// (User-Agent, Authorization, Proxy-Authorization, Cookie, Date, If-Modified-Since,
+// If-Unmodified-Since, If-Range) and a match header compared with a value holding a
+// comma, and a query parameter present more than once, empty occurrences included.
+// Combining the values into one key was the alternative, and it is refused: a client
+// that sends a random value and then the victim's would still be counted on a fresh
+// key on every request, while an upstream that reads the last value, or all of them,
+// serves the victim. Refusing costs nothing to a client that sends one value.
 package rules

@@ -27,6 +27,7 @@ type Set struct {
 	queues      map[string]*Queue
 	queueNames  []string
 	table       routeTable
+	choosing    []choosingHeader // see Repeated
 }
 
 // Match finds the route for r and appends to dst the checks r must pass, returning the
@@ -51,8 +52,8 @@ type Set struct {
 // every check; the most restrictive outcome wins.
 //
 // Values: a header or query parameter gives its first value; a caller refuses a
-// request for which the route's Repeated reports more than one (the front door does),
-// since the upstream may read another.
+// request for which Repeated reports more than one (the front door does), since the
+// upstream may read another.
 //
 // Match does not allocate, except one string per check whose keys hold request values
 // (the keys of a rule fully given by constants are precomputed). Pass a reused dst.

@@ -122,10 +122,10 @@ const (
 	// FromConstant: the entry's Value, written in the file.
 	FromConstant SourceKind = iota
 	// FromHeader: the value of the request header Name (Host for `header:Host`); a
-	// request giving it more than one is refused (Route.Repeated).
+	// request giving it more than one is refused (Set.Repeated).
 	FromHeader
 	// FromQuery: the value of the query parameter Name, URL-decoded; present more than
-	// once, the request is refused (Route.Repeated).
+	// once, the request is refused (Set.Repeated).
 	FromQuery
 	// FromClientIP: the client address the ingress determined (IPv4-mapped IPv6
 	// addresses are written as IPv4).

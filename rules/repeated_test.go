@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"net/http"
 	"net/netip"
 	"testing"
 )
@@ -50,29 +51,25 @@ routes:
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r := req("GET", tc.target, tc.hdr...)
-			rt, _ := s.Match(r, netip.Addr{}, nil)
-			if rt == nil {
-				t.Fatal("no route")
-			}
-			err := rt.Repeated(r)
-			if tc.source == "" {
-				if err != nil {
-					t.Fatalf("Repeated = %v, want nil", err)
-				}
-				return
-			}
-			var re *RepeatedError
-			if !errors.As(err, &re) || !errors.Is(err, ErrRepeatedValue) {
-				t.Fatalf("Repeated = %v, want a *RepeatedError", err)
-			}
-			if re.Source != tc.source || re.Comma != tc.comma {
-				t.Errorf("Repeated = %+v, want source %s comma %v", re, tc.source, tc.comma)
-			}
-			if ex := s.Explain(r, netip.Addr{}); ex.Repeated == nil {
-				t.Error("Explain does not report the repeated value")
-			}
+			wantRepeated(t, s, req("GET", tc.target, tc.hdr...), tc.source, tc.comma)
 		})
+	}
+}
+
+// wantRepeated checks what Repeated and Explain say of r: nil for source "", else a
+// *RepeatedError of source and comma.
+func wantRepeated(t *testing.T, s *Set, r *http.Request, source string, comma bool) {
+	t.Helper()
+	rt, _ := s.Match(r, netip.Addr{}, nil)
+	err := s.Repeated(r, rt)
+	var re *RepeatedError
+	switch {
+	case source == "" && err != nil:
+		t.Errorf("%s %v: Repeated = %v, want nil", r.URL, r.Header, err)
+	case source != "" && (!errors.As(err, &re) || !errors.Is(err, ErrRepeatedValue) || re.Source != source || re.Comma != comma):
+		t.Errorf("%s %v: Repeated = %v, want source %s comma %v", r.URL, r.Header, err, source, comma)
+	case source != "" && s.Explain(r, netip.Addr{}).Repeated == nil:
+		t.Errorf("%s %v: Explain does not report the repeated value", r.URL, r.Header)
 	}
 }
 
@@ -89,10 +86,47 @@ routes:
 	r := req("GET", "/x?a=1&u=2&b=3", "X-User-ID", "alice")
 	rt, _ := s.Match(r, netip.Addr{}, nil)
 	if n := testing.AllocsPerRun(100, func() {
-		if rt.Repeated(r) != nil {
+		if s.Repeated(r, rt) != nil {
 			t.Fatal("refused")
 		}
 	}); n != 0 {
 		t.Errorf("Repeated allocates %v times per accepted request", n)
+	}
+}
+
+// TestRepeatedRefusesSecondValuesOfMatchHeaders: a client without the plan "premium"
+// sends it and then its own: on the first value it would take the premium route's
+// limits (or none) while the upstream reads its own plan.
+func TestRepeatedRefusesSecondValuesOfMatchHeaders(t *testing.T) {
+	s := mustParse(t, `
+domain: api
+descriptors:
+  - key: plan
+    rate_limit: {unit: second, requests_per_unit: 1}
+routes:
+  - name: premium
+    match: {path: /v1/x, headers: [{name: X-Plan, value: premium}, {name: X-Debug, present: false}]}
+    descriptors: [[{key: plan, value: premium}]]
+  - name: listed
+    match: {path: /v1/y, headers: [{name: X-Formats, value: "a, b"}]}
+    descriptors: [[{key: plan, value: listed}]]
+`)
+	tests := []struct {
+		target string
+		hdr    []string
+		source string // "" when accepted
+		comma  bool
+	}{
+		{"/v1/x", []string{"X-Plan", "premium"}, "", false},
+		{"/v1/x", []string{"X-Plan", "premium", "X-Plan", "free"}, "header:X-Plan", false},
+		{"/v1/x", []string{"X-Plan", "free", "X-Plan", "premium"}, "header:X-Plan", false}, // no route matches
+		{"/v1/other", []string{"X-Plan", "a", "X-Plan", "b"}, "header:X-Plan", false},
+		{"/v1/x", []string{"X-Plan", "premium,free"}, "header:X-Plan", true},
+		{"/v1/x", []string{"X-Plan", "premium", "X-Debug", "1", "X-Debug", "2"}, "", false}, // presence only
+		{"/v1/y", []string{"X-Formats", "a, b"}, "", false},                                 // a value of the rules
+		{"/v1/y", []string{"X-Formats", "a, b", "X-Formats", "c"}, "header:X-Formats", false},
+	}
+	for _, tc := range tests {
+		wantRepeated(t, s, req("GET", tc.target, tc.hdr...), tc.source, tc.comma)
 	}
 }

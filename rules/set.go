@@ -206,7 +206,7 @@ type Explanation struct {
 	Descriptors []DescriptorResult
 	// Checks are what Match returns.
 	Checks []Check
-	// Repeated is what Route.Repeated reports: when not nil, the front door refuses
+	// Repeated is what Set.Repeated reports: when not nil, the front door refuses
 	// the request (400) and decides none of the checks.
 	Repeated error
 }
@@ -232,11 +232,11 @@ type DescriptorResult struct {
 func (s *Set) Explain(r *http.Request, clientIP netip.Addr) Explanation {
 	var ex Explanation
 	ex.Route, ex.Checks = s.Match(r, clientIP, nil)
+	ex.Repeated = s.Repeated(r, ex.Route)
 	rt := ex.Route
 	if rt == nil {
 		return ex
 	}
-	ex.Repeated = rt.Repeated(r)
 	p, host := cleanPath(r.URL.Path), requestHost(r)
 	var t ipText
 	t.set(clientIP)
