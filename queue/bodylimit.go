@@ -58,6 +58,11 @@ func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 		return BodyLimit{}, err
 	}
 	size := int64(msg.Size())
+	if cfg.MaxBytes > 0 && size+storeRoom > cfg.MaxBytes {
+		// Even an empty queue could not hold it: "full" would be retried forever.
+		hdr := size - int64(len(msg.Subject))
+		return BodyLimit{}, &HeaderLimitError{Size: hdr, Limit: cfg.MaxBytes - storeRoom - int64(len(msg.Subject)), By: "max_bytes"}
+	}
 	if cfg.MaxBytes > 0 && cfg.MaxBytes-size-storeRoom < limit.Bytes {
 		limit = BodyLimit{Bytes: cfg.MaxBytes - size - storeRoom, By: "max_bytes"}
 	}
@@ -83,7 +88,8 @@ type HeaderLimitError struct {
 	// connected server's max payload, less MetadataRoom for BodyLimit.
 	Limit int64
 	// By names the binding limit for the client's 431: "JetStream's 64 KiB header
-	// limit" or "the NATS server's max payload".
+	// limit", "the NATS server's max payload", or (from BodyLimit) "max_bytes", the
+	// queue's, which such headers alone exceed.
 	By string
 }
 

@@ -342,6 +342,22 @@ func TestHeaderLimit(t *testing.T) {
 	}
 }
 
+// TestHeaderLimitOfMaxBytes: headers larger than the whole queue (max_bytes) could
+// never be stored, however empty the queue: ErrHeaderTooLarge, not ErrFull forever.
+func TestHeaderLimitOfMaxBytes(t *testing.T) {
+	srv := natstest.Start(t)
+	tiny := testConfig("orders")
+	tiny.MaxBytes = 16 << 10
+	s := openStore(t, srv, tiny)
+	var he *queue.HeaderLimitError
+	if _, err := s.BodyLimit(padded(20_000)); !errors.As(err, &he) || he.By != "max_bytes" || he.Size <= he.Limit {
+		t.Fatalf("BodyLimit: %v, want a HeaderLimitError by max_bytes", err)
+	}
+	if l, err := s.BodyLimit(padded(10_000)); err != nil || l.By != "max_bytes" {
+		t.Fatalf("headers that fit: %v %v", l, err)
+	}
+}
+
 // padded is an order whose X-Pad header has n bytes.
 func padded(n int) *queue.Request {
 	req := order("orders", "")
