@@ -85,7 +85,8 @@ type HeaderLimitError struct {
 	// name prefixed with HeaderPrefix, and sluice's own.
 	Size int64
 	// Limit is the most the block may take: the smaller of MaxHeaderBytes and the
-	// connected server's max payload, less MetadataRoom for BodyLimit.
+	// connected server's max payload, less MetadataRoom for BodyLimit; or what the
+	// queue's max_bytes leaves of a message beside its subject.
 	Limit int64
 	// By names the binding limit for the client's 431: "JetStream's 64 KiB header
 	// limit", "the NATS server's max payload", or (from BodyLimit) "max_bytes", the

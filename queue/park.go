@@ -81,8 +81,8 @@ const keyReserve = 0.9
 // receipt). Errors: ErrUnknownQueue, ErrInvalidRequest, ErrFull (a *FullError with a
 // retry delay), ErrUnavailable, ErrKeyStoreFull, ErrTooManyKeys (a *KeyLimitError),
 // ErrIdempotencyConflict, ErrTooLarge, ErrHeaderTooLarge (a *HeaderLimitError: headers
-// the server can never store; BodyLimit tells it before the body is read). After an error nothing was accepted and no key
-// recorded: the same key works again.
+// the server can never store; BodyLimit tells it before the body is read). After an
+// error nothing was accepted and no key recorded: the same key works again.
 //
 // Idempotency (req.IdempotencyKey set). The key K is scoped by req.Client (see idemKey)
 // and names the order's ticket T (keyedTicket: an HMAC of queue and K), so that every

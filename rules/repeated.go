@@ -7,14 +7,14 @@ import (
 	"strings"
 )
 
-// ErrRepeatedValue is what Set.Repeated reports: a header or query parameter that a
-// descriptor takes its value from carries more than one value.
+// ErrRepeatedValue is what Set.Repeated reports: a header or query parameter that
+// chooses a route or a rate-limit key carries more than one value.
 var ErrRepeatedValue = errors.New("more than one value")
 
 // RepeatedError names the source that gave more than one value.
 type RepeatedError struct {
-	// Source is the descriptor source as the rules file writes it: `header:X-User-ID`
-	// or `query:user`.
+	// Source is the source as the rules file writes it, the header name in canonical
+	// form: `header:X-User-Id` or `query:user`.
 	Source string
 	// Comma reports a header whose one field line holds a comma, rather than several
 	// field lines.
