@@ -39,7 +39,8 @@ func goTool(t *testing.T, args ...string) string {
 // TestLightPackages: the packages a program imports to limit requests pull in no NATS
 // server and no Redis client (nor, for rules and ingress, any NATS or fsnotify); none
 // of the libraries links the OpenTelemetry SDK or an exporter (ingress, queue and
-// dispatcher use the otel API; limiter and rules not even that).
+// dispatcher use the otel API; limiter and rules not even that); the upstream pool
+// (ingress/proxy) links nothing but the standard library and the warning limiter.
 func TestLightPackages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
@@ -51,6 +52,9 @@ func TestLightPackages(t *testing.T) {
 		{"limiter", append([]string{"github.com/nats-io/", "github.com/redis/", "go.opentelemetry.io/"}, otelSDK...)},
 		{"rules", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/sluicehq/sluice/queue\n", "go.opentelemetry.io/"}, otelSDK...)},
 		{"ingress", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/sluicehq/sluice/queue\n"}, otelSDK...)},
+		// The upstream pool: the standard library and the warning limiter alone.
+		{"ingress/proxy", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/prometheus/",
+			"go.opentelemetry.io/", "github.com/sluicehq/sluice/limiter", "github.com/sluicehq/sluice/rules", "github.com/sluicehq/sluice/ingress\n"}, otelSDK...)},
 		{"queue", otelSDK},
 		{"dispatcher", otelSDK},
 	} {

@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/ingress/proxy"
 	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
@@ -90,7 +91,7 @@ func parkHeader(ids *ClientIdentity, r *http.Request) http.Header {
 	h := r.Header.Clone()
 	conn := h["Connection"]
 	for k := range h {
-		if skipHeader(k, conn) {
+		if proxy.HopByHop(k, conn) {
 			delete(h, k)
 		}
 	}
