@@ -136,6 +136,7 @@ type frontConfig struct {
 	forwarded      forwardedHeaderFlag
 	ipv6Prefix     int
 	maxBody        sizeFlag
+	maxUpHeader    sizeFlag
 	deferMemory    sizeFlag
 	ticketLookups  rateFlag
 	maxKeys        int
@@ -155,6 +156,8 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	fs.Var(&c.maxBody, "max-body", "largest request body, in bytes or with a unit (10MiB); larger ones get 413; 0: no limit")
 	c.deferMemory = deferral.DefaultBodyMemory
 	if front {
+		c.maxUpHeader = ingress.DefaultMaxUpstreamHeader
+		fs.Var(&c.maxUpHeader, "max-upstream-header", "largest response head the upstream may send (status line, header fields, informational responses before them; a trailer section), in bytes or with a unit (1MiB), in total and per line; larger ones get 502 and the connection is closed")
 		fs.Var(&c.deferMemory, "defer-memory", "most bytes of deferred request bodies held in memory at once, plain or with a unit (64MiB); past it 503 with Retry-After")
 		// A client following its tickets' Retry-After asks about each once a second at
 		// most: this lets one address follow a hundred tickets at once.
@@ -318,6 +321,9 @@ func runGateway(ctx context.Context, mode gatewayMode, fs *pflag.FlagSet, cfg *g
 	}
 	if fs.Lookup("defer-memory") != nil && cfg.front.deferMemory <= 0 {
 		return fail("--defer-memory must be more than 0")
+	}
+	if fs.Lookup("max-upstream-header") != nil && cfg.front.maxUpHeader <= 0 {
+		return fail("--max-upstream-header must be more than 0")
 	}
 	log, err := newLogger(stderr, cfg.process.logFormat, cfg.process.logLevel)
 	if err != nil {
@@ -587,7 +593,7 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 		return nil, err
 	}
 	proxy, err := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
-		ingress.WithProxyClientIdentity(ids))
+		ingress.WithProxyClientIdentity(ids), ingress.WithProxyMaxHeaderBytes(int64(cfg.maxUpHeader)))
 	if err != nil {
 		return nil, err
 	}
