@@ -1,73 +1,13 @@
 package ingress
 
 import (
-	"bufio"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
-)
 
-// rawUpstream is an HTTP/1.1 upstream written by hand, so that it can misbehave in
-// ways net/http's server never does. answer writes the bytes sent for the n-th request
-// (from 1, across connections).
-func rawUpstream(t *testing.T, answer func(n int64) string) *url.URL {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		count atomic.Int64
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					if _, err := io.WriteString(c, answer(count.Add(1))); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	return &url.URL{Scheme: "http", Host: ln.Addr().String()}
-}
+	"github.com/sluicehq/sluice/ingress/internal/rawup"
+)
 
 // TestProxyDropsConnectionWithUnsolicitedBytes: bytes an upstream sent past the end of
 // a response (a body longer than its Content-Length, a second response nobody asked
@@ -88,12 +28,12 @@ func TestProxyDropsConnectionWithUnsolicitedBytes(t *testing.T) {
 		{"an answer to HEAD with a body", "HEAD", "HTTP/1.1 200 OK\r\nContent-Length: 39\r\n\r\n" + forged},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			u := rawUpstream(t, func(n int64) string {
+			u := rawup.Start(t, rawup.Text(func(n int64) string {
 				if n == 1 {
 					return tc.first
 				}
 				return "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nreal"
-			})
+			}))
 			p, err := NewProxy(u, WithProxyTimeout(20*time.Second), WithProxyLogger(slog.New(slog.DiscardHandler)))
 			if err != nil {
 				t.Fatal(err)
