@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -47,8 +48,11 @@ func newPool(t testing.TB, u *url.URL, opts ...Option) *Pool {
 }
 
 // do sends method path through p and relays the response into a recorder.
-func do(p *Pool, method, path string) (o outcome) {
-	r := httptest.NewRequest(method, "http://front"+path, nil)
+func do(p *Pool, method, path string) outcome { return doCtx(context.Background(), p, method, path) }
+
+// doCtx is do with a context for the request.
+func doCtx(ctx context.Context, p *Pool, method, path string) (o outcome) {
+	r := httptest.NewRequest(method, "http://front"+path, nil).WithContext(ctx)
 	res, err := p.Exchange(r, writeGet)
 	if err != nil {
 		return outcome{err: err}
