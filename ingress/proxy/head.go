@@ -100,9 +100,9 @@ func readHead(c *conn, method string) (resp *http.Response, keep bool, err error
 	var f framing
 	switch {
 	case code < 200:
-		if hasTE || hasCL {
-			return nil, false, badResponse("an informational response with a body length")
-		}
+		// An informational response ends with its head (RFC 9110 section 15.2):
+		// a length it announces is ignored, as net/http does; bytes the upstream
+		// sent after it are read as the next head of the same request.
 		return resp, keep, nil
 	case method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified:
 		f = noBody

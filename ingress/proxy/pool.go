@@ -204,6 +204,7 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 		// arrived after the watch's last look.
 		_ = c.conn.SetReadDeadline(aLongTimeAgo)
 		ok := <-c.watched
+		_ = c.conn.SetReadDeadline(time.Time{}) // or the peek fails on it
 		if ok && now.Sub(c.idleSince) < p.idleExpiry && c.br.Buffered() == 0 {
 			switch peekIdle(c.raw) {
 			case quiet:
