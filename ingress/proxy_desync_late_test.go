@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/ingress/internal/rawup"
+	"github.com/sluicehq/sluice/ingress/proxy/rawup"
 )
 
 // TestProxyDropsConnectionWithLateUnsolicitedBytes: an upstream that writes a second

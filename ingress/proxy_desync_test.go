@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/ingress/internal/rawup"
+	"github.com/sluicehq/sluice/ingress/proxy/rawup"
 )
 
 // TestProxyDropsConnectionWithUnsolicitedBytes: bytes an upstream sent past the end of

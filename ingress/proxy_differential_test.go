@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/ingress/internal/rawup"
+	"github.com/sluicehq/sluice/ingress/proxy/rawup"
 )
 
 // hostileCase is an upstream that breaks HTTP/1.1 in one way, answering the request

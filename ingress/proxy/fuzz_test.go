@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/ingress/internal/rawup"
+	"github.com/sluicehq/sluice/ingress/proxy/rawup"
 )
 
 // Bytes of a fuzzed upstream script (see FuzzRelay).
@@ -99,7 +99,7 @@ func FuzzRelay(f *testing.F) {
 				// up on (an abort, which the oracle allows).
 				select {
 				case o = <-done:
-				case <-time.After(50 * time.Millisecond):
+				case <-time.After(10 * time.Millisecond):
 					cancel()
 					o = <-done
 				}

@@ -15,7 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/sluicehq/sluice/ingress/internal/rawup"
+	"github.com/sluicehq/sluice/ingress/proxy/rawup"
 )
 
 func TestMain(m *testing.M) {
