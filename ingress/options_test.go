@@ -90,6 +90,7 @@ func TestBadOptions(t *testing.T) {
 		{"proxy nil upstream", func() error { _, err := NewProxy(nil); return err }, "absolute URL"},
 		{"proxy relative upstream", func() error { _, err := NewProxy(&url.URL{Path: "/x"}); return err }, "absolute URL"},
 		{"proxy nil logger", func() error { _, err := NewProxy(up, WithProxyLogger(nil)); return err }, "WithProxyLogger(nil)"},
+		{"proxy zero head limit", func() error { _, err := NewProxy(up, WithProxyMaxHeaderBytes(0)); return err }, "WithProxyMaxHeaderBytes(0)"},
 		{"zero check timeout", func() error { _, err := NewDependencies(WithCheckTimeout(0)); return err }, "must be positive"},
 		{"negative check timeout", func() error { _, err := NewDependencies(WithCheckTimeout(-time.Second)); return err }, "must be positive"},
 	}

@@ -176,6 +176,7 @@ func TestSizeFlags(t *testing.T) {
 		{args: []string{"dispatch", "--idempotency-max-bytes", "99999999999TiB"}, want: "want a size in bytes, plain or with a unit: 1048576, 64KiB, 10MiB, 1GiB (or KB, MB, GB) (too large)"},
 		{args: []string{"serve"}, env: "lots", want: `environment variable SLUICE_MAX_BODY (for --max-body): invalid value "lots": want a size`},
 		{args: []string{"serve", "--rules", "x.yaml", "--upstream", "http://x", "--defer-memory", "0"}, want: "--defer-memory must be more than 0"},
+		{args: []string{"ingress", "--rules", "x.yaml", "--upstream", "http://x", "--max-upstream-header", "0"}, want: "--max-upstream-header must be more than 0"},
 		{args: []string{"rls", "--grpc-max-message", "1KiB", "--rules", "x.yaml"}, want: "--grpc-max-message must be between 4KiB and 1GiB"},
 	} {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
