@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -242,5 +243,31 @@ func TestIdleWatch(t *testing.T) {
 			tc.after(<-act)
 			waitIdle(t, p, 0)
 		})
+	}
+}
+
+// TestReuse: requests in turn to a well-behaved upstream share one connection (the
+// look at a connection taken from the pool must not fail on the deadline that ended
+// its watch).
+func TestReuse(t *testing.T) {
+	var mu sync.Mutex
+	conns := map[*rawup.Conn]bool{}
+	u := rawup.Start(t, func(c *rawup.Conn, _ *http.Request, _ int64) bool {
+		mu.Lock()
+		conns[c] = true
+		mu.Unlock()
+		_, err := io.WriteString(c, real)
+		return err == nil
+	})
+	p := newPool(t, u)
+	for i := range 5 {
+		if o := do(p, "GET", "/"); o.body != "real" {
+			t.Fatalf("request %d: %q %v", i, o.body, o.err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(conns) != 1 {
+		t.Errorf("5 requests in turn used %d connections, want 1", len(conns))
 	}
 }
