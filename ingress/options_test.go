@@ -91,6 +91,7 @@ func TestBadOptions(t *testing.T) {
 		{"proxy relative upstream", func() error { _, err := NewProxy(&url.URL{Path: "/x"}); return err }, "absolute URL"},
 		{"proxy nil logger", func() error { _, err := NewProxy(up, WithProxyLogger(nil)); return err }, "WithProxyLogger(nil)"},
 		{"proxy zero head limit", func() error { _, err := NewProxy(up, WithProxyMaxHeaderBytes(0)); return err }, "WithProxyMaxHeaderBytes(0)"},
+		{"proxy negative reuse delay", func() error { _, err := NewProxy(up, WithProxyReuseAfter(-time.Second)); return err }, "WithReuseAfter(-1s)"},
 		{"zero check timeout", func() error { _, err := NewDependencies(WithCheckTimeout(0)); return err }, "must be positive"},
 		{"negative check timeout", func() error { _, err := NewDependencies(WithCheckTimeout(-time.Second)); return err }, "must be positive"},
 	}

@@ -31,6 +31,8 @@ type proxyConfig struct {
 	ids       *ClientIdentity
 	timeout   time.Duration
 	maxHeader int64
+	// reuseAfter: how long a connection idles before it carries another request.
+	reuseAfter time.Duration
 }
 
 // DefaultProxyTimeout is how long the proxy waits, by default, for the upstream to
@@ -70,6 +72,16 @@ func WithProxyTimeout(d time.Duration) ProxyOption { return func(c *proxyConfig)
 // connection is closed; what a head takes in memory stays bounded whatever the
 // upstream sends. It must be positive.
 func WithProxyMaxHeaderBytes(n int64) ProxyOption { return func(c *proxyConfig) { c.maxHeader = n } }
+
+// WithProxyReuseAfter makes a kept-alive connection to the upstream idle d, watched,
+// before it carries another request (default 0: at once), so that bytes a broken
+// upstream sends up to d after a response are seen as unsolicited (the connection is
+// closed and the upstream distrusted) instead of being read as the answer to another
+// client's request. It costs about the request rate times d connections more. See
+// ingress/proxy's WithReuseAfter. It must not be negative.
+func WithProxyReuseAfter(d time.Duration) ProxyOption {
+	return func(c *proxyConfig) { c.reuseAfter = d }
+}
 
 // Proxy is the front door's reverse proxy to one upstream, an http.Handler. It speaks
 // HTTP/1.1 to the upstream over a pool of keep-alive connections of its own (package
@@ -177,7 +189,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 		}
 		addr = net.JoinHostPort(upstream.Hostname(), port)
 	}
-	popts := []proxy.Option{proxy.WithLogger(cfg.log), proxy.WithResponseTimeout(cfg.timeout), proxy.WithMaxHeaderBytes(cfg.maxHeader)}
+	popts := []proxy.Option{proxy.WithLogger(cfg.log), proxy.WithResponseTimeout(cfg.timeout), proxy.WithMaxHeaderBytes(cfg.maxHeader), proxy.WithReuseAfter(cfg.reuseAfter)}
 	if upstream.Scheme == "https" {
 		popts = append(popts, proxy.WithTLS(&tls.Config{ServerName: upstream.Hostname()}))
 	}

@@ -248,18 +248,27 @@ func deliver(client *http.Client, method, target, id string) int {
 // sluice misdelivers those only until the first stray is seen (then it keeps no
 // connection of that upstream, see ingress/proxy), about one per client at most in
 // flight then (8 to 12 of 96 on 2026-12-01), where net/http goes on (53 to 59).
+// With WithProxyReuseAfter longer than the strays' delay it misdelivers none, which
+// is asserted.
 func TestDifferentialHostileUpstreams(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a few seconds of hostile upstreams")
 	}
-	sluice := func(u *url.URL) http.Handler {
-		p, err := NewProxy(u, WithProxyLogger(slog.New(slog.DiscardHandler)), WithProxyTimeout(time.Minute))
-		if err != nil {
-			t.Fatal(err)
+	sluiceWith := func(opts ...ProxyOption) func(u *url.URL) http.Handler {
+		return func(u *url.URL) http.Handler {
+			opts = append(opts, WithProxyLogger(slog.New(slog.DiscardHandler)), WithProxyTimeout(time.Minute))
+			p, err := NewProxy(u, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.CloseIdleConnections)
+			return p
 		}
-		t.Cleanup(p.CloseIdleConnections)
-		return p
 	}
+	sluice := sluiceWith()
+	// Strays come at most 50 ms late (a busy machine may stretch that): a second of
+	// reuse delay leaves them none.
+	guarded := sluiceWith(WithProxyReuseAfter(time.Second))
 	stdlib := func(u *url.URL) http.Handler {
 		tr := &http.Transport{MaxIdleConnsPerHost: 64}
 		t.Cleanup(tr.CloseIdleConnections)
@@ -281,6 +290,13 @@ func TestDifferentialHostileUpstreams(t *testing.T) {
 			}
 			if s.own+s.failed+s.misdelivered == 0 {
 				t.Error("no request went through sluice")
+			}
+			if tc.late {
+				g := runHostile(t, tc, guarded)
+				if g.misdelivered > 0 || g.own == 0 {
+					t.Errorf("sluice with WithProxyReuseAfter(1s): %d own, %d misdelivered; want all own", g.own, g.misdelivered)
+				}
+				fmt.Fprintf(&table, "%-34s %10d/%d/%-12d\n", tc.name+", reuse after 1s", g.own, g.failed, g.misdelivered)
 			}
 		})
 		fmt.Fprintf(&table, "%-34s %10d/%d/%-12d %10d/%d/%-12d\n", tc.name, s.own, s.failed, s.misdelivered, n.own, n.failed, n.misdelivered)

@@ -137,6 +137,7 @@ type frontConfig struct {
 	ipv6Prefix     int
 	maxBody        sizeFlag
 	maxUpHeader    sizeFlag
+	upReuseAfter   time.Duration
 	deferMemory    sizeFlag
 	ticketLookups  rateFlag
 	maxKeys        int
@@ -158,6 +159,7 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	if front {
 		c.maxUpHeader = ingress.DefaultMaxUpstreamHeader
 		fs.Var(&c.maxUpHeader, "max-upstream-header", "largest response head the upstream may send (status line, header fields, informational responses before them; a trailer section), in bytes or with a unit (1MiB), in total and per line; larger ones get 502 and the connection is closed")
+		fs.DurationVar(&c.upReuseAfter, "upstream-reuse-after", 0, "how long a kept-alive upstream connection idles, watched, before it carries another request: bytes a broken upstream sends that long after a response then close the connection instead of reaching another client; costs about the request rate times this many connections; 0: reuse at once")
 		fs.Var(&c.deferMemory, "defer-memory", "most bytes of deferred request bodies held in memory at once, plain or with a unit (64MiB); past it 503 with Retry-After")
 		// A client following its tickets' Retry-After asks about each once a second at
 		// most: this lets one address follow a hundred tickets at once.
@@ -324,6 +326,9 @@ func runGateway(ctx context.Context, mode gatewayMode, fs *pflag.FlagSet, cfg *g
 	}
 	if fs.Lookup("max-upstream-header") != nil && cfg.front.maxUpHeader <= 0 {
 		return fail("--max-upstream-header must be more than 0")
+	}
+	if cfg.front.upReuseAfter < 0 {
+		return fail("--upstream-reuse-after must not be negative")
 	}
 	log, err := newLogger(stderr, cfg.process.logFormat, cfg.process.logLevel)
 	if err != nil {
@@ -593,7 +598,8 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 		return nil, err
 	}
 	proxy, err := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
-		ingress.WithProxyClientIdentity(ids), ingress.WithProxyMaxHeaderBytes(int64(cfg.maxUpHeader)))
+		ingress.WithProxyClientIdentity(ids), ingress.WithProxyMaxHeaderBytes(int64(cfg.maxUpHeader)),
+		ingress.WithProxyReuseAfter(cfg.upReuseAfter))
 	if err != nil {
 		return nil, err
 	}

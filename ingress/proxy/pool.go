@@ -35,7 +35,11 @@
 //     as answers to other clients' requests. What no check can catch is bytes that
 //     arrive late enough to pass every look and soon enough to come before the answer
 //     to the next request written on the connection: on a connection in use that is
-//     the first time, and the distrust bounds it to the requests in flight then.
+//     the first time, and the distrust bounds it to the requests in flight then;
+//   - WithReuseAfter closes that gap for bytes that come within its delay: a
+//     connection carries no new request until it has idled, watched, that long, so a
+//     late stray is seen by the watch (the connection closed, the upstream
+//     distrusted) before any request could take it for its answer.
 //
 // Response heads (the status line, the header fields and any informational responses
 // before them) and trailer sections are read through a budget (WithMaxHeaderBytes):
@@ -101,6 +105,13 @@ func WithMaxHeaderBytes(n int64) Option { return func(p *Pool) { p.maxHeader = n
 // long a response body may take to stream. It must be positive.
 func WithResponseTimeout(d time.Duration) Option { return func(p *Pool) { p.timeout = d } }
 
+// WithReuseAfter sets how long a connection must idle, watched, before it carries
+// another request (default 0: at once). Bytes an upstream sends within d of the end
+// of a response are then always seen as unsolicited, never read as the answer to the
+// next request; the price is more connections, about the request rate times d, and
+// a new one dialled whenever none has idled long enough. It must not be negative.
+func WithReuseAfter(d time.Duration) Option { return func(p *Pool) { p.reuseAfter = d } }
+
 // WithLogger sets the logger of the pool's warnings (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(p *Pool) { p.log = l } }
 
@@ -120,6 +131,7 @@ type Pool struct {
 	idle       []*conn // most recently used last
 	maxIdle    int
 	idleExpiry time.Duration
+	reuseAfter time.Duration
 }
 
 // New returns a pool of connections to addr (host:port). It fails when an option was
@@ -145,6 +157,8 @@ func New(addr string, opts ...Option) (*Pool, error) {
 		return nil, fmt.Errorf("proxy: WithResponseTimeout(%v): the timeout must be positive", p.timeout)
 	case p.maxHeader <= 0:
 		return nil, fmt.Errorf("proxy: WithMaxHeaderBytes(%d): the limit must be positive", p.maxHeader)
+	case p.reuseAfter < 0:
+		return nil, fmt.Errorf("proxy: WithReuseAfter(%v): the delay must not be negative", p.reuseAfter)
 	}
 	p.copyBufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	return p, nil
@@ -191,15 +205,11 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 	now := time.Now()
 	for {
 		p.mu.Lock()
-		n := len(p.idle)
-		if n == 0 {
-			p.mu.Unlock()
+		c := p.takeIdle(now)
+		p.mu.Unlock()
+		if c == nil {
 			break
 		}
-		c := p.idle[n-1]
-		p.idle[n-1] = nil
-		p.idle = p.idle[:n-1]
-		p.mu.Unlock()
 		// End the watch; then look at the socket itself, where bytes may have
 		// arrived after the watch's last look.
 		_ = c.conn.SetReadDeadline(aLongTimeAgo)
@@ -234,6 +244,19 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 	c.tp = textproto.NewReader(c.br)
 	c.bw = bufio.NewWriterSize(c.conn, 4096)
 	return c, nil
+}
+
+// takeIdle removes from the pool and returns the most recently used connection that
+// has idled at least reuseAfter, or nil. p.mu must be held.
+func (p *Pool) takeIdle(now time.Time) *conn {
+	// The pool is ordered by idleSince: the first from the top old enough is the one.
+	for i := len(p.idle) - 1; i >= 0; i-- {
+		if c := p.idle[i]; now.Sub(c.idleSince) >= p.reuseAfter {
+			p.idle = slices.Delete(p.idle, i, i+1)
+			return c
+		}
+	}
+	return nil
 }
 
 // put returns c to the pool, or closes it when the pool is full or the upstream is

@@ -271,3 +271,56 @@ func TestReuse(t *testing.T) {
 		t.Errorf("5 requests in turn used %d connections, want 1", len(conns))
 	}
 }
+
+// TestReuseAfter: with WithReuseAfter a connection carries no request until it has
+// idled that long, so a stray written right after a response is caught by the watch
+// instead of answering the next request; once it has idled long enough it is reused.
+func TestReuseAfter(t *testing.T) {
+	t.Run("a stray within the delay", func(t *testing.T) {
+		first := make(chan *rawup.Conn, 1)
+		u := rawup.Start(t, func(c *rawup.Conn, _ *http.Request, n int64) bool {
+			_, err := io.WriteString(c, real)
+			if n == 1 {
+				first <- c
+			}
+			return err == nil
+		})
+		p := newPool(t, u, WithReuseAfter(time.Hour))
+		if o := do(p, "GET", "/"); o.body != "real" {
+			t.Fatalf("first: %q %v", o.body, o.err)
+		}
+		// The stray comes before the next request: without the delay the next request
+		// could be written on this connection and read it.
+		if _, err := io.WriteString(<-first, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+			t.Fatal(err)
+		}
+		if o := do(p, "GET", "/"); o.body != "real" {
+			t.Fatalf("second: %q %v, want its own answer", o.body, o.err)
+		}
+		waitIdle(t, p, 0) // the watch saw the stray: the upstream is distrusted
+	})
+	t.Run("reused once idle long enough", func(t *testing.T) {
+		var mu sync.Mutex
+		conns := map[*rawup.Conn]bool{}
+		u := rawup.Start(t, func(c *rawup.Conn, _ *http.Request, _ int64) bool {
+			mu.Lock()
+			conns[c] = true
+			mu.Unlock()
+			_, err := io.WriteString(c, real)
+			return err == nil
+		})
+		const after = 20 * time.Millisecond
+		p := newPool(t, u, WithReuseAfter(after))
+		for i := range 3 {
+			if o := do(p, "GET", "/"); o.body != "real" {
+				t.Fatalf("request %d: %q %v", i, o.body, o.err)
+			}
+			time.Sleep(2 * after) // longer is always fine
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(conns) != 1 {
+			t.Errorf("3 requests, each after the delay, used %d connections, want 1", len(conns))
+		}
+	})
+}
