@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -30,7 +31,20 @@ type FS struct {
 	dirs   map[uint64]map[string]entry // by backing inode: durable entries of directories changed since their last sync
 	server *fuse.Server
 	cuts   int
+
+	journal bool // WithJournal
 }
+
+// Option configures Mount and New.
+type Option func(*FS)
+
+// WithJournal makes directories behave as on a journaling filesystem (ext4's default
+// data=ordered, XFS): a sync of any file or directory also makes every directory
+// change made before it durable, since they share one journal that the sync commits.
+// File contents still need their own file's sync. Without it a directory's entries
+// need that directory's own sync, as POSIX has it (and ext2, or ext4 without a
+// journal).
+func WithJournal() Option { return func(f *FS) { f.journal = true } }
 
 // unsynced is what a file's last sync left durable, where it has changed since.
 type unsynced struct {
@@ -51,20 +65,34 @@ type entry struct {
 
 // Loss is what a cut discarded on one mount.
 type Loss struct {
-	Files   int   // files whose contents or size went back to their last sync
-	Bytes   int64 // bytes written, or cut off by a truncation, since their file's last sync
-	Entries int   // directory names that differ from the running state (created ones gone, removed ones back)
+	Files   int      // files whose contents or size went back to their last sync
+	Bytes   int64    // bytes written, or cut off by a truncation, since their file's last sync
+	Entries int      // directory names that differ from the running state (created ones gone, removed ones back)
+	Changed []string // what changed, for a test's log: the first few paths (relative to the mount) with what happened
 }
 
 func (l Loss) add(o Loss) Loss {
-	return Loss{l.Files + o.Files, l.Bytes + o.Bytes, l.Entries + o.Entries}
+	return Loss{l.Files + o.Files, l.Bytes + o.Bytes, l.Entries + o.Entries, append(l.Changed, o.Changed...)}
+}
+
+// maxChanged bounds Loss.Changed.
+const maxChanged = 20
+
+func (l *Loss) note(format string, args ...any) {
+	if len(l.Changed) < maxChanged {
+		l.Changed = append(l.Changed, fmt.Sprintf(format, args...))
+	}
 }
 
 // Discarded reports whether anything was lost.
 func (l Loss) Discarded() bool { return l.Bytes > 0 || l.Entries > 0 }
 
 func (l Loss) String() string {
-	return fmt.Sprintf("%d bytes in %d files, %d directory entries", l.Bytes, l.Files, l.Entries)
+	s := fmt.Sprintf("%d bytes in %d files, %d directory entries", l.Bytes, l.Files, l.Entries)
+	if len(l.Changed) > 0 {
+		s += " (" + strings.Join(l.Changed, "; ") + ")"
+	}
+	return s
 }
 
 // ErrUnavailable is wrapped by New when this machine cannot mount FUSE filesystems.
@@ -85,7 +113,7 @@ func Available() error {
 // Mount mounts a new, empty lazy filesystem in a temporary directory of t, unmounted
 // when the test ends (after the cleanups registered later, such as the processes
 // started on it). It skips t where FUSE is missing, or fails it when CI is "true".
-func Mount(t testing.TB) *FS {
+func Mount(t testing.TB, opts ...Option) *FS {
 	t.Helper()
 	if err := Available(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -93,7 +121,7 @@ func Mount(t testing.TB) *FS {
 		}
 		t.Skipf("%v; skipping (CI=true makes this a failure)", err)
 	}
-	f, err := New(t.TempDir())
+	f, err := New(t.TempDir(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,8 +135,11 @@ func Mount(t testing.TB) *FS {
 
 // New mounts a lazy filesystem whose files live under base (an existing directory,
 // which should be empty); its owner must Close it.
-func New(base string) (*FS, error) {
+func New(base string, opts ...Option) (*FS, error) {
 	f := &FS{base: base, backing: filepath.Join(base, "backing"), mnt: filepath.Join(base, "mnt"), grave: filepath.Join(base, "grave")}
+	for _, o := range opts {
+		o(f)
+	}
 	for _, d := range []string{f.backing, f.mnt, f.grave} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -185,6 +216,15 @@ func (f *FS) Sync() {
 	defer f.mu.Unlock()
 	clear(f.files)
 	clear(f.dirs)
+}
+
+// synced records a sync of the file or directory ino. The caller holds mu.
+func (f *FS) synced(ino uint64) {
+	delete(f.files, ino)
+	delete(f.dirs, ino)
+	if f.journal {
+		clear(f.dirs)
+	}
 }
 
 // begin takes the lock for a change; it fails with EIO after a cut.
@@ -364,14 +404,17 @@ func (f *FS) cut() (Loss, error) {
 		if !changed {
 			durable = now
 		} else {
+			rel, _ := filepath.Rel(stage, dst)
 			for name, e := range now {
 				if d, ok := durable[name]; !ok || d.ino != e.ino {
 					loss.Entries++
+					loss.note("%s dropped", filepath.Join(rel, name))
 				}
 			}
 			for name, d := range durable {
 				if e, ok := now[name]; !ok || d.ino != e.ino {
 					loss.Entries++
+					loss.note("%s back", filepath.Join(rel, name))
 				}
 			}
 		}
@@ -411,6 +454,10 @@ func (f *FS) cut() (Loss, error) {
 		l, err := rollBack(p, u)
 		if err != nil {
 			return Loss{}, fmt.Errorf("lazyfs: roll back %s: %w", p, err)
+		}
+		if l.Files > 0 {
+			rel, _ := filepath.Rel(stage, p)
+			l.note("%s: %d bytes", rel, l.Bytes)
 		}
 		loss = loss.add(l)
 	}

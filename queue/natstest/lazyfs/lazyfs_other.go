@@ -26,15 +26,21 @@ type Loss struct {
 // Discarded reports whether anything was lost.
 func (l Loss) Discarded() bool { return l.Bytes > 0 || l.Entries > 0 }
 
+// Option configures Mount and New.
+type Option func(*FS)
+
+// WithJournal makes directories behave as on a journaling filesystem.
+func WithJournal() Option { return func(*FS) {} }
+
 // Mount skips t: lazy mounts are Linux only.
-func Mount(t testing.TB) *FS {
+func Mount(t testing.TB, _ ...Option) *FS {
 	t.Helper()
 	t.Skip(ErrUnavailable)
 	return nil
 }
 
 // New fails: lazy mounts are Linux only.
-func New(string) (*FS, error) { return nil, ErrUnavailable }
+func New(string, ...Option) (*FS, error) { return nil, ErrUnavailable }
 
 // Dir is the mount point.
 func (f *FS) Dir() string { return "" }

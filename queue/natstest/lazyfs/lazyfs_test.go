@@ -135,6 +135,21 @@ func TestNewFileWithoutDirSyncIsLost(t *testing.T) {
 	}
 }
 
+// On a journaling filesystem a sync of a file commits every directory change before
+// it; what came after stays unsynced.
+func TestJournalCommitsEarlierDirectoryChanges(t *testing.T) {
+	f := lazyfs.Mount(t, lazyfs.WithJournal())
+	dir := filepath.Join(f.Dir(), "d")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "synced"), "data", true) // commits the mkdir and its own name
+	write(t, filepath.Join(dir, "later"), "data", false)
+	cut(t, nil, f)
+	expect(t, filepath.Join(dir, "synced"), "data")
+	expect(t, filepath.Join(dir, "later"), "<none>")
+}
+
 func TestRename(t *testing.T) {
 	f := lazyfs.Mount(t)
 	d := f.Dir()

@@ -233,8 +233,7 @@ func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) sysc
 	if err := syscall.Lstat(n.path(), &st); err != nil {
 		return gofs.ToErrno(err)
 	}
-	delete(n.fs.files, st.Ino)
-	delete(n.fs.dirs, st.Ino)
+	n.fs.synced(st.Ino)
 	return 0
 }
 
@@ -383,7 +382,7 @@ func (f *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
 		return errno
 	}
 	defer f.fs.mu.Unlock()
-	delete(f.fs.files, f.ino)
+	f.fs.synced(f.ino)
 	return 0
 }
 
