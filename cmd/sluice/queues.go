@@ -712,6 +712,12 @@ func (q *queues) sync(ctx context.Context, set *rules.Set) error {
 		return err
 	}
 	err = q.declareQueues(ctx, store, set.Queues())
+	if emb := q.conn.embedded; emb != nil {
+		// The streams just made must outlive a power cut (embedded.Server.SyncMetadata).
+		if serr := emb.SyncMetadata(); serr != nil {
+			q.log.Warn("a power cut may lose the streams made since the last start", "error", serr)
+		}
+	}
 	if oerr := q.adoptOrphans(ctx, store, set, true); oerr != nil {
 		return errors.Join(err, oerr)
 	}
