@@ -102,15 +102,16 @@ func buildServer() (string, error) {
 }
 
 // StartCluster starts an n-node JetStream cluster (every write synced, like sluice's
-// embedded server) in t.TempDir() and waits until it is Ready. The processes are
-// killed when the test ends, and (on Linux) when the test binary dies.
-func StartCluster(t testing.TB, n int) *Cluster {
+// embedded server, unless WithSyncInterval says otherwise) in t.TempDir() and waits
+// until it is Ready. The processes are killed when the test ends, and (on Linux) when
+// the test binary dies.
+func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	t.Helper()
-	bin, err := ServerBinary()
+	o, err := clusterOpts(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := newCluster(t.TempDir(), false, bin, n)
+	c, err := newCluster(t.TempDir(), false, n, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,10 +120,30 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	return c
 }
 
-// ClusterOption configures NewCluster.
+// ClusterOption configures StartCluster, PrepareCluster and NewCluster.
 type ClusterOption func(*clusterOptions)
 
-type clusterOptions struct{ bin string }
+type clusterOptions struct {
+	bin          string
+	storeDir     func(node int) string
+	syncInterval string
+}
+
+// clusterOpts applies opts over the defaults, building the server binary when no
+// other is given.
+func clusterOpts(opts []ClusterOption) (clusterOptions, error) {
+	o := clusterOptions{syncInterval: "always"}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.bin == "" {
+		var err error
+		if o.bin, err = ServerBinary(); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
 
 // WithServerBinary runs the nats-server binary at path instead of building the version
 // in go.mod (ServerBinary).
@@ -130,26 +151,33 @@ func WithServerBinary(path string) ClusterOption {
 	return func(o *clusterOptions) { o.bin = path }
 }
 
+// WithStoreDir puts node i's JetStream store in dir(i) (for example a mount of its
+// own) instead of the cluster's directory.
+func WithStoreDir(dir func(node int) string) ClusterOption {
+	return func(o *clusterOptions) { o.storeDir = dir }
+}
+
+// WithSyncInterval sets the nodes' jetstream sync_interval ("always" by default,
+// like sluice's shipped configurations); "" leaves it out, for the server's default
+// (a sync every two minutes).
+func WithSyncInterval(v string) ClusterOption {
+	return func(o *clusterOptions) { o.syncInterval = v }
+}
+
 // NewCluster starts an n-node cluster like StartCluster, not tied to a test, in a new
 // temporary directory. The caller must Close it; on Linux the processes also die with
 // the calling process. Its Restart and WaitReady panic on failure (they are for
 // StartCluster's clusters); use RestartNode and Ready instead.
 func NewCluster(n int, opts ...ClusterOption) (*Cluster, error) {
-	var o clusterOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.bin == "" {
-		var err error
-		if o.bin, err = ServerBinary(); err != nil {
-			return nil, err
-		}
+	o, err := clusterOpts(opts)
+	if err != nil {
+		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "natstest-cluster-")
 	if err != nil {
 		return nil, err
 	}
-	c, err := newCluster(dir, true, o.bin, n)
+	c, err := newCluster(dir, true, n, o)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -161,13 +189,13 @@ func NewCluster(n int, opts ...ClusterOption) (*Cluster, error) {
 // configuration) without starting it, for tests of programs that start before their
 // NATS: URL is known at once, and Start starts the nodes. Whatever runs is killed when
 // the test ends.
-func PrepareCluster(t testing.TB, n int) *Cluster {
+func PrepareCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	t.Helper()
-	bin, err := ServerBinary()
+	o, err := clusterOpts(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := prepareCluster(t.TempDir(), false, bin, n)
+	c, err := prepareCluster(t.TempDir(), false, n, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,8 +218,8 @@ func (c *Cluster) Start() error {
 
 // newCluster writes the nodes' configurations into dir, starts them and waits until
 // the cluster is Ready; on failure the nodes started are killed.
-func newCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err error) {
-	if c, err = prepareCluster(dir, ownDir, bin, n); err != nil {
+func newCluster(dir string, ownDir bool, n int, o clusterOptions) (c *Cluster, err error) {
+	if c, err = prepareCluster(dir, ownDir, n, o); err != nil {
 		return nil, err
 	}
 	if err := c.Start(); err != nil {
@@ -202,8 +230,8 @@ func newCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err err
 }
 
 // prepareCluster chooses the nodes' ports and writes their configurations into dir.
-func prepareCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err error) {
-	c = &Cluster{dir: dir, ownDir: ownDir, bin: bin}
+func prepareCluster(dir string, ownDir bool, n int, o clusterOptions) (c *Cluster, err error) {
+	c = &Cluster{dir: dir, ownDir: ownDir, bin: o.bin}
 	ports, err := freePorts(3 * n)
 	if err != nil {
 		return nil, err
@@ -216,7 +244,7 @@ func prepareCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err
 			httpPort:    ports[3*i+2],
 		})
 	}
-	for _, nd := range c.nodes {
+	for i, nd := range c.nodes {
 		var routes []string
 		for _, other := range c.nodes {
 			if other != nd {
@@ -225,19 +253,26 @@ func prepareCluster(dir string, ownDir bool, bin string, n int) (c *Cluster, err
 		}
 		nd.conf = filepath.Join(c.dir, nd.name+".conf")
 		nd.log = filepath.Join(c.dir, nd.name+".log")
+		store := filepath.Join(c.dir, nd.name)
+		if o.storeDir != nil {
+			store = o.storeDir(i)
+		}
+		sync := ""
+		if o.syncInterval != "" {
+			sync = fmt.Sprintf("\n  sync_interval: %s", o.syncInterval)
+		}
 		conf := fmt.Sprintf(`server_name: %s
 listen: 127.0.0.1:%d
 http: 127.0.0.1:%d
 jetstream {
-  store_dir: %q
-  sync_interval: always
+  store_dir: %q%s
 }
 cluster {
   name: natstest
   listen: 127.0.0.1:%d
   routes: [%s]
 }
-`, nd.name, nd.clientPort, nd.httpPort, filepath.Join(c.dir, nd.name), nd.clusterPort, strings.Join(routes, ", "))
+`, nd.name, nd.clientPort, nd.httpPort, store, sync, nd.clusterPort, strings.Join(routes, ", "))
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
 			return nil, err
 		}
@@ -454,6 +489,18 @@ func (c *Cluster) Running(i int) bool {
 	nd.mu.Lock()
 	defer nd.mu.Unlock()
 	return nd.proc != nil && nd.proc.Running()
+}
+
+// Process returns node i's process, nil when it does not run: for signals the
+// Cluster has no method for (Kill and Restart still own its life).
+func (c *Cluster) Process(i int) *os.Process {
+	nd := c.nodes[i]
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	if nd.proc == nil || !nd.proc.Running() {
+		return nil
+	}
+	return nd.proc.Cmd.Process
 }
 
 // Kill kills node i with SIGKILL, as a crash would, and waits until it is gone.

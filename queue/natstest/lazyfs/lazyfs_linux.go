@@ -72,11 +72,12 @@ type Loss struct {
 }
 
 func (l Loss) add(o Loss) Loss {
-	return Loss{l.Files + o.Files, l.Bytes + o.Bytes, l.Entries + o.Entries, append(l.Changed, o.Changed...)}
+	changed := append(l.Changed, o.Changed...)
+	return Loss{l.Files + o.Files, l.Bytes + o.Bytes, l.Entries + o.Entries, changed[:min(len(changed), maxChanged)]}
 }
 
 // maxChanged bounds Loss.Changed.
-const maxChanged = 20
+const maxChanged = 10
 
 func (l *Loss) note(format string, args ...any) {
 	if len(l.Changed) < maxChanged {
