@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +19,24 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Nothing but tests imports the package: go-fuse stays out of sluice's programs.
+func TestNoProductionImport(t *testing.T) {
+	const self = "github.com/sluicehq/sluice/queue/natstest/lazyfs"
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "github.com/sluicehq/sluice/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	if !strings.Contains(string(out), "github.com/sluicehq/sluice/cmd/sluice ") {
+		t.Fatalf("go list did not list the sluice command:\n%s", out)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 0 && fields[0] != self && slices.Contains(fields[1:], self) {
+			t.Errorf("%s imports %s", fields[0], self)
+		}
+	}
+}
 
 // write creates or replaces the file at path with data through the mount, syncing
 // it when sync is set.
