@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -124,7 +125,10 @@ func Mount(t testing.TB, opts ...Option) *FS {
 	}
 	f, err := New(t.TempDir(), opts...)
 	if err != nil {
-		t.Fatal(err)
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skipf("%v; skipping (CI=true makes this a failure)", err) // no right to mount here
 	}
 	t.Cleanup(func() {
 		if err := f.Close(); err != nil {
@@ -514,10 +518,12 @@ func rollBack(path string, u *unsynced) (Loss, error) {
 // that none answers anything after the cut; discards on every mount what was not
 // durable; kills the processes (SIGKILL) and waits until they are gone; and mounts
 // the filesystems again over what survived. The processes' owners still reap them
-// (exec.Cmd.Wait). It returns what was discarded, summed over the mounts.
+// (exec.Cmd.Wait); nil processes, and those that have exited, are passed over. It
+// returns what was discarded, summed over the mounts.
 func PowerCut(procs []*os.Process, fss ...*FS) (Loss, error) {
+	procs = slices.DeleteFunc(slices.Clone(procs), func(p *os.Process) bool { return p == nil })
 	for _, p := range procs {
-		if err := p.Signal(syscall.SIGSTOP); err != nil {
+		if err := p.Signal(syscall.SIGSTOP); err != nil && !errors.Is(err, os.ErrProcessDone) {
 			return Loss{}, fmt.Errorf("lazyfs: stop pid %d: %w", p.Pid, err)
 		}
 	}
