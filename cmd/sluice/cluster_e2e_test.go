@@ -99,29 +99,43 @@ var clDispatchFlags = []string{"--delivery-timeout", "3s", "--ack-wait", "4s", "
 // clDownstream is the orders API: it counts deliveries per ticket (Sluice-Ticket; a
 // repeat is counted as a suppressed duplicate), checks that each order carries its
 // client's own Idempotency-Key, and records when each request arrived and under which
-// ticket each order (X-Order) came.
+// ticket each order (X-Order) came. While refusing is set it answers every request
+// 503 with Retry-After (recorded as an arrival, not as a delivery).
 type clDownstream struct {
 	*httptest.Server
+	refusing atomic.Bool
 
 	mu         sync.Mutex
-	count      map[string]int    // deliveries per ticket
-	orderOfKey map[string]string // ticket → X-Order
-	keyOfOrder map[string]string // X-Order → ticket
-	mismatches []string          // orders seen under two tickets or with another key
-	arrivals   []time.Time       // every request
+	refused    int                  // 503s answered while refusing
+	first      map[string]time.Time // first delivery per ticket
+	count      map[string]int       // deliveries per ticket
+	orderOfKey map[string]string    // ticket → X-Order
+	keyOfOrder map[string]string    // X-Order → ticket
+	mismatches []string             // orders seen under two tickets or with another key
+	arrivals   []time.Time          // every request
 }
 
 func newClDownstream(t *testing.T) *clDownstream {
-	d := &clDownstream{count: map[string]int{}, orderOfKey: map[string]string{}, keyOfOrder: map[string]string{}}
+	d := &clDownstream{count: map[string]int{}, first: map[string]time.Time{}, orderOfKey: map[string]string{}, keyOfOrder: map[string]string{}}
 	d.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		io.Copy(io.Discard, r.Body)
 		key, order := r.Header.Get("Sluice-Ticket"), r.Header.Get("X-Order")
 		d.mu.Lock()
+		d.arrivals = append(d.arrivals, now)
+		if d.refusing.Load() {
+			d.refused++
+			d.mu.Unlock()
+			w.Header().Set("Retry-After", "2")
+			http.Error(w, "orders API overloaded", http.StatusServiceUnavailable)
+			return
+		}
 		if got := r.Header.Get("Idempotency-Key"); got != strconv.Quote(order) {
 			d.mismatches = append(d.mismatches, fmt.Sprintf("order %s delivered with Idempotency-Key %s, not the client's", order, got))
 		}
-		d.arrivals = append(d.arrivals, now)
+		if d.count[key] == 0 {
+			d.first[key] = now
+		}
 		d.count[key]++
 		d.orderOfKey[key] = order
 		if prev, ok := d.keyOfOrder[order]; ok && prev != key {
@@ -422,6 +436,21 @@ func TestCluster(t *testing.T) {
 		t.Run(st.name, func(t *testing.T) { st.run(t, env) })
 		t.Logf("%s: %s", st.name, time.Since(phase).Round(time.Millisecond))
 	}
+}
+
+// newClusterEnv puts an upstream and a recording downstream beside the running
+// cluster nc and returns the shape without replicas, and the arguments of a `sluice
+// serve` replica on it (R3 queues) under rules(the downstream's URL).
+func newClusterEnv(t *testing.T, nc *natstest.Cluster, rules func(downstreamURL string) string) (*clusterEnv, []string) {
+	t.Helper()
+	js, err := jetstream.New(nc.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &clusterEnv{nats: nc, js: js, up: newUpstream(t, 0), down: newClDownstream(t)}
+	rulesPath := writeRules(t, t.TempDir(), rules(env.down.URL))
+	return env, append([]string{"--rules", rulesPath, "--upstream", env.up.URL, "--log-level", "info",
+		"--nats", nc.URL(), "--queue-key", testQueueKey, "--replicas", "3"}, clDispatchFlags...)
 }
 
 // streamInfo reads the orders stream's info through any running node.
@@ -729,6 +758,35 @@ func testClusterReplicaKilled(t *testing.T, env *clusterEnv) {
 		span := after[len(after)-1].Sub(after[0])
 		t.Logf("after the kill: %d deliveries over %s (%.1f/s against %d/s configured)", len(after), span.Round(time.Millisecond),
 			float64(len(after)-1)/span.Seconds(), clOutflow)
+	}
+}
+
+// plWait waits up to within for every ticket to reach the downstream and returns
+// those that did not.
+func plWait(down *clDownstream, tickets []string, within time.Duration) []string {
+	deadline := time.Now().Add(within)
+	for {
+		missing := down.missing(tickets)
+		if len(missing) == 0 || time.Now().After(deadline) {
+			return missing
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// plCheckDeliveries fails t for an order delivered under two keys, or the same key
+// delivered more than twice (once before the cut, once redelivered after it).
+func plCheckDeliveries(t *testing.T, down *clDownstream) {
+	t.Helper()
+	down.mu.Lock()
+	defer down.mu.Unlock()
+	for _, m := range down.mismatches {
+		t.Errorf("delivered under different keys: %s", m)
+	}
+	for key, n := range down.count {
+		if n > 2 {
+			t.Errorf("ticket %s (order %s) delivered %d times", key, down.orderOfKey[key], n)
+		}
 	}
 }
 

@@ -14,6 +14,9 @@
 //   - everything present when the filesystem was mounted (or came back from the last
 //     cut) is durable.
 //
+// WithJournal relaxes the directory rule to what ext4 (data=ordered) and XFS do: a
+// sync of any file or directory commits every directory change made before it.
+//
 // Until the cut, reads see every write, synced or not: the backing directory is
 // written through at once, and what a cut would undo (old bytes overwritten, old sizes,
 // old directory entries, the files that removed names pointed to) is kept beside it.
