@@ -5,8 +5,9 @@
 // The model is the weakest one POSIX allows, the one Jepsen's lazyfs simulates:
 //
 //   - a file's contents and size survive as they were at the last fsync or fdatasync
-//     of that file (through any of its descriptors); writes, truncations and
-//     fallocate since then are undone;
+//     of that file (through any of its descriptors; a write through a descriptor
+//     opened with O_SYNC or O_DSYNC counts, the kernel syncs after it); writes,
+//     truncations and fallocate since then are undone;
 //   - a directory's entries survive as they were at the last fsync of that directory:
 //     names created (files, directories, links, symbolic links) since then vanish,
 //     names removed or renamed away since then come back with the file they named, and

@@ -4,12 +4,14 @@ package lazyfs_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,6 +122,29 @@ func TestWriteWithoutSyncIsLostWithSyncKept(t *testing.T) {
 	expect(t, kept, "synced")
 	if loss.Bytes != int64(len("not synced")) || loss.Files != 1 || loss.Entries != 0 {
 		t.Errorf("loss %+v, want the 10 unsynced bytes of one file", loss)
+	}
+}
+
+// A write to a file opened with O_SYNC (or O_DSYNC) is durable when it returns: the
+// kernel syncs the file after each one.
+func TestOSyncWriteIsKept(t *testing.T) {
+	f := lazyfs.Mount(t)
+	for _, flag := range []int{os.O_SYNC, syscall.O_DSYNC} {
+		path := filepath.Join(f.Dir(), fmt.Sprint("sync-", flag))
+		write(t, path, "", true)
+		syncDir(t, f.Dir())
+		o, err := os.OpenFile(path, os.O_WRONLY|flag, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := o.WriteString("durable"); err != nil {
+			t.Fatal(err)
+		}
+		o.Close()
+	}
+	cut(t, nil, f)
+	for _, flag := range []int{os.O_SYNC, syscall.O_DSYNC} {
+		expect(t, filepath.Join(f.Dir(), fmt.Sprint("sync-", flag)), "durable")
 	}
 }
 
