@@ -30,7 +30,8 @@
 // afterwards can rest on writes the cut discards; then it discards on every mount what
 // was not durable, kills the processes (SIGKILL) and mounts the filesystems again over
 // what survived, ready for the programs to be restarted on the same paths. Between the
-// cut and the kill every operation on a mount fails with EIO.
+// cut and the kill every open, read, write, sync and directory change on a mount fails
+// with EIO.
 //
 // Linux only, through /dev/fuse and fusermount3 (Debian's fuse3 package, which
 // .ci/test installs). Mount skips a test where FUSE is missing, except under CI=true,

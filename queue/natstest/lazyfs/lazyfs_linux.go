@@ -27,7 +27,7 @@ type FS struct {
 	grave   string // keeps alive what a removed name pointed to: files by hard link, directories moved
 
 	mu     sync.Mutex
-	dead   bool                        // between a cut and the next mount: every operation fails with EIO
+	dead   bool                        // between a cut and the next mount: opens, reads and changes fail with EIO
 	files  map[uint64]*unsynced        // by backing inode: files changed since their last sync
 	dirs   map[uint64]map[string]entry // by backing inode: durable entries of directories changed since their last sync
 	server *fuse.Server
