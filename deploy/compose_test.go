@@ -807,6 +807,9 @@ func checkComposeNATS(t *testing.T, c composeFile) natsCluster {
 		}
 		opts := loadNATSConfig(t, s.mountInto(t, cfg), s.Environment)
 		users := checkNATSAuth(t, "compose "+name, opts, slices.Collect(maps.Values(composeEnv)))
+		if why := natsNotDurable(opts); why != "" {
+			t.Errorf("%s: %s", "compose "+name, why)
+		}
 		if cl.users == nil {
 			cl.users = users
 		} else if !slices.Equal(slices.Sorted(maps.Keys(users)), slices.Sorted(maps.Keys(cl.users))) {

@@ -858,6 +858,9 @@ func checkKubernetesNATS(t *testing.T, objs k8sObjects, secrets k8sSecrets) map[
 		pod := sts.Metadata.Name + "-" + strconv.Itoa(i)
 		opts := loadNATSConfig(t, path, ctr.env(t, objs, pod, secrets))
 		u := checkNATSAuth(t, where+" pod "+pod, opts, secrets.values())
+		if why := natsNotDurable(opts); why != "" {
+			t.Errorf("%s: %s", where+" pod "+pod, why)
+		}
 		if users == nil {
 			users = u
 		} else if !slices.Equal(slices.Sorted(maps.Keys(u)), slices.Sorted(maps.Keys(users))) {

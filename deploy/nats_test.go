@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,6 +79,22 @@ func checkNATSAuth(t *testing.T, where string, opts *server.Options, secrets []s
 		}
 	}
 	return users
+}
+
+// natsNotDurable says why a NATS server with opts may acknowledge a JetStream write
+// that is not on its disk yet, or "" when it syncs every write first
+// (sync_interval: always). Under nats-server's default, a flush every two minutes, a
+// power cut of the whole cluster (or one node's OS crash while another is paused or
+// cut off) loses orders that sluice answered 202 for.
+func natsNotDurable(opts *server.Options) string {
+	if !opts.JetStream || opts.SyncAlways {
+		return ""
+	}
+	every := opts.SyncInterval
+	if every == 0 {
+		every = 2 * time.Minute // nats-server's defaultSyncInterval
+	}
+	return fmt.Sprintf("JetStream acknowledges writes before they are on disk (a sync every %s): set sync_interval: always in its jetstream block", every)
 }
 
 // checkNATSClient checks that a sluice connects to NATS as the user sluice of the
@@ -336,6 +354,28 @@ func routeConnect(t *testing.T, addr, user, pass string) string {
 		}
 		if strings.HasPrefix(line, "-ERR") || strings.HasPrefix(line, "PONG") {
 			return strings.TrimSpace(line)
+		}
+	}
+}
+
+// TestNATSNotDurable checks the check the deploy tests run on every NATS
+// configuration they parse: a jetstream block without sync_interval (nats-server's
+// lazy default) or with an interval fails it; sync_interval: always passes.
+func TestNATSNotDurable(t *testing.T) {
+	for conf, wantDurable := range map[string]bool{
+		"jetstream { store_dir: %q }":                                false,
+		"jetstream { store_dir: %q, sync_interval: 10s }":            false,
+		"jetstream { store_dir: %q, sync_interval: always }":         true,
+		"jetstream { store_dir: %q, sync: ALWAYS }":                  true,
+		"jetstream { store_dir: %q }\nserver_name: a // no sync set": false,
+	} {
+		path := filepath.Join(t.TempDir(), "nats.conf")
+		if err := os.WriteFile(path, []byte(fmt.Sprintf(conf, t.TempDir())), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		why := natsNotDurable(loadNATSConfig(t, path, nil))
+		if (why == "") != wantDurable {
+			t.Errorf("%q: natsNotDurable = %q, want durable %v", conf, why, wantDurable)
 		}
 	}
 }
