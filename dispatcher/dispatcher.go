@@ -49,7 +49,10 @@ func WithRegisterer(r prometheus.Registerer) Option {
 
 // WithHTTPClient sets the client for HTTP downstreams. Its Timeout is ignored in favour
 // of the delivery timeout; it should not follow redirects. Default: a client of its own
-// with keep-alive connections and no redirects.
+// with keep-alive connections and no redirects. Each delivery is sent through
+// pace.SendOnce, so that no client sends it again on its own outside its pacing slot;
+// a delivery without a body whose method is not GET, HEAD, OPTIONS or TRACE carries
+// its idempotency key as header "idempotency-key" (lower case; see pace.SendOnce).
 func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.client = c } }
 
 // WithDeliveryTimeout bounds one delivery attempt (default 30s). A timeout is a failed

@@ -146,9 +146,6 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 		return outcome{kind: outcomeFailed, err: fmt.Errorf("bad request: %w", err)}
 	}
 	req.URL, req.Host = u, u.Host
-	if len(m.Body) == 0 {
-		req.Body, req.GetBody, req.ContentLength = http.NoBody, nil, 0
-	}
 	for k, vs := range m.Header {
 		req.Header[k] = append([]string(nil), vs...)
 	}
@@ -158,6 +155,9 @@ func (t *httpTarget) deliver(ctx context.Context, m *queue.Message) outcome {
 	if len(req.Header.Values("Idempotency-Key")) == 0 {
 		req.Header.Set("Idempotency-Key", m.Ticket)
 	}
+	// A request that fails unanswered is this attempt's failure, retried after the
+	// backoff at a pacing slot of its own, never sent again by the client on its own.
+	req = pace.SendOnce(req)
 	// The delivery's trace context, when traced, replaces the client's traceparent.
 	telemetry.Inject(ctx, req.Header)
 	resp, err := t.client.Do(req)

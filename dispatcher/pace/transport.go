@@ -38,6 +38,10 @@ import (
 // be replayed (no body, or Request.GetBody set, as http.NewRequest does for in-memory
 // bodies), up to the retry limit and within the request context's deadline; otherwise
 // the 429/503 response is returned.
+//
+// Every request that reaches the API took a slot: the transport sends each one
+// through SendOnce, so net/http does not send it again on its own when a reused
+// connection fails unanswered; that failure is returned.
 type Transport struct {
 	base         http.RoundTripper
 	pacer        *Pacer
@@ -142,7 +146,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				r.Body = body
 			}
 		}
-		resp, err := t.base.RoundTrip(r)
+		resp, err := t.base.RoundTrip(SendOnce(r))
 		if err != nil {
 			return nil, err
 		}

@@ -1,7 +1,9 @@
 package pace
 
 import (
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -201,5 +203,67 @@ func TestTransportAdaptsToQuota(t *testing.T) {
 	}
 	if g[8] != 10*time.Millisecond {
 		t.Errorf("call 10 came %v after a malformed RateLimit field, want 10ms (field ignored)", g[8])
+	}
+}
+
+type connRequests struct{}
+
+// TestTransportSendsEachRequestOnce: a server that closes a reused connection on the
+// request it just read, unanswered, receives exactly the requests the transport paced
+// — net/http's Transport sends none again on its own, for any method and body (with
+// an Idempotency-Key, which makes it take even a POST for replayable) — and the
+// request the caller passed is not modified.
+func TestTransportSendsEachRequestOnce(t *testing.T) {
+	var arrived atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		arrived.Add(1)
+		if r.Context().Value(connRequests{}).(*atomic.Int64).Add(1) > 1 {
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err == nil {
+				c.Close()
+			}
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connRequests{}, new(atomic.Int64))
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(base.CloseIdleConnections)
+	stamps := &stampTransport{clock: SystemClock{}, base: base}
+	tr := mustTransport(t, stamps, limiter.PerSecond(200))
+	client := &http.Client{Transport: tr}
+	failed := 0
+	for _, method := range []string{"POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS"} {
+		for _, body := range []string{"", `{"n":1}`} {
+			for range 2 { // the second goes on the reused connection and is dropped
+				req, err := http.NewRequest(method, srv.URL, strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Idempotency-Key", "k-"+method)
+				resp, err := client.Do(req)
+				if err != nil {
+					failed++
+				} else {
+					resp.Body.Close()
+				}
+				if req.GetBody == nil && body != "" || req.Header.Get("Idempotency-Key") == "" {
+					t.Errorf("%s: the caller's request was modified", method)
+				}
+			}
+		}
+	}
+	sent := len(stamps.stamps())
+	t.Logf("%d requests paced, %d reached the server, %d failed unanswered", sent, arrived.Load(), failed)
+	if int(arrived.Load()) != sent {
+		t.Errorf("%d requests reached the server, %d were paced", arrived.Load(), sent)
+	}
+	if failed == 0 {
+		t.Error("no request was dropped: the test tested nothing")
 	}
 }
