@@ -183,7 +183,7 @@ func startReplicaOn(t *testing.T, nc *nats.Conn, cfg queueconfig.Config, name st
 	r.store = store
 	// Mark which replica sent a request (a real transport in front of the default one).
 	client := &http.Client{
-		Transport: tagTransport{name: name, base: http.DefaultTransport},
+		Transport: dispatcher.TagTransport{Name: name, Base: http.DefaultTransport},
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		},
@@ -215,21 +215,6 @@ func (r *replica) kill() {
 	r.nc.Close()
 	r.cancel()
 	<-r.done
-}
-
-type tagTransport struct {
-	name string
-	base http.RoundTripper
-}
-
-func (tt tagTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	req = req.Clone(req.Context())
-	req.Header.Set("X-Test-Replica", tt.name)
-	if d, ok := dispatcher.DeliveryFrom(req.Context()); ok {
-		req.Header.Set("X-Test-Start", d.Start.Format(time.RFC3339Nano))
-		req.Header.Set("X-Test-Attempt", fmt.Sprint(d.Attempt))
-	}
-	return tt.base.RoundTrip(req)
 }
 
 func orderReq(queueName string, i int) *queue.Request {

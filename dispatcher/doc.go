@@ -19,9 +19,19 @@
 // involved, and fail-over is automatic. The alternative — every replica taking slots
 // from a pacer in Redis — would add a Redis round trip per delivery and a second
 // system whose outage stops all queues; the pinned group needs nothing but JetStream.
-// Its limit: a pinned dispatcher that stalls for longer than PinnedTTL while holding a
-// message can start that one delivery while its successor has started (one start more
-// than the bound, once).
+// A pinned dispatcher can stall while holding orders (SIGSTOP, a paused VM, a long
+// stop of its host): past PinnedTTL the server pins a successor, which paces with a
+// pacer of its own. So right before a delivery's request leaves, the dispatcher checks
+// that the pin cannot have moved yet and will not for one more interval (a pinned TTL
+// after the sending of its latest pull request that brought an order, by its own
+// clock; queue.Lease.Held) and that its slot is under a second old; otherwise it hands
+// the order back untouched. A dispatcher resumed after such a stall therefore starts
+// nothing beside its successor (TestStoppedDispatcherStartsNothingBesideItsSuccessor
+// stops a dispatcher process for three pinned TTLs while it holds two orders; without
+// the check it started both beside its successor). What remains: a stall that falls
+// between that check and the request's write (microseconds, or the dial of a new
+// connection) lets that delivery start beside the successor's: one start more than the
+// bound, once per such stall.
 //
 // # Pacing
 //

@@ -172,6 +172,13 @@ func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time
 		defer span.End()
 	}
 	ctx = context.WithValue(ctx, deliveryKey{}, Delivery{Ticket: m.Ticket, Queue: m.Queue, Attempt: attempt, Start: start})
+	if why := r.lostSlot(l, cfg, start); why != "" {
+		cancel()
+		r.cb.cancel(probe)
+		handBack(l)
+		r.log.Info("not delivering: "+why+"; the order goes back to the queue", "ticket", m.Ticket)
+		return
+	}
 	out := tgt.deliver(ctx, m)
 	cancel()
 	describeDelivery(trace.SpanFromContext(ctx), out)
@@ -211,6 +218,31 @@ func (r *runner) deliver(l *queue.Lease, cfg queueconfig.Config, start time.Time
 		r.m.failed.Inc()
 		r.log.Info("downstream refused the order; failed", "ticket", m.Ticket, "status", out.status)
 	}
+}
+
+// staleSlot is how long after its pacing slot a delivery may still start: far more
+// than the record's write and the ack wait's extension take between the two, far less
+// than a pinned TTL.
+const staleSlot = time.Second
+
+// lostSlot is the last look before a delivery's request leaves, as late as it can be:
+// why the delivery must not start now ("": it may). A dispatcher stopped since the
+// slot was granted (SIGSTOP, a paused VM, a long stall) may no longer have the queue
+// to itself: once the pin moved (Lease.Held), another dispatcher delivers at the pace
+// of its own pacer, and a start here would be one beside its starts; with the pin
+// still held, a slot older than staleSlot (or than one interval of a slow queue) would
+// start beside the slots this pacer grants after the stall. The pin must hold for one
+// more interval, so that this start and the successor's first one are at least an
+// interval apart, as two slots of one pacer are.
+func (r *runner) lostSlot(l *queue.Lease, cfg queueconfig.Config, start time.Time) string {
+	interval := cfg.Outflow.Interval()
+	switch {
+	case !l.Held(interval):
+		return "the queue may have moved to another dispatcher (this one stalled past the pinned TTL)"
+	case time.Since(start) > max(staleSlot, interval):
+		return "its pacing slot is stale (this dispatcher stalled since)"
+	}
+	return ""
 }
 
 // startDelivery starts the span of a delivery attempt: the root of a trace of its

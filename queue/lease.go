@@ -170,6 +170,10 @@ type Consumer struct {
 	cons    jetstream.Consumer
 	pinID   string
 	ackWait time.Duration // as set by Ensure
+	// pinTTL is the pinned TTL set by Ensure; pulled is when the latest pull request
+	// that brought an order was sent (see Lease.Held).
+	pinTTL time.Duration
+	pulled time.Time
 
 	// A laned queue's scheduler and this handle's lead of the queue (see sched.go).
 	id      string
@@ -178,6 +182,9 @@ type Consumer struct {
 	leadRev uint64
 	leadAt  time.Time
 	leadTTL time.Duration
+	// leadSent: when the request that last took or renewed the lead was sent; the
+	// lead's key expires a leadTTL after the server wrote it, which is later.
+	leadSent time.Time
 	// heldSince: since when Ensure has left lanes to the queue's consumer (see
 	// heldLanes, holdAtMost); zero while it leaves none.
 	heldSince time.Time
@@ -314,7 +321,7 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if c.cons == nil || created {
 		c.cons = cons
 	}
-	c.ackWait = cfg.AckWait
+	c.ackWait, c.pinTTL = cfg.AckWait, cfg.PinnedTTL
 	c.mu.Unlock()
 	return nil
 }
@@ -439,6 +446,7 @@ func (c *Consumer) Next(ctx context.Context) (*Lease, error) {
 	if cons == nil {
 		return nil, fmt.Errorf("%w: not set up (Ensure)", ErrConsumerGone)
 	}
+	sent := time.Now()
 	batch, err := cons.Fetch(1, jetstream.FetchContext(ctx), jetstream.FetchPriorityGroup(PriorityGroup))
 	if err == nil {
 		var l *Lease
@@ -446,6 +454,13 @@ func (c *Consumer) Next(ctx context.Context) (*Lease, error) {
 			l = c.lease(jm, serverAckWait(cons))
 		}
 		if l != nil {
+			// The server took this request as the pinned client's (it has no other
+			// to hand an order to): the pin holds for a pinned TTL from its arrival.
+			c.mu.Lock()
+			if sent.After(c.pulled) {
+				c.pulled = sent
+			}
+			c.mu.Unlock()
 			return l, nil
 		}
 		err = batch.Error()
@@ -628,6 +643,42 @@ func staleAt(fetched time.Time, ackWait time.Duration) time.Time {
 
 // Message returns the parked order.
 func (l *Lease) Message() *Message { return l.m }
+
+// heldUntil is until when this handle has the queue to itself (see Lease.Held); zero:
+// not known (no pinned TTL set by Ensure yet).
+func (c *Consumer) heldUntil() time.Time {
+	c.smu.Lock()
+	laned, leadSent, leadTTL := c.sched != nil, c.leadSent, c.leadTTL
+	c.smu.Unlock()
+	if laned {
+		if leadTTL <= 0 {
+			return time.Time{}
+		}
+		return leadSent.Add(leadTTL) // long past when not leading (leadSent zero)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pinTTL <= 0 || c.pulled.IsZero() {
+		return time.Time{}
+	}
+	return c.pulled.Add(c.pinTTL)
+}
+
+// Held reports whether the dispatcher that fetched l still has the queue to itself for
+// at least margin from now: no other dispatcher of the queue can have been handed an
+// order since. The server moves a queue's pin to another dispatcher only once the
+// pinned one has sent no pull request for the pinned TTL, and counts that from each
+// request's arrival; so the pin holds until a pinned TTL after the sending of the
+// latest pull request of this handle that brought an order, by this process's clock
+// (for a laned queue: a pinned TTL after the sending of the latest renewal of its
+// lead, see leadLocked). A dispatcher that was stopped for longer than that (SIGSTOP,
+// a paused VM, a stall) finds Held false when it resumes, and must not start the
+// delivery: another dispatcher may be delivering the queue's orders at its own pace.
+// Before Ensure (no pinned TTL known) Held is true.
+func (l *Lease) Held(margin time.Duration) bool {
+	until := l.c.heldUntil()
+	return until.IsZero() || time.Now().Add(margin).Before(until)
+}
 
 // Verify returns the order's signature check (see Store.Verify): an error wrapping
 // ErrForged for an order sluice did not park.

@@ -297,12 +297,13 @@ func (c *Consumer) leadLocked(ctx context.Context) (bool, error) {
 		return true, nil
 	}
 	if c.leadRev != 0 {
+		sent := time.Now()
 		rev, err := c.putLead(ctx, c.leadRev)
 		if err == nil {
-			c.leadRev, c.leadAt = rev, time.Now()
+			c.leadRev, c.leadAt, c.leadSent = rev, time.Now(), sent
 			return true, nil
 		}
-		c.leadRev = 0
+		c.leadRev, c.leadSent = 0, time.Time{}
 		c.log.Info("lost the lead of the queue", "err", err)
 	}
 	e, err := s.tickets.Get(ctx, key)
@@ -318,11 +319,12 @@ func (c *Consumer) leadLocked(ctx context.Context) (bool, error) {
 	}
 	// Create, not a publish expecting no message: a released lead leaves a delete
 	// marker, which Create knows to replace.
+	sent := time.Now()
 	rev, err := s.tickets.Create(ctx, key, []byte(c.id), jetstream.KeyTTL(max(c.leadTTL, time.Second)))
 	if err != nil {
 		return false, nil // another replica was quicker
 	}
-	c.leadRev, c.leadAt = rev, time.Now()
+	c.leadRev, c.leadAt, c.leadSent = rev, time.Now(), sent
 	c.log.Debug("leads the queue", "queue", c.q.name)
 	return true, nil
 }
@@ -344,7 +346,7 @@ func (c *Consumer) putLead(ctx context.Context, rev uint64) (uint64, error) {
 func (c *Consumer) releaseLead(ctx context.Context) {
 	c.smu.Lock()
 	rev := c.leadRev
-	c.leadRev = 0
+	c.leadRev, c.leadSent = 0, time.Time{}
 	c.smu.Unlock()
 	if rev == 0 || c.q.store.nc.IsClosed() {
 		return
