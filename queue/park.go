@@ -421,7 +421,7 @@ func (s *Store) waitingAs(ctx context.Context, q *Queue, m *Message) (*jetstream
 // duplicate answers m, whose publish was a duplicate of the message at seq (a racing
 // or retried request with its key, within the duplicate window).
 func (s *Store) duplicate(ctx context.Context, q *Queue, key string, m *Message, seq uint64) (Receipt, error) {
-	raw, err := q.stream.GetMsg(ctx, seq)
+	raw, err := s.readMsg(ctx, q.stream, msgQuery{seq: seq})
 	if err == nil && raw.Header.Get(HeaderMsgID) == keyMsgID(key) {
 		stored, derr := decodeRaw(raw)
 		if derr == nil {
@@ -446,7 +446,7 @@ func (s *Store) duplicate(ctx context.Context, q *Queue, key string, m *Message,
 }
 
 func (s *Store) getKey(ctx context.Context, key string) (idemRecord, bool, error) {
-	entry, err := s.idem.Get(ctx, key)
+	entry, err := s.readKey(ctx, s.idem, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return idemRecord{}, false, nil
 	}
@@ -526,7 +526,7 @@ func (q *Queue) keyLimitError(ctx context.Context, subject string) error {
 	e := &KeyLimitError{Queue: q.name, Limit: cfg.MaxIdempotencyKeys, RetryAfter: time.Second}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if raw, err := q.keys.GetMsg(fctx, 1, jetstream.WithGetMsgSubject(subject)); err == nil {
+	if raw, err := q.store.readMsg(fctx, q.keys, msgQuery{seq: 1, next: subject}); err == nil {
 		e.RetryAfter = max(time.Until(raw.Time.Add(cfg.IdempotencyTTL)).Round(time.Second), time.Second)
 	}
 	return e
@@ -559,7 +559,7 @@ func (s *Store) KeepKey(ctx context.Context, m *Message) error {
 		ttl = q.Config().IdempotencyTTL
 	}
 	key := idemKey(m.Client, m.IdempotencyKey)
-	entry, err := s.idem.Get(ctx, key)
+	entry, err := s.readKey(ctx, s.idem, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		val, err := s.seal(idemKind, key, idemRecord{Ticket: m.Ticket, Fingerprint: m.Fingerprint, Queue: m.Queue, CreatedAt: time.Now().UTC()})

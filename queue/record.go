@@ -105,7 +105,7 @@ func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 	if rec := s.kept.get(ticket); rec != nil {
 		return rec, nil
 	}
-	e, err := s.tickets.Get(ctx, ticket)
+	e, err := s.readKey(ctx, s.tickets, ticket)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, ErrNotFound
 	}
@@ -317,9 +317,9 @@ func (s *Store) parkedOn(ctx context.Context, q *Queue, subject string) (*jetstr
 	if strings.Contains(subject, "*") {
 		// A direct get of the last message cannot name a wildcard (the subject is part
 		// of the request's): the first one then, as a lane holds one order per ticket.
-		raw, err = q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subject))
+		raw, err = s.readMsg(ctx, q.stream, msgQuery{seq: 1, next: subject})
 	} else {
-		raw, err = q.stream.GetLastMsgForSubject(ctx, subject)
+		raw, err = s.readMsg(ctx, q.stream, msgQuery{last: subject})
 	}
 	for seq, tries := uint64(1), 0; ; tries++ {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -337,7 +337,7 @@ func (s *Store) parkedOn(ctx context.Context, q *Queue, subject string) (*jetstr
 		if tries > 0 {
 			seq = raw.Sequence + 1
 		}
-		raw, err = q.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		raw, err = s.readMsg(ctx, q.stream, msgQuery{seq: seq, next: subject})
 	}
 }
 

@@ -132,6 +132,12 @@ type natsConn struct {
 	lastErr  *atomic.Pointer[error]
 }
 
+// The liveness check of sluice's NATS connections (see openNATS).
+const (
+	natsPingInterval = 2 * time.Second
+	natsMaxPingsOut  = 2
+)
+
 // inProcess names the embedded server's connection in logs and the status.
 const inProcess = "embedded (in process)"
 
@@ -155,6 +161,12 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 			}
 		}),
 		nats.Name("sluice"),
+		// A server that stops answering with the connection up (SIGSTOP, a stuck host,
+		// a partition that drops packets) is left for another node after at most
+		// natsPingInterval × (natsMaxPingsOut + 1), 6 s: nats.go's default (2 min × 2)
+		// kept a replica on it, refusing defers, for the whole fault.
+		nats.PingInterval(natsPingInterval),
+		nats.MaxPingsOutstanding(natsMaxPingsOut),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(-1), // never buffer publishes: a 202 needs a real ack
