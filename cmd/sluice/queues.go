@@ -50,6 +50,10 @@ type natsConfig struct {
 	queueKey string // --queue-key as given (base64)
 	signKey  []byte // decoded by check
 
+	// requireDurable: refuse to start on a NATS where acknowledged orders are not
+	// durable, as far as a client can tell (queue.CheckDurability).
+	requireDurable bool
+
 	// The embedded server's listener: its clients' credentials, a token or TLS
 	// client certificates (verified against listenCA).
 	listenToken, listenCert, listenKey, listenCA string
@@ -88,6 +92,7 @@ func (c *natsConfig) flags(fs *pflag.FlagSet, server bool) {
 	c.idemMax = queue.DefaultIdempotencyMaxBytes
 	fs.Var(&c.idemMax, "idempotency-max-bytes", "cap of the idempotency key bucket (and of each queue's key stream), in bytes or with a unit (256MiB); new keys past 90% of it get 503; 0: no cap")
 	fs.StringVar(&c.queueKey, "queue-key", "", "`base64` of the secret (at least 32 bytes) that signs parked orders and ticket records; every process sharing the queues needs the same one; required with --nats; empty with the embedded server: generated once and kept in DATA_DIR/"+queueKeyFile)
+	fs.BoolVar(&c.requireDurable, "require-durable", false, "with --nats: refuse to start when sluice can tell that orders acknowledged there are not durable (memory storage, one replica on a cluster, servers that do not sync each write, where readable); without it that is a warning")
 	fs.Var(&c.replicas, "replicas", "stream replicas of the queues, 1 to 5, or auto: 3 on a NATS cluster, 1 on a single server or the embedded one")
 }
 
@@ -209,7 +214,12 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 		if !nc.IsConnected() {
 			log.Warn("NATS not reachable yet; connecting in the background (defers answer 503 meanwhile)", "nats", redactURLs(cfg.url))
 		}
-		return &natsConn{nc: nc, key: cfg.signKey, replicas: int(cfg.replicas), idemMax: int64(cfg.idemMax), where: "nats " + redactURLs(cfg.url), lastErr: &lastErr}, nil
+		conn := &natsConn{nc: nc, key: cfg.signKey, replicas: int(cfg.replicas), idemMax: int64(cfg.idemMax), where: "nats " + redactURLs(cfg.url), lastErr: &lastErr}
+		if err := conn.checkDurable(log, cfg.requireDurable); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		return conn, nil
 	}
 	// nats-server does not guard its store directory: two processes on one directory
 	// would corrupt each other's files. The lock is released by the kernel when the
@@ -282,6 +292,61 @@ func (c *natsConn) replicaCount() (int, error) {
 		return 3, nil
 	}
 	return 1, nil
+}
+
+// errNotDurable: --require-durable, and acknowledged orders would not be durable.
+var errNotDurable = errors.New("--require-durable: acknowledged orders would not be durable on this NATS")
+
+// checkDurable tells what sluice can tell of the durability of acknowledged orders on
+// its --nats (queue.CheckDurability): one warning naming every problem, and what it
+// could not check, at debug level. With require it returns errNotDurable on a
+// problem, and an error when it cannot check at all (not connected). Without require
+// a connection that is not up yet is checked once it is.
+func (c *natsConn) checkDurable(log *slog.Logger, require bool) error {
+	check := func() error {
+		replicas, err := c.replicaCount()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		d, err := queue.CheckDurability(ctx, c.nc, replicas)
+		if err != nil {
+			return err
+		}
+		log.Debug("NATS durability", "server_version", d.Version, "cluster", d.Cluster, "servers", d.Servers,
+			"domain", d.Domain, "not_known", d.Unknown)
+		if len(d.Problems) == 0 {
+			return nil
+		}
+		if require {
+			return fmt.Errorf("%w: %s", errNotDurable, strings.Join(d.Problems, "; "))
+		}
+		log.Warn("orders answered 202 on this NATS may be lost in a crash of its hosts", "problems", d.Problems)
+		return nil
+	}
+	if require {
+		if err := check(); err != nil {
+			return fmt.Errorf("--require-durable: %w", err)
+		}
+		return nil
+	}
+	go func() {
+		// Polled, so that the goroutine ends with the connection (Close) at once.
+		next := time.Now()
+		for wait := time.Second; !c.nc.IsClosed(); time.Sleep(100 * time.Millisecond) {
+			if !c.nc.IsConnected() || time.Now().Before(next) {
+				continue
+			}
+			err := check()
+			if err == nil || errors.Is(err, errNotDurable) {
+				return
+			}
+			log.Debug("cannot check the durability of NATS yet", "err", err)
+			next, wait = time.Now().Add(wait), min(2*wait, time.Minute)
+		}
+	}()
+	return nil
 }
 
 // errNotConnected: the connection to NATS is not up (yet).
