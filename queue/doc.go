@@ -144,6 +144,34 @@
 // dispatcher dead-letters the messages older than that instead of delivering them (the
 // stream itself has no age limit, which would delete them unseen).
 //
+// # Durability: what a client can tell
+//
+// A cluster's acknowledgement means a quorum holds the write, not that any disk does:
+// that depends on each server's sync_interval (nats-server's default syncs every two
+// minutes; a power cut of the cluster, or one node's OS crash while another is paused
+// or cut off, then loses acknowledged orders). CheckDurability reads what a client is
+// told: the server's version and cluster, the servers the connection knows of, the
+// account's JetStream domain, and the configuration of sluice's streams that exist
+// (memory storage, one replica on a cluster), besides the replicas the caller is
+// about to declare. The servers' sync setting is read only where the account may ask
+// every server ($SYS.REQ.SERVER.PING.VARZ: the system account, or an account the
+// operator exported it to); otherwise it is reported as unknown. Never known from a
+// client: whether a disk or its controller acknowledges a sync it has not done, and
+// whether the servers' hosts share a power supply. sluice serve --nats logs the
+// problems once, or refuses to start with --require-durable.
+//
+// # A stuck server
+//
+// Direct gets (AllowDirect on every stream and bucket) are answered by any replica:
+// reads of keys, ticket records and parked messages go to one of them at random. A
+// replica on a server that stopped answering with its connections up (SIGSTOP, a
+// stuck host, a partition that drops packets) keeps its share until the cluster's
+// routes notice, minutes later. So a read waits directWait (1 s) for a direct get and
+// then asks the stream's leader (its message API), which a stuck follower cannot
+// hold up; a stuck leader is replaced by an election. Clients' own connections to such
+// a server are the caller's to bound: sluice pings every 2 s and leaves a server after
+// 2 unanswered pings.
+//
 // # Scheduled delivery
 //
 // An order may wait for a time of its own before it joins the queue's outflow: the
