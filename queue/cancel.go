@@ -203,7 +203,7 @@ func (s *Store) settleCancel(ctx context.Context, q *Queue, raw *jetstream.RawSt
 		case err != nil && !errors.Is(err, ErrNotFound) && wctx.Err() == nil:
 			return err
 		}
-		_, err = q.stream.GetMsg(wctx, raw.Sequence)
+		_, err = s.readMsg(wctx, q.stream, msgQuery{seq: raw.Sequence})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			s.cancelled(rec)
 			return nil

@@ -62,7 +62,7 @@ func (s *Store) eachDead(ctx context.Context, queue string, fn func(DeadLetter) 
 	}
 	filter := "sluice.dlq." + queue + ".*"
 	for seq := uint64(1); ; seq++ {
-		raw, err := s.dead.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		raw, err := s.readMsg(ctx, s.dead, msgQuery{seq: seq, next: filter})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
@@ -201,7 +201,7 @@ func (s *Store) PurgeDeadLetters(ctx context.Context, queue string, tickets ...s
 		// One subject per ticket (sluice.dlq.{queue}.{ticket}): purging it deletes
 		// that dead letter and every repeat of it.
 		subject := deadSubjectFor(queue, t)
-		if _, err := s.dead.GetLastMsgForSubject(ctx, subject); errors.Is(err, jetstream.ErrMsgNotFound) {
+		if _, err := s.readMsg(ctx, s.dead, msgQuery{last: subject}); errors.Is(err, jetstream.ErrMsgNotFound) {
 			missing = append(missing, t)
 			continue
 		} else if err != nil {

@@ -346,7 +346,7 @@ func (c *Consumer) heldLanes(ctx context.Context, ci *jetstream.ConsumerInfo, la
 			continue
 		}
 		// Above the ack floor and handed out, still stored: not acknowledged yet.
-		m, err := c.q.stream.GetMsg(ctx, ci.AckFloor.Stream+1, jetstream.WithGetMsgSubject(subject))
+		m, err := c.q.store.readMsg(ctx, c.q.stream, msgQuery{seq: ci.AckFloor.Stream + 1, next: subject})
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
@@ -414,7 +414,7 @@ func (c *Consumer) floorPassedLanes(ctx context.Context, floor uint64) bool {
 	if floor == 0 {
 		return false
 	}
-	first, err := c.q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(ReadySubject(c.q.name, "*", "*")))
+	first, err := c.q.store.readMsg(ctx, c.q.stream, msgQuery{seq: 1, next: ReadySubject(c.q.name, "*", "*")})
 	if err != nil {
 		if !errors.Is(err, jetstream.ErrMsgNotFound) {
 			c.log.Debug("cannot look for laned orders below the consumer's ack floor", "queue", c.q.name, "err", err)

@@ -51,7 +51,7 @@ func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 	var removed uint64
 	for _, ci := range purge {
 		floor, filter := ci.floor, ci.filter
-		first, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(filter))
+		first, err := c.q.store.readMsg(ctx, stream, msgQuery{seq: 1, next: filter})
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			continue

@@ -306,7 +306,7 @@ func (c *Consumer) leadLocked(ctx context.Context) (bool, error) {
 		c.leadRev, c.leadSent = 0, time.Time{}
 		c.log.Info("lost the lead of the queue", "err", err)
 	}
-	e, err := s.tickets.Get(ctx, key)
+	e, err := s.readKey(ctx, s.tickets, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 	case err != nil:

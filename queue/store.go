@@ -558,7 +558,7 @@ func (q *Queue) noteLanes(ctx context.Context) {
 		subjects = append(subjects, scheduleFilter(q.name))
 	}
 	for _, subject := range subjects {
-		_, err := q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subject))
+		_, err := q.store.readMsg(ctx, q.stream, msgQuery{seq: 1, next: subject})
 		if !errors.Is(err, jetstream.ErrMsgNotFound) { // found, or not known: look in lanes
 			q.mayHaveLanes.Store(true)
 			return
@@ -749,7 +749,7 @@ func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstrea
 // with none, the sequence the next message gets (as of info, just fetched); 0 when the
 // lookup fails.
 func (q *Queue) lookUpFirstReady(ctx context.Context, info *jetstream.StreamInfo) uint64 {
-	raw, err := q.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(readyFilter(q.name)))
+	raw, err := q.store.readMsg(ctx, q.stream, msgQuery{seq: 1, next: readyFilter(q.name)})
 	switch {
 	case err == nil:
 		return raw.Sequence
