@@ -52,6 +52,19 @@ type Deferrer interface {
 	Defer(w http.ResponseWriter, r *http.Request, d Deferral)
 }
 
+// RepeatAnswerer is a Deferrer that tells a repeat of an order it accepted from a new
+// request (ingress/deferral's is one). On a route that can defer, a request within
+// its limits that carries an Idempotency-Key is first looked up: when an accepted order
+// holds its key, it is answered as a repeat of that order's defer (202 with the
+// ticket and its status, or 422 for another payload) and never proxied, so that the
+// downstream does not get an order twice by two paths.
+type RepeatAnswerer interface {
+	// AnswerRepeat looks for the order that r's Idempotency-Key names in d's queue.
+	// Found, it answers r and reports true; otherwise it writes nothing and returns
+	// the request to proxy, its body intact (r, or a copy holding the body it read).
+	AnswerRepeat(w http.ResponseWriter, r *http.Request, d Deferral) (*http.Request, bool)
+}
+
 // Deferral is what a Deferrer needs to park one request.
 type Deferral struct {
 	Queue *rules.Queue
@@ -293,6 +306,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			m.deferrer.Defer(w, r, m.deferral(route, rule, r, client))
 		}
 	case v.violated == nil:
+		if ra, ok := m.deferrer.(RepeatAnswerer); ok && noPark == "" && r.Header["Idempotency-Key"] != nil {
+			if rule := schedulingRule(checks); rule != nil {
+				var answered bool
+				if r, answered = ra.AnswerRepeat(w, r, m.deferral(route, rule, r, client)); answered {
+					return
+				}
+			}
+		}
 		next.ServeHTTP(w, r)
 	case deferring:
 		if span != nil {

@@ -173,6 +173,38 @@ func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) 
 	return q.receiptOf(ctx, m, ack.Sequence, ack.Duplicate), nil
 }
 
+// Repeat answers req as Park answers a repeat, and parks nothing: found, the receipt
+// of the order that req's IdempotencyKey names in its queue (its status, Duplicate
+// set), or ErrIdempotencyConflict when that order's payload differs; not found when
+// the key names no order there (or req has no key), and then nothing is written. It
+// is for a request the front door would proxy: one whose key an accepted order holds
+// must not reach the downstream a second time. Errors as Park's (ErrUnavailable: it
+// could not be told).
+func (s *Store) Repeat(ctx context.Context, req *Request) (rc Receipt, found bool, err error) {
+	if req.IdempotencyKey == "" {
+		return Receipt{}, false, nil
+	}
+	if err := req.validate(); err != nil {
+		return Receipt{}, false, err
+	}
+	q, err := s.Queue(req.Queue)
+	if err != nil {
+		return Receipt{}, false, err
+	}
+	if !s.connected() {
+		return Receipt{}, false, fmt.Errorf("%w: not connected to NATS", ErrUnavailable)
+	}
+	m := &Message{Request: *req}
+	m.Header = KeptHeader(req.Header, q.Config().DropHeaders)
+	m.Fingerprint = Fingerprint(&m.Request) // as Park has it
+	m.Lane, m.Tenant = s.laneFor(q.Config(), req.Priority, req.Tenant), ""
+	key := idemKey(m.Client, m.IdempotencyKey)
+	m.Ticket = s.keyedTicket(q.name, key)
+	ctx, cancel := context.WithTimeout(ctx, s.opts.publishTimeout)
+	defer cancel()
+	return s.repeat(ctx, q, key, m)
+}
+
 // endPark describes the outcome of a park on its span and ends it.
 func endPark(span trace.Span, queue string, rc Receipt, err error) {
 	if span.IsRecording() {

@@ -498,6 +498,16 @@ func (q *queues) Park(ctx context.Context, req *queue.Request) (queue.Receipt, e
 	return s.Park(ctx, req)
 }
 
+// Repeat makes the front door answer a repeat of an accepted order on the proxy path
+// (deferral.Repeater).
+func (q *queues) Repeat(ctx context.Context, req *queue.Request) (queue.Receipt, bool, error) {
+	s, err := q.opened()
+	if err != nil {
+		return queue.Receipt{}, false, err
+	}
+	return s.Repeat(ctx, req)
+}
+
 func (q *queues) BodyLimit(req *queue.Request) (queue.BodyLimit, error) {
 	s, err := q.opened()
 	if err != nil {

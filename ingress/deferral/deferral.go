@@ -6,9 +6,11 @@
 package deferral
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -106,21 +108,8 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 			"This request cannot be queued: a header name is not a token, or a header value holds a control character.")
 		return
 	}
-	req := &queue.Request{
-		Queue:          d.Queue.Name,
-		Rule:           d.Rule.Name,
-		Method:         r.Method,
-		Path:           r.URL.EscapedPath(),
-		RawQuery:       r.URL.RawQuery,
-		Header:         header,
-		Client:         d.Client,
-		IdempotencyKey: key,
-		ReceivedAt:     received,
-		NotBefore:      notBefore,
-		Callback:       callback,
-		Priority:       d.Priority,
-		Tenant:         d.Tenant,
-	}
+	req := newRequest(r, d, header, key)
+	req.ReceivedAt, req.NotBefore, req.Callback = received, notBefore, callback
 	// The body is read only as far as the queue can store it, into memory reserved
 	// until it is parked.
 	limit, err := q.parker.BodyLimit(req)
@@ -140,6 +129,29 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		q.parkFailed(w, d, err)
 		return
 	}
+	writeAccepted(w, receipt)
+}
+
+// newRequest is the order r makes in d's queue, with header and the idempotency key
+// key, but for its body and what only parking takes (time received, schedule,
+// callback).
+func newRequest(r *http.Request, d ingress.Deferral, header http.Header, key string) *queue.Request {
+	return &queue.Request{
+		Queue:          d.Queue.Name,
+		Rule:           d.Rule.Name,
+		Method:         r.Method,
+		Path:           r.URL.EscapedPath(),
+		RawQuery:       r.URL.RawQuery,
+		Header:         header,
+		Client:         d.Client,
+		IdempotencyKey: key,
+		Priority:       d.Priority,
+		Tenant:         d.Tenant,
+	}
+}
+
+// writeAccepted answers 202 with receipt: a parked order, or a repeat of one.
+func writeAccepted(w http.ResponseWriter, receipt queue.Receipt) {
 	h := w.Header()
 	h.Set("Location", Path+receipt.Ticket)
 	h.Set("Content-Type", "application/json")
@@ -158,6 +170,62 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		ab.NotBefore = receipt.NotBefore.UTC().Format(time.RFC3339)
 	}
 	_ = json.NewEncoder(w).Encode(ab)
+}
+
+// Repeater is a Parker that answers a repeat without parking (*queue.Store is one):
+// see queue.Store.Repeat.
+type Repeater interface {
+	Repeat(ctx context.Context, req *queue.Request) (queue.Receipt, bool, error)
+}
+
+// AnswerRepeat implements ingress.RepeatAnswerer with the Parker's Repeat (a Parker
+// without it finds no repeats). The body is read, as far as the queue could store it,
+// to tell the same payload from another; the request to proxy then carries it from
+// memory. Not looked up, so proxied as before: a malformed key (the downstream's to
+// judge), a body of unknown length (chunked) or larger than the queue takes (no order
+// of the queue can have it), a body the deferred bodies' memory has no room for, and
+// any request while the queue cannot be asked (NATS away: allowed requests are
+// proxied then, see the README's failure table).
+func (q *Deferrer) AnswerRepeat(w http.ResponseWriter, r *http.Request, d ingress.Deferral) (*http.Request, bool) {
+	rp, ok := q.parker.(Repeater)
+	if !ok {
+		return r, false
+	}
+	key, ok := idempotencyKey(r.Header)
+	if !ok || key == "" {
+		return r, false
+	}
+	req := newRequest(r, d, d.ParkHeader(r), key)
+	hasBody := r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
+	if hasBody {
+		limit, err := q.parker.BodyLimit(req)
+		if err != nil || r.ContentLength < 0 || r.ContentLength > limit.Bytes || !q.memory.fits(r.ContentLength) {
+			return r, false
+		}
+		body, reserved, err := q.memory.readSized(r.Body, r.ContentLength)
+		q.memory.give(reserved)
+		if err != nil {
+			writeBodyError(w, r, err) // the body broke off: nothing can be proxied either
+			return r, true
+		}
+		req.Body = body
+		read := *r
+		read.Body = io.NopCloser(bytes.NewReader(body))
+		r = &read
+	}
+	receipt, found, err := rp.Repeat(r.Context(), req)
+	switch {
+	case errors.Is(err, queue.ErrIdempotencyConflict):
+		q.parkFailed(w, d, err)
+		return r, true
+	case err != nil:
+		q.log.Debug("cannot look up an idempotency key on the proxy path; proxying", "queue", d.Queue.Name, "err", err)
+		return r, false
+	case !found:
+		return r, false
+	}
+	writeAccepted(w, receipt)
+	return r, true
 }
 
 // sendableHeader reports whether every field of h can be written on an HTTP request
