@@ -33,7 +33,20 @@ type proxyConfig struct {
 	maxHeader int64
 	// reuseAfter: how long a connection idles before it carries another request.
 	reuseAfter time.Duration
+	maxHold    time.Duration
 }
+
+// DefaultProxyMaxHold is how long after the proxy took a request it may still send it
+// on, by default (see WithProxyMaxHold).
+const DefaultProxyMaxHold = 10 * time.Second
+
+// WithProxyMaxHold bounds how long after the proxy took a request it may still send it
+// to the upstream (default DefaultProxyMaxHold). A request held longer (the process
+// was stopped by SIGSTOP or a paused VM, or stalled; the upstream's connection took
+// that long) is answered 503 with Retry-After and never sent: its client has most
+// likely given up and sent it again elsewhere, and the upstream would get it twice.
+// See ingress/proxy's WithMaxHold. It must be positive.
+func WithProxyMaxHold(d time.Duration) ProxyOption { return func(c *proxyConfig) { c.maxHold = d } }
 
 // DefaultProxyTimeout is how long the proxy waits, by default, for the upstream to
 // begin its response once the request has been sent.
@@ -122,6 +135,7 @@ type Proxy struct {
 	failures  *warn.Sometimes // "upstream request failed", once per warnInterval
 	timeout   time.Duration
 	maxHeader int64
+	maxHold   time.Duration
 	byClass   [len(statusClasses)]classMetrics
 	upgrades  *httputil.ReverseProxy
 	upgradeTr *http.Transport
@@ -154,7 +168,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 	if upstream.Scheme != "http" && upstream.Scheme != "https" {
 		return nil, fmt.Errorf("ingress: proxy upstream %v: the scheme must be http or https", upstream)
 	}
-	cfg := proxyConfig{log: slog.Default(), timeout: DefaultProxyTimeout, maxHeader: DefaultMaxUpstreamHeader}
+	cfg := proxyConfig{log: slog.Default(), timeout: DefaultProxyTimeout, maxHeader: DefaultMaxUpstreamHeader, maxHold: DefaultProxyMaxHold}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -163,6 +177,9 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 	}
 	if cfg.timeout <= 0 {
 		return nil, fmt.Errorf("ingress: WithProxyTimeout(%v): the timeout must be positive", cfg.timeout)
+	}
+	if cfg.maxHold <= 0 {
+		return nil, fmt.Errorf("ingress: WithProxyMaxHold(%v): the bound must be positive", cfg.maxHold)
 	}
 	if cfg.maxHeader <= 0 {
 		return nil, fmt.Errorf("ingress: WithProxyMaxHeaderBytes(%d): the limit must be positive", cfg.maxHeader)
@@ -179,6 +196,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 		log:       cfg.log,
 		timeout:   cfg.timeout,
 		maxHeader: cfg.maxHeader,
+		maxHold:   cfg.maxHold,
 	}
 	p.head = p.writeHead
 	addr := upstream.Host
@@ -189,7 +207,7 @@ func NewProxy(upstream *url.URL, opts ...ProxyOption) (*Proxy, error) {
 		}
 		addr = net.JoinHostPort(upstream.Hostname(), port)
 	}
-	popts := []proxy.Option{proxy.WithLogger(cfg.log), proxy.WithResponseTimeout(cfg.timeout), proxy.WithMaxHeaderBytes(cfg.maxHeader), proxy.WithReuseAfter(cfg.reuseAfter)}
+	popts := []proxy.Option{proxy.WithLogger(cfg.log), proxy.WithResponseTimeout(cfg.timeout), proxy.WithMaxHeaderBytes(cfg.maxHeader), proxy.WithReuseAfter(cfg.reuseAfter), proxy.WithMaxHold(cfg.maxHold)}
 	if upstream.Scheme == "https" {
 		popts = append(popts, proxy.WithTLS(&tls.Config{ServerName: upstream.Hostname()}))
 	}
@@ -244,6 +262,14 @@ func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	if errors.Is(err, proxy.ErrClientBody) {
 		writeProblem(w, simpleProblem(http.StatusBadRequest, "The request body could not be read."))
+		return
+	}
+	if errors.Is(err, proxy.ErrHeldTooLong) {
+		p.failures.Warn(p.log, "not forwarding a request held too long (this process stalled, or the upstream's connection took that long)",
+			"max_hold", p.maxHold, "method", r.Method, "path", r.URL.Path)
+		SetRetryAfter(w.Header(), time.Second)
+		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
+			"The request was held too long before it could be sent on, and was not sent; retry."))
 		return
 	}
 	p.failures.Warn(p.log, "upstream request failed", "err", err, "method", r.Method, "path", r.URL.Path)

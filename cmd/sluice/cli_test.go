@@ -178,6 +178,7 @@ func TestSizeFlags(t *testing.T) {
 		{args: []string{"serve", "--rules", "x.yaml", "--upstream", "http://x", "--defer-memory", "0"}, want: "--defer-memory must be more than 0"},
 		{args: []string{"ingress", "--rules", "x.yaml", "--upstream", "http://x", "--max-upstream-header", "0"}, want: "--max-upstream-header must be more than 0"},
 		{args: []string{"serve", "--rules", "x.yaml", "--upstream", "http://x", "--upstream-reuse-after", "-1s"}, want: "--upstream-reuse-after must not be negative"},
+		{args: []string{"serve", "--rules", "x.yaml", "--upstream", "http://x", "--upstream-max-hold", "0s"}, want: "--upstream-max-hold must be more than 0"},
 		{args: []string{"rls", "--grpc-max-message", "1KiB", "--rules", "x.yaml"}, want: "--grpc-max-message must be between 4KiB and 1GiB"},
 	} {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {

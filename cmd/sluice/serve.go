@@ -138,6 +138,7 @@ type frontConfig struct {
 	maxBody        sizeFlag
 	maxUpHeader    sizeFlag
 	upReuseAfter   time.Duration
+	upMaxHold      time.Duration
 	deferMemory    sizeFlag
 	ticketLookups  rateFlag
 	maxKeys        int
@@ -160,6 +161,7 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 		c.maxUpHeader = ingress.DefaultMaxUpstreamHeader
 		fs.Var(&c.maxUpHeader, "max-upstream-header", "largest response head the upstream may send (status line, header fields, informational responses before them; a trailer section), in bytes or with a unit (1MiB), in total and per line; larger ones get 502 and the connection is closed")
 		fs.DurationVar(&c.upReuseAfter, "upstream-reuse-after", 0, "how long a kept-alive upstream connection idles, watched, before it carries another request: bytes a broken upstream sends that long after a response then close the connection instead of reaching another client; costs about the request rate times this many connections; 0: reuse at once")
+		fs.DurationVar(&c.upMaxHold, "upstream-max-hold", ingress.DefaultProxyMaxHold, "longest a request may wait in the front door (a stalled or stopped process) and still be sent to the upstream; past it 503 with Retry-After, never sent, since its client has most likely retried")
 		fs.Var(&c.deferMemory, "defer-memory", "most bytes of deferred request bodies held in memory at once, plain or with a unit (64MiB); past it 503 with Retry-After")
 		// A client following its tickets' Retry-After asks about each once a second at
 		// most: this lets one address follow a hundred tickets at once.
@@ -329,6 +331,9 @@ func runGateway(ctx context.Context, mode gatewayMode, fs *pflag.FlagSet, cfg *g
 	}
 	if cfg.front.upReuseAfter < 0 {
 		return fail("--upstream-reuse-after must not be negative")
+	}
+	if fs.Lookup("upstream-max-hold") != nil && cfg.front.upMaxHold <= 0 {
+		return fail("--upstream-max-hold must be more than 0")
 	}
 	log, err := newLogger(stderr, cfg.process.logFormat, cfg.process.logLevel)
 	if err != nil {
@@ -599,7 +604,7 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	}
 	proxy, err := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
 		ingress.WithProxyClientIdentity(ids), ingress.WithProxyMaxHeaderBytes(int64(cfg.maxUpHeader)),
-		ingress.WithProxyReuseAfter(cfg.upReuseAfter))
+		ingress.WithProxyReuseAfter(cfg.upReuseAfter), ingress.WithProxyMaxHold(cfg.upMaxHold))
 	if err != nil {
 		return nil, err
 	}

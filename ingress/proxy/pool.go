@@ -112,6 +112,14 @@ func WithResponseTimeout(d time.Duration) Option { return func(p *Pool) { p.time
 // a new one dialled whenever none has idled long enough. It must not be negative.
 func WithReuseAfter(d time.Duration) Option { return func(p *Pool) { p.reuseAfter = d } }
 
+// WithMaxHold bounds how long after Exchange was called the request may still begin
+// to be sent (default 0: no bound). A request held longer (its process was stopped
+// or stalled, a connection took that long to open) fails with ErrHeldTooLong, nothing
+// of it sent: its client has most likely given up and sent it again elsewhere. The
+// bound is checked right before the request's first byte is written, so a stall after
+// that check is not caught. It must not be negative.
+func WithMaxHold(d time.Duration) Option { return func(p *Pool) { p.maxHold = d } }
+
 // WithLogger sets the logger of the pool's warnings (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(p *Pool) { p.log = l } }
 
@@ -132,6 +140,7 @@ type Pool struct {
 	maxIdle    int
 	idleExpiry time.Duration
 	reuseAfter time.Duration
+	maxHold    time.Duration
 }
 
 // New returns a pool of connections to addr (host:port). It fails when an option was
@@ -157,6 +166,8 @@ func New(addr string, opts ...Option) (*Pool, error) {
 		return nil, fmt.Errorf("proxy: WithResponseTimeout(%v): the timeout must be positive", p.timeout)
 	case p.maxHeader <= 0:
 		return nil, fmt.Errorf("proxy: WithMaxHeaderBytes(%d): the limit must be positive", p.maxHeader)
+	case p.maxHold < 0:
+		return nil, fmt.Errorf("proxy: WithMaxHold(%v): the bound must not be negative", p.maxHold)
 	case p.reuseAfter < 0:
 		return nil, fmt.Errorf("proxy: WithReuseAfter(%v): the delay must not be negative", p.reuseAfter)
 	}
@@ -357,19 +368,31 @@ type Response struct {
 	keep bool
 }
 
+// ErrHeldTooLong is returned by Exchange for a request it could not begin to send
+// within the pool's max hold (WithMaxHold); nothing of it was sent.
+var ErrHeldTooLong = errors.New("proxy: the request was held too long to be sent")
+
 // Exchange sends the request for r (its head written by head, then r's body) on a
 // pooled connection and reads the response's head. A request that may be repeated
 // (no body, an idempotent method) is sent once more on a new connection when a
 // kept-alive one turns out closed. Errors: ErrClientBody (wrapped) when r's body
-// could not be read, ErrHeadTooLarge, ErrBadResponse (wrapped), a net.Error that is a
+// could not be read, ErrHeldTooLong, ErrHeadTooLarge, ErrBadResponse (wrapped), a net.Error that is a
 // Timeout when the upstream did not answer in time (WithResponseTimeout), or the
 // connection's error.
 func (p *Pool) Exchange(r *http.Request, head HeadWriter) (Response, error) {
 	ctx := r.Context()
+	var taken time.Time
+	if p.maxHold > 0 {
+		taken = time.Now()
+	}
 	for attempt := 0; ; attempt++ {
 		c, err := p.get(ctx)
 		if err != nil {
 			return Response{}, err
+		}
+		if p.maxHold > 0 && time.Since(taken) > p.maxHold {
+			p.put(c) // nothing was written on it
+			return Response{}, ErrHeldTooLong
 		}
 		res, retryable, err := p.exchange(ctx, c, r, head)
 		if err == nil {
