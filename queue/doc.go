@@ -153,11 +153,11 @@
 // told: the server's version and cluster, the servers the connection knows of, the
 // account's JetStream domain, and the configuration of sluice's streams that exist
 // (memory storage, one replica on a cluster), besides the replicas the caller is
-// about to declare. The servers' sync setting is read only where the account may ask
-// every server ($SYS.REQ.SERVER.PING.VARZ: the system account, or an account the
-// operator exported it to); otherwise it is reported as unknown. Never known from a
-// client: whether a disk or its controller acknowledges a sync it has not done, and
-// whether the servers' hosts share a power supply. sluice serve --nats logs the
+// about to declare. Never known from a client of a JetStream account: the servers'
+// sync setting (only the system account, which has no JetStream, may ask a server's
+// configuration; each server's monitoring port shows it: /varz,
+// jetstream.config.sync_always), whether a disk or its controller acknowledges a sync
+// it has not done, and whether the servers' hosts share a power supply. sluice serve --nats logs the
 // problems once, or refuses to start with --require-durable.
 //
 // # A stuck server

@@ -2,14 +2,11 @@ package queue_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
@@ -19,8 +16,7 @@ import (
 // TestCheckDurability: on a single server that syncs every write, from an account
 // that cannot ask the servers' configuration, nothing is wrong and the sync setting is
 // said to be unknown; a stream of sluice in memory is a problem, and so are R1 queues
-// on a cluster (TestCheckDurabilityCluster). From the system account the servers'
-// sync setting is read.
+// on a cluster (TestCheckDurabilityCluster).
 func TestCheckDurability(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -48,29 +44,6 @@ func TestCheckDurability(t *testing.T) {
 	}
 	if len(d.Problems) != 1 || !strings.Contains(d.Problems[0], "in memory") {
 		t.Errorf("a queue stream in memory: problems %q", d.Problems)
-	}
-
-	// The system account may ask every server (here: one, syncing).
-	conf := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(conf, []byte(`accounts {
-  SYS { users [{user: sys, password: sys-password}] }
-  APP { jetstream: enabled, users [{user: app, password: app-password}] }
-}
-system_account: SYS
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sys := natstest.StartConfig(t, conf)
-	app := sys.Connect(t, nats.UserInfo("app", "app-password"))
-	d, err = queue.CheckDurability(ctx, app, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(d.Problems) != 0 || len(d.Unknown) != 1 {
-		t.Errorf("as an application account: %+v", d)
-	}
-	if _, err := queue.CheckDurability(ctx, sys.Connect(t, nats.UserInfo("sys", "sys-password")), 3); err == nil {
-		t.Error("the system account has JetStream: no error")
 	}
 }
 

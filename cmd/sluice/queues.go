@@ -92,7 +92,7 @@ func (c *natsConfig) flags(fs *pflag.FlagSet, server bool) {
 	c.idemMax = queue.DefaultIdempotencyMaxBytes
 	fs.Var(&c.idemMax, "idempotency-max-bytes", "cap of the idempotency key bucket (and of each queue's key stream), in bytes or with a unit (256MiB); new keys past 90% of it get 503; 0: no cap")
 	fs.StringVar(&c.queueKey, "queue-key", "", "`base64` of the secret (at least 32 bytes) that signs parked orders and ticket records; every process sharing the queues needs the same one; required with --nats; empty with the embedded server: generated once and kept in DATA_DIR/"+queueKeyFile)
-	fs.BoolVar(&c.requireDurable, "require-durable", false, "with --nats: refuse to start when sluice can tell that orders acknowledged there are not durable (memory storage, one replica on a cluster, servers that do not sync each write, where readable); without it that is a warning")
+	fs.BoolVar(&c.requireDurable, "require-durable", false, "with --nats: refuse to start when sluice can tell that orders acknowledged there are not durable (memory storage, one replica on a cluster; a server's sync_interval is not visible to a client: check /varz on its monitoring port); without it that is a warning")
 	fs.Var(&c.replicas, "replicas", "stream replicas of the queues, 1 to 5, or auto: 3 on a NATS cluster, 1 on a single server or the embedded one")
 }
 
