@@ -1,3 +1,5 @@
+//go:build unix
+
 package dispatcher_test
 
 import (
