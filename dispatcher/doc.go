@@ -38,6 +38,10 @@
 // pace.Pacer is a leaking bucket holding one event: in any interval Δt at most
 // ceil(rate × Δt) + 1 deliveries start, with no catch-up after a stall. The bound holds
 // on the times the pacer grants, by construction; the pace.Pacer type documents the argument.
+// Every request that reaches a downstream is one of those starts: a delivery is sent
+// through pace.SendOnce, so that the HTTP client never sends it again on its own (net/http
+// would, on another connection, for a request dropped unanswered on a reused one); such
+// an attempt fails and is retried after the backoff, at a slot of its own.
 // Deliveries carry their pacing slot in the request context (DeliveryFrom).
 //
 // # Library pacing
