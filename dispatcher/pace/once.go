@@ -2,9 +2,11 @@ package pace
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 )
 
 // SendOnce returns req as a request that net/http's Transport sends once per
@@ -76,4 +78,18 @@ func idempotentMethod(method string) bool {
 		return true
 	}
 	return false
+}
+
+// idempotentRequest reports whether net/http's Transport would take req for
+// idempotent: its method, or an idempotency key header.
+func idempotentRequest(req *http.Request) bool {
+	return idempotentMethod(req.Method) || req.Header["Idempotency-Key"] != nil || req.Header["X-Idempotency-Key"] != nil
+}
+
+// droppedUnanswered reports whether err of a RoundTrip says that the connection ended
+// before an answer began: the server closed it (EOF, "server closed idle connection")
+// or reset it.
+func droppedUnanswered(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		strings.Contains(err.Error(), "server closed idle connection") // net/http's errServerClosedIdle
 }

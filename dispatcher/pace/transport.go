@@ -40,8 +40,11 @@ import (
 // the 429/503 response is returned.
 //
 // Every request that reaches the API took a slot: the transport sends each one
-// through SendOnce, so net/http does not send it again on its own when a reused
-// connection fails unanswered; that failure is returned.
+// through SendOnce, so net/http does not send it again on its own when the connection
+// fails unanswered. The transport does instead, at the next slot and within the retry
+// limit, for a request net/http would have sent again: a body it can replay, and an
+// idempotent method (GET, HEAD, OPTIONS, TRACE) or an Idempotency-Key; for others the
+// failure is returned.
 type Transport struct {
 	base         http.RoundTripper
 	pacer        *Pacer
@@ -148,6 +151,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		resp, err := t.base.RoundTrip(SendOnce(r))
 		if err != nil {
+			// What net/http would have sent again on its own (see SendOnce) is sent
+			// again here, at a slot of its own.
+			if attempt < t.retries && replayable && idempotentRequest(req) && ctx.Err() == nil && droppedUnanswered(err) {
+				continue
+			}
 			return nil, err
 		}
 		now := t.clock.Now()

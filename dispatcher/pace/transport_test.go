@@ -237,33 +237,42 @@ func TestTransportSendsEachRequestOnce(t *testing.T) {
 	stamps := &stampTransport{clock: SystemClock{}, base: base}
 	tr := mustTransport(t, stamps, limiter.PerSecond(200))
 	client := &http.Client{Transport: tr}
-	failed := 0
-	for _, method := range []string{"POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS"} {
-		for _, body := range []string{"", `{"n":1}`} {
-			for range 2 { // the second goes on the reused connection and is dropped
-				req, err := http.NewRequest(method, srv.URL, strings.NewReader(body))
-				if err != nil {
-					t.Fatal(err)
-				}
-				req.Header.Set("Idempotency-Key", "k-"+method)
-				resp, err := client.Do(req)
-				if err != nil {
-					failed++
-				} else {
-					resp.Body.Close()
-				}
-				if req.GetBody == nil && body != "" || req.Header.Get("Idempotency-Key") == "" {
-					t.Errorf("%s: the caller's request was modified", method)
+	requests, failed := 0, map[bool]int{}
+	for _, keyed := range []bool{true, false} {
+		for _, method := range []string{"POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS"} {
+			for _, body := range []string{"", `{"n":1}`} {
+				for range 2 { // the second goes on the reused connection and is dropped
+					req, err := http.NewRequest(method, srv.URL, strings.NewReader(body))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if keyed {
+						req.Header.Set("Idempotency-Key", "k-"+method)
+					}
+					requests++
+					resp, err := client.Do(req)
+					if err != nil {
+						failed[keyed || idempotentMethod(method)]++
+					} else {
+						resp.Body.Close()
+					}
+					if req.GetBody == nil && body != "" || keyed && req.Header.Get("Idempotency-Key") == "" {
+						t.Errorf("%s: the caller's request was modified", method)
+					}
 				}
 			}
 		}
 	}
 	sent := len(stamps.stamps())
-	t.Logf("%d requests paced, %d reached the server, %d failed unanswered", sent, arrived.Load(), failed)
+	t.Logf("%d requests: %d paced, %d reached the server; failed unanswered: %d replayable, %d not",
+		requests, sent, arrived.Load(), failed[true], failed[false])
 	if int(arrived.Load()) != sent {
 		t.Errorf("%d requests reached the server, %d were paced", arrived.Load(), sent)
 	}
-	if failed == 0 {
-		t.Error("no request was dropped: the test tested nothing")
+	if failed[true] != 0 || sent <= requests {
+		t.Errorf("the replayable requests dropped were not sent again at slots of their own (%d failed)", failed[true])
+	}
+	if failed[false] == 0 {
+		t.Error("no request that net/http would not replay failed: the test tested nothing")
 	}
 }
