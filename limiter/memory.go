@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/maphash"
 	"math/bits"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,8 +12,8 @@ import (
 	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
 
-// Memory is an in-process store. Keys are spread over shards, each with its own lock;
-// a decision on a key that is already tracked allocates nothing. Memory is bounded: a
+// Memory is an in-process store. Keys are spread over shards; a decision on a key that
+// is already tracked allocates nothing and takes no shard lock. Memory is bounded: a
 // key whose state has gone back to a fresh key's is dropped when new keys arrive, and
 // beyond MaxKeys the key closest to fresh is evicted (which forgets its history).
 //
@@ -21,7 +22,25 @@ import (
 // cache miss for its state, where a Go map of pointers costs three or four (bucket,
 // key bytes, state). The tables hold no pointers, so the garbage collector does not
 // scan them, and the keys themselves are not kept: a slot holds two independent
-// hashes of its key, 88 bits in all that must match (see slot).
+// hashes of its key, 87 bits in all that must match (see slot).
+//
+// A hot key is the common case (a global limit, "all orders"), so a decision on a
+// tracked key touches that key's cache line and nothing else that other callers
+// write: it finds the key without the shard's lock and takes the slot's own lock, a
+// bit of the word that identifies the key (see slot.lockKey), makes the decision
+// and releases it. Every write to a slot is made under its lock, so a decision that
+// holds the lock and finds its key's identity still there decides on the key's only
+// copy of its state. What changes the table (inserting, dropping or moving keys,
+// growing it, a key changing algorithm) takes the shard's lock as well, and a
+// decision that meets any of it half-way (an empty or moved slot, an identity gone)
+// is made under the shard's lock instead, which is always right. The sliding window
+// log, whose timestamps live in the shard, is always decided under the shard's lock.
+//
+// (A decision packed into one 64-bit word and updated by compare-and-swap was the
+// other design: the token bucket's state is a float64 level and a time in µs, 128
+// bits, and the Redis scripts compute the same doubles, so packing it would change
+// decisions. The slot lock costs one compare-and-swap and one store on the key's
+// line, as a compare-and-swap loop would, and keeps every algorithm exact.)
 type Memory struct {
 	seed      maphash.Seed // the key's hash: shard, slot and identity
 	checkSeed maphash.Seed // the key's second hash: identity
@@ -35,33 +54,98 @@ type Memory struct {
 
 type memoryShard struct {
 	mu    sync.Mutex
-	table []slot // a power of two of slots, at most 13/16 used; nil until the first key
+	table []slot                 // a power of two of slots, at most 13/16 used; nil until the first key
+	fast  atomic.Pointer[[]slot] // table, for the decisions that do not take mu
 	used  int
 
 	logs     []algo.TimeLog // sliding window logs, by slot.log-1
 	freeLogs []int32        // indices of unused logs
 
-	_ [40]byte // keep neighbouring shards' locks off one cache line
+	_ [32]byte // keep neighbouring shards' locks off one cache line
 }
 
 // slot is one key of a shard's table: 64 bytes, aligned to a cache line (tables are
 // allocated as powers of two of slots, which Go aligns to their size up to a page).
 //
 // A key is known by its hash h (64 bits, from which its shard and home slot derive)
-// and a 32-bit check from a second, independently seeded hash. The low byte of h is
-// replaced by the key's algorithm, so 56 bits of h and the 32 of the check must
-// match: 88 bits of two hashes whose seeds are random per store and never leave the
+// and a 31-bit check from a second, independently seeded hash. The low byte of h is
+// replaced by the key's algorithm, so 56 bits of h and the 31 of the check must
+// match: 87 bits of two hashes whose seeds are random per store and never leave the
 // process. Two distinct keys are mistaken for one another only if they agree on all
-// of them, a chance of 2^-88 (3·10^-27) per slot compared; a lookup compares a few
+// of them, a chance of 2^-87 (6.5·10^-27) per slot compared; a lookup compares a few
 // slots, so a store making a million decisions a second for a century would mistake
-// two keys with a probability of about 10^-10, far below that of a memory error. The
-// seeds are what keeps clients from steering keys into one another, as they do for
-// Go's own maps.
+// two keys with a probability of about 2·10^-10, far below that of a memory error.
+// The seeds are what keeps clients from steering keys into one another, as they do
+// for Go's own maps.
+//
+// The top bit of check is the slot's lock (lockBit). id and check are read without
+// the shard's lock by decisions looking their key up, so they are read and written
+// atomically; everything in a slot is written only under its lock, and what moves
+// keys also holds the shard's.
 type slot struct {
 	id         uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
-	check      uint32 // the key's second hash
+	check      uint32 // the key's second hash, and lockBit while the slot is locked
 	log        int32  // sliding window log: 1 + its index in the shard's logs; 0: none
 	algo.State        // 48 bytes
+}
+
+// lockBit is the bit of slot.check that locks the slot; a check never has it.
+const lockBit = 1 << 31
+
+// lockKey locks s if it holds the key whose check is check, and reports whether it
+// did. It tries the compare-and-swap first: a hot key's line is usually in another
+// core's cache, and one exclusive fetch costs less than a shared one and then that.
+func (s *slot) lockKey(check uint32) bool {
+	for spins := 0; ; spins++ {
+		if atomic.CompareAndSwapUint32(&s.check, check, check|lockBit) {
+			return true
+		}
+		switch atomic.LoadUint32(&s.check) {
+		case check:
+		case check | lockBit:
+			wait(spins)
+		default:
+			return false // another key, or none
+		}
+	}
+}
+
+// lock locks s whatever key it holds and returns its check.
+func (s *slot) lock() uint32 {
+	for spins := 0; ; spins++ {
+		if c := atomic.LoadUint32(&s.check); c&lockBit == 0 && atomic.CompareAndSwapUint32(&s.check, c, c|lockBit) {
+			return c
+		}
+		wait(spins)
+	}
+}
+
+// tryLock locks s unless it is locked, and returns its check.
+func (s *slot) tryLock() (uint32, bool) {
+	c := atomic.LoadUint32(&s.check)
+	return c, c&lockBit == 0 && atomic.CompareAndSwapUint32(&s.check, c, c|lockBit)
+}
+
+// unlock unlocks s, which then holds the key whose check is check.
+func (s *slot) unlock(check uint32) { atomic.StoreUint32(&s.check, check) }
+
+// setID sets the id of s, which is locked.
+func (s *slot) setID(id uint64) { atomic.StoreUint64(&s.id, id) }
+
+// wait is a slot lock's wait, after spins failed tries. A slot is held for a decision,
+// tens of nanoseconds, so a waiter spins; if the holder is still there, it has lost
+// its CPU (on a machine with more runnable threads than cores): the waiter yields to
+// other goroutines, and after a long while (a yield costs about 100ns) it sleeps, so
+// that its thread lets the holder's run. Sleeping sooner costs a hot key throughput:
+// a sleep lasts tens of microseconds or more, long after the holder is done.
+func wait(spins int) {
+	switch {
+	case spins < 16:
+	case spins < 1024:
+		runtime.Gosched()
+	default:
+		time.Sleep(time.Microsecond)
+	}
 }
 
 const idMask = ^uint64(0xff) // the bits of a slot's id that come from the key's hash
@@ -163,9 +247,15 @@ func fill(d *Decision, o algo.Outcome, capacity int64) {
 
 func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 	h := maphash.String(m.seed, key)
-	check := uint32(maphash.String(m.checkSeed, key))
+	check := uint32(maphash.String(m.checkSeed, key)) &^ lockBit
 	now := m.now()
 	sh := &m.shards[h>>m.shift] // a shift by 64 (one shard) gives 0
+	if p.Algorithm != algo.SlidingWindowLog {
+		var o algo.Outcome
+		if sh.decideTracked(&o, h&idMask|uint64(p.Algorithm), check, p, now, n) {
+			return o
+		}
+	}
 	sh.mu.Lock()
 	var s *slot
 	if i := sh.find(h, check); i >= 0 {
@@ -173,9 +263,10 @@ func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 	} else {
 		s = m.insert(sh, h, check, p.Algorithm, now)
 	}
+	s.lock()
 	if s.algorithm() != p.Algorithm {
 		sh.freeLog(s)
-		s.id = h&idMask | uint64(p.Algorithm)
+		s.setID(h&idMask | uint64(p.Algorithm))
 		s.State = algo.State{}
 	}
 	var log *algo.TimeLog
@@ -183,11 +274,45 @@ func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 		log = sh.logOf(s)
 	}
 	o := s.Decide(p, now, n, log)
+	s.unlock(check)
 	sh.mu.Unlock()
 	return o
 }
 
-// find returns the index of the key with hash h and check, or -1.
+// decideTracked makes the decision into o without the shard's lock if the key whose
+// id (hash and algorithm) and check are given is in the table, and reports whether
+// it did; false sends the decision to the shard's lock, for a new key, another
+// algorithm, or a table changing under the lookup.
+func (sh *memoryShard) decideTracked(o *algo.Outcome, id uint64, check uint32, p *algo.Params, now, n int64) bool {
+	t := sh.fast.Load()
+	if t == nil {
+		return false
+	}
+	table := *t
+	mask := uint64(len(table) - 1)
+	for i := home(id, mask); ; i = (i + 1) & mask {
+		s := &table[i]
+		switch atomic.LoadUint64(&s.id) {
+		case 0:
+			return false // a table always has empty slots
+		case id:
+			if !s.lockKey(check) {
+				return false
+			}
+			// Moving a key away clears or changes the id under the slot's lock.
+			if atomic.LoadUint64(&s.id) != id {
+				s.unlock(check)
+				return false
+			}
+			*o = s.Decide(p, now, n, nil)
+			s.unlock(check)
+			return true
+		}
+	}
+}
+
+// find returns the index of the key with hash h and check, or -1. The shard's lock
+// is held: ids change only under it.
 func (sh *memoryShard) find(h uint64, check uint32) int {
 	if len(sh.table) == 0 {
 		return -1
@@ -198,7 +323,7 @@ func (sh *memoryShard) find(h uint64, check uint32) int {
 		if s.id == 0 {
 			return -1 // a table always has empty slots
 		}
-		if (s.id^h)&idMask == 0 && s.check == check {
+		if (s.id^h)&idMask == 0 && atomic.LoadUint32(&s.check)&^lockBit == check {
 			return int(i)
 		}
 	}
@@ -222,11 +347,16 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		i, seen := home(h, mask), 0
 		for range sh.table {
 			if s := &sh.table[i]; s.id != 0 {
-				if s.Expires <= now {
-					expired[nexpired] = ref{s.id, s.check}
-					nexpired++
-				} else if victim.id == 0 || s.Expires < victimExpires {
-					victim, victimExpires = ref{s.id, s.check}, s.Expires
+				// A slot locked by a decision is in use: neither fresh nor a victim.
+				if c, ok := s.tryLock(); ok {
+					expires := s.Expires
+					s.unlock(c)
+					if expires <= now {
+						expired[nexpired] = ref{s.id, c}
+						nexpired++
+					} else if victim.id == 0 || expires < victimExpires {
+						victim, victimExpires = ref{s.id, c}, expires
+					}
 				}
 				if seen++; seen == sampleSize {
 					break
@@ -246,29 +376,50 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		sh.grow()
 	}
 	sh.used++
-	return sh.place(slot{id: h&idMask | uint64(a), check: check})
+	s := place(sh.table, h&idMask|uint64(a))
+	s.unlock(check)
+	return s
 }
 
-// place puts s in the first empty slot from its home and returns it.
-func (sh *memoryShard) place(s slot) *slot {
-	mask := uint64(len(sh.table) - 1)
-	i := home(s.id, mask)
-	for sh.table[i].id != 0 {
+// place takes the first empty slot of table from the home of id, locks it, gives it
+// id and returns it, for the caller to fill and unlock.
+func place(table []slot, id uint64) *slot {
+	mask := uint64(len(table) - 1)
+	i := home(id, mask)
+	for table[i].id != 0 {
 		i = (i + 1) & mask
 	}
-	sh.table[i] = s
-	return &sh.table[i]
+	s := &table[i]
+	s.lock()
+	s.setID(id)
+	return s
 }
 
-// grow doubles the table (or makes the first one).
+// moveTo moves the key of s, which is locked, to d, which is locked and empty, and
+// leaves d locked.
+func (s *slot) moveTo(d *slot) {
+	d.log, d.State = s.log, s.State
+	d.setID(s.id)
+}
+
+// grow doubles the table (or makes the first one). Each key moves under its old slot's
+// lock, which it leaves empty: a decision that still looks in the old table finds
+// nothing there and goes to the shard's lock.
 func (sh *memoryShard) grow() {
 	old := sh.table
-	sh.table = make([]slot, max(2*len(old), 8))
+	table := make([]slot, max(2*len(old), 8))
 	for i := range old {
-		if old[i].id != 0 {
-			sh.place(old[i])
+		if s := &old[i]; s.id != 0 {
+			c := s.lock()
+			d := place(table, s.id)
+			s.moveTo(d)
+			d.unlock(c)
+			s.setID(0)
+			s.unlock(0)
 		}
 	}
+	sh.table = table
+	sh.fast.Store(&table)
 }
 
 // remove deletes the key with this id (hash bits) and check, if present. The slots
@@ -278,17 +429,25 @@ func (sh *memoryShard) remove(id uint64, check uint32) {
 	if i < 0 {
 		return
 	}
-	sh.freeLog(&sh.table[i])
+	s := &sh.table[i]
+	s.lock()
+	sh.freeLog(s)
 	mask := uint64(len(sh.table) - 1)
 	hole := uint64(i)
 	for j := (hole + 1) & mask; sh.table[j].id != 0; j = (j + 1) & mask {
 		// The slot at j may fill the hole unless its home lies cyclically in (hole, j].
 		if (j-home(sh.table[j].id, mask))&mask >= (j-hole)&mask {
-			sh.table[hole] = sh.table[j]
+			t := &sh.table[j]
+			c := t.lock()
+			t.moveTo(&sh.table[hole])
+			sh.table[hole].unlock(c)
 			hole = j
 		}
 	}
-	sh.table[hole] = slot{}
+	s = &sh.table[hole]
+	s.setID(0)
+	s.log, s.State = 0, algo.State{}
+	s.unlock(0)
 	sh.used--
 }
 

@@ -82,17 +82,37 @@ func TestMemoryDecisionsDoNotAllocate(t *testing.T) {
 
 // TestMemoryConcurrentDecisionsAreNotLost has goroutines decide on a few hot keys
 // while another floods the same shard with new keys, so that keys are evicted and the
-// hot ones shifted back between (or, in a store that looked keys up without the
-// shard's lock, under) the deciders' decisions. Every decision on a hot key must count:
-// none may be made on a stale copy of its state, and no hot key may be lost. (The clock
-// stands still, and the hot keys' window ends last, so they are never fresh nor the
-// ones evicted.)
+// hot ones shifted back (evicting), or the table grows and every key moves to a new
+// one (growing), under the deciders, which look their keys up without the shard's
+// lock. Every decision on a hot key must count: none may be made on a stale copy of
+// its state, and no hot key may be lost. (The clock stands still, and the hot keys'
+// window ends last, so they are never fresh nor the ones evicted.)
 func TestMemoryConcurrentDecisionsAreNotLost(t *testing.T) {
+	for _, tc := range []struct {
+		name                    string
+		maxKeys, floods, rounds int
+	}{
+		// 13/16 of a table of 64 slots: long probe runs, keys off their home slot.
+		{"evicting", 52, 20_000, 1},
+		// From a table of 64 slots to one of 1024, in each of many stores: a key
+		// moves in a few nanoseconds, so it takes many moves to meet a decision.
+		{"growing", 1 << 20, 600, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range tc.rounds {
+				testConcurrentDecisions(t, tc.maxKeys, tc.floods)
+				if t.Failed() {
+					return
+				}
+			}
+		})
+	}
+}
+
+func testConcurrentDecisions(t *testing.T, maxKeys, floods int) {
 	const (
 		hotKeys  = 4
 		deciders = 4
-		floods   = 20_000
-		maxKeys  = 52 // 13/16 of a table of 64 slots: long probe runs, keys off their home slot
 		rate     = 1 << 40
 	)
 	m := limiter.NewMemory(limiter.WithClock(func() time.Time { return t0 }), limiter.WithShards(1), limiter.WithMaxKeys(maxKeys))
@@ -105,7 +125,7 @@ func TestMemoryConcurrentDecisionsAreNotLost(t *testing.T) {
 	ctx := context.Background()
 	// The hot keys arrive in a full table, so that most of them land off their home
 	// slot, and backward shifts move them.
-	for i := range maxKeys {
+	for i := range min(maxKeys, 52) {
 		if _, err := m.AllowN(ctx, fmt.Sprint("churn-", i), churn(i), 1); err != nil {
 			t.Fatal(err)
 		}
@@ -132,8 +152,11 @@ func TestMemoryConcurrentDecisionsAreNotLost(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
-	if m.Evictions() == 0 {
+	if floods > maxKeys && m.Evictions() == 0 {
 		t.Error("the flood evicted nothing: the test did not move keys under the deciders")
+	}
+	if floods < maxKeys && m.Len() < floods {
+		t.Errorf("%d keys tracked after a flood of %d: the table did not grow under the deciders", m.Len(), floods)
 	}
 	for k, key := range hotNames {
 		decided := int64(0)
