@@ -69,7 +69,7 @@ func TestLimiterTable(t *testing.T) {
 
 func TestLimiterJSON(t *testing.T) {
 	svg := filepath.Join(t.TempDir(), "limiter.svg")
-	out, errOut, code := benchRun(t, "limiter", "--duration", "10ms", "--warmup", "0s", "--keys", "100", "--redis", "", "--json", "--svg", svg)
+	out, errOut, code := benchRun(t, "limiter", "--duration", "10ms", "--warmup", "0s", "--keys", "100", "--redis", "", "--rounds", "3", "--json", "--svg", svg)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
@@ -77,6 +77,7 @@ func TestLimiterJSON(t *testing.T) {
 		Mode       string   `json:"mode"`
 		GOMAXPROCS int      `json:"gomaxprocs"`
 		Duration   string   `json:"duration"`
+		Rounds     int      `json:"rounds"`
 		Keys       int      `json:"keys"`
 		Redis      *bool    `json:"redis"`
 		Results    []result `json:"results"`
@@ -84,7 +85,7 @@ func TestLimiterJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("not one JSON document: %v\n%s", err, out)
 	}
-	if doc.Mode != "limiter" || doc.GOMAXPROCS < 1 || doc.Duration != "10ms" || doc.Keys != 100 || doc.Redis == nil || *doc.Redis {
+	if doc.Mode != "limiter" || doc.GOMAXPROCS < 1 || doc.Duration != "10ms" || doc.Rounds != 3 || doc.Keys != 100 || doc.Redis == nil || *doc.Redis {
 		t.Errorf("parameters: %+v", doc)
 	}
 	if len(doc.Results) == 0 || len(doc.Results)%2 != 0 {
@@ -97,6 +98,10 @@ func TestLimiterJSON(t *testing.T) {
 		}
 		if r.Sluice != (i%2 == 0) || (r.Sluice && r.RatioVsPeer <= 0) {
 			t.Errorf("result %d: sluice %v, ratio %v", i, r.Sluice, r.RatioVsPeer)
+		}
+		// The reported round is the median of three.
+		if r.Sluice && !(r.RatioMin <= r.RatioVsPeer && r.RatioVsPeer <= r.RatioMax) {
+			t.Errorf("result %d: ratio %v outside its rounds' range %v-%v", i, r.RatioVsPeer, r.RatioMin, r.RatioMax)
 		}
 		if _, known := processCPU(); known && (r.CPUNsPerDecision <= 0 || (r.Sluice && r.CPURatioVsPeer <= 0)) {
 			t.Errorf("result %d: CPU ns per decision %v, CPU ratio %v", i, r.CPUNsPerDecision, r.CPURatioVsPeer)
@@ -116,6 +121,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"limiter", "--duration", "0s"}, exitUsage},
 		{[]string{"limiter", "--redis-callers", "1,x"}, exitUsage},
 		{[]string{"limiter", "extra"}, exitUsage},
+		{[]string{"limiter", "--rounds", "0"}, exitUsage},
 	} {
 		if _, _, code := benchRun(t, tc.args...); code != tc.code {
 			t.Errorf("%q: exit %d, want %d", tc.args, code, tc.code)
