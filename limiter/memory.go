@@ -4,7 +4,6 @@ import (
 	"context"
 	"hash/maphash"
 	"math/bits"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,9 +25,8 @@ import (
 //
 // A hot key is the common case (a global limit, "all orders"), so a decision on a
 // tracked key touches that key's cache line and nothing else that other callers
-// write: it finds the key without the shard's lock and takes the slot's own lock, a
-// bit of the word that identifies the key (see slot.lockKey), makes the decision
-// and releases it. Every write to a slot is made under its lock, so a decision that
+// write: it finds the key without the shard's lock and takes the slot's own lock,
+// which lives in the same line (see slot), makes the decision and releases it. Every write to a slot is made under its lock, so a decision that
 // holds the lock and finds its key's identity still there decides on the key's only
 // copy of its state. What changes the table (inserting, dropping or moving keys,
 // growing it, a key changing algorithm) takes the shard's lock as well, and a
@@ -39,8 +37,8 @@ import (
 // (A decision packed into one 64-bit word and updated by compare-and-swap was the
 // other design: the token bucket's state is a float64 level and a time in µs, 128
 // bits, and the Redis scripts compute the same doubles, so packing it would change
-// decisions. The slot lock costs one compare-and-swap and one store on the key's
-// line, as a compare-and-swap loop would, and keeps every algorithm exact.)
+// decisions. The slot lock costs one compare-and-swap and one atomic add on the
+// key's line, as a compare-and-swap loop would, and keeps every algorithm exact.)
 type Memory struct {
 	seed      maphash.Seed // the key's hash: shard, slot and identity
 	checkSeed maphash.Seed // the key's second hash: identity
@@ -68,85 +66,44 @@ type memoryShard struct {
 // allocated as powers of two of slots, which Go aligns to their size up to a page).
 //
 // A key is known by its hash h (64 bits, from which its shard and home slot derive)
-// and a 31-bit check from a second, independently seeded hash. The low byte of h is
-// replaced by the key's algorithm, so 56 bits of h and the 31 of the check must
-// match: 87 bits of two hashes whose seeds are random per store and never leave the
+// and a 32-bit check from a second, independently seeded hash. The low byte of h is
+// replaced by the key's algorithm, so 56 bits of h and the 32 of the check must
+// match: 88 bits of two hashes whose seeds are random per store and never leave the
 // process. Two distinct keys are mistaken for one another only if they agree on all
-// of them, a chance of 2^-87 (6.5·10^-27) per slot compared; a lookup compares a few
+// of them, a chance of 2^-88 (3·10^-27) per slot compared; a lookup compares a few
 // slots, so a store making a million decisions a second for a century would mistake
-// two keys with a probability of about 2·10^-10, far below that of a memory error.
-// The seeds are what keeps clients from steering keys into one another, as they do
-// for Go's own maps.
+// two keys with a probability of about 10^-10, far below that of a memory error. The
+// seeds are what keeps clients from steering keys into one another, as they do for
+// Go's own maps.
 //
-// The top bit of check is the slot's lock (lockBit). id and check are read without
-// the shard's lock by decisions looking their key up, so they are read and written
-// atomically; everything in a slot is written only under its lock, and what moves
-// keys also holds the shard's.
+// mu is the slot's lock. id is read without the shard's lock by decisions looking
+// their key up, so it is read and written atomically; everything in a slot is
+// written only under mu, and what moves keys also holds the shard's lock. A
+// sync.Mutex rather than a spin lock: callers hammering one key then take turns in
+// runs (a waiter parks, the holder keeps the line in its cache), where a spin lock
+// hands the line from core to core at every decision, which measured slower than
+// x/time/rate's one mutex.
 type slot struct {
+	mu         sync.Mutex
 	id         uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
-	check      uint32 // the key's second hash, and lockBit while the slot is locked
+	check      uint32 // the key's second hash
 	log        int32  // sliding window log: 1 + its index in the shard's logs; 0: none
-	algo.State        // 48 bytes
+	algo.State        // 40 bytes
 }
 
-// lockBit is the bit of slot.check that locks the slot; a check never has it.
-const lockBit = 1 << 31
-
-// lockKey locks s if it holds the key whose check is check, and reports whether it
-// did. It tries the compare-and-swap first: a hot key's line is usually in another
-// core's cache, and one exclusive fetch costs less than a shared one and then that.
-func (s *slot) lockKey(check uint32) bool {
-	for spins := 0; ; spins++ {
-		if atomic.CompareAndSwapUint32(&s.check, check, check|lockBit) {
-			return true
-		}
-		switch atomic.LoadUint32(&s.check) {
-		case check:
-		case check | lockBit:
-			wait(spins)
-		default:
-			return false // another key, or none
-		}
+// lockKey locks s if it holds the key of this id and check, and reports whether it
+// did.
+func (s *slot) lockKey(id uint64, check uint32) bool {
+	s.mu.Lock()
+	if atomic.LoadUint64(&s.id) == id && s.check == check {
+		return true
 	}
+	s.mu.Unlock()
+	return false // moved, dropped or replaced meanwhile
 }
-
-// lock locks s whatever key it holds and returns its check.
-func (s *slot) lock() uint32 {
-	for spins := 0; ; spins++ {
-		if c := atomic.LoadUint32(&s.check); c&lockBit == 0 && atomic.CompareAndSwapUint32(&s.check, c, c|lockBit) {
-			return c
-		}
-		wait(spins)
-	}
-}
-
-// tryLock locks s unless it is locked, and returns its check.
-func (s *slot) tryLock() (uint32, bool) {
-	c := atomic.LoadUint32(&s.check)
-	return c, c&lockBit == 0 && atomic.CompareAndSwapUint32(&s.check, c, c|lockBit)
-}
-
-// unlock unlocks s, which then holds the key whose check is check.
-func (s *slot) unlock(check uint32) { atomic.StoreUint32(&s.check, check) }
 
 // setID sets the id of s, which is locked.
 func (s *slot) setID(id uint64) { atomic.StoreUint64(&s.id, id) }
-
-// wait is a slot lock's wait, after spins failed tries. A slot is held for a decision,
-// tens of nanoseconds, so a waiter spins; if the holder is still there, it has lost
-// its CPU (on a machine with more runnable threads than cores): the waiter yields to
-// other goroutines, and after a long while (a yield costs about 100ns) it sleeps, so
-// that its thread lets the holder's run. Sleeping sooner costs a hot key throughput:
-// a sleep lasts tens of microseconds or more, long after the holder is done.
-func wait(spins int) {
-	switch {
-	case spins < 16:
-	case spins < 1024:
-		runtime.Gosched()
-	default:
-		time.Sleep(time.Microsecond)
-	}
-}
 
 const idMask = ^uint64(0xff) // the bits of a slot's id that come from the key's hash
 
@@ -247,7 +204,7 @@ func fill(d *Decision, o algo.Outcome, capacity int64) {
 
 func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 	h := maphash.String(m.seed, key)
-	check := uint32(maphash.String(m.checkSeed, key)) &^ lockBit
+	check := uint32(maphash.String(m.checkSeed, key))
 	now := m.now()
 	sh := &m.shards[h>>m.shift] // a shift by 64 (one shard) gives 0
 	if p.Algorithm != algo.SlidingWindowLog {
@@ -263,7 +220,7 @@ func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 	} else {
 		s = m.insert(sh, h, check, p.Algorithm, now)
 	}
-	s.lock()
+	s.mu.Lock()
 	if s.algorithm() != p.Algorithm {
 		sh.freeLog(s)
 		s.setID(h&idMask | uint64(p.Algorithm))
@@ -274,7 +231,7 @@ func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
 		log = sh.logOf(s)
 	}
 	o := s.Decide(p, now, n, log)
-	s.unlock(check)
+	s.mu.Unlock()
 	sh.mu.Unlock()
 	return o
 }
@@ -296,16 +253,12 @@ func (sh *memoryShard) decideTracked(o *algo.Outcome, id uint64, check uint32, p
 		case 0:
 			return false // a table always has empty slots
 		case id:
-			if !s.lockKey(check) {
-				return false
-			}
-			// Moving a key away clears or changes the id under the slot's lock.
-			if atomic.LoadUint64(&s.id) != id {
-				s.unlock(check)
+			// Moving a key away clears or changes its id under the slot's lock.
+			if !s.lockKey(id, check) {
 				return false
 			}
 			*o = s.Decide(p, now, n, nil)
-			s.unlock(check)
+			s.mu.Unlock()
 			return true
 		}
 	}
@@ -323,7 +276,7 @@ func (sh *memoryShard) find(h uint64, check uint32) int {
 		if s.id == 0 {
 			return -1 // a table always has empty slots
 		}
-		if (s.id^h)&idMask == 0 && atomic.LoadUint32(&s.check)&^lockBit == check {
+		if (s.id^h)&idMask == 0 && s.check == check {
 			return int(i)
 		}
 	}
@@ -348,14 +301,14 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		for range sh.table {
 			if s := &sh.table[i]; s.id != 0 {
 				// A slot locked by a decision is in use: neither fresh nor a victim.
-				if c, ok := s.tryLock(); ok {
+				if s.mu.TryLock() {
 					expires := s.Expires
-					s.unlock(c)
+					s.mu.Unlock()
 					if expires <= now {
-						expired[nexpired] = ref{s.id, c}
+						expired[nexpired] = ref{s.id, s.check}
 						nexpired++
 					} else if victim.id == 0 || expires < victimExpires {
-						victim, victimExpires = ref{s.id, c}, expires
+						victim, victimExpires = ref{s.id, s.check}, expires
 					}
 				}
 				if seen++; seen == sampleSize {
@@ -376,21 +329,22 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		sh.grow()
 	}
 	sh.used++
-	s := place(sh.table, h&idMask|uint64(a))
-	s.unlock(check)
+	s := place(sh.table, h&idMask|uint64(a), check)
+	s.mu.Unlock()
 	return s
 }
 
 // place takes the first empty slot of table from the home of id, locks it, gives it
-// id and returns it, for the caller to fill and unlock.
-func place(table []slot, id uint64) *slot {
+// id and check and returns it, for the caller to fill and unlock.
+func place(table []slot, id uint64, check uint32) *slot {
 	mask := uint64(len(table) - 1)
 	i := home(id, mask)
 	for table[i].id != 0 {
 		i = (i + 1) & mask
 	}
 	s := &table[i]
-	s.lock()
+	s.mu.Lock()
+	s.check = check
 	s.setID(id)
 	return s
 }
@@ -398,7 +352,7 @@ func place(table []slot, id uint64) *slot {
 // moveTo moves the key of s, which is locked, to d, which is locked and empty, and
 // leaves d locked.
 func (s *slot) moveTo(d *slot) {
-	d.log, d.State = s.log, s.State
+	d.check, d.log, d.State = s.check, s.log, s.State
 	d.setID(s.id)
 }
 
@@ -410,12 +364,12 @@ func (sh *memoryShard) grow() {
 	table := make([]slot, max(2*len(old), 8))
 	for i := range old {
 		if s := &old[i]; s.id != 0 {
-			c := s.lock()
-			d := place(table, s.id)
+			s.mu.Lock()
+			d := place(table, s.id, s.check)
 			s.moveTo(d)
-			d.unlock(c)
+			d.mu.Unlock()
 			s.setID(0)
-			s.unlock(0)
+			s.mu.Unlock()
 		}
 	}
 	sh.table = table
@@ -430,7 +384,7 @@ func (sh *memoryShard) remove(id uint64, check uint32) {
 		return
 	}
 	s := &sh.table[i]
-	s.lock()
+	s.mu.Lock()
 	sh.freeLog(s)
 	mask := uint64(len(sh.table) - 1)
 	hole := uint64(i)
@@ -438,16 +392,16 @@ func (sh *memoryShard) remove(id uint64, check uint32) {
 		// The slot at j may fill the hole unless its home lies cyclically in (hole, j].
 		if (j-home(sh.table[j].id, mask))&mask >= (j-hole)&mask {
 			t := &sh.table[j]
-			c := t.lock()
+			t.mu.Lock()
 			t.moveTo(&sh.table[hole])
-			sh.table[hole].unlock(c)
+			sh.table[hole].mu.Unlock()
 			hole = j
 		}
 	}
 	s = &sh.table[hole]
 	s.setID(0)
-	s.log, s.State = 0, algo.State{}
-	s.unlock(0)
+	s.check, s.log, s.State = 0, 0, algo.State{}
+	s.mu.Unlock()
 	sh.used--
 }
 

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
@@ -60,6 +61,17 @@ func TestMemoryTable(t *testing.T) {
 		if len(sh.table) > 256 {
 			t.Fatalf("step %d: the table grew to %d slots for at most 96 keys", step, len(sh.table))
 		}
+	}
+}
+
+// TestMemoryLayout checks the sizes the table's design counts on: a slot (its lock,
+// the key's identity and its state) in one cache line, and a shard in two.
+func TestMemoryLayout(t *testing.T) {
+	if n := unsafe.Sizeof(slot{}); n != 64 {
+		t.Errorf("a slot is %d bytes, want 64", n)
+	}
+	if n := unsafe.Sizeof(memoryShard{}); n != 128 {
+		t.Errorf("a shard is %d bytes, want 128", n)
 	}
 }
 

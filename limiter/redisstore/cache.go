@@ -165,7 +165,10 @@ func (c *overLimitCache) update(rkey string, p *algo.Params, req *redisRequest) 
 		sh.m[rkey] = e
 	}
 	e.algorithm = p.Algorithm
-	e.st = algo.State{Last: rep.now, Level: level, Start: rep.start, Count: rep.count, Prev: rep.prev}
+	e.st = algo.State{Last: rep.now, Level: level, Start: rep.start, Count: rep.count}
+	if p.Algorithm == algo.SlidingWindowCounter {
+		e.st.Level = float64(rep.prev) // where State keeps the previous window's count
+	}
 	if p.Algorithm == algo.SlidingWindowLog {
 		e.log.set(rep.head[:rep.nhead], rep.logSize, rep.newest)
 	}

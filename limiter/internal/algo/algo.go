@@ -21,16 +21,20 @@ const MaxMicros = 1 << 53
 
 // State is one key's state. Each algorithm uses its own fields; the sliding window
 // log keeps its timestamps beside it (TimeLog), so that the state of every other
-// algorithm stays small: the memory store keeps it inline in its hash table.
+// algorithm stays small: the memory store keeps it inline in its hash table, beside
+// a lock, in one cache line (40 bytes).
 type State struct {
 	Last    int64 // latest time seen, µs; the clock never goes backwards for a key
 	Expires int64 // from this time on the state is equivalent to a fresh one, µs
 
-	Level float64 // buckets: units in the virtual queue (capacity minus tokens)
+	// Level is, for the buckets, the units in the virtual queue (capacity minus
+	// tokens); for the sliding window counter, the units counted in the previous
+	// window, a whole number below 2^53 and so exact as a float64 (the two never
+	// share a key, and sharing the field keeps State in 40 bytes).
+	Level float64
 
 	Start int64 // windows: start of the current window, µs
 	Count int64 // windows: units counted in the current window
-	Prev  int64 // sliding window counter: units counted in the previous window
 }
 
 // Algo is an algorithm as a small number, which the hot paths compare and switch on
@@ -212,15 +216,15 @@ func (s *State) slidingCounter(p *Params, now, n int64) Outcome {
 	start := now - now%p.Period
 	if s.Start != start {
 		if start-s.Start == p.Period {
-			s.Prev = s.Count
+			s.Level = float64(s.Count) // the previous window's count
 		} else {
-			s.Prev = 0
+			s.Level = 0
 		}
 		s.Start, s.Count = start, 0
 	}
-	period := float64(p.Period)
+	period, prev := float64(p.Period), s.Level
 	elapsed := now - start
-	used := s.Count + int64(math.Floor(float64(float64(s.Prev)*float64(p.Period-elapsed))/period))
+	used := s.Count + int64(math.Floor(float64(prev*float64(p.Period-elapsed))/period))
 	o := Outcome{}
 	switch {
 	case used+n <= p.Rate:
@@ -233,7 +237,7 @@ func (s *State) slidingCounter(p *Params, now, n int64) Outcome {
 		// Only the previous window's share is in the way: wait until it has shrunk so
 		// that prev*(period-e)/period < rate-n+1-count.
 		room := float64(p.Rate - n + 1 - s.Count)
-		e := int64(math.Floor(period-float64(room*period)/float64(s.Prev))) + 1
+		e := int64(math.Floor(period-float64(room*period)/prev)) + 1
 		o.RetryAfter = start + e - now
 	default:
 		// The current window itself is full: in the next one it becomes the previous
@@ -246,7 +250,7 @@ func (s *State) slidingCounter(p *Params, now, n int64) Outcome {
 	switch {
 	case s.Count > 0:
 		o.ResetAfter = start + 2*p.Period - now
-	case s.Prev > 0:
+	case prev > 0:
 		o.ResetAfter = start + p.Period - now
 	}
 	return o
