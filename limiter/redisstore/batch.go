@@ -16,12 +16,21 @@ import (
 
 // redisCall is one EVALSHA: the decisions of one batch that run one script.
 type redisCall struct {
-	script *redis.Script
+	script *script
 	reqs   []*redisRequest
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd
-	err    error // loading the script failed
+	err    error  // loading the script failed
+	one    [1]any // the reply of a one-decision call, as a list of one
+}
+
+// lua is the script the call runs: the one-decision script for a single decision.
+func (c *redisCall) lua() *redis.Script {
+	if len(c.reqs) == 1 {
+		return c.script.one
+	}
+	return c.script.many
 }
 
 func (r *Store) worker() {
@@ -58,7 +67,7 @@ func (r *Store) worker() {
 			clear(c.reqs)
 			clear(c.keys)
 			clear(c.args)
-			c.cmd, c.err = nil, nil
+			c.cmd, c.err, c.one[0] = nil, nil, nil
 		}
 	}
 }
@@ -117,7 +126,7 @@ func (r *Store) execute(parent context.Context, calls []redisCall, pipe redis.Pi
 
 	// Scripts missing from the server's cache (a restart, SCRIPT FLUSH, a new Cluster
 	// node): load them and make those calls again.
-	var loaded [4]*redis.Script
+	var loaded [8]*redis.Script
 	nloaded, missing := 0, false
 load:
 	for i := range calls {
@@ -127,15 +136,15 @@ load:
 		}
 		missing = true
 		for _, s := range loaded[:nloaded] {
-			if s == c.script {
+			if s == c.lua() {
 				continue load
 			}
 		}
-		loaded[nloaded] = c.script
+		loaded[nloaded] = c.lua()
 		nloaded++
-		if err := c.script.Load(ctx, r.client).Err(); err != nil {
+		if err := c.lua().Load(ctx, r.client).Err(); err != nil {
 			for j := range calls {
-				if calls[j].script == c.script {
+				if calls[j].lua() == c.lua() {
 					calls[j].err = err
 				}
 			}
@@ -152,7 +161,10 @@ load:
 			err = c.cmd.Err()
 		}
 		var replies []any
-		if err == nil {
+		if err == nil && len(c.reqs) == 1 {
+			c.one[0] = c.cmd.Val() // the one-decision script's reply is the decision's
+			replies = c.one[:]
+		} else if err == nil {
 			var ok bool
 			if replies, ok = c.cmd.Val().([]any); !ok || len(replies) != len(c.reqs) {
 				err = errReply
@@ -180,7 +192,7 @@ func (r *Store) run(ctx context.Context, pipe redis.Pipeliner, calls []redisCall
 	send := func(c *redisCall) bool { return !again || (c.err == nil && isNoScript(c.cmd.Err())) }
 	if len(calls) == 1 {
 		if c := &calls[0]; send(c) {
-			c.cmd = r.client.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+			c.cmd = r.client.EvalSha(ctx, c.lua().Hash(), c.keys, c.args...)
 		}
 		return
 	}
@@ -189,7 +201,7 @@ func (r *Store) run(ctx context.Context, pipe redis.Pipeliner, calls []redisCall
 	}
 	for i := range calls {
 		if c := &calls[i]; send(c) {
-			c.cmd = pipe.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
+			c.cmd = pipe.EvalSha(ctx, c.lua().Hash(), c.keys, c.args...)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // each command carries its own error

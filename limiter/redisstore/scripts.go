@@ -48,13 +48,22 @@ import (
 // key's. The grace keeps the latest time seen a little longer, so a clock that steps
 // back by less than the grace still cannot grant quota twice.
 
-// newScript makes a script of any number of decisions from the body of one: the
-// body of a Lua function of i, which sees the decision's now and unpacked arguments
-// and returns its reply. (Helpers are written out in each body rather than defined
-// as Lua functions: calls cost.) A TTL is
+// script is an algorithm's two scripts: many decides any number of decisions, as
+// above; one decides exactly one, and returns its packed reply itself rather than
+// in an array, or fails with the decision's error. A call of one decision (a lone
+// caller, a Cluster) sends one: without the loop, the closure, pcall and the
+// array, Redis spends less on it and Go reads it without allocating the array.
+type script struct {
+	many, one *redis.Script
+}
+
+// newScript makes an algorithm's scripts from the body of one decision: the body
+// of a Lua function of i, which sees the decision's now and unpacked arguments and
+// returns its reply. (Helpers are written out in each body rather than defined as
+// Lua functions: calls cost.) A TTL is
 // string.format('%d', math.floor(reset / 1000) + 1 + grace).
-func newScript(body string) *redis.Script {
-	return redis.NewScript(`
+func newScript(body string) *script {
+	return &script{many: redis.NewScript(`
 local time
 if ARGV[1] == '' then
   if redis.replicate_commands then redis.replicate_commands() end
@@ -73,7 +82,16 @@ for i = 1, #ARGV / 3 do
   out[i] = res
 end
 return out
-`)
+`), one: redis.NewScript(`
+local now = tonumber(ARGV[1])
+if not now then
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local i = 1
+local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[2])
+` + body)}
 }
 
 // bucketScript is algo.State.bucket, for the token and the leaky bucket. KEYS[i] holds

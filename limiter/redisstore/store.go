@@ -454,7 +454,7 @@ func appendHashTag(b []byte, key string) []byte {
 }
 
 // scriptOf returns the script of algorithm a.
-func scriptOf(a algo.Algo) *redis.Script {
+func scriptOf(a algo.Algo) *script {
 	switch a {
 	case algo.TokenBucket, algo.LeakyBucket:
 		return bucketScript
@@ -539,7 +539,7 @@ func littleEndian64(s string) uint64 {
 
 // redisRequest is one decision on its way through a worker. Requests are pooled.
 type redisRequest struct {
-	script *redis.Script
+	script *script
 	alg    algo.Algo
 	keys   [2]string
 	nkeys  int
