@@ -12,7 +12,8 @@ import (
 
 // Benchmarks of the memory store's decision path, for every algorithm, on one key and
 // on 100k distinct keys. The side-by-side comparison with golang.org/x/time/rate is
-// `go run -C cmd/sluice-bench . limiter`.
+// `go run -C cmd/sluice-bench . limiter` (with --rounds 5 on a machine shared with
+// other work: it alternates the contenders and reports the median round).
 //
 //	go test -run '^$' -bench . -benchmem ./limiter/
 //
@@ -104,7 +105,7 @@ func BenchmarkMemory(b *testing.B) {
 }
 
 // BenchmarkMemoryParallel is the one-key and 100k-key pattern with GOMAXPROCS
-// goroutines, where shard locks are contended.
+// goroutines: one key's slot lock is contended, and 100k keys' shards are shared.
 func BenchmarkMemoryParallel(b *testing.B) {
 	ctx := context.Background()
 	l := benchLimit(limiter.TokenBucket, len(benchKeys))

@@ -20,12 +20,14 @@ import (
 // cost is mostly its calls and conversions), and so are the replies. The sliding
 // log's timestamps are decimal integers.
 //
-// A script makes any number of decisions of one algorithm, in order, in one EVALSHA:
-// the Redis store merges the decisions of a pipeline that share a script, which
-// spares Redis a third of its work per decision (the EVALSHA itself and TIME cost
-// about as much as the GET and SET). A script is atomic, so each of its decisions
-// still is. A Cluster runs only scripts whose keys share a slot: there, and on any
-// client but a standalone or Sentinel one, the store sends one decision per script.
+// An algorithm's many-decision script makes any number of decisions of it, in order,
+// in one EVALSHA: the Redis store merges the decisions of a pipeline that share a
+// script, which spares Redis a third of its work per decision (the EVALSHA itself
+// and TIME cost about as much as the GET and SET). A script is atomic, so each of
+// its decisions still is. A Cluster runs only scripts whose keys share a slot:
+// there, and on any client but a standalone or Sentinel one, the store sends one
+// decision per script. A call of one decision runs the algorithm's one-decision
+// script (see script), the same body without the loop.
 //
 // ARGV holds three arguments per decision i:
 //
@@ -35,13 +37,14 @@ import (
 //	     TTL), forgive (1 or 0)
 //	3i   the bucket's write-back (see bucketScript), or ""
 //
-// and KEYS one key per decision (two for the sliding log). Every script returns an
-// array with, per decision, packed '<ddddd…': allowed (1/0), remaining, retryAfter
+// and KEYS one key per decision (two for the sliding log). A many-decision script
+// returns an array with, per decision, packed '<ddddd…': allowed (1/0), remaining, retryAfter
 // (µs, -1 for never), resetAfter (µs), now (µs, after clamping), and after a
 // rejection the state the over-limit cache needs (see each script); or an error
 // about that decision alone (a key holding another type, say): each decision runs
-// under pcall. (One packed string costs Redis less to reply, and Go less to read,
-// than an array of integers.)
+// under pcall. A one-decision script returns the packed string itself, or fails.
+// (One packed string costs Redis less to reply, and Go less to read, than an array
+// of integers.)
 //
 // Each key's TTL is at least its decision's resetAfter (rounded up to the
 // millisecond) plus the grace, so an idle key vanishes once its state would be a fresh
