@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -318,10 +319,9 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 			i = (i + 1) & mask
 		}
 		for _, r := range expired[:nexpired] {
-			sh.remove(r.id, r.check)
+			sh.remove(r.id, r.check, now)
 		}
-		if sh.used >= m.perCap && victim.id != 0 {
-			sh.remove(victim.id, victim.check)
+		if sh.used >= m.perCap && victim.id != 0 && sh.remove(victim.id, victim.check, math.MaxInt64) {
 			m.evictions.Add(1)
 		}
 	}
@@ -376,15 +376,23 @@ func (sh *memoryShard) grow() {
 	sh.fast.Store(&table)
 }
 
-// remove deletes the key with this id (hash bits) and check, if present. The slots
+// remove deletes the key with this id (hash bits) and check if it is present and its
+// state is fresh by time freshBy (math.MaxInt64: whatever its state), and reports
+// whether it did. The state is looked at under the slot's lock: a decision that does
+// not take the shard's lock may have changed it since the caller inspected it, and
+// dropping a state that a decision has changed would forget that decision. The slots
 // after it move back (backward-shift deletion), so the table needs no tombstones.
-func (sh *memoryShard) remove(id uint64, check uint32) {
+func (sh *memoryShard) remove(id uint64, check uint32, freshBy int64) bool {
 	i := sh.find(id, check)
 	if i < 0 {
-		return
+		return false
 	}
 	s := &sh.table[i]
 	s.mu.Lock()
+	if s.Expires > freshBy {
+		s.mu.Unlock()
+		return false
+	}
 	sh.freeLog(s)
 	mask := uint64(len(sh.table) - 1)
 	hole := uint64(i)
@@ -403,6 +411,7 @@ func (sh *memoryShard) remove(id uint64, check uint32) {
 	s.check, s.log, s.State = 0, 0, algo.State{}
 	s.mu.Unlock()
 	sh.used--
+	return true
 }
 
 // logOf returns the sliding window log of s, making it if s has none.

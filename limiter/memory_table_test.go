@@ -1,6 +1,7 @@
 package limiter
 
 import (
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -44,7 +45,7 @@ func TestMemoryTable(t *testing.T) {
 			keys[i] = keys[len(keys)-1]
 			keys = keys[:len(keys)-1]
 			delete(want, k)
-			sh.remove(k.id, k.check)
+			sh.remove(k.id, k.check, math.MaxInt64)
 		}
 		if sh.used != len(want) {
 			t.Fatalf("step %d: %d keys in the table, want %d", step, sh.used, len(want))

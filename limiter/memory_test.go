@@ -170,3 +170,79 @@ func testConcurrentDecisions(t *testing.T, maxKeys, floods int) {
 }
 
 var hotNames = [...]string{"hot-0", "hot-1", "hot-2", "hot-3"}
+
+// TestMemoryExpiryDoesNotForgetADecision has goroutines decide on keys whose window
+// has just ended, while new keys arriving in their shard sweep away the keys that are
+// fresh again. A key's state that a decision has changed is no longer fresh: dropping
+// it would forget that decision, and the next one would be allowed again. With a
+// limit of one unit per window, exactly one decision per key and window must be
+// allowed. (No key is evicted: evicting forgets history by design.)
+func TestMemoryExpiryDoesNotForgetADecision(t *testing.T) {
+	const (
+		rounds   = 2000
+		hotKeys  = 16
+		deciders = 3
+		floods   = 24 // new keys per round; last round's are fresh again
+	)
+	var now atomic.Int64 // µs since t0
+	clock := func() time.Time { return t0.Add(time.Duration(now.Load()) * time.Microsecond) }
+	m := limiter.NewMemory(limiter.WithClock(clock), limiter.WithShards(1), limiter.WithMaxKeys(1<<20))
+	l := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: 1, Period: time.Second}
+	ctx := context.Background()
+	var hot [hotKeys]string
+	for k := range hot {
+		hot[k] = fmt.Sprint("hot-", k)
+	}
+	var flood [2][floods]string
+	for i := range flood {
+		for j := range flood[i] {
+			flood[i][j] = fmt.Sprint("flood-", i, "-", j)
+		}
+	}
+	for r := range rounds {
+		// Every key's window ended as the round begins. The flood alternates between
+		// two sets of keys: the other set, last round's, is fresh again.
+		now.Store(int64(r) * time.Second.Microseconds())
+		var start, wg sync.WaitGroup
+		start.Add(1)
+		var allowed [hotKeys]atomic.Int64
+		for g := range deciders {
+			wg.Go(func() {
+				start.Wait()
+				// Each decider takes the keys in its own order, so that the first
+				// decision on each key, the one that makes it no longer fresh, meets
+				// the sweep at a different point of it.
+				for i := range 2 * hotKeys {
+					k := (r + g*5 + i) % hotKeys
+					d, err := m.AllowN(ctx, hot[k], l, 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Allowed {
+						allowed[k].Add(1)
+					}
+				}
+			})
+		}
+		wg.Go(func() {
+			start.Wait()
+			for _, key := range flood[r%2] {
+				if _, err := m.AllowN(ctx, key, l, 1); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+		start.Done()
+		wg.Wait()
+		for k := range allowed {
+			if n := allowed[k].Load(); n != 1 {
+				t.Fatalf("round %d: %s: %d of %d decisions allowed in one window of a limit of 1", r, hot[k], n, 2*deciders)
+			}
+		}
+	}
+	if m.Evictions() != 0 {
+		t.Fatalf("%d evictions: the test means keys to be dropped as fresh, not evicted", m.Evictions())
+	}
+}
