@@ -127,7 +127,8 @@ func WithClock(clock func() time.Time) MemoryOption {
 	return func(c *memoryConfig) { c.clock = clock }
 }
 
-// WithMaxKeys caps the number of keys tracked (default 1,000,000).
+// WithMaxKeys caps the number of keys tracked (default 1,000,000): a new key in a full
+// shard evicts the sampled key whose state becomes fresh soonest.
 func WithMaxKeys(n int) MemoryOption {
 	return func(c *memoryConfig) { c.maxKeys = n }
 }
@@ -295,7 +296,7 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 			check uint32
 		}
 		var expired [sampleSize]ref
-		var victim ref
+		var victim, busy ref
 		nexpired, victimExpires := 0, int64(0)
 		mask := uint64(len(sh.table) - 1)
 		i, seen := home(h, mask), 0
@@ -311,6 +312,8 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 					} else if victim.id == 0 || expires < victimExpires {
 						victim, victimExpires = ref{s.id, s.check}, expires
 					}
+				} else if busy.id == 0 {
+					busy = ref{s.id, s.check}
 				}
 				if seen++; seen == sampleSize {
 					break
@@ -320,6 +323,12 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		}
 		for _, r := range expired[:nexpired] {
 			sh.remove(r.id, r.check, now)
+		}
+		if victim.id == 0 {
+			// Every key sampled is being decided: evict one all the same (remove waits
+			// for its decision; a decision never waits for the shard lock), or the cap
+			// would not hold.
+			victim = busy
 		}
 		if sh.used >= m.perCap && victim.id != 0 && sh.remove(victim.id, victim.check, math.MaxInt64) {
 			m.evictions.Add(1)

@@ -40,6 +40,30 @@ func TestMemoryIsBounded(t *testing.T) {
 	}
 }
 
+// TestMemoryIsBoundedUnderHotKeys: keys being decided while a new key needs room are
+// evicted all the same, so the cap holds while hot keys are hammered.
+func TestMemoryIsBoundedUnderHotKeys(t *testing.T) {
+	const maxKeys = 2
+	m := limiter.NewMemory(limiter.WithClock(func() time.Time { return t0 }), limiter.WithMaxKeys(maxKeys), limiter.WithShards(1))
+	l := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: 1e6, Period: time.Hour}
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for !stop.Load() {
+				_, _ = m.AllowN(context.Background(), fmt.Sprint("hot-", g%maxKeys), l, 1)
+			}
+		})
+	}
+	defer func() { stop.Store(true); wg.Wait() }()
+	for i := range 20_000 {
+		check(t, m, fmt.Sprint("flood-", i), l, 1)
+		if n := m.Len(); n > maxKeys {
+			t.Fatalf("after %d new keys: %d keys tracked, cap %d", i+1, n, maxKeys)
+		}
+	}
+}
+
 func TestMemoryDropsIdleKeys(t *testing.T) {
 	now := t0
 	m := limiter.NewMemory(limiter.WithClock(func() time.Time { return now }), limiter.WithShards(1))
