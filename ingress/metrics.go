@@ -22,9 +22,13 @@ const (
 	OutcomeDeferred     = "deferred"
 	OutcomeShadowDenied = "shadow_rejected" // over the limit, not enforced
 	OutcomeError        = "error"           // the limiter failed and the rule's failure mode decided
+	// OutcomeQuotaExhausted: a quota-mode rule (rules.Rule.Quota) over its limit, on a
+	// request that another quota of it still had room for (see QuotaTally). Only quota
+	// rules have this series.
+	OutcomeQuotaExhausted = "quota_exhausted"
 )
 
-var outcomes = [...]string{OutcomeAllowed, OutcomeRejected, OutcomeDeferred, OutcomeShadowDenied, OutcomeError}
+var outcomes = [...]string{OutcomeAllowed, OutcomeRejected, OutcomeDeferred, OutcomeShadowDenied, OutcomeError, OutcomeQuotaExhausted}
 
 // statusClasses are the values of the upstream series' class label: 1xx..5xx at
 // 0..4 (see classIndex), error (no response) last.
@@ -44,7 +48,8 @@ type DecisionMetrics struct {
 	byRule sync.Map
 }
 
-// ruleCounters are one rule's counters, one per outcome, in the order of outcomes.
+// ruleCounters are one rule's counters, one per outcome, in the order of outcomes
+// (nil for an outcome the rule cannot have).
 type ruleCounters [len(outcomes)]prometheus.Counter
 
 type metrics = DecisionMetrics
@@ -62,8 +67,10 @@ func (m *DecisionMetrics) Count(rule, outcome string) {
 		return
 	}
 	if c, ok := m.byRule.Load(rule); ok {
-		c.(*ruleCounters)[i].Inc()
-		return
+		if cnt := c.(*ruleCounters)[i]; cnt != nil {
+			cnt.Inc()
+			return
+		}
 	}
 	m.decisions.WithLabelValues(rule, outcome).Inc()
 }
@@ -180,6 +187,9 @@ func (m *metrics) initRules(set *rules.Set) {
 	for _, r := range set.Rules() {
 		var c ruleCounters
 		for i, o := range outcomes {
+			if o == OutcomeQuotaExhausted && !r.Quota {
+				continue // a series no decision of this rule can count
+			}
 			c[i] = m.decisions.WithLabelValues(r.Name, o)
 		}
 		m.byRule.Store(r.Name, &c)

@@ -456,7 +456,14 @@ type verdict struct {
 
 func (m *Middleware) decide(ctx context.Context, checks []rules.Check) verdict {
 	start := time.Now()
-	var v verdict
+	var (
+		v     verdict
+		quota QuotaTally
+		// exhausted are the quota rules over their limit, settled once every check
+		// is decided (on the stack for the usual few).
+		buf       [8]*rules.Rule
+		exhausted = buf[:0]
+	)
 	for i := range checks {
 		c := &checks[i]
 		rule := c.Rule
@@ -471,10 +478,23 @@ func (m *Middleware) decide(ctx context.Context, checks []rules.Check) verdict {
 		}
 		outcome := OutcomeAllowed
 		switch {
+		case rule.Quota && quota.Add(rule, d):
+			exhausted = append(exhausted, rule)
+			continue
 		case d.Over:
 			outcome = m.judge(&v, rule, d.RetryAfter)
 		case d.Failed:
 			outcome = OutcomeError
+		}
+		m.metrics.Count(rule.Name, outcome)
+	}
+	// The quota rules deny only all together; the request then passes again once
+	// one of them has room.
+	denied := quota.Exhausted()
+	for _, rule := range exhausted {
+		outcome := OutcomeQuotaExhausted
+		if denied {
+			outcome = m.judge(&v, rule, quota.RetryAfter())
 		}
 		m.metrics.Count(rule.Name, outcome)
 	}

@@ -201,6 +201,7 @@ func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule
 		Descriptor:     describe(path),
 		OnLimit:        Reject,
 		Shadow:         dd.shadow,
+		Quota:          dd.quota,
 		DetailedMetric: dd.detailed,
 		Metadata:       dd.metadata,
 		File:           file,
@@ -218,6 +219,7 @@ func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule
 				c.errf(file, rl.node, "an unlimited rate_limit must not have a unit or window")
 			}
 			r.Unlimited = true
+			r.Quota = false // nothing to count: Envoy leaves it out of the quota-mode set
 		case rl.rpuNode != nil && rl.rpu == 0 && !hasExtensions(dd, rl):
 			// Envoy's block-list idiom: requests_per_unit 0 lets nothing through.
 			c.period(file, rl)

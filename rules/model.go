@@ -51,6 +51,17 @@ type Rule struct {
 	// Shadow rules are computed, counted and logged but never enforced. True when the
 	// descriptor or its whole file is in shadow mode.
 	Shadow bool
+	// Quota is Envoy's `quota_mode`: the rule over its limit does not deny a request by
+	// itself. A request is denied by its quota rules only when every quota rule it
+	// reaches is over its limit (then as over any rule: 429, or 202 for a defer rule);
+	// while one of them has room it passes, and the exhausted ones are reported (the
+	// OVER_LIMIT status of their descriptor over gRPC; remaining 0 in the rate-limit
+	// headers, which describe the rule closest to running out). Rules without quota
+	// mode deny as always, whatever the quota rules say. A quota rule in shadow mode
+	// is never exhausted (Envoy reports its descriptor OK), so a request reaching one
+	// is never denied by quota. Always false for Unlimited rules, which Envoy leaves
+	// out of the count.
+	Quota bool
 	// DetailedMetric is Envoy's `detailed_metric`. Envoy then puts the request's value
 	// into the stats name; sluice never puts request values into metric labels, so the
 	// flag is only carried for the ingress to log the (hashed) key.

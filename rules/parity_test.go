@@ -17,7 +17,7 @@ import (
 
 // parityLookup is one RateLimitRequest: its descriptors, and what applies, one item per
 // descriptor that reaches a limit: "20/1m", "unlimited", "deny", with " shadow" when
-// the rule is in shadow mode; "" when nothing applies.
+// the rule is in shadow mode and " quota" when in quota mode; "" when nothing applies.
 type parityLookup struct {
 	domain string
 	descs  [][]Entry
@@ -311,9 +311,34 @@ descriptors:
         name: service_2
         weight: 3
 `}, lookups: []parityLookup{one("meta", "5/1s", "k1", "v1", "sub", "x"), one("meta", "20/1m", "k2", "y")}},
-	{name: "quota_mode", from: "examples quota config", envoyLoads: true, differs: "quota_mode is refused",
-		files:   []string{"domain: quota\ndescriptors:\n  - key: service\n    value: service_1\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n"},
-		lookups: []parityLookup{one("quota", "1/1m", "service", "service_1")}},
+	{name: "quota_mode", from: "examples ratelimit config (rl domain, the quota-mode services) and the quota integration tests", envoyLoads: true,
+		files: []string{`domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      service_with_quota: {name: service_1}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata:
+      service_with_quota: {name: service_2}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: free
+    quota_mode: true
+    rate_limit: {unlimited: true}
+`}, lookups: []parityLookup{
+			one("rl", "1/1m quota", "service", "service_1"),
+			one("rl", "2/1m quota", "service", "service_2"),
+			one("rl", "", "service", "service_3"),
+			{domain: "rl", descs: [][]Entry{ents("service", "service_1"), ents("service", "service_2")}, want: "1/1m quota, 2/1m quota"},
+			{domain: "rl", descs: [][]Entry{ents("service", "service_1"), ents("plain", "x")}, want: "1/1m quota, 3/1m"},
+			one("rl", "unlimited", "free", "x"), // unlimited: never in the quota count
+		}},
 	{name: "unit_multiplier", from: "test/config unit multiplier", envoyLoads: true, files: []string{
 		"domain: mult\ndescriptors:\n  - key: k1\n    rate_limit: {unit: minute, requests_per_unit: 20, unit_multiplier: 5}\n  - key: k2\n    rate_limit: {unit: minute, requests_per_unit: 25}\n"},
 		lookups: []parityLookup{one("mult", "20/5m", "k1", "x"), one("mult", "25/1m", "k2", "x")}},
@@ -489,6 +514,9 @@ func describeLimits(cs []Check) string {
 		}
 		if r.Shadow {
 			s += " shadow"
+		}
+		if r.Quota {
+			s += " quota"
 		}
 		out = append(out, s)
 	}

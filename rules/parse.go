@@ -75,6 +75,7 @@ type descDef struct {
 	sideName     *yaml.Node
 	sideReplaces *yaml.Node
 	shadow       bool
+	quota        bool // Envoy's quota_mode
 	detailed     bool
 	share        bool // Envoy's share_threshold
 	shareNode    *yaml.Node
@@ -354,9 +355,7 @@ func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
 		case "metadata":
 			d.metadata = w.metadata(v)
 		case "quota_mode":
-			if on, _ := w.boolean(v, "quota_mode"); on {
-				w.errf(v, "quota_mode is not supported: in Envoy a quota-mode descriptor over its limit still answers OK and only reports the exhausted quota in metadata (the request is denied when every quota-mode descriptor is exhausted); sluice would either enforce the limit or ignore it, and both change what the file means. Use shadow_mode to count without enforcing")
-			}
+			field(v, "quota_mode", w.boolean, &d.quota, nil)
 		case "name":
 			d.name = w.nameRef(v, "name", d.name)
 			d.sideName = k

@@ -199,7 +199,6 @@ func TestSchemaRefusesInvalid(t *testing.T) {
 		{"bad failure_mode", head + "    rate_limit: {unit: second, requests_per_unit: 1}\n    failure_mode: maybe\n"},
 		{"bad window", head + "    rate_limits: [{window: soon, requests_per_unit: 1}]\n"},
 		{"empty rate_limits", head + "    rate_limits: []\n"},
-		{"quota_mode", head + "    rate_limit: {unit: second, requests_per_unit: 1}\n    quota_mode: true\n"},
 		{"shadow_mode not a boolean", head + "    shadow_mode: sometimes\n"},
 		{"bad source", "domain: d\nroutes:\n  - descriptors: [[{key: u, from: cookie:x}]]\n"},
 		{"route descriptor not a list", "domain: d\nroutes:\n  - descriptors: [{key: u, value: x}]\n"},

@@ -114,6 +114,13 @@ type closest struct {
 // override's unit, keyed by the domain and every entry of the descriptor), as Envoy's
 // service does, provided the domain exists. A descriptor that reaches no rule is OK
 // without a current_limit.
+//
+// The overall code is OVER_LIMIT when a descriptor of a rule without quota mode is
+// over its limit, or when the request reached quota-mode rules (rules.Rule.Quota,
+// Envoy's quota_mode) and every one is over its limit; a quota-mode descriptor over
+// its limit keeps its status OVER_LIMIT (limit_remaining 0) whatever the overall code,
+// which is how an exhausted quota is reported. A descriptor with a `limit` override is
+// never in quota mode, as in Envoy's service.
 func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -150,6 +157,11 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		near       closest
 		over       bool
 		retryAfter time.Duration
+		quota      ingress.QuotaTally
+		// exhausted are the quota rules over their limit, settled once every
+		// descriptor is decided (on the stack for the usual few).
+		buf       [8]*rules.Rule
+		exhausted = buf[:0]
 	)
 	for i, d := range req.Descriptors {
 		hits := hitsOf(req, d)
@@ -177,6 +189,11 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		st := slots[i].status(c.Rule, dec)
 		outcome := ingress.OutcomeAllowed
 		switch {
+		case c.Rule.Quota && quota.Add(c.Rule, dec):
+			// Envoy's quota_mode: the descriptor stays OVER_LIMIT; whether the
+			// request is depends on the other quota rules.
+			exhausted = append(exhausted, c.Rule)
+			outcome = ""
 		case dec.Over && (c.Rule.Shadow || s.shadow):
 			outcome = ingress.OutcomeShadowDenied
 			if c.Rule.Shadow { // Envoy's descriptor shadow_mode: the descriptor is OK
@@ -189,11 +206,26 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		case dec.Failed:
 			outcome = ingress.OutcomeError
 		}
-		s.metrics.Count(c.Rule.Name, outcome)
+		if outcome != "" {
+			s.metrics.Count(c.Rule.Name, outcome)
+		}
 		resp.Statuses[i] = st
 		if dec.ClosestLimit >= 0 && (near.rule == nil || ingress.Closer(dec.Closest, near.d)) {
 			near = closest{rule: c.Rule, limit: dec.ClosestLimit, d: dec.Closest}
 		}
+	}
+	// The quota rules deny only all together; the request then passes again once
+	// one of them has room.
+	quotaOutcome := ingress.OutcomeQuotaExhausted
+	if quota.Exhausted() {
+		over, retryAfter = true, max(retryAfter, quota.RetryAfter())
+		quotaOutcome = ingress.OutcomeRejected
+		if s.shadow {
+			quotaOutcome = ingress.OutcomeShadowDenied
+		}
+	}
+	for _, r := range exhausted {
+		s.metrics.Count(r.Name, quotaOutcome)
 	}
 	if over && !s.shadow {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT

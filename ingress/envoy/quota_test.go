@@ -1,0 +1,201 @@
+package envoy
+
+import (
+	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/limiter"
+)
+
+// quotaRules restate envoyproxy/ratelimit's example quota services (1 and 2 per
+// minute), beside a rule without quota mode and quota rules that never exhaust.
+const quotaRules = `
+domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: service_1}
+    metadata:
+      service_with_quota: {name: service_1}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2, name: service_2}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 1, name: plain}
+  - key: shadowed
+    quota_mode: true
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: shadowed}
+  - key: free
+    quota_mode: true
+    rate_limit: {unlimited: true}
+`
+
+// TestShouldRateLimitQuotaMode: Envoy's quota_mode over gRPC. A quota descriptor over
+// its limit keeps its status OVER_LIMIT while the request is OK as long as another
+// quota has room; every quota exhausted, or a descriptor without quota mode over its
+// limit, is OVER_LIMIT.
+func TestShouldRateLimitQuotaMode(t *testing.T) {
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	type call struct {
+		descs    [][]string
+		overall  rlsv3.RateLimitResponse_Code
+		statuses []rlsv3.RateLimitResponse_Code
+		// remaining of the first descriptor; retry says whether Retry-After is set.
+		remaining uint32
+		retry     bool
+	}
+	svc1, svc2 := []string{"service", "service_1"}, []string{"service", "service_2"}
+	plain := []string{"plain", "p"}
+	cases := []struct {
+		name  string
+		calls []call
+		// outcomes counted at the end, by rule.
+		outcomes map[string]map[string]float64
+	}{
+		{name: "one quota exhausted, another not: OK (quota.sh, first two requests)", calls: []call{
+			{[][]string{svc1, svc2}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
+			{[][]string{svc1, svc2}, ok, []rlsv3.RateLimitResponse_Code{over, ok}, 0, false},
+		}, outcomes: map[string]map[string]float64{
+			"service_1": {ingress.OutcomeAllowed: 1, ingress.OutcomeQuotaExhausted: 1},
+			"service_2": {ingress.OutcomeAllowed: 2},
+		}},
+		{name: "every quota exhausted: OVER_LIMIT (quota.sh, third request)", calls: []call{
+			{[][]string{svc1, svc2}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
+			{[][]string{svc1, svc2}, ok, []rlsv3.RateLimitResponse_Code{over, ok}, 0, false},
+			{[][]string{svc1, svc2}, over, []rlsv3.RateLimitResponse_Code{over, over}, 0, true},
+		}, outcomes: map[string]map[string]float64{
+			"service_1": {ingress.OutcomeQuotaExhausted: 1, ingress.OutcomeRejected: 1},
+			"service_2": {ingress.OutcomeAllowed: 2, ingress.OutcomeRejected: 1},
+		}},
+		{name: "the only quota exhausted: OVER_LIMIT", calls: []call{
+			{[][]string{svc1}, ok, []rlsv3.RateLimitResponse_Code{ok}, 0, false},
+			{[][]string{svc1}, over, []rlsv3.RateLimitResponse_Code{over}, 0, true},
+		}},
+		{name: "a quota with room and a normal descriptor over its limit: OVER_LIMIT", calls: []call{
+			{[][]string{svc2, plain}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 1, false},
+			{[][]string{svc2, plain}, over, []rlsv3.RateLimitResponse_Code{ok, over}, 0, true},
+		}, outcomes: map[string]map[string]float64{
+			"service_2": {ingress.OutcomeAllowed: 2},
+			"plain":     {ingress.OutcomeAllowed: 1, ingress.OutcomeRejected: 1},
+		}},
+		{name: "every quota exhausted beside a normal descriptor with room: OVER_LIMIT", calls: []call{
+			{[][]string{svc1, {"plain", "a"}}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
+			{[][]string{svc1, {"plain", "b"}}, over, []rlsv3.RateLimitResponse_Code{over, ok}, 0, true},
+		}},
+		{name: "a quota in shadow mode never exhausts", calls: []call{
+			{[][]string{svc1, {"shadowed", "x"}}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
+			{[][]string{svc1, {"shadowed", "x"}}, ok, []rlsv3.RateLimitResponse_Code{over, ok}, 0, false},
+		}, outcomes: map[string]map[string]float64{
+			"service_1": {ingress.OutcomeQuotaExhausted: 1},
+			"shadowed":  {ingress.OutcomeShadowDenied: 1},
+		}},
+		{name: "an unlimited quota descriptor is left out of the count", calls: []call{
+			{[][]string{svc1, {"free", "x"}}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
+			{[][]string{svc1, {"free", "x"}}, over, []rlsv3.RateLimitResponse_Code{over, ok}, 0, true},
+		}},
+		{name: "a descriptor that reaches no rule is left out of the count", calls: []call{
+			{[][]string{svc1, {"service", "service_3"}}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
+			{[][]string{svc1, {"service", "service_3"}}, over, []rlsv3.RateLimitResponse_Code{over, ok}, 0, true},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			c := rlsClient(t, parseRules(t, quotaRules), limiter.NewMemory(), WithRegisterer(reg))
+			for i, cl := range tc.calls {
+				req := &rlsv3.RateLimitRequest{Domain: "rl"}
+				for _, kv := range cl.descs {
+					req.Descriptors = append(req.Descriptors, desc(kv...))
+				}
+				resp := ask(t, c, req)
+				if resp.OverallCode != cl.overall {
+					t.Errorf("call %d: overall %v, want %v", i, resp.OverallCode, cl.overall)
+				}
+				for j, want := range cl.statuses {
+					if got := resp.Statuses[j].Code; got != want {
+						t.Errorf("call %d: status %d %v, want %v", i, j, got, want)
+					}
+				}
+				if got := resp.Statuses[0].LimitRemaining; got != cl.remaining {
+					t.Errorf("call %d: limit_remaining %d, want %d", i, got, cl.remaining)
+				}
+				if ra := header(resp, "retry-after"); (ra != "") != cl.retry || cl.retry && ra == "0" {
+					t.Errorf("call %d: Retry-After %q, want one: %v", i, ra, cl.retry)
+				}
+			}
+			for rule, byOutcome := range tc.outcomes {
+				for outcome, want := range byOutcome {
+					if got := decisions(t, reg, rule, outcome); got != want {
+						t.Errorf("sluice_decisions_total{rule=%s,outcome=%s} = %v, want %v", rule, outcome, got, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestShouldRateLimitQuotaModeDetails: what an exhausted quota reports, the
+// global shadow mode over quotas, and limit overrides, which Envoy counts without
+// quota mode.
+func TestShouldRateLimitQuotaModeDetails(t *testing.T) {
+	req := func(kv ...[]string) *rlsv3.RateLimitRequest {
+		r := &rlsv3.RateLimitRequest{Domain: "rl"}
+		for _, e := range kv {
+			r.Descriptors = append(r.Descriptors, desc(e...))
+		}
+		return r
+	}
+	svc1, svc2 := []string{"service", "service_1"}, []string{"service", "service_2"}
+
+	t.Run("headers describe the exhausted quota on an OK answer", func(t *testing.T) {
+		c := rlsClient(t, parseRules(t, quotaRules), limiter.NewMemory())
+		ask(t, c, req(svc1, svc2))
+		resp := ask(t, c, req(svc1, svc2))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("overall %v", resp.OverallCode)
+		}
+		if got := header(resp, "x-ratelimit-remaining"); got != "0" {
+			t.Errorf("X-Ratelimit-Remaining %q, want 0 (service_1 is exhausted)", got)
+		}
+		if l := resp.Statuses[0].CurrentLimit; l.GetName() != "service_1" || l.GetRequestsPerUnit() != 1 {
+			t.Errorf("current_limit %v", l)
+		}
+	})
+
+	t.Run("global shadow mode: every quota exhausted is OK, counted shadow_rejected", func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		c := rlsClient(t, parseRules(t, quotaRules), limiter.NewMemory(), WithShadow(true), WithRegisterer(reg))
+		ask(t, c, req(svc1))
+		resp := ask(t, c, req(svc1))
+		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("%v", resp)
+		}
+		if got := decisions(t, reg, "service_1", ingress.OutcomeShadowDenied); got != 1 {
+			t.Errorf("shadow_rejected = %v, want 1", got)
+		}
+	})
+
+	t.Run("a limit override is not in quota mode", func(t *testing.T) {
+		c := rlsClient(t, parseRules(t, quotaRules), limiter.NewMemory())
+		o := func() *rlsv3.RateLimitRequest {
+			r := req(svc1, svc2)
+			r.Descriptors[0].Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
+			return r
+		}
+		ask(t, c, o())
+		// The override of service_1 is over its limit while service_2, a quota, has
+		// room: were the override a quota, the request would pass on service_2.
+		if resp := ask(t, c, o()); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT ||
+			resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[1].Code != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("%v", resp)
+		}
+	})
+}
