@@ -215,6 +215,9 @@ func printExplanation(w io.Writer, set *rules.Set, r *http.Request, addr netip.A
 		if rule.Shadow {
 			fmt.Fprintln(w, "  shadow mode: counted and logged, never enforced")
 		}
+		if rule.Quota {
+			fmt.Fprintln(w, "  quota mode: over the limit, denies only when every quota-mode rule of the request is over its limit")
+		}
 	}
 }
 

@@ -45,6 +45,8 @@ queues:
 	part1 := filepath.Join(dir, "part1.yaml")
 	part2 := filepath.Join(dir, "part2.yaml")
 	os.WriteFile(part1, []byte("domain: split\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o644)
+	quota := filepath.Join(dir, "quota.yaml")
+	os.WriteFile(quota, []byte("domain: q\ndescriptors:\n  - key: service\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\nroutes:\n  - name: q\n    match: {path: /q}\n    descriptors: [[{key: service, value: s1}]]\n"), 0o644)
 	os.WriteFile(part2, []byte("domain: split\ndescriptors:\n  - key: b\n    value: 'x*y'\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 2}\n"), 0o644)
 
 	tests := []struct {
@@ -73,6 +75,8 @@ queues:
 			"skipped: the request has no header:X-User-Id", "skipped: the request has no client_ip"}, ""},
 		{"explain a repeated key", []string{"check", good, "--explain", "POST", "/v1/orders", "-H", "X-User-ID: r4nd0m", "-H", "X-User-ID: u-1"}, 0, []string{
 			"refused with 400: header:X-User-Id: more than one value (sent more than once); no limit is decided"}, ""},
+		{"explain a quota-mode rule", []string{"check", quota, "--explain", "GET", "/q"}, 0, []string{
+			"rule: q.service", "quota mode: over the limit, denies only when every quota-mode rule of the request is over its limit"}, ""},
 		{"explain without route", []string{"check", good, "--explain", "GET", "/health"}, 0, []string{"route: none matches"}, ""},
 		{"explain invalid rules", []string{"check", bad, "--explain", "GET", "/"}, 1, []string{"unknown unit"}, ""},
 		{"one domain in two files", []string{"check", part1, part2}, 1, []string{
