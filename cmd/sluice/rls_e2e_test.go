@@ -164,3 +164,76 @@ func TestRLSHitsAddendNeverGivesANegativeWait(t *testing.T) {
 		}
 	}
 }
+
+// quotaE2ERules: envoyproxy/ratelimit's example quota services (1 and 2 per minute,
+// quota_mode), and a route of the front door that reaches both.
+const quotaE2ERules = `domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, name: service_1}
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2, name: service_2}
+routes:
+  - name: quota
+    match: {path: /quota}
+    descriptors:
+      - [{key: service, value: service_1}]
+      - [{key: service, value: service_2}]
+`
+
+// Envoy's quota_mode through the binaries, sluice rls and the front door of sluice
+// serve on one Redis (envoyproxy/ratelimit's integration test quota.sh, its three
+// requests split between them): the first two pass, the second with service_1
+// exhausted, the third is denied on both, every quota being exhausted.
+func TestQuotaModeThroughRLSAndServe(t *testing.T) {
+	redistest.Require(t)
+	up := newUpstream(t, 0)
+	redisServer := redistest.Start(t)
+	rulesPath := writeRules(t, t.TempDir(), quotaE2ERules)
+	redisURL := "redis://" + redisServer.Addr() + "/0"
+	rlsAddr := freeAddr(t)
+	rls := startCommand(t, "rls", "--rules", rulesPath, "--redis", redisURL, "--grpc-listen", rlsAddr)
+	serve := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL)
+	c := rlsv3.NewRateLimitServiceClient(grpcConn(t, rlsAddr))
+	ask := func() *rlsv3.RateLimitResponse {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlcommon.RateLimitDescriptor{
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "service", Value: "service_1"}}},
+			{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "service", Value: "service_2"}}},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	if r := ask(); r.OverallCode != ok || r.Statuses[0].Code != ok || r.Statuses[1].Code != ok {
+		t.Fatalf("rls, first: %v", r)
+	}
+	if r := send(t, "GET", serve.url+"/quota", nil); r.status != 200 || r.header.Get("X-Ratelimit-Remaining") != "0" {
+		t.Fatalf("front door, second (service_1 exhausted, service_2 has room): %d %v", r.status, r.header)
+	}
+	if r := ask(); r.OverallCode != over || r.Statuses[0].Code != over || r.Statuses[1].Code != over {
+		t.Fatalf("rls, third (every quota exhausted): %v", r)
+	}
+	r := send(t, "GET", serve.url+"/quota", nil)
+	if r.status != 429 || !strings.Contains(r.body, "service_1") || !strings.Contains(r.body, "service_2") {
+		t.Fatalf("front door, fourth: %d %s", r.status, r.body)
+	}
+	if r.header.Get("Retry-After") == "" {
+		t.Fatalf("429 without Retry-After: %v", r.header)
+	}
+	metrics := send(t, "GET", serve.admin+"/metrics", nil)
+	if !strings.Contains(metrics.body, `sluice_decisions_total{outcome="quota_exhausted",rule="service_1"} 1`) {
+		t.Fatalf("serve /metrics:\n%s", grepLines(metrics.body, "sluice_decisions_total"))
+	}
+	if code := rls.stop(t); code != 0 {
+		t.Fatalf("sluice rls exited %d after SIGTERM", code)
+	}
+}
