@@ -70,7 +70,7 @@ function fmtTime(t) { return t ? new Date(t).toLocaleString() : "–"; }
 
 // ---- overview
 
-const OUTCOMES = ["allowed", "rejected", "deferred", "shadow_rejected", "error"];
+const OUTCOMES = ["allowed", "rejected", "deferred", "shadow_rejected", "error", "quota_exhausted"];
 
 async function overview() {
   const now = await call("GET", DATA + "/decisions");
@@ -90,7 +90,7 @@ async function overview() {
   }
   document.getElementById("outcome-cards").replaceChildren(...OUTCOMES.map(o =>
     el("div", { class: "card " + o }, el("div", { class: "v", text: dt > 0 ? fmtRate(byOutcome[o]) : "…" }),
-      el("div", { class: "k", text: o.replace("_", " ") + " /s" }))));
+      el("div", { class: "k", text: o.replaceAll("_", " ") + " /s" }))));
   const rows = [...byRule.keys()].sort().map(rule => {
     const r = byRule.get(rule);
     const total = OUTCOMES.reduce((a, o) => a + (r[o] || 0), 0);
