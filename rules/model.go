@@ -68,8 +68,9 @@ type Rule struct {
 	DetailedMetric bool
 	// Metadata is Envoy's per-descriptor `metadata`, as written: a JSON-like mapping
 	// (map[string]any, []any, string, int, float64, bool, nil). Envoy's service returns
-	// it to the client when the descriptor is under its limit; sluice only carries it
-	// (for the gRPC service), never into logs or metric labels. Shared: do not modify.
+	// it to the client when the descriptor is under its limit; so does sluice's gRPC
+	// service when asked to (envoy.WithDynamicMetadata), never into logs or metric
+	// labels. Shared: do not modify.
 	Metadata map[string]any
 	// Replaces lists the names of rules this one replaces when both match one request
 	// (Envoy's `replaces`).

@@ -26,6 +26,7 @@ type envoyConfig struct {
 	ca          string
 	maxMessage  sizeFlag
 	headers     bool
+	dynMeta     bool
 	checkListen string
 }
 
@@ -41,6 +42,7 @@ func (c *envoyConfig) flags(fs *pflag.FlagSet, front bool) {
 	c.maxMessage = sizeFlag(ingress.DefaultMaxBody + 64<<10)
 	fs.Var(&c.maxMessage, "grpc-max-message", "largest gRPC message, in bytes or with a unit (4MiB): an ext_authz check carrying a body needs --max-body and some room")
 	fs.BoolVar(&c.headers, "rls-headers", true, "the rate limit service returns response_headers_to_add (X-Ratelimit-*, RateLimit, RateLimit-Policy, Retry-After)")
+	fs.BoolVar(&c.dynMeta, "rls-dynamic-metadata", false, "the rate limit service returns dynamic_metadata, as Envoy's RESPONSE_DYNAMIC_METADATA: the domain, the descriptors and the metadata of the rules whose descriptors are OK (with quota_mode: the quotas with room)")
 	fs.StringVar(&c.checkListen, "check-listen", "", "`address` of the HTTP check for nginx auth_request and Traefik ForwardAuth ("+ingress.CheckPath+") and of the deferred tickets; for the proxies only; empty: none")
 }
 
@@ -117,7 +119,7 @@ func (g *gateway) envoyServers(mw *ingress.Middleware, deferrer *deferral.Deferr
 	}
 	maxMsg := int(c.maxMessage)
 	rls, err := envoy.NewRateLimitService(g.watcher, g.limiter, envoy.WithShadow(g.cfg.front.shadow),
-		envoy.WithResponseHeaders(c.headers), envoy.WithRegisterer(reg), envoy.WithLogger(g.log))
+		envoy.WithResponseHeaders(c.headers), envoy.WithDynamicMetadata(c.dynMeta), envoy.WithRegisterer(reg), envoy.WithLogger(g.log))
 	if err != nil {
 		return err
 	}

@@ -173,10 +173,14 @@ descriptors:
     value: service_1
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 1, name: service_1}
+    metadata:
+      service_with_quota: {name: service_1}
   - key: service
     value: service_2
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 2, name: service_2}
+    metadata:
+      service_with_quota: {name: service_2}
 routes:
   - name: quota
     match: {path: /quota}
@@ -196,9 +200,13 @@ func TestQuotaModeThroughRLSAndServe(t *testing.T) {
 	rulesPath := writeRules(t, t.TempDir(), quotaE2ERules)
 	redisURL := "redis://" + redisServer.Addr() + "/0"
 	rlsAddr := freeAddr(t)
-	rls := startCommand(t, "rls", "--rules", rulesPath, "--redis", redisURL, "--grpc-listen", rlsAddr)
+	rls := startCommand(t, "rls", "--rules", rulesPath, "--redis", redisURL, "--grpc-listen", rlsAddr, "--rls-dynamic-metadata")
 	serve := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL)
 	c := rlsv3.NewRateLimitServiceClient(grpcConn(t, rlsAddr))
+	// The quota with room, as the dynamic metadata names it for the proxy's route.
+	withQuota := func(r *rlsv3.RateLimitResponse) string {
+		return r.GetDynamicMetadata().GetFields()["metadata"].GetStructValue().GetFields()["service_with_quota"].GetStructValue().GetFields()["name"].GetStringValue()
+	}
 	ask := func() *rlsv3.RateLimitResponse {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -213,13 +221,13 @@ func TestQuotaModeThroughRLSAndServe(t *testing.T) {
 		return resp
 	}
 	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
-	if r := ask(); r.OverallCode != ok || r.Statuses[0].Code != ok || r.Statuses[1].Code != ok {
+	if r := ask(); r.OverallCode != ok || r.Statuses[0].Code != ok || r.Statuses[1].Code != ok || withQuota(r) != "service_1" {
 		t.Fatalf("rls, first: %v", r)
 	}
 	if r := send(t, "GET", serve.url+"/quota", nil); r.status != 200 || r.header.Get("X-Ratelimit-Remaining") != "0" {
 		t.Fatalf("front door, second (service_1 exhausted, service_2 has room): %d %v", r.status, r.header)
 	}
-	if r := ask(); r.OverallCode != over || r.Statuses[0].Code != over || r.Statuses[1].Code != over {
+	if r := ask(); r.OverallCode != over || r.Statuses[0].Code != over || r.Statuses[1].Code != over || withQuota(r) != "" {
 		t.Fatalf("rls, third (every quota exhausted): %v", r)
 	}
 	r := send(t, "GET", serve.url+"/quota", nil)

@@ -27,6 +27,8 @@ descriptors:
     value: service_2
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 2, name: service_2}
+    metadata:
+      service_with_quota: {name: service_2, zone: b}
   - key: plain
     rate_limit: {unit: minute, requests_per_unit: 1, name: plain}
   - key: shadowed
@@ -198,4 +200,91 @@ func TestShouldRateLimitQuotaModeDetails(t *testing.T) {
 			t.Fatalf("%v", resp)
 		}
 	})
+}
+
+// TestShouldRateLimitDynamicMetadata: with WithDynamicMetadata the response names
+// the quotas that still have room, by their rules' metadata, as Envoy's service does
+// with RESPONSE_DYNAMIC_METADATA (its multiservice quota test: a proxy routes to the
+// service the metadata names). Off by default.
+func TestShouldRateLimitDynamicMetadata(t *testing.T) {
+	const metaRules = quotaRules + `  - key: nested
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    metadata:
+      service_with_quota: {name: nested, weight: 2}
+      other: [1, two]
+`
+	reqOf := func(hits uint32, kv ...[]string) *rlsv3.RateLimitRequest {
+		r := &rlsv3.RateLimitRequest{Domain: "rl", HitsAddend: hits}
+		for _, e := range kv {
+			r.Descriptors = append(r.Descriptors, desc(e...))
+		}
+		return r
+	}
+	svc1, svc2, nested := []string{"service", "service_1"}, []string{"service", "service_2"}, []string{"nested", "n"}
+
+	if resp := ask(t, rlsClient(t, parseRules(t, metaRules), limiter.NewMemory()), reqOf(0, svc1)); resp.DynamicMetadata != nil {
+		t.Fatalf("dynamic metadata while off: %v", resp.DynamicMetadata)
+	}
+
+	set := parseRules(t, metaRules)
+	c := rlsClient(t, set, limiter.NewMemory(), WithDynamicMetadata(true))
+	name := func(resp *rlsv3.RateLimitResponse) string {
+		return resp.GetDynamicMetadata().GetFields()["metadata"].GetStructValue().GetFields()["service_with_quota"].GetStructValue().GetFields()["name"].GetStringValue()
+	}
+	// Both quotas have room: the first descriptor's metadata wins.
+	resp := ask(t, c, reqOf(0, svc1, svc2))
+	if got := name(resp); got != "service_1" {
+		t.Fatalf("first call: service_with_quota.name %q, want service_1\n%v", got, resp.DynamicMetadata)
+	}
+	md := resp.DynamicMetadata.GetFields()
+	if md["domain"].GetStringValue() != "rl" || len(md["descriptors"].GetListValue().GetValues()) != 2 {
+		t.Fatalf("domain and descriptors: %v", resp.DynamicMetadata)
+	}
+	if e := md["descriptors"].GetListValue().GetValues()[1].GetStructValue().GetFields()["entries"].GetListValue().GetValues(); len(e) != 1 || e[0].GetStringValue() != "service=service_2" {
+		t.Fatalf("entries of the second descriptor: %v", e)
+	}
+	if _, ok := md["hitsAddend"]; ok {
+		t.Fatalf("hitsAddend without one in the request: %v", md)
+	}
+	// service_1 is exhausted: the metadata names service_2, where a proxy routes.
+	if resp = ask(t, c, reqOf(0, svc1, svc2)); resp.OverallCode != rlsv3.RateLimitResponse_OK || name(resp) != "service_2" {
+		t.Fatalf("second call: %v, service_with_quota.name %q, want service_2", resp.OverallCode, name(resp))
+	}
+	// Every quota exhausted: no metadata of theirs; a passing rule's is merged.
+	resp = ask(t, c, reqOf(1, svc1, svc2, nested))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || name(resp) != "nested" {
+		t.Fatalf("third call: %v, service_with_quota.name %q, want nested", resp.OverallCode, name(resp))
+	}
+	meta := resp.DynamicMetadata.GetFields()["metadata"].GetStructValue().GetFields()
+	if w := meta["service_with_quota"].GetStructValue().GetFields()["weight"].GetNumberValue(); w != 2 {
+		t.Errorf("weight %v, want 2", w)
+	}
+	if l := meta["other"].GetListValue().GetValues(); len(l) != 2 || l[1].GetStringValue() != "two" {
+		t.Errorf("other %v", l)
+	}
+	if h := resp.DynamicMetadata.GetFields()["hitsAddend"].GetNumberValue(); h != 1 {
+		t.Errorf("hitsAddend %v, want 1", h)
+	}
+	// Mappings under one key merge, the first value of a key staying; the rules'
+	// own metadata is never written into.
+	c2 := rlsClient(t, set, limiter.NewMemory(), WithDynamicMetadata(true))
+	resp = ask(t, c2, reqOf(0, nested, svc2))
+	sq := resp.DynamicMetadata.GetFields()["metadata"].GetStructValue().GetFields()["service_with_quota"].GetStructValue().GetFields()
+	if sq["name"].GetStringValue() != "nested" || sq["zone"].GetStringValue() != "b" || sq["weight"].GetNumberValue() != 2 {
+		t.Fatalf("merged service_with_quota %v", sq)
+	}
+	seen := 0
+	for _, r := range set.Rules() {
+		m, ok := r.Metadata["service_with_quota"].(map[string]any)
+		if !ok {
+			continue
+		}
+		seen++
+		if r.Name != "service_2" && m["zone"] != nil {
+			t.Fatalf("rule %s's metadata was written into: %v", r.Name, r.Metadata)
+		}
+	}
+	if seen != 3 {
+		t.Fatalf("%d rules with service_with_quota, want 3", seen)
+	}
 }

@@ -28,7 +28,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/ingress"
@@ -53,6 +55,7 @@ type RateLimitService struct {
 	metrics *ingress.DecisionMetrics
 	shadow  bool
 	headers bool
+	dynMeta bool
 	log     *slog.Logger
 	seen    atomic.Pointer[rules.Set]
 }
@@ -69,6 +72,18 @@ func WithShadow(on bool) Option { return func(s *RateLimitService) { s.shadow = 
 // descriptor closest to running out, and Retry-After / X-Ratelimit-Retry-After when
 // the request is over the limit.
 func WithResponseHeaders(on bool) Option { return func(s *RateLimitService) { s.headers = on } }
+
+// WithDynamicMetadata turns dynamic_metadata on or off (default off), as Envoy's
+// RESPONSE_DYNAMIC_METADATA: the response then carries the request's domain, its
+// descriptors (each as "entries", a list of "key=value", with its "limit" override
+// and "hitsAddend" when it has them), the request's "hitsAddend" when not 0, and
+// "metadata": the `metadata` of the rules of every descriptor whose status is OK,
+// merged in the order of the descriptors (a key already set keeps its first value;
+// mappings under one key are merged the same way). With quota_mode this names the
+// quotas that still have room, which Envoy's route can read
+// (%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:…)%) to pick an upstream.
+// The descriptors' values go back to the proxy that sent them, nowhere else.
+func WithDynamicMetadata(on bool) Option { return func(s *RateLimitService) { s.dynMeta = on } }
 
 // WithRegisterer counts decisions in the front door's series on reg
 // (sluice_decisions_total{rule,outcome}, sluice_decision_duration_seconds).
@@ -158,6 +173,7 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		over       bool
 		retryAfter time.Duration
 		quota      ingress.QuotaTally
+		meta       *structpb.Struct // the passed rules' metadata, merged
 		// exhausted are the quota rules over their limit, settled once every
 		// descriptor is decided (on the stack for the usual few).
 		buf       [8]*rules.Rule
@@ -209,6 +225,9 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		if outcome != "" {
 			s.metrics.Count(c.Rule.Name, outcome)
 		}
+		if s.dynMeta && c.Rule.Metadata != nil && st.Code == rlsv3.RateLimitResponse_OK {
+			meta = s.mergeMetadata(meta, c.Rule)
+		}
 		resp.Statuses[i] = st
 		if dec.ClosestLimit >= 0 && (near.rule == nil || ingress.Closer(dec.Closest, near.d)) {
 			near = closest{rule: c.Rule, limit: dec.ClosestLimit, d: dec.Closest}
@@ -237,8 +256,71 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		}
 		resp.ResponseHeadersToAdd = rateLimitHeaders(ingress.RateLimitFieldsOf(near.rule, near.limit, near.d), wait)
 	}
+	if s.dynMeta {
+		resp.DynamicMetadata = dynamicMetadata(req, meta)
+	}
 	s.metrics.ObserveContext(ctx, time.Since(start))
 	return resp, nil
+}
+
+// mergeMetadata merges the metadata of rule into into (nil: none yet) and returns
+// it. A key into has keeps its value, except that two mappings are merged.
+func (s *RateLimitService) mergeMetadata(into *structpb.Struct, rule *rules.Rule) *structpb.Struct {
+	// A fresh copy: rule.Metadata is shared, and merging writes into what it gave.
+	m, err := structpb.NewStruct(rule.Metadata)
+	if err != nil { // the rules parser admits only what structpb takes
+		s.log.Error("rule metadata", "rule", rule.Name, "err", err)
+		return into
+	}
+	if into == nil {
+		return m
+	}
+	mergeStruct(into, m)
+	return into
+}
+
+func mergeStruct(into, from *structpb.Struct) {
+	for k, v := range from.GetFields() {
+		have, ok := into.Fields[k]
+		if !ok {
+			into.Fields[k] = v
+			continue
+		}
+		if hs, fs := have.GetStructValue(), v.GetStructValue(); hs != nil && fs != nil {
+			mergeStruct(hs, fs)
+		}
+	}
+}
+
+// dynamicMetadata is the dynamic_metadata of a response to req (see
+// WithDynamicMetadata).
+func dynamicMetadata(req *rlsv3.RateLimitRequest, meta *structpb.Struct) *structpb.Struct {
+	descs := make([]*structpb.Value, len(req.Descriptors))
+	for i, d := range req.Descriptors {
+		entries := make([]*structpb.Value, len(d.Entries))
+		for j, e := range d.Entries {
+			entries[j] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if o := d.GetLimit(); o != nil {
+			f["limit"] = structpb.NewStringValue(prototext.Format(o))
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(h.Value))
+		}
+		descs[i] = structpb.NewStructValue(&structpb.Struct{Fields: f})
+	}
+	out := map[string]*structpb.Value{
+		"domain":      structpb.NewStringValue(req.Domain),
+		"descriptors": structpb.NewListValue(&structpb.ListValue{Values: descs}),
+	}
+	if req.HitsAddend != 0 {
+		out["hitsAddend"] = structpb.NewNumberValue(float64(req.HitsAddend))
+	}
+	if len(meta.GetFields()) > 0 {
+		out["metadata"] = structpb.NewStructValue(meta)
+	}
+	return &structpb.Struct{Fields: out}
 }
 
 func validate(req *rlsv3.RateLimitRequest) error {
