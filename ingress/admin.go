@@ -220,6 +220,7 @@ type ruleView struct {
 	OnLimit    string      `json:"on_limit"`
 	Queue      string      `json:"queue,omitempty"`
 	Shadow     bool        `json:"shadow,omitempty"`
+	Quota      bool        `json:"quota,omitempty"` // quota_mode
 	Source     string      `json:"source"`
 }
 
@@ -263,7 +264,7 @@ func (a *Admin) rules(w http.ResponseWriter, _ *http.Request) {
 	}
 	for _, r := range set.Rules() {
 		rv := ruleView{Name: r.Name, Domain: r.Domain, Descriptor: r.Descriptor, Unlimited: r.Unlimited,
-			Deny: r.Deny, OnLimit: string(r.OnLimit), Shadow: r.Shadow, Source: source(r.File, r.Line)}
+			Deny: r.Deny, OnLimit: string(r.OnLimit), Shadow: r.Shadow, Quota: r.Quota, Source: source(r.File, r.Line)}
 		if r.Queue != nil {
 			rv.Queue = r.Queue.Name
 		}

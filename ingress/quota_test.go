@@ -205,3 +205,27 @@ func TestQuotaSeriesOnlyForQuotaRules(t *testing.T) {
 		t.Errorf("quota_exhausted series for %v, want %v", got, want)
 	}
 }
+
+// TestAdminShowsQuotaMode: the active rules say which are in quota mode.
+func TestAdminShowsQuotaMode(t *testing.T) {
+	set, err := rules.Parse(rules.File{Name: "svc.yaml", Data: []byte(quotaRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	(&Admin{Rules: StaticRules{set}}).Handler().ServeHTTP(w, httptest.NewRequest("GET", "/sluice/v1/rules", nil))
+	var view rulesView
+	if err := json.Unmarshal(w.Body.Bytes(), &view); err != nil {
+		t.Fatalf("%v\n%s", err, w.Body)
+	}
+	var quota []string
+	for _, r := range view.Rules {
+		if r.Quota {
+			quota = append(quota, r.Name)
+		}
+	}
+	slices.Sort(quota)
+	if want := []string{"service_1", "service_2"}; !slices.Equal(quota, want) {
+		t.Errorf("rules in quota mode %v, want %v", quota, want)
+	}
+}

@@ -206,6 +206,7 @@ type explainRule struct {
 	OnLimit    string   `json:"on_limit"`
 	Queue      string   `json:"queue,omitempty"`
 	Shadow     bool     `json:"shadow,omitempty"`
+	Quota      bool     `json:"quota,omitempty"` // quota_mode
 }
 
 // maxExplainBody bounds an explain request.
@@ -246,7 +247,7 @@ func (c *Console) explain(w http.ResponseWriter, r *http.Request, _ []byte) {
 		}
 		if rl := d.Rule; rl != nil {
 			er := &explainRule{Name: rl.Name, Descriptor: rl.Descriptor, Source: rl.File + ":" + strconv.Itoa(rl.Line),
-				Unlimited: rl.Unlimited, Deny: rl.Deny, OnLimit: string(rl.OnLimit), Shadow: rl.Shadow}
+				Unlimited: rl.Unlimited, Deny: rl.Deny, OnLimit: string(rl.OnLimit), Shadow: rl.Shadow, Quota: rl.Quota}
 			for _, l := range rl.Limits {
 				er.Limits = append(er.Limits, rules.DescribeLimit(l))
 			}

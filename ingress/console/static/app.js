@@ -252,7 +252,7 @@ async function rulesPage() {
   const rows = set.rules.map(r => el("tr", {}, el("td", { class: "mono", text: r.name }),
     el("td", { class: "mono", text: r.domain + ": " + r.descriptor }),
     el("td", { text: r.unlimited ? "unlimited" : r.deny ? "never allowed" : (r.limits || []).map(l => l.rate + "/" + fmtPeriod(l.period) + " " + l.algorithm).join(", ") }),
-    el("td", { text: (r.on_limit === "defer" ? "defer → " + r.queue : "reject 429") + (r.shadow ? " (shadow)" : "") }),
+    el("td", { text: (r.on_limit === "defer" ? "defer → " + r.queue : "reject 429") + (r.shadow ? " (shadow)" : "") + (r.quota ? " (quota mode)" : "") }),
     el("td", { class: "mono", text: r.source })));
   fill(document.querySelector("#rules tbody"), rows);
   setStatus("rules " + set.version.slice(0, 8));
@@ -275,7 +275,7 @@ async function explain(ev) {
       else if (d.replaced_by) what = "rule " + d.rule.name + " replaced by " + d.replaced_by;
       else if (d.duplicate) what = "rule " + d.rule.name + ": counted by an earlier list";
       else what = "rule " + d.rule.name + " — " + (d.rule.unlimited ? "unlimited" : d.rule.deny ? "never allowed" : (d.rule.limits || []).join(", ")) +
-        "; over the limit: " + (d.rule.on_limit === "defer" ? "defer to " + d.rule.queue : "reject 429") + (d.rule.shadow ? " (shadow)" : "");
+        "; over the limit: " + (d.rule.on_limit === "defer" ? "defer to " + d.rule.queue : "reject 429") + (d.rule.shadow ? " (shadow)" : "") + (d.rule.quota ? " (quota mode)" : "");
       parts.push(el("p", { class: "mono" }, "descriptor " + (i + 1) + " [" + d.entries.join(", ") + "]: " + what));
     });
     out.replaceChildren(...parts);
