@@ -71,9 +71,31 @@ func (d *delivered) get(ticket string) (string, bool) {
 	return b, ok
 }
 
+// wait returns the body delivered for ticket, failing t when none comes within 30 s.
+func (d *delivered) wait(t *testing.T, ticket string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if b, ok := d.get(ticket); ok {
+			return b
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the deferred order never reached the downstream")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // authFixture is an ext_authz service over loopback whose orders queue lives in an
 // embedded NATS and is drained by a real dispatcher to a loopback downstream.
 func authFixture(t *testing.T) (authv3.AuthorizationClient, *delivered) {
+	t.Helper()
+	return authFixtureOf(t, authRules)
+}
+
+// authFixtureOf is authFixture on rules src, whose orders queue's downstream is
+// written DOWNSTREAM.
+func authFixtureOf(t *testing.T, src string) (authv3.AuthorizationClient, *delivered) {
 	t.Helper()
 	got := &delivered{bodies: map[string]string{}}
 	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -83,7 +105,7 @@ func authFixture(t *testing.T) (authv3.AuthorizationClient, *delivered) {
 		got.mu.Unlock()
 	}))
 	t.Cleanup(down.Close)
-	set := parseRules(t, strings.Replace(authRules, "DOWNSTREAM", down.URL, 1))
+	set := parseRules(t, strings.Replace(src, "DOWNSTREAM", down.URL, 1))
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -200,18 +222,8 @@ func TestCheckDefersWithTheBody(t *testing.T) {
 	if code != http.StatusAccepted || ticket == "" || headerOf(h, "location") != deferral.Path+ticket {
 		t.Fatalf("deferred order: %d %v %v", code, h, body)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if b, ok := got.get(ticket); ok {
-			if b != `{"n":2}` {
-				t.Fatalf("downstream got %q", b)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the deferred order never reached the downstream")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if b := got.wait(t, ticket); b != `{"n":2}` {
+		t.Fatalf("downstream got %q", b)
 	}
 
 	// Without the whole body, nothing is parked: 429, and the detail says why.

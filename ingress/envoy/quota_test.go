@@ -1,9 +1,11 @@
 package envoy
 
 import (
+	"net/http"
 	"testing"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -286,5 +288,54 @@ func TestShouldRateLimitDynamicMetadata(t *testing.T) {
 	}
 	if seen != 3 {
 		t.Fatalf("%d rules with service_with_quota, want 3", seen)
+	}
+}
+
+// TestCheckQuotaModeDefers: quota_mode on ext_authz, with defer rules: an order
+// passes while one quota has room, and once every quota is exhausted it is parked
+// (202 with a ticket) and delivered.
+func TestCheckQuotaModeDefers(t *testing.T) {
+	c, got := authFixtureOf(t, `
+domain: shop
+descriptors:
+  - key: svc
+    value: a
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1, name: quota_a}
+    on_limit: defer
+    queue: orders
+  - key: svc
+    value: b
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2, name: quota_b}
+    on_limit: defer
+    queue: orders
+routes:
+  - name: orders
+    match: {method: [POST], path: /v1/orders}
+    descriptors: [[{key: svc, value: a}], [{key: svc, value: b}]]
+queues:
+  orders:
+    outflow: {rate: 50/s}
+    downstream: DOWNSTREAM
+`)
+	order := func(n string) *authv3.CheckResponse {
+		return check(t, c, checkReq{method: "POST", path: "/v1/orders", source: "192.0.2.1", body: `{"n":` + n + `}`,
+			headers: map[string]string{"content-length": "7"}})
+	}
+	if resp := order("1"); resp.GetOkResponse() == nil {
+		t.Fatalf("first order: %v", resp)
+	}
+	resp := order("2")
+	if resp.GetOkResponse() == nil || headerOf(resp.GetOkResponse().ResponseHeadersToAdd, "x-ratelimit-remaining") != "0" {
+		t.Fatalf("second order (quota_a exhausted, quota_b has room): %v", resp)
+	}
+	code, _, body := denied(t, order("3"))
+	ticket, _ := body["ticket"].(string)
+	if code != http.StatusAccepted || ticket == "" {
+		t.Fatalf("third order (every quota exhausted): %d %v", code, body)
+	}
+	if b := got.wait(t, ticket); b != `{"n":3}` {
+		t.Fatalf("delivered %q", b)
 	}
 }
