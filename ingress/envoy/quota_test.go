@@ -339,3 +339,21 @@ queues:
 		t.Fatalf("delivered %q", b)
 	}
 }
+
+// TestShouldRateLimitQuotaModeManyDescriptors: one quota descriptor sent 20 times is
+// counted 20 times, as Envoy's service counts it: the first call passes on the one
+// that had room, the second finds every one exhausted.
+func TestShouldRateLimitQuotaModeManyDescriptors(t *testing.T) {
+	c := rlsClient(t, parseRules(t, quotaRules), limiter.NewMemory())
+	req := &rlsv3.RateLimitRequest{Domain: "rl"}
+	for range 20 {
+		req.Descriptors = append(req.Descriptors, desc("service", "service_1"))
+	}
+	resp := ask(t, c, req)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[19].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("first call: %v", resp)
+	}
+	if resp = ask(t, c, req); resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("second call: %v", resp.OverallCode)
+	}
+}
