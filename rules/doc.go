@@ -27,8 +27,9 @@
 // even with some of its quotas exhausted. For three requests reaching a quota of 1
 // per minute and one of 2 per minute (envoyproxy/ratelimit's example file): the
 // first passes with both counted, the second passes on the second quota (the first
-// is exhausted), the third is denied. Every quota rule reached is counted, the
-// exhausted ones included, as Envoy's service counts them.
+// is exhausted), the third is denied. Each quota rule reached is decided, and
+// charged, exactly as a rule without quota mode; only how its decision combines
+// with the others differs.
 //
 // What an exhausted quota reports: over gRPC (package ingress/envoy) its
 // descriptor's status is OVER_LIMIT with limit_remaining 0 while the overall code is
