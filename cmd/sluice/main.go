@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // commandOrder is the order in which the usage lists the commands (cobra sorts them
 // by name, which puts the gateway's main command in the middle).
-var commandOrder = []string{"serve", "ingress", "rls", "dispatch", "queue", "dlq", "simulate", "rules", "version", "completion", "help"}
+var commandOrder = []string{"serve", "ingress", "rls", "dispatch", "queue", "dlq", "simulate", "rules", "demo-upstream", "version", "completion", "help"}
 
 // newRoot builds the command tree. Every command writes to stdout and stderr and
 // reads the context of the execution (cmd.Context()).
@@ -142,6 +142,7 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 		dlqCommand(stdout, stderr),
 		simulateCommand(stdout, stderr),
 		rulesCommand(stdout, stderr),
+		demoUpstreamCommand(stdout, stderr),
 		versionCommand(stdout),
 	)
 	// cobra's own completion command (bash, zsh, fish, powershell), added now rather
@@ -177,7 +178,7 @@ func rootUsage(w io.Writer, root *cobra.Command) {
 	fmt.Fprint(w, "Usage:\n  sluice <command> [flags] [arguments]\n\nCommands:\n")
 	for _, name := range commandOrder {
 		if c, _, err := root.Find([]string{name}); err == nil && c != root {
-			fmt.Fprintf(w, "  %-10s %s\n", c.Name(), c.Short)
+			fmt.Fprintf(w, "  %-13s %s\n", c.Name(), c.Short)
 		}
 	}
 	fmt.Fprint(w, "\nRun 'sluice help <command>' or 'sluice <command> --help' for a command's flags.\n")
