@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -337,8 +338,31 @@ func TestVersion(t *testing.T) {
 	}
 	want += "go: " + strings.TrimSpace(strings.TrimPrefix(strings.SplitN(string(meta), "\n", 2)[0], sluiceBinary+":")) +
 		" " + recorded["GOOS"] + "/" + recorded["GOARCH"] + "\n"
+	if recorded["vcs.revision"] == "" && recorded["version"] == "(devel)" {
+		want += unnamedBuild
+	}
 	if string(out) != want {
 		t.Errorf("sluice version printed\n%s\nwant (from go version -m)\n%s", out, want)
+	}
+}
+
+// TestVersionFromLdflags builds sluice as the README's build line does with
+// -buildvcs=false (no version control information, as GOFLAGS has it on many build
+// machines) and the version named at link time: that version is the first line.
+func TestVersionFromLdflags(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "sluice")
+	build := exec.Command("go", "build", "-buildvcs=false", "-ldflags", "-X main.version=v0.0.0-readme", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "sluice v0.0.0-readme\nrevision: unknown (built without version control information)\ngo: "; !strings.HasPrefix(string(out), want) ||
+		strings.Contains(string(out), unnamedBuild) {
+		t.Errorf("sluice version printed\n%s\nwant it to start\n%s", out, want)
 	}
 }
 
@@ -360,7 +384,12 @@ func TestFormatVersion(t *testing.T) {
 		{"go install of a tag", "", &debug.BuildInfo{GoVersion: "go1.26.1", Main: debug.Module{Version: "v1.4.0"}},
 			"sluice v1.4.0\nrevision: unknown (built without version control information)\ngo: go1.26.1 " + platform + "\n"},
 		{"no build information", "", nil, "sluice (unknown)\nrevision: unknown (built without version control information)\ngo: " +
-			runtime.Version() + " " + platform + "\n"},
+			runtime.Version() + " " + platform + "\n" + unnamedBuild},
+		// GOFLAGS=-buildvcs=false, as on this project's build machines.
+		{"a local build without VCS stamping", "", &debug.BuildInfo{GoVersion: "go1.26.1", Main: debug.Module{Version: "(devel)"}},
+			"sluice (devel)\nrevision: unknown (built without version control information)\ngo: go1.26.1 " + platform + "\n" + unnamedBuild},
+		{"the same, named at link time", "v0.9.0-3-g0474f4d", &debug.BuildInfo{GoVersion: "go1.26.1", Main: debug.Module{Version: "(devel)"}},
+			"sluice v0.9.0-3-g0474f4d\nrevision: unknown (built without version control information)\ngo: go1.26.1 " + platform + "\n"},
 	} {
 		if got := formatVersion(tc.link, tc.info); got != tc.want {
 			t.Errorf("%s:\n%s\nwant\n%s", tc.name, got, tc.want)

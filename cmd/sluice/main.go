@@ -363,6 +363,10 @@ func versionCommand(stdout io.Writer) *cobra.Command {
 	}
 }
 
+// unnamedBuild ends sluice version for a build that nothing names (GOFLAGS=-buildvcs=false
+// and no link-time version): the README's build command with the version added.
+const unnamedBuild = "name a build with: go build -ldflags \"-X main.version=$(git describe --tags --always --dirty)\" -o sluice ./cmd/sluice\n"
+
 // versionText is what sluice version prints, from the build information that the Go
 // toolchain records in the binary (see formatVersion).
 func versionText() string {
@@ -401,7 +405,8 @@ func versionName(linkVersion string, info *debug.BuildInfo) string {
 // such as v0.0.0-20261130104100-4073f49abcde+dirty, or "(devel)"). A build without
 // version control information (-buildvcs=false, a tree without .git, a git worktree,
 // which the go command does not recognise) has "revision: unknown" instead of the
-// three VCS lines.
+// three VCS lines, and when nothing names the build (no link-time version, the module
+// version "(devel)") a line saying how to name one.
 func formatVersion(linkVersion string, info *debug.BuildInfo) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sluice %s\n", versionName(linkVersion, info))
@@ -423,6 +428,10 @@ func formatVersion(linkVersion string, info *debug.BuildInfo) string {
 		b.WriteString("revision: unknown (built without version control information)\n")
 	}
 	fmt.Fprintf(&b, "go: %s %s/%s\n", goVersion, runtime.GOOS, runtime.GOARCH)
+	if vcs["vcs.revision"] == "" && linkVersion == "" && (info == nil || info.Main.Version == "" || info.Main.Version == "(devel)") {
+		// Nothing names this build: say how to name the next one.
+		b.WriteString(unnamedBuild)
+	}
 	return b.String()
 }
 
