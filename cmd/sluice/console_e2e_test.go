@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -244,13 +246,108 @@ func TestConsoleInBrowser(t *testing.T) {
 	run("sign out", chromedp.Click(id("logout")), chromedp.WaitVisible(id("token")))
 }
 
-// Without an admin token there is nothing to sign in with: /console/ says so.
+// Without an admin token and without a data directory of its own to keep a console
+// token in (rls; --nats), there is nothing to sign in with: /console/ says so.
 func TestConsoleNeedsToken(t *testing.T) {
 	t.Parallel()
 	rulesPath := writeRules(t, t.TempDir(), e2eRules(2))
-	p := startSluice(t, "--rules", rulesPath, "--upstream", "http://127.0.0.1:1")
+	p := startCommand(t, "rls", "--rules", rulesPath, "--grpc-listen", freeAddr(t))
 	r := send(t, "GET", p.admin+"/console/", nil)
 	if r.status != 404 || !strings.Contains(r.body, "--admin-token") {
 		t.Errorf("GET /console/ without --admin-token: %d %s", r.status, r.body)
 	}
+}
+
+// TestConsoleTokenInDataDir: serve without --admin-token keeps a console token in
+// DATA_DIR/console.token (0600), prints a one-time sign-in URL at the start that made
+// it, and reuses it on restart, printing only the file; the admin API stays as it was
+// without a token.
+func TestConsoleTokenInDataDir(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, 0)
+	dir := t.TempDir()
+	rulesPath := writeRules(t, t.TempDir(), e2eRules(10))
+	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--data-dir", dir)
+	var signIn string
+	waitFor(t, "the sign-in URL", 30*time.Second, func() bool {
+		_, rest, ok := strings.Cut(p.output.String(), `msg="console: sign in once at this URL`)
+		if !ok {
+			return false
+		}
+		_, rest, ok = strings.Cut(rest, `url="`)
+		signIn, _, _ = strings.Cut(rest, `"`)
+		return ok
+	})
+	base, code, ok := strings.Cut(signIn, "#code=")
+	if base != p.admin+"/console/" || !ok || len(code) != 32 {
+		t.Fatalf("sign-in URL %q, want %s/console/#code=…", signIn, p.admin)
+	}
+	path := filepath.Join(dir, consoleTokenFile)
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: %v %v", path, fi, err)
+	}
+	token, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(p.output.String(), strings.TrimSpace(string(token))) {
+		t.Error("the console token is in the log")
+	}
+	if got := consoleSignIn(t, p.admin, "code="+code); got != http.StatusOK {
+		t.Errorf("the one-time code: session %d", got)
+	}
+	if got := consoleSignIn(t, p.admin, "code="+code); got != http.StatusUnauthorized {
+		t.Errorf("the code again: session %d", got)
+	}
+	if got := consoleSignIn(t, p.admin, "token="+url.QueryEscape(strings.TrimSpace(string(token)))); got != http.StatusOK {
+		t.Errorf("the file's token: session %d", got)
+	}
+	// The admin API is as without a token.
+	if resp, err := http.Get(p.admin + "/sluice/v1/rules"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("admin API without a token: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("stop: exit %d", code)
+	}
+	again := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--data-dir", dir)
+	waitFor(t, "the console line", 30*time.Second, func() bool {
+		return strings.Contains(again.output.String(), `msg="console: sign in with the token in the file" url=`+again.admin+"/console/ file="+path)
+	})
+	if strings.Contains(again.output.String(), "#code=") {
+		t.Error("a restart printed a sign-in code")
+	}
+	if kept, err := os.ReadFile(path); err != nil || string(kept) != string(token) {
+		t.Errorf("the token changed on restart: %q, was %q (%v)", kept, token, err)
+	}
+	if got := consoleSignIn(t, again.admin, "token="+url.QueryEscape(strings.TrimSpace(string(token)))); got != http.StatusOK {
+		t.Errorf("the kept token after restart: session %d", got)
+	}
+}
+
+// consoleSignIn posts the sign-in form to the console at admin and returns the status
+// of GET /console/session with the cookie it got (401 without one).
+func consoleSignIn(t *testing.T, admin, form string) int {
+	t.Helper()
+	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	req, _ := http.NewRequest(http.MethodPost, admin+"/console/login", strings.NewReader(form))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", admin)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	req, _ = http.NewRequest(http.MethodGet, admin+"/console/session", nil)
+	for _, c := range resp.Cookies() {
+		req.AddCookie(c)
+	}
+	if resp, err = hc.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

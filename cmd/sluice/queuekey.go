@@ -74,25 +74,36 @@ func loadQueueKey(dir string) ([]byte, error) {
 }
 
 func readQueueKey(path string) ([]byte, error) {
-	fi, err := os.Lstat(path)
+	b, err := readPrivateFile(path, "queue key", "it signs every parked order")
 	if err != nil {
 		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("queue key %s is not a regular file", path)
-	}
-	if runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("queue key %s may be read by others (mode %04o); it signs every parked order: chmod 600 it", path, fi.Mode().Perm())
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("queue key: %w", err)
 	}
 	key, err := parseQueueKey(string(b))
 	if err != nil {
 		return nil, fmt.Errorf("queue key %s: %w", path, err)
 	}
 	return key, nil
+}
+
+// readPrivateFile reads a secret that sluice keeps in its data directory, what (for
+// the errors) and why it matters: a regular file that only its owner may read. A
+// missing file gives os.Lstat's error, which wraps fs.ErrNotExist.
+func readPrivateFile(path, what, why string) ([]byte, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s %s is not a regular file", what, path)
+	}
+	if runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s %s may be read by others (mode %04o); %s: chmod 600 it", what, path, fi.Mode().Perm(), why)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return b, nil
 }
 
 // writeNewFile creates path with data, mode 0600, all or nothing: the data goes to a

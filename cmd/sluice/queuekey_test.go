@@ -109,3 +109,53 @@ func TestParseQueueKey(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleToken: made once (0600), reused after; a file others may read, a symlink
+// or one that is not a token is refused, never replaced or followed.
+func TestConsoleToken(t *testing.T) {
+	dir := t.TempDir()
+	tok, created, err := loadConsoleToken(dir)
+	if err != nil || !created || len(tok) != 43 {
+		t.Fatalf("first: %q %v %v", tok, created, err)
+	}
+	again, created, err := loadConsoleToken(dir)
+	if err != nil || created || again != tok {
+		t.Fatalf("again: %q %v %v, want %q", again, created, err, tok)
+	}
+	path := filepath.Join(dir, consoleTokenFile)
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := loadConsoleToken(dir); err == nil || !strings.Contains(err.Error(), "may be read by others (mode 0644)") {
+		t.Errorf("mode 0644: %v", err)
+	}
+	for name, content := range map[string]string{"empty": "", "short": "abc\n", "two words": "0123456789abcdef 0123456789abcdef\n"} {
+		d := t.TempDir()
+		if err := os.WriteFile(filepath.Join(d, consoleTokenFile), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := loadConsoleToken(d); err == nil || !strings.Contains(err.Error(), "is not a token") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	d := t.TempDir()
+	if err := os.Symlink(path, filepath.Join(d, consoleTokenFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := loadConsoleToken(d); err == nil || !strings.Contains(err.Error(), "is not a regular file") {
+		t.Errorf("symlink: %v", err)
+	}
+}
+
+func TestConsoleURL(t *testing.T) {
+	for addr, want := range map[string]string{
+		"127.0.0.1:9090": "http://127.0.0.1:9090/console/",
+		"[::]:9090":      "http://127.0.0.1:9090/console/",
+		"0.0.0.0:9090":   "http://127.0.0.1:9090/console/",
+		"[::1]:9090":     "http://[::1]:9090/console/",
+	} {
+		if got := consoleURL(addr); got != want {
+			t.Errorf("consoleURL(%q) = %q, want %q", addr, got, want)
+		}
+	}
+}

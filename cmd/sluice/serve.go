@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -438,6 +439,9 @@ type gateway struct {
 	adminAPI  *ingress.Admin
 	deps      *ingress.Dependencies
 	reloads   console.Reloads // the rules reloads, for the console's rules page
+	// Without --admin-token, the console token's file in the data directory, and the
+	// one-time sign-in code to print once listening ("" unless the file is new).
+	consoleFile, consoleCode string
 }
 
 func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
@@ -576,19 +580,48 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) error {
 		g.adminAPI.Queues = &queueapi.API{Store: &g.queues.store, Log: g.log}
 		opts = append(opts, console.WithQueueStore(&g.queues.store))
 	}
-	if g.cfg.admin.token == "" {
+	token, created := g.cfg.admin.token, false
+	if token == "" && g.nats != nil && g.nats.embedded != nil {
+		// A data directory of this process's own: the console gets a token of its own
+		// there (see consoleTokenFile).
+		var err error
+		if token, created, err = loadConsoleToken(g.cfg.nats.dataDir); err != nil {
+			return err
+		}
+		g.consoleFile = filepath.Join(g.cfg.nats.dataDir, consoleTokenFile)
+	}
+	if token == "" {
 		g.adminAPI.Extra = map[string]http.Handler{"GET " + console.Prefix: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			ingress.WriteProblem(w, http.StatusNotFound, "The console needs an admin token to sign in with: start sluice with --admin-token (or SLUICE_ADMIN_TOKEN).")
 		})}
 		g.admin = newHTTPServer(g.cfg.admin.listen, g.adminAPI.Handler(), g.log)
 		return nil
 	}
-	c, err := console.New(g.cfg.admin.token, g.adminAPI.Handler(), opts...)
+	c, err := console.New(token, g.adminAPI.Handler(), opts...)
 	if err != nil {
 		return err
 	}
+	if created {
+		g.consoleCode = c.NewSignInCode()
+	}
 	g.admin = newHTTPServer(g.cfg.admin.listen, c.Handler(), g.log)
 	return nil
+}
+
+// logConsole says, once listening, where the console is and how to sign in when its
+// token is the one kept in the data directory: the first start prints a one-time
+// sign-in URL (Jupyter's way, without putting the token itself in the log), every
+// later one the token's file.
+func (g *gateway) logConsole() {
+	switch {
+	case g.consoleFile == "" || g.admin == nil:
+	case g.consoleCode != "":
+		g.log.Info("console: sign in once at this URL (within "+strings.TrimSuffix(console.SignInCodeTTL.String(), "0m0s")+"; later with the token in the file)",
+			"url", consoleURL(g.admin.Addr)+"#code="+g.consoleCode, "file", g.consoleFile)
+		g.consoleCode = ""
+	default:
+		g.log.Info("console: sign in with the token in the file", "url", consoleURL(g.admin.Addr), "file", g.consoleFile)
+	}
 }
 
 // frontDoor builds the front door's handler: ticket status, and every other request
@@ -982,6 +1015,7 @@ func (g *gateway) run(ctx context.Context) error {
 	}
 	attrs = append(attrs, "dispatch", g.cfg.dispatch)
 	g.log.Info("sluice "+g.mode.started, attrs...)
+	g.logConsole()
 	if g.front == nil && !g.mode.rls && len(g.watcher.Set().Queues()) == 0 {
 		// Only worth a warning where dispatching is all the process does.
 		g.log.Warn("the rules declare no queues: nothing to dispatch until a reload adds some")

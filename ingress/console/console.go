@@ -2,7 +2,9 @@
 // listener, under Prefix, over the admin API (ingress.Admin and ingress/queueapi).
 //
 // The pages, their script and style sheet are embedded in the binary and load nothing
-// from elsewhere. An operator signs in with the admin token once; the console then
+// from elsewhere. An operator signs in with the admin token once, or with a one-time
+// sign-in code (NewSignInCode) carried in the fragment of a URL that the sign-in page
+// posts and then removes from the address bar; the console then
 // keeps a session cookie that is not the token but an HMAC-signed expiry, and calls
 // the admin API for the browser (Prefix + "api/sluice/v1/…"), adding the bearer token
 // itself, so the token never reaches the page's script. Every request that changes
@@ -11,6 +13,7 @@
 package console
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -18,6 +21,7 @@ import (
 	"embed"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +30,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,6 +74,10 @@ type Console struct {
 	log      *slog.Logger
 	static   fs.FS
 	mux      *http.ServeMux
+
+	codeMu    sync.Mutex
+	codeHash  [sha256.Size]byte // of the one-time sign-in code; zero: none
+	codeUntil time.Time
 }
 
 // Option configures a Console.
@@ -354,7 +363,16 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		ingress.WriteProblem(w, http.StatusBadRequest, "The sign-in form could not be read.")
 		return
 	}
-	ok, retryAfter := c.guard.Check(r, r.PostForm.Get("token"))
+	code := r.PostForm.Get("code")
+	if code != "" && c.useSignInCode(code) {
+		v, exp := c.newSession()
+		c.setCookie(w, r, v, exp)
+		c.log.Info("console: signed in with the one-time code", "remote", r.RemoteAddr, "until", exp)
+		http.Redirect(w, r, Prefix, http.StatusSeeOther)
+		return
+	}
+	// A wrong, used or expired code counts as a wrong token.
+	ok, retryAfter := c.guard.Check(r, cmp.Or(code, r.PostForm.Get("token")))
 	if retryAfter > 0 {
 		c.log.Warn("console: sign-in refused, too many wrong tokens from this address", "remote", r.RemoteAddr, "retry_after", retryAfter)
 		ingress.WriteLockedOut(w, retryAfter)
@@ -369,6 +387,40 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	c.setCookie(w, r, v, exp)
 	c.log.Info("console: signed in", "remote", r.RemoteAddr, "until", exp)
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)
+}
+
+// SignInCodeTTL bounds how long NewSignInCode's code lasts unused.
+const SignInCodeTTL = time.Hour
+
+// NewSignInCode returns a one-time sign-in code, good for one sign-in within
+// SignInCodeTTL, and voids the one before. Open Prefix + "#code=" + the code: the
+// sign-in page posts it as the form field "code" and drops it from the address bar and
+// history; a fragment is never sent to a server, so it reaches no access log, proxy or
+// Referer. It is 128 random bits, kept only as a hash in memory: it dies with the
+// process. It is for printing at start (sluice serve does, once, for the token it
+// generates), where the terminal can be trusted with it for a while but the token
+// should not sit in logs for good.
+func (c *Console) NewSignInCode() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)           // crypto/rand.Read never fails (Go 1.24)
+	code := hex.EncodeToString(b) // no - or _ that would end a double-click selection
+	c.codeMu.Lock()
+	defer c.codeMu.Unlock()
+	c.codeHash = sha256.Sum256([]byte(code))
+	c.codeUntil = c.now().Add(SignInCodeTTL)
+	return code
+}
+
+// useSignInCode reports whether code is the live one-time code, and voids it if so.
+func (c *Console) useSignInCode(code string) bool {
+	h := sha256.Sum256([]byte(code))
+	c.codeMu.Lock()
+	defer c.codeMu.Unlock()
+	if c.codeHash == ([sha256.Size]byte{}) || !c.now().Before(c.codeUntil) || subtle.ConstantTimeCompare(h[:], c.codeHash[:]) != 1 {
+		return false
+	}
+	c.codeHash = [sha256.Size]byte{}
+	return true
 }
 
 // logout clears the cookie. The session value itself stays valid until it expires

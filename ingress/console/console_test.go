@@ -278,6 +278,52 @@ func TestSignIn(t *testing.T) {
 	}
 }
 
+// TestSignInCode: a one-time code signs in once, within SignInCodeTTL, cross-site
+// never; a newer code voids the older; a wrong one counts as a wrong token.
+func TestSignInCode(t *testing.T) {
+	f := newFixture(t, nil)
+	form := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
+	signIn := func(code string, h map[string]string) *httptest.ResponseRecorder {
+		return f.do(req{method: "POST", target: "/console/login", body: "code=" + url.QueryEscape(code), headers: h})
+	}
+	failed := func(w *httptest.ResponseRecorder) bool {
+		return w.Code == http.StatusSeeOther && w.Header().Get("Location") == "/console/login?failed=1" && len(w.Result().Cookies()) == 0
+	}
+	old := f.c.NewSignInCode()
+	code := f.c.NewSignInCode()
+	if len(code) != 32 || code == old || strings.Contains(code, testToken) {
+		t.Fatalf("codes %q, %q", old, code)
+	}
+	if w := signIn(old, form); !failed(w) {
+		t.Errorf("the voided code: %d %v", w.Code, w.Header())
+	}
+	if w := signIn(code, map[string]string{"Content-Type": form["Content-Type"], "Sec-Fetch-Site": "cross-site"}); w.Code != http.StatusForbidden {
+		t.Errorf("cross-site code: %d", w.Code)
+	}
+	w := signIn(code, form)
+	if w.Code != http.StatusSeeOther || w.Header().Get("Location") != Prefix {
+		t.Fatalf("the code: %d %v", w.Code, w.Header())
+	}
+	if ck := sessionCookie(t, w); f.do(req{method: "GET", target: "/console/session", cookie: ck.Value}).Code != 200 {
+		t.Error("the code's session is refused")
+	}
+	if w := signIn(code, form); !failed(w) {
+		t.Errorf("the code again: %d %v", w.Code, w.Header())
+	}
+	code = f.c.NewSignInCode()
+	f.advance(SignInCodeTTL)
+	if w := signIn(code, form); !failed(w) {
+		t.Errorf("the code after its TTL: %d %v", w.Code, w.Header())
+	}
+	// Wrong codes use up the address's allowance of wrong tokens (the ones above too).
+	for range ingress.MaxWrongTokens {
+		signIn("guess", form)
+	}
+	if w := f.do(req{method: "POST", target: "/console/login", body: "token=" + testToken, headers: form}); w.Code != http.StatusTooManyRequests {
+		t.Errorf("the token after many wrong codes: %d", w.Code)
+	}
+}
+
 // A session cookie is only good as minted, for this token, until it expires.
 // Wrong tokens lock the address out of the sign-in (429 with Retry-After), the right
 // token included, until its allowance refills.
