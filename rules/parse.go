@@ -195,7 +195,7 @@ func parseFile(name string, data []byte, probs *problemList) *fileDef {
 		if errors.Is(err, io.EOF) {
 			w.errf(nil, "empty file: a rules file needs at least a domain")
 		} else {
-			w.yamlError(err)
+			w.yamlError(data, err)
 		}
 		return nil
 	}
@@ -203,7 +203,7 @@ func parseFile(name string, data []byte, probs *problemList) *fileDef {
 	if err := dec.Decode(&extra); err == nil {
 		w.errf(&extra, "more than one YAML document: each rules file holds one domain")
 	} else if !errors.Is(err, io.EOF) {
-		w.yamlError(err)
+		w.yamlError(data, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {
@@ -275,10 +275,11 @@ func (w *walker) rulesShaped(root *yaml.Node) bool {
 	return false
 }
 
-// yamlError reports a YAML syntax error; yaml.v3 puts the line in the text. Quoted
-// parts of its message (an anchor's name, a character) come from the file, which may
-// not be YAML at all: they are cut, so that nothing of it reaches the logs.
-func (w *walker) yamlError(err error) {
+// yamlError reports a YAML syntax error in data at its line and column (see
+// syntaxErrorAt; yaml.v3 puts a line near it in the text). Quoted parts of its
+// message (an anchor's name, a character) come from the file, which may not be YAML at
+// all: they are cut, so that nothing of it reaches the logs.
+func (w *walker) yamlError(data []byte, err error) {
 	msg := unquote(strings.TrimPrefix(err.Error(), "yaml: "))
 	line := 0
 	if rest, ok := strings.CutPrefix(msg, "line "); ok {
@@ -296,7 +297,9 @@ func (w *walker) yamlError(err error) {
 			}
 		}
 	}
-	if line > 0 {
+	if l, c, ok := syntaxErrorAt(data, line); ok {
+		w.probs.add(w.file, l, c, "invalid YAML: %s", msg)
+	} else if line > 0 {
 		w.probs.add(w.file, line, 1, "invalid YAML: %s", msg)
 	} else {
 		w.probs.add(w.file, 0, 0, "invalid YAML: %s", msg)

@@ -66,7 +66,17 @@ func TestValidationProblems(t *testing.T) {
 		{"empty file", "", []string{"t.yaml: empty file"}},
 		{"comment-only file", "# nothing\n", []string{"t.yaml: empty file"}},
 		{"not a mapping", "- a\n- b\n", []string{"t.yaml:1:1: not a rules file: the top level must be a mapping with a domain, got a list"}},
-		{"yaml syntax", "domain: d\ndescriptors:\n  - key: a\n   value: b\n", []string{"t.yaml:2:1: invalid YAML: did not find expected '-' indicator"}},
+		// YAML syntax errors where the mistake is (yaml.v3 names the line where the
+		// construct around it starts, or the one before, and no column).
+		{"yaml syntax: indentation", "domain: d\ndescriptors:\n  - key: a\n   value: b\n", []string{"t.yaml:4:4: invalid YAML: did not find expected '-' indicator"}},
+		{"yaml syntax: unclosed flow mapping", "domain: d\ndescriptors:\n  - key: route\n    value: orders\n    rate_limit: {unit: second, requests_per_unit: 2\n  - key: user\n",
+			[]string{"t.yaml:5:17: invalid YAML: did not find expected ',' or '}'"}},
+		{"yaml syntax: unclosed quote", "domain: d\ndescriptors:\n  - key: a\n    value: \"b\n", []string{"t.yaml:4:12: invalid YAML: found unexpected end of stream"}},
+		{"yaml syntax: tab", "domain: d\n\tdescriptors: []\n", []string{"t.yaml:2:1: invalid YAML: found a tab character that violates indentation"}},
+		{"yaml syntax: far into a block", "domain: d\ndescriptors:\n" + strings.Repeat("  - key: a\n    value: b\n", 40) + "  - key: c\n   value: d\n",
+			[]string{"t.yaml:84:4: invalid YAML: did not find expected '-' indicator"}},
+		{"yaml syntax: column in characters", "domain: d\ndescriptors:\n  - key: é\n    value: \"ü\n", []string{"t.yaml:4:12: invalid YAML: found unexpected end of stream"}},
+		{"yaml syntax in a second document", "domain: d\n---\ndomain: [e\n", []string{"t.yaml:3:9: invalid YAML"}},
 		{"two documents", "domain: d\n---\ndomain: e\n", []string{"more than one YAML document"}},
 		{"duplicate field", "domain: d\ndomain: e\n", []string{`t.yaml:2:1: duplicate field "domain" in the file (first at line 1)`}},
 		{"unknown unit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",

@@ -513,8 +513,8 @@ func TestWatchRefusesNonRulesFilesWithoutQuotingThem(t *testing.T) {
 		{"list", "- " + secret + "\n", ":1:1: not a rules file: the top level must be a mapping with a domain, got a list"},
 		{"other YAML", "db_password: " + secret + "\n" + secret + ": x\n",
 			":1:1: not a rules file: none of its top-level fields is one of domain, descriptors, routes, queues, shadow_mode"},
-		{"unknown anchor", "domain: *" + secret + "\n", ": invalid YAML: unknown anchor referenced"},
-		{"broken YAML", "password: '" + secret + "\n", ":2:1: invalid YAML: found unexpected end of stream"},
+		{"unknown anchor", "domain: *" + secret + "\n", ":1:9: invalid YAML: unknown anchor referenced"},
+		{"broken YAML", "password: '" + secret + "\n", ":1:11: invalid YAML: found unexpected end of stream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
