@@ -74,6 +74,16 @@ func TestDidYouMean(t *testing.T) {
 		{"command, one letter off", []string{"dispatsh"}, `(did you mean "dispatch"?)`},
 		{"subcommand", []string{"rules", "chek"}, `unknown command "chek" for "sluice rules" (did you mean "check"?)`},
 		{"help topic", []string{"help", "simulat"}, `unknown command "simulat" for "sluice" (did you mean "simulate"?)`},
+		// The closest name, not the first within two edits (rls, before rules).
+		{"command, closest by edit distance", []string{"rule", "check", "x.yaml"}, `unknown command "rule" for "sluice" (did you mean "rules"?)`},
+		{"command, upper case", []string{"SERVE"}, `(did you mean "serve"?)`},
+		{"command, a start of one", []string{"demo"}, `(did you mean "demo-upstream"?)`},
+		// A flag of another command, named as such.
+		{"mistyped command with its flag", []string{"serv", "--rules", "x.yaml"},
+			`sluice: unknown command "serv" for "sluice" (did you mean "serve"?): --rules is a flag of serve, not serv`},
+		{"unknown command with a flag of others", []string{"frob", "--rules", "x.yaml"}, `unknown command "frob" for "sluice": --rules is a flag of dispatch, ingress, rls and serve`},
+		{"flag of another command", []string{"rules", "check", "--upstream", "http://x", "x.yaml"},
+			"sluice rules check: unknown flag --upstream: it is a flag of ingress and serve, not of sluice rules check"},
 		{"flag", []string{"serve", "--admin-lisen", "127.0.0.1:1"}, "sluice serve: unknown flag --admin-lisen (did you mean --admin-listen?)"},
 		{"flag of a subcommand", []string{"rules", "check", "--merge-domain", "x.yaml"}, "unknown flag --merge-domain (did you mean --merge-domains?)"},
 		{"flag with a value", []string{"simulate", "--algoritm=token_bucket"}, "unknown flag --algoritm (did you mean --algorithm?)"},

@@ -26,6 +26,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -259,16 +260,41 @@ func helpCommand() *cobra.Command {
 }
 
 // unknownCommand is the error for a subcommand of parent that does not exist, with
-// cobra's suggestions.
+// the closest of its real subcommands by edit distance (rules.Suggest, as for flags),
+// else the one it starts (sim: simulate). cobra's own suggestion takes the first
+// command within its distance in the order of the tree, not the closest: rule gave rls.
 func unknownCommand(parent *cobra.Command, name string) error {
-	if parent.SuggestionsMinimumDistance <= 0 {
-		parent.SuggestionsMinimumDistance = 2 // cobra's default, which it sets only for its own message
-	}
 	msg := fmt.Sprintf("unknown command %q for %q", name, parent.CommandPath())
-	if s := parent.SuggestionsFor(name); len(s) > 0 {
-		msg += fmt.Sprintf(" (did you mean %q?)", s[0])
+	if s := suggestCommand(parent, name); s != "" {
+		msg += fmt.Sprintf(" (did you mean %q?)", s)
 	}
 	return &usageError{msg}
+}
+
+// suggestCommand returns the subcommand of parent that name is a typo or a start of,
+// or "".
+func suggestCommand(parent *cobra.Command, name string) string {
+	var names []string
+	for _, sub := range parent.Commands() {
+		if sub.IsAvailableCommand() || sub.Name() == "help" {
+			names = append(names, sub.Name())
+			names = append(names, sub.Aliases...)
+		}
+	}
+	lower := strings.ToLower(name)
+	if best := rules.Suggest(lower, names); best != "" {
+		return best
+	}
+	var prefixed []string
+	for _, n := range names {
+		if lower != "" && strings.HasPrefix(n, lower) {
+			prefixed = append(prefixed, n)
+		}
+	}
+	if len(prefixed) == 1 {
+		return prefixed[0]
+	}
+	return ""
 }
 
 // flagError rewrites pflag's parse errors for run: an unknown flag with the closest
@@ -284,7 +310,10 @@ func flagError(c *cobra.Command, err error) error {
 		short := notExist.GetSpecifiedShortnames()
 		if short == "" {
 			name := notExist.GetSpecifiedName()
-			return usageErrorf("unknown flag --%s%s", name, suggestFlag(c.Flags(), name))
+			if s := suggestFlag(c.Flags(), name); s != "" {
+				return usageErrorf("unknown flag --%s%s", name, s)
+			}
+			return otherCommandsFlag(c, name)
 		}
 		// -name: a long flag with one dash (as the flag package took them), or an
 		// unknown shorthand.
@@ -303,6 +332,42 @@ func flagError(c *cobra.Command, err error) error {
 		return usageErrorf("--%s needs a value", required.GetFlag().Name)
 	}
 	return &usageError{err.Error()}
+}
+
+// otherCommandsFlag is the error for --name, unknown to c: when other commands have
+// it, it names them, and the command the user meant when a mistyped one came first
+// (sluice serv --rules: cobra parsed the flags for sluice itself).
+func otherCommandsFlag(c *cobra.Command, name string) error {
+	var owners []string
+	var visit func(*cobra.Command)
+	visit = func(cmd *cobra.Command) {
+		for _, sub := range cmd.Commands() {
+			if f := sub.LocalFlags().Lookup(name); f != nil && !f.Hidden && sub.IsAvailableCommand() {
+				owners = append(owners, strings.TrimPrefix(sub.CommandPath(), c.Root().Name()+" "))
+			}
+			visit(sub)
+		}
+	}
+	visit(c.Root())
+	if len(owners) == 0 {
+		return usageErrorf("unknown flag --%s", name)
+	}
+	if !c.HasParent() && c.Flags().NArg() > 0 {
+		typed := c.Flags().Arg(0)
+		if meant := suggestCommand(c, typed); slices.Contains(owners, meant) {
+			return usageErrorf("unknown command %q for %q (did you mean %q?): --%s is a flag of %s, not %s", typed, c.CommandPath(), meant, name, meant, typed)
+		}
+		return usageErrorf("unknown command %q for %q: --%s is a flag of %s", typed, c.CommandPath(), name, listWords(owners))
+	}
+	return usageErrorf("unknown flag --%s: it is a flag of %s, not of %s", name, listWords(owners), c.CommandPath())
+}
+
+// listWords joins words as a sentence does: "a", "a and b", "a, b and c".
+func listWords(words []string) string {
+	if len(words) < 2 {
+		return strings.Join(words, "")
+	}
+	return strings.Join(words[:len(words)-1], ", ") + " and " + words[len(words)-1]
 }
 
 // suggestFlag returns ` (did you mean --x?)` for the flag of fs closest to name, if one
