@@ -129,7 +129,7 @@ func (g *gateway) envoyServers(mw *ingress.Middleware, deferrer *deferral.Deferr
 	}
 	ln, err := net.Listen("tcp", c.grpcListen)
 	if err != nil {
-		return &unusableError{fmt.Errorf("--grpc-listen: %w", err)}
+		return &unusableError{listenError("grpc-listen", c.grpcListen, err)}
 	}
 	g.grpc, g.grpcLn = envoy.NewServer(rls, envoy.NewAuthService(mw), opts...), ln
 	return nil

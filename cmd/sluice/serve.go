@@ -442,6 +442,9 @@ type gateway struct {
 	// Without --admin-token, the console token's file in the data directory, and the
 	// one-time sign-in code to print once listening ("" unless the file is new).
 	consoleFile, consoleCode string
+	// lns are the bound addresses of front, check and admin, by the flag that names
+	// each (see listen).
+	lns map[string]net.Listener
 }
 
 func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
@@ -483,6 +486,10 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		if err := cfg.nats.check(log); err != nil {
 			return nil, err
 		}
+	}
+
+	if err := g.listen(); err != nil {
+		return nil, err
 	}
 
 	reg := prometheus.NewRegistry()
@@ -560,6 +567,37 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		return nil, err
 	}
 	return g, nil
+}
+
+// listen binds the addresses of the HTTP listeners that the flags name (--listen,
+// --check-listen, --admin-listen), before anything else is opened: an address in use
+// fails the start at once, with its flag, rather than after NATS and the rules are up.
+func (g *gateway) listen() error {
+	g.lns = map[string]net.Listener{}
+	addrs := []struct{ flag, addr string }{{"check-listen", g.cfg.envoy.checkListen}, {"admin-listen", g.cfg.admin.listen}}
+	if g.mode.front {
+		addrs = append(addrs, struct{ flag, addr string }{"listen", g.cfg.front.listen})
+	}
+	for _, a := range addrs {
+		if a.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", a.addr)
+		if err != nil {
+			return &unusableError{listenError(a.flag, a.addr, err)}
+		}
+		g.lns[a.flag] = ln
+	}
+	return nil
+}
+
+// listenError is the error of listening on addr, the value of --flag: an address in
+// use says what to do about it.
+func listenError(flag, addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("--%s %s: the address is in use by another process: stop it, or give --%s another address", flag, addr, flag)
+	}
+	return fmt.Errorf("--%s %s: %w", flag, addr, err)
 }
 
 // openAdmin builds the admin listener, when one is asked for, with the operator
@@ -975,19 +1013,12 @@ func (g *gateway) run(ctx context.Context) error {
 			servers = append(servers, hs)
 		}
 	}
-	// Listen on every address before serving any, so that a taken port fails the
-	// start instead of leaving half a process running.
+	// Every address was bound at the start (listen).
 	listeners := make([]net.Listener, len(servers))
 	for i, hs := range servers {
-		ln, err := net.Listen("tcp", hs.Addr)
-		if err != nil {
-			for _, l := range listeners[:i] {
-				l.Close()
-			}
-			return err
-		}
-		listeners[i] = ln
-		hs.Addr = ln.Addr().String() // the real port when it was 0
+		flag := map[*http.Server]string{g.front: "listen", g.check: "check-listen", g.admin: "admin-listen"}[hs]
+		listeners[i] = g.lns[flag]
+		hs.Addr = listeners[i].Addr().String() // the real port when it was 0
 	}
 	errs := make(chan error, len(servers)+1)
 	for i, hs := range servers {
@@ -1098,6 +1129,9 @@ func (g *gateway) limiterName() string {
 func (g *gateway) close() {
 	if g.grpcLn != nil {
 		g.grpcLn.Close() // when the server never served
+	}
+	for _, ln := range g.lns {
+		ln.Close() // the same
 	}
 	if g.watcher != nil {
 		g.watcher.Close()

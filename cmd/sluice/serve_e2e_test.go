@@ -540,3 +540,34 @@ func TestServeShutdownFinishesRequestsUnderWay(t *testing.T) {
 		t.Fatalf("upstream finished %d requests, want %d", up.hits.Load(), inFlight)
 	}
 }
+
+// TestAddressInUse: an address in use fails the start at once with exit status 1,
+// naming its flag, before the embedded NATS or the rules are opened.
+func TestAddressInUse(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	addr := taken.Addr().String()
+	rulesPath := writeRules(t, t.TempDir(), e2eRules(2))
+	serve := []string{"--rules", rulesPath, "--upstream", "http://127.0.0.1:1", "--data-dir", t.TempDir()}
+	for _, tc := range []struct {
+		flag string
+		args []string
+	}{
+		{"listen", append([]string{"serve", "--listen", addr, "--admin-listen", freeAddr(t)}, serve...)},
+		{"admin-listen", append([]string{"serve", "--listen", freeAddr(t), "--admin-listen", addr}, serve...)},
+		{"admin-listen", []string{"dispatch", "--admin-listen", addr, "--rules", rulesPath, "--data-dir", t.TempDir()}},
+		{"check-listen", []string{"rls", "--check-listen", addr, "--admin-listen", "", "--rules", rulesPath}},
+		{"grpc-listen", []string{"rls", "--grpc-listen", addr, "--admin-listen", "", "--rules", rulesPath}},
+	} {
+		cmd := exec.Command(sluiceBinary, tc.args...)
+		out, err := cmd.CombinedOutput()
+		want := fmt.Sprintf("sluice %s: --%s %s: the address is in use by another process: stop it, or give --%s another address\n", tc.args[0], tc.flag, addr, tc.flag)
+		if cmd.ProcessState.ExitCode() != exitFailure || !strings.HasSuffix(string(out), want) || strings.Contains(string(out), "NATS connected") {
+			t.Errorf("%q: exit %v, output\n%s\nwant it to end\n%s", tc.args, err, out, want)
+		}
+	}
+}
