@@ -147,6 +147,9 @@ func TestCredentialFlagErrors(t *testing.T) {
 		{"queue key too short", with(serve, "--queue-key", "c2hvcnQga2V5"), nil, "sluice serve: --queue-key: 9 bytes, want at least 32"},
 		{"queue key not base64", with(dispatch, "--queue-key", "not base64!"), nil, "sluice dispatch: --queue-key: not base64"},
 		{"queue key too short, from the environment", dlq, map[string]string{"SLUICE_QUEUE_KEY": "c2hvcnQga2V5"}, "sluice dlq: --queue-key: 9 bytes"},
+		// Enumerated flags list their values.
+		{"log level", with(serve, "--log-level", "loud"), nil, `sluice serve: invalid value "loud" for --log-level: want debug, info, warn or error`},
+		{"log format", with(dispatch, "--log-format", "yaml"), nil, `sluice dispatch: invalid value "yaml" for --log-format: want text or json`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {

@@ -405,7 +405,8 @@ func (e *unusableError) Unwrap() error { return e.err }
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
+		// slog's own error names none of the levels.
+		return nil, fmt.Errorf("invalid value %q for --log-level: want debug, info, warn or error", level)
 	}
 	opts := &slog.HandlerOptions{Level: lv}
 	switch format {
@@ -414,7 +415,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
-	return nil, fmt.Errorf("--log-format: %q is neither text nor json", format)
+	return nil, fmt.Errorf("invalid value %q for --log-format: want text or json", format)
 }
 
 // gateway is a running serve, ingress or dispatch: the parts it is made of, for run
