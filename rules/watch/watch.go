@@ -404,15 +404,18 @@ func (w *Watcher) reload(why string) error {
 		w.failedVer, w.failedErr = ver, err
 		w.reloads.WithLabelValues("failure").Inc()
 		var ps rules.Problems
-		attrs := []any{"trigger", why, "active_version", short(old.Version()), "error", err}
 		if errors.As(err, &ps) {
-			lines := make([]string, len(ps))
+			// One record per problem, each a line of its own (a list in one attribute
+			// is a Go slice on one line in text logs), after the count.
+			w.log.Error("rules: new rules refused; the active rules keep serving", "trigger", why,
+				"active_version", short(old.Version()), "problems", len(ps))
 			for i, p := range ps {
-				lines[i] = p.String()
+				w.log.Error("rules: problem of the refused rules", "n", i+1, "of", len(ps), "problem", p.String())
 			}
-			attrs = []any{"trigger", why, "active_version", short(old.Version()), "problems", lines}
+		} else {
+			w.log.Error("rules: new rules refused; the active rules keep serving", "trigger", why,
+				"active_version", short(old.Version()), "error", err)
 		}
-		w.log.Error("rules: new rules refused; the active rules keep serving", attrs...)
 		if w.opts.OnReload != nil {
 			w.opts.OnReload(ReloadResult{Set: old, Err: err})
 		}

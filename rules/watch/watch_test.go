@@ -1,6 +1,7 @@
 package watch
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -244,6 +245,54 @@ func TestWatchRefusesInvalidRules(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "sluice_rules_last_reload_success_timestamp_seconds,sluice_rules_reload_total" {
 		t.Errorf("metrics %v", names)
+	}
+}
+
+// TestWatchLogsEachProblemOnItsLine: a refused set is logged as its count and then one
+// record per problem, in text logs one line each, in JSON logs one object each.
+func TestWatchLogsEachProblemOnItsLine(t *testing.T) {
+	const twoProblems = "domain: live\ndescriptors:\n  - key: ip\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: -1}\n"
+	for _, format := range []string{"text", "json"} {
+		t.Run(format, func(t *testing.T) {
+			dir := t.TempDir()
+			file := write(t, dir, "rules.yaml", versioned(1))
+			var logs lockedBuffer
+			h := slog.Handler(slog.NewTextHandler(&logs, nil))
+			if format == "json" {
+				h = slog.NewJSONHandler(&logs, nil)
+			}
+			w := watch(t, []string{file}, Options{Poll: true, PollInterval: time.Hour, Logger: slog.New(h)})
+			writeAtomic(t, file, twoProblems)
+			if err := w.Reload(); !errors.Is(err, rules.ErrInvalid) {
+				t.Fatalf("Reload = %v", err)
+			}
+			var refused, problems []string
+			for _, line := range strings.Split(logs.String(), "\n") {
+				switch {
+				case strings.Contains(line, "rules: new rules refused"):
+					refused = append(refused, line)
+				case strings.Contains(line, "rules: problem of the refused rules"):
+					problems = append(problems, line)
+				}
+			}
+			if len(refused) != 1 || !strings.Contains(refused[0], map[string]string{"text": "problems=2", "json": `"problems":2`}[format]) {
+				t.Errorf("refusal lines %q", refused)
+			}
+			if len(problems) != 2 || !strings.Contains(problems[0], `unknown unit \"fortnight\"`) || !strings.Contains(problems[1], "requests_per_unit must not be negative") {
+				t.Fatalf("problem lines %q", problems)
+			}
+			if format == "json" {
+				var rec struct {
+					N, Of   int
+					Problem string
+				}
+				if err := json.Unmarshal([]byte(problems[1]), &rec); err != nil || rec.N != 2 || rec.Of != 2 || !strings.HasPrefix(rec.Problem, file+":6:") {
+					t.Errorf("record %s: %+v %v", problems[1], rec, err)
+				}
+			} else if strings.Contains(logs.String(), "[") {
+				t.Errorf("a list in the text log:\n%s", logs.String())
+			}
+		})
 	}
 }
 
