@@ -660,7 +660,7 @@ func TestDeadLetterRequeue(t *testing.T) {
 
 	// The running serve holds the data directory: dlq says how to reach it instead.
 	code, _, stderr := runSluice(t, "dlq", "list", "orders", "--data-dir", dataDir)
-	if code != 1 || !strings.Contains(stderr, "--nats-listen") || !strings.Contains(stderr, "in use by another sluice process") {
+	if code != 1 || !strings.Contains(stderr, "--admin http://ADDR of its --admin-listen") || !strings.Contains(stderr, "in use by another sluice process") {
 		t.Errorf("dlq on a locked data dir: %d %s", code, stderr)
 	}
 

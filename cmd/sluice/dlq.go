@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -34,14 +35,17 @@ attempts.
            ticket and starts again with no failed attempts
   purge    deletes them (all, or the given tickets) for good; requires --yes
 
-With --admin URL it works through the admin API of a running sluice (its
---admin-listen; the token in --admin-token or SLUICE_ADMIN_TOKEN); list then shows at
-most 10,000. Otherwise it connects to --nats, or else starts the embedded NATS server
-on --data-dir. That works only while no sluice runs there: a running sluice serve,
-ingress or dispatch holds its data directory, so use --admin, or start it with
---nats-listen ADDR and --nats-listen-token (or SLUICE_NATS_LISTEN_TOKEN), and pass
---nats nats://ADDR and the token (--nats-token or SLUICE_NATS_TOKEN) here. An
-encrypted data directory needs its --encryption-key here too. --config FILE reads the
+By default it works through the admin API of a running sluice, as sluice queue does:
+--admin URL (default http://127.0.0.1:9090, the default --admin-listen; the token in
+--admin-token or SLUICE_ADMIN_TOKEN); list then shows at most 10,000. When nothing
+answers at the default, no sluice runs there, and it opens the default --data-dir
+itself. Given --nats (from any source) it connects to that NATS instead, and given
+--data-dir it starts the embedded NATS server on that directory. That works only while
+no sluice runs there: a running sluice serve, ingress or dispatch holds its data
+directory, so use its --admin, or start it with --nats-listen ADDR and
+--nats-listen-token (or SLUICE_NATS_LISTEN_TOKEN), and pass --nats nats://ADDR and the
+token (--nats-token or SLUICE_NATS_TOKEN) here. An encrypted data directory needs its
+--encryption-key here too. --config FILE reads the
 NATS flags and --admin-token from the config file of those commands (its other keys
 are ignored); --json, --limit and --yes are never read from a file.
 
@@ -52,9 +56,12 @@ Exit status: 0 done, 1 failed (NATS unreachable, unknown queue or ticket, queue 
 type dlqConfig struct {
 	nats  natsConfig
 	admin adminClientConfig
-	json  bool
-	yes   bool
-	limit int
+	// adminDefault: --admin is its default, neither given nor replaced by --nats or
+	// --data-dir (see dlqCommand).
+	adminDefault bool
+	json         bool
+	yes          bool
+	limit        int
 }
 
 func dlqCommand(stdout, stderr io.Writer) *cobra.Command {
@@ -67,15 +74,28 @@ func dlqCommand(stdout, stderr io.Writer) *cobra.Command {
 		Args:      cobra.ArbitraryArgs,
 		ValidArgs: []cobra.Completion{"list", "requeue", "purge"},
 		RunE: func(c *cobra.Command, args []string) error {
-			if _, ok := loadFlags(c.Flags(), stderr); !ok {
+			src, ok := loadFlags(c.Flags(), stderr)
+			if !ok {
 				return exitStatus(exitUsage)
+			}
+			// The admin API of a running sluice by default, as sluice queue; --nats or
+			// --data-dir (from any source) names the queues directly instead.
+			_, admin := src.source["admin"]
+			_, nats := src.source["nats"]
+			_, dataDir := src.source["data-dir"]
+			switch {
+			case admin:
+			case nats || dataDir:
+				cfg.admin.url = ""
+			default:
+				cfg.adminDefault = true
 			}
 			return status(runDLQ(c.Context(), &cfg, args, stdout, stderr))
 		},
 	})
 	fs := c.Flags()
 	cfg.nats.flags(fs, false)
-	cfg.admin.flags(fs, "")
+	cfg.admin.flags(fs, defaultAdminURL)
 	fs.BoolVar(&cfg.json, "json", false, "list: print a JSON array instead of a table")
 	fs.IntVar(&cfg.limit, "limit", 0, "list: print at most `n` dead letters, oldest first (0: all)")
 	fs.BoolVar(&cfg.yes, "yes", false, "purge: really delete the dead letters")
@@ -122,10 +142,16 @@ func runDLQ(ctx context.Context, cfg *dlqConfig, args []string, stdout, stderr i
 			return usageErr("%v", err)
 		}
 		d := &dlq{ctx: ctx, queue: queueName, tickets: tickets, stdout: stdout, stderr: stderr}
-		if err := d.viaAdmin(c, action, cfg.json, cfg.limit); err != nil {
+		err = d.viaAdmin(c, action, cfg.json, cfg.limit)
+		switch {
+		case err == nil:
+			return exitOK
+		case !cfg.adminDefault || !errors.Is(err, syscall.ECONNREFUSED):
 			return fail(err)
 		}
-		return exitOK
+		// Nothing listens at the default address, so no sluice runs there: the data
+		// directory is free to open (it is an error below if it holds nothing).
+		fmt.Fprintf(stderr, "sluice dlq: no sluice answers at --admin %s; opening --data-dir %s\n", cfg.admin.url, cfg.nats.dataDir)
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if err := cfg.nats.check(log); err != nil {
@@ -144,9 +170,9 @@ func runDLQ(ctx context.Context, cfg *dlqConfig, args []string, stdout, stderr i
 	cfg.nats.maxBody = queueconfig.MaxMaxBody
 	conn, err := openNATS(cfg.nats, log, false)
 	if errors.Is(err, errDataDirLocked) {
-		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it. "+
-			"Start that sluice with --nats-listen ADDR and --nats-listen-token TOKEN (for example --nats-listen 127.0.0.1:4222) "+
-			"and pass --nats nats://ADDR and --nats-token TOKEN to sluice dlq", err))
+		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it: "+
+			"go through its admin API instead, --admin http://ADDR of its --admin-listen (the default, %s, when it runs with the default), "+
+			"with its --admin-token if it has one", err, defaultAdminURL))
 	}
 	if err != nil {
 		return fail(err)
@@ -254,8 +280,12 @@ func (d *dlq) list(asJSON bool, limit int) error {
 	return nil
 }
 
-// print writes dead letters as a table, or as a JSON array.
+// print writes dead letters as a table, or as a JSON array ([] for none, through the
+// admin API and the data directory alike, never null).
 func (d *dlq) print(views []queueapi.DeadLetterView, asJSON bool) error {
+	if views == nil {
+		views = []queueapi.DeadLetterView{}
+	}
 	if asJSON {
 		enc := json.NewEncoder(d.stdout)
 		enc.SetIndent("", "  ")

@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -208,5 +210,50 @@ func TestQueuePauseResume(t *testing.T) {
 	code, _, stderr = runSluice(t, append([]string{"dlq", "list", "orders"}, admin...)...)
 	if code != 0 || !strings.Contains(stderr, "no dead letters") {
 		t.Errorf("dlq list --admin: %d %s", code, stderr)
+	}
+	// An empty list is [] in JSON, as through the data directory (TestDeadLetterRequeue).
+	code, stdout, stderr = runSluice(t, append([]string{"dlq", "list", "orders", "--json"}, admin...)...)
+	if code != 0 || strings.TrimSpace(stdout) != "[]" {
+		t.Errorf("dlq list --json --admin: %d %q %s", code, stdout, stderr)
+	}
+	// The path in an error is the path asked for, with its leading slash.
+	code, _, stderr = runSluice(t, append([]string{"queue", "show", "nope"}, admin...)...)
+	if code != 1 || !strings.Contains(stderr, "sluice queue show: admin API GET /sluice/v1/queues/nope: 404 Not Found") {
+		t.Errorf("queue show nope: %d %s", code, stderr)
+	}
+}
+
+// TestDLQDefaultsToTheAdminAPI: sluice dlq without --admin, --nats or --data-dir asks
+// the admin API at the default --admin-listen, as sluice queue does. (It needs
+// 127.0.0.1:9090 for the fake sluice that answers there: a machine where another
+// process holds it skips.)
+func TestDLQDefaultsToTheAdminAPI(t *testing.T) {
+	ln, err := net.Listen("tcp", strings.TrimPrefix(defaultAdminURL, "http://"))
+	if err != nil {
+		t.Skipf("the default admin address is in use here: %v", err)
+	}
+	var asked atomic.Value
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Store(r.Method + " " + r.URL.Path)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"dead_letters":[]}`))
+	}), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	code, stdout, stderr := runIn(t, "dlq", "list", "orders", "--json")
+	if code != exitOK || strings.TrimSpace(stdout) != "[]" || asked.Load() != "GET /sluice/v1/queues/orders/dead" {
+		t.Errorf("dlq list: exit %d, stdout %q, stderr %q, asked %v", code, stdout, stderr, asked.Load())
+	}
+	// --data-dir names the queues directly: the admin API is not asked.
+	asked.Store("")
+	code, _, stderr = runIn(t, "dlq", "list", "orders", "--data-dir", filepath.Join(t.TempDir(), "none"))
+	if code != exitFailure || !strings.Contains(stderr, "no sluice data in --data-dir") || asked.Load() != "" {
+		t.Errorf("dlq list --data-dir: exit %d, stderr %q, asked %v", code, stderr, asked.Load())
+	}
+	// Nothing at the default: the default data directory instead, said so.
+	srv.Close()
+	code, _, stderr = runIn(t, "dlq", "list", "orders")
+	if code != exitFailure || !strings.Contains(stderr, "no sluice answers at --admin "+defaultAdminURL+"; opening --data-dir sluice-data") {
+		t.Errorf("dlq list with nothing at the default: exit %d, stderr %q", code, stderr)
 	}
 }

@@ -51,6 +51,10 @@ type queueCmdConfig struct {
 	until string
 }
 
+// defaultAdminURL is where sluice queue and sluice dlq look for a running sluice
+// without --admin: the default --admin-listen.
+const defaultAdminURL = "http://127.0.0.1:9090"
+
 // adminClientConfig is how a tool reaches a running sluice's admin API.
 type adminClientConfig struct {
 	url   string
@@ -78,7 +82,7 @@ func queueCommand(stdout, stderr io.Writer) *cobra.Command {
 		},
 	})
 	fs := c.Flags()
-	cfg.admin.flags(fs, "http://127.0.0.1:9090")
+	cfg.admin.flags(fs, defaultAdminURL)
 	fs.BoolVar(&cfg.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&cfg.drop, "drop", false, "retire: also delete the orders and dead letters the queue still holds")
 	fs.StringVar(&cfg.pause, "for", "", "pause: how long, a `duration` such as 15m")
@@ -232,6 +236,9 @@ func newAdminClient(c adminClientConfig) (*adminClient, error) {
 // out; any other answer is an error carrying the problem's detail.
 func (c *adminClient) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
 	u := c.base.JoinPath(path)
+	if !strings.HasPrefix(u.Path, "/") { // JoinPath on a base without a path drops it
+		u.Path, u.RawPath = "/"+u.Path, ""
+	}
 	u.RawQuery = query.Encode()
 	var rd io.Reader
 	if body != nil {
