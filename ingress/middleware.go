@@ -1,7 +1,3 @@
-// Package ingress is sluice's HTTP front door: middleware that checks each request
-// against the active rules and either lets it through, rejects it with 429 and the
-// headers that say when to come back, or hands it to a queue; and the reverse proxy and
-// admin endpoints that `sluice serve` is made of.
 package ingress
 
 import (

@@ -1,10 +1,3 @@
-// Package limiter implements sluice's rate-limit algorithms and an in-process sharded
-// memory store that keeps their state; limiter/redisstore is a store shared by replicas
-// through Redis.
-//
-// Every algorithm works on time in whole microseconds and keeps, per key, the latest
-// time it has seen: a clock that steps backwards is read as "no time has passed", so it
-// never grants quota that the forward clock would not.
 package limiter
 
 import (

@@ -5,9 +5,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"go/doc/comment"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -138,22 +140,17 @@ func TestSchemaAcceptsWhatLoads(t *testing.T) {
 		}
 		examples = append(examples, example{f, string(b)})
 	}
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The annotated example reads its callback secret from the environment.
 	t.Setenv("ORDERS_CALLBACK_SECRET", "whsec_"+base64.StdEncoding.EncodeToString(make([]byte, 32)))
-	blocks := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(readme), -1)
-	readmeFiles := 0
-	for i, b := range blocks {
-		if _, err := Parse(File{Name: "README", Data: []byte(b[1])}); err == nil {
-			readmeFiles++
-			examples = append(examples, example{fmt.Sprintf("README yaml block %d", i), b[1]})
+	docFiles := 0
+	for i, b := range packageDocCode(t) {
+		if _, err := Parse(File{Name: "doc.go", Data: []byte(b)}); err == nil {
+			docFiles++
+			examples = append(examples, example{fmt.Sprintf("rules/doc.go code block %d", i), b})
 		}
 	}
-	if readmeFiles == 0 {
-		t.Error("no README yaml block is a whole rules file that loads")
+	if docFiles == 0 {
+		t.Error("no code block of the package documentation (rules/doc.go) is a whole rules file that loads")
 	}
 	parity := 0
 	for _, c := range parityCases {
@@ -223,4 +220,21 @@ func TestSchemaRefusesInvalid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// packageDocCode returns the code blocks of the package documentation (doc.go), as
+// go doc shows them: the rules reference's examples.
+func packageDocCode(t *testing.T) []string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	if err != nil || f.Doc == nil {
+		t.Fatalf("doc.go: %v", err)
+	}
+	var code []string
+	for _, b := range new(comment.Parser).Parse(f.Doc.Text()).Content {
+		if c, ok := b.(*comment.Code); ok {
+			code = append(code, c.Text)
+		}
+	}
+	return code
 }

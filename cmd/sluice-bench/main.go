@@ -39,7 +39,7 @@ var modes = []struct {
 	{"rls", "ShouldRateLimit decisions per second and p99: sluice's rate limit service (memory, Redis) vs envoyproxy/ratelimit", runRLS},
 	{"cluster", "the clustered shape (3 NATS nodes, Redis, sluice replicas) under load and faults: a delivery report", runCluster},
 	// The servers that the http mode runs as processes of their own; upstream is also
-	// handy for trying sluice out (see the README's quick start).
+	// handy for load runs (the quick start uses sluice demo-upstream).
 	{"upstream", "a small HTTP server answering {\"ok\":true}: sluice-bench upstream ADDR", runUpstream},
 	{"plain-proxy", "a plain httputil.ReverseProxy: sluice-bench plain-proxy ADDR UPSTREAM_URL", runPlainProxy},
 	// The services that the rls mode runs as processes of their own.

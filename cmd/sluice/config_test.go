@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"go/doc/comment"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -436,18 +438,30 @@ func TestConfigKeys(t *testing.T) {
 	})
 }
 
-// TestReadmeConfigExample checks the example config file of the README: every
-// long-running command accepts it, and takes its values from it.
-func TestReadmeConfigExample(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
+// docBlock returns the one code block of the command's documentation (doc.go, which
+// go doc ./cmd/sluice prints) that starts with prefix.
+func docBlock(t *testing.T, prefix string) string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	if err != nil || f.Doc == nil {
+		t.Fatalf("doc.go: %v", err)
 	}
-	blocks := regexp.MustCompile("(?s)```yaml\n(# /etc/sluice/sluice.yaml.*?)```").FindAllSubmatch(readme, -1)
-	if len(blocks) != 1 {
-		t.Fatalf("README.md has %d yaml blocks starting with # /etc/sluice/sluice.yaml, want 1", len(blocks))
+	var found []string
+	for _, b := range new(comment.Parser).Parse(f.Doc.Text()).Content {
+		if c, ok := b.(*comment.Code); ok && strings.HasPrefix(c.Text, prefix) {
+			found = append(found, c.Text)
+		}
 	}
-	example := string(blocks[0][1])
+	if len(found) != 1 {
+		t.Fatalf("doc.go has %d code blocks starting with %q, want 1", len(found), prefix)
+	}
+	return found[0]
+}
+
+// TestDocConfigExample checks the example config file of the command's documentation
+// (doc.go): every long-running command accepts it, and takes its values from it.
+func TestDocConfigExample(t *testing.T) {
+	example := docBlock(t, "# /etc/sluice/sluice.yaml")
 	file := writeFile(t, "sluice.yaml", example)
 	for _, cmd := range []string{"serve", "ingress", "dispatch"} {
 		got := printedConfig(t, cmd, "--config", file)
@@ -461,18 +475,15 @@ func TestReadmeConfigExample(t *testing.T) {
 	if got := printedConfig(t, "serve", "--config", file); got["redis"].source != "file" || got["upstream"].source != "file" {
 		t.Errorf("serve: redis %+v, upstream %+v", got["redis"], got["upstream"])
 	}
-	// The README's sample output is what the binary prints (for the lines it shows).
-	sample := regexp.MustCompile("(?s)```yaml\n(# sluice serve: the effective configuration.*?)```").FindSubmatch(readme)
-	if sample == nil {
-		t.Fatal("README.md shows no --print-config output")
-	}
+	// The documented sample output is what the binary prints (for the lines it shows).
+	sample := docBlock(t, "# sluice serve: the effective configuration")
 	t.Setenv("SLUICE_ADMIN_TOKEN", "t")
 	t.Setenv("SLUICE_REDIS_PASSWORD", "p")
 	_, out, _ := runIn(t, "serve", "--config", file, "--print-config")
 	out = strings.ReplaceAll(out, file, "/etc/sluice/sluice.yaml")
-	for _, line := range strings.Split(string(sample[1]), "\n") {
+	for _, line := range strings.Split(sample, "\n") {
 		if line != "" && line != "…" && !strings.Contains(out, line+"\n") {
-			t.Errorf("README shows %q, which --print-config does not print:\n%s", line, out)
+			t.Errorf("doc.go shows %q, which --print-config does not print:\n%s", line, out)
 		}
 	}
 }

@@ -1,19 +1,3 @@
-// Command sluice is the sluice throttling gateway and its operator tools.
-//
-// The command line is parsed by spf13/cobra and spf13/pflag. The standard flag package
-// served while sluice had one command; with ten, each with subcommands or positional
-// arguments among its flags, it left every command to re-implement what cobra does once:
-// GNU-style --flags (and -h), flags anywhere among the arguments, nested subcommands
-// (rules check), "did you mean" for mistyped commands, and shell completion generated
-// from the same tree that parses (sluice completion bash|zsh|fish). cobra is the parser
-// of kubectl, helm, docker and gh, so sluice behaves as its operators' other tools do; the alternatives (urfave/cli, kong) would give the same for a less familiar
-// help layout and completion. sluice's own layers stay on top of it: every flag can
-// come from SLUICE_<FLAG> and, for the long-running commands, from --config FILE
-// (config.go), and --print-config says which of them set each value.
-//
-// run builds the command tree afresh for every call, so that tests run the command
-// line in process; main only wires the process's arguments, streams, signals and exit
-// status to it.
 package main
 
 import (

@@ -1,10 +1,3 @@
-// Package envoy offers sluice's decisions to proxies over the gRPC APIs of Envoy: the
-// rate limit service (envoy.service.ratelimit.v3.RateLimitService, which Envoy's HTTP
-// rate limit filter, Istio, Envoy Gateway, Contour and Gloo call) and the external
-// authorization service (envoy.service.auth.v3.Authorization, Envoy's ext_authz
-// filter), which can defer. Both decide with the rules, the limiter and the metrics of
-// the HTTP front door, so an Envoy and a sluice front door sharing one Redis share the
-// same counters.
 package envoy
 
 import (
