@@ -221,8 +221,7 @@
 //
 // # Queues and dispatchers
 //
-// See the package documentation of `queue/` and `dispatcher/` for the JetStream layout.
-// Each queue is a file-backed work-queue stream with `max_depth` / `max_bytes` and
+// The JetStream layout is above; the dispatchers are package dispatcher's. Each queue is a file-backed work-queue stream with `max_depth` / `max_bytes` and
 // discard-new (a full queue refuses; nothing queued is trimmed; orders older than
 // `max_age` are dead-lettered by the dispatcher, not deleted by JetStream), a
 // duplicate window on `Nats-Msg-Id`, and 1 replica embedded or 3 on a cluster. The

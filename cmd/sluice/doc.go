@@ -22,9 +22,7 @@
 // command or flag gets a suggestion (`unknown flag --admin-lisen (did you mean
 // --admin-listen?)`). Every size (`--max-body`, `--idempotency-max-bytes`,
 // `--defer-memory`, `--grpc-max-message`, in flags, `SLUICE_*` and the config file) takes a
-// unit as rules files do: `10MiB`, `1GB`, or plain bytes. The CLI is spf13/cobra with pflag
-// (the most used Go CLI library: completion for four shells, command suggestions and
-// POSIX flags without code of our own; `cmd/sluice/main.go` says more).
+// unit as rules files do: `10MiB`, `1GB`, or plain bytes.
 // Every flag can also be given as an environment variable `SLUICE_<FLAG>` (upper case,
 // dashes as underscores: `--admin-token` is `SLUICE_ADMIN_TOKEN`), and, for `serve`,
 // `ingress`, `dispatch`, `rls` and `dlq`, in a config file (`--config FILE`, below). Each flag
