@@ -24,8 +24,7 @@
 // Every decision gives `Allowed`, `Limit` (the capacity), `Remaining`, `RetryAfter` (how
 // long until the same request would be allowed, `limiter.Never` when `n` exceeds the
 // capacity) and `ResetAfter` (until the key is back to full quota). Time is kept to the
-// microsecond; any window length works. Each key remembers the latest time it has seen,
-// so a clock that steps backwards is read as "no time passed" and never grants quota.
+// microsecond (a clock that steps backwards: above); any window length works.
 //
 // Memory store: per shard (its own lock; no global lock) an open-addressing table
 // whose 64-byte slots hold each key's state inline, so a decision on one of many keys costs
