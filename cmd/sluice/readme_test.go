@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -218,5 +219,57 @@ func TestReadmeHalvesApart(t *testing.T) {
 	out := readmeRun(t, scripts[0], []string{"8080", "9090", "9091", "9000", "14222"})
 	if !strings.Contains(out, "no dead letters in queue quickstart-orders") || strings.Contains(out, "forged") {
 		t.Errorf("sluice dlq list:\n%s", out)
+	}
+}
+
+// TestReadmeRunCommand runs the README's command that runs sluice (go run, from the
+// root of the tree) until it is ready, its addresses and data directory moved by the
+// environment.
+func TestReadmeRunCommand(t *testing.T) {
+	t.Parallel()
+	scripts := fencedBlocks(readmeSection(t, "Two commands"), "sh")
+	if len(scripts) != 2 || !strings.HasPrefix(scripts[0], "go run ./cmd/sluice serve ") || strings.TrimSpace(scripts[1]) != ".ci/test" {
+		t.Fatalf("the two commands are %q", scripts)
+	}
+	admin := freeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-c", "exec "+strings.TrimSpace(scripts[0]))
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "SLUICE_LISTEN="+freeAddr(t), "SLUICE_ADMIN_LISTEN="+admin, "SLUICE_DATA_DIR="+t.TempDir())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // go run and the sluice it starts
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	out, err := os.Create(filepath.Join(t.TempDir(), "output"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	defer func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}()
+	for {
+		if resp, err := http.Get("http://" + admin + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case <-done:
+			b, _ := os.ReadFile(out.Name())
+			t.Fatalf("%s exited (%v):\n%s", scripts[0], waitErr, b)
+		case <-ctx.Done():
+			b, _ := os.ReadFile(out.Name())
+			t.Fatalf("%s not ready within 5 minutes:\n%s", scripts[0], b)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
