@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/queue/natstest/childproc"
 )
 
 // The README's blocks that run on one machine, run as a user would: in one bash, from
@@ -93,7 +95,15 @@ func readmeRun(t *testing.T, script string, ports []string, env ...string) strin
 	if err := os.WriteFile(filepath.Join(dir, "deploy", "rules", "quickstart.yaml"), rules, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(sluiceBinary, filepath.Join(dir, "sluice")); err != nil {
+	// ./sluice dies with the bash that started it, which dies with the test (a test
+	// binary that times out runs no cleanup): setpriv --pdeathsig where there is one.
+	if setpriv, err := exec.LookPath("setpriv"); err == nil {
+		wrapper := "#!/bin/sh\nexec " + setpriv + " --pdeathsig KILL " + sluiceBinary + ` "$@"` + "\n"
+		err = os.WriteFile(filepath.Join(dir, "sluice"), []byte(wrapper), 0o755)
+	} else {
+		err = os.Symlink(sluiceBinary, filepath.Join(dir, "sluice"))
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	var kept []string
@@ -107,7 +117,11 @@ func readmeRun(t *testing.T, script string, ports []string, env ...string) strin
 	cmd := exec.CommandContext(ctx, "bash", "-c", "set -eu\n"+strings.Join(kept, "\n"))
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // one group: the script and its background jobs
+	cmd.SysProcAttr = childproc.Attr()
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true // one group: the script and its background jobs
 	// A file, not a pipe: the background jobs keep their copy of it open, and Wait
 	// would wait for a pipe's writers to close it.
 	out, err := os.Create(filepath.Join(t.TempDir(), "output"))
