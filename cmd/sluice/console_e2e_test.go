@@ -268,16 +268,7 @@ func TestConsoleTokenInDataDir(t *testing.T) {
 	dir := t.TempDir()
 	rulesPath := writeRules(t, t.TempDir(), e2eRules(10))
 	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--data-dir", dir)
-	var signIn string
-	waitFor(t, "the sign-in URL", 30*time.Second, func() bool {
-		_, rest, ok := strings.Cut(p.output.String(), `msg="console: sign in once at this URL`)
-		if !ok {
-			return false
-		}
-		_, rest, ok = strings.Cut(rest, `url="`)
-		signIn, _, _ = strings.Cut(rest, `"`)
-		return ok
-	})
+	signIn := signInURL(t, p)
 	base, code, ok := strings.Cut(signIn, "#code=")
 	if base != p.admin+"/console/" || !ok || len(code) != 32 {
 		t.Fatalf("sign-in URL %q, want %s/console/#code=…", signIn, p.admin)
@@ -350,4 +341,50 @@ func consoleSignIn(t *testing.T, admin, form string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// signInURL waits for the one-time sign-in URL that p logs and returns it.
+func signInURL(t *testing.T, p *sluiceProcess) string {
+	t.Helper()
+	var url string
+	waitFor(t, "the sign-in URL", 30*time.Second, func() bool {
+		_, rest, ok := strings.Cut(p.output.String(), `msg="console: sign in once at this URL`)
+		if !ok {
+			return false
+		}
+		_, rest, ok = strings.Cut(rest, `url="`)
+		url, _, _ = strings.Cut(rest, `"`)
+		return ok
+	})
+	return url
+}
+
+// TestConsoleSignInCodeInBrowser: the one-time URL signs a browser in, and the code
+// leaves the address bar and the history.
+func TestConsoleSignInCodeInBrowser(t *testing.T) {
+	chrome := chromiumPath(t)
+	rulesPath := writeRules(t, t.TempDir(), e2eRules(2))
+	p := startSluice(t, "--rules", rulesPath, "--upstream", newUpstream(t, 0).URL)
+	signIn := signInURL(t, p)
+	var blog browserLog
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.DisableGPU)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithListener(blog.listen))
+	defer cancelBrowser()
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(signIn), chromedp.WaitVisible(chromedp.ID("logout"))); err != nil {
+		t.Fatalf("sign-in URL: %v\nbrowser errors: %v", err, blog.take())
+	}
+	href, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if href != p.admin+"/console/" {
+		t.Errorf("address bar %q after the sign-in, want %s/console/ (no code)", href, p.admin)
+	}
+	if errs := blog.take(); len(errs) > 0 {
+		t.Errorf("the pages reported errors:\n%s", strings.Join(errs, "\n"))
+	}
 }
