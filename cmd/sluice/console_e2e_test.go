@@ -81,6 +81,19 @@ func (b *browserLog) listen(ev any) {
 	}
 }
 
+// newBrowser starts Chromium at chrome for the test (90 s at most; it ends with the
+// test), reporting what its pages log to blog.
+func newBrowser(t *testing.T, chrome string, blog *browserLog) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.WindowSize(1280, 860), chromedp.Flag("lang", "en-US"))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithListener(blog.listen))
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(func() { cancel(); cancelBrowser(); cancelAlloc() })
+	return ctx
+}
+
 // The console in a real browser against a real `sluice serve`: sign-in, every page
 // loads without a console error, a queue is paused and resumed, a dead letter is
 // requeued (and delivered) and another purged after the typed confirmation. With
@@ -108,14 +121,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	}
 	var blog browserLog
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.WindowSize(1280, 860), chromedp.Flag("lang", "en-US"))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithListener(blog.listen))
-	defer cancelBrowser()
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
+	ctx := newBrowser(t, chrome, &blog)
 
 	type step = chromedp.Action[chromedp.Void]
 	// run runs the steps of one part of the walk and fails on any error the page reports.
@@ -367,13 +373,7 @@ func TestConsoleSignInCodeInBrowser(t *testing.T) {
 	p := startSluice(t, "--rules", rulesPath, "--upstream", newUpstream(t, 0).URL)
 	signIn := signInURL(t, p)
 	var blog browserLog
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.DisableGPU)
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithListener(blog.listen))
-	defer cancelBrowser()
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
+	ctx := newBrowser(t, chrome, &blog)
 	if err := chromedp.Do(ctx, chromedp.Navigate(signIn), chromedp.WaitVisible(chromedp.ID("logout"))); err != nil {
 		t.Fatalf("sign-in URL: %v\nbrowser errors: %v", err, blog.take())
 	}
