@@ -345,7 +345,7 @@ func (g gatewayConfig) list(name string) []string {
 }
 
 // TestBinaryFlagsParsed guards the parser the other tests rely on: the flags that
-// the README documents for sluice serve are found, with their defaults.
+// go doc ./cmd/sluice documents for sluice serve are found, with their defaults.
 func TestBinaryFlagsParsed(t *testing.T) {
 	fs := sluiceFlags(t, "serve")
 	for _, name := range []string{"rules", "upstream", "listen", "admin-listen", "admin-token", "redis", "nats", "replicas", "trusted-proxies", "shutdown-timeout", "log-format", "dispatch", "shadow"} {

@@ -13,7 +13,7 @@ import (
 // integration-test configs and its README examples. Each case says whether Envoy's
 // service loads the files and, for descriptors sent to it, which limit Envoy applies.
 // sluice must agree, except where a case names a deliberate difference (each is in the
-// README's table of differences). TestEnvoyParity reports the agreement counts.
+// package documentation's table of differences). TestEnvoyParity reports the agreement counts.
 
 // parityLookup is one RateLimitRequest: its descriptors, and what applies, one item per
 // descriptor that reaches a limit: "20/1m", "unlimited", "deny", with " shadow" when

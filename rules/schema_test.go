@@ -116,8 +116,8 @@ func TestSchemaFieldsMatchParser(t *testing.T) {
 	}
 }
 
-// TestSchemaAcceptsWhatLoads: every example the project ships, every README example
-// that is a whole rules file, and every file of the Envoy parity table that sluice
+// TestSchemaAcceptsWhatLoads: every example the project ships, every example of the
+// package documentation (doc.go) that is a whole rules file, and every file of the Envoy parity table that sluice
 // loads is valid under the schema. (The schema may accept more than Load: it cannot
 // see references between files and fields.)
 func TestSchemaAcceptsWhatLoads(t *testing.T) {

@@ -258,15 +258,15 @@ func TestSVGUnwritable(t *testing.T) {
 	}
 }
 
-// TestFigures: the charts committed for the README (deploy/figures, made by the
-// commands in the README's Figures section) parse and have bars.
+// TestFigures: the charts committed for deploy/figures/README.md (made by the
+// commands there) parse and have bars.
 func TestFigures(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("..", "..", "deploy", "figures", "*.svg"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(files) == 0 {
-		t.Fatal("no figures in deploy/figures: the README shows them")
+		t.Fatal("no figures in deploy/figures: deploy/figures/README.md shows them")
 	}
 	for _, f := range files {
 		data, err := os.ReadFile(f)

@@ -109,7 +109,7 @@ func TestDidYouMean(t *testing.T) {
 	}
 }
 
-// TestHelpIsDoubleDash: the help lists flags as the README writes them.
+// TestHelpIsDoubleDash: the help lists flags as the documentation writes them.
 func TestHelpIsDoubleDash(t *testing.T) {
 	for _, cmd := range []string{"serve", "ingress", "rls", "dispatch", "queue", "dlq", "simulate", "version"} {
 		code, out, _ := runIn(t, cmd, "--help")

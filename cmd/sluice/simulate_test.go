@@ -95,7 +95,7 @@ allowed=2 denied=4
 }
 
 func TestSimulateShippedTrace(t *testing.T) {
-	// The README's "run sluice" command must keep working on the shipped trace.
+	// The documented command (go doc ./limiter, sluice simulate) must keep working on the shipped trace.
 	out, errOut, code := simulate(t, "--algorithm", "token_bucket", "--bucket-size", "5", "--refill-rate", "2/s",
 		"--trace", "../../deploy/traces/burst.trace")
 	if code != exitOK {

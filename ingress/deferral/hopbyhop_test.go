@@ -15,7 +15,7 @@ import (
 // TestParkedForwardingHeadersSurviveConnection: a client cannot strip the forwarding
 // headers sluice sets on a deferred order by naming them in its Connection header. A
 // proxied request gets them whatever Connection says (the proxy drops what Connection
-// names, then writes its own), and the README promises deferred orders the same
+// names, then writes its own), and go doc ./ingress promises deferred orders the same
 // forwarding headers; a downstream that finds no X-Forwarded-For would take the
 // dispatcher's address for the client's.
 func TestParkedForwardingHeadersSurviveConnection(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 )
 
 // TestOverrideUnitMultiplier: a `limit` override's unit_multiplier is taken as the
-// README says (a fixed window of the unit × the multiplier) as long as the window stays
+// package documentation says (a fixed window of the unit × the multiplier) as long as the window stays
 // within what the limiter counts exactly (2^53 µs, about 285 years); only longer ones
 // are refused. The bound was once computed as 2^53 ns / period, which refused any
 // multiplier of a day or longer (DAY × 2, a two-day window) and SECOND × 10000.

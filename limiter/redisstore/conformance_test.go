@@ -13,8 +13,8 @@ import (
 )
 
 // The conformance suite: every algorithm on every store (see stores in stores_test.go),
-// on an injected clock, with the exact decisions that the semantics in the README's
-// table of algorithms (section "Limiter") give.
+// on an injected clock, with the exact decisions that the semantics in package
+// limiter's table of algorithms (go doc ./limiter, section "Limiter") give.
 
 // t0 is aligned to every whole second, minute, hour and day window.
 var t0 = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
