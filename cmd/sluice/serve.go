@@ -580,7 +580,7 @@ func (g *gateway) listen() error {
 		addrs = append(addrs, struct{ flag, addr string }{"listen", g.cfg.front.listen})
 	}
 	for _, a := range addrs {
-		if a.addr == "" {
+		if a.addr == "" && a.flag != "listen" { // an empty --listen is any port, as net.Listen has it
 			continue
 		}
 		ln, err := net.Listen("tcp", a.addr)
