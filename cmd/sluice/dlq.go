@@ -116,7 +116,7 @@ func runDLQ(ctx context.Context, cfg *dlqConfig, args []string, stdout, stderr i
 	}
 	action, queueName, tickets := args[0], args[1], args[2:]
 	if action != "list" && action != "requeue" && action != "purge" {
-		return usageErr("unknown action %q: want list, requeue or purge", action)
+		return usageErr("unknown action %q%s: want list, requeue or purge", action, suggestAction(action, "list", "requeue", "purge"))
 	}
 	if !queueconfig.ValidName(queueName) {
 		return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", queueName)

@@ -354,6 +354,15 @@ func listWords(words []string) string {
 	return strings.Join(words[:len(words)-1], ", ") + " and " + words[len(words)-1]
 }
 
+// suggestAction returns ` (did you mean "x"?)` for the action of a command (sluice
+// queue lsit) closest to name by edit distance, or "".
+func suggestAction(name string, actions ...string) string {
+	if best := rules.Suggest(strings.ToLower(name), actions); best != "" {
+		return fmt.Sprintf(" (did you mean %q?)", best)
+	}
+	return ""
+}
+
 // suggestFlag returns ` (did you mean --x?)` for the flag of fs closest to name, if one
 // is close enough to be a typo; "" otherwise.
 func suggestFlag(fs *pflag.FlagSet, name string) string {

@@ -116,7 +116,8 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
 		}
 	default:
-		return usageErr("unknown action %q: want list, show, pause, resume, retire or delivery-key", action)
+		return usageErr("unknown action %q%s: want list, show, pause, resume, retire or delivery-key", action,
+			suggestAction(action, "list", "show", "pause", "resume", "retire", "delivery-key"))
 	}
 	if action == "delivery-key" {
 		return runDeliveryKey(name, stdout, stderr)
