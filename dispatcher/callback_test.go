@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/dispatcher/webhook"
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
@@ -251,5 +252,120 @@ func TestCallbackRefusalsAndForgedJobs(t *testing.T) {
 	defer rc.mu.Unlock()
 	if len(rc.tries) != 0 || rc.bad != 0 {
 		t.Errorf("the receiver was called: %v, %d", rc.tries, rc.bad)
+	}
+}
+
+// hungReceiver takes callbacks and never answers them (until the test ends); it counts
+// the attempts it holds at once and those that ended (the sender gave up waiting).
+type hungReceiver struct {
+	*httptest.Server
+	mu             sync.Mutex
+	holding, most  int
+	started, ended int
+}
+
+func newHungReceiver(t *testing.T) *hungReceiver {
+	hr := &hungReceiver{}
+	release := make(chan struct{})
+	hr.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hr.mu.Lock()
+		hr.holding++
+		hr.started++
+		hr.most = max(hr.most, hr.holding)
+		hr.mu.Unlock()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		hr.mu.Lock()
+		hr.holding--
+		hr.ended++
+		hr.mu.Unlock()
+	}))
+	t.Cleanup(func() {
+		close(release)
+		hr.Close()
+	})
+	return hr
+}
+
+// Callbacks never block each other: 100 callbacks to a receiver that answers 500 and 50
+// to one that never answers, all ahead of a healthy receiver's in the stream, leave the
+// healthy ones to arrive while the bad ones are still pending: before any attempt at
+// the silent receiver has run out its timeout, and with that receiver never holding more
+// than its host's share of the senders. (Before, the consumer's pending limit was the
+// worker count and a failed callback waited out its backoff inside it: 8 failures
+// stopped every callback of the deployment.)
+func TestCallbacksDoNotBlockEachOther(t *testing.T) {
+	srv := natstest.Start(t)
+	secret := webhook.NewSecret()
+	healthy := newReceiver(t, secret, 0)
+	failing := newReceiver(t, secret, 1<<30)
+	hung := newHungReceiver(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("orders", ds.URL)
+	cfg.Outflow = limiter.PerSecond(1000)
+	cfg.MaxInFlight = 16
+	for _, rc := range []string{healthy.URL, failing.URL, hung.URL} {
+		cfg.CallbackHosts = append(cfg.CallbackHosts, "http://"+strings.TrimPrefix(rc, "http://"))
+	}
+	cfg.CallbackSecret = secret
+	store, _ := openStore(t, srv.Conn, cfg)
+	parkTo := func(url string, n int) []string {
+		var tickets []string
+		for i := range n {
+			req := orderReq("orders", i)
+			req.Callback = url + "/hooks"
+			r, err := store.Park(ctxT(t), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tickets = append(tickets, r.Ticket)
+		}
+		return tickets
+	}
+	parkTo(failing.URL, 100)
+	parkTo(hung.URL, 50)
+	good := parkTo(healthy.URL, 10)
+
+	// A timeout long enough that no attempt at the silent receiver ends within the
+	// test, a backoff long enough that no failed callback comes back within it.
+	const timeout = 40 * time.Second
+	policy := dispatcher.DefaultCallbackPolicy
+	policy.Timeout = timeout
+	policy.MaxAttempts = 100
+	policy.Backoff = queueconfig.Backoff{Initial: time.Minute, Max: time.Hour}
+	start := time.Now()
+	startReplica(t, srv, cfg, "a", dispatcher.WithCallbackPolicy(policy))
+	waitFor(t, "every healthy callback", timeout-5*time.Second, func() bool {
+		for _, tk := range good {
+			if _, _, ok := healthy.event("evt_" + tk + "_done"); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	took := time.Since(start)
+	var late time.Duration
+	for _, tk := range good {
+		ev, tries, _ := healthy.event("evt_" + tk + "_done")
+		if tries != 1 {
+			t.Errorf("healthy callback %s: %d attempts", tk, tries)
+		}
+		late = max(late, time.Since(ev.Data.At))
+	}
+	hung.mu.Lock()
+	started, ended, most := hung.started, hung.ended, hung.most
+	hung.mu.Unlock()
+	failing.mu.Lock()
+	failed := len(failing.tries)
+	failing.mu.Unlock()
+	t.Logf("healthy callbacks all in %v after the dispatcher started (the last %v after its order ended); the silent receiver held %d at most (%d started), the failing one was tried for %d callbacks",
+		took, late, most, started, failed)
+	if ended != 0 {
+		t.Errorf("%d attempts at the silent receiver ended before the healthy callbacks were all in", ended)
+	}
+	if most > policy.Workers/2 {
+		t.Errorf("the silent receiver held %d of the %d senders at once", most, policy.Workers)
 	}
 }
