@@ -43,7 +43,7 @@ func newMetrics() *metrics {
 		}, []string{"queue", "reason"}),
 		callbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_callbacks_total",
-			Help: "Completion callback attempts by outcome: delivered (2xx), retried, failed (given up after the last attempt) or dropped (forged, or its queue no longer allows it; queue label empty).",
+			Help: "Completion callbacks by outcome: delivered (2xx), retried (an attempt failed), failed (given up after the last attempt), deferred (handed back untried: its receiver at its share of the senders, or cooling down after failures) or dropped (forged, or its queue no longer allows it; queue label empty).",
 		}, []string{"queue", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_delivery_duration_seconds",
