@@ -204,6 +204,10 @@ func (d *Dispatcher) sendCallback(ctx context.Context, p CallbackPolicy, budget 
 	if err != nil {
 		why = err.Error()
 	}
+	if errors.Is(err, ErrCallbackAddress) {
+		// The operator's to fix (the name's DNS, or callback_private): say so each time.
+		d.log.Warn("callback refused: its host resolves to an address its queue may not reach (see callback_private)", "queue", cb.Queue, "id", cb.ID, "err", err)
+	}
 	if cb.Attempt >= p.MaxAttempts {
 		_ = cb.Drop(fmt.Sprintf("gave up after %d attempts: %s", cb.Attempt, why))
 		count("failed")
@@ -226,7 +230,11 @@ func (d *Dispatcher) postCallback(ctx context.Context, cb *queue.Callback) (int,
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "sluice-callback")
 	cb.Secret.SetHeaders(req.Header, cb.ID, d.opts.clock.Now(), cb.Body)
-	resp, err := d.client.Do(req)
+	client := d.callbackClient
+	if cb.Private {
+		client = d.privateCallbackClient
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -1,11 +1,13 @@
 package dispatcher_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -372,5 +374,59 @@ func TestCallbacksDoNotBlockEachOther(t *testing.T) {
 	// wait untried (the attempts already under way when the streak ran out aside).
 	if failed > policy.HostFailures+policy.PerHost {
 		t.Errorf("the failing receiver was tried for %d callbacks, its budget is %d failures in a row", failed, policy.HostFailures)
+	}
+}
+
+// loopbackResolver resolves every name to one address.
+type loopbackResolver netip.Addr
+
+func (r loopbackResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	return []netip.Addr{netip.Addr(r)}, nil
+}
+
+// A callback host listed by name whose address is loopback (or IPv4-mapped loopback)
+// is refused: the attempt fails, the receiver on that address never sees it. The same
+// queue with CallbackPrivate reaches it.
+func TestCallbackByNameToLoopbackRefused(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1", "::ffff:127.0.0.1"} {
+		t.Run(addr, func(t *testing.T) {
+			srv := natstest.Start(t)
+			secret := webhook.NewSecret()
+			rc := newReceiver(t, secret, 0)
+			ds := newDownstream(t, nil)
+			cfg := baseConfig("orders", ds.URL)
+			_, port, _ := strings.Cut(strings.TrimPrefix(rc.URL, "http://"), ":")
+			cfg.CallbackHosts = []string{"http://hooks.test:" + port}
+			cfg.CallbackSecret = secret
+			reg := prometheus.NewRegistry()
+			store, _ := openStore(t, srv.Conn, cfg)
+			req := orderReq("orders", 1)
+			req.Callback = "http://hooks.test:" + port + "/hooks"
+			r, err := store.Park(ctxT(t), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := dispatcher.WithCallbackResolver(loopbackResolver(netip.MustParseAddr(addr)))
+			a := startReplica(t, srv, cfg, "a", fastCallbacks, res, dispatcher.WithRegisterer(reg))
+			waitFor(t, "the refused attempts", 30*time.Second, func() bool {
+				return gather(t, reg, "sluice_callbacks_total", "queue", "orders", "outcome", "retried") >= 2
+			})
+			rc.mu.Lock()
+			tries, bad := len(rc.tries), rc.bad
+			rc.mu.Unlock()
+			if tries != 0 || bad != 0 {
+				t.Fatalf("the receiver on loopback was called by name: %d callbacks, %d unverified", tries, bad)
+			}
+			a.cancel()
+			<-a.done
+			cfg.CallbackPrivate = true
+			slow := dispatcher.WithCallbackPolicy(dispatcher.CallbackPolicy{Timeout: 2 * time.Second, MaxAttempts: 100, Workers: 2,
+				Backoff: queueconfig.Backoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond}})
+			startReplica(t, srv, cfg, "b", slow, res)
+			waitFor(t, "the callback with callback_private", 30*time.Second, func() bool {
+				_, _, ok := rc.event("evt_" + r.Ticket + "_done")
+				return ok
+			})
+		})
 	}
 }

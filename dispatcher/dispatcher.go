@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -23,20 +24,21 @@ import (
 type Option func(*options)
 
 type options struct {
-	logger          *slog.Logger
-	registerer      prometheus.Registerer
-	client          *http.Client
-	deliveryTimeout time.Duration
-	ackWait         time.Duration
-	pinnedTTL       time.Duration
-	fetchWait       time.Duration
-	defaultPause    time.Duration
-	maxPause        time.Duration
-	clock           pace.Clock
-	circuitAfter    int
-	circuitMaxProbe time.Duration
-	callbacks       CallbackPolicy
-	tracerProvider  trace.TracerProvider
+	logger           *slog.Logger
+	registerer       prometheus.Registerer
+	client           *http.Client
+	deliveryTimeout  time.Duration
+	ackWait          time.Duration
+	pinnedTTL        time.Duration
+	fetchWait        time.Duration
+	defaultPause     time.Duration
+	maxPause         time.Duration
+	clock            pace.Clock
+	circuitAfter     int
+	circuitMaxProbe  time.Duration
+	callbacks        CallbackPolicy
+	callbackResolver Resolver
+	tracerProvider   trace.TracerProvider
 }
 
 // WithLogger sets the logger (default: discard).
@@ -151,7 +153,10 @@ type Dispatcher struct {
 	log     *slog.Logger
 	metrics *metrics
 	client  *http.Client
-	tracer  trace.Tracer // nil: no spans
+	// callbackClient sends callbacks (see callbackDialer); privateCallbackClient those
+	// of queues with CallbackPrivate, on connections of its own.
+	callbackClient, privateCallbackClient *http.Client
+	tracer                                trace.Tracer // nil: no spans
 }
 
 // New returns a dispatcher for the queues of store.
@@ -197,6 +202,11 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 	if d.client == nil {
 		d.client = defaultHTTPClient()
 	}
+	if o.callbackResolver == nil {
+		o.callbackResolver = net.DefaultResolver
+	}
+	d.callbackClient = newCallbackClient(newCallbackDialer(o.callbackResolver, false))
+	d.privateCallbackClient = newCallbackClient(newCallbackDialer(o.callbackResolver, true))
 	return d, nil
 }
 
@@ -260,6 +270,8 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 	if d.opts.client == nil {
 		d.client.CloseIdleConnections()
 	}
+	d.callbackClient.CloseIdleConnections()
+	d.privateCallbackClient.CloseIdleConnections()
 	return nil
 }
 

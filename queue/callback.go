@@ -121,6 +121,9 @@ type Callback struct {
 	Body  []byte
 	// Secret signs it: the queue's CallbackSecret as declared now.
 	Secret webhook.Secret
+	// Private is the queue's CallbackPrivate as declared now: the URL's host may
+	// resolve to any address.
+	Private bool
 	// Attempt is the number of the attempt it is fetched for, from 1: the attempts
 	// its earlier copies recorded, plus one. (An attempt whose sender died before it
 	// could record it is not counted.)
@@ -264,6 +267,7 @@ func (c *CallbackConsumer) Next(ctx context.Context, wait time.Duration) (*Callb
 	if _, err := cfg.CheckCallback(cb.URL); err != nil {
 		return drop(err.Error())
 	}
+	cb.Private = cfg.CallbackPrivate
 	if cb.Secret, err = webhook.ParseSecret(cfg.CallbackSecret); err != nil {
 		return drop("the queue has no usable callback_secret")
 	}

@@ -51,6 +51,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			DeadLetterMaxAge: qd.deadMaxAge,
 			Delivery:         qd.delivery,
 			CallbackHosts:    qd.callbackHosts,
+			CallbackPrivate:  qd.callbackPrivate,
 			CallbackSecret:   qd.callbackSecret,
 			Priorities:       qd.priorities,
 			FairBy:           qd.fairBy,

@@ -162,8 +162,9 @@ type queueDef struct {
 	fairLanes  int64
 	tenantMax  int64
 
-	callbackHosts  []string
-	callbackSecret string
+	callbackHosts   []string
+	callbackPrivate bool
+	callbackSecret  string
 }
 
 var (
@@ -177,7 +178,7 @@ var (
 	matchFields    = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields   = []string{"name", "value", "present"}
 	entryFields    = []string{"key", "value", "from", "default"}
-	queueFields    = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "priorities", "fair_by", "fair_lanes", "tenant_max_depth", "callback_hosts", "callback_secret", "max_delay", "delay"}
+	queueFields    = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "priorities", "fair_by", "fair_lanes", "tenant_max_depth", "callback_hosts", "callback_private", "callback_secret", "max_delay", "delay"}
 	outflowFields  = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields  = []string{"initial", "max"}
 )
@@ -641,6 +642,8 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 			for _, h := range w.names(v, key) {
 				q.callbackHosts = append(q.callbackHosts, h.name)
 			}
+		case "callback_private":
+			q.callbackPrivate, _ = w.boolean(v, key)
 		case "callback_secret":
 			q.callbackSecret = w.secret(v, key)
 		case "priorities":

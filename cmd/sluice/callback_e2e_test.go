@@ -15,16 +15,23 @@ import (
 	"github.com/sluicehq/sluice/queue"
 )
 
-// A deferred order with Sluice-Callback: its client is told, by a signed POST, when the
-// order is done; a callback to a host the queue does not list is refused with 400
-// before anything is parked; the downstream never sees the Sluice-Callback header.
-func TestServeSendsSignedCallbacks(t *testing.T) {
-	t.Parallel()
+// newCallbackSecret returns a fresh callback_secret and its key.
+func newCallbackSecret(t *testing.T) (string, webhook.Secret) {
+	t.Helper()
 	secret := webhook.NewSecret()
 	key, err := webhook.ParseSecret(secret)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return secret, key
+}
+
+// A deferred order with Sluice-Callback: its client is told, by a signed POST, when the
+// order is done; a callback to a host the queue does not list is refused with 400
+// before anything is parked; the downstream never sees the Sluice-Callback header.
+func TestServeSendsSignedCallbacks(t *testing.T) {
+	t.Parallel()
+	secret, key := newCallbackSecret(t)
 	var mu sync.Mutex
 	var events []queue.CallbackEvent
 	var leaked []string
@@ -90,5 +97,59 @@ func TestServeSendsSignedCallbacks(t *testing.T) {
 	}
 	if strings.Contains(p.output.String(), strings.TrimPrefix(secret, "whsec_")) {
 		t.Error("the secret appears in sluice's output")
+	}
+}
+
+// A callback to `localhost`, listed by name, is refused: the name resolves to loopback
+// and the queue does not set callback_private, so the receiver listening there never
+// sees it (the attempt counts as failed and is logged). Once a reload sets
+// callback_private, the retried callback arrives.
+func TestServeRefusesCallbackToLocalhostByName(t *testing.T) {
+	t.Parallel()
+	secret, key := newCallbackSecret(t)
+	var mu sync.Mutex
+	var got []string
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		id, err := webhook.Verify(r.Header, body, time.Now(), 0, key)
+		mu.Lock()
+		got = append(got, id+" "+fmt.Sprint(err))
+		mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer receiver.Close()
+	received := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), got...)
+	}
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	defer down.Close()
+	up := newUpstream(t, 0)
+	_, port, _ := strings.Cut(strings.TrimPrefix(receiver.URL, "http://"), ":")
+	extra := fmt.Sprintf("outflow: {rate: 50/s}\ncallback_hosts: ['http://localhost:%s']\ncallback_secret: %s", port, secret)
+	dir := t.TempDir()
+	rulesPath := writeRules(t, dir, deferRules(down.URL, extra))
+	p := startSluice(t, append([]string{"--rules", rulesPath, "--upstream", up.URL}, dispatchFlags...)...)
+	warmUp(t, p.url, "/v1/orders")
+	a := mustDefer(t, p.url, "/v1/orders", "o1", "Sluice-Callback", "http://localhost:"+port+"/hooks")
+	waitStatus(t, p.url, a.Ticket, "done", 30*time.Second)
+	waitFor(t, "the refused callback attempt", 30*time.Second, func() bool {
+		return clMetric(t, p, `sluice_callbacks_total{outcome="retried",queue="orders"}`) >= 1
+	})
+	if r := received(); len(r) != 0 {
+		t.Fatalf("the receiver on loopback was called through localhost: %v", r)
+	}
+	logged := false
+	for _, line := range strings.Split(p.output.String(), "\n") {
+		logged = logged || strings.Contains(line, "callback refused") && strings.Contains(line, "localhost resolves to a refused address")
+	}
+	if !logged {
+		t.Errorf("the refusal is not logged with the name:\n%s", p.output.String())
+	}
+	writeRules(t, dir, deferRules(down.URL, extra+"\ncallback_private: true"))
+	waitFor(t, "the callback once callback_private is set", 60*time.Second, func() bool { return len(received()) > 0 })
+	if r := received(); len(r) != 1 || r[0] != "evt_"+a.Ticket+"_done <nil>" {
+		t.Errorf("received %v", r)
 	}
 }

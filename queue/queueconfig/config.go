@@ -134,6 +134,14 @@ type Config struct {
 	// it, or "http://host[:port]", which allows plain http too. Hosts compare without
 	// case; an entry without a port allows only URLs without one. Empty: no callbacks.
 	CallbackHosts []string
+	// CallbackPrivate lets callbacks to the names in CallbackHosts reach whatever
+	// addresses those names resolve to. Without it the dispatcher refuses a name that
+	// resolves to a loopback, link-local, private (RFC 1918, fc00::/7), shared (CGNAT
+	// 100.64.0.0/10), multicast, unspecified or otherwise special address, in any form
+	// (IPv4-mapped included): a listed name whose DNS points inside the network must not
+	// turn callbacks into requests to it. A host listed as an IP literal is always
+	// reached: the operator named that very address.
+	CallbackPrivate bool
 	// CallbackSecret signs the queue's callbacks (dispatcher/webhook), in the form
 	// "whsec_<base64 key>". Required with CallbackHosts. It is never written as JSON
 	// (stream metadata, admin answers): a queue adopted from its stream alone has no
