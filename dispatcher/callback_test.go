@@ -129,6 +129,10 @@ func TestCallbacksOnDoneFailedAndDead(t *testing.T) {
 		if tries < 1 {
 			t.Errorf("callback %s: %d attempts", id, tries)
 		}
+		// Each order was tried once (MaxAttempts 1): delivered, refused or dead after it.
+		if ev.Data.Attempts != 1 {
+			t.Errorf("callback %s: data.attempts %d, want 1 (the delivery tried)", id, ev.Data.Attempts)
+		}
 	}
 	rc.mu.Lock()
 	retried, bad, n := 0, rc.bad, len(rc.events)

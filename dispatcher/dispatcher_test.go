@@ -307,7 +307,7 @@ func TestDeliversInOrderOnceWithResults(t *testing.T) {
 			return err == nil && st.Status == queue.StatusDone
 		})
 		if st.Result == nil || st.Result.StatusCode != 201 || string(st.Result.Body) != `{"ok":true}` ||
-			st.Result.Header.Get("Location") != "/orders/"+tk || st.Attempts != 0 {
+			st.Result.Header.Get("Location") != "/orders/"+tk || st.Attempts != 1 {
 			t.Fatalf("result of %s: %+v", tk, st)
 		}
 	}
@@ -494,7 +494,7 @@ func TestThrottledPausesQueueWithoutBurningAttempts(t *testing.T) {
 	for _, tk := range tickets {
 		waitFor(t, "done", 10*time.Second, func() bool {
 			st, err := store.Status(ctxT(t), tk)
-			return err == nil && st.Status == queue.StatusDone && st.Attempts == 0
+			return err == nil && st.Status == queue.StatusDone && st.Attempts == 1 // the pauses are not counted
 		})
 	}
 	if v := gather(t, reg, "sluice_queue_retried_total", "reason", "throttled"); v != 1 {
@@ -559,7 +559,7 @@ func TestFailuresDeadLetterThenRequeue(t *testing.T) {
 	}
 	waitFor(t, "the requeued order delivered", 30*time.Second, func() bool {
 		st, err := store.Status(ctxT(t), tk)
-		return err == nil && st.Status == queue.StatusDone && st.Attempts == 0 && string(st.Result.Body) == "fine now"
+		return err == nil && st.Status == queue.StatusDone && st.Attempts == 1 && string(st.Result.Body) == "fine now"
 	})
 	if n := ds.count(tk); n != 4 {
 		t.Errorf("%d hits, want 3 failures and 1 success", n)

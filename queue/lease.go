@@ -769,6 +769,7 @@ func (l *Lease) Done(ctx context.Context, res *Result) error {
 		return ErrNotLoaded
 	}
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusDone, "", time.Time{}, res
+	rec.Attempts++ // the attempt that delivered it
 	l.keepKey(ctx)
 	l.save(ctx)
 	l.event(ctx, DoneSubject(rec.Queue), statusCode(res))
@@ -786,6 +787,7 @@ func (l *Lease) Fail(ctx context.Context, res *Result, cause string) error {
 		return ErrNotLoaded
 	}
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusFailed, cause, time.Time{}, res
+	rec.Attempts++ // the attempt the downstream refused
 	l.keepKey(ctx)
 	l.save(ctx)
 	l.event(ctx, DoneSubject(rec.Queue), statusCode(res))

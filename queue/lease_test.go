@@ -83,8 +83,8 @@ func TestLeaseSettlements(t *testing.T) {
 		subject string // event subject ("": none)
 		gone    bool   // the message left the queue
 	}{
-		{"done", func(l *queue.Lease) error { return l.Done(ctx, res) }, queue.StatusDone, 0, queue.DoneSubject("orders"), true},
-		{"fail", func(l *queue.Lease) error { return l.Fail(ctx, &queue.Result{StatusCode: 404}, "nope") }, queue.StatusFailed, 0, queue.DoneSubject("orders"), true},
+		{"done", func(l *queue.Lease) error { return l.Done(ctx, res) }, queue.StatusDone, 1, queue.DoneSubject("orders"), true},
+		{"fail", func(l *queue.Lease) error { return l.Fail(ctx, &queue.Result{StatusCode: 404}, "nope") }, queue.StatusFailed, 1, queue.DoneSubject("orders"), true},
 		{"retry counted", func(l *queue.Lease) error { l.CountAttempt(); return l.Retry(ctx, 20*time.Millisecond, "boom") }, queue.StatusQueued, 1, "", false},
 		{"retry not counted", func(l *queue.Lease) error { return l.Retry(ctx, 20*time.Millisecond, "refused") }, queue.StatusQueued, 0, "", false},
 		{"throttle", func(l *queue.Lease) error {

@@ -60,7 +60,11 @@ type Record struct {
 	Queue  string `json:"queue"`
 	Rule   string `json:"rule,omitempty"`
 	Status Status `json:"status"`
-	// Attempts counts failed delivery attempts (not pauses, not crash redeliveries).
+	// Attempts counts the delivery attempts tried, the last included: 1 for an order
+	// delivered (or refused) at its first attempt, n for one queued again after n
+	// failed ones, MaxAttempts for one dead-lettered after its last. Pauses (429/503
+	// with Retry-After, an open circuit), attempts that reached no downstream
+	// (connection refused) and redeliveries after a crash do not count.
 	Attempts  int    `json:"attempts"`
 	LastError string `json:"last_error,omitempty"`
 	// ReceivedAt is when ingress received the request; UpdatedAt the last change.
@@ -349,10 +353,12 @@ type Event struct {
 	Rule   string `json:"rule,omitempty"`
 	Status Status `json:"status"`
 	// DownstreamStatus is the HTTP status of the final attempt (0: none or NATS).
-	DownstreamStatus int       `json:"downstream_status,omitempty"`
-	Attempts         int       `json:"attempts"`
-	Error            string    `json:"error,omitempty"`
-	At               time.Time `json:"at"`
+	DownstreamStatus int `json:"downstream_status,omitempty"`
+	// Attempts is the order's Record.Attempts: the delivery attempts tried, the last
+	// included (1: delivered at the first).
+	Attempts int       `json:"attempts"`
+	Error    string    `json:"error,omitempty"`
+	At       time.Time `json:"at"`
 }
 
 // PublishEvent publishes ev on subject (core NATS, at most once; a stream capturing

@@ -332,7 +332,7 @@ func TestDeferDeliversInOrderExactlyOnce(t *testing.T) {
 		st := waitStatus(t, p.url, tk, "done", 20*time.Second)
 		want := fmt.Sprintf(`{"order":"o%d","accepted":true}`, i)
 		if st.Result == nil || st.Result.Status != 201 || st.Result.Body != want ||
-			st.Result.Headers.Get("X-Downstream") != "orders-api" || st.Attempts != 0 {
+			st.Result.Headers.Get("X-Downstream") != "orders-api" || st.Attempts != 1 {
 			t.Fatalf("ticket %d status %+v, result %+v", i, st, st.Result)
 		}
 	}
