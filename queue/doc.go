@@ -97,7 +97,8 @@
 // queue's consumers (one request). MaxInFlight caps each lane's handed-out orders.
 //
 // TenantMaxDepth caps the waiting and handed-out orders of a tenant lane: past it Park
-// refuses with a *FullError (Lane set), as a full queue does. The count is read from
+// refuses with a *FullError (Lane set, Limit "tenant_max_depth"), as a full queue does
+// (Limit "max_depth" or "max_bytes"). The count is read from
 // the lane's consumer before the publish, and the server counts a write there a moment
 // after it confirms it, so parks racing or following each other closely can overshoot
 // the cap by their number.

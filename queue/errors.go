@@ -122,13 +122,22 @@ type FullError struct {
 	// Lane is set when the order's tenant lane was full (TenantMaxDepth), not the
 	// queue; Depth is then the lane's.
 	Lane string
+	// Limit names the limit reached, as the rules file spells it: tenant_max_depth,
+	// max_depth or max_bytes (empty: the stream's own, or one no longer configured);
+	// Max is its value (orders, or bytes for max_bytes).
+	Limit string
+	Max   int64
 }
 
 func (e *FullError) Error() string {
-	if e.Lane != "" {
-		return fmt.Sprintf("queue %q: the tenant lane is full (%d messages); retry after %s", e.Queue, e.Depth, e.RetryAfter)
+	limit := ""
+	if e.Limit != "" {
+		limit = fmt.Sprintf(", %s %d", e.Limit, e.Max)
 	}
-	return fmt.Sprintf("queue %q is full (%d messages); retry after %s", e.Queue, e.Depth, e.RetryAfter)
+	if e.Lane != "" {
+		return fmt.Sprintf("queue %q: the tenant lane is full (%d messages%s); retry after %s", e.Queue, e.Depth, limit, e.RetryAfter)
+	}
+	return fmt.Sprintf("queue %q is full (%d messages%s); retry after %s", e.Queue, e.Depth, limit, e.RetryAfter)
 }
 
 // Is makes errors.Is(err, ErrFull) true.

@@ -210,7 +210,7 @@ func TestTenantMaxDepth(t *testing.T) {
 		}
 		_, err := s.Park(ctxT(t), &queue.Request{Queue: cfg.Name, Method: "POST", Path: "/", Tenant: "tenant-a"})
 		var fe *queue.FullError
-		if !errors.Is(err, queue.ErrFull) || !errors.As(err, &fe) || fe.Lane == "" || fe.Depth != 3 || fe.RetryAfter < time.Second {
+		if !errors.Is(err, queue.ErrFull) || !errors.As(err, &fe) || fe.Lane == "" || fe.Depth != 3 || fe.Limit != "tenant_max_depth" || fe.Max != 3 || fe.RetryAfter < time.Second {
 			t.Fatalf("dispatched %v: 4th order of a capped tenant: %v, want a FullError of its lane", dispatched, err)
 		}
 		parkAs(t, s, cfg.Name, otherLane(t, s, cfg, "tenant-a"), "", "b0")

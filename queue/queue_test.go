@@ -249,12 +249,30 @@ func TestParkFull(t *testing.T) {
 		t.Fatalf("want ErrFull, got %v", err)
 	}
 	var fe *queue.FullError
-	if !errors.As(err, &fe) || fe.Depth != 3 || fe.RetryAfter < time.Second || queue.RetryAfter(err) != fe.RetryAfter {
+	if !errors.As(err, &fe) || fe.Depth != 3 || fe.Limit != "max_depth" || fe.Max != 3 || fe.RetryAfter < time.Second || queue.RetryAfter(err) != fe.RetryAfter {
 		t.Errorf("full error: %+v", fe)
 	}
 	q, _ := s.Queue("small")
 	if d, _ := q.Depth(ctx); d != 3 {
 		t.Errorf("a full queue was trimmed or grew: depth %d", d)
+	}
+	// A queue full by its bytes says so.
+	cfg = testConfig("bytes")
+	cfg.MaxBytes, cfg.MaxBody = 4096, 1024
+	if _, err := s.Declare(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		req := order("bytes", "b"+itoa(i))
+		req.Body = make([]byte, 1000)
+		_, err := s.Park(ctx, req)
+		if err == nil && i < 10 {
+			continue
+		}
+		if !errors.As(err, &fe) || fe.Limit != "max_bytes" || fe.Max != 4096 {
+			t.Errorf("order %d to a queue full by max_bytes: %v (%+v)", i, err, fe)
+		}
+		break
 	}
 }
 

@@ -822,15 +822,26 @@ func (q *Queue) checkRoom(ctx context.Context) error {
 	return nil
 }
 
+// fullError describes the queue full now: its depth, the limit it reached (max_depth
+// or max_bytes, by the stream's state), and when to come back.
 func (q *Queue) fullError(ctx context.Context) error {
-	var depth uint64
+	cfg := q.Config()
+	fe := &FullError{Queue: q.name}
 	if info, err := q.streamInfo(ctx, 0); err == nil {
-		depth = info.State.Msgs
+		fe.Depth = info.State.Msgs
+		switch {
+		case cfg.MaxDepth > 0 && info.State.Msgs >= uint64(cfg.MaxDepth):
+			fe.Limit, fe.Max = "max_depth", cfg.MaxDepth
+		case cfg.MaxBytes > 0:
+			// Not its depth, so its bytes: JetStream refuses a message that would take
+			// the stream past them, however far below they are now.
+			fe.Limit, fe.Max = "max_bytes", cfg.MaxBytes
+		}
 	}
-	r := q.Config().Outflow
-	ra := time.Duration(float64(depth) / 10 * float64(r.Period) / float64(r.Count))
-	ra = max(ra.Round(time.Second), time.Second)
-	return &FullError{Queue: q.name, Depth: depth, RetryAfter: ra}
+	r := cfg.Outflow
+	ra := time.Duration(float64(fe.Depth) / 10 * float64(r.Period) / float64(r.Count))
+	fe.RetryAfter = max(ra.Round(time.Second), time.Second)
+	return fe
 }
 
 // connected reports whether the connection can publish right now.

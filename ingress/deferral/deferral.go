@@ -294,6 +294,25 @@ type acceptedBody struct {
 	NotBefore string `json:"not_before,omitempty"`
 }
 
+// fullDetail says which limit refused an order: its tenant's lane (tenant_max_depth),
+// or the queue's max_depth or max_bytes.
+func fullDetail(queueName string, err error) string {
+	var fe *queue.FullError
+	if !errors.As(err, &fe) {
+		return "The queue " + queueName + " is full"
+	}
+	switch fe.Limit {
+	case "tenant_max_depth":
+		return "This tenant's lane of the queue " + queueName + " is full: it holds " + strconv.FormatUint(fe.Depth, 10) +
+			" orders, the most one tenant may have waiting (tenant_max_depth " + strconv.FormatInt(fe.Max, 10) + "); other tenants' orders are still taken"
+	case "max_depth":
+		return "The queue " + queueName + " is full: it holds " + strconv.FormatUint(fe.Depth, 10) + " orders (max_depth " + strconv.FormatInt(fe.Max, 10) + ")"
+	case "max_bytes":
+		return "The queue " + queueName + " is full: its orders take the bytes it may store (max_bytes " + strconv.FormatInt(fe.Max, 10) + ")"
+	}
+	return "The queue " + queueName + " is full"
+}
+
 func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err error) {
 	switch {
 	case errors.Is(err, queue.ErrIdempotencyConflict):
@@ -303,7 +322,7 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 		wait := max(queue.RetryAfter(err), time.Second)
 		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10))
 		ingress.WriteProblem(w, http.StatusTooManyRequests,
-			"The queue "+d.Queue.Name+" is full; retry in "+strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10)+" s.")
+			fullDetail(d.Queue.Name, err)+"; retry in "+strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10)+" s.")
 	case errors.Is(err, queue.ErrTooManyKeys):
 		wait := max(queue.RetryAfter(err), time.Second)
 		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -141,6 +142,36 @@ func TestDeferIdempotency(t *testing.T) {
 	}
 }
 
+// A tenant whose lane holds tenant_max_depth orders gets a 429 that names that limit,
+// not the queue's (which has room); another tenant's order is still taken.
+func TestDeferFullTenantLaneNamesTheLimit(t *testing.T) {
+	rules := strings.Replace(deferRules, "    max_depth: 3\n", "    max_depth: 100\n    fair_by: header:X-Tenant\n    tenant_max_depth: 2\n", 1)
+	set, _, store := openRules(t, rules)
+	m := newMiddleware(t, set, ingress.WithDeferrer(New(store)))
+	f := &deferFixture{handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })), store: store}
+	f.post(`{}`, "X-Tenant", "a")
+	for i := range 2 {
+		if w := f.post(`{}`, "X-Tenant", "a"); w.Code != http.StatusAccepted {
+			t.Fatalf("order %d of tenant a: %d %s", i, w.Code, w.Body)
+		}
+	}
+	w := f.post(`{}`, "X-Tenant", "a")
+	var p struct{ Detail string }
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("third order of tenant a: %d %s, Retry-After %q", w.Code, w.Body, w.Header().Get("Retry-After"))
+	}
+	if !strings.Contains(p.Detail, "tenant's lane") || !strings.Contains(p.Detail, "tenant_max_depth 2") || strings.Contains(p.Detail, "max_depth 100") {
+		t.Errorf("the problem does not name the tenant's limit: %q", p.Detail)
+	}
+	// Tenants hash to lanes: look for one that is not a's.
+	for i := range 50 {
+		if w := f.post(`{}`, "X-Tenant", fmt.Sprint("b", i)); w.Code == http.StatusAccepted {
+			return
+		}
+	}
+	t.Error("no other tenant's order was taken")
+}
+
 func TestDeferFullQueueAndNATSDown(t *testing.T) {
 	var logs bytes.Buffer
 	f := newDeferFixture(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
@@ -154,6 +185,9 @@ func TestDeferFullQueueAndNATSDown(t *testing.T) {
 	w := f.post(`{}`)
 	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
 		t.Fatalf("full queue: %d, Retry-After %q", w.Code, w.Header().Get("Retry-After"))
+	}
+	if !strings.Contains(w.Body.String(), "holds 3 orders (max_depth 3)") {
+		t.Errorf("full queue: the problem does not name the limit: %s", w.Body)
 	}
 	f.nats.Shutdown()
 	for range 20 {

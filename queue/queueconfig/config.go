@@ -154,11 +154,17 @@ type Config struct {
 	// query:NAME, client_ip, method or host; empty: no fairness). Tenants with waiting
 	// orders share each level's slots round robin, by lane: a tenant's value is hashed
 	// to one of FairLanes lanes, so tenants whose values share a lane share its turns.
+	// The value is whatever the request carries: with a header or query parameter the
+	// client picks its own tenant, so one client can spread its orders over every lane
+	// (and past TenantMaxDepth, which then caps each lane, not the client). Name a
+	// source the client cannot choose: a header an authenticating proxy in front sets
+	// (and strips from the client's request), or client_ip.
 	FairBy string
 	// FairLanes is the number of tenant lanes (default 16 with FairBy, at most 64).
 	FairLanes int
 	// TenantMaxDepth caps the waiting orders of one tenant lane (0: no cap beyond
-	// MaxDepth); past it a park is refused like a full queue (queue.ErrFull).
+	// MaxDepth); past it a park is refused like a full queue (queue.ErrFull, a
+	// *queue.FullError whose Limit is "tenant_max_depth"; the front door's 429 names it).
 	TenantMaxDepth int64
 	// MaxDelay is how far in the future a client may ask its order to be delivered
 	// (the Sluice-Not-Before request header), counted from when the request is received;
