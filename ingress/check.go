@@ -1,11 +1,14 @@
 package ingress
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // CheckPath is where proxies ask whether a request they hold may pass: nginx
@@ -44,6 +47,13 @@ const forwardAuthNoPark = "this check came from a proxy's forward authentication
 // declares one is answered with Connection: close, so that a body that never comes
 // (nginx forwarding Content-Length without the body) delays nothing.
 //
+// Which fronts can defer: Envoy's ext_authz with the request's body (with_request_body,
+// allow_partial_message: false) parks and answers 202 (ingress/envoy); nginx
+// auth_request and Traefik ForwardAuth cannot (no body, and any 2xx passes), so their
+// deferring routes get 429 here: route those through sluice's own front door. A
+// refusal carries its problem again in HeaderProblem, for fronts that keep only the
+// check's headers (deploy/nginx/auth_request.conf answers the client with it).
+//
 // It is meant for the proxies only: serve it on a listener clients cannot reach.
 func (m *Middleware) CheckHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -51,15 +61,52 @@ func (m *Middleware) CheckHandler() http.Handler {
 			// Go's server would otherwise read the rest of the body before answering.
 			w.Header().Set("Connection", "close")
 		}
+		pw := &problemHeaderWriter{w: w, status: http.StatusOK}
+		defer pw.flush()
 		orig, err := originalRequest(r)
 		if err != nil {
-			writeProblem(w, simpleProblem(http.StatusBadRequest, err.Error()))
+			writeProblem(pw, simpleProblem(http.StatusBadRequest, err.Error()))
 			return
 		}
-		if m.Authorize(w, orig, forwardAuthNoPark) {
-			w.WriteHeader(http.StatusOK)
+		if m.Authorize(pw, orig, forwardAuthNoPark) {
+			pw.WriteHeader(http.StatusOK)
 		}
 	})
+}
+
+// HeaderProblem carries, on the check endpoint's refusals, the problem of the body
+// (compact JSON, one line): nginx's auth_request keeps no body of the check but may
+// keep its headers (auth_request_set), so the front can answer the client with
+// sluice's own problem (see deploy/nginx/auth_request.conf).
+const HeaderProblem = "Sluice-Problem"
+
+// maxProblemHeader is the longest problem HeaderProblem carries (proxies keep a
+// response's headers in a buffer of a few KiB: nginx's proxy_buffer_size is 4 or 8).
+const maxProblemHeader = 2048
+
+// problemHeaderWriter holds a check's answer until the handler is done, to copy a
+// problem body into HeaderProblem before the headers go.
+type problemHeaderWriter struct {
+	w      http.ResponseWriter
+	status int
+	body   []byte
+}
+
+func (p *problemHeaderWriter) Header() http.Header    { return p.w.Header() }
+func (p *problemHeaderWriter) WriteHeader(status int) { p.status = status }
+func (p *problemHeaderWriter) Write(b []byte) (int, error) {
+	p.body = append(p.body, b...)
+	return len(b), nil
+}
+
+func (p *problemHeaderWriter) flush() {
+	h := p.w.Header()
+	if v := bytes.TrimSpace(p.body); p.status >= 400 && len(v) <= maxProblemHeader &&
+		h.Get("Content-Type") == "application/problem+json" && httpguts.ValidHeaderFieldValue(string(v)) {
+		h.Set(HeaderProblem, string(v))
+	}
+	p.w.WriteHeader(p.status)
+	_, _ = p.w.Write(p.body)
 }
 
 // checkHeaders carry the description of the original request, not part of it.

@@ -3,6 +3,7 @@ package deferral
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -113,6 +114,11 @@ func TestCheckHandlerAllowsRejects(t *testing.T) {
 	resp, p := askCheck(t, ts, "GET", "", "X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/v1/pay")
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || p["violated-policies"] == nil {
 		t.Fatalf("over the limit: %d %v", resp.StatusCode, p)
+	}
+	// The problem again in a header, for proxies that keep no body of the check.
+	var inHeader map[string]any
+	if err := json.Unmarshal([]byte(resp.Header.Get(ingress.HeaderProblem)), &inHeader); err != nil || fmt.Sprint(inHeader) != fmt.Sprint(p) {
+		t.Errorf("%s %q (%v), want the body %v", ingress.HeaderProblem, resp.Header.Get(ingress.HeaderProblem), err, p)
 	}
 	for _, bad := range [][]string{
 		{},                                // no URI

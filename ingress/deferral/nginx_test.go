@@ -236,6 +236,26 @@ func (f *nginxFront) problem(what string, resp *http.Response, body string, stat
 	return p
 }
 
+// sluiceRefusal checks that a refusal is sluice's own, as its check wrote it: the
+// problem's detail (or, for a 429, its quota members), Retry-After and
+// X-Ratelimit-Retry-After for a 429, Cache-Control: no-store, and a connection nginx
+// keeps open.
+func (f *nginxFront) sluiceRefusal(what string, resp *http.Response, p map[string]any) {
+	f.t.Helper()
+	if resp.Close || resp.Header.Get("Cache-Control") != "no-store" {
+		f.t.Errorf("%s: nginx closes the connection (%v) or drops sluice's Cache-Control: %v", what, resp.Close, resp.Header)
+	}
+	if resp.StatusCode == http.StatusTooManyRequests {
+		if p["violated-policies"] == nil || p["retry-after"] == nil || resp.Header.Get("X-Ratelimit-Retry-After") == "" {
+			f.t.Errorf("%s: not sluice's own 429: %v %v", what, resp.Header, p)
+		}
+		return
+	}
+	if d, _ := p["detail"].(string); d == "" || strings.Contains(d, "sluice cannot decide this request here") {
+		f.t.Errorf("%s: not sluice's own problem: %v", what, p)
+	}
+}
+
 // notForwarded checks that nothing reached the API since the last look.
 func (f *nginxFront) notForwarded(what string) {
 	f.t.Helper()
@@ -278,7 +298,7 @@ func (f *nginxFront) ordersRefused() {
 		{"a chunked order", io.MultiReader(strings.NewReader(`{"n":3}`))},
 	} {
 		resp, body = f.do("POST", "/v1/orders", c.body)
-		f.problem(c.what, resp, body, 429)
+		f.sluiceRefusal(c.what, resp, f.problem(c.what, resp, body, 429))
 		if resp.Header.Get("Retry-After") == "" {
 			f.t.Errorf("%s: no Retry-After: %v", c.what, resp.Header)
 		}
@@ -314,13 +334,14 @@ func TestCheckBehindNginx(t *testing.T) {
 		resp.Header.Get("RateLimit-Policy") != `"pay";q=1;w=3600` {
 		t.Errorf("over the limit: %v %v", resp.Header, p)
 	}
+	f.sluiceRefusal("over the limit", resp, p)
 	f.notForwarded("a refused request")
 
 	f.ordersRefused()
 
 	// Scheduled delivery would park: 400.
 	resp, body = f.do("POST", "/v1/later", strings.NewReader(`{"n":4}`), "Sluice-Not-Before", "60")
-	f.problem("a scheduled order", resp, body, 400)
+	f.sluiceRefusal("a scheduled order", resp, f.problem("a scheduled order", resp, body, 400))
 	f.notForwarded("a scheduled order")
 
 	// nginx is the edge: the client is its peer, whatever X-Forwarded-For it sends.
