@@ -17,7 +17,7 @@ import (
 // that append to one pass a client's own copy of the other through untouched. A client
 // that forges these headers from an untrusted address changes nothing.
 type ClientIdentity struct {
-	trusted  []netip.Prefix
+	trusted  Prefixes
 	v6Prefix int
 	header   ForwardedHeader
 }
@@ -84,7 +84,20 @@ func NewClientIdentity(trusted []string, v6PrefixBits int, opts ...IdentityOptio
 	if c.v6Prefix < 1 || c.v6Prefix > 128 {
 		return nil, fmt.Errorf("ipv6 prefix length %d: want 1 to 128", v6PrefixBits)
 	}
-	for _, s := range trusted {
+	var err error
+	if c.trusted, err = ParsePrefixes(trusted); err != nil {
+		return nil, fmt.Errorf("trusted proxy %w", err)
+	}
+	return c, nil
+}
+
+// Prefixes is a set of address ranges: trusted proxies, load balancers.
+type Prefixes []netip.Prefix
+
+// ParsePrefixes reads CIDRs or single addresses (blank entries skipped).
+func ParsePrefixes(list []string) (Prefixes, error) {
+	var ps Prefixes
+	for _, s := range list {
 		s = strings.TrimSpace(s)
 		if s == "" {
 			continue
@@ -93,24 +106,27 @@ func NewClientIdentity(trusted []string, v6PrefixBits int, opts ...IdentityOptio
 		if err != nil {
 			a, aerr := netip.ParseAddr(s)
 			if aerr != nil {
-				return nil, fmt.Errorf("trusted proxy %q: not a CIDR or an address", s)
+				return nil, fmt.Errorf("%q: not a CIDR or an address", s)
 			}
 			p = netip.PrefixFrom(a, a.BitLen())
 		}
-		c.trusted = append(c.trusted, p.Masked())
+		ps = append(ps, p.Masked())
 	}
-	return c, nil
+	return ps, nil
 }
 
-func (c *ClientIdentity) isTrusted(a netip.Addr) bool {
+// Contains reports whether a (IPv4-mapped or not) is in one of the ranges.
+func (ps Prefixes) Contains(a netip.Addr) bool {
 	a = a.Unmap()
-	for _, p := range c.trusted {
+	for _, p := range ps {
 		if p.Contains(a) {
 			return true
 		}
 	}
 	return false
 }
+
+func (c *ClientIdentity) isTrusted(a netip.Addr) bool { return c.trusted.Contains(a) }
 
 // peerTrusted reports whether r comes straight from a trusted proxy.
 func (c *ClientIdentity) peerTrusted(r *http.Request) bool {

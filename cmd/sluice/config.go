@@ -123,7 +123,7 @@ var configKeys = sync.OnceValue(func() []string {
 
 // listFlags are the flags that take a comma-separated list; in a file their value may
 // also be a YAML sequence.
-var listFlags = map[string]bool{"rules": true, "trusted-proxies": true, "nats": true}
+var listFlags = map[string]bool{"rules": true, "trusted-proxies": true, "proxy-protocol": true, "nats": true}
 
 // configError is one problem of a config file, at a line.
 type configError struct {

@@ -36,6 +36,7 @@ import (
 	"github.com/sluicehq/sluice/ingress/console"
 	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/ingress/envoy"
+	"github.com/sluicehq/sluice/ingress/proxyproto"
 	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redisstore"
@@ -134,6 +135,7 @@ type frontConfig struct {
 	listen         string
 	redis          redisConfig
 	trustedProxies string
+	proxyProtocol  string
 	forwarded      forwardedHeaderFlag
 	ipv6Prefix     int
 	maxBody        sizeFlag
@@ -150,6 +152,7 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	if front {
 		fs.StringVar(&c.upstream, "upstream", "", "`URL` of the upstream that allowed requests go to (required)")
 		fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` of the front door")
+		fs.StringVar(&c.proxyProtocol, "proxy-protocol", "", "`CIDRs` of load balancers whose connections to the front door may start with a PROXY protocol header (v1 or v2, HAProxy's send-proxy / send-proxy-v2) naming the client, comma-separated")
 	}
 	c.redis.flags(fs)
 	fs.StringVar(&c.trustedProxies, "trusted-proxies", "", "`CIDRs` of proxies whose forwarding header (--forwarded-header) is believed, comma-separated")
@@ -432,14 +435,16 @@ type gateway struct {
 	// declaring is queues once reloads may declare through it (Prepare).
 	declaring atomic.Pointer[queues]
 	front     *http.Server // nil in dispatch and rls
-	limiter   limiter.Limiter
-	grpc      *envoy.Server // nil without --grpc-listen
-	grpcLn    net.Listener
-	check     *http.Server // nil without --check-listen
-	admin     *http.Server // nil without --admin-listen
-	adminAPI  *ingress.Admin
-	deps      *ingress.Dependencies
-	reloads   console.Reloads // the rules reloads, for the console's rules page
+	// proxyProtocol are the peers whose front-door connections carry a PROXY header.
+	proxyProtocol ingress.Prefixes
+	limiter       limiter.Limiter
+	grpc          *envoy.Server // nil without --grpc-listen
+	grpcLn        net.Listener
+	check         *http.Server // nil without --check-listen
+	admin         *http.Server // nil without --admin-listen
+	adminAPI      *ingress.Admin
+	deps          *ingress.Dependencies
+	reloads       console.Reloads // the rules reloads, for the console's rules page
 	// Without --admin-token, the console token's file in the data directory, and the
 	// one-time sign-in code to print once listening ("" unless the file is new).
 	consoleFile, consoleCode string
@@ -477,6 +482,9 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		if ids, err = ingress.NewClientIdentity(strings.Split(cfg.front.trustedProxies, ","), cfg.front.ipv6Prefix,
 			ingress.WithForwardedHeader(ingress.ForwardedHeader(cfg.front.forwarded))); err != nil {
 			return nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
+		}
+		if g.proxyProtocol, err = ingress.ParsePrefixes(strings.Split(cfg.front.proxyProtocol, ",")); err != nil {
+			return nil, fmt.Errorf("--proxy-protocol: %w", err)
 		}
 		// The client connects lazily: this checks the URL and the TLS files only.
 		if g.redis, err = openRedis(cfg.front.redis, log); err != nil {
@@ -1018,8 +1026,12 @@ func (g *gateway) run(ctx context.Context) error {
 	listeners := make([]net.Listener, len(servers))
 	for i, hs := range servers {
 		flag := map[*http.Server]string{g.front: "listen", g.check: "check-listen", g.admin: "admin-listen"}[hs]
-		listeners[i] = g.lns[flag]
-		hs.Addr = listeners[i].Addr().String() // the real port when it was 0
+		ln := g.lns[flag]
+		hs.Addr = ln.Addr().String() // the real port when it was 0
+		if hs == g.front && len(g.proxyProtocol) > 0 {
+			ln = proxyproto.Listen(ln, g.proxyProtocol.Contains, hs.ReadHeaderTimeout)
+		}
+		listeners[i] = ln
 	}
 	errs := make(chan error, len(servers)+1)
 	for i, hs := range servers {

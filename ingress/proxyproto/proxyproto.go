@@ -42,9 +42,10 @@ var v2Signature = []byte("\r\n\r\n\x00\r\nQUIT\n")
 // maxV1 is the longest version 1 header, CRLF included (the specification's 107).
 const maxV1 = 107
 
-// Listen returns a listener whose connections from a peer in trusted carry the
-// address their PROXY header names as RemoteAddr.
-func Listen(inner net.Listener, trusted []netip.Prefix, headerTimeout time.Duration) net.Listener {
+// Listen returns a listener whose connections from a peer that trusted reports carry
+// the address their PROXY header names as RemoteAddr (ingress.Prefixes.Contains is one
+// such function).
+func Listen(inner net.Listener, trusted func(netip.Addr) bool, headerTimeout time.Duration) net.Listener {
 	if headerTimeout <= 0 {
 		headerTimeout = DefaultHeaderTimeout
 	}
@@ -53,7 +54,7 @@ func Listen(inner net.Listener, trusted []netip.Prefix, headerTimeout time.Durat
 
 type listener struct {
 	net.Listener
-	trusted []netip.Prefix
+	trusted func(netip.Addr) bool
 	timeout time.Duration
 }
 
@@ -63,20 +64,10 @@ func (l *listener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
-	if err != nil || !l.isTrusted(ap.Addr()) {
+	if err != nil || !l.trusted(ap.Addr().Unmap()) {
 		return c, nil
 	}
 	return &conn{Conn: c, r: bufio.NewReaderSize(c, 256), timeout: l.timeout}, nil
-}
-
-func (l *listener) isTrusted(a netip.Addr) bool {
-	a = a.Unmap()
-	for _, p := range l.trusted {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
 }
 
 // conn is a trusted peer's connection: its header is read once, on first use.

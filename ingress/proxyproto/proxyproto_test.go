@@ -155,7 +155,7 @@ func TestListener(t *testing.T) {
 			srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				_, _ = io.WriteString(w, r.RemoteAddr)
 			})}
-			ln := Listen(inner, []netip.Prefix{netip.MustParsePrefix(c.trusted)}, 5*time.Second)
+			ln := Listen(inner, netip.MustParsePrefix(c.trusted).Contains, 5*time.Second)
 			done := make(chan struct{})
 			go func() { defer close(done); _ = srv.Serve(ln) }()
 			defer func() { srv.Close(); <-done }()
