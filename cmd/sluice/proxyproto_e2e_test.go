@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/queue/natstest/childproc"
 )
 
 // haproxyPath finds HAProxy, also in /usr/sbin (off a Debian user's PATH). On Linux
@@ -61,43 +64,34 @@ func startHAProxy(t *testing.T, backend string) (v2, v1 string) {
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(haproxyConf, v2, v1, backend)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-db", "-f", conf)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
+	logPath := filepath.Join(filepath.Dir(conf), "haproxy.log")
+	proc, err := childproc.Start(exec.Command(bin, "-db", "-f", conf), logPath)
+	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = proc.Cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-exited:
+		case <-proc.Exited():
 		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
+			proc.Kill()
 		}
 		if t.Failed() {
-			t.Logf("haproxy's output:\n%s", out.String())
+			t.Logf("haproxy's output:\n%s", childproc.Tail(logPath, 8<<10))
 		}
 	})
-	for _, addr := range []string{v2, v1} {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+	listening := func() bool {
+		for _, addr := range []string{v2, v1} {
 			c, err := net.Dial("tcp", addr)
-			if err == nil {
-				c.Close()
-				break
+			if err != nil {
+				return false
 			}
-			select {
-			case err := <-exited:
-				t.Fatalf("haproxy exited: %v\n%s", err, out.String())
-			case <-time.After(20 * time.Millisecond):
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("haproxy never listened on %s: %v", addr, err)
-			}
+			c.Close()
 		}
+		return true
+	}
+	if err := proc.WaitReady(context.Background(), 30*time.Second, 20*time.Millisecond, listening); err != nil {
+		t.Fatalf("haproxy: %v\n%s", err, childproc.Tail(logPath, 8<<10))
 	}
 	return v2, v1
 }
