@@ -33,8 +33,9 @@
 //	Sluice-H-{Name}            each request header sluice kept, every value in order
 //	                           (hop-by-hop headers, Host, Content-Length, Expect and the
 //	                           queue's drop_headers are never kept)
-//	Sluice-Delivery-Signature  "v1=" + base64 HMAC-SHA256 of all the above (as Decode
-//	                           reads them) and the body, under the queue's delivery key
+//	Sluice-Delivery-Signature  "v1=" + base64 HMAC-SHA256 of all the above and the
+//	                           body, under the queue's delivery key (byte by byte: see
+//	                           Signatures, byte by byte)
 //
 // Other headers (tracing headers, for example) may be present and are not covered by
 // the signature. sluice's internal Sluice-Signature and Sluice-Callback never leave it.
@@ -57,6 +58,67 @@
 //
 // A genuine order may be published again by anyone allowed on SUBJECT: consumers must
 // be idempotent on the ticket (they must be anyway: see below).
+//
+// # Signatures, byte by byte
+//
+// A worker in any language checks orders and signs results from this section alone
+// (testdata/verify.py does, and TestSignaturesFromTheSpecification runs it). Every
+// signature is an HMAC-SHA256 over a list of byte strings, the first a domain label,
+// each written as its length in 8 bytes (unsigned, big endian) and then its bytes:
+//
+//	MAC(key, domain, f1, …, fn) = HMAC-SHA256(key, u64be(len(domain)) ‖ domain ‖ u64be(len(f1)) ‖ f1 ‖ … ‖ u64be(len(fn)) ‖ fn)
+//
+// A signature header's value is "v1=" and the standard base64 (with padding) of the 32
+// bytes; compare in constant time.
+//
+// The delivery key of queue Q is MAC(signingKey, "sluice delivery key", Q): 32 bytes,
+// which `sluice queue delivery-key Q` prints in standard base64.
+//
+// Sluice-Delivery-Signature = MAC(deliveryKey, "sluice delivery", fields…), the fields,
+// in this order, the values of the headers of the delivered message (UTF-8 bytes as
+// received; an absent header is the empty string, except as noted):
+//
+//	Sluice-Ticket, Sluice-Queue, Sluice-Rule, Sluice-Method, Sluice-Path, Sluice-Query,
+//	Sluice-Received-At (absent: "0001-01-01T00:00:00Z"), Sluice-Client,
+//	Sluice-Idempotency-Key, Sluice-Fingerprint,
+//	then the kept headers: u64be(count of names) as an 8-byte field, then for each name
+//	in byte order: the name (the part after "Sluice-H-"), u64be(count of its values)
+//	as an 8-byte field, and each value in the order received,
+//	then the message data (the body).
+//
+// (sluice writes Sluice-Received-At in UTC with the fewest fractional digits, as Go's
+// RFC 3339 with nanoseconds does, and kept header names in Go's canonical form, so the
+// received bytes are what it signed.) The subject is not covered.
+//
+// Sluice-Result-Signature = MAC(deliveryKey, "sluice result", Q, ticket, status in
+// decimal, "true" or "false" (Sluice-Result-Truncated), the result's headers encoded as
+// the kept headers above (names after "Sluice-Result-H-"), the body).
+//
+// A worked example, with the signing key the 32 bytes 00 01 02 … 1f and queue "orders":
+//
+//	delivery key   6e1288ba6fa11e0c26e563a50d711eabea37157e30e399832b4d82a097bcd069 (hex)
+//	order headers  Sluice-Ticket: abcdefghijklmnopqrstuvwxyz
+//	               Sluice-Queue: orders
+//	               Sluice-Rule: create-order
+//	               Sluice-Method: POST
+//	               Sluice-Path: /v1/orders
+//	               Sluice-Query: n=1
+//	               Sluice-Received-At: 2026-12-01T09:30:00.5Z
+//	               Sluice-Client: c1
+//	               Sluice-Fingerprint: ff
+//	               Sluice-H-Content-Type: application/json
+//	body           {"n":1}
+//	MAC input      000000000000000f "sluice delivery" 000000000000001a "abcdefghijklmnopqrstuvwxyz"
+//	               0000000000000006 "orders" 000000000000000c "create-order" 0000000000000004 "POST"
+//	               000000000000000a "/v1/orders" 0000000000000003 "n=1"
+//	               0000000000000016 "2026-12-01T09:30:00.5Z" 0000000000000002 "c1"
+//	               0000000000000000 (no idempotency key) 0000000000000002 "ff"
+//	               0000000000000008 0000000000000001 (one header name)
+//	               000000000000000c "Content-Type" 0000000000000008 0000000000000001 (one value)
+//	               0000000000000010 "application/json" 0000000000000007 {"n":1}
+//	signature      v1=ic73x5csh8JoxZg+B+teIUC6iQwI0aeJ27LThtDsfT0=
+//	result         status 201, Location: /orders/1, body "ok", not truncated
+//	its signature  v1=n1qQmG8DVMioon8KFDZVeYTqxFP8iTF7z21UIhWYFDg=
 //
 // # Consuming: acknowledgement, redelivery, ordering
 //
