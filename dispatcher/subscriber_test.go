@@ -1,11 +1,16 @@
 package dispatcher_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/queue/subscriber"
 )
 
@@ -45,10 +51,11 @@ func worker(ctx context.Context, t *testing.T, js jetstream.JetStream, stream st
 	}
 }
 
-// A consumer of a nats: queue verifies each order and replies; the dispatcher writes
-// the reply into the ticket, with the headers the queue keeps. Forged results — signed
-// with another queue's key, or for a ticket of an HTTP queue — never land.
-func TestSubscriberResultLandsInTicket(t *testing.T) {
+// payQueue starts a NATS server with a stream PAID capturing orders.paid and returns
+// it, its JetStream and the configuration of queue pay delivering there (X-Receipt
+// kept in results).
+func payQueue(t *testing.T) (*natstest.Server, jetstream.JetStream, queueconfig.Config) {
+	t.Helper()
 	srv := natstest.Start(t)
 	js, err := jetstream.New(srv.Conn)
 	if err != nil {
@@ -59,6 +66,14 @@ func TestSubscriberResultLandsInTicket(t *testing.T) {
 	}
 	cfg := baseConfig("pay", "nats:orders.paid")
 	cfg.ResultHeaders = []string{"X-Receipt"}
+	return srv, js, cfg
+}
+
+// A consumer of a nats: queue verifies each order and replies; the dispatcher writes
+// the reply into the ticket, with the headers the queue keeps. Forged results — signed
+// with another queue's key, or for a ticket of an HTTP queue — never land.
+func TestSubscriberResultLandsInTicket(t *testing.T) {
+	srv, js, cfg := payQueue(t)
 	httpCfg := baseConfig("web", "http://127.0.0.1:1")
 	store, _ := openStore(t, srv.Conn, cfg)
 	if _, err := store.Declare(ctxT(t), httpCfg); err != nil {
@@ -210,4 +225,99 @@ func TestSubscriberResultLandsInTicket(t *testing.T) {
 	if _, err := js.Publish(ctxT(t), subscriber.ResultSubject("pay", tickets[2]), make([]byte, 200<<10)); err == nil {
 		t.Error("the result stream stored a 200 KiB result")
 	}
+}
+
+// A worker written in Python from the subscriber package's documentation alone
+// (queue/subscriber/testdata/worker.py: the NATS client protocol over a socket and the
+// signature specification, standard library only) receives the orders of a nats: queue
+// through a real NATS server, verifies them, refuses one forged on the subject, and
+// answers the genuine ones with signed results that land in their tickets.
+func TestPythonWorkerFromTheSpecification(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		if runtime.GOOS == "linux" && os.Getenv("CI") != "" {
+			t.Fatal("python3 is not installed")
+		}
+		t.Skip("python3 is not installed")
+	}
+	srv, _, cfg := payQueue(t)
+	store, _ := openStore(t, srv.Conn, cfg)
+	key := base64.StdEncoding.EncodeToString(store.DeliveryKey("pay"))
+	cmd := exec.Command(py, "../queue/subscriber/testdata/worker.py", strings.TrimPrefix(srv.URL, "nats://"), "orders.paid", "pay", key, "3")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 64) // the worker writes a handful
+	exited := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+		exited <- cmd.Wait() // after its output is read, as Wait requires
+	}()
+	var seen []string
+	next := func(what string) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("the worker stopped before %s: %s", what, stderr.String())
+			}
+			seen = append(seen, l)
+			return l
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no %s from the worker (it said %q): %s", what, seen, stderr.String())
+		}
+		return ""
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	if l := next("ready"); l != `{"ready": true}` {
+		t.Fatalf("worker: %s", l)
+	}
+	tickets := park(t, store, "pay", 0, 2)
+	startReplica(t, srv, cfg, "a")
+	want := map[string]bool{}
+	for _, tk := range tickets {
+		want[`{"ticket": "`+tk+`", "verified": true}`] = true
+	}
+	for range tickets { // in either order: the queue delivers several at once
+		if l := next("an order"); !want[l] {
+			t.Fatalf("the worker on a genuine order: %s, want one of %v", l, want)
+		}
+	}
+	forged := nats.NewMsg("orders.paid")
+	forged.Header.Set(subscriber.HeaderTicket, "abcdefghijklmnopqrstuvwxyz")
+	forged.Header.Set(subscriber.HeaderQueue, "pay")
+	forged.Header.Set(subscriber.HeaderMethod, "POST")
+	forged.Header.Set(subscriber.HeaderPath, "/v1/orders")
+	forged.Header.Set(subscriber.HeaderDeliverySignature, "v1=AAAA")
+	if err := srv.Conn.PublishMsg(forged); err != nil {
+		t.Fatal(err)
+	}
+	if l := next("the forged order"); l != `{"ticket": "abcdefghijklmnopqrstuvwxyz", "verified": false}` {
+		t.Fatalf("the worker on a forged order: %s", l)
+	}
+	for i, tk := range tickets {
+		var st *queue.Record
+		waitFor(t, "the Python worker's result of "+tk, 30*time.Second, func() bool {
+			st, err = store.Status(ctxT(t), tk)
+			return err == nil && st.Result != nil && st.Result.StatusCode != 0
+		})
+		r := st.Result
+		if r.StatusCode != 201 || string(r.Body) != fmt.Sprintf(`python took {"order":%d}`, i) || r.Header.Get("X-Receipt") != "py-"+tk[:6] {
+			t.Errorf("ticket %s: result %+v", tk, r)
+		}
+	}
+	t.Logf("worker said: %q", seen)
 }

@@ -91,7 +91,8 @@
 // received bytes are what it signed.) The subject is not covered.
 //
 // Sluice-Result-Signature = MAC(deliveryKey, "sluice result", Q, ticket, status in
-// decimal, "true" or "false" (Sluice-Result-Truncated), the result's headers encoded as
+// decimal, "true" when truncated (the header Sluice-Result-Truncated: true) else "false"
+// (the header absent: sluice refuses any other value), the result's headers encoded as
 // the kept headers above (names after "Sluice-Result-H-"), the body).
 //
 // A worked example, with the signing key the 32 bytes 00 01 02 … 1f and queue "orders":

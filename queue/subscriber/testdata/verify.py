@@ -43,14 +43,9 @@ def header_fields(pairs, prefix):
     return fields
 
 
-def main():
-    req = json.load(sys.stdin)
-    queue = req["queue"]
-    if "signing_key" in req:
-        key = mac(bytes.fromhex(req["signing_key"]), "sluice delivery key", queue.encode())
-    else:
-        key = base64.b64decode(req["delivery_key"])
-    pairs = req["headers"]
+def order_signature(key, pairs, body):
+    """The Sluice-Delivery-Signature of a delivered message: its headers as (name,
+    value) pairs in the order received, and its data."""
     first = {}
     for name, value in pairs:
         first.setdefault(name, value)
@@ -59,17 +54,38 @@ def main():
               get("Sluice-Path"), get("Sluice-Query"), get("Sluice-Received-At", "0001-01-01T00:00:00Z"),
               get("Sluice-Client"), get("Sluice-Idempotency-Key"), get("Sluice-Fingerprint")]
     fields += header_fields(pairs, "Sluice-H-")
-    fields.append(base64.b64decode(req["body"]))
-    want = sig(mac(key, "sluice delivery", *fields))
-    out = {"delivery_key": key.hex(), "signature": want,
-           "verified": hmac.compare_digest(want, first.get("Sluice-Delivery-Signature", ""))}
+    fields.append(body)
+    return sig(mac(key, "sluice delivery", *fields))
+
+
+def verify_order(key, pairs, body):
+    got = next((v for n, v in pairs if n == "Sluice-Delivery-Signature"), "")
+    return hmac.compare_digest(order_signature(key, pairs, body), got)
+
+
+def result_signature(key, queue, ticket, status, truncated, headers, body):
+    """The Sluice-Result-Signature of a result: headers as (name, value) pairs."""
+    rf = [queue.encode(), ticket.encode(), str(status).encode(), b"true" if truncated else b"false"]
+    rf += header_fields([["H-" + n, v] for n, v in headers], "H-")
+    rf.append(body)
+    return sig(mac(key, "sluice result", *rf))
+
+
+def main():
+    req = json.load(sys.stdin)
+    queue = req["queue"]
+    if "signing_key" in req:
+        key = mac(bytes.fromhex(req["signing_key"]), "sluice delivery key", queue.encode())
+    else:
+        key = base64.b64decode(req["delivery_key"])
+    pairs, body = req["headers"], base64.b64decode(req["body"])
+    out = {"delivery_key": key.hex(), "signature": order_signature(key, pairs, body),
+           "verified": verify_order(key, pairs, body)}
     if "result" in req:
         r = req["result"]
-        rf = [queue.encode(), get("Sluice-Ticket"), str(r["status"]).encode(),
-              b"true" if r["truncated"] else b"false"]
-        rf += header_fields([["H-" + n, v] for n, v in r["headers"]], "H-")
-        rf.append(base64.b64decode(r["body"]))
-        out["result_signature"] = sig(mac(key, "sluice result", *rf))
+        ticket = next((v for n, v in pairs if n == "Sluice-Ticket"), "")
+        out["result_signature"] = result_signature(key, queue, ticket, r["status"], r["truncated"], r["headers"],
+                                                   base64.b64decode(r["body"]))
     json.dump(out, sys.stdout)
 
 
