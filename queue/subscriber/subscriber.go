@@ -205,11 +205,18 @@ func decode(subject string, h nats.Header, data []byte) (*Order, error) {
 		}
 		o.ReceivedAt = t.UTC()
 	}
-	for k, vs := range h {
+	// Names that differ only in case (never sluice's: it writes canonical ones) join
+	// in byte order of the names, so that every decode of a message reads the same.
+	var names []string
+	for k := range h {
 		if name, ok := strings.CutPrefix(k, HeaderPrefix); ok && name != "" {
-			ck := textproto.CanonicalMIMEHeaderKey(name)
-			o.Header[ck] = append(o.Header[ck], vs...)
+			names = append(names, k)
 		}
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		ck := textproto.CanonicalMIMEHeaderKey(strings.TrimPrefix(k, HeaderPrefix))
+		o.Header[ck] = append(o.Header[ck], h[k]...)
 	}
 	return o, nil
 }
