@@ -55,6 +55,10 @@ func TestLightPackages(t *testing.T) {
 		// The upstream pool: the standard library and the warning limiter alone.
 		{"ingress/proxy", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/prometheus/",
 			"go.opentelemetry.io/", "github.com/sluicehq/sluice/limiter", "github.com/sluicehq/sluice/rules", "github.com/sluicehq/sluice/ingress\n"}, otelSDK...)},
+		// What a Go client links to follow its tickets: the standard library.
+		{"ingress/ticket", []string{"github.com/nats-io/", "github.com/redis/", "github.com/prometheus/", "github.com/fsnotify/",
+			"go.opentelemetry.io/", "\ngolang.org/x/", "github.com/sluicehq/sluice/ingress\n", "github.com/sluicehq/sluice/queue",
+			"github.com/sluicehq/sluice/limiter", "github.com/sluicehq/sluice/rules"}},
 		{"queue", otelSDK},
 		{"dispatcher", otelSDK},
 	} {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/warn"
+	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -46,6 +47,8 @@ type Deferrer struct {
 	memory memoryBudget
 	// lookups limits each client's status and cancel requests (nil: no limit).
 	lookups *lookupLimit
+	// waits serves Prefer: wait and event streams of the status (nil: not offered).
+	waits *waits
 	// Warnings every refused request would repeat, logged at most once per
 	// warnInterval.
 	unavailable, keysFull *warn.Sometimes
@@ -165,6 +168,9 @@ func writeAccepted(w http.ResponseWriter, receipt queue.Receipt) {
 		EstimatedDelivery: receipt.EstimatedDelivery.UTC().Format(time.RFC3339),
 		Duplicate:         receipt.Duplicate,
 		Monitor:           Path + receipt.Ticket,
+	}
+	if q.waits != nil {
+		ab.MonitorWait, ab.MonitorEvents = int64(q.waits.limits.Max/time.Second), true
 	}
 	if !receipt.NotBefore.IsZero() {
 		ab.NotBefore = receipt.NotBefore.UTC().Format(time.RFC3339)
@@ -290,6 +296,11 @@ type acceptedBody struct {
 	EstimatedDelivery string `json:"estimated_delivery"`
 	Duplicate         bool   `json:"duplicate,omitempty"`
 	Monitor           string `json:"monitor"`
+	// MonitorWait is the longest Prefer: wait the monitor honours, in seconds, and
+	// MonitorEvents says it streams the status (Accept: text/event-stream); both
+	// absent without WithWaits.
+	MonitorWait   int64 `json:"monitor_wait,omitempty"`
+	MonitorEvents bool  `json:"monitor_events,omitempty"`
 	// NotBefore is a scheduled order's due time (status "scheduled").
 	NotBefore string `json:"not_before,omitempty"`
 }
@@ -405,39 +416,34 @@ func idempotencyKey(h http.Header) (key string, ok bool) {
 	return key, len(key) >= 1 && len(key) <= 255
 }
 
-// statusBody is the JSON of GET /sluice/v1/deferred/{ticket}.
-type statusBody struct {
-	Ticket     string       `json:"ticket"`
-	Queue      string       `json:"queue"`
-	Status     queue.Status `json:"status"`
-	Attempts   int          `json:"attempts"`
-	LastError  string       `json:"last_error,omitempty"`
-	Position   uint64       `json:"position,omitempty"`
-	ReceivedAt time.Time    `json:"received_at"`
-	UpdatedAt  time.Time    `json:"updated_at"`
-	Result     *resultBody  `json:"result,omitempty"`
-	NextTry    *time.Time   `json:"next_attempt_at,omitempty"`
-	// NotBefore and DueIn (whole seconds, rounded up) tell when a scheduled order
-	// falls due.
-	NotBefore  *time.Time    `json:"not_before,omitempty"`
-	DueIn      *int64        `json:"due_in,omitempty"`
-	RetryAfter time.Duration `json:"-"`
-}
-
-type resultBody struct {
-	Status  int         `json:"status,omitempty"`
-	Headers http.Header `json:"headers,omitempty"`
-	// Body is the downstream's body when it is UTF-8 text, BodyBase64 otherwise.
-	Body       string `json:"body,omitempty"`
-	BodyBase64 []byte `json:"body_base64,omitempty"`
-	Truncated  bool   `json:"truncated,omitempty"`
-	Subject    string `json:"subject,omitempty"`
+// statusOf is the JSON of GET Path{ticket} for rec.
+func statusOf(rec *queue.Record) *ticket.Status {
+	body := &ticket.Status{Ticket: rec.Ticket, Queue: rec.Queue, Status: string(rec.Status), Attempts: rec.Attempts,
+		LastError: rec.LastError, Position: rec.Position, ReceivedAt: rec.ReceivedAt, UpdatedAt: rec.UpdatedAt}
+	if !rec.NextAttemptAt.IsZero() && !rec.Status.Final() {
+		body.NextTry = &rec.NextAttemptAt
+	}
+	if rec.Status == queue.StatusScheduled && !rec.NotBefore.IsZero() {
+		due := ingress.RetryAfterSeconds(max(time.Until(rec.NotBefore), 0))
+		body.NotBefore, body.DueIn = &rec.NotBefore, &due
+	}
+	if res := rec.Result; res != nil {
+		body.Result = &ticket.Result{Status: res.StatusCode, Headers: res.Header, Truncated: res.Truncated, Subject: res.Subject}
+		if utf8.Valid(res.Body) {
+			body.Result.Body = string(res.Body)
+		} else {
+			body.Result.BodyBase64 = res.Body
+		}
+	}
+	return body
 }
 
 // StatusHandler serves GET Path{ticket}: the ticket's status, attempts and last
 // error, Retry-After while it is not final, and once delivered the downstream's
 // status, headers and body (capped). The ticket, 128 random bits, is the capability:
-// whoever holds it may read the status.
+// whoever holds it may read the status. With WithWaits, a client may ask for the
+// answer once the status is final (Prefer: wait=N) or for a stream of its changes
+// (Accept: text/event-stream): see WithWaits.
 func (q *Deferrer) StatusHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ticket := strings.TrimPrefix(r.URL.Path, Path)
@@ -458,31 +464,25 @@ func (q *Deferrer) StatusHandler() http.Handler {
 			ingress.WriteProblem(w, http.StatusServiceUnavailable, "The ticket's status cannot be read now.")
 			return
 		}
-		body := statusBody{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, Attempts: rec.Attempts,
-			LastError: rec.LastError, Position: rec.Position, ReceivedAt: rec.ReceivedAt, UpdatedAt: rec.UpdatedAt}
-		if !rec.NextAttemptAt.IsZero() && !rec.Status.Final() {
-			body.NextTry = &rec.NextAttemptAt
-		}
-		if rec.Status == queue.StatusScheduled && !rec.NotBefore.IsZero() {
-			due := ingress.RetryAfterSeconds(max(time.Until(rec.NotBefore), 0))
-			body.NotBefore, body.DueIn = &rec.NotBefore, &due
-		}
-		if res := rec.Result; res != nil {
-			body.Result = &resultBody{Status: res.StatusCode, Headers: res.Header, Truncated: res.Truncated, Subject: res.Subject}
-			if utf8.Valid(res.Body) {
-				body.Result.Body = string(res.Body)
-			} else {
-				body.Result.BodyBase64 = res.Body
+		if q.waits != nil {
+			rec = q.waits.serve(w, r, rec)
+			if rec == nil {
+				return // streamed, or refused
 			}
 		}
-		h := w.Header()
-		h.Set("Content-Type", "application/json")
-		h.Set("Cache-Control", "no-store")
-		if !rec.Status.Final() {
-			h.Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(max(rec.RetryAfter, time.Second)), 10))
-		}
-		_ = json.NewEncoder(w).Encode(body)
+		writeStatus(w, rec)
 	})
+}
+
+// writeStatus answers rec as the JSON of GET Path{ticket}.
+func writeStatus(w http.ResponseWriter, rec *queue.Record) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	if !rec.Status.Final() {
+		h.Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(max(rec.RetryAfter, time.Second)), 10))
+	}
+	_ = json.NewEncoder(w).Encode(statusOf(rec))
 }
 
 // CancelHandler serves DELETE Path{ticket}: the ticket holder cancels an order

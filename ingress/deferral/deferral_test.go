@@ -16,6 +16,7 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
 	"github.com/sluicehq/sluice/ingress/internal/warn"
+	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -103,11 +104,11 @@ func TestDeferParksAndAnswers202(t *testing.T) {
 		t.Fatalf("queue depth %d, %v", depth, err)
 	}
 	st := f.get(Path + acc.Ticket)
-	var status statusBody
+	var status ticket.Status
 	if err := json.Unmarshal(st.Body.Bytes(), &status); err != nil || st.Code != 200 {
 		t.Fatalf("status %d %s", st.Code, st.Body)
 	}
-	if status.Status != queue.StatusQueued || status.Ticket != acc.Ticket || st.Header().Get("Retry-After") == "" {
+	if status.Status != ticket.Queued || status.Ticket != acc.Ticket || st.Header().Get("Retry-After") == "" {
 		t.Fatalf("status %+v, Retry-After %q", status, st.Header().Get("Retry-After"))
 	}
 	for _, path := range []string{Path + "aaaaaaaaaaaaaaaaaaaaaaaaaa", Path + "nonsense"} {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
+	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -77,11 +78,11 @@ func TestScheduledThroughIngress(t *testing.T) {
 		t.Fatalf("202 body %+v (%v)", acc, err)
 	}
 	st := do("GET", Path+acc.Ticket)
-	var status statusBody
+	var status ticket.Status
 	if st.Code != 200 || json.Unmarshal(st.Body.Bytes(), &status) != nil {
 		t.Fatalf("status %d %s", st.Code, st.Body)
 	}
-	if status.Status != queue.StatusScheduled || status.NotBefore == nil || !status.NotBefore.Equal(nb) ||
+	if status.Status != ticket.Scheduled || status.NotBefore == nil || !status.NotBefore.Equal(nb) ||
 		status.DueIn == nil || *status.DueIn < 500 || *status.DueIn > 601 {
 		t.Fatalf("status %s", st.Body)
 	}

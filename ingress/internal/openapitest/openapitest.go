@@ -65,9 +65,10 @@ func (d *Doc) resolve(s *schema) *schema {
 	return s
 }
 
-// responseSchema returns the documented schema of a response, nil when the status is
-// not documented for the operation.
-func (d *Doc) responseSchema(t *testing.T, path, method string, status int) (*schema, bool) {
+// responseSchema returns the documented schema of a response of the media type of
+// contentType (the first documented one when none matches), nil when the status is not
+// documented for the operation.
+func (d *Doc) responseSchema(t *testing.T, path, method string, status int, contentType string) (*schema, bool) {
 	t.Helper()
 	raw, ok := d.Paths[path][strings.ToLower(method)]
 	if !ok {
@@ -84,6 +85,10 @@ func (d *Doc) responseSchema(t *testing.T, path, method string, status int) (*sc
 	content := resp.Content
 	if resp.Ref != "" {
 		content = d.Components.Responses[strings.TrimPrefix(resp.Ref, "#/components/responses/")].Content
+	}
+	mediaType, _, _ := strings.Cut(contentType, ";")
+	if c, ok := content[strings.TrimSpace(mediaType)]; ok {
+		return c.Schema, true
 	}
 	for _, c := range content {
 		return c.Schema, true
@@ -145,7 +150,7 @@ func (d *Doc) check(s *schema, v any, at string) []string {
 // Conforms checks a recorded response against the document.
 func (d *Doc) Conforms(t *testing.T, path, method string, w *httptest.ResponseRecorder) {
 	t.Helper()
-	s, ok := d.responseSchema(t, path, method, w.Code)
+	s, ok := d.responseSchema(t, path, method, w.Code, w.Header().Get("Content-Type"))
 	if !ok {
 		t.Errorf("%s %s answered %d, which the document does not list (%s)", method, path, w.Code, w.Body)
 		return
