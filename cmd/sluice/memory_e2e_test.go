@@ -29,7 +29,13 @@ var plainBinary = sync.OnceValues(func() (string, error) {
 })
 
 // peakRSS is the process's peak resident set size (VmHWM), in bytes.
-func peakRSS(t *testing.T, pid int) int64 {
+func peakRSS(t *testing.T, pid int) int64 { return procStatusBytes(t, pid, "VmHWM") }
+
+// vmRSS is the process's resident set size now (VmRSS), in bytes.
+func vmRSS(t *testing.T, pid int) int64 { return procStatusBytes(t, pid, "VmRSS") }
+
+// procStatusBytes reads a size field (in kB) of /proc/PID/status, in bytes.
+func procStatusBytes(t *testing.T, pid int, field string) int64 {
 	t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
@@ -39,15 +45,15 @@ func peakRSS(t *testing.T, pid int) int64 {
 		t.Skipf("no /proc: %v", err)
 	}
 	for line := range strings.Lines(string(status)) {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			if err != nil {
-				t.Fatalf("VmHWM %q: %v", v, err)
+				t.Fatalf("%s %q: %v", field, v, err)
 			}
 			return kb << 10
 		}
 	}
-	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
 }
 

@@ -532,6 +532,16 @@ func (q *queues) Status(ctx context.Context, ticket string) (*queue.Record, erro
 	return s.Status(ctx, ticket)
 }
 
+// WatchRecords implements deferral.RecordWatcher: errNotDeclared until the store is
+// open (the waits then read their tickets every few seconds and try again).
+func (q *queues) WatchRecords(ctx context.Context, changed func(ticket string)) (stop func(), err error) {
+	s, err := q.opened()
+	if err != nil {
+		return nil, err
+	}
+	return s.WatchRecords(ctx, changed)
+}
+
 // open opens the queue store (creating the dead-letter stream and the key-value
 // buckets) and the dispatcher, once.
 func (q *queues) open(ctx context.Context) (*queue.Store, error) {

@@ -144,6 +144,9 @@ type frontConfig struct {
 	upMaxHold      time.Duration
 	deferMemory    sizeFlag
 	ticketLookups  rateFlag
+	maxWait        time.Duration
+	waitsPerClient int
+	waits          int
 	maxKeys        int
 	shadow         bool
 }
@@ -171,9 +174,25 @@ func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 		// most: this lets one address follow a hundred tickets at once.
 		c.ticketLookups = rateFlag(limiter.PerSecond(100))
 		fs.Var(&c.ticketLookups, "ticket-lookups", "ticket status and cancel requests each client may make (100/s, bursts of twice the count); past it 429 with Retry-After; 0: no limit")
+		fs.DurationVar(&c.maxWait, "max-wait-preference", time.Minute, "longest 'Prefer: wait' a ticket status request is held for until the order is final (longer ones are cut to it); 0: no waits and no event streams")
+		fs.IntVar(&c.waitsPerClient, "max-waits-per-client", deferral.DefaultWaitsPerClient, "ticket waits and event streams each client (its address, an IPv6 address's prefix) may have open at once; past it a wait is answered at once and a stream is 429")
+		fs.IntVar(&c.waits, "max-waits", deferral.DefaultWaits, "ticket waits and event streams open at once over every client")
 	}
 	fs.IntVar(&c.maxKeys, "max-keys", 1_000_000, "most `keys` the in-memory limiter tracks")
 	fs.BoolVar(&c.shadow, "shadow", false, "shadow mode for every rule: decide, count and log, never enforce")
+}
+
+// checkWaits refuses wait flags that mean nothing.
+func (c *frontConfig) checkWaits() error {
+	switch {
+	case c.maxWait < 0:
+		return fmt.Errorf("--max-wait-preference %v: want a duration of 0 or more", c.maxWait)
+	case c.waitsPerClient < 1:
+		return fmt.Errorf("--max-waits-per-client %d: want 1 or more", c.waitsPerClient)
+	case c.waits < 1:
+		return fmt.Errorf("--max-waits %d: want 1 or more", c.waits)
+	}
+	return nil
 }
 
 // forwardedHeaderFlag is --forwarded-header: which header the trusted proxies write
@@ -444,7 +463,8 @@ type gateway struct {
 	admin         *http.Server // nil without --admin-listen
 	adminAPI      *ingress.Admin
 	deps          *ingress.Dependencies
-	reloads       console.Reloads // the rules reloads, for the console's rules page
+	deferrer      *deferral.Deferrer // nil without a front door
+	reloads       console.Reloads    // the rules reloads, for the console's rules page
 	// Without --admin-token, the console token's file in the data directory, and the
 	// one-time sign-in code to print once listening ("" unless the file is new).
 	consoleFile, consoleCode string
@@ -474,6 +494,9 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 			upstream, err = url.Parse(cfg.front.upstream)
 			if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
 				return nil, fmt.Errorf("--upstream %q: want an http:// or https:// URL", cfg.front.upstream)
+			}
+			if err := cfg.front.checkWaits(); err != nil {
+				return nil, err
 			}
 		}
 		if err := cfg.envoy.check(mode); err != nil {
@@ -571,6 +594,12 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 			return nil, err
 		}
 		g.front = newHTTPServer(cfg.front.listen, handler, log)
+		// Open waits and event streams answer what they have at once: Shutdown waits
+		// for every handler.
+		g.front.RegisterOnShutdown(g.deferrer.Close)
+		if g.check != nil {
+			g.check.RegisterOnShutdown(g.deferrer.Close)
+		}
 	}
 	if err := g.openAdmin(reg); err != nil {
 		return nil, err
@@ -677,7 +706,12 @@ func (g *gateway) logConsole() {
 func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
 	cfg := g.cfg.front
 	deferrer := deferral.New(g.queues, deferral.WithLogger(g.log), deferral.WithBodyMemory(int64(cfg.deferMemory)),
-		deferral.WithLookupLimit(ids, limiter.Rate(cfg.ticketLookups)))
+		deferral.WithLookupLimit(ids, limiter.Rate(cfg.ticketLookups)),
+		deferral.WithWaits(deferral.WaitLimits{Max: cfg.maxWait, PerClient: cfg.waitsPerClient, Total: cfg.waits, IDs: ids}))
+	g.deferrer = deferrer
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_ticket_waits",
+		Help: "Ticket status requests held open now: Prefer: wait and event streams (--max-waits)."},
+		func() float64 { return float64(deferrer.OpenWaits()) }))
 	mw, err := g.middleware(ids, deferrer, reg)
 	if err != nil {
 		return nil, err
@@ -1148,6 +1182,9 @@ func (g *gateway) close() {
 	}
 	if g.watcher != nil {
 		g.watcher.Close()
+	}
+	if g.deferrer != nil {
+		g.deferrer.Close() // before NATS: it deletes its watch there
 	}
 	if g.store != nil {
 		g.store.Close()

@@ -132,7 +132,7 @@ func (q *Deferrer) Defer(w http.ResponseWriter, r *http.Request, d ingress.Defer
 		q.parkFailed(w, d, err)
 		return
 	}
-	writeAccepted(w, receipt)
+	q.writeAccepted(w, receipt)
 }
 
 // newRequest is the order r makes in d's queue, with header and the idempotency key
@@ -154,7 +154,7 @@ func newRequest(r *http.Request, d ingress.Deferral, header http.Header, key str
 }
 
 // writeAccepted answers 202 with receipt: a parked order, or a repeat of one.
-func writeAccepted(w http.ResponseWriter, receipt queue.Receipt) {
+func (q *Deferrer) writeAccepted(w http.ResponseWriter, receipt queue.Receipt) {
 	h := w.Header()
 	h.Set("Location", Path+receipt.Ticket)
 	h.Set("Content-Type", "application/json")
@@ -230,7 +230,7 @@ func (q *Deferrer) AnswerRepeat(w http.ResponseWriter, r *http.Request, d ingres
 	case !found:
 		return r, false
 	}
-	writeAccepted(w, receipt)
+	q.writeAccepted(w, receipt)
 	return r, true
 }
 
