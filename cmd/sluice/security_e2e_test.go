@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/natstest/childproc"
@@ -418,8 +419,15 @@ func TestSharedClusterAccount(t *testing.T) {
 	if code, stdout, stderr = runSluice(t, "dlq", "purge", "orders", "--yes", "--nats", sluiceURL, "--queue-key", testQueueKey); code != exitOK || !strings.Contains(stdout, "purged 1") {
 		t.Errorf("dlq purge as sluice: exit %d\n%s%s", code, stdout, stderr)
 	}
-	if out := p.output.String(); strings.Contains(strings.ToLower(out), "permissions violation") {
-		t.Errorf("sluice hit a permission it lacks:\n%s", grepLines(strings.ToLower(out), "permissions violation"))
+	// A wait on the front door watches the ticket records: with these permissions too.
+	waited := mustDefer(t, p.url, "/v1/orders", "waited")
+	wctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if st, err := ticket.Wait(wctx, p.url+waited.Monitor); err != nil || st.Status != ticket.Dead {
+		t.Errorf("ticket.Wait as sluice: %+v %v, want dead (the downstream fails)", st, err)
+	}
+	if out := p.output.String(); strings.Contains(strings.ToLower(out), "permissions violation") || strings.Contains(out, "cannot watch") {
+		t.Errorf("sluice hit a permission it lacks:\n%s", grepLines(strings.ToLower(out), "permissions violation")+grepLines(out, "cannot watch"))
 	}
 
 	// The events user reads events, and nothing else: no queue, no JetStream API, no

@@ -65,6 +65,9 @@ func New(p Parker, opts ...Option) *Deferrer {
 	for _, o := range opts {
 		o(q)
 	}
+	if q.waits != nil {
+		q.waits.log = q.log // whichever option came first
+	}
 	return q
 }
 

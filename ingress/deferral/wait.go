@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/internal/warn"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -79,7 +81,7 @@ func WithWaits(l WaitLimits) Option {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		q.waits = &waits{limits: l, parker: q.parker, poll: followPoll, ctx: ctx, cancel: cancel,
-			follows: map[string]*follow{}, clients: map[string]int{}}
+			follows: map[string]*follow{}, clients: map[string]int{}, watchFailed: warn.Every(warnInterval)}
 		q.waits.watcher, _ = q.parker.(RecordWatcher)
 	}
 }
@@ -92,6 +94,16 @@ func (q *Deferrer) Close() {
 	if q.waits != nil {
 		q.waits.close()
 	}
+}
+
+// OpenWaits returns the waits and event streams open now (0 without WithWaits).
+func (q *Deferrer) OpenWaits() int {
+	if q.waits == nil {
+		return 0
+	}
+	q.waits.mu.Lock()
+	defer q.waits.mu.Unlock()
+	return q.waits.open
 }
 
 const (
@@ -117,10 +129,13 @@ type waits struct {
 	limits  WaitLimits
 	parker  Parker
 	watcher RecordWatcher // nil: read every poll only
-	poll    time.Duration // followPoll; tests set a longer one to prove the watch
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup // follows' goroutines
+	log     *slog.Logger
+	// watchFailed warns that the watch cannot start, at most once per warnInterval.
+	watchFailed *warn.Sometimes
+	poll        time.Duration // followPoll; tests set a longer one to prove the watch
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup // follows' goroutines
 
 	mu      sync.Mutex
 	closed  bool
@@ -431,6 +446,9 @@ func (h *waits) syncWatch() {
 		cancel()
 		if err != nil {
 			h.watchAfter = time.Now().Add(watchRetry)
+			if h.ctx.Err() == nil {
+				h.watchFailed.Warn(h.log, "cannot watch ticket records; waits read their tickets every few seconds instead", "err", err)
+			}
 			return
 		}
 		h.stopWatch = stop
