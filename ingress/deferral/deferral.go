@@ -1,8 +1,8 @@
 // Package deferral is the ingress's hand-off to the queue: a Deferrer that parks
 // requests of defer rules in a queue.Store and answers 202 with a ticket, and the
-// handlers by which clients follow (GET) and cancel (DELETE) their tickets. The ingress
-// core knows only the ingress.Deferrer interface, so a program that rejects and never
-// defers links no NATS.
+// handlers by which clients follow (GET, with waits and event streams: WithWaits) and
+// cancel (DELETE) their tickets. The ingress core knows only the ingress.Deferrer
+// interface, so a program that rejects and never defers links no NATS.
 package deferral
 
 import (

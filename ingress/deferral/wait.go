@@ -214,9 +214,12 @@ func (h *waits) serve(w http.ResponseWriter, r *http.Request, rec *queue.Record)
 	return rec
 }
 
-// mode reads what r asks for; waits that would be refused (closed) ask for nothing.
+// mode reads what r asks for.
 func (h *waits) mode(r *http.Request) mode {
 	var m mode
+	if r.Method != http.MethodGet {
+		return m // HEAD: nothing would be read of a wait or a stream
+	}
 	m.stream = acceptsEventStream(r.Header.Values("Accept"))
 	if d, ok := preferWait(r.Header.Values("Prefer")); ok && d > 0 {
 		m.wait = min(d, h.limits.Max)

@@ -211,6 +211,16 @@ func TestPreferWaitExpires(t *testing.T) {
 	f.deferrer.StatusHandler().ServeHTTP(w, r)
 	doc.Conforms(t, Path+"{ticket}", "GET", w)
 
+	// HEAD: answered at once (nothing of a wait would be read).
+	head := httptest.NewRecorder()
+	hr := httptest.NewRequest("HEAD", Path+tk, nil)
+	hr.Header.Set("Prefer", "wait=60")
+	hr.Header.Set("Accept", "text/event-stream")
+	f.deferrer.StatusHandler().ServeHTTP(head, hr)
+	if head.Code != 200 || head.Header().Get("Preference-Applied") != "" || head.Header().Get("Content-Type") != "application/json" {
+		t.Errorf("HEAD: %d, Preference-Applied %q, %s", head.Code, head.Header().Get("Preference-Applied"), head.Header().Get("Content-Type"))
+	}
+
 	plain := New(f.store).StatusHandler()
 	w = httptest.NewRecorder()
 	plain.ServeHTTP(w, r)
