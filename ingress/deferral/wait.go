@@ -241,7 +241,7 @@ func (h *waits) wait(ctx context.Context, f *follow, rec *queue.Record, d time.D
 		select {
 		case <-changed:
 		case <-t.C:
-			return newer(rec, cur)
+			return rec
 		case <-ctx.Done():
 			return rec
 		case <-h.ctx.Done():
