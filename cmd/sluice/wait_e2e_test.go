@@ -281,9 +281,11 @@ func TestThousandWaitersThroughTheBinary(t *testing.T) {
 	defer resp.Body.Close()
 	waitFor(t, "the wait and the stream open", 60*time.Second, func() bool { return open() == "2" })
 	// --shutdown-timeout is 50s: stop's 30s pass only if the waits did not hold it.
+	stopped := time.Now()
 	if code := p.stop(t); code != 0 {
 		t.Errorf("exit %d after SIGTERM with waits open", code)
 	}
+	t.Logf("stopped in %s with a wait and a stream open", time.Since(stopped).Round(time.Millisecond))
 	if status := <-done; status != 200 {
 		t.Errorf("the wait open at shutdown: %d, want its status", status)
 	}
