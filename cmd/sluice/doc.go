@@ -21,7 +21,7 @@
 // says `--rules`); a boolean takes its value after `=` (`--dispatch=false`). A mistyped
 // command or flag gets a suggestion (`unknown flag --admin-lisen (did you mean
 // --admin-listen?)`). Every size (`--max-body`, `--idempotency-max-bytes`,
-// `--defer-memory`, `--grpc-max-message`, in flags, `SLUICE_*` and the config file) takes a
+// `--defer-memory`, `--grpc-max-message`, `--max-upstream-header`, in flags, `SLUICE_*` and the config file) takes a
 // unit as rules files do: `10MiB`, `1GB`, or plain bytes.
 // Every flag can also be given as an environment variable `SLUICE_<FLAG>` (upper case,
 // dashes as underscores: `--admin-token` is `SLUICE_ADMIN_TOKEN`), and, for `serve`,
@@ -30,7 +30,7 @@
 // 1 failure (invalid rules, a data directory held by another process, a server that
 // stopped with an error; for `dlq`, NATS unreachable), 2 usage (including a bad config
 // file or a missing TLS file). `serve`, `ingress` and `dispatch` never exit for want of
-// NATS: unreachable, without quorum or unable to place R3 streams yet, they keep
+// NATS (unless `--require-durable`, below): unreachable, without quorum or unable to place R3 streams yet, they keep
 // connecting and declaring the queues in the background (backoff from 250 ms to 10 s,
 // one log line when it starts failing and one when it succeeds), answer defers 503 with
 // `Retry-After` and proxy allowed requests meanwhile, and start the dispatchers once the
@@ -46,6 +46,9 @@
 //   - `--rules` (default: (required)): rules files or directories, comma-separated; reloaded when they change and on SIGHUP
 //   - `--merge-domains` (default: false): let several rules files share a domain (Envoy's `MERGE_DOMAIN_CONFIG`): their descriptors join one tree, their `replaces` and routes see each other; a descriptor repeated across them is an error. Also on `ingress`, `dispatch` and `rules check`
 //   - `--upstream` (default: (required)): where allowed requests are proxied
+//   - `--max-upstream-header` (default: 1MiB): largest response head the upstream may send (status line, header fields, 1xx responses before them; a chunked body's trailer section), in total and per line; larger → 502 and the connection is closed; 0 is refused (exit 2)
+//   - `--upstream-reuse-after` (default: 0: reuse at once): how long a kept-alive upstream connection idles, watched, before it carries another request; bytes a broken upstream sends within that delay close the connection instead of reaching another client (Upstream, go doc ./ingress); costs about request rate × delay more connections
+//   - `--upstream-max-hold` (default: 10s): longest a request may wait in the front door (a stalled or SIGSTOPped process, a slow connect) and still be sent upstream; past it 503 with `Retry-After`, never sent, since its client has most likely retried; 0 is refused (exit 2)
 //   - `--listen` (default: `127.0.0.1:8080`): the front door
 //   - `--admin-listen` (default: `127.0.0.1:9090`): `/metrics`, `/healthz`, `/readyz`, `/sluice/v1/rules`, `/sluice/v1/status`, the queue API (deploy/README.md) and `/sluice/v1/openapi.json`
 //   - `--admin-token` (default: none; the console then signs in with `DATA_DIR/console.token`, see Operator console in deploy/README.md): bearer token that everything on the admin listener requires, except `/healthz` and the console's sign-in page and assets (`/console/`, which then keeps a session cookie); an address (an IPv6 address's /64) that presents 10 wrong tokens (API or sign-in together) is refused with 429 and `Retry-After`, the right token too, and gets one more try every 6 s
@@ -55,6 +58,7 @@
 //   - `--redis-timeout` (default: `50ms`): how long a decision waits for Redis; past it the limit's `failure_mode` decides (and Redis is re-probed with backoff)
 //   - `--trusted-proxies` (default: none): CIDRs whose forwarding header (`--forwarded-header`) is believed
 //   - `--forwarded-header` (default: `x-forwarded-for`): the header the trusted proxies append the client to: `x-forwarded-for` (nginx, HAProxy, AWS ALB, Envoy, Traefik by default) or `forwarded` (RFC 7239); only it is read, the other ignored, since those proxies pass a client's own copy of it through untouched. Anything else is refused (exit 2)
+//   - `--proxy-protocol` (default: none): CIDRs of load balancers whose front-door connections may start with a PROXY protocol header (v1 or v2, HAProxy's `send-proxy` / `send-proxy-v2`); the client is then the address in the header, and `--trusted-proxies` and the limits follow from it. Other peers are read as before
 //   - `--ipv6-prefix` (default: 64): IPv6 clients are limited per prefix of this length
 //   - `--max-body` (default: 10MiB): larger bodies get 413 (a size: bytes or with a unit, `10MiB`, `1GB`)
 //   - `--defer-memory` (default: 64MiB): bytes of deferred bodies held in memory at once (a size: `67108864`, `64MiB`, `1GB`); a body that does not fit gets 503 with `Retry-After: 1`, one larger than the whole budget (half of it when chunked) 413. Also sets the Go memory limit, see Memory (go doc ./queue)
@@ -66,8 +70,10 @@
 //   - `--grpc-ca` (default: none): with it, `--grpc-listen` requires client certificates signed by these CAs (mutual TLS)
 //   - `--grpc-max-message` (default: 10MiB + 64KiB): largest gRPC message received (a size); an ext_authz check carries the request body, so keep it above `--max-body`; larger ones fail with `RESOURCE_EXHAUSTED`
 //   - `--rls-headers` (default: true): the rate limit service fills `response_headers_to_add`
+//   - `--rls-dynamic-metadata` (default: false): the rate limit service returns `dynamic_metadata`, as Envoy's `RESPONSE_DYNAMIC_METADATA` (Envoy, Istio and ext_authz (go doc ./ingress/envoy))
 //   - `--check-listen` (default: none): HTTP listener for proxies: `/sluice/v1/check` (nginx `auth_request`, Traefik `ForwardAuth`) and the tickets (`/sluice/v1/deferred/…`); keep clients off it
 //   - `--nats` (default: none): NATS cluster URLs; empty: embedded server. Not reachable yet: connected and declared in the background (above)
+//   - `--require-durable` (default: false): with `--nats`, sluice warns at start when it can tell that accepted orders would not be durable (memory storage, one replica on a cluster); with this flag it refuses to start instead, and also when NATS does not answer at start. A server's sync setting is not visible to a client: check its `/varz` (`"sync_always": true`, Durability in deploy/README.md)
 //   - `--data-dir` (default: `sluice-data`): the embedded server's JetStream directory
 //   - `--nats-listen` (default: none): let NATS clients reach the embedded server at this address; needs `--nats-listen-token` or client certificates, else exit 2
 //   - `--nats-listen-token` (default: none): token every client of `--nats-listen` must give (32+ characters; best as `SLUICE_NATS_LISTEN_TOKEN`); sluice's own in-process connection gives it too
