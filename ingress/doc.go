@@ -122,7 +122,12 @@
 //     `--max-body`, the queue's `max_body`, its `max_bytes` and the NATS server's max
 //     payload, less the request's headers) is 413 naming the limit, before a byte is read
 //     when `Content-Length` says so, else as soon as the body passes it (a body that can
-//     never fit in `max_bytes` is 413, not 429); deferred bodies held at once are capped by
+//     never fit in `max_bytes` is 413, not 429). A deferred request whose headers as
+//     stored (each name prefixed `Sluice-H-`, plus sluice's own) exceed JetStream's 64 KiB
+//     header limit, the NATS server's max payload or the queue's `max_bytes` gets 431
+//     naming the limit, before its body is read, and nothing is stored. Neither the 413
+//     nor the 431 carries `Retry-After`: the same request can never be stored. The same holds on
+//     Envoy's ext_authz. Deferred bodies held at once are capped by
 //     `--defer-memory` (503 with `Retry-After` past it, nothing accepted). The answer is
 //     sent at once; the rest of the body is then read and discarded (up to `--max-body`),
 //     so that a client still sending it sees the answer instead of a reset connection; header values that select a counter are hashed into keys, never
@@ -166,7 +171,8 @@
 //
 // Metrics (base units, bounded labels; never keys or addresses):
 // `sluice_decisions_total{rule,outcome}` (allowed, rejected, deferred, shadow_rejected,
-// error; every rule's series start at 0), `sluice_decision_duration_seconds`,
+// error, and quota_exhausted: a `quota_mode` rule over its limit on a request another
+// quota still had room for, only quota rules have it; every rule's series start at 0), `sluice_decision_duration_seconds`,
 // `sluice_limiter_fallback_total{mode}`, `sluice_rules_reload_total{result}`,
 // `sluice_dependency_up{dependency}` (1 while `redis` / `nats` is up, checked at each
 // scrape like `/sluice/v1/status`) and `sluice_dependency_state{dependency,state}`,

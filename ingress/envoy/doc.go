@@ -26,7 +26,16 @@
 //     limit closest to running out; a window that is not a whole unit is written as its
 //     largest whole unit with `unit_multiplier`, so `window: 30s` is SECOND × 30),
 //     `limit_remaining` and `duration_until_reset` (over the limit: until a request would be
-//     allowed). A descriptor that reaches no rule, or an `unlimited` one, is OK without a
+//     allowed); it and `Retry-After` are never negative, whatever the `hits_addend`. A
+//     request larger than a limit's whole capacity can never pass: OVER_LIMIT with
+//     `Retry-After: 3600`, as a `requests_per_unit: 0` rule, and `duration_until_reset` the
+//     time until the quota is whole again. `quota_mode` as in Envoy (Quota mode, go doc
+//     ./rules): a quota descriptor over its limit stays OVER_LIMIT (`limit_remaining` 0)
+//     while `overall_code` is OK as long as another quota has room. With
+//     `--rls-dynamic-metadata` the response carries Envoy's `dynamic_metadata`: the domain,
+//     the descriptors (their entries, `limit` override and `hitsAddend`), and under
+//     `metadata` the rules' `metadata` of every descriptor that is OK (with quota mode, the
+//     quotas with room), which an Envoy route can read to pick an upstream. A descriptor that reaches no rule, or an `unlimited` one, is OK without a
 //     limit. `response_headers_to_add` (off with `--rls-headers=false`) are the front
 //     door's: `X-Ratelimit-Limit`, `X-Ratelimit-Remaining`, `RateLimit-Policy`, `RateLimit`
 //     for the closest limit, and over the limit `Retry-After` and `X-Ratelimit-Retry-After`.
@@ -53,6 +62,14 @@
 //     declares `Content-Length: 0` is whole. An order with a header the dispatcher could not
 //     send on (a value with a control character, a name that is not a token) is answered 400
 //     and nothing is parked.
+//   - Paths on the check endpoints: ext_authz and `/sluice/v1/check` (below) answer 400 to a
+//     path not in normal form (`//`, `.` or `..` segments, also written `%2e`, an encoded
+//     slash or backslash `%2F` / `%5C`, a backslash), whatever the rules: sluice matches
+//     routes on the cleaned path, while a proxy that does not normalise forwards the raw
+//     one (`/v1/orders/../../admin` would be counted as /admin). `deploy/envoy/envoy.yaml`
+//     sets `normalize_path`, `merge_slashes` and `path_with_escaped_slashes_action:
+//     REJECT_REQUEST`; on Istio set `meshConfig.pathNormalization.normalization:
+//     MERGE_SLASHES`.
 //   - `grpc.health.v1.Health` (SERVING for `""` and both services; NOT_SERVING from the
 //     start of shutdown, so Envoy's `grpc_health_check` turns away before connections
 //     close) and server reflection (`grpcurl -plaintext ADDR list`).
