@@ -73,7 +73,16 @@
 //     credentials (the route's `idempotency_scope`, by default `Authorization` and `Cookie`;
 //     only the hash is stored). Same caller, key and payload → the same ticket, delivered
 //     once, and the answer says the order's status (`queued`, `done`…); other payload → 422;
-//     malformed → 400. Other callers behind one address never share a ticket, see each
+//     malformed → 400. On a route that can defer, a request within its limits whose key
+//     names an order accepted in the route's deferring queue (that of its first defer
+//     rule whose queue has a `max_delay`, else of its first defer rule) is answered as a
+//     repeat of it (202 with the same ticket and `"duplicate": true`, or 422 for another
+//     payload) and is not proxied, so that the downstream never gets one order by two
+//     paths. It is proxied when the order is in another queue, when its body is chunked
+//     or larger than that queue takes or does not fit in `--defer-memory`, and while NATS
+//     cannot be asked; a key no order holds is proxied too, and the upstream sees the
+//     client's key. So "once" means once per `Idempotency-Key` as the downstream can tell:
+//     a redelivery after a crash carries the same key. Other callers behind one address never share a ticket, see each
 //     other's results, or block each other's keys. A key is taken only by an accepted
 //     order: a request refused with 400, 413, 422, 429 or 503 leaves nothing, so the key works
 //     again. A keyed order's ticket is derived from the key (an HMAC with the signing key),
