@@ -44,7 +44,8 @@
 // standalone, Sentinel or Cluster): each decision is one atomic Lua script (EVALSHA,
 // reloaded on NOSCRIPT) on one hash-tagged key (`sluice:{key}:tb`), so it runs on Redis
 // Cluster; concurrent decisions are coalesced into pipelines, and a call of one decision
-// runs a script that makes only that one (5 µs of Redis time against 7 µs batched). Every key has a TTL of its reset plus a grace, so idle
+// runs a script that makes only that one, which costs Redis less than the batched script
+// (deploy/figures/README.md). Every key has a TTL of its reset plus a grace, so idle
 // keys vanish. Time is the Redis server's (`TIME` in the script), so replicas with skewed
 // clocks agree; `redisstore.WithClock` injects a clock instead. A key over its limit is
 // remembered in-process until it would be allowed again, and answered without Redis with
