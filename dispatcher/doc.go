@@ -76,14 +76,28 @@
 // with `webhook-id` (`evt_{ticket}_{status}`, the same on every retry), `webhook-timestamp`
 // and `webhook-signature: v1,<base64 HMAC-SHA256 of id.timestamp.body>`. The job is stored
 // in the stream `SLUICE_CALLBACKS` before the order's message is acknowledged, so a crash
-// loses no callback; every dispatcher sends them (8 at once each, 10 s per attempt, no
-// redirects followed), retrying after anything but 2xx from 5 s doubling to 2 h (a
-// longer `Retry-After` on 429/503 wins) for 20 attempts, then gives up; a callback never
-// holds up its queue. `sluice_callbacks_total{queue,outcome}` counts delivered, retried,
-// failed (given up) and dropped (forged jobs, or a host the queue no longer lists);
+// loses no callback; every dispatcher sends them with 8 senders, at most 2 at once to one
+// receiver (host:port), 10 s per attempt, no redirects followed, retrying after anything
+// but 2xx from 5 s doubling to 2 h (a longer `Retry-After` on 429/503 wins) for 20
+// attempts, then gives up. A failed callback waits for its retry as a stored job, not in
+// a sender, so a receiver that fails or never answers delays no other receiver's
+// callbacks; after 5 failures in a row a receiver cools down (its callbacks wait untried
+// on the backoff schedule, then one probes it). A callback never holds up its queue.
+// `sluice_callbacks_total{queue,outcome}` counts delivered, retried, failed (given up),
+// deferred (handed back untried: its receiver busy or cooling down) and dropped (forged
+// jobs, or a host the queue no longer lists);
 // `sluice_callbacks_lost_total` counts jobs that could not be stored. The secret is never
 // written to stream metadata, admin answers or logs; a queue adopted from its stream alone
 // (it left the rules) has no secret, so sends no callbacks.
+//
+// A host listed by name in `callback_hosts` is resolved by sluice and each address it
+// dials is checked: loopback, link-local (169.254/16, fe80::/10), private (RFC 1918,
+// fc00::/7), shared (CGNAT, 100.64/10), multicast, unspecified and reserved or
+// documentation ranges are refused, also in IPv4-mapped, NAT64 and 6to4 form, and the
+// refusal is logged: a listed name whose DNS points inside the network must not turn
+// callbacks into requests to it. A host listed as an IP literal is reached as written
+// (the operator named that very address); `callback_private: true` lets a queue's named
+// hosts reach any address.
 //
 // Receivers verify with `dispatcher/webhook` (standard library only; its example is a
 // complete receiver that drops repeats by `webhook-id`):

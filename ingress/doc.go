@@ -19,7 +19,8 @@
 //     over its limit rejects; otherwise a deferring rule over its limit defers; shadow rules
 //     are only counted and logged. (Every limit of every check is charged, as Envoy's rate
 //     limit service does, so a request rejected by one limit still used quota of the others.)
-//   - Client identity: the connection's peer address, unless it is a trusted proxy
+//   - Client identity: the connection's peer address (on a connection from a
+//     `--proxy-protocol` load balancer, the address its PROXY header names), unless it is a trusted proxy
 //     (`--trusted-proxies`); only then is the header those proxies write read
 //     (`--forwarded-header`: `X-Forwarded-For` by default, or `Forwarded`, RFC 7239, quoted
 //     IPv6 included), right to left, and the first address that is not a trusted proxy is
@@ -105,14 +106,19 @@
 //     together: `--idempotency-max-bytes` (default 256 MiB, about 370 bytes a key); new keys
 //     past 90% of it get 503 with `Retry-After` and nothing is accepted (the rest is kept for
 //     refreshing existing keys). Requests without a key are not affected by either cap. A
-//     full queue → 429 with `Retry-After` from its depth and outflow; NATS unreachable or no
+//     full queue → 429 with `Retry-After` from its depth and outflow, naming the limit:
+//     `max_depth`, `max_bytes`, or `tenant_max_depth` for one tenant's lane (other
+//     tenants' orders are still taken); NATS unreachable or no
 //     acknowledgement in time → 503 with `Retry-After`, never a 202. Deferred requests carry
 //     the forwarding headers a proxied one gets: `X-Forwarded-For` from the connection (a
 //     trusted proxy's chain kept, from the `--forwarded-header`), `X-Forwarded-Host`/`-Proto`
 //     from the request; a client's `Forwarded`, forged `X-Forwarded-*` and `Sluice-Ticket`
 //     are dropped (the delivery's `Sluice-Ticket` is the dispatcher's).
 //   - Ticket status: `GET /sluice/v1/deferred/{ticket}` → `queued`, `delivering`,
-//     `done`, `failed`, `dead` or `cancelled`, failed attempts, last error (the kind of
+//     `done`, `failed`, `dead` or `cancelled`, `attempts` (the delivery attempts tried,
+//     the last included: 1 for an order delivered at its first; pauses on 429/503 or an
+//     open circuit, attempts that reached no downstream and redeliveries after a crash do
+//     not count; the same in events and callbacks), last error (the kind of
 //     failure, such as `delivery failed: connection refused`, never the downstream's URL or
 //     address: those go to the dispatcher's log with the ticket), `Retry-After` while not final,
 //     and once done the downstream's status, allow-listed headers (`result_headers`) and body

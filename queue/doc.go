@@ -300,7 +300,9 @@
 // An order waits in the lane `sluice.q.{queue}.p{L}t{T}.{ticket}` of its level and of its
 // tenant lane: the `fair_by` value hashed with the signing key into `fair_lanes` lanes, so
 // no client input appears in a subject and no client can aim at a lane. The lane is
-// signed. Tenants sharing a lane share its turns and its `tenant_max_depth` (a soft cap:
+// signed. `fair_by` reads whatever the request carries: a header or query value is the
+// client's to choose, so use a header your authenticating proxy sets (and strips from
+// clients), or `client_ip`. Tenants sharing a lane share its turns and its `tenant_max_depth` (a soft cap:
 // the lane's consumer counts an order a moment after its write is confirmed, so parks
 // racing or closely following each other can overshoot it by their number). Each lane has a durable consumer;
 // one dispatcher leads a laned queue at a time through a key in the tickets bucket with
@@ -411,7 +413,7 @@
 //   - `Sluice-H-{Name}`: each kept request header (not hop-by-hop, `Host`, `Idempotency-Key` or the queue's sensitive headers)
 //   - `Sluice-Not-Before`, `Sluice-Lane`: a scheduled order's due time; a laned order's lane
 //   - `traceparent`, `tracestate`: the delivery's W3C trace context, when sluice traces (see Tracing (deploy/README.md))
-//   - `Sluice-Delivery-Signature`: HMAC-SHA256 of all the `Sluice-*` fields above, the kept headers and the body, with the queue's delivery key
+//   - `Sluice-Delivery-Signature`: HMAC-SHA256 of all the `Sluice-*` fields above, the kept headers and the body, with the queue's delivery key (specified byte by byte, with a worked example, in `go doc ./queue/subscriber`; `queue/subscriber/testdata/verify.py` implements it with Python's standard library)
 //
 // Acknowledgements: sluice's order is done when the stream stored the message; what the
 // subscriber acknowledges is between it and its stream (a durable consumer with explicit

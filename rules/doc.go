@@ -249,6 +249,8 @@
 //	    tenant_max_depth: 500    # waiting orders one tenant lane may hold; past it 429
 //	    callback_hosts: [hooks.shop.example]  # where Sluice-Callback may point (see
 //	                             # Completion callbacks); http://host[:port] allows plain http
+//	    callback_private: false  # true: named callback hosts may resolve to private,
+//	                             # loopback or link-local addresses (default false)
 //	    callback_secret: env:ORDERS_CALLBACK_SECRET  # whsec_<base64>, signs the callbacks
 //
 // A route gives the priority of its orders with `priority: {value: high}` or

@@ -89,7 +89,9 @@
 // `X-Forwarded-Host` (else `Host`), and the other headers as the client sent them. The
 // client is the peer, or what the `--forwarded-header` (`X-Forwarded-For` by default,
 // as nginx and Traefik write it) names when the peer is a `--trusted-proxies` address. Answers: 200 with the rate-limit headers, or 429 with
-// `Retry-After` and the problem. This check never parks an order and never answers
+// `Retry-After` and the problem, which a refusal also carries as one line of JSON in the
+// `Sluice-Problem` header (nginx's `auth_request` keeps no body of the check, only
+// headers). This check never parks an order and never answers
 // another 2xx: nginx and Traefik take every 2xx for "allowed" and would send the
 // request upstream as well, so a parked order would be delivered twice. Over a defer
 // rule it answers 429 as over a reject rule, whatever body the check carries (Traefik's
