@@ -442,12 +442,8 @@ func TestConfigKeys(t *testing.T) {
 // go doc ./cmd/sluice prints) that starts with prefix.
 func docBlock(t *testing.T, prefix string) string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
-	if err != nil || f.Doc == nil {
-		t.Fatalf("doc.go: %v", err)
-	}
 	var found []string
-	for _, b := range new(comment.Parser).Parse(f.Doc.Text()).Content {
+	for _, b := range new(comment.Parser).Parse(docText(t)).Content {
 		if c, ok := b.(*comment.Code); ok && strings.HasPrefix(c.Text, prefix) {
 			found = append(found, c.Text)
 		}
@@ -456,6 +452,16 @@ func docBlock(t *testing.T, prefix string) string {
 		t.Fatalf("doc.go has %d code blocks starting with %q, want 1", len(found), prefix)
 	}
 	return found[0]
+}
+
+// docText returns the text of the command's documentation (doc.go).
+func docText(t *testing.T) string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "doc.go", nil, parser.ParseComments|parser.PackageClauseOnly)
+	if err != nil || f.Doc == nil {
+		t.Fatalf("doc.go: %v", err)
+	}
+	return f.Doc.Text()
 }
 
 // TestDocConfigExample checks the example config file of the command's documentation
@@ -484,6 +490,33 @@ func TestDocConfigExample(t *testing.T) {
 	for _, line := range strings.Split(sample, "\n") {
 		if line != "" && line != "…" && !strings.Contains(out, line+"\n") {
 			t.Errorf("doc.go shows %q, which --print-config does not print:\n%s", line, out)
+		}
+	}
+}
+
+// TestDocFlagsTable: the flags table of the command's documentation (doc.go, "The flags
+// of sluice serve") names every flag that serve, ingress, dispatch and rls list in
+// their help, so that a new flag cannot ship undocumented.
+func TestDocFlagsTable(t *testing.T) {
+	_, table, ok := strings.Cut(docText(t), "\n# The flags of sluice serve\n")
+	if !ok {
+		t.Fatal(`doc.go has no section "The flags of sluice serve"`)
+	}
+	table, _, _ = strings.Cut(table, "\n# ")
+	for _, cmd := range []string{"serve", "ingress", "dispatch", "rls"} {
+		code, out, _ := runIn(t, cmd, "--help")
+		if code != exitOK {
+			t.Fatalf("%s --help: exit %d", cmd, code)
+		}
+		_, flags, _ := strings.Cut(out, "\nFlags")
+		for line := range strings.Lines(flags) {
+			name, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "-h, "), " ")
+			if !strings.HasPrefix(name, "--") || name == "--help" {
+				continue
+			}
+			if !strings.Contains(table, "`"+name+"`") {
+				t.Errorf("%s %s is not in the flags table of doc.go", cmd, name)
+			}
 		}
 	}
 }
