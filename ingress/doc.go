@@ -20,8 +20,8 @@
 //     are only counted and logged. (Every limit of every check is charged, as Envoy's rate
 //     limit service does, so a request rejected by one limit still used quota of the others.)
 //   - Client identity: the connection's peer address (on a connection from a
-//     `--proxy-protocol` load balancer, the address its PROXY header names), unless it is a trusted proxy
-//     (`--trusted-proxies`); only then is the header those proxies write read
+//     `--proxy-protocol` load balancer, the address its PROXY header names), unless it
+//     is a trusted proxy (`--trusted-proxies`); only then is the header those proxies write read
 //     (`--forwarded-header`: `X-Forwarded-For` by default, or `Forwarded`, RFC 7239, quoted
 //     IPv6 included), right to left, and the first address that is not a trusted proxy is
 //     the client. The other header is never read: a proxy that appends to one passes a
@@ -74,16 +74,7 @@
 //     credentials (the route's `idempotency_scope`, by default `Authorization` and `Cookie`;
 //     only the hash is stored). Same caller, key and payload → the same ticket, delivered
 //     once, and the answer says the order's status (`queued`, `done`…); other payload → 422;
-//     malformed → 400. On a route that can defer, a request within its limits whose key
-//     names an order accepted in the route's deferring queue (that of its first defer
-//     rule whose queue has a `max_delay`, else of its first defer rule) is answered as a
-//     repeat of it (202 with the same ticket and `"duplicate": true`, or 422 for another
-//     payload) and is not proxied, so that the downstream never gets one order by two
-//     paths. It is proxied when the order is in another queue, when its body is chunked
-//     or larger than that queue takes or does not fit in `--defer-memory`, and while NATS
-//     cannot be asked; a key no order holds is proxied too, and the upstream sees the
-//     client's key. So "once" means once per `Idempotency-Key` as the downstream can tell:
-//     a redelivery after a crash carries the same key. Other callers behind one address never share a ticket, see each
+//     malformed → 400. Other callers behind one address never share a ticket, see each
 //     other's results, or block each other's keys. A key is taken only by an accepted
 //     order: a request refused with 400, 413, 422, 429 or 503 leaves nothing, so the key works
 //     again. A keyed order's ticket is derived from the key (an HMAC with the signing key),
@@ -114,6 +105,15 @@
 //     trusted proxy's chain kept, from the `--forwarded-header`), `X-Forwarded-Host`/`-Proto`
 //     from the request; a client's `Forwarded`, forged `X-Forwarded-*` and `Sluice-Ticket`
 //     are dropped (the delivery's `Sluice-Ticket` is the dispatcher's).
+//     On a route that can defer, a request within its limits whose key names an order
+//     accepted in the route's deferring queue (that of its first defer rule whose queue
+//     has a `max_delay`, else of its first defer rule) is answered as a repeat of it (202 with the same ticket and `"duplicate": true`, or 422 for another
+//     payload) and is not proxied, so that the downstream never gets one order by two
+//     paths. It is proxied when the order is in another queue, when its body is chunked
+//     or larger than that queue takes or does not fit in `--defer-memory`, and while NATS
+//     cannot be asked; a key no order holds is proxied too, and the upstream sees the
+//     client's key. So "once" means once per `Idempotency-Key` as the downstream can tell:
+//     a redelivery after a crash carries the same key.
 //   - Ticket status: `GET /sluice/v1/deferred/{ticket}` → `queued`, `delivering`,
 //     `done`, `failed`, `dead` or `cancelled`, `attempts` (the delivery attempts tried,
 //     the last included: 1 for an order delivered at its first; pauses on 429/503 or an
@@ -141,8 +141,8 @@
 //     stored (each name prefixed `Sluice-H-`, plus sluice's own) exceed JetStream's 64 KiB
 //     header limit, the NATS server's max payload or the queue's `max_bytes` gets 431
 //     naming the limit, before its body is read, and nothing is stored. Neither the 413
-//     nor the 431 carries `Retry-After`: the same request can never be stored. The same holds on
-//     Envoy's ext_authz. Deferred bodies held at once are capped by
+//     nor the 431 carries `Retry-After`: the same request can never be stored. The same
+//     holds on Envoy's ext_authz. Deferred bodies held at once are capped by
 //     `--defer-memory` (503 with `Retry-After` past it, nothing accepted). The answer is
 //     sent at once; the rest of the body is then read and discarded (up to `--max-body`),
 //     so that a client still sending it sees the answer instead of a reset connection; header values that select a counter are hashed into keys, never
@@ -187,7 +187,8 @@
 // Metrics (base units, bounded labels; never keys or addresses):
 // `sluice_decisions_total{rule,outcome}` (allowed, rejected, deferred, shadow_rejected,
 // error, and quota_exhausted: a `quota_mode` rule over its limit on a request another
-// quota still had room for, only quota rules have it; every rule's series start at 0), `sluice_decision_duration_seconds`,
+// quota still had room for, only quota rules have it; every rule's series start at 0),
+// `sluice_decision_duration_seconds`,
 // `sluice_limiter_fallback_total{mode}`, `sluice_rules_reload_total{result}`,
 // `sluice_dependency_up{dependency}` (1 while `redis` / `nats` is up, checked at each
 // scrape like `/sluice/v1/status`) and `sluice_dependency_state{dependency,state}`,
