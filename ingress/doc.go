@@ -124,6 +124,23 @@
 //     and once done the downstream's status, allow-listed headers (`result_headers`) and body
 //     (64 KiB at most). The ticket
 //     (128 random bits) is the capability to read it; unknown tickets are 404.
+//   - Waiting for the result: with `Prefer: wait=30` (RFC 7240) the ticket status is
+//     answered as soon as it is final, or after 30 s (at most `--max-wait-preference`)
+//     with the status then and `Retry-After`, and carries `Preference-Applied: wait=30`.
+//     With `Accept: text/event-stream` it is a stream of server-sent events:
+//     `retry: 1000`, then one `status` event per change (`id:` the status, `data:` the
+//     status JSON) until the final one, after which the stream closes; an EventSource
+//     that reconnects with the final status as `Last-Event-ID` gets 204 and stops. The
+//     202 says both are offered (`"monitor_wait": 60, "monitor_events": true`). Each
+//     client may have `--max-waits-per-client` open (100; all clients together
+//     `--max-waits`); past it a wait is answered at once without `Preference-Applied` and
+//     a stream is 429. Waiting costs NATS nothing per client: a ticket with waiters is
+//     read when its record changes (one watch of the ticket records per process) and
+//     every 5 to 30 s otherwise, its waiters sharing the reads; 1,000 waiters cost about
+//     40 kB each (RSS, TestThousandWaitersThroughTheBinary). A shutdown answers open
+//     waits at once; `sluice_ticket_waits` counts the open ones. Go programs use
+//     `ticket.Wait(ctx, base+monitor)` from package ingress/ticket (standard library
+//     only).
 //   - Cancel: `DELETE /sluice/v1/deferred/{ticket}` on the front door. While the order
 //     is `queued`: 204, it is removed from its queue, never delivered, and its status says
 //     `cancelled` (an event goes to `sluice.done.{queue}`); again: 204. `delivering` or

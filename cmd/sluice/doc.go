@@ -63,6 +63,9 @@
 //   - `--max-body` (default: 10MiB): larger bodies get 413 (a size: bytes or with a unit, `10MiB`, `1GB`)
 //   - `--defer-memory` (default: 64MiB): bytes of deferred bodies held in memory at once (a size: `67108864`, `64MiB`, `1GB`); a body that does not fit gets 503 with `Retry-After: 1`, one larger than the whole budget (half of it when chunked) 413. Also sets the Go memory limit, see Memory (go doc ./queue)
 //   - `--ticket-lookups` (default: `100/s`): ticket status and cancel requests (`/sluice/v1/deferred/{ticket}`) each client (its address, an IPv6 address's prefix) may make, in bursts of twice the count (an address following a hundred tickets by their `Retry-After` stays within it); past it 429 with `Retry-After`. A lookup of an unknown ticket reads NATS in every queue, so it is limited for everybody; `0`: no limit
+//   - `--max-wait-preference` (default: `1m`): longest `Prefer: wait` a ticket status request is held for until the order is final (longer ones are cut to it); `0`: no waits and no event streams
+//   - `--max-waits-per-client` (default: `100`): ticket waits and event streams each client (its address, an IPv6 address's prefix) may have open at once; past it a wait is answered at once without `Preference-Applied` and a stream is 429
+//   - `--max-waits` (default: `10000`): ticket waits and event streams open at once over every client
 //   - `--max-keys` (default: 1,000,000): keys the memory limiter tracks at most
 //   - `--shadow` (default: false): every rule in shadow mode: decide, count, log, never enforce
 //   - `--grpc-listen` (default: (`rls`: `127.0.0.1:8081`)): gRPC for Envoy: `envoy.service.ratelimit.v3.RateLimitService`, `envoy.service.auth.v3.Authorization`, `grpc.health.v1.Health`, server reflection (Envoy, Istio and ext_authz (go doc ./ingress/envoy)); empty: none
