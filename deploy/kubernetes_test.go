@@ -911,5 +911,27 @@ func checkKubernetesNATS(t *testing.T, objs k8sObjects, secrets k8sSecrets) map[
 	if len(slices.Compact(slices.Sorted(slices.Values(names)))) != len(names) || slices.Contains(names, "") {
 		t.Errorf("%s: server names %v are not unique", where, names)
 	}
+	checkKubernetesStreamsJob(t, objs, secrets, users)
 	return users
+}
+
+// checkKubernetesStreamsJob checks that the Job nats-streams connects as a user of the
+// NATS servers, with the password of the Secret the servers have it from, to every
+// node: the shipped Job once had no credentials, so the servers refused it and the
+// queues of the nats: downstreams stayed undeclared. (deploy's TestComposeNATSCluster
+// runs compose's copy of its command against real servers.)
+func checkKubernetesStreamsJob(t *testing.T, objs k8sObjects, secrets k8sSecrets, users map[string]*server.User) {
+	t.Helper()
+	job := objs.get("Job", "nats-streams")
+	if job == nil || len(job.Spec.Template.Spec.Containers) != 1 {
+		t.Error("no Job nats-streams with one container")
+		return
+	}
+	env := job.Spec.Template.Spec.Containers[0].env(t, objs, "nats-streams", secrets)
+	if u := users[env["NATS_USER"]]; u == nil || u.Password != env["NATS_PASSWORD"] {
+		t.Errorf("Job nats-streams: NATS_USER %q with NATS_PASSWORD: not a user of the NATS servers with the password they have (the servers refuse it)", env["NATS_USER"])
+	}
+	if env["NATS_URL"] == "" {
+		t.Error("Job nats-streams: no NATS_URL")
+	}
 }

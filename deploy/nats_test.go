@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -265,6 +266,8 @@ func TestComposeNATSCluster(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 
+	checkStreamsJob(t, c, clientAddr)
+
 	// The monitoring port has no authentication (health checks use it): what it
 	// shows must hold no password (route URLs, users, connections).
 	for i, srv := range servers {
@@ -377,5 +380,57 @@ func TestNATSNotDurable(t *testing.T) {
 		if (why == "") != wantDurable {
 			t.Errorf("%q: natsNotDurable = %q, want durable %v", conf, why, wantDurable)
 		}
+	}
+}
+
+// streamAdd is how the nats-streams job's command makes a stream: name, subjects
+// (quoted) and replicas.
+var streamAdd = regexp.MustCompile(`nats stream add (\S+) --subjects '([^']+)'.* --replicas (\d+)`)
+
+// checkStreamsJob runs what compose's nats-streams job does against the nodes (client
+// addresses by service name): it connects with the server URLs and credentials its
+// environment gives the nats CLI (NATS_URL, NATS_USER, NATS_PASSWORD) and makes the
+// stream its command names. The shipped job once had no credentials, so every node
+// refused it. It also checks that no service waits for the job: a one-shot job that
+// fails would hold them back for ever.
+func checkStreamsJob(t *testing.T, c composeFile, clientAddr map[string]string) {
+	t.Helper()
+	const job = "nats-streams"
+	s, ok := c.Services[job]
+	if !ok {
+		t.Errorf("compose: no %s job", job)
+		return
+	}
+	for name, other := range c.Services {
+		if slices.Contains(other.DependsOn, job) {
+			t.Errorf("compose %s waits for the job %s: if it fails, %s never starts", name, job, name)
+		}
+	}
+	m := streamAdd.FindStringSubmatch(strings.Join(s.Command, " "))
+	if m == nil {
+		t.Fatalf("compose %s: no `nats stream add NAME --subjects '…' … --replicas N` in %q", job, s.Command)
+	}
+	replicas, _ := strconv.Atoi(m[3])
+	var urls []string
+	for _, raw := range strings.Split(s.Environment["NATS_URL"], ",") {
+		u, err := url.Parse(raw)
+		if err != nil || clientAddr[u.Hostname()] == "" {
+			t.Fatalf("compose %s: NATS_URL %q names no NATS node", job, raw)
+		}
+		urls = append(urls, "nats://"+clientAddr[u.Hostname()])
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.UserInfo(s.Environment["NATS_USER"], s.Environment["NATS_PASSWORD"]), nats.Timeout(10*time.Second))
+	if err != nil {
+		t.Fatalf("compose %s: connect as NATS_USER %q: %v", job, s.Environment["NATS_USER"], err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: m[1], Subjects: []string{m[2]}, Replicas: replicas, Storage: jetstream.FileStorage}); err != nil {
+		t.Errorf("compose %s: stream add %s as %s: %v", job, m[1], s.Environment["NATS_USER"], err)
 	}
 }

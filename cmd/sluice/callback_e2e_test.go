@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -152,4 +153,41 @@ func TestServeRefusesCallbackToLocalhostByName(t *testing.T) {
 	if r := received(); len(r) != 1 || r[0] != "evt_"+a.Ticket+"_done <nil>" {
 		t.Errorf("received %v", r)
 	}
+}
+
+// callbackReceiver is a client's endpoint for completion callbacks: it keeps the
+// events whose signature verifies with its key and refuses the others.
+type callbackReceiver struct {
+	*httptest.Server
+	mu     sync.Mutex
+	events []queue.CallbackEvent
+}
+
+func newCallbackReceiver(t *testing.T, key webhook.Secret) *callbackReceiver {
+	c := &callbackReceiver{}
+	c.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if _, err := webhook.Verify(r.Header, body, time.Now(), 0, key); err != nil {
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		var ev queue.CallbackEvent
+		if err := json.Unmarshal(body, &ev); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		c.mu.Lock()
+		c.events = append(c.events, ev)
+		c.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(c.Close)
+	return c
+}
+
+// received returns the verified events so far.
+func (c *callbackReceiver) received() []queue.CallbackEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.events)
 }

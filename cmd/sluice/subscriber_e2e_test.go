@@ -25,16 +25,20 @@ const workersAccount = `accounts {
     imports: [
       {stream: {account: SLUICE, subject: "notifications.*.paced"}}
       {service: {account: SLUICE, subject: "sluice.result.orders.>"}}
+      {service: {account: SLUICE, subject: "sluice.result.mail.>"}}
     ]
   }
 `
 
-// A worker in another account takes the orders of a nats: queue, checks them with
-// the delivery key `sluice queue delivery-key` prints, and replies through the result
-// service SLUICE exports; the reply lands in the ticket that
-// GET /sluice/v1/deferred/{ticket} shows.
-func TestSubscriberReplyLandsInTicket(t *testing.T) {
-	const sluicePW, eventsPW = "sluice-pw-0123456789abcdef0123456789", "events-pw-0123456789abcdef0123456789"
+// Passwords of the users of deploy/nats/accounts.conf in the tests (hex-like, as the
+// file asks; set in the environment by accountsWithWorkers).
+const sluicePW, eventsPW, workerPW = "sluice-pw-0123456789abcdef0123456789", "events-pw-0123456789abcdef0123456789", "worker-pw-0123456789abcdef"
+
+// accountsWithWorkers writes deploy/nats/accounts.conf, unchanged but for the account
+// WORKERS (workersAccount) beside SLUICE, into a temporary file and returns its path;
+// it sets the passwords the file reads from the environment.
+func accountsWithWorkers(t *testing.T) string {
+	t.Helper()
 	t.Setenv("NATS_SLUICE_PASSWORD", sluicePW)
 	t.Setenv("NATS_EVENTS_PASSWORD", eventsPW)
 	conf, err := os.ReadFile(filepath.Join("..", "..", "deploy", "nats", "accounts.conf"))
@@ -45,11 +49,19 @@ func TestSubscriberReplyLandsInTicket(t *testing.T) {
 	if withWorkers == string(conf) {
 		t.Fatal("accounts.conf has no accounts block")
 	}
-	confPath := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(confPath, []byte(withWorkers), 0o600); err != nil {
+	path := filepath.Join(t.TempDir(), "accounts.conf")
+	if err := os.WriteFile(path, []byte(withWorkers), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv := natstest.StartConfig(t, confPath)
+	return path
+}
+
+// A worker in another account takes the orders of a nats: queue, checks them with
+// the delivery key `sluice queue delivery-key` prints, and replies through the result
+// service SLUICE exports; the reply lands in the ticket that
+// GET /sluice/v1/deferred/{ticket} shows.
+func TestSubscriberReplyLandsInTicket(t *testing.T) {
+	srv := natstest.StartConfig(t, accountsWithWorkers(t))
 	hostPort := strings.TrimPrefix(srv.URL, "nats://")
 	sluiceURL := "nats://sluice:" + sluicePW + "@" + hostPort
 
@@ -78,30 +90,12 @@ func TestSubscriberReplyLandsInTicket(t *testing.T) {
 	}
 
 	// The worker: core subscription to the imported subject, verify, reply.
-	wc := srv.Connect(t, nats.UserInfo("worker", "worker-pw-0123456789abcdef"))
-	wjs, err := jetstream.New(wc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	orders := make(chan *nats.Msg, 16)
-	if _, err := wc.ChanSubscribe("notifications.email.paced", orders); err != nil {
-		t.Fatal(err)
-	}
-	if err := wc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	w := newMailWorker(t, srv.Connect(t, nats.UserInfo("worker", workerPW)))
+	wjs := w.js
 
 	warmUp(t, p.url, "/v1/orders")
 	acc := mustDefer(t, p.url, "/v1/orders", "mail-1")
-	var o *subscriber.Order
-	select {
-	case m := <-orders:
-		if o, err = subscriber.Decode(m); err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("the worker got no order")
-	}
+	o := w.take(t)
 	if err := v.Verify(o); err != nil {
 		t.Fatalf("the delivered order does not verify: %v", err)
 	}
@@ -150,4 +144,43 @@ func deliveryKey(t *testing.T, queueName string) []byte {
 		t.Fatalf("sluice queue delivery-key printed %q: %v", stdout, err)
 	}
 	return key
+}
+
+// mailWorker is a worker of the account WORKERS (workersAccount): a core subscription
+// to the imported notifications.email.paced, and JetStream to reply with.
+type mailWorker struct {
+	js     jetstream.JetStream
+	orders chan *nats.Msg
+}
+
+func newMailWorker(t *testing.T, nc *nats.Conn) *mailWorker {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &mailWorker{js: js, orders: make(chan *nats.Msg, 16)}
+	if _, err := nc.ChanSubscribe("notifications.email.paced", w.orders); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// take waits for the next order and decodes it.
+func (w *mailWorker) take(t *testing.T) *subscriber.Order {
+	t.Helper()
+	select {
+	case m := <-w.orders:
+		o, err := subscriber.Decode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	case <-time.After(60 * time.Second):
+		t.Fatal("the worker got no order")
+		return nil
+	}
 }

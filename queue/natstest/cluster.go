@@ -33,6 +33,7 @@ type Cluster struct {
 	dir    string
 	ownDir bool // remove dir on Close
 	bin    string
+	o      clusterOptions
 	nodes  []*node
 }
 
@@ -127,6 +128,10 @@ type clusterOptions struct {
 	bin          string
 	storeDir     func(node int) string
 	syncInterval string
+	// accounts: a nats-server configuration file every node includes; probe: how
+	// Ready's probe connects then.
+	accounts string
+	probe    []nats.Option
 }
 
 // clusterOpts applies opts over the defaults, building the server binary when no
@@ -162,6 +167,19 @@ func WithStoreDir(dir func(node int) string) ClusterOption {
 // (a sync every two minutes).
 func WithSyncInterval(v string) ClusterOption {
 	return func(o *clusterOptions) { o.syncInterval = v }
+}
+
+// WithAccounts has every node include the nats-server configuration file at path (its
+// accounts, users and permissions: deploy/nats/accounts.conf, as the shipped clusters
+// include it), copied beside the nodes' configurations, where the servers resolve an
+// include. The variables it names come from the test's environment, which the nodes
+// inherit. Ready then connects as user with password: without no_auth_user in the file
+// nobody else gets in, and the user's account must have JetStream.
+func WithAccounts(path, user, password string) ClusterOption {
+	return func(o *clusterOptions) {
+		o.accounts = path
+		o.probe = []nats.Option{nats.UserInfo(user, password)}
+	}
 }
 
 // NewCluster starts an n-node cluster like StartCluster, not tied to a test, in a new
@@ -231,7 +249,18 @@ func newCluster(dir string, ownDir bool, n int, o clusterOptions) (c *Cluster, e
 
 // prepareCluster chooses the nodes' ports and writes their configurations into dir.
 func prepareCluster(dir string, ownDir bool, n int, o clusterOptions) (c *Cluster, err error) {
-	c = &Cluster{dir: dir, ownDir: ownDir, bin: o.bin}
+	c = &Cluster{dir: dir, ownDir: ownDir, bin: o.bin, o: o}
+	include := ""
+	if o.accounts != "" {
+		b, err := os.ReadFile(o.accounts)
+		if err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "accounts.conf"), b, 0o600); err != nil {
+			return nil, err
+		}
+		include = "include ./accounts.conf\n"
+	}
 	ports, err := freePorts(3 * n)
 	if err != nil {
 		return nil, err
@@ -272,7 +301,7 @@ cluster {
   listen: 127.0.0.1:%d
   routes: [%s]
 }
-`, nd.name, nd.clientPort, nd.httpPort, store, sync, nd.clusterPort, strings.Join(routes, ", "))
+%s`, nd.name, nd.clientPort, nd.httpPort, store, sync, nd.clusterPort, strings.Join(routes, ", "), include)
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o644); err != nil {
 			return nil, err
 		}
@@ -458,7 +487,7 @@ func (c *Cluster) probeStream(ctx context.Context, running []*node) error {
 	for _, nd := range running {
 		urls = append(urls, fmt.Sprintf("nats://127.0.0.1:%d", nd.clientPort))
 	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.Timeout(5*time.Second))
+	nc, err := nats.Connect(strings.Join(urls, ","), append([]nats.Option{nats.Timeout(5 * time.Second)}, c.o.probe...)...)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
@@ -566,4 +595,11 @@ func (c *Cluster) fatal(err error) {
 	}
 	c.t.Helper()
 	c.t.Fatal(err)
+}
+
+// Log returns what node i has logged so far (its standard output and error, across
+// restarts): for tests that look for what the server refused.
+func (c *Cluster) Log(i int) string {
+	b, _ := os.ReadFile(c.nodes[i].log)
+	return string(b)
 }
