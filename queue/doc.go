@@ -126,7 +126,8 @@
 // stored, and each of its messages is published again on its own, to get the answer a
 // plain publish gets. Messages written in a batch keep the batch headers; nothing
 // reads them. The streams Park writes allow atomic batches (AllowAtomicPublish); on a
-// server that drops the setting (older than 2.12) every write is a plain publish.
+// server older than 2.12 they are not asked for, and every write is a plain publish
+// (see MinServerVersion for what each server version gives).
 //
 // # Guarantees
 //
@@ -179,7 +180,8 @@
 // client's Request.NotBefore (the Sluice-Not-Before request header), at most the queue's
 // MaxDelay after receipt (else ErrSchedule), or the queue's fixed Delay; the later of
 // the two counts, rounded up to a whole second. Such an order is parked as a JetStream
-// message schedule (ADR-51, nats-server 2.12 and later): the same message, headers and
+// message schedule (ADR-51, nats-server 2.12 and later: on an older server Declare
+// refuses the queue, see MinScheduleServerVersion): the same message, headers and
 // body, on sluice.s.{queue}.{ticket} with "Nats-Schedule: @at {due, RFC 3339}" and
 // "Nats-Schedule-Target: sluice.q.{queue}.{ticket}". When it falls due the server
 // stores a copy on the target, in the same stream, and purges the schedule message; the

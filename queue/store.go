@@ -185,13 +185,19 @@ type Store struct {
 	// idemInfo serves the idempotency bucket's cached stream info (Park's byte check).
 	idemInfo *Queue
 
+	// batches: the server takes atomic batches and the async persist mode (2.12 and
+	// later), so the streams ask for them; an older one would drop the settings, and
+	// every declaration would then find its streams changed and update them again.
+	batches bool
+
 	mu     sync.RWMutex
 	queues map[string]*Queue
 }
 
 // Open prepares the shared resources (dead-letter stream and key-value buckets),
 // creating or updating them, and returns a Store without queues; add them with Declare.
-// A signing key (WithSigningKey) is required.
+// A signing key (WithSigningKey) is required. A server older than MinServerVersion
+// fails it with a *ServerVersionError (ErrServerVersion and ErrUnavailable).
 func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	o := options{replicas: 1, publishTimeout: 5 * time.Second, idemMaxBytes: DefaultIdempotencyMaxBytes, keptBytes: DefaultKeptRecordsBytes}
 	for _, opt := range opts {
@@ -203,12 +209,15 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if err := checkKey(o.signingKey); err != nil {
 		return nil, err
 	}
+	if err := checkServerVersion(nc, MinServerVersion, "sluice's queues (per-message TTLs, pinned priority groups, consumer pause)"); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes),
-		tracer: telemetry.Tracer(o.tracerProvider)}
+		tracer: telemetry.Tracer(o.tracerProvider), batches: checkServerVersion(nc, minBatchServerVersion, "") == nil}
 	s.dead, err = s.ensureStream(ctx, jetstream.StreamConfig{
 		Name:        DeadStream,
 		Description: "sluice dead letters of every queue",
@@ -303,6 +312,11 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
+	if cfg.Scheduled() {
+		if err := checkServerVersion(s.nc, MinScheduleServerVersion, "scheduled delivery (delay, max_delay)"); err != nil {
+			return nil, fmt.Errorf("%w: queue %q: %w", ErrInvalidConfig, cfg.Name, err)
+		}
+	}
 	if err := s.checkDownstreamStream(ctx, cfg); err != nil {
 		return nil, err
 	}
@@ -334,7 +348,7 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		Replicas:    cfg.Replicas,
 		AllowDirect: true,
 		// Park writes concurrent orders as one atomic batch (see groupCommit).
-		AllowAtomicPublish: true,
+		AllowAtomicPublish: s.batches,
 		Metadata:           configMetadata(cfg),
 	}
 	// JetStream cannot turn message schedules off again: a stream that once had them
@@ -362,7 +376,7 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		Duplicates:         cfg.DuplicateWindow,
 		Replicas:           cfg.Replicas,
 		AllowDirect:        true,
-		AllowAtomicPublish: true, // on a replicated stream; see ensureKeyStream
+		AllowAtomicPublish: s.batches, // on a replicated stream; see ensureKeyStream
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
@@ -417,7 +431,7 @@ func (s *Store) ensureFrom(ctx context.Context, have jetstream.Stream, want jets
 // and its clients' caps start afresh. (An earlier sluice cannot declare an async key
 // stream: to go back to one, delete the key streams first.)
 func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig) (jetstream.Stream, error) {
-	if want.Replicas <= 1 {
+	if want.Replicas <= 1 && s.batches {
 		want.PersistMode, want.AllowAtomicPublish = jetstream.AsyncPersistMode, false
 	}
 	st, err := s.js.Stream(ctx, want.Name)

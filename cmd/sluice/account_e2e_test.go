@@ -17,12 +17,12 @@ import (
 	"github.com/sluicehq/sluice/queue/subscriber"
 )
 
-// sharedAccountRules has a queue per feature that needs subjects of its own: orders
+// everyFeatureRules has a queue per feature that needs subjects of its own: orders
 // (HTTP, callbacks, idempotency keys, two attempts then a dead letter), later
 // (scheduled delivery), lanes (priorities and fair_by lanes) and mail (a nats:
 // downstream whose worker replies with a result). Each route's first request an hour
 // is proxied, the others are deferred.
-func sharedAccountRules(downstreamURL, callbackHost, callbackSecret string) string {
+func everyFeatureRules(downstreamURL, callbackHost, callbackSecret string) string {
 	var desc, routes strings.Builder
 	for _, name := range []string{"orders", "later", "lanes", "mail"} {
 		fmt.Fprintf(&desc, `  - key: route
@@ -65,6 +65,23 @@ descriptors:
     downstream: nats:notifications.email.paced
     outflow: {rate: 50/s}
 `, desc.String(), routes.String(), downstreamURL, callbackHost, callbackSecret)
+}
+
+// startEveryFeature starts `sluice serve` with everyFeatureRules on the NATS cluster
+// at natsURL (R3 streams), a receiver for its callbacks and a downstream for its HTTP
+// queues.
+func startEveryFeature(t *testing.T, natsURL string) (*sluiceProcess, *callbackReceiver, *downstream) {
+	t.Helper()
+	secret := webhook.NewSecret()
+	key, err := webhook.ParseSecret(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver := newCallbackReceiver(t, key)
+	up, down := newUpstream(t, 0), newDownstream(t, 0)
+	rulesPath := writeRules(t, t.TempDir(), everyFeatureRules(down.URL, strings.TrimPrefix(receiver.URL, "http://"), secret))
+	p := startSluice(t, append([]string{"--rules", rulesPath, "--upstream", up.URL, "--nats", natsURL, "--replicas", "3", "--queue-key", testQueueKey}, dispatchFlags...)...)
+	return p, receiver, down
 }
 
 // TestSharedClusterAccount runs sluice on a three-node JetStream cluster (separate
@@ -114,15 +131,7 @@ func TestSharedClusterAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	secret := webhook.NewSecret()
-	key, err := webhook.ParseSecret(secret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	receiver := newCallbackReceiver(t, key)
-	up, down := newUpstream(t, 0), newDownstream(t, 0)
-	rulesPath := writeRules(t, t.TempDir(), sharedAccountRules(down.URL, strings.TrimPrefix(receiver.URL, "http://"), secret))
-	p := startSluice(t, append([]string{"--rules", rulesPath, "--upstream", up.URL, "--nats", sluiceURL, "--replicas", "3", "--queue-key", testQueueKey}, dispatchFlags...)...)
+	p, receiver, down := startEveryFeature(t, sluiceURL)
 	for _, path := range []string{"/v1/orders", "/v1/later", "/v1/lanes", "/v1/mail"} {
 		warmUp(t, p.url, path)
 	}

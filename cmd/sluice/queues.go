@@ -446,6 +446,8 @@ type queues struct {
 	pending     bool
 	failingFrom time.Time
 	attempts    int
+	// versionLogged: when a server too old for sluice was last logged (versionLogEvery).
+	versionLogged time.Time
 	// refused: a reload was refused because its queues could not be declared; the
 	// loop retries it.
 	refused bool
@@ -461,6 +463,10 @@ const (
 	// answer at all.
 	declareTimeout = 10 * time.Second
 )
+
+// versionLogEvery is how often a server too old for sluice is logged while declaring
+// is retried.
+const versionLogEvery = time.Minute
 
 // newQueues returns the queues on c; nothing is opened until declare. Unless disp is
 // nil, the queues get a dispatcher with those options. reload reads the rules again
@@ -612,11 +618,23 @@ func (q *queues) declareWant(ctx context.Context) bool {
 		return true
 	}
 	q.attempts++
+	switch {
+	case errors.Is(err, queue.ErrServerVersion):
+		// Nothing else is wrong, and nothing changes until the servers are upgraded
+		// (or the connection moves to a newer one): said plainly, once a minute.
+		if q.failingFrom.IsZero() || time.Since(q.versionLogged) >= versionLogEvery {
+			q.versionLogged = time.Now()
+			q.log.Error("the NATS server is too old for sluice: defers answer 503 and /readyz fails until it is upgraded; retrying", "err", err)
+		} else {
+			q.log.Debug("queues still not declared", "attempts", q.attempts, "err", err)
+		}
+	case q.failingFrom.IsZero():
+		q.log.Warn("queues not declared yet; defers answer 503 until they are; retrying in the background", "err", err)
+	default:
+		q.log.Debug("queues still not declared", "attempts", q.attempts, "err", err)
+	}
 	if q.failingFrom.IsZero() {
 		q.failingFrom = time.Now()
-		q.log.Warn("queues not declared yet; defers answer 503 until they are; retrying in the background", "err", err)
-	} else {
-		q.log.Debug("queues still not declared", "attempts", q.attempts, "err", err)
 	}
 	return false
 }
@@ -783,6 +801,19 @@ func (q *queues) health(ctx context.Context) ingress.DependencyReport {
 		return ingress.DependencyReport{State: ingress.DependencyDegraded, Err: declErr, Detail: detail}
 	}
 	return ingress.DependencyReport{State: ingress.DependencyUp, Detail: detail}
+}
+
+// serverVersion is a readiness check: the error of the latest declaration when it
+// is that the NATS server is too old for sluice's queues (queue.ErrServerVersion),
+// else nil. A queue refused for a feature the server lacks is no failure: the others
+// serve.
+func (q *queues) serverVersion(context.Context) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.store.Load() == nil && errors.Is(q.declErr, queue.ErrServerVersion) {
+		return q.declErr
+	}
+	return nil
 }
 
 // isRefusal reports whether every error in err is a refusal of the configuration

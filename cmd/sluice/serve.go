@@ -653,6 +653,9 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) error {
 		opts = append(opts, console.WithTokenGuard(g.adminAPI.Guard))
 	}
 	if g.queues != nil {
+		// Unlike NATS trouble, which passes, a server too old for sluice stays until an
+		// operator upgrades it: no replica on it can park anything.
+		g.adminAPI.Ready = map[string]func(context.Context) error{"nats-version": g.queues.serverVersion}
 		g.adminAPI.Queues = &queueapi.API{Store: &g.queues.store, Log: g.log}
 		opts = append(opts, console.WithQueueStore(&g.queues.store))
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -70,6 +71,49 @@ func buildServer() (string, error) {
 			version = v
 		}
 	}
+	// Built in this module, so go.mod picks the version.
+	return cachedBuild(version, version != "unknown", func(out string) *exec.Cmd {
+		return exec.Command("go", "build", "-o", out, serverModule)
+	})
+}
+
+var (
+	atMu    sync.Mutex
+	builtAt = map[string]string{}
+)
+
+// ServerBinaryAt returns a nats-server binary of version (such as "v2.11.0"), built
+// once per machine from the module at that version (go install, which fetches it
+// through the module proxy) into the user cache directory: for tests against the
+// oldest server sluice supports, which is not the one go.mod requires.
+func ServerBinaryAt(version string) (string, error) {
+	if !semverRE.MatchString(version) {
+		return "", fmt.Errorf("natstest: version %q: want vMAJOR.MINOR.PATCH", version)
+	}
+	atMu.Lock()
+	defer atMu.Unlock()
+	if bin, ok := builtAt[version]; ok {
+		return bin, nil
+	}
+	bin, err := cachedBuild(version, true, func(out string) *exec.Cmd {
+		// go install writes into GOBIN under the command's name: a directory of its
+		// own, moved into place below.
+		cmd := exec.Command("go", "install", serverModule+"@"+version)
+		cmd.Env = append(os.Environ(), "GOBIN="+out+".d")
+		return cmd
+	})
+	if err == nil {
+		builtAt[version] = bin
+	}
+	return bin, err
+}
+
+var semverRE = regexp.MustCompile(`^v\d+\.\d+\.\d+$`)
+
+// cachedBuild returns the nats-server binary of version in the user cache directory,
+// building it with the command build makes (which writes the binary at its argument,
+// or into that path + ".d") when it is missing or not reusable.
+func cachedBuild(version string, reusable bool, build func(out string) *exec.Cmd) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
@@ -79,7 +123,7 @@ func buildServer() (string, error) {
 		return "", err
 	}
 	bin := filepath.Join(dir, "nats-server-"+version)
-	if version != "unknown" {
+	if reusable {
 		if _, err := os.Stat(bin); err == nil {
 			return bin, nil
 		}
@@ -89,17 +133,30 @@ func buildServer() (string, error) {
 		return "", err
 	}
 	tmp.Close()
-	// Built in this module, so go.mod picks the version.
-	cmd := exec.Command("go", "build", "-o", tmp.Name(), serverModule)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	defer os.RemoveAll(tmp.Name() + ".d")
+	cmd := build(tmp.Name())
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp.Name())
-		return "", fmt.Errorf("natstest: go build %s: %v\n%s", serverModule, err, out)
+		return "", fmt.Errorf("natstest: %s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
+	}
+	if installed := filepath.Join(tmp.Name()+".d", "nats-server"); fileExists(installed) {
+		if err := os.Rename(installed, tmp.Name()); err != nil {
+			return "", err
+		}
 	}
 	if err := os.Rename(tmp.Name(), bin); err != nil {
 		return "", err
 	}
 	return bin, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // StartCluster starts an n-node JetStream cluster (every write synced, like sluice's
