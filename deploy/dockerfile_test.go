@@ -179,6 +179,42 @@ func loadImageConfig(t *testing.T) sluiceImageConfig {
 	return ic
 }
 
+// TestDockerfileOffline checks that deploy/Dockerfile builds with the legacy builder as
+// well as with BuildKit, and with no registry but for its base images, which are build
+// arguments (a mirror or a local image stands in): no `# syntax=` line (BuildKit would
+// fetch that frontend), no RUN --mount and no FROM --platform (the legacy builder has
+// neither; $BUILDPLATFORM is empty there), and every stage that is no earlier stage
+// names its image through a global ARG with a default.
+func TestDockerfileOffline(t *testing.T) {
+	raw, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(raw), "\n") {
+		l := strings.ToLower(strings.TrimSpace(line))
+		if strings.HasPrefix(l, "#") && strings.HasPrefix(strings.ReplaceAll(strings.TrimPrefix(l, "#"), " ", ""), "syntax=") {
+			t.Errorf("Dockerfile:%d: %s: BuildKit fetches that frontend from a registry", i+1, line)
+		}
+		if !strings.HasPrefix(l, "#") && strings.Contains(l, "--mount=") {
+			t.Errorf("Dockerfile:%d: RUN --mount: the legacy builder refuses it", i+1)
+		}
+		if strings.HasPrefix(l, "from ") && strings.Contains(l, "--platform") {
+			t.Errorf("Dockerfile:%d: FROM --platform: $BUILDPLATFORM is empty in the legacy builder", i+1)
+		}
+	}
+	d := parseDockerfile(t, "Dockerfile")
+	var names []string
+	for _, st := range d.stages {
+		if !slices.Contains(names, st.from) {
+			name := strings.Trim(st.from, "${}")
+			if !strings.HasPrefix(st.from, "$") || d.args[name] == "" {
+				t.Errorf("Dockerfile: FROM %s: name the image with a global ARG with a default (FROM ${NAME_IMAGE}), so that a mirror can stand in", st.from)
+			}
+		}
+		names = append(names, st.name)
+	}
+}
+
 // TestDockerfile checks the image: a Go builder at least as new as go.mod's go
 // directive that builds both commands, and a non-root runtime stage whose
 // entrypoint is sluice, whose SLUICE_* defaults are flags of sluice serve, and whose
@@ -210,8 +246,8 @@ func TestDockerfile(t *testing.T) {
 		t.Errorf("builder stage: build with CGO_ENABLED=0 (the runtime image has no libc)")
 	}
 
-	if r, _ := splitImage(final.from); !strings.HasPrefix(r, "gcr.io/distroless/") && r != "alpine" {
-		t.Errorf("runtime stage FROM %s: want distroless or alpine", final.from)
+	if r, _ := splitImage(d.expand(final.from)); !strings.HasPrefix(r, "gcr.io/distroless/") && r != "alpine" {
+		t.Errorf("runtime stage FROM %s: want distroless or alpine", d.expand(final.from))
 	}
 	users := final.all("USER")
 	if len(users) == 0 {
