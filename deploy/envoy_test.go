@@ -286,6 +286,12 @@ func TestEnvoyKubernetes(t *testing.T) {
 	if at(base, "spec", "template", "spec", "containers", 0, "name") != "sluice" {
 		t.Fatal("containers/0 of the sluice Deployment is not sluice")
 	}
+	// The patched command line is one the binary takes.
+	var patched []string
+	for _, a := range append(list(at(base, "spec", "template", "spec", "containers", 0, "args")), args...) {
+		patched = append(patched, str(a))
+	}
+	parseSluiceArgs(t, "envoy/kubernetes overlay", patched, nil)
 	svc := readYAMLDocs(t, filepath.Join(dir, "grpc-service.yaml"))[0]
 	for k, v := range at(svc, "spec", "selector").(map[string]any) {
 		if at(base, "spec", "template", "metadata", "labels", k) != v {
