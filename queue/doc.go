@@ -127,7 +127,8 @@
 // plain publish gets. Messages written in a batch keep the batch headers; nothing
 // reads them. The streams Park writes allow atomic batches (AllowAtomicPublish); on a
 // server older than 2.12 they are not asked for, and every write is a plain publish
-// (see MinServerVersion for what each server version gives).
+// (MinServerVersion, and Supported NATS servers in deploy/README.md, say what each
+// server version gives).
 //
 // # Guarantees
 //
