@@ -85,17 +85,21 @@ for i = 1, #ARGV / 3 do
   out[i] = res
 end
 return out
-`), one: redis.NewScript(`
+`), one: redis.NewScript(luaNow + `
+local i = 1
+local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[2])
+` + body)}
+}
+
+// luaNow starts a script of one decision: now is ARGV[1], µs, or when it is empty
+// the Redis server's TIME.
+const luaNow = `
 local now = tonumber(ARGV[1])
 if not now then
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
-end
-local i = 1
-local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[2])
-` + body)}
-}
+end`
 
 // bucketScript is algo.State.bucket, for the token and the leaky bucket. KEYS[i] holds
 // packed '<dd': the latest time seen and the level. ARGV[3i], if not empty, is the

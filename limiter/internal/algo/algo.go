@@ -48,6 +48,9 @@ const (
 	FixedWindow
 	SlidingWindowLog
 	SlidingWindowCounter
+	// Reserve is the waiting rules' leaking bucket (State.reserve); no rules file names
+	// it, so Of never returns it.
+	Reserve
 )
 
 // Of returns the algorithm of a limiter.Algorithm name, or None.
@@ -77,6 +80,9 @@ type Params struct {
 	Period    int64 // µs
 	Capacity  int64
 	Forgive   bool
+	// Cancel is, for Reserve, the slot of a reservation to give back (its Outcome.Slot);
+	// 0 reserves.
+	Cancel int64
 }
 
 // Set sets p to the numbers of a limit (a limiter.Limit's fields but its failure
@@ -103,6 +109,9 @@ type Outcome struct {
 	Remaining  int64
 	RetryAfter int64 // 0 when allowed, Never when n exceeds the capacity
 	ResetAfter int64
+	// Slot is, for Reserve, the key's theoretical arrival time after the decision (µs):
+	// what a reservation's Cancel names it by.
+	Slot int64
 }
 
 // Duration returns µs as a time.Duration, and Never as limiter.Never.
@@ -131,6 +140,8 @@ func (s *State) Decide(p *Params, now, n int64, log *TimeLog) Outcome {
 		o = slidingLog(log, p, now, n)
 	case SlidingWindowCounter:
 		o = s.slidingCounter(p, now, n)
+	case Reserve:
+		o = s.reserve(p, now)
 	}
 	s.Expires = now + o.ResetAfter
 	return o
@@ -253,5 +264,38 @@ func (s *State) slidingCounter(p *Params, now, n int64) Outcome {
 	case prev > 0:
 		o.ResetAfter = start + p.Period - now
 	}
+	return o
+}
+
+// reserve is GCRA's leaking bucket as a reservation: Start is the key's theoretical
+// arrival time (TAT), the start of the next free slot; slots are Period µs apart and
+// a reservation may start at most Capacity µs from now. A reservation takes the slot
+// at max(TAT, now) and moves TAT one Period on; RetryAfter is the wait until its
+// slot, allowed or not (refused: its slot would start later than Capacity from now,
+// and nothing changes). A cancel (p.Cancel, the Slot a reservation returned) moves
+// TAT back one Period if no reservation was made after it, which frees its slot for
+// the next caller; otherwise its slot stays taken and is skipped, so that no slot is
+// ever given twice. Remaining is how many reservations would still succeed now.
+func (s *State) reserve(p *Params, now int64) Outcome {
+	o := Outcome{}
+	if p.Cancel != 0 {
+		if s.Start == p.Cancel {
+			s.Start -= p.Period
+		}
+		o.Allowed = true
+	} else {
+		start := max(s.Start, now)
+		o.RetryAfter = start - now
+		if o.RetryAfter <= p.Capacity {
+			o.Allowed = true
+			s.Start = start + p.Period
+		}
+	}
+	ahead := max(s.Start-now, 0)
+	if ahead <= p.Capacity {
+		o.Remaining = int64(math.Floor(float64(p.Capacity-ahead)/float64(p.Period))) + 1
+	}
+	o.ResetAfter = ahead
+	o.Slot = s.Start
 	return o
 }
