@@ -269,10 +269,24 @@ func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule
 			c.errf(file, ext, "%s has no effect on an unlimited descriptor", ext.Value)
 		}
 	}
-	switch dd.onLimit {
-	case Defer:
-		r.OnLimit = Defer
+	parks := dd.onLimit == Defer || dd.onLimit == Wait && dd.then == Defer
+	if dd.onLimit == Wait {
+		c.waitRule(file, dd, r)
+	} else {
+		for _, k := range dd.extensions {
+			if (k.Value == "max_wait" || k.Value == "max_waiting" || k.Value == "then") && !r.Unlimited {
+				c.errf(file, k, "%s is used only with on_limit: wait", k.Value)
+			}
+		}
+	}
+	switch {
+	case parks:
+		if dd.onLimit == Defer {
+			r.OnLimit = Defer
+		}
 		switch q := c.queues[dd.queue.name]; {
+		case dd.queue.node == nil && dd.onLimit == Wait:
+			c.errf(file, dd.thenN, "then: defer needs a queue")
 		case dd.queue.node == nil:
 			c.errf(file, dd.onLimitN, "on_limit: defer needs a queue")
 		case dd.queue.name == "":
@@ -284,7 +298,7 @@ func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule
 		}
 	default:
 		if dd.queue.node != nil && !r.Unlimited {
-			c.errf(file, dd.queue.node, "queue is used only with on_limit: defer")
+			c.errf(file, dd.queue.node, "queue is used only with on_limit: defer (or wait with then: defer)")
 		}
 	}
 	r.Name = c.ruleName(d, dd, path)
@@ -426,3 +440,33 @@ func limitTag(l limiter.Limit) string {
 	}[l.Algorithm]
 	return code + limiter.FormatDuration(l.Period)
 }
+
+// waitRule sets the fields of an on_limit: wait rule r and reports what is wrong with
+// them: a wait rule paces at one rate (one limit, no burst: its slots are even and
+// max_wait bounds how many wait), needs a positive max_wait, and falls back to
+// reject or to defer into its queue.
+func (c *compiler) waitRule(file string, dd *descDef, r *Rule) {
+	r.OnLimit, r.Then, r.MaxWait, r.MaxWaiting = Wait, Reject, dd.maxWait, DefaultMaxWaiting
+	if dd.then != "" {
+		r.Then = dd.then
+	}
+	if dd.maxWaiting > 0 {
+		r.MaxWaiting = dd.maxWaiting
+	}
+	switch {
+	case r.Unlimited || r.Deny:
+		c.errf(file, dd.onLimitN, "on_limit: wait needs a rate_limit with a rate to pace at")
+	case len(r.Limits) > 1:
+		c.errf(file, dd.onLimitN, "on_limit: wait paces at one rate: give one limit, not %d", len(r.Limits))
+	}
+	if dd.maxWaitN == nil {
+		c.errf(file, dd.onLimitN, "on_limit: wait needs max_wait (the longest a request is held, like 2s)")
+	}
+	for _, l := range r.Limits {
+		if l.Burst > 0 {
+			c.errf(file, dd.onLimitN, "burst has no effect with on_limit: wait: the rule forwards one request per slot, evenly, and max_wait bounds how many wait")
+			break
+		}
+	}
+}
+

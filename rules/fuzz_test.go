@@ -25,6 +25,7 @@ func FuzzLoad(f *testing.F) {
 	f.Add([]byte(envoyFile))
 	f.Add([]byte(routesFile))
 	f.Add([]byte(lanesYAML))
+	f.Add([]byte("domain: w\ndescriptors:\n  - {key: u, on_limit: wait, max_wait: 2s, max_waiting: 9, then: defer, queue: orders, rate_limit: {unit: second, requests_per_unit: 4}}\n" + queueYAML))
 	f.Add([]byte("domain: q\ndescriptors:\n  - {key: s, value: a, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}\n  - {key: s, quota_mode: true, shadow_mode: true, rate_limit: {unlimited: true}}\nroutes:\n  - {name: q, descriptors: [[{key: s, value: a}], [{key: s, from: 'header:X'}]]}\n"))
 	requests := []*http.Request{
 		req("GET", "/"),

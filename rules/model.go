@@ -2,6 +2,7 @@ package rules
 
 import (
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue/queueconfig"
@@ -15,7 +16,13 @@ const (
 	Reject OnLimit = "reject"
 	// Defer parks the request in the rule's queue and answers 202 Accepted.
 	Defer OnLimit = "defer"
+	// Wait holds the request until its paced slot comes, at most MaxWait, and then
+	// forwards it; a request whose slot would come later falls back to Then.
+	Wait OnLimit = "wait"
 )
+
+// DefaultMaxWaiting is a wait rule's max_waiting when the file gives none.
+const DefaultMaxWaiting = 1000
 
 // Rule is one descriptor of a rules file that says something about rate: it carries a
 // rate_limit (or rate_limits), is unlimited, or denies everything. A Rule is immutable
@@ -44,10 +51,18 @@ type Rule struct {
 	// Deny rules allow nothing: Envoy's `requests_per_unit: 0` block-list idiom (only
 	// in a plain Envoy rate_limit; with sluice's fields a zero limit is a problem).
 	Deny bool
-	// OnLimit is what happens over the limit: Reject or Defer.
+	// OnLimit is what happens over the limit: Reject, Defer or Wait.
 	OnLimit OnLimit
-	// Queue is the queue a Defer rule parks requests in; nil for Reject.
+	// Queue is the queue a Defer rule (or a Wait rule whose Then is Defer) parks
+	// requests in; nil otherwise.
 	Queue *Queue
+	// MaxWait, MaxWaiting and Then are a Wait rule's (see the package doc, "Waiting"):
+	// the longest a request is held for its slot, the most requests held at once per
+	// rule in one process, and what happens to a request that cannot wait (Reject or
+	// Defer). Zero for other rules.
+	MaxWait    time.Duration
+	MaxWaiting int64
+	Then       OnLimit
 	// Shadow rules are computed, counted and logged but never enforced. True when the
 	// descriptor or its whole file is in shadow mode.
 	Shadow bool
@@ -313,4 +328,13 @@ func DescribeLimit(l limiter.Limit) string {
 		s += " failure_mode " + string(l.FailureMode)
 	}
 	return s
+}
+
+// Pace is a Wait rule's leaking bucket: a slot every Period/Rate of its limit, a
+// request waiting at most MaxWait for its slot.
+func (r *Rule) Pace() limiter.Pace {
+	if len(r.Limits) == 0 {
+		return limiter.Pace{}
+	}
+	return limiter.PaceOf(r.Limits[0], r.MaxWait)
 }

@@ -84,6 +84,13 @@ type descDef struct {
 	onLimit      OnLimit
 	onLimitN     *yaml.Node
 	queue        nameRef
+	// on_limit: wait's fields.
+	maxWait     time.Duration
+	maxWaitN    *yaml.Node
+	maxWaiting  int64
+	maxWaitingN *yaml.Node
+	then        OnLimit
+	thenN       *yaml.Node
 	children     []*descDef
 	// extensions are the sluice-only fields set on the descriptor, for "has no effect".
 	extensions []*yaml.Node
@@ -169,7 +176,7 @@ type queueDef struct {
 
 var (
 	fileFields     = []string{"domain", "descriptors", "routes", "queues", "shadow_mode"}
-	descFields     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "quota_mode", "name", "replaces", "algorithm", "burst", "on_limit", "queue", "failure_mode", "forgive_rejected"}
+	descFields     = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "quota_mode", "name", "replaces", "algorithm", "burst", "on_limit", "queue", "failure_mode", "forgive_rejected", "max_wait", "max_waiting", "then"}
 	optFields      = []string{"algorithm", "burst", "failure_mode", "forgive_rejected"}
 	limitFields    = append([]string{"unit", "unit_multiplier", "window", "requests_per_unit"}, optFields...)
 	envoyFields    = append([]string{"unlimited", "name", "replaces"}, limitFields...)
@@ -371,11 +378,30 @@ func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
 			d.onLimitN = v
 			s, ok := w.str(v, "on_limit")
 			switch OnLimit(s) {
-			case Reject, Defer:
+			case Reject, Defer, Wait:
 				d.onLimit = OnLimit(s)
 			default:
 				if ok {
-					w.errf(v, "on_limit must be reject or defer, got %q", s)
+					w.errf(v, "on_limit must be reject, defer or wait, got %q", s)
+				}
+			}
+		case "max_wait":
+			d.extensions = append(d.extensions, k)
+			field(v, "max_wait", w.duration, &d.maxWait, &d.maxWaitN)
+		case "max_waiting":
+			d.extensions = append(d.extensions, k)
+			d.maxWaitingN = v
+			d.maxWaiting = w.positive(v, "max_waiting")
+		case "then":
+			d.extensions = append(d.extensions, k)
+			d.thenN = v
+			s, ok := w.str(v, "then")
+			switch OnLimit(s) {
+			case Reject, Defer:
+				d.then = OnLimit(s)
+			default:
+				if ok {
+					w.errf(v, "then must be defer or reject, got %q", s)
 				}
 			}
 		case "queue":

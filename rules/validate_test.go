@@ -120,7 +120,7 @@ func TestValidationProblems(t *testing.T) {
 		{"queue without defer", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n    queue: orders\n" + queueYAML,
 			[]string{"t.yaml:5:12: queue is used only with on_limit: defer"}},
 		{"bad on_limit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n    on_limit: drop\n",
-			[]string{`t.yaml:5:15: on_limit must be reject or defer, got "drop"`}},
+			[]string{`t.yaml:5:15: on_limit must be reject, defer or wait, got "drop"`}},
 		{"bad failure_mode", "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n    failure_mode: maybe\n",
 			[]string{`t.yaml:5:19: failure_mode must be local, open or closed`}},
 		{"duplicate descriptor with value", "domain: d\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n    value: x\n",
