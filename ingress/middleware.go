@@ -112,6 +112,8 @@ func parkHeader(ids *ClientIdentity, r *http.Request) http.Header {
 type Middleware struct {
 	rules    RulesSource
 	limiter  limiter.Limiter
+	reserver limiter.Reserver // lim's, for wait rules; nil: they reject
+	waiting  waiters
 	ids      *ClientIdentity
 	deferrer Deferrer
 	shadow   bool
@@ -185,6 +187,7 @@ func New(src RulesSource, lim limiter.Limiter, opts ...Option) (*Middleware, err
 		return nil, err
 	}
 	m := &Middleware{rules: src, limiter: lim, ids: ids, maxBody: DefaultMaxBody, log: slog.Default()}
+	m.reserver, _ = lim.(limiter.Reserver)
 	for _, o := range opts {
 		o(m)
 	}
@@ -205,7 +208,7 @@ func New(src RulesSource, lim limiter.Limiter, opts ...Option) (*Middleware, err
 // Wrap returns a handler that decides each request before next sees it. Requests that
 // no route matches pass untouched.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "") })
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next, "", false) })
 }
 
 // Authorize decides r as Wrap would, for an authorization check that a proxy (Envoy
@@ -230,11 +233,13 @@ func (m *Middleware) Authorize(w http.ResponseWriter, r *http.Request, noPark st
 		return false
 	}
 	allowed := false
-	m.serve(w, r, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { allowed = true }), noPark)
+	m.serve(w, r, http.HandlerFunc(func(http.ResponseWriter, *http.Request) { allowed = true }), noPark, true)
 	return allowed
 }
 
-func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, noPark string) {
+// serve decides r and answers it or passes it to next. check is set for Authorize,
+// which cannot hold a request for a wait rule's slot (see answerWait).
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, noPark string, check bool) {
 	if m.maxBody > 0 {
 		if r.ContentLength > m.maxBody {
 			writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
@@ -282,8 +287,15 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		ctx, span = m.startDecision(r)
 	}
 	v := m.decide(ctx, checks)
+	var (
+		holds []held
+		wait  time.Duration
+	)
+	if len(v.waits) > 0 && v.violated == nil && (r.Header[HeaderNotBefore] == nil || m.deferrer == nil) {
+		holds, wait = m.reserve(ctx, checks, &v)
+	}
 	v.writeHeaders(w.Header())
-	deferring := v.violated != nil && v.violated.OnLimit == rules.Defer && m.deferrer != nil && noPark == ""
+	deferring := v.violated != nil && v.violated.Parks() && m.deferrer != nil && noPark == ""
 	if span != nil {
 		endDecision(span, route, &v, deferring)
 	}
@@ -310,6 +322,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				}
 			}
 		}
+		switch {
+		case len(holds) == 0:
+		case check && wait > 0:
+			m.answerWait(ctx, w, holds, &v, wait)
+			return
+		case !m.hold(r.Context(), holds, wait):
+			return // the client went away; its slots were given back
+		default:
+			w.Header().Set(HeaderWaited, formatWaited(wait))
+		}
 		next.ServeHTTP(w, r)
 	case deferring:
 		if span != nil {
@@ -323,7 +345,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			"client", clientHash(client), "retry_after", v.retryAfter)
 		SetRetryAfter(w.Header(), v.retryAfter)
 		p := quotaExceeded(v.violatedNames, v.closest.Limit, v.retryAfter)
-		if v.violated.OnLimit == rules.Defer && noPark != "" {
+		if v.violated.Parks() && noPark != "" {
 			p.Detail += " The rule defers requests over its limit, but " + noPark
 		}
 		writeProblem(w, p)
@@ -448,6 +470,9 @@ type verdict struct {
 	violated      *rules.Rule
 	violatedNames []string
 	retryAfter    time.Duration
+	// waits are the indices of the checks of wait rules that hold requests: decided
+	// by reserving a slot (see Middleware.reserve) once every other rule allows.
+	waits []int
 }
 
 func (m *Middleware) decide(ctx context.Context, checks []rules.Check) verdict {
@@ -463,6 +488,10 @@ func (m *Middleware) decide(ctx context.Context, checks []rules.Check) verdict {
 	for i := range checks {
 		c := &checks[i]
 		rule := c.Rule
+		if rule.OnLimit == rules.Wait && m.reserver != nil && !rule.Shadow && !m.shadow && !rule.Quota && len(rule.Limits) == 1 {
+			v.waits = append(v.waits, i)
+			continue
+		}
 		d, err := DecideCheck(ctx, m.limiter, c, 1)
 		if err != nil {
 			// Only an invalid limit errs, and rules never compile one: let the
@@ -563,7 +592,7 @@ func (m *Middleware) judge(v *verdict, rule *rules.Rule, retryAfter time.Duratio
 	if v.violated == nil || moreRestrictive(rule, retryAfter, v.violated, v.retryAfter) {
 		v.violated, v.retryAfter = rule, retryAfter
 	}
-	if rule.OnLimit == rules.Defer {
+	if rule.Parks() {
 		return OutcomeDeferred
 	}
 	return OutcomeRejected
@@ -572,7 +601,7 @@ func (m *Middleware) judge(v *verdict, rule *rules.Rule, retryAfter time.Duratio
 // moreRestrictive orders violations: rejecting is more restrictive than deferring,
 // then a longer wait is.
 func moreRestrictive(a *rules.Rule, aWait time.Duration, b *rules.Rule, bWait time.Duration) bool {
-	aRejects, bRejects := a.OnLimit != rules.Defer, b.OnLimit != rules.Defer
+	aRejects, bRejects := !a.Parks(), !b.Parks()
 	if aRejects != bRejects {
 		return aRejects
 	}

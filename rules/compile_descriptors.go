@@ -469,4 +469,3 @@ func (c *compiler) waitRule(file string, dd *descDef, r *Rule) {
 		}
 	}
 }
-

@@ -9,8 +9,9 @@
 // share_threshold, metadata), which loads unchanged and means the same (Differences
 // from envoyproxy/ratelimit, below, lists what still differs), plus sluice's
 // extensions: per-descriptor algorithm, burst, window, several limits (rate_limits),
-// on_limit reject or defer, queue and failure_mode; routes that turn requests into
-// descriptors; and queues. The sections below document every field and default.
+// on_limit reject, defer or wait (see Waiting), queue and failure_mode; routes that
+// turn requests into descriptors; and queues. The sections below document every field
+// and default.
 //
 // Load (or Parse) returns an immutable *Set, or every problem at once as Problems.
 // Set.Match gives the route a request takes and the Checks it must pass, each with its
@@ -49,6 +50,54 @@
 // without quota mode, as Envoy counts it. quota_mode on a descriptor without a
 // rate_limit has no effect (as shadow_mode there). The service-wide switch of Envoy
 // (QUOTA_MODE, every descriptor in quota mode) has no counterpart.
+//
+// # Waiting
+//
+// A descriptor with `on_limit: wait` shapes rather than refuses, as nginx's
+// `limit_req burst=N` without `nodelay` does, but shared by every replica: a request
+// is held until its paced slot comes and then forwarded. The rule's one limit gives
+// the pace: a leaking bucket with a slot every period/requests_per_unit (10 per
+// second: every 100ms), per rule and key. Each request reserves the next free slot
+// (GCRA's theoretical arrival time, limiter.Reserver): one that is free now passes
+// at once, a later one is held until it starts, so requests of one key leave in the
+// order they reserved and at most ceil(rate × Δt) + 1 of them start in any interval
+// Δt. Fields:
+//
+//   - max_wait (required, positive): the longest a request is held. A request whose
+//     slot would start later takes no slot and falls back to then at once.
+//   - then: reject (the default: 429, Retry-After the time until a slot is within
+//     max_wait) or defer (parked in queue, 202, as a defer rule; it needs a queue).
+//   - max_waiting (default 1000): the most requests the rule holds at once in one
+//     process; past it the fallback comes at once, without taking a slot.
+//
+// One limit only, and no burst: the slots are even, and max_wait bounds how many
+// wait (max_wait/interval + 1 per key). The other rules of the request decide first;
+// a slot is reserved only for a request that they all allow. A request that passed
+// a wait rule carries `Sluice-Waited` in its response: the seconds it was held to the
+// millisecond ("0.84"; "0" for none), the wait the store computed when the slot was
+// reserved (on the Redis server's clock with --redis, so replicas agree), not a
+// measurement. Its actual start is later by the time to read the store's answer and
+// the timer's lateness (a millisecond or so on an idle machine). A client that goes
+// away while held frees its place, and gives its slot back: when no later slot has
+// been reserved the next request takes it; otherwise it stays taken and is skipped
+// (the outflow has a gap of one interval), since giving it again could put two
+// requests in one slot. A held request's body is not read while it waits: it stays
+// in the connection and is streamed to the upstream (or read into the deferred-body
+// memory budget by then: defer), so holding costs a goroutine and a timer, not the
+// body. With --redis the buckets live in Redis (one script per reservation, the
+// server's TIME, hash-tagged keys with a TTL until the last slot), so every replica
+// paces one outflow; without it each process paces its own. When Redis fails, the
+// rule's failure_mode applies (local: reserve in memory; open: pass; closed: 429).
+//
+// The check endpoints (the HTTP check for nginx and Traefik, Envoy's ext_authz)
+// cannot hold the request they are asked about (the proxy's own timeout would pass
+// first): a request whose slot is free passes, one that would wait is answered 429
+// with Retry-After the wait rounded up to whole seconds, its slot given back, and one
+// that cannot wait gets then. Envoy's rate limit service (gRPC) has no way to say
+// "wait" and decides the rule as its limit would (OVER_LIMIT past it). In shadow
+// mode, or on a limiter store that cannot reserve, a wait rule decides with its
+// limit and never holds (over it: shadow_rejected, or then). Decisions count with the outcome waited (held, then
+// forwarded), allowed (slot free), rejected or deferred (the fallback).
 //
 // # One value per limit key
 //

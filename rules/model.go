@@ -330,6 +330,12 @@ func DescribeLimit(l limiter.Limit) string {
 	return s
 }
 
+// Parks reports whether a request over r's limit is parked in its queue: a Defer
+// rule, or a Wait rule whose request cannot wait (Then is Defer).
+func (r *Rule) Parks() bool {
+	return r.OnLimit == Defer || r.OnLimit == Wait && r.Then == Defer
+}
+
 // Pace is a Wait rule's leaking bucket: a slot every Period/Rate of its limit, a
 // request waiting at most MaxWait for its slot.
 func (r *Rule) Pace() limiter.Pace {

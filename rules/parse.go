@@ -91,7 +91,7 @@ type descDef struct {
 	maxWaitingN *yaml.Node
 	then        OnLimit
 	thenN       *yaml.Node
-	children     []*descDef
+	children    []*descDef
 	// extensions are the sluice-only fields set on the descriptor, for "has no effect".
 	extensions []*yaml.Node
 }
