@@ -1,0 +1,206 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter/redistest"
+)
+
+// The shaping test's load: waitClients clients, each with its own account, send
+// waitPerClient requests each at 4× the rule's rate of waitRate per second per
+// account, alternating between two replicas.
+const (
+	waitRate      = 10
+	waitMaxWait   = time.Second
+	waitClients   = 8
+	waitPerClient = 25
+)
+
+func waitE2ERules() string {
+	return fmt.Sprintf(`
+domain: shape
+descriptors:
+  - key: account
+    rate_limit: {unit: second, requests_per_unit: %d}
+    name: paced
+    on_limit: wait
+    max_wait: %s
+    max_waiting: 1000
+routes:
+  - name: pay
+    match: {method: [POST], path: /pay}
+    descriptors:
+      - [{key: account, from: "header:X-Account"}]
+`, waitRate, waitMaxWait)
+}
+
+// waitArrival is one request as the upstream saw it.
+type waitArrival struct {
+	account string
+	seq     int
+	at      time.Time
+}
+
+// waitSent is one request as its client saw it.
+type waitSent struct {
+	account string
+	seq     int
+	sent    time.Time
+	status  int
+	waited  float64 // Sluice-Waited, s; -1 when absent
+}
+
+// Two sluice serve replicas on one real Redis shape one account's requests into one
+// outflow: 200 requests at 4× the rate from 8 clients (each request to the replicas
+// in turn) are each forwarded or rejected (then: reject) past max_wait; the upstream
+// sees at most ceil(rate × Δt) + 1 of an account's requests in any window Δt (plus
+// the arrival jitter of the cluster tests), in the order of their slots, and every
+// Sluice-Waited is at most max_wait.
+func TestWaitShapesAcrossReplicas(t *testing.T) {
+	redistest.Require(t)
+	redisServer := redistest.Start(t)
+	var mu sync.Mutex
+	var arrivals []waitArrival
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now()
+		io.Copy(io.Discard, r.Body)
+		seq, _ := strconv.Atoi(r.Header.Get("X-Seq"))
+		mu.Lock()
+		arrivals = append(arrivals, waitArrival{r.Header.Get("X-Account"), seq, at})
+		mu.Unlock()
+	}))
+	t.Cleanup(up.Close)
+	rulesPath := writeRules(t, t.TempDir(), waitE2ERules())
+	redisURL := "redis://" + redisServer.Addr() + "/0"
+	replicas := []*sluiceProcess{
+		startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL),
+		startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL),
+	}
+
+	client := &http.Client{Timeout: 60 * time.Second}
+	sent := make([]waitSent, waitClients*waitPerClient)
+	var wg sync.WaitGroup
+	gap := time.Second / (4 * waitRate)
+	for c := range waitClients {
+		wg.Go(func() {
+			account := "acct-" + strconv.Itoa(c)
+			tick := time.NewTicker(gap)
+			defer tick.Stop()
+			for i := range waitPerClient {
+				s := &sent[c*waitPerClient+i]
+				*s = waitSent{account: account, seq: i, waited: -1}
+				wg.Go(func() {
+					req, _ := http.NewRequest(http.MethodPost, replicas[i%2].url+"/pay", nil)
+					req.Header.Set("X-Account", account)
+					req.Header.Set("X-Seq", strconv.Itoa(i))
+					s.sent = time.Now()
+					resp, err := client.Do(req)
+					if err != nil {
+						t.Errorf("%s #%d: %v", account, i, err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					s.status = resp.StatusCode
+					if v := resp.Header.Get("Sluice-Waited"); v != "" {
+						s.waited, _ = strconv.ParseFloat(v, 64)
+					}
+				})
+				<-tick.C
+			}
+		})
+	}
+	wg.Wait()
+
+	// Every request forwarded (200, with Sluice-Waited) or fallen back (429).
+	var waits []float64
+	forwarded, fallbacks := 0, 0
+	byKey := map[string]*waitSent{}
+	for i := range sent {
+		s := &sent[i]
+		switch s.status {
+		case http.StatusOK:
+			if s.waited < 0 {
+				t.Errorf("%s #%d: forwarded without Sluice-Waited", s.account, s.seq)
+			}
+			forwarded++
+			waits = append(waits, s.waited)
+			byKey[s.account+"#"+strconv.Itoa(s.seq)] = s
+		case http.StatusTooManyRequests:
+			fallbacks++
+		default:
+			t.Errorf("%s #%d: status %d, want 200 (forwarded) or 429 (fallen back)", s.account, s.seq, s.status)
+		}
+	}
+	mu.Lock()
+	got := slices.Clone(arrivals)
+	mu.Unlock()
+	if len(got) != forwarded {
+		t.Errorf("the upstream saw %d requests, %d were answered 200", len(got), forwarded)
+	}
+
+	// Pacing per account over the upstream's arrival times.
+	slack := int(math.Ceil(waitRate * clArrivalJitter.Seconds()))
+	windows := []time.Duration{100 * time.Millisecond, 250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second}
+	most := make([]int, len(windows))
+	perKey := map[string][]waitArrival{}
+	for _, a := range got {
+		perKey[a.account] = append(perKey[a.account], a)
+	}
+	for account, as := range perKey {
+		times := make([]time.Time, len(as))
+		for i, a := range as {
+			times[i] = a.at
+		}
+		for i, w := range windows {
+			n := clMaxInWindow(times, w)
+			most[i] = max(most[i], n)
+			if bound := int(math.Ceil(waitRate*w.Seconds())) + 1; n > bound+slack {
+				t.Errorf("%s: %d requests reached the upstream within %s: over the bound %d (+%d for arrival jitter)", account, n, w, bound, slack)
+			}
+		}
+		// Order: the upstream gets an account's requests in the order of their slots.
+		// A slot is estimated on the client's clock as the send time plus the wait the
+		// store computed; slots are an interval apart, so an estimate off by less than
+		// half of one cannot swap two of them.
+		slices.SortFunc(as, func(a, b waitArrival) int { return a.at.Compare(b.at) })
+		interval := time.Second / waitRate
+		for i := 1; i < len(as); i++ {
+			prev, cur := byKey[account+"#"+strconv.Itoa(as[i-1].seq)], byKey[account+"#"+strconv.Itoa(as[i].seq)]
+			if prev == nil || cur == nil {
+				t.Fatalf("%s: an arrival (#%d or #%d) that no 200 answered", account, as[i-1].seq, as[i].seq)
+			}
+			slot := func(s *waitSent) time.Time { return s.sent.Add(time.Duration(s.waited * float64(time.Second))) }
+			if slot(prev).Sub(slot(cur)) > interval/2 {
+				t.Errorf("%s: #%d (slot ~%s) reached the upstream after #%d (slot ~%s)", account, as[i].seq,
+					slot(cur).Format("15:04:05.000"), as[i-1].seq, slot(prev).Format("15:04:05.000"))
+			}
+		}
+	}
+
+	slices.Sort(waits)
+	p99 := 0.0
+	if len(waits) > 0 {
+		p99 = waits[min(len(waits)-1, int(math.Ceil(0.99*float64(len(waits))))-1)]
+	}
+	if p99 > waitMaxWait.Seconds() {
+		t.Errorf("p99 Sluice-Waited %.3fs, over max_wait %s", p99, waitMaxWait)
+	}
+	if forwarded == 0 || fallbacks == 0 {
+		t.Errorf("forwarded %d, fell back %d: the load should do both", forwarded, fallbacks)
+	}
+	for i, w := range windows {
+		t.Logf("window %-6s most of one account at the upstream %d (bound %d)", w, most[i], int(math.Ceil(waitRate*w.Seconds()))+1)
+	}
+	t.Logf("%d requests from %d clients at %d/s each (rule %d/s per account, max_wait %s) over 2 replicas: forwarded %d, fell back %d; Sluice-Waited p50 %.3fs p99 %.3fs max %.3fs",
+		len(sent), waitClients, 4*waitRate, waitRate, waitMaxWait, forwarded, fallbacks, waits[len(waits)/2], p99, waits[len(waits)-1])
+}
