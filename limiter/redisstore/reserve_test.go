@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redisstore"
+	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
 // reserveStep is one call of the reservation conformance case: a reservation (cancel
@@ -156,5 +157,44 @@ func TestRedisReserveServerTimeAndTTL(t *testing.T) {
 	third, err := r.Reserve(ctx, "acct:7}", pace)
 	if err != nil || third.Slot != second.Slot {
 		t.Fatalf("after the latest reservation was cancelled, the next one got %+v, %v; want its slot %d", third, err, second.Slot)
+	}
+}
+
+// TestRedisReserveFailureModes: with Redis gone a reservation follows the pace's
+// failure mode, never hangs, and is counted as a fallback; a local reservation is
+// given back to the in-process store.
+func TestRedisReserveFailureModes(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client()
+	srv.Stop()
+	r, err := redisstore.New(client, redisstore.WithLogger(testLogger(t)), redisstore.WithProbeBackoff(time.Hour, time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx := context.Background()
+	pace := func(mode limiter.FailureMode) limiter.Pace {
+		return limiter.Pace{Interval: time.Hour, MaxWait: 90 * time.Minute, FailureMode: mode}
+	}
+	if got, err := r.Reserve(ctx, "k", pace(limiter.FailOpen)); err != nil || !got.OK || got.Wait != 0 {
+		t.Errorf("open: %+v, %v; want a slot now", got, err)
+	}
+	if got, err := r.Reserve(ctx, "k", pace(limiter.FailClosed)); err != nil || got.OK || got.RetryAfter(pace(limiter.FailClosed)) != time.Second {
+		t.Errorf("closed: %+v, %v; want refused, retry in 1s", got, err)
+	}
+	first, _ := r.Reserve(ctx, "local", pace(""))
+	second, _ := r.Reserve(ctx, "local", pace(""))
+	nearHour := func(d time.Duration) bool { return d > time.Hour-time.Minute && d <= time.Hour }
+	if !first.OK || first.Wait != 0 || !second.OK || !nearHour(second.Wait) {
+		t.Fatalf("local: %+v then %+v; want slots now and in an hour", first, second)
+	}
+	if err := r.Cancel(ctx, "local", pace(""), second); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := r.Reserve(ctx, "local", pace("")); !again.OK || !nearHour(again.Wait) {
+		t.Errorf("after the local cancel: %+v; want the freed slot in an hour", again)
+	}
+	if got := r.Fallbacks(); got != 5 {
+		t.Errorf("Fallbacks() = %d, want 5", got)
 	}
 }
