@@ -206,9 +206,13 @@ func printExplanation(w io.Writer, set *rules.Set, r *http.Request, addr netip.A
 		}
 		if !rule.Unlimited {
 			over := "reject with 429"
-			if rule.OnLimit == rules.Defer {
+			if rule.Parks() {
 				q := rule.Queue
 				over = fmt.Sprintf("defer to queue %s (outflow %s, to %s)", q.Name, q.Outflow, q.Downstream)
+			}
+			if rule.OnLimit == rules.Wait {
+				over = fmt.Sprintf("wait for a slot every %s, at most %s and %d held at once, else %s",
+					rule.Pace().Interval, rule.MaxWait, rule.MaxWaiting, over)
 			}
 			fmt.Fprintf(w, "  over the limit: %s\n", over)
 		}

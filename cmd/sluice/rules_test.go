@@ -47,6 +47,8 @@ queues:
 	os.WriteFile(part1, []byte("domain: split\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o644)
 	quota := filepath.Join(dir, "quota.yaml")
 	os.WriteFile(quota, []byte("domain: q\ndescriptors:\n  - key: service\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\nroutes:\n  - name: q\n    match: {path: /q}\n    descriptors: [[{key: service, value: s1}]]\n"), 0o644)
+	wait := filepath.Join(dir, "wait.yaml")
+	os.WriteFile(wait, []byte("domain: w\ndescriptors:\n  - key: account\n    rate_limit: {unit: second, requests_per_unit: 10}\n    on_limit: wait\n    max_wait: 2s\nroutes:\n  - name: w\n    match: {path: /w}\n    descriptors: [[{key: account, value: a}]]\n"), 0o644)
 	os.WriteFile(part2, []byte("domain: split\ndescriptors:\n  - key: b\n    value: 'x*y'\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 2}\n"), 0o644)
 
 	tests := []struct {
@@ -77,6 +79,8 @@ queues:
 			"refused with 400: header:X-User-Id: more than one value (sent more than once); no limit is decided"}, ""},
 		{"explain a quota-mode rule", []string{"check", quota, "--explain", "GET", "/q"}, 0, []string{
 			"rule: q.service", "quota mode: over the limit, denies only when every quota-mode rule of the request is over its limit"}, ""},
+		{"explain a wait rule", []string{"check", wait, "--explain", "GET", "/w"}, 0, []string{
+			"over the limit: wait for a slot every 100ms, at most 2s and 1000 held at once, else reject with 429"}, ""},
 		{"explain without route", []string{"check", good, "--explain", "GET", "/health"}, 0, []string{"route: none matches"}, ""},
 		{"explain invalid rules", []string{"check", bad, "--explain", "GET", "/"}, 1, []string{"unknown unit"}, ""},
 		{"one domain in two files", []string{"check", part1, part2}, 1, []string{
