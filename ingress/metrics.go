@@ -26,9 +26,12 @@ const (
 	// request that another quota of it still had room for (see QuotaTally). Only quota
 	// rules have this series.
 	OutcomeQuotaExhausted = "quota_exhausted"
+	// OutcomeWaited: a wait rule (on_limit: wait) held the request for its slot, then
+	// let it go. Only wait rules have this series.
+	OutcomeWaited = "waited"
 )
 
-var outcomes = [...]string{OutcomeAllowed, OutcomeRejected, OutcomeDeferred, OutcomeShadowDenied, OutcomeError, OutcomeQuotaExhausted}
+var outcomes = [...]string{OutcomeAllowed, OutcomeRejected, OutcomeDeferred, OutcomeShadowDenied, OutcomeError, OutcomeQuotaExhausted, OutcomeWaited}
 
 // statusClasses are the values of the upstream series' class label: 1xx..5xx at
 // 0..4 (see classIndex), error (no response) last.
@@ -187,7 +190,7 @@ func (m *metrics) initRules(set *rules.Set) {
 	for _, r := range set.Rules() {
 		var c ruleCounters
 		for i, o := range outcomes {
-			if o == OutcomeQuotaExhausted && !r.Quota {
+			if o == OutcomeQuotaExhausted && !r.Quota || o == OutcomeWaited && r.OnLimit != rules.Wait {
 				continue // a series no decision of this rule can count
 			}
 			c[i] = m.decisions.WithLabelValues(r.Name, o)

@@ -18,9 +18,6 @@ import (
 // slot was reserved, not a measurement.
 const HeaderWaited = "Sluice-Waited"
 
-// OutcomeWaited counts a request that a wait rule held for its slot and then let go.
-const OutcomeWaited = "waited"
-
 // cancelTimeout bounds giving back the reservation of a client that went away.
 const cancelTimeout = time.Second
 
