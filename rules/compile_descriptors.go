@@ -459,8 +459,14 @@ func (c *compiler) waitRule(file string, dd *descDef, r *Rule) {
 	case len(r.Limits) > 1:
 		c.errf(file, dd.onLimitN, "on_limit: wait paces at one rate: give one limit, not %d", len(r.Limits))
 	}
-	if dd.maxWaitN == nil {
+	switch {
+	case dd.maxWaitN == nil:
 		c.errf(file, dd.onLimitN, "on_limit: wait needs max_wait (the longest a request is held, like 2s)")
+	case dd.maxWait > MaxWaitLimit:
+		c.errf(file, dd.maxWaitN, "max_wait must be at most %s (a held request's body is read after the hold, within the front door's read timeout), got %s", MaxWaitLimit, dd.maxWait)
+	}
+	if dd.quota {
+		c.errf(file, dd.onLimitN, "on_limit: wait with quota_mode: a quota denies only with the others, so it has no slot to wait for; use one or the other")
 	}
 	for _, l := range r.Limits {
 		if l.Burst > 0 {

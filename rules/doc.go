@@ -63,14 +63,16 @@
 // order they reserved and at most ceil(rate × Δt) + 1 of them start in any interval
 // Δt. Fields:
 //
-//   - max_wait (required, positive): the longest a request is held. A request whose
-//     slot would start later takes no slot and falls back to then at once.
+//   - max_wait (required, positive, at most 30s: a held request's body is read after
+//     the hold, within the front door's read timeout): the longest a request is
+//     held. A request whose slot would start later takes no slot and falls back to
+//     then at once.
 //   - then: reject (the default: 429, Retry-After the time until a slot is within
 //     max_wait) or defer (parked in queue, 202, as a defer rule; it needs a queue).
 //   - max_waiting (default 1000): the most requests the rule holds at once in one
 //     process; past it the fallback comes at once, without taking a slot.
 //
-// One limit only, and no burst: the slots are even, and max_wait bounds how many
+// One limit only, no burst and no quota_mode: the slots are even, and max_wait bounds how many
 // wait (max_wait/interval + 1 per key). The other rules of the request decide first;
 // a slot is reserved only for a request that they all allow. A request that passed
 // a wait rule carries `Sluice-Waited` in its response: the seconds it was held to the

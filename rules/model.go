@@ -24,6 +24,10 @@ const (
 // DefaultMaxWaiting is a wait rule's max_waiting when the file gives none.
 const DefaultMaxWaiting = 1000
 
+// MaxWaitLimit is the longest max_wait a rules file may give: a held request's body
+// is read after the hold, and the front door reads a request within 60 seconds.
+const MaxWaitLimit = 30 * time.Second
+
 // Rule is one descriptor of a rules file that says something about rate: it carries a
 // rate_limit (or rate_limits), is unlimited, or denies everything. A Rule is immutable
 // and shared by every request that matches it.

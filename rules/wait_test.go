@@ -41,6 +41,8 @@ func TestWaitRuleProblems(t *testing.T) {
 		{"burst", waitHead + "    on_limit: wait\n    max_wait: 1s\n    algorithm: token_bucket\n    burst: 3\n", []string{"t.yaml:5:15: burst has no effect with on_limit: wait"}},
 		{"two limits", "domain: d\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: second, requests_per_unit: 4}\n      - {unit: minute, requests_per_unit: 100}\n    on_limit: wait\n    max_wait: 1s\n",
 			[]string{"t.yaml:7:15: on_limit: wait paces at one rate: give one limit, not 2"}},
+		{"max_wait too long", waitHead + "    on_limit: wait\n    max_wait: 1m\n", []string{"t.yaml:6:15: max_wait must be at most 30s"}},
+		{"quota mode", waitHead + "    on_limit: wait\n    max_wait: 1s\n    quota_mode: true\n", []string{"t.yaml:5:15: on_limit: wait with quota_mode"}},
 		{"unknown on_limit", waitHead + "    on_limit: hold\n", []string{`t.yaml:5:15: on_limit must be reject, defer or wait, got "hold"`}},
 	}
 	for _, tc := range tests {
