@@ -72,8 +72,8 @@
 //   - max_waiting (default 1000): the most requests the rule holds at once in one
 //     process; past it the fallback comes at once, without taking a slot.
 //
-// One limit only, no burst and no quota_mode: the slots are even, and max_wait bounds how many
-// wait (max_wait/interval + 1 per key). The other rules of the request decide first;
+// One limit only, no burst and no quota_mode: the slots are even, and max_wait
+// bounds how many wait (max_wait/interval + 1 per key). The other rules decide first;
 // a slot is reserved only for a request that they all allow. A request that passed
 // a wait rule carries `Sluice-Waited` in its response: the seconds it was held to the
 // millisecond ("0.84"; "0" for none), the wait the store computed when the slot was
