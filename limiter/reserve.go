@@ -97,7 +97,7 @@ func (m *Memory) Reserve(_ context.Context, key string, pace Pace) (Reservation,
 	if err := reserveParams(&p, pace, 0); err != nil {
 		return Reservation{}, err
 	}
-	return reservationOf(m.decide(key, &p, 1)), nil
+	return reservationOf(m.decide(key, &p, 1), &p), nil
 }
 
 // Cancel implements Reserver.
@@ -113,8 +113,9 @@ func (m *Memory) Cancel(_ context.Context, key string, pace Pace, r Reservation)
 	return nil
 }
 
-// reservationOf is the Reservation of a Reserve outcome in the algorithms' units.
-func reservationOf(o algo.Outcome) Reservation {
-	return Reservation{OK: o.Allowed, Wait: algo.Duration(o.RetryAfter), Remaining: o.Remaining,
-		ResetAfter: algo.Duration(o.ResetAfter), Slot: o.Slot}
+// reservationOf is the Reservation of a Reserve outcome of p (see algo's reserve).
+func reservationOf(o algo.Outcome, p *algo.Params) Reservation {
+	return Reservation{OK: o.Allowed, Wait: algo.Duration(o.RetryAfter),
+		Remaining:  algo.ReserveRemaining(o.ResetAfter, p.Period, p.Capacity),
+		ResetAfter: algo.Duration(o.ResetAfter), Slot: o.Remaining}
 }

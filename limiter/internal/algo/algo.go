@@ -109,9 +109,6 @@ type Outcome struct {
 	Remaining  int64
 	RetryAfter int64 // 0 when allowed, Never when n exceeds the capacity
 	ResetAfter int64
-	// Slot is, for Reserve, the key's theoretical arrival time after the decision (µs):
-	// what a reservation's Cancel names it by.
-	Slot int64
 }
 
 // Duration returns µs as a time.Duration, and Never as limiter.Never.
@@ -270,12 +267,17 @@ func (s *State) slidingCounter(p *Params, now, n int64) Outcome {
 // reserve is GCRA's leaking bucket as a reservation: Start is the key's theoretical
 // arrival time (TAT), the start of the next free slot; slots are Period µs apart and
 // a reservation may start at most Capacity µs from now. A reservation takes the slot
-// at max(TAT, now) and moves TAT one Period on; RetryAfter is the wait until its
-// slot, allowed or not (refused: its slot would start later than Capacity from now,
-// and nothing changes). A cancel (p.Cancel, the Slot a reservation returned) moves
-// TAT back one Period if no reservation was made after it, which frees its slot for
-// the next caller; otherwise its slot stays taken and is skipped, so that no slot is
-// ever given twice. Remaining is how many reservations would still succeed now.
+// at max(TAT, now) and moves TAT one Period on; a refused one (its slot would start
+// later than Capacity from now) changes nothing. A cancel (p.Cancel, the TAT a
+// reservation returned) moves TAT back one Period if no reservation was made after
+// it, which frees its slot for the next caller; otherwise its slot stays taken and
+// is skipped, so that no slot is ever given twice.
+//
+// The outcome's fields mean other things here, so that Outcome stays as small as the
+// other algorithms' hot paths want it: RetryAfter is the wait until the slot,
+// allowed or not; ResetAfter the time until TAT; Remaining the TAT itself (µs), by
+// which a Cancel names the reservation (see ReserveRemaining for the reservations
+// still possible).
 func (s *State) reserve(p *Params, now int64) Outcome {
 	o := Outcome{}
 	if p.Cancel != 0 {
@@ -291,11 +293,17 @@ func (s *State) reserve(p *Params, now int64) Outcome {
 			s.Start = start + p.Period
 		}
 	}
-	ahead := max(s.Start-now, 0)
-	if ahead <= p.Capacity {
-		o.Remaining = int64(math.Floor(float64(p.Capacity-ahead)/float64(p.Period))) + 1
-	}
-	o.ResetAfter = ahead
-	o.Slot = s.Start
+	o.ResetAfter = max(s.Start-now, 0)
+	o.Remaining = s.Start
 	return o
+}
+
+// ReserveRemaining is how many reservations would still succeed at once when the
+// next free slot is ahead µs away, with slots interval µs apart and a longest wait
+// of maxWait µs. (The Redis script computes the same doubles.)
+func ReserveRemaining(ahead, interval, maxWait int64) int64 {
+	if ahead > maxWait {
+		return 0
+	}
+	return int64(math.Floor(float64(maxWait-ahead)/float64(interval))) + 1
 }
