@@ -80,8 +80,8 @@ type Params struct {
 	Period    int64 // µs
 	Capacity  int64
 	Forgive   bool
-	// Cancel is, for Reserve, the slot of a reservation to give back (its Outcome.Slot);
-	// 0 reserves.
+	// Cancel is, for Reserve, the slot of a reservation to give back (the Remaining of
+	// its outcome); 0 reserves.
 	Cancel int64
 }
 
