@@ -150,7 +150,7 @@ func TestWaitFallsBackToDefer(t *testing.T) {
 // fallback comes at once; a client that goes away frees its place and gives its
 // slot back, so the next request gets it.
 func TestWaitIsBoundedAndFreesAClientThatLeaves(t *testing.T) {
-	f := newWaitFixture(t, "minute", "1h", "2", "reject")
+	f := newWaitFixture(t, "minute", "30s", "2", "reject")
 	if w := f.do(context.Background(), "a"); w.Code != http.StatusOK {
 		t.Fatalf("first request %d", w.Code)
 	}
