@@ -60,8 +60,8 @@
 // second: every 100ms), per rule and key. Each request reserves the next free slot
 // (GCRA's theoretical arrival time, limiter.Reserver): one that is free now passes
 // at once, a later one is held until it starts, so requests of one key leave in the
-// order they reserved and at most ceil(rate × Δt) + 1 of them start in any interval
-// Δt. Fields:
+// order they reserved (two whose slots are closer than the timers' lateness may
+// swap) and at most ceil(rate × Δt) + 1 of them start in any interval Δt. Fields:
 //
 //   - max_wait (required, positive, at most 30s: a held request's body is read after
 //     the hold, within the front door's read timeout): the longest a request is
