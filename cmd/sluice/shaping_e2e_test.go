@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -8,9 +9,12 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 
 	"github.com/sluicehq/sluice/limiter/redistest"
 )
@@ -203,4 +207,46 @@ func TestWaitShapesAcrossReplicas(t *testing.T) {
 	}
 	t.Logf("%d requests from %d clients at %d/s each (rule %d/s per account, max_wait %s) over 2 replicas: forwarded %d, fell back %d; Sluice-Waited p50 %.3fs p99 %.3fs max %.3fs",
 		len(sent), waitClients, 4*waitRate, waitRate, waitMaxWait, forwarded, fallbacks, waits[len(waits)/2], p99, waits[len(waits)-1])
+}
+
+// The check endpoints cannot hold the request they are asked about: through the
+// binary, the HTTP check and ext_authz pass a request whose slot is free and answer
+// one that would wait with 429 and Retry-After for the wait (a problem whose
+// retry-after says the same), giving its slot back, so that the next one is told the
+// same wait rather than a longer one; the front door holds nothing for another key.
+func TestWaitChecksAnswerTheWait(t *testing.T) {
+	up := newUpstream(t, 0)
+	rules := strings.Replace(strings.Replace(waitE2ERules(), "unit: second, requests_per_unit: 10", "unit: minute, requests_per_unit: 10", 1),
+		"max_wait: 1s", "max_wait: 30s", 1)
+	rulesPath := writeRules(t, t.TempDir(), rules)
+	grpcAddr, checkAddr := freeAddr(t), freeAddr(t)
+	p := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--grpc-listen", grpcAddr, "--check-listen", checkAddr)
+	c := &checkedSluice{p: p, up: up, authz: authv3.NewAuthorizationClient(grpcConn(t, grpcAddr)), check: "http://" + checkAddr + "/sluice/v1/check"}
+	header := http.Header{"X-Account": {"a"}}
+	if code, body := c.httpCheck(t, "/pay", header); code != http.StatusOK {
+		t.Fatalf("first HTTP check: %d %s", code, body)
+	}
+	// The next slot is 6s ahead (10 a minute): told to retry in at most 6s, twice.
+	retry := func(what, body string) {
+		var p struct {
+			RetryAfter int64 `json:"retry-after"`
+		}
+		if err := json.Unmarshal([]byte(body[strings.IndexByte(body, '{'):]), &p); err != nil || p.RetryAfter < 1 || p.RetryAfter > 6 {
+			t.Fatalf("%s: retry-after %d (%v) in %s; want 1 to 6 s", what, p.RetryAfter, err, body)
+		}
+	}
+	code, body := c.httpCheck(t, "/pay", header)
+	if code != http.StatusTooManyRequests {
+		t.Fatalf("second HTTP check: %d %s, want 429", code, body)
+	}
+	retry("HTTP check", body)
+	code, body = c.extAuthz(t, "/pay", map[string]string{"x-account": "a"})
+	if code != http.StatusTooManyRequests {
+		t.Fatalf("ext_authz: %d %s, want 429", code, body)
+	}
+	retry("ext_authz", body)
+	r := send(t, "POST", p.url+"/pay", nil, "X-Account", "b")
+	if r.status != http.StatusOK || r.header.Get("Sluice-Waited") != "0" {
+		t.Fatalf("front door, another account: %d, Sluice-Waited %q", r.status, r.header.Get("Sluice-Waited"))
+	}
 }
