@@ -70,7 +70,7 @@ function fmtTime(t) { return t ? new Date(t).toLocaleString() : "–"; }
 
 // ---- overview
 
-const OUTCOMES = ["allowed", "rejected", "deferred", "shadow_rejected", "error", "quota_exhausted"];
+const OUTCOMES = ["allowed", "rejected", "deferred", "shadow_rejected", "error", "quota_exhausted", "waited"];
 
 async function overview() {
   const now = await call("GET", DATA + "/decisions");
