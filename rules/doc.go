@@ -74,7 +74,9 @@
 //
 // One limit only, no burst and no quota_mode: the slots are even, and max_wait
 // bounds how many wait (max_wait/interval + 1 per key). The other rules decide first;
-// a slot is reserved only for a request that they all allow. A request that passed
+// a slot is reserved only for a request that they all allow. A request that reaches
+// several wait rules takes a slot of each and leaves at the latest of them, so the
+// pace and order guarantees hold for one wait rule per request: give a route one. A request that passed
 // a wait rule carries `Sluice-Waited` in its response: the seconds it was held to the
 // millisecond ("0.84"; "0" for none), the wait the store computed when the slot was
 // reserved (on the Redis server's clock with --redis, so replicas agree), not a
