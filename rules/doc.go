@@ -72,26 +72,27 @@
 //   - max_waiting (default 1000): the most requests the rule holds at once in one
 //     process; past it the fallback comes at once, without taking a slot.
 //
-// One limit only, no burst and no quota_mode: the slots are even, and max_wait
-// bounds how many wait (max_wait/interval + 1 per key). The other rules decide first;
-// a slot is reserved only for a request that they all allow. A request that reaches
-// several wait rules takes a slot of each and leaves at the latest of them, so the
-// pace and order guarantees hold for one wait rule per request: give a route one. A request that passed
-// a wait rule carries `Sluice-Waited` in its response: the seconds it was held to the
-// millisecond ("0.84"; "0" for none), the wait the store computed when the slot was
-// reserved (on the Redis server's clock with --redis, so replicas agree), not a
-// measurement. Its actual start is later by the time to read the store's answer and
-// the timer's lateness (a millisecond or so on an idle machine). A client that goes
-// away while held frees its place, and gives its slot back: when no later slot has
-// been reserved the next request takes it; otherwise it stays taken and is skipped
-// (the outflow has a gap of one interval), since giving it again could put two
-// requests in one slot. A held request's body is not read while it waits: it stays
-// in the connection and is streamed to the upstream (or read into the deferred-body
-// memory budget by then: defer), so holding costs a goroutine and a timer, not the
-// body. With --redis the buckets live in Redis (one script per reservation, the
-// server's TIME, hash-tagged keys with a TTL until the last slot), so every replica
-// paces one outflow; without it each process paces its own. When Redis fails, the
-// rule's failure_mode applies (local: reserve in memory; open: pass; closed: 429).
+// One limit only, no burst and no quota_mode: the slots are even, and max_wait bounds
+// how many wait (max_wait/interval + 1 per key). The other rules decide first; a slot
+// is reserved only for a request that they all allow. A request that reaches several
+// wait rules takes a slot of each and leaves at the latest of them, so the pace and
+// order guarantees hold for one wait rule per request: give a route one. A request
+// that passed a wait rule carries `Sluice-Waited` in its response: the seconds it was
+// held to the millisecond ("0.84"; "0" for none), the wait the store computed when
+// the slot was reserved (on the Redis server's clock with --redis, so replicas
+// agree), not a measurement. Its actual start is later by the time to read the
+// store's answer and the timer's lateness (a millisecond or so on an idle machine). A
+// client that goes away while held frees its place, and gives its slot back: when no
+// later slot has been reserved the next request takes it; otherwise it stays taken
+// and is skipped (the outflow has a gap of one interval), since giving it again could
+// put two requests in one slot. A held request's body is not read while it waits: it
+// stays in the connection and is streamed to the upstream (or read into the
+// deferred-body memory budget by then: defer), so holding costs a goroutine and a
+// timer, not the body. With --redis the buckets live in Redis (one script per
+// reservation, the server's TIME, hash-tagged keys with a TTL until the last slot),
+// so every replica paces one outflow; without it each process paces its own. When
+// Redis fails, the rule's failure_mode applies (local: reserve in memory; open: pass
+// at once; closed: then).
 //
 // The check endpoints (the HTTP check for nginx and Traefik, Envoy's ext_authz)
 // cannot hold the request they are asked about (the proxy's own timeout would pass
@@ -99,9 +100,10 @@
 // with Retry-After the wait rounded up to whole seconds, its slot given back, and one
 // that cannot wait gets then. Envoy's rate limit service (gRPC) has no way to say
 // "wait" and decides the rule as its limit would (OVER_LIMIT past it). In shadow
-// mode, or on a limiter store that cannot reserve, a wait rule decides with its
-// limit and never holds (over it: shadow_rejected, or then). Decisions count with the outcome waited (held, then
-// forwarded), allowed (slot free), rejected or deferred (the fallback).
+// mode, or on a limiter store that cannot reserve, a wait rule decides with its limit
+// and never holds (over it: shadow_rejected, or then). Decisions count with the
+// outcome waited (held, then forwarded), allowed (slot free), rejected or deferred
+// (the fallback).
 //
 // # One value per limit key
 //
