@@ -250,3 +250,28 @@ func TestWaitChecksAnswerTheWait(t *testing.T) {
 		t.Fatalf("front door, another account: %d, Sluice-Waited %q", r.status, r.header.Get("Sluice-Waited"))
 	}
 }
+
+// then: defer through the binary: a request whose slot is past max_wait is parked
+// (202 with a ticket) and reaches the downstream through the queue.
+func TestWaitFallsBackToDeferThroughTheBinary(t *testing.T) {
+	up := newUpstream(t, 0)
+	rules := strings.Replace(strings.Replace(waitE2ERules(), "unit: second, requests_per_unit: 10", "unit: minute, requests_per_unit: 1", 1),
+		"max_waiting: 1000", "max_waiting: 1000\n    then: defer\n    queue: pay", 1) + `
+queues:
+  pay:
+    outflow: {rate: 10/s}
+    downstream: ` + up.URL + "\n"
+	p := startSluice(t, "--rules", writeRules(t, t.TempDir(), rules), "--upstream", up.URL)
+	if r := send(t, "POST", p.url+"/pay", strings.NewReader(`{"n":1}`), "X-Account", "a"); r.status != http.StatusOK {
+		t.Fatalf("first: %d %s", r.status, r.body)
+	}
+	r := send(t, "POST", p.url+"/pay", strings.NewReader(`{"n":2}`), "X-Account", "a")
+	if r.status != http.StatusAccepted || !strings.Contains(r.body, `"ticket"`) || r.header.Get("Sluice-Waited") != "" {
+		t.Fatalf("past max_wait: %d %s (Sluice-Waited %q); want 202 with a ticket", r.status, r.body, r.header.Get("Sluice-Waited"))
+	}
+	for deadline := time.Now().Add(30 * time.Second); up.hits.Load() < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the parked request did not reach the downstream (%d hits)", up.hits.Load())
+		}
+	}
+}
