@@ -69,6 +69,8 @@ type Console struct {
 	rules    ingress.RulesSource
 	store    interface{ Load() *queue.Store }
 	reloads  *Reloads
+	cluster  *Cluster
+	lazy     bool // cluster is the console's own, ticked by its readers
 	ttl      time.Duration
 	now      func() time.Time
 	log      *slog.Logger
@@ -103,6 +105,19 @@ func WithQueueStore(s interface{ Load() *queue.Store }) Option {
 // WithReloads is the record of rules reloads the rules page shows.
 func WithReloads(r *Reloads) Option {
 	return func(c *Console) error { c.reloads = r; return nil }
+}
+
+// WithCluster is where the overview reads the decisions of every replica and the
+// history (run its Run meanwhile). Without it the overview shows this process only,
+// read when the page asks (no history while no page is open).
+func WithCluster(cl *Cluster) Option {
+	return func(c *Console) error {
+		if cl == nil {
+			return fmt.Errorf("%w: nil cluster", ErrInvalidOption)
+		}
+		c.cluster = cl
+		return nil
+	}
 }
 
 // WithSessionTTL sets how long a sign-in lasts (at least a minute, at most 30 days).
@@ -173,6 +188,13 @@ func New(token string, api http.Handler, opts ...Option) (*Console, error) {
 	if c.guard == nil {
 		c.guard = ingress.NewTokenGuard(token, c.now)
 	}
+	if c.cluster == nil {
+		cl, err := NewCluster(NewReplicaID(), LocalReport(c.gatherer, c.store), WithClusterClock(c.now), WithClusterLogger(c.log))
+		if err != nil {
+			return nil, err
+		}
+		c.cluster, c.lazy = cl, true
+	}
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
 		return nil, err
@@ -186,6 +208,7 @@ func New(token string, api http.Handler, opts ...Option) (*Console, error) {
 	m.HandleFunc("GET "+Prefix+"static/{file}", c.asset)
 	m.HandleFunc("GET "+Prefix+"session", c.authed(c.session))
 	m.HandleFunc("GET "+Prefix+"data/decisions", c.authed(c.decisions))
+	m.HandleFunc("GET "+Prefix+"data/cluster", c.authed(c.clusterData))
 	m.HandleFunc("GET "+Prefix+"data/tickets/{ticket}", c.authed(c.ticket))
 	m.HandleFunc("GET "+Prefix+"data/reloads", c.authed(c.reloadsView))
 	m.HandleFunc("POST "+Prefix+"data/explain", c.authed(c.explain))

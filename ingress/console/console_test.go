@@ -57,7 +57,7 @@ type fixture struct {
 	reloads *Reloads
 }
 
-func newFixture(t *testing.T, store *queue.Store) *fixture {
+func newFixture(t *testing.T, store *queue.Store, extra ...Option) *fixture {
 	t.Helper()
 	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(testRules)})
 	if err != nil {
@@ -87,6 +87,7 @@ func newFixture(t *testing.T, store *queue.Store) *fixture {
 		admin.Queues = &queueapi.API{Store: &p}
 		opts = append(opts, WithQueueStore(&p))
 	}
+	opts = append(opts, extra...)
 	if f.c, err = New(testToken, admin.Handler(), opts...); err != nil {
 		t.Fatal(err)
 	}

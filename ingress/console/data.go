@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/rules"
@@ -23,41 +25,62 @@ type decisionSeries struct {
 	Total   float64 `json:"total"`
 }
 
-// decisions answers the decision counters as they are now; the page turns two
-// readings into rates.
+// decisions answers the decision counters of this process as they are now; see
+// clusterData for every replica's rates.
 func (c *Console) decisions(w http.ResponseWriter, _ *http.Request, _ []byte) {
 	out := struct {
 		At     time.Time        `json:"at"`
 		Series []decisionSeries `json:"series"`
 	}{At: c.now().UTC(), Series: []decisionSeries{}}
 	if c.gatherer != nil {
-		fams, err := c.gatherer.Gather()
-		if err != nil && len(fams) == 0 {
+		s, err := gatherDecisions(c.gatherer)
+		if err != nil {
 			ingress.WriteProblem(w, http.StatusInternalServerError, "The metrics could not be read.")
 			return
 		}
-		for _, f := range fams {
-			if f.GetName() != "sluice_decisions_total" {
-				continue
-			}
-			for _, m := range f.GetMetric() {
-				s := decisionSeries{Total: m.GetCounter().GetValue()}
-				for _, l := range m.GetLabel() {
-					switch l.GetName() {
-					case "rule":
-						s.Rule = l.GetValue()
-					case "outcome":
-						s.Outcome = l.GetValue()
-					}
+		out.Series = s
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// gatherDecisions reads sluice_decisions_total from g, sorted by rule and outcome.
+func gatherDecisions(g prometheus.Gatherer) ([]decisionSeries, error) {
+	fams, err := g.Gather()
+	if err != nil && len(fams) == 0 {
+		return nil, err
+	}
+	out := []decisionSeries{}
+	for _, f := range fams {
+		if f.GetName() != "sluice_decisions_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			s := decisionSeries{Total: m.GetCounter().GetValue()}
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "rule":
+					s.Rule = l.GetValue()
+				case "outcome":
+					s.Outcome = l.GetValue()
 				}
-				out.Series = append(out.Series, s)
 			}
+			out = append(out, s)
 		}
 	}
-	slices.SortFunc(out.Series, func(a, b decisionSeries) int {
+	slices.SortFunc(out, func(a, b decisionSeries) int {
 		return cmp.Or(cmp.Compare(a.Rule, b.Rule), cmp.Compare(a.Outcome, b.Outcome))
 	})
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
+}
+
+// clusterData answers the overview's figures: decisions per second by outcome and
+// rule summed over every replica, the queues, and the last hour's history (see
+// clusterView).
+func (c *Console) clusterData(w http.ResponseWriter, r *http.Request, _ []byte) {
+	if c.lazy {
+		c.cluster.tickIfDue(r.Context())
+	}
+	writeJSON(w, http.StatusOK, c.cluster.view())
 }
 
 // ticketView is what the console shows of a ticket: its state, never the order's or
