@@ -26,6 +26,7 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/console"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/embedded"
 	"github.com/sluicehq/sluice/queue/queueconfig"
@@ -432,7 +433,8 @@ type queues struct {
 	replicas int
 	declErr  error // of the latest declaration; nil once every queue is declared
 	disp     *dispatcher.Dispatcher
-	ctx      context.Context // dispatchers run until it ends
+	reports  jetstream.KeyValue // the console's bucket, once made (reportsBucket)
+	ctx      context.Context    // dispatchers run until it ends
 	running  map[string]bool
 	wg       sync.WaitGroup // dispatchers and the declaring loop
 
@@ -546,6 +548,30 @@ func (q *queues) WatchRecords(ctx context.Context, changed func(ticket string)) 
 		return nil, err
 	}
 	return s.WatchRecords(ctx, changed)
+}
+
+// reportsBucket returns the console's bucket of the replicas' reports
+// (console.ReportsBucket), made once the queue store is open, with the queues'
+// replica count; errNotDeclared until then.
+func (q *queues) reportsBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.reports != nil {
+		return q.reports, nil
+	}
+	if q.store.Load() == nil {
+		return nil, errNotDeclared
+	}
+	js, err := jetstream.New(q.conn.nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := console.OpenReportsBucket(ctx, js, q.replicas)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", console.ReportsBucket, err)
+	}
+	q.reports = kv
+	return kv, nil
 }
 
 // open opens the queue store (creating the dead-letter stream and the key-value

@@ -40,6 +40,7 @@ import (
 	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redisstore"
+	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/rules/watch"
 )
@@ -465,6 +466,7 @@ type gateway struct {
 	deps          *ingress.Dependencies
 	deferrer      *deferral.Deferrer // nil without a front door
 	reloads       console.Reloads    // the rules reloads, for the console's rules page
+	cluster       *console.Cluster   // publishes this replica's counters, reads the others'; nil: neither
 	// Without --admin-token, the console token's file in the data directory, and the
 	// one-time sign-in code to print once listening ("" unless the file is new).
 	consoleFile, consoleCode string
@@ -558,6 +560,9 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		if _, err := g.middleware(ids, nil, reg); err != nil {
 			return nil, err
 		}
+		if err := g.newCluster(reg); err != nil {
+			return nil, err
+		}
 		if err := g.openAdmin(reg); err != nil {
 			return nil, err
 		}
@@ -601,6 +606,9 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 			g.check.RegisterOnShutdown(g.deferrer.Close)
 		}
 	}
+	if err := g.newCluster(reg); err != nil {
+		return nil, err
+	}
 	if err := g.openAdmin(reg); err != nil {
 		return nil, err
 	}
@@ -638,6 +646,28 @@ func listenError(flag, addr string, err error) error {
 	return fmt.Errorf("--%s %s: %w", flag, addr, err)
 }
 
+// newCluster makes the console's cluster view: with queues, this replica publishes its
+// counters to the NATS bucket every replica reads; without them (sluice rls) the view
+// is this process's, kept for the console when there is one.
+func (g *gateway) newCluster(reg *prometheus.Registry) error {
+	if g.queues == nil && (g.cfg.admin.listen == "" || g.cfg.admin.token == "") {
+		return nil
+	}
+	host, _ := os.Hostname()
+	opts := []console.ClusterOption{console.WithClusterLogger(g.log), console.WithHost(host)}
+	var store interface{ Load() *queue.Store }
+	if g.queues != nil {
+		store = &g.queues.store
+		opts = append(opts, console.WithReportsBucket(g.queues.reportsBucket))
+	}
+	c, err := console.NewCluster(console.NewReplicaID(), console.LocalReport(reg, store), opts...)
+	if err != nil {
+		return err
+	}
+	g.cluster = c
+	return nil
+}
+
 // openAdmin builds the admin listener, when one is asked for, with the operator
 // console under /console/ when there is an admin token to sign in with.
 func (g *gateway) openAdmin(reg *prometheus.Registry) error {
@@ -647,6 +677,9 @@ func (g *gateway) openAdmin(reg *prometheus.Registry) error {
 	g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: g.cfg.admin.token}
 	opts := []console.Option{console.WithGatherer(reg), console.WithRules(g.watcher), console.WithReloads(&g.reloads),
 		console.WithLogger(g.log)}
+	if g.cluster != nil {
+		opts = append(opts, console.WithCluster(g.cluster))
+	}
 	if g.cfg.admin.token != "" {
 		// One allowance of wrong tokens per address for the API and the console's sign-in.
 		g.adminAPI.Guard = ingress.NewTokenGuard(g.cfg.admin.token, nil)
@@ -1106,6 +1139,14 @@ func (g *gateway) run(ctx context.Context) error {
 	defer stopDispatch()
 	if g.queues != nil {
 		g.queues.run(dispatchCtx)
+	}
+	if g.cluster != nil {
+		clusterDone := make(chan struct{})
+		go func() {
+			defer close(clusterDone)
+			g.cluster.Run(dispatchCtx)
+		}()
+		defer func() { stopDispatch(); <-clusterDone }()
 	}
 
 	hup := make(chan os.Signal, 1)

@@ -208,6 +208,9 @@ func TestClusterDataProcessOnly(t *testing.T) {
 	if v = f.cluster(cookie); len(v.Rules) != 2 || len(v.History.Points) != 1 {
 		t.Errorf("second reading: rules %+v, history %+v", v.Rules, v.History)
 	}
+	if w := f.do(req{method: "GET", target: "/console/data/cluster?history=0", cookie: cookie}); w.Code != 200 || !strings.Contains(w.Body.String(), `"points": []`) {
+		t.Errorf("without the history: %d %s", w.Code, w.Body)
+	}
 	if w := f.do(req{method: "GET", target: "/console/data/cluster"}); w.Code != 401 {
 		t.Errorf("without a session: %d", w.Code)
 	}

@@ -75,12 +75,17 @@ func gatherDecisions(g prometheus.Gatherer) ([]decisionSeries, error) {
 
 // clusterData answers the overview's figures: decisions per second by outcome and
 // rule summed over every replica, the queues, and the last hour's history (see
-// clusterView).
+// clusterView); with ?history=0 without the history's points, which change once per
+// HistoryStep.
 func (c *Console) clusterData(w http.ResponseWriter, r *http.Request, _ []byte) {
 	if c.lazy {
 		c.cluster.tickIfDue(r.Context())
 	}
-	writeJSON(w, http.StatusOK, c.cluster.view())
+	v := c.cluster.view()
+	if r.URL.Query().Get("history") == "0" {
+		v.History.Points = []historyPoint{}
+	}
+	writeJSON(w, http.StatusOK, v)
 }
 
 // ticketView is what the console shows of a ticket: its state, never the order's or

@@ -8,7 +8,6 @@ const API = "/console/api/sluice/v1";
 const DATA = "/console/data";
 let csrf = "";
 let timer = 0;
-let lastDecisions = null;
 let currentPage = "";
 
 function el(tag, attrs, ...children) {
@@ -71,35 +70,47 @@ function fmtTime(t) { return t ? new Date(t).toLocaleString() : "–"; }
 // ---- overview
 
 const OUTCOMES = ["allowed", "rejected", "deferred", "shadow_rejected", "error", "quota_exhausted", "waited"];
+const OUTCOME_COLORS = { allowed: "#2e7d32", rejected: "#c62828", deferred: "#1f6feb", shadow_rejected: "#8e44ad", error: "#b26a00", quota_exhausted: "#5d6b7e", waited: "#00838f" };
+const PALETTE = ["#1f6feb", "#c62828", "#2e7d32", "#b26a00", "#8e44ad", "#00838f", "#5d6b7e", "#ad1457"];
+let historyAt = 0;
+let history = null;
 
+// The overview reads data/cluster: the rates of every replica (or of this process
+// only, which the page says), and, every 10 s, the last hour's history.
 async function overview() {
-  const now = await call("GET", DATA + "/decisions");
-  const prev = lastDecisions;
-  lastDecisions = now;
-  const dt = prev ? (new Date(now.at) - new Date(prev.at)) / 1000 : 0;
-  const before = new Map();
-  if (prev) for (const s of prev.series) before.set(s.rule + "\u0000" + s.outcome, s.total);
-  const byRule = new Map();
-  const byOutcome = Object.fromEntries(OUTCOMES.map(o => [o, 0]));
-  for (const s of now.series) {
-    const was = before.has(s.rule + "\u0000" + s.outcome) ? before.get(s.rule + "\u0000" + s.outcome) : s.total;
-    const rate = dt > 0 ? Math.max(s.total - was, 0) / dt : 0;
-    if (!byRule.has(s.rule)) byRule.set(s.rule, {});
-    byRule.get(s.rule)[s.outcome] = rate;
-    byOutcome[s.outcome] = (byOutcome[s.outcome] || 0) + rate;
-  }
+  const withHistory = !history || Date.now() - historyAt >= 10000;
+  const v = await call("GET", DATA + "/cluster" + (withHistory ? "" : "?history=0"));
+  if (withHistory) { history = v.history; historyAt = Date.now(); }
+  const scope = document.getElementById("scope");
+  const n = v.replicas.length;
+  scope.textContent = v.scope === "process" ? v.note :
+    "Summed over " + n + " replica" + (n === 1 ? "" : "s") + " (each publishes its counters to NATS every 5 s)." + (v.note ? " " + v.note : "") +
+    (v.refused ? " " + v.refused + " report(s) in the bucket were refused as malformed." : "");
+  scope.className = "hint" + (v.scope === "process" || v.note ? " scope-process" : "");
+  const measuring = v.replicas.every(r => r.measuring);
   document.getElementById("outcome-cards").replaceChildren(...OUTCOMES.map(o =>
-    el("div", { class: "card " + o }, el("div", { class: "v", text: dt > 0 ? fmtRate(byOutcome[o]) : "…" }),
+    el("div", { class: "card " + o }, el("div", { class: "v", text: measuring ? "…" : fmtRate(v.outcomes[o] || 0) }),
       el("div", { class: "k", text: o.replaceAll("_", " ") + " /s" }))));
+  const byRule = new Map();
+  for (const r of v.rules) {
+    if (!byRule.has(r.rule)) byRule.set(r.rule, {});
+    byRule.get(r.rule)[r.outcome] = r.per_second;
+  }
   const rows = [...byRule.keys()].sort().map(rule => {
     const r = byRule.get(rule);
     const total = OUTCOMES.reduce((a, o) => a + (r[o] || 0), 0);
     return el("tr", {}, el("td", { text: rule }),
-      ...OUTCOMES.map(o => el("td", { class: "num", text: dt > 0 ? fmtRate(r[o] || 0) : "…" })),
-      el("td", { class: "num", text: dt > 0 ? fmtRate(total) : "…" }));
+      ...OUTCOMES.map(o => el("td", { class: "num", text: fmtRate(r[o] || 0) })),
+      el("td", { class: "num", text: fmtRate(total) }));
   });
-  if (!rows.length) rows.push(el("tr", {}, el("td", { colSpan: 7, class: "hint", text: "No rule has decided anything yet." })));
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colSpan: 8, class: "hint", text: measuring ? "Measuring: rates need two reports." : "No rule has decided anything yet." })));
+  if (v.truncated) rows.push(el("tr", {}, el("td", { colSpan: 8, class: "hint", text: "More rules than shown." })));
   fill(document.querySelector("#decisions tbody"), rows);
+  fill(document.querySelector("#replicas tbody"), v.replicas.map(r => el("tr", { "data-replica": r.id },
+    el("td", { text: (r.host || "–") + (r.self ? " (this console)" : "") }), el("td", { class: "mono", text: r.id }),
+    el("td", { class: "num", text: r.measuring ? "…" : fmtRate(r.per_second) }),
+    el("td", { class: "num", text: r.age_seconds.toFixed(0) + " s ago" }))));
+  if (withHistory) drawHistory(history);
   const st = await call("GET", API + "/status");
   const deps = Object.entries(st.dependencies || {}).sort();
   const drows = deps.map(([name, d]) => el("tr", {}, el("td", { text: name }),
@@ -108,6 +119,78 @@ async function overview() {
   if (!drows.length) drows.push(el("tr", {}, el("td", { colSpan: 3, class: "hint", text: "No shared dependency (limits in memory, embedded NATS)." })));
   fill(document.querySelector("#deps tbody"), drows);
   setStatus(st.ready ? "ready" : "not ready");
+}
+
+function drawHistory(h) {
+  document.getElementById("step").textContent = String(h.step_seconds);
+  const pts = h.points;
+  const t = pts.map(p => new Date(p.at).getTime());
+  chart("chart-outcomes", t, OUTCOMES.map(o => ({ name: o.replaceAll("_", " "), color: OUTCOME_COLORS[o],
+    values: pts.map(p => p.outcomes ? p.outcomes[o] || 0 : null) })).filter(s => s.values.some(x => x > 0) || s.name === "allowed"));
+  const names = [...new Set(pts.flatMap(p => p.queues.map(q => q.name)))].sort();
+  const at = (p, name) => p.queues.find(q => q.name === name);
+  chart("chart-depth", t, names.map((name, i) => ({ name, color: PALETTE[i % PALETTE.length],
+    values: pts.map(p => { const q = at(p, name); return q ? q.depth : null; }) })));
+  chart("chart-outflow", t, names.flatMap((name, i) => [
+    { name: name + " achieved", color: PALETTE[i % PALETTE.length], values: pts.map(p => { const q = at(p, name); return q && q.achieved !== undefined ? q.achieved : null; }) },
+    { name: name + " configured", color: PALETTE[i % PALETTE.length], dashed: true, values: pts.map(p => { const q = at(p, name); return q ? q.configured : null; }) }]));
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "text") e.textContent = v; else e.setAttribute(k, String(v));
+  }
+  return e;
+}
+
+// niceMax rounds a chart's top up to 1, 2 or 5 times a power of ten.
+function niceMax(x) {
+  if (!(x > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(x)));
+  for (const m of [1, 2, 5, 10]) if (x <= m * p) return m * p;
+  return 10 * p;
+}
+
+// chart draws lines of series (values aligned with the times t; null: no value) as an
+// inline SVG, with a legend.
+function chart(id, t, series) {
+  const fig = document.getElementById(id);
+  const plot = fig.querySelector(".plot");
+  const legend = fig.querySelector(".legend");
+  fig.dataset.points = String(t.length);
+  fig.dataset.series = String(series.length);
+  if (t.length < 2 || !series.length) {
+    plot.replaceChildren(el("div", { class: "empty", text: t.length < 2 ? "Collecting: a point every 10 s." : "No queues." }));
+    legend.replaceChildren();
+    return;
+  }
+  const W = 520, H = 170, L = 44, R = 8, T = 8, B = 20;
+  const t0 = t[0], t1 = Math.max(t[t.length - 1], t0 + 1);
+  const top = niceMax(Math.max(0, ...series.flatMap(s => s.values.filter(v => v !== null))));
+  const x = v => L + (v - t0) / (t1 - t0) * (W - L - R);
+  const y = v => T + (1 - v / top) * (H - T - B);
+  const g = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": fig.querySelector("figcaption").textContent });
+  for (const f of [0, 0.5, 1]) {
+    g.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(top * f), y2: y(top * f) }));
+    g.append(svg("text", { x: L - 4, y: y(top * f) + 3, "text-anchor": "end", text: fmtRate(top * f) }));
+  }
+  const clock = ms => new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  g.append(svg("text", { x: L, y: H - 5, text: clock(t0) }));
+  g.append(svg("text", { x: W - R, y: H - 5, "text-anchor": "end", text: clock(t1) }));
+  for (const s of series) {
+    let d = "";
+    let pen = false;
+    s.values.forEach((v, i) => {
+      if (v === null) { pen = false; return; }
+      d += (pen ? "L" : "M") + x(t[i]).toFixed(1) + " " + y(v).toFixed(1);
+      pen = true;
+    });
+    if (d) g.append(svg("path", { class: "line" + (s.dashed ? " dashed" : ""), d, stroke: s.color, "data-series": s.name }));
+  }
+  plot.replaceChildren(g);
+  legend.replaceChildren(...series.map(s => el("span", {}, el("span", { class: "sw", style: "background:" + s.color }), s.name)));
 }
 
 function setStatus(s) {
