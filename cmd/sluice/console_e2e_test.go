@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -17,6 +18,8 @@ import (
 	cdplog "github.com/chromedp/cdproto/log"
 	cdpruntime "github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+
+	"github.com/sluicehq/sluice/queue/natstest"
 )
 
 // chromiumPath finds the browser the console test drives. On Linux under CI a missing
@@ -386,5 +389,183 @@ func TestConsoleSignInCodeInBrowser(t *testing.T) {
 	}
 	if errs := blog.take(); len(errs) > 0 {
 		t.Errorf("the pages reported errors:\n%s", strings.Join(errs, "\n"))
+	}
+}
+
+type step = chromedp.Action[chromedp.Void]
+
+// browser is a chromium that a console test drives. With SLUICE_SCREENSHOTS=DIR its
+// screenshots are written there as console-NAME.png.
+type browser struct {
+	t     *testing.T
+	ctx   context.Context
+	log   browserLog
+	shots string
+}
+
+// newConsoleBrowser starts chromium (see chromiumPath) for the test; it stops with it.
+func newConsoleBrowser(t *testing.T) *browser {
+	t.Helper()
+	b := &browser{t: t, shots: os.Getenv("SLUICE_SCREENSHOTS")}
+	if b.shots != "" {
+		if err := os.MkdirAll(b.shots, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.ctx = newBrowser(t, chromiumPath(t), &b.log)
+	return b
+}
+
+// run runs the steps of one part of the walk and fails on any error the page reports.
+func (b *browser) run(part string, steps ...step) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, steps...); err != nil {
+		b.t.Fatalf("%s: %v\nbrowser errors: %v", part, err, b.log.take())
+	}
+	if errs := b.log.take(); len(errs) > 0 {
+		b.t.Errorf("%s: the page reported errors:\n%s", part, strings.Join(errs, "\n"))
+	}
+}
+
+func (b *browser) text(sel string) string {
+	b.t.Helper()
+	s, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
+	if err != nil {
+		b.t.Fatalf("text of %s: %v", sel, err)
+	}
+	return s
+}
+
+// eval returns the value of a JavaScript expression in the page.
+func (b *browser) eval(expr string) string {
+	b.t.Helper()
+	s, err := chromedp.Run(b.ctx, chromedp.Evaluate[string](`String(`+expr+`)`))
+	if err != nil {
+		b.t.Fatalf("%s: %v", expr, err)
+	}
+	return s
+}
+
+func (b *browser) screenshot(name string) {
+	b.t.Helper()
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100)) // quality 100: PNG
+	if err != nil {
+		b.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if b.shots != "" {
+		if err := os.WriteFile(filepath.Join(b.shots, "console-"+name+".png"), png, 0o644); err != nil {
+			b.t.Fatal(err)
+		}
+	}
+}
+
+// waitJS waits until expr is true in the page.
+func waitJS(expr string) step {
+	return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))
+}
+
+// consolePage shows another page of the console (a new hash: no page load).
+func consolePage(name string) step {
+	return chromedp.Evaluate[chromedp.Void](`location.hash = "#` + name + `"`)
+}
+
+func cssSel(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+func idSel(name string) chromedp.ID  { return chromedp.ID(name) }
+
+// signIn signs in on the console's sign-in form, which the browser shows.
+func signIn(token string) []step {
+	return []step{chromedp.WaitVisible(idSel("token")), chromedp.SetValue(idSel("token"), token), chromedp.Click(idSel("signin")),
+		chromedp.WaitVisible(idSel("logout")), waitJS(`document.body.dataset.ready === "1"`)}
+}
+
+// The console's overview through the binary with two replicas sharing one NATS: the
+// console of the first shows the traffic of both, summed (each replica serves a
+// route of its own), both replicas, and history charts of decisions, queue depth and
+// outflow.
+func TestConsoleClusterInBrowser(t *testing.T) {
+	b := newConsoleBrowser(t)
+	srv := natstest.Start(t)
+	up, down := newUpstream(t, 0), newDownstream(t, 0)
+	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, "outflow: {rate: 2/s}"))
+	const token = "console-cluster-token-0123456789"
+	args := append([]string{"--rules", rulesPath, "--upstream", up.URL, "--nats", srv.URL, "--queue-key", testQueueKey,
+		"--admin-token", token, "--console-report-interval", "1s"}, dispatchFlags...)
+	a, other := startSluice(t, args...), startSluice(t, args...)
+
+	// Orders through a (one allowed, then deferred to orders, delivered at 2/s), tiny
+	// through the other (one allowed, then deferred: its queue fills and refuses).
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, tr := range []struct{ base, path string }{{a.url, "/v1/orders"}, {other.url, "/v1/tiny"}} {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				_, _ = postOrder(tr.base, tr.path, fmt.Sprintf("%s-%d", tr.path, i), "{}")
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	b.run("sign in", append([]step{chromedp.Navigate(a.admin + "/console/")}, signIn(token)...)...)
+	rows := `[...document.querySelectorAll("#decisions tbody tr")].map(tr => tr.textContent)`
+	for _, w := range []struct{ what, expr string }{
+		{"two replicas", `document.querySelectorAll("#replicas tbody tr").length === 2`},
+		{"both deciding", `[...document.querySelectorAll("#replicas tbody td.num:nth-child(3)")].every(td => parseFloat(td.textContent) > 0)`},
+		{"orders (replica a)", rows + `.some(r => r.startsWith("orders"))`},
+		{"tiny (the other)", rows + `.some(r => r.startsWith("tiny"))`},
+		{"deferred", `parseFloat(document.querySelector("#outcome-cards .card.deferred .v").textContent) > 0`},
+		// History: a point every 2 s; lines once there are a few.
+		{"history points", `+document.getElementById("chart-outcomes").dataset.points >= 5`},
+		{"outcome lines", `document.querySelectorAll("#chart-outcomes path.line").length >= 2`},
+		{"depth lines", `document.querySelectorAll("#chart-depth path.line").length === 2`},
+		{"outflow lines", `document.querySelectorAll("#chart-outflow path.line.dashed").length === 2`},
+	} {
+		b.run("overview: "+w.what, waitJS(w.expr))
+	}
+	if scope := b.text("#scope"); !strings.Contains(scope, "Summed over 2 replicas") {
+		t.Errorf("scope: %q", scope)
+	}
+	if n := b.eval(`document.querySelectorAll("#replicas tbody tr").length`); n != "2" {
+		t.Errorf("%s replicas shown", n)
+	}
+	b.screenshot("cluster")
+
+	// The JSON the page reads, through the binary: both replicas, both routes.
+	if r := send(t, "GET", a.admin+"/console/data/cluster?history=0", nil); r.status != 401 {
+		t.Errorf("data/cluster without a session: %d", r.status)
+	}
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.PostForm(a.admin+"/console/login", url.Values{"token": {token}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	var cookie string
+	for _, c := range resp.Cookies() {
+		cookie = c.Name + "=" + c.Value
+	}
+	var view struct {
+		Scope    string `json:"scope"`
+		Replicas []struct {
+			PerSecond float64 `json:"per_second"`
+		} `json:"replicas"`
+		Rules []struct {
+			Rule string `json:"rule"`
+		} `json:"rules"`
+	}
+	r := send(t, "GET", a.admin+"/console/data/cluster?history=0", nil, "Cookie", cookie)
+	if err := json.Unmarshal([]byte(r.body), &view); err != nil || r.status != 200 {
+		t.Fatalf("data/cluster: %d %v %s", r.status, err, r.body)
+	}
+	ruleNames := map[string]bool{}
+	for _, rr := range view.Rules {
+		ruleNames[rr.Rule] = true
+	}
+	if view.Scope != "cluster" || len(view.Replicas) != 2 || !ruleNames["orders"] || !ruleNames["tiny"] {
+		t.Errorf("data/cluster: %s", r.body)
 	}
 }

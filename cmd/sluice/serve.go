@@ -220,11 +220,15 @@ func (f *forwardedHeaderFlag) Type() string { return "header" }
 type adminConfig struct {
 	listen string
 	token  string
+	// reportEvery: how often the replica publishes its counters for the console
+	// (console.WithInterval).
+	reportEvery time.Duration
 }
 
 func (c *adminConfig) flags(fs *pflag.FlagSet, listen string) {
 	fs.StringVar(&c.listen, "admin-listen", listen, "`address` of /metrics, /healthz, /readyz and the admin API; empty: none")
 	fs.StringVar(&c.token, "admin-token", "", "bearer `token` that the admin endpoints other than /healthz require")
+	fs.DurationVar(&c.reportEvery, "console-report-interval", console.ReportInterval, "how often this replica publishes its counters to NATS for the console's cluster view, and the console reads every replica's; the console's history takes a point every two intervals and keeps 360 (an hour at the default); 1s to 10s")
 }
 
 // processConfig is what every long-running command has: logs and shutdown.
@@ -654,7 +658,7 @@ func (g *gateway) newCluster(reg *prometheus.Registry) error {
 		return nil
 	}
 	host, _ := os.Hostname()
-	opts := []console.ClusterOption{console.WithClusterLogger(g.log), console.WithHost(host)}
+	opts := []console.ClusterOption{console.WithClusterLogger(g.log), console.WithHost(host), console.WithInterval(g.cfg.admin.reportEvery)}
 	var store interface{ Load() *queue.Store }
 	if g.queues != nil {
 		store = &g.queues.store
@@ -662,7 +666,7 @@ func (g *gateway) newCluster(reg *prometheus.Registry) error {
 	}
 	c, err := console.NewCluster(console.NewReplicaID(), console.LocalReport(reg, store), opts...)
 	if err != nil {
-		return err
+		return fmt.Errorf("--console-report-interval: %w", err)
 	}
 	g.cluster = c
 	return nil

@@ -238,10 +238,12 @@ type clusterView struct {
 	At time.Time `json:"at"`
 	// Scope is "cluster" (every replica's reports) or "process" (this one only: no
 	// NATS, or the bucket is unreachable: Note says which).
-	Scope    string             `json:"scope"`
-	Note     string             `json:"note,omitempty"`
-	Replicas []replicaView      `json:"replicas"`
-	Outcomes map[string]float64 `json:"outcomes"`
+	Scope string `json:"scope"`
+	// ReportSeconds: how often each replica reports.
+	ReportSeconds float64            `json:"report_seconds"`
+	Note          string             `json:"note,omitempty"`
+	Replicas      []replicaView      `json:"replicas"`
+	Outcomes      map[string]float64 `json:"outcomes"`
 	// Rules: decisions per second by rule and outcome, summed over the replicas (at
 	// most maxViewRules rows; Truncated when there were more).
 	Rules     []ruleRate    `json:"rules"`
@@ -289,7 +291,6 @@ func (a *aggregator) view(now time.Time) clusterView {
 	if v.Queues == nil {
 		v.Queues = []QueueSample{}
 	}
-	v.History.StepSeconds = HistoryStep.Seconds()
 	v.History.Points = a.ring.all()
 	return v
 }

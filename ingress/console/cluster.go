@@ -164,6 +164,8 @@ type Cluster struct {
 	now   func() time.Time
 	log   *slog.Logger
 	agg   *aggregator
+	every time.Duration // between reports (ReportInterval)
+	step  time.Duration // between history points (HistoryStep)
 
 	tickMu sync.Mutex // one Tick at a time
 	seq    uint64
@@ -185,6 +187,13 @@ func WithReportsBucket(open func(ctx context.Context) (jetstream.KeyValue, error
 	return func(c *Cluster) { c.kv = open }
 }
 
+// WithInterval publishes and reads every d instead of ReportInterval, and adds a
+// history point every 2d (so the history spans HistoryPoints × 2d); d is between 1s
+// and ReportTTL/2.
+func WithInterval(d time.Duration) ClusterOption {
+	return func(c *Cluster) { c.every, c.step = d, 2*d }
+}
+
 // WithClusterClock replaces time.Now, for tests.
 func WithClusterClock(now func() time.Time) ClusterOption { return func(c *Cluster) { c.now = now } }
 
@@ -203,9 +212,13 @@ func NewCluster(id string, local func(ctx context.Context) Report, opts ...Clust
 	if local == nil {
 		return nil, fmt.Errorf("%w: nil local report", ErrInvalidOption)
 	}
-	c := &Cluster{self: id, local: local, now: time.Now, log: slog.Default(), warned: map[string]bool{}}
+	c := &Cluster{self: id, local: local, now: time.Now, log: slog.Default(), warned: map[string]bool{},
+		every: ReportInterval, step: HistoryStep}
 	for _, o := range opts {
 		o(c)
+	}
+	if c.every < time.Second || c.every > ReportTTL/2 {
+		return nil, fmt.Errorf("%w: report interval %s is not between 1s and %s", ErrInvalidOption, c.every, ReportTTL/2)
 	}
 	c.agg = newAggregator(id, HistoryPoints)
 	return c, nil
@@ -217,9 +230,9 @@ func NewReplicaID() string {
 }
 
 // Run publishes and reads every ReportInterval, and adds a point to the history every
-// HistoryStep, until ctx ends.
+// HistoryStep (see WithInterval), until ctx ends.
 func (c *Cluster) Run(ctx context.Context) {
-	t := time.NewTicker(ReportInterval)
+	t := time.NewTicker(c.every)
 	defer t.Stop()
 	for {
 		c.Tick(ctx)
@@ -257,7 +270,7 @@ func (c *Cluster) Tick(ctx context.Context) {
 	c.agg.observe(now, reports)
 	c.mu.Lock()
 	c.lastRound = now
-	due := c.lastTick.IsZero() || now.Sub(c.lastTick) >= HistoryStep
+	due := c.lastTick.IsZero() || now.Sub(c.lastTick) >= c.step
 	if due {
 		c.lastTick = now
 	}
@@ -271,7 +284,7 @@ func (c *Cluster) Tick(ctx context.Context) {
 // own process-only view, which no Run drives, is ticked by its readers.
 func (c *Cluster) tickIfDue(ctx context.Context) {
 	c.mu.Lock()
-	due := c.lastRound.IsZero() || c.now().Sub(c.lastRound) >= ReportInterval
+	due := c.lastRound.IsZero() || c.now().Sub(c.lastRound) >= c.every
 	c.mu.Unlock()
 	if due {
 		c.Tick(ctx)
@@ -281,6 +294,7 @@ func (c *Cluster) tickIfDue(ctx context.Context) {
 // view returns the cluster's figures as they are now.
 func (c *Cluster) view() clusterView {
 	v := c.agg.view(c.now())
+	v.ReportSeconds, v.History.StepSeconds = c.every.Seconds(), c.step.Seconds()
 	c.mu.Lock()
 	err := c.kvErr
 	c.mu.Unlock()
@@ -298,7 +312,7 @@ func (c *Cluster) view() clusterView {
 
 // exchange publishes r and returns the other replicas' valid reports.
 func (c *Cluster) exchange(ctx context.Context, r Report) ([]Report, error) {
-	ctx, cancel := context.WithTimeout(ctx, ReportInterval)
+	ctx, cancel := context.WithTimeout(ctx, c.every)
 	defer cancel()
 	kv, err := c.kv(ctx)
 	if err != nil {

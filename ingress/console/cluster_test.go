@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -265,5 +266,27 @@ func TestClusterDataNATSDown(t *testing.T) {
 	v := c.view()
 	if v.Scope != "cluster" || !strings.Contains(v.Note, "cannot be exchanged") || len(v.Replicas) != 1 {
 		t.Errorf("NATS down: %+v", v)
+	}
+}
+
+func TestNewCluster(t *testing.T) {
+	local := (&fakeReplica{now: time.Now}).report
+	for name, tc := range map[string]struct {
+		id    string
+		local func(context.Context) Report
+		opts  []ClusterOption
+	}{
+		"bad id":         {"Not/An-Id", local, nil},
+		"empty id":       {"", local, nil},
+		"no local":       {"ab", nil, nil},
+		"short interval": {"ab", local, []ClusterOption{WithInterval(100 * time.Millisecond)}},
+		"long interval":  {"ab", local, []ClusterOption{WithInterval(time.Minute)}},
+	} {
+		if _, err := NewCluster(tc.id, tc.local, tc.opts...); !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("%s: %v, want ErrInvalidOption", name, err)
+		}
+	}
+	if id := NewReplicaID(); !validReplicaID(id) || id == NewReplicaID() {
+		t.Errorf("replica id %q", id)
 	}
 }

@@ -78,13 +78,13 @@ let history = null;
 // The overview reads data/cluster: the rates of every replica (or of this process
 // only, which the page says), and, every 10 s, the last hour's history.
 async function overview() {
-  const withHistory = !history || Date.now() - historyAt >= 10000;
+  const withHistory = !history || Date.now() - historyAt >= history.step_seconds * 1000;
   const v = await call("GET", DATA + "/cluster" + (withHistory ? "" : "?history=0"));
   if (withHistory) { history = v.history; historyAt = Date.now(); }
   const scope = document.getElementById("scope");
   const n = v.replicas.length;
   scope.textContent = v.scope === "process" ? v.note :
-    "Summed over " + n + " replica" + (n === 1 ? "" : "s") + " (each publishes its counters to NATS every 5 s)." + (v.note ? " " + v.note : "") +
+    "Summed over " + n + " replica" + (n === 1 ? "" : "s") + " (each publishes its counters to NATS every " + v.report_seconds + " s)." + (v.note ? " " + v.note : "") +
     (v.refused ? " " + v.refused + " report(s) in the bucket were refused as malformed." : "");
   scope.className = "hint" + (v.scope === "process" || v.note ? " scope-process" : "");
   const measuring = v.replicas.every(r => r.measuring);
@@ -162,7 +162,7 @@ function chart(id, t, series) {
   fig.dataset.points = String(t.length);
   fig.dataset.series = String(series.length);
   if (t.length < 2 || !series.length) {
-    plot.replaceChildren(el("div", { class: "empty", text: t.length < 2 ? "Collecting: a point every 10 s." : "No queues." }));
+    plot.replaceChildren(el("div", { class: "empty", text: t.length < 2 ? "Collecting: a point every " + document.getElementById("step").textContent + " s." : "No queues." }));
     legend.replaceChildren();
     return;
   }
@@ -176,7 +176,8 @@ function chart(id, t, series) {
     g.append(svg("line", { class: "grid", x1: L, x2: W - R, y1: y(top * f), y2: y(top * f) }));
     g.append(svg("text", { x: L - 4, y: y(top * f) + 3, "text-anchor": "end", text: fmtRate(top * f) }));
   }
-  const clock = ms => new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  const span = t1 - t0 < 600000 ? { hour: "2-digit", minute: "2-digit", second: "2-digit" } : { hour: "2-digit", minute: "2-digit" };
+  const clock = ms => new Date(ms).toLocaleTimeString([], span);
   g.append(svg("text", { x: L, y: H - 5, text: clock(t0) }));
   g.append(svg("text", { x: W - R, y: H - 5, "text-anchor": "end", text: clock(t1) }));
   for (const s of series) {
