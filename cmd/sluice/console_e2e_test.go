@@ -538,8 +538,33 @@ func TestConsoleClusterInBrowser(t *testing.T) {
 	if r := send(t, "GET", a.admin+"/console/data/cluster?history=0", nil); r.status != 401 {
 		t.Errorf("data/cluster without a session: %d", r.status)
 	}
+	view, body := clusterView(t, a.admin, token)
+	ruleNames := map[string]bool{}
+	for _, rr := range view.Rules {
+		ruleNames[rr.Rule] = true
+	}
+	if view.Scope != "cluster" || len(view.Replicas) != 2 || !ruleNames["orders"] || !ruleNames["tiny"] {
+		t.Errorf("data/cluster: %s", body)
+	}
+}
+
+// consoleView is what the tests read of the console's data/cluster.
+type consoleView struct {
+	Scope    string `json:"scope"`
+	Note     string `json:"note"`
+	Replicas []struct {
+		PerSecond float64 `json:"per_second"`
+	} `json:"replicas"`
+	Rules []struct {
+		Rule string `json:"rule"`
+	} `json:"rules"`
+}
+
+// clusterView signs in to the console at admin and reads data/cluster.
+func clusterView(t *testing.T, admin, token string) (consoleView, string) {
+	t.Helper()
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := noRedirect.PostForm(a.admin+"/console/login", url.Values{"token": {token}})
+	resp, err := noRedirect.PostForm(admin+"/console/login", url.Values{"token": {token}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -548,24 +573,26 @@ func TestConsoleClusterInBrowser(t *testing.T) {
 	for _, c := range resp.Cookies() {
 		cookie = c.Name + "=" + c.Value
 	}
-	var view struct {
-		Scope    string `json:"scope"`
-		Replicas []struct {
-			PerSecond float64 `json:"per_second"`
-		} `json:"replicas"`
-		Rules []struct {
-			Rule string `json:"rule"`
-		} `json:"rules"`
-	}
-	r := send(t, "GET", a.admin+"/console/data/cluster?history=0", nil, "Cookie", cookie)
-	if err := json.Unmarshal([]byte(r.body), &view); err != nil || r.status != 200 {
+	var v consoleView
+	r := send(t, "GET", admin+"/console/data/cluster?history=0", nil, "Cookie", cookie)
+	if err := json.Unmarshal([]byte(r.body), &v); err != nil || r.status != 200 {
 		t.Fatalf("data/cluster: %d %v %s", r.status, err, r.body)
 	}
-	ruleNames := map[string]bool{}
-	for _, rr := range view.Rules {
-		ruleNames[rr.Rule] = true
+	return v, r.body
+}
+
+// sluice rls has no NATS: its console shows this process only, and says so.
+func TestConsoleWithoutNATS(t *testing.T) {
+	t.Parallel()
+	rulesPath := writeRules(t, t.TempDir(), e2eRules(4))
+	const token = "console-rls-token-0123456789"
+	p := startCommand(t, "rls", "--rules", rulesPath, "--grpc-listen", freeAddr(t), "--admin-token", token)
+	v, body := clusterView(t, p.admin, token)
+	if v.Scope != "process" || !strings.Contains(v.Note, "This process only") || len(v.Replicas) != 1 {
+		t.Errorf("data/cluster of sluice rls: %s", body)
 	}
-	if view.Scope != "cluster" || len(view.Replicas) != 2 || !ruleNames["orders"] || !ruleNames["tiny"] {
-		t.Errorf("data/cluster: %s", r.body)
+	if code, _, stderr := runSluice(t, "rls", "--rules", rulesPath, "--grpc-listen", freeAddr(t), "--admin-token", token,
+		"--console-report-interval", "100ms"); code == exitOK || !strings.Contains(stderr, "--console-report-interval") {
+		t.Errorf("--console-report-interval 100ms: exit %d\n%s", code, stderr)
 	}
 }
