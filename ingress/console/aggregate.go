@@ -18,6 +18,9 @@ const (
 	historyQueues = 16
 	// maxViewRules bounds the rule rows of a view.
 	maxViewRules = 1000
+	// maxOutcomes bounds the outcomes of a view and of a history point: the known
+	// ones first, then the first others met.
+	maxOutcomes = 16
 )
 
 func randUint64() uint64 {
@@ -169,11 +172,20 @@ func (a *aggregator) point(now time.Time) {
 			outcomes = zeroOutcomes()
 		}
 		for k, v := range rs {
-			outcomes[k.outcome] += v
+			addOutcome(outcomes, k.outcome, v)
 		}
 	}
 	qs := a.queuesLocked()
 	a.ring.add(historyPoint{At: now.UTC(), Outcomes: outcomes, Queues: qs[:min(len(qs), historyQueues)]})
+}
+
+// addOutcome adds v to the outcome o of m, unless o is new and m holds maxOutcomes.
+func addOutcome(m map[string]float64, o string, v float64) bool {
+	if _, ok := m[o]; !ok && len(m) >= maxOutcomes {
+		return false
+	}
+	m[o] += v
+	return true
 }
 
 func zeroOutcomes() map[string]float64 {
@@ -268,9 +280,10 @@ func (a *aggregator) view(now time.Time) clusterView {
 			Measuring: st.prev == nil}
 		if st.prev != nil {
 			for k, r := range rates(st.prev, st.last) {
-				byRule[k] += r
-				v.Outcomes[k.outcome] += r
-				rv.PerSecond += r
+				if addOutcome(v.Outcomes, k.outcome, r) {
+					byRule[k] += r
+					rv.PerSecond += r
+				}
 			}
 		}
 		v.Replicas = append(v.Replicas, rv)

@@ -135,6 +135,28 @@ func TestRingHistory(t *testing.T) {
 	}
 }
 
+// Outcomes this sluice does not know (a newer replica's) are shown, at most
+// maxOutcomes of them in all.
+func TestAggregatorOutcomesBounded(t *testing.T) {
+	a := newAggregator("aaaa", 2)
+	var series0, series1 []any
+	for i := range 26 {
+		o := "new_" + strings.Repeat("x", i+1)
+		series0 = append(series0, "r", o, 0.0)
+		series1 = append(series1, "r", o, 10.0)
+	}
+	a.observe(t0, []Report{report("bbbb", 1, t0, series0...)})
+	a.observe(t0.Add(time.Second), []Report{report("bbbb", 2, t0.Add(time.Second), series1...)})
+	a.point(t0.Add(time.Second))
+	v := a.view(t0.Add(time.Second))
+	if len(v.Outcomes) != maxOutcomes || len(v.History.Points[0].Outcomes) != maxOutcomes {
+		t.Errorf("%d outcomes in the view, %d in the point, want %d", len(v.Outcomes), len(v.History.Points[0].Outcomes), maxOutcomes)
+	}
+	if len(v.Rules) != maxOutcomes-len(knownOutcomes) || !near(v.Replicas[0].PerSecond, 10*float64(maxOutcomes-len(knownOutcomes))) {
+		t.Errorf("rules %d, per second %v", len(v.Rules), v.Replicas[0].PerSecond)
+	}
+}
+
 // The queues come from this process's report first, then from the newest of the
 // others, each queue once.
 func TestAggregatorQueues(t *testing.T) {

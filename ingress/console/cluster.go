@@ -31,7 +31,8 @@ import (
 // still read as hostile input: at most MaxReportBytes (the bucket refuses larger
 // values too), strict JSON, at most MaxReportSeries decision series and
 // MaxReportQueues queues, names of at most maxNameLen bytes, counts finite and not
-// negative, outcomes among the known ones; anything else drops the report, which is
+// negative, outcomes of a-z and _ (a later sluice may count more outcomes than these
+// know: the view keeps at most maxOutcomes of them); anything else drops the report, which is
 // logged once per replica and counted in the view (Refused). At most MaxReplicas keys
 // are read.
 const (
@@ -125,7 +126,7 @@ func (r *Report) check() error {
 		return bad("%d queues, at most %d", len(r.Queues), MaxReportQueues)
 	}
 	for _, d := range r.Decisions {
-		if len(d.Rule) > maxNameLen || !slices.Contains(knownOutcomes, d.Outcome) || !count(d.Total) {
+		if len(d.Rule) > maxNameLen || !validOutcome(d.Outcome) || !count(d.Total) {
 			return bad("decision series %.40q %.40q %v", d.Rule, d.Outcome, d.Total)
 		}
 	}
@@ -136,6 +137,19 @@ func (r *Report) check() error {
 		}
 	}
 	return nil
+}
+
+// validOutcome: 1 to 32 of [a-z_], as the outcome label's values are.
+func validOutcome(s string) bool {
+	if s == "" || len(s) > 32 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // count reports whether x is a usable count or rate: finite, not negative, exact.

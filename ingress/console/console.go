@@ -10,6 +10,14 @@
 // itself, so the token never reaches the page's script. Every request that changes
 // something needs the session's CSRF token in a header, and a same-origin Origin
 // (or Sec-Fetch-Site) when the browser sends one.
+//
+// The overview is the cluster's (see Cluster): every replica publishes its decision
+// counters and its view of the queues to the NATS key-value bucket ReportsBucket every
+// ReportInterval; the console sums every replica's decisions per second by outcome and
+// rule, lists the replicas, and keeps the last hour in memory (HistoryPoints points,
+// one every HistoryStep) for its charts of decisions by outcome, queue depth, and
+// achieved against configured outflow, drawn as inline SVG. GET Prefix+"data/cluster"
+// is the JSON the page reads. Without NATS the overview is this process's, and says so.
 package console
 
 import (

@@ -88,7 +88,9 @@ async function overview() {
     (v.refused ? " " + v.refused + " report(s) in the bucket were refused as malformed." : "");
   scope.className = "hint" + (v.scope === "process" || v.note ? " scope-process" : "");
   const measuring = v.replicas.every(r => r.measuring);
-  document.getElementById("outcome-cards").replaceChildren(...OUTCOMES.map(o =>
+  // Outcomes of a newer replica that this page does not know get a card too.
+  const outs = [...OUTCOMES, ...Object.keys(v.outcomes).filter(o => !OUTCOMES.includes(o)).sort()];
+  document.getElementById("outcome-cards").replaceChildren(...outs.map(o =>
     el("div", { class: "card " + o }, el("div", { class: "v", text: measuring ? "…" : fmtRate(v.outcomes[o] || 0) }),
       el("div", { class: "k", text: o.replaceAll("_", " ") + " /s" }))));
   const byRule = new Map();
@@ -98,7 +100,7 @@ async function overview() {
   }
   const rows = [...byRule.keys()].sort().map(rule => {
     const r = byRule.get(rule);
-    const total = OUTCOMES.reduce((a, o) => a + (r[o] || 0), 0);
+    const total = Object.values(r).reduce((a, x) => a + x, 0);
     return el("tr", {}, el("td", { text: rule }),
       ...OUTCOMES.map(o => el("td", { class: "num", text: fmtRate(r[o] || 0) })),
       el("td", { class: "num", text: fmtRate(total) }));
@@ -125,7 +127,9 @@ function drawHistory(h) {
   document.getElementById("step").textContent = String(h.step_seconds);
   const pts = h.points;
   const t = pts.map(p => new Date(p.at).getTime());
-  chart("chart-outcomes", t, OUTCOMES.map(o => ({ name: o.replaceAll("_", " "), color: OUTCOME_COLORS[o],
+  const seen = new Set(pts.flatMap(p => Object.keys(p.outcomes || {})));
+  const outs = [...OUTCOMES, ...[...seen].filter(o => !OUTCOMES.includes(o)).sort()];
+  chart("chart-outcomes", t, outs.map((o, i) => ({ name: o.replaceAll("_", " "), color: OUTCOME_COLORS[o] || PALETTE[i % PALETTE.length],
     values: pts.map(p => p.outcomes ? p.outcomes[o] || 0 : null) })).filter(s => s.values.some(x => x > 0) || s.name === "allowed"));
   const names = [...new Set(pts.flatMap(p => p.queues.map(q => q.name)))].sort();
   const at = (p, name) => p.queues.find(q => q.name === name);
