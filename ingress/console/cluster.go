@@ -273,10 +273,15 @@ func (c *Cluster) Tick(ctx context.Context) {
 	if c.kv != nil {
 		peers, err := c.exchange(ctx, r)
 		c.mu.Lock()
+		was := c.kvErr
 		c.kvErr = err
 		c.mu.Unlock()
-		if err != nil {
-			c.log.Warn("console: the cluster's reports cannot be exchanged; the console shows this process only", "err", err)
+		// Said when it starts and when it ends, not every round.
+		switch {
+		case err != nil && was == nil:
+			c.log.Warn("console: the replicas' reports cannot be exchanged; the console's figures miss the other replicas meanwhile", "err", err)
+		case err == nil && was != nil:
+			c.log.Info("console: the replicas' reports are exchanged again")
 		}
 		reports = append(reports, peers...)
 	}
@@ -352,8 +357,9 @@ func (c *Cluster) exchange(ctx context.Context, r Report) ([]Report, error) {
 	}
 	var names []string
 	for k := range keys.Keys() {
-		if len(names) < MaxReplicas {
-			names = append(names, k)
+		names = append(names, k)
+		if len(names) > MaxReplicas { // the peers and this replica
+			break
 		}
 	}
 	_ = keys.Stop()

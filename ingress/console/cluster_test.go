@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -288,5 +289,33 @@ func TestNewCluster(t *testing.T) {
 	}
 	if id := NewReplicaID(); !validReplicaID(id) || id == NewReplicaID() {
 		t.Errorf("replica id %q", id)
+	}
+}
+
+// A bucket flooded with keys: at most MaxReplicas reports are read, and the view
+// stays within its bounds.
+func TestClusterManyKeys(t *testing.T) {
+	_, open := reportsBucket(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	kv, err := open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range MaxReplicas + 36 {
+		id := fmt.Sprintf("peer-%03d", i)
+		b, _ := json.Marshal(report(id, 1, t0, "r", "allowed", 1.0))
+		if _, err := kv.Put(ctx, id, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := NewCluster("aaaaaaaaaaaaaaaa", (&fakeReplica{now: time.Now}).report, WithReportsBucket(open),
+		WithClusterLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Tick(ctx)
+	if v := c.view(); len(v.Replicas) > MaxReplicas+1 || len(v.Replicas) < MaxReplicas/2 || v.Note != "" {
+		t.Errorf("%d replicas in the view (note %q), want at most %d", len(v.Replicas), v.Note, MaxReplicas+1)
 	}
 }
