@@ -319,3 +319,44 @@ func TestClusterManyKeys(t *testing.T) {
 		t.Errorf("%d replicas in the view (note %q), want at most %d", len(v.Replicas), v.Note, MaxReplicas+1)
 	}
 }
+
+// On a 3-node JetStream cluster the bucket is replicated (R3, in memory) and two
+// replicas connected to different nodes see each other.
+func TestReportsBucketOnCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a 3-node NATS cluster")
+	}
+	cl := natstest.StartCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var cs []*Cluster
+	for i, id := range []string{"aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"} {
+		js, err := jetstream.New(cl.Connect(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := NewCluster(id, (&fakeReplica{now: time.Now}).report, WithClusterLogger(slog.New(slog.DiscardHandler)),
+			WithReportsBucket(func(ctx context.Context) (jetstream.KeyValue, error) { return OpenReportsBucket(ctx, js, 3) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs = append(cs, c)
+		if i == 0 {
+			kv, err := OpenReportsBucket(ctx, js, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st, err := kv.Status(ctx)
+			if err != nil || st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas != 3 ||
+				st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Storage != jetstream.MemoryStorage || st.TTL() != ReportTTL {
+				t.Fatalf("bucket %+v %v", st, err)
+			}
+		}
+	}
+	cs[0].Tick(ctx)
+	cs[1].Tick(ctx)
+	cs[0].Tick(ctx)
+	if v := cs[0].view(); len(v.Replicas) != 2 || v.Note != "" {
+		t.Errorf("view on a cluster: %+v", v)
+	}
+}
