@@ -228,7 +228,6 @@ type adminConfig struct {
 func (c *adminConfig) flags(fs *pflag.FlagSet, listen string) {
 	fs.StringVar(&c.listen, "admin-listen", listen, "`address` of /metrics, /healthz, /readyz and the admin API; empty: none")
 	fs.StringVar(&c.token, "admin-token", "", "bearer `token` that the admin endpoints other than /healthz require")
-	fs.DurationVar(&c.reportEvery, "console-report-interval", console.ReportInterval, "how often this replica publishes its counters to NATS for the console's cluster view, and the console reads every replica's; the console's history takes a point every two intervals and keeps 360 (an hour at the default); 1s to 10s")
 }
 
 // processConfig is what every long-running command has: logs and shutdown.
@@ -252,6 +251,8 @@ func (m gatewayMode) flags(fs *pflag.FlagSet, c *gatewayConfig) {
 		c.envoy.flags(fs, m.front)
 	}
 	c.admin.flags(fs, m.admin)
+	// Long-running commands only (dlq and queue share the admin flags).
+	fs.DurationVar(&c.admin.reportEvery, "console-report-interval", console.ReportInterval, "how often this replica publishes its counters to NATS for the console's cluster view, and the console reads every replica's; the console's history takes a point every two intervals and keeps 360 (an hour at the default); 1s to 10s")
 	c.process.flags(fs)
 	if !m.rls {
 		c.nats.flags(fs, true)

@@ -68,7 +68,7 @@ func (a *aggregator) observe(now time.Time, reports []Report) {
 			a.replicas[r.Replica] = &replicaState{last: r, seenAt: now}
 		case r.Seq > st.last.Seq && r.At.After(st.last.At):
 			st.prev, st.last, st.seenAt = st.last, r, now
-		case r.Seq < st.last.Seq || r.Seq > st.last.Seq:
+		case r.Seq != st.last.Seq:
 			// Counted from anew (a report that goes back): its rates restart.
 			*st = replicaState{last: r, seenAt: now}
 		}
