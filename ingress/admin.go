@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )

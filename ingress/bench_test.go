@@ -2,12 +2,12 @@ package ingress
 
 import (
 	"context"
-
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/rules"
 )

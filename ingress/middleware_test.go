@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )

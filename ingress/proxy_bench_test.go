@@ -1,14 +1,16 @@
 package ingress
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/rules"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/rules"
 )
 
 // BenchmarkProxy measures one small GET through the proxy over loopback, client and

@@ -2,8 +2,6 @@ package queue
 
 import (
 	"cmp"
-	"github.com/sluicehq/sluice/queue/queueconfig"
-
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Errors of Consumer.Next and of the Lease methods that callers branch on.
