@@ -581,12 +581,12 @@ func buildSluice(ctx context.Context, out string) error {
 	const hint = "run from within the repository, or pass --sluice"
 	dir, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/sluicehq/sluice").Output()
 	if err != nil || strings.TrimSpace(string(dir)) == "" {
-		return fmt.Errorf("finding the sluice module (%s): %v", hint, err)
+		return fmt.Errorf("finding the sluice module (%s): %w", hint, err)
 	}
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/sluice")
 	cmd.Dir = strings.TrimSpace(string(dir))
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build ./cmd/sluice in %s (%s): %v\n%s", cmd.Dir, hint, err, msg)
+		return fmt.Errorf("go build ./cmd/sluice in %s (%s): %w\n%s", cmd.Dir, hint, err, msg)
 	}
 	return nil
 }

@@ -327,8 +327,8 @@ func paceTicker(ctx context.Context, r limiter.Rate, d, stall time.Duration) ([]
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case now := <-t.C:
-			now = time.Now()
+		case <-t.C:
+			now := time.Now()
 			if now.After(end) {
 				return times, nil
 			}
