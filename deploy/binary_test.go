@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -44,7 +45,7 @@ func (b *builtBinaries) build(t *testing.T) string {
 			cmd := exec.Command("go", "build", "-o", b.dir+string(filepath.Separator), ".")
 			cmd.Dir = filepath.Join(moduleRoot, dir)
 			if out, err := cmd.CombinedOutput(); err != nil {
-				b.err = fmt.Errorf("go build ./%s: %v\n%s", dir, err, out)
+				b.err = fmt.Errorf("go build ./%s: %w\n%s", dir, err, out)
 				return
 			}
 		}
@@ -83,8 +84,8 @@ func (b *builtBinaries) run(t *testing.T, name string, args ...string) (int, str
 	}
 	code := 0
 	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		if !ok {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		code = ee.ExitCode()

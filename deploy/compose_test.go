@@ -126,7 +126,7 @@ func (s *serviceNetworks) UnmarshalYAML(n *yaml.Node) error {
 	switch n.Kind {
 	case yaml.SequenceNode:
 		for _, c := range n.Content {
-			out[c.Value] = out[c.Value]
+			out[c.Value] = out[c.Value] //nolint:staticcheck // SA4018: the name, with no settings (the value type has no name)
 		}
 	case yaml.MappingNode:
 		m := map[string]*struct {

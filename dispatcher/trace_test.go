@@ -40,7 +40,7 @@ func spanNamed(exp *tracetest.InMemoryExporter, name string) (tracetest.SpanStub
 func spanAttrs(s tracetest.SpanStub) map[attribute.Key]string {
 	out := map[attribute.Key]string{}
 	for _, kv := range s.Attributes {
-		out[kv.Key] = kv.Value.Emit()
+		out[kv.Key] = kv.Value.String()
 	}
 	return out
 }

@@ -23,7 +23,7 @@ func newTracing(t *testing.T) (*sdktrace.TracerProvider, *tracetest.InMemoryExpo
 func attrs(s tracetest.SpanStub) map[attribute.Key]string {
 	out := map[attribute.Key]string{}
 	for _, kv := range s.Attributes {
-		out[kv.Key] = kv.Value.Emit()
+		out[kv.Key] = kv.Value.String()
 	}
 	return out
 }

@@ -131,7 +131,7 @@ func (q *Queue) laneRoom(ctx context.Context, cfg queueconfig.Config, tok string
 	if depth < uint64(cfg.TenantMaxDepth) {
 		return nil
 	}
-	fe := q.fullError(ctx).(*FullError)
+	fe := q.fullError(ctx)
 	fe.Depth, fe.Lane, fe.Limit, fe.Max = depth, tok, "tenant_max_depth", cfg.TenantMaxDepth
 	return fmt.Errorf("%w: lane %s holds %d orders (tenant_max_depth %d)", fe, tok, depth, cfg.TenantMaxDepth)
 }

@@ -29,7 +29,9 @@ import (
 //	fire-s          from the due time until every order is on the ready subjects
 //	fire-cpu-s      CPU seconds the process spent meanwhile
 //
-// Run: go test -run '^$' -bench BenchmarkScheduled100k -benchtime 1x ./queue/
+// Run it with:
+//
+//	go test -run '^$' -bench BenchmarkScheduled100k -benchtime 1x ./queue/
 func BenchmarkScheduled100k(b *testing.B) {
 	n := 100_000
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_SCHEDULED")); err == nil && v > 0 {
@@ -78,7 +80,9 @@ func BenchmarkScheduled100k(b *testing.B) {
 // and reports how long the server takes, from that due time, to put every one on the
 // ready subjects, and the CPU it spends.
 //
-// Run: go test -run '^$' -bench BenchmarkScheduledFire100k -benchtime 1x ./queue/
+// Run it with:
+//
+//	go test -run '^$' -bench BenchmarkScheduledFire100k -benchtime 1x ./queue/
 func BenchmarkScheduledFire100k(b *testing.B) {
 	n := 100_000
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_SCHEDULED")); err == nil && v > 0 {

@@ -838,7 +838,7 @@ func (q *Queue) checkRoom(ctx context.Context) error {
 
 // fullError describes the queue full now: its depth, the limit it reached (max_depth
 // or max_bytes, by the stream's state), and when to come back.
-func (q *Queue) fullError(ctx context.Context) error {
+func (q *Queue) fullError(ctx context.Context) *FullError {
 	cfg := q.Config()
 	fe := &FullError{Queue: q.name}
 	if info, err := q.streamInfo(ctx, 0); err == nil {

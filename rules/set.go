@@ -3,6 +3,7 @@ package rules
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -143,7 +144,7 @@ func readFile(name string) ([]byte, error) {
 
 // unwrapPathError drops the path that the problem's location already shows.
 func unwrapPathError(err error) error {
-	if pe, ok := err.(*os.PathError); ok {
+	if pe := (*os.PathError)(nil); errors.As(err, &pe) {
 		return pe.Err
 	}
 	return err

@@ -248,7 +248,7 @@ func configValue(f *pflag.Flag, n *yaml.Node) (string, error) {
 
 // want describes what f takes, after its Set refused a value with err.
 func want(f *pflag.Flag, err error) string {
-	if invalid, ok := err.(*pflag.InvalidValueError); ok { // from FlagSet.Set
+	if invalid := (*pflag.InvalidValueError)(nil); errors.As(err, &invalid) { // from FlagSet.Set
 		err = invalid.Unwrap()
 	}
 	var w string

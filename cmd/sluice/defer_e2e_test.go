@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -588,7 +589,7 @@ func runSluice(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	if err != nil {
-		if _, ok := err.(*exec.ExitError); !ok {
+		if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) {
 			t.Fatal(err)
 		}
 	}

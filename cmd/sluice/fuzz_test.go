@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func FuzzParseTrace(f *testing.F) {
 		}
 		reqs, err := parseTrace(strings.NewReader(text))
 		if err != nil {
-			if te, ok := err.(*traceError); ok && te.line < 1 {
+			if te := (*traceError)(nil); errors.As(err, &te) && te.line < 1 {
 				t.Fatalf("error names line %d: %v", te.line, err)
 			}
 			return

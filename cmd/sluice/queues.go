@@ -361,7 +361,7 @@ func (c *natsConn) notConnected() error {
 		err = *p
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %v", errNotConnected, err)
+		return fmt.Errorf("%w: %w", errNotConnected, err)
 	}
 	return errNotConnected
 }

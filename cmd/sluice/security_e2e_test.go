@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -33,7 +34,7 @@ func runSluiceEnv(t *testing.T, env []string, args ...string) (code int, stdout,
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
-		if _, ok := err.(*exec.ExitError); !ok {
+		if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) {
 			t.Fatal(err)
 		}
 	}

@@ -60,7 +60,7 @@ func buildSluiceRace(dir string, race bool) (string, error) {
 	}
 	out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
 	}
 	return bin, nil
 }

@@ -408,7 +408,7 @@ func parseTraceLine(text string) (req request, ok bool, err error) {
 	}
 	if len(fields) > 2 {
 		if req.n, err = strconv.ParseInt(fields[2], 10, 64); err != nil || req.n < 1 {
-			return request{}, false, fmt.Errorf("N %q is not a positive whole number", fields[2])
+			return request{}, false, fmt.Errorf("N %q is not a positive whole number", fields[2]) //nolint:staticcheck // ST1005: N is the trace field's name
 		}
 	}
 	return req, true, nil

@@ -7,14 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
 
 func goTool(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...)
+	cmd := exec.Command("go", args...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
@@ -57,7 +56,9 @@ func TestLightPackages(t *testing.T) {
 // the same client on x/time/rate (testdata/rateclient), reads the modules the paced one
 // links (go version -m), runs it once, and holds its size to at most 1.5× the other's
 // (sizes of a given toolchain are deterministic). Both sizes are logged, with and
-// without symbols: go test -run TestLightPacer -v ./dispatcher/pace/
+// without symbols:
+//
+//	go test -run TestLightPacer -v ./dispatcher/pace/
 func TestLightPacer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds programs")

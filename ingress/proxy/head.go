@@ -223,7 +223,7 @@ func (b *body) Read(p []byte) (int, error) {
 		switch {
 		case b.left == 0:
 			b.err = nil // the next Read says io.EOF
-		case b.err == io.EOF:
+		case errors.Is(b.err, io.EOF):
 			b.err = io.ErrUnexpectedEOF
 		}
 	case untilEOF:
@@ -234,7 +234,7 @@ func (b *body) Read(p []byte) (int, error) {
 		}
 		n, b.err = b.chunks.Read(p)
 		switch {
-		case b.err == io.EOF:
+		case errors.Is(b.err, io.EOF):
 			b.err = b.readTrailer()
 			if b.err == nil {
 				b.err = io.EOF

@@ -61,7 +61,7 @@ func doCtx(ctx context.Context, p *Pool, method, path string) (o outcome) {
 	w := httptest.NewRecorder()
 	defer func() {
 		if v := recover(); v != nil {
-			if v != http.ErrAbortHandler {
+			if err, ok := v.(error); !ok || !errors.Is(err, http.ErrAbortHandler) {
 				panic(v)
 			}
 			o.aborted = true

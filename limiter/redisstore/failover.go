@@ -35,7 +35,7 @@ func (r *Store) initMetrics(reg prometheus.Registerer) error {
 					return fmt.Errorf("%w: the registry holds another sluice_limiter_fallback_total", ErrInvalidOption)
 				}
 			} else {
-				return fmt.Errorf("%w: register metrics: %v", ErrInvalidOption, err)
+				return fmt.Errorf("%w: register metrics: %w", ErrInvalidOption, err)
 			}
 		}
 	}

@@ -47,7 +47,7 @@ func Available() error { return lookPath("redis-server", "redis-cli") }
 func lookPath(bins ...string) error {
 	for _, bin := range bins {
 		if _, err := exec.LookPath(bin); err != nil {
-			return fmt.Errorf("%w (%s: %v)", ErrNotInstalled, bin, err)
+			return fmt.Errorf("%w (%s: %w)", ErrNotInstalled, bin, err)
 		}
 	}
 	return nil
@@ -363,7 +363,7 @@ func newCluster(dir string, ownDir bool, masters int) (c *Cluster, err error) {
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
 	out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput()
 	if err != nil {
-		return nil, fmt.Errorf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+		return nil, fmt.Errorf("redistest: redis-cli --cluster create: %w\n%s", err, out)
 	}
 	if err := c.waitReady(ctx); err != nil {
 		return nil, err
@@ -387,7 +387,7 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				client.Close()
-				return fmt.Errorf("redistest: cluster node %s not ready: %v\n%s", n.Addr(), err, info)
+				return fmt.Errorf("redistest: cluster node %s not ready: %w\n%s", n.Addr(), err, info)
 			case <-time.After(50 * time.Millisecond):
 			}
 		}

@@ -141,7 +141,7 @@ func cachedBuild(version string, reusable bool, build func(out string) *exec.Cmd
 	cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.Remove(tmp.Name())
-		return "", fmt.Errorf("natstest: %s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
+		return "", fmt.Errorf("natstest: %s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
 	if installed := filepath.Join(tmp.Name()+".d", "nats-server"); fileExists(installed) {
 		if err := os.Rename(installed, tmp.Name()); err != nil {

@@ -201,7 +201,7 @@ func decode(subject string, h nats.Header, data []byte) (*Order, error) {
 	if ts := h.Get(HeaderReceivedAt); ts != "" {
 		t, err := time.Parse(time.RFC3339Nano, ts)
 		if err != nil {
-			return nil, fmt.Errorf("%w: bad %s: %v", ErrNotOrder, HeaderReceivedAt, err)
+			return nil, fmt.Errorf("%w: bad %s: %w", ErrNotOrder, HeaderReceivedAt, err)
 		}
 		o.ReceivedAt = t.UTC()
 	}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"net/http"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -199,7 +197,7 @@ func TestLightDependencies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
 	}
-	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", "github.com/sluicehq/sluice/queue/subscriber").CombinedOutput()
+	out, err := exec.Command("go", "list", "-deps", "github.com/sluicehq/sluice/queue/subscriber").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
