@@ -97,7 +97,7 @@ func readmeRun(t *testing.T, script string, ports []string, env ...string) strin
 	}
 	// ./sluice dies with the bash that started it, which dies with the test (a test
 	// binary that times out runs no cleanup): setpriv --pdeathsig where there is one.
-	if setpriv, err := exec.LookPath("setpriv"); err == nil {
+	if setpriv, lerr := exec.LookPath("setpriv"); lerr == nil {
 		wrapper := "#!/bin/sh\nexec " + setpriv + " --pdeathsig KILL " + sluiceBinary + ` "$@"` + "\n"
 		err = os.WriteFile(filepath.Join(dir, "sluice"), []byte(wrapper), 0o755)
 	} else {

@@ -101,7 +101,7 @@ func ParseReport(b []byte) (Report, error) {
 		return r, fmt.Errorf("%w: %d bytes, at most %d", ErrBadReport, len(b), MaxReportBytes)
 	}
 	if err := json.Unmarshal(b, &r); err != nil {
-		return Report{}, fmt.Errorf("%w: %v", ErrBadReport, err)
+		return Report{}, fmt.Errorf("%w: %w", ErrBadReport, err)
 	}
 	if err := r.check(); err != nil {
 		return Report{}, err

@@ -143,7 +143,7 @@ func readV1(r *bufio.Reader) (netip.AddrPort, error) {
 	for len(line) < maxV1 {
 		b, err := r.ReadByte()
 		if err != nil {
-			return netip.AddrPort{}, fmt.Errorf("%w: v1 header cut short: %v", ErrHeader, err)
+			return netip.AddrPort{}, fmt.Errorf("%w: v1 header cut short: %w", ErrHeader, err)
 		}
 		line = append(line, b)
 		if b == '\n' {
@@ -184,7 +184,7 @@ func parsePort(s string) (uint16, error) {
 func readV2(r *bufio.Reader) (netip.AddrPort, error) {
 	var head [16]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
-		return netip.AddrPort{}, fmt.Errorf("%w: v2 header cut short: %v", ErrHeader, err)
+		return netip.AddrPort{}, fmt.Errorf("%w: v2 header cut short: %w", ErrHeader, err)
 	}
 	verCmd, famProto := head[12], head[13]
 	n := int(binary.BigEndian.Uint16(head[14:16]))
@@ -193,7 +193,7 @@ func readV2(r *bufio.Reader) (netip.AddrPort, error) {
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(r, body); err != nil {
-		return netip.AddrPort{}, fmt.Errorf("%w: v2 header cut short: %v", ErrHeader, err)
+		return netip.AddrPort{}, fmt.Errorf("%w: v2 header cut short: %w", ErrHeader, err)
 	}
 	if verCmd&0xf == 0 { // LOCAL: the balancer's own connection (a health check)
 		return netip.AddrPort{}, nil
