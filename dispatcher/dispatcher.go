@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher/pace"
 	"github.com/sluicehq/sluice/ingress/telemetry"
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
@@ -39,6 +40,7 @@ type options struct {
 	callbacks        CallbackPolicy
 	callbackResolver Resolver
 	tracerProvider   trace.TracerProvider
+	flowLimiter      limiter.Limiter
 }
 
 // WithLogger sets the logger (default: discard).
@@ -157,6 +159,7 @@ type Dispatcher struct {
 	// of queues with CallbackPrivate, on connections of its own.
 	callbackClient, privateCallbackClient *http.Client
 	tracer                                trace.Tracer // nil: no spans
+	flow                                  *flowGate
 }
 
 // New returns a dispatcher for the queues of store.
@@ -192,7 +195,11 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 	if o.ackWait > 0 && o.ackWait <= o.deliveryTimeout {
 		return nil, fmt.Errorf("dispatcher: ack wait %s must exceed the delivery timeout %s", o.ackWait, o.deliveryTimeout)
 	}
-	d := &Dispatcher{store: store, opts: o, log: o.logger, metrics: newMetrics(), tracer: telemetry.Tracer(o.tracerProvider)}
+	if o.flowLimiter == nil {
+		o.flowLimiter = limiter.NewMemory(limiter.WithClock(o.clock.Now))
+	}
+	d := &Dispatcher{store: store, opts: o, log: o.logger, metrics: newMetrics(), tracer: telemetry.Tracer(o.tracerProvider),
+		flow: newFlowGate(o.flowLimiter)}
 	if o.registerer != nil {
 		if err := d.metrics.register(o.registerer); err != nil {
 			return nil, err
@@ -295,5 +302,9 @@ func (d *Dispatcher) timing(cfg queueconfig.Config) (fetchWait, pinnedTTL, ackWa
 
 func (d *Dispatcher) consumerConfig(cfg queueconfig.Config) queue.ConsumerConfig {
 	_, pinnedTTL, ackWait := d.timing(cfg)
-	return queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: pinnedTTL, MaxInFlight: cfg.MaxInFlight}
+	inFlight := cfg.MaxInFlight
+	if cfg.FlowBy.Enabled() {
+		inFlight += FlowPending // the dispatcher keeps MaxInFlight itself
+	}
+	return queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: pinnedTTL, MaxInFlight: inFlight}
 }

@@ -95,18 +95,83 @@ func (r *runner) paceLoop(ctx context.Context, ready <-chan prepared) {
 			p.l.Release(pauseNakDelay(until.Sub(now)))
 			continue
 		}
+		release, ok := r.flowTurn(ctx, p)
+		if !ok {
+			r.cb.cancel(probe)
+			continue
+		}
 		start, err := r.pacer.Grant(ctx)
 		if err != nil { // shutting down: hand it to another dispatcher at once
 			r.cb.cancel(probe)
+			release()
 			handBack(p.l)
 			continue
 		}
 		r.deliveries.Add(1)
 		go func() {
 			defer r.deliveries.Done()
+			defer release()
 			r.deliver(p.l, p.cfg, start, probe)
 		}()
 	}
+}
+
+// flowTurn asks whether p's flow key lets it start (see queueconfig.FlowBy); ok
+// false: the order was settled here (handed back until its key's turn, or because
+// the dispatcher stops). release ends the key's count of p's delivery.
+//
+// The key is asked once the queue's own slot is due (it waits for that slot first,
+// without taking it; this loop alone takes slots), so that the key's pace is the pace
+// of the starts themselves: asked earlier, a key's slot could be granted while the
+// queue's next slot was still far and the start after it near, two starts of the key
+// closer than its interval. An order whose key has no turn is handed back for the
+// key's wait, its attempts untouched, and the next order is fetched: one key's flood
+// does not hold up the others' orders beyond the fetches it costs.
+func (r *runner) flowTurn(ctx context.Context, p prepared) (release func(), ok bool) {
+	f := p.cfg.FlowBy
+	if !f.Enabled() {
+		return func() {}, true
+	}
+	// The queue's MaxInFlight is this loop's to keep for such a queue (see
+	// FlowPending): the consumer hands out more.
+	for r.active.Load() >= int64(p.cfg.MaxInFlight) {
+		select {
+		case <-r.freed:
+		case <-ctx.Done():
+			handBack(p.l)
+			return nil, false
+		}
+	}
+	clock := r.d.opts.clock
+	if wait := r.pacer.Next().Sub(clock.Now()); wait > 0 {
+		if err := clock.Sleep(ctx, wait); err != nil {
+			handBack(p.l)
+			return nil, false
+		}
+	}
+	m := p.l.Message()
+	done, wait, ok, err := r.d.flow.admit(ctx, r.q.Name(), f, m.FlowKey, m.Ticket, clock.Now())
+	if err != nil {
+		r.log.Warn("cannot read the flow key's pace; the order waits", "ticket", m.Ticket, "err", err, "in", wait)
+	}
+	if ok {
+		r.active.Add(1)
+		return func() {
+			done()
+			r.active.Add(-1)
+			select {
+			case r.freed <- struct{}{}:
+			default:
+			}
+		}, true
+	}
+	r.m.retried("flow").Inc()
+	r.deliveries.Add(1)
+	go func() { // its record's write must not hold up the orders of other keys
+		defer r.deliveries.Done()
+		p.l.Postpone(context.Background(), wait)
+	}()
+	return nil, false
 }
 
 // handBack returns an order this dispatcher will not deliver (it is stopping) for

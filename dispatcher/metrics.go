@@ -27,7 +27,7 @@ func newMetrics() *metrics {
 		}, []string{"queue"}),
 		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_queue_retried_total",
-			Help: "Deliveries to be retried, by reason: throttled (downstream 429/503, queue paused, attempt not counted), unreachable (no connection, attempt not counted), circuit (downstream down while the circuit is open, attempt not counted) or error (5xx, timeout, other network errors).",
+			Help: "Deliveries to be retried, by reason: throttled (downstream 429/503, queue paused, attempt not counted), unreachable (no connection, attempt not counted), circuit (downstream down while the circuit is open, attempt not counted), flow (its flow key had no turn yet: the key's rate or max_in_flight, attempt not counted) or error (5xx, timeout, other network errors).",
 		}, []string{"queue", "reason"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_queue_failed_total",

@@ -25,7 +25,11 @@ type runner struct {
 	cb    *circuit
 
 	deliveries sync.WaitGroup
-	gone       atomic.Bool // the queue was retired (see retired)
+	// active counts the deliveries running of a queue with flow_by, and freed is
+	// signalled when one ends (see flowTurn).
+	active atomic.Int64
+	freed  chan struct{}
+	gone   atomic.Bool // the queue was retired (see retired)
 
 	mu          sync.Mutex
 	cfg         queueconfig.Config
@@ -53,6 +57,7 @@ func newRunner(d *Dispatcher, q *queue.Queue) (*runner, error) {
 		m:     d.metrics.forQueue(q.Name()),
 		cb:    newCircuit(d.opts.circuitAfter, d.opts.circuitMaxProbe),
 		cfg:   cfg,
+		freed: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -299,7 +304,7 @@ func (r *runner) retired(ctx context.Context) bool {
 func sameQueueConfig(a, b queueconfig.Config) bool {
 	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream && a.Delivery == b.Delivery &&
 		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff &&
-		a.FairBy == b.FairBy && a.FairLanes == b.FairLanes && a.Priorities.Equal(b.Priorities)
+		a.FairBy == b.FairBy && a.FairLanes == b.FairLanes && a.Priorities.Equal(b.Priorities) && a.FlowBy == b.FlowBy
 }
 
 // unpin releases the pin if this runner holds it, so that another replica takes over

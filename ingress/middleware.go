@@ -79,6 +79,9 @@ type Deferral struct {
 	// queue's fair_by source (see rules.Route.Lane): they choose the order's lane.
 	Priority string
 	Tenant   string
+	// Flow is the value of the queue's flow_by source (see rules.Queue.FlowKey): the
+	// key whose own outflow the order waits for.
+	Flow string
 }
 
 // ParkHeader is the header to park for r: d.Header, or when it is nil r's own header
@@ -387,7 +390,7 @@ func repeatedProblem(err error) problem {
 func (m *Middleware) deferral(route *rules.Route, rule *rules.Rule, r *http.Request, client netip.Prefix) Deferral {
 	priority, tenant := route.Lane(r, client.Addr(), rule.Queue)
 	return Deferral{Queue: rule.Queue, Rule: rule, Client: m.idempotencyScope(route, r, client),
-		Header: parkHeader(m.ids, r), Priority: priority, Tenant: tenant}
+		Header: parkHeader(m.ids, r), Priority: priority, Tenant: tenant, Flow: rule.Queue.FlowKey(r, client.Addr())}
 }
 
 // HeaderNotBefore is the request header by which a client asks that its order be

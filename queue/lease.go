@@ -855,7 +855,13 @@ func (l *Lease) Release(after time.Duration) {
 // stopping) for immediate redelivery to another one (see nak). A genuine order whose
 // ticket has no record yet gets a queued one first: its status would otherwise be
 // read as delivering, the consumer having handed it out.
-func (l *Lease) HandBack(ctx context.Context) {
+func (l *Lease) HandBack(ctx context.Context) { l.Postpone(ctx, time.Millisecond) }
+
+// Postpone hands the message back for redelivery after `after`, without counting an
+// attempt: for an order whose turn has not come (its flow key has no slot free; see
+// queueconfig.FlowBy). Like HandBack, it gives a ticket without a record a queued
+// one first, so that its status does not read as delivering while it waits.
+func (l *Lease) Postpone(ctx context.Context, after time.Duration) {
 	if !l.stored && l.verr == nil {
 		m := l.m
 		if l.rec == nil {
@@ -864,7 +870,7 @@ func (l *Lease) HandBack(ctx context.Context) {
 		l.rec.Status = StatusQueued
 		l.save(ctx)
 	}
-	l.nak(ctx, time.Millisecond)
+	l.nak(ctx, after)
 }
 
 // Extend makes sure the lease has at least need left before its ack wait runs out,

@@ -36,6 +36,7 @@ import (
 //	Sluice-Fingerprint      hex SHA-256 payload fingerprint (see Fingerprint)
 //	Sluice-Callback         the URL to call when the order ends (see Request.Callback)
 //	Sluice-Lane             the order's lane in a laned queue (see ReadySubject)
+//	Sluice-Flow-Key         the keyed hash of the order's flow_by value (see Message.FlowKey)
 //	Sluice-Not-Before       a scheduled order's due time, RFC 3339 in whole seconds (absent
 //	                        for an order delivered as soon as its turn comes)
 //	Sluice-Traceparent      W3C trace context of the park (see Message.TraceParent)
@@ -61,6 +62,7 @@ const (
 	HeaderIdempotencyKey = "Sluice-Idempotency-Key"
 	HeaderFingerprint    = "Sluice-Fingerprint"
 	HeaderLane           = "Sluice-Lane"
+	HeaderFlowKey        = "Sluice-Flow-Key"
 	HeaderNotBefore      = "Sluice-Not-Before"
 	HeaderTraceParent    = "Sluice-Traceparent"
 	HeaderTraceState     = "Sluice-Tracestate"
@@ -106,6 +108,9 @@ type Request struct {
 	// Tenant is the value of the queue's fair_by source (ignored by a queue without
 	// it). It is never stored: Park keeps only the lane it hashes to.
 	Tenant string
+	// Flow is the value of the queue's flow_by source (ignored by a queue without
+	// it). It is never stored: Park keeps only its hash (Message.FlowKey).
+	Flow string
 	// NotBefore asks that the order be delivered no sooner than this (zero: as soon as
 	// its turn comes). It must lie within the queue's MaxDelay of ReceivedAt (else
 	// ErrSchedule). A parked Message holds its effective due time here: the later of
@@ -135,6 +140,11 @@ type Message struct {
 	// Lane is where the order waits in a laned queue (see ReadySubject): "" in a queue
 	// without priorities and fair_by.
 	Lane string
+	// FlowKey is the key whose own outflow the order waits for in a queue with
+	// flow_by (queueconfig.FlowBy): 32 hex digits of an HMAC of Request.Flow with the
+	// signing key, so that neither the stream, nor logs and metrics, hold the value
+	// itself ("" in a queue without flow_by).
+	FlowKey string
 
 	// Set when the message is read back from JetStream.
 	Seq       uint64    // stream sequence
@@ -299,6 +309,7 @@ func (m *Message) encode(subject string) *nats.Msg {
 	h.Set(HeaderFingerprint, m.Fingerprint)
 	setIf(h, HeaderCallback, m.Callback)
 	setIf(h, HeaderLane, m.Lane)
+	setIf(h, HeaderFlowKey, m.FlowKey)
 	if !m.NotBefore.IsZero() {
 		h.Set(HeaderNotBefore, m.NotBefore.UTC().Format(time.RFC3339))
 	}
@@ -351,6 +362,7 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 		Fingerprint: h.Get(HeaderFingerprint),
 		Signature:   h.Get(HeaderSignature),
 		Lane:        h.Get(HeaderLane),
+		FlowKey:     h.Get(HeaderFlowKey),
 		TraceParent: h.Get(HeaderTraceParent),
 		TraceState:  h.Get(HeaderTraceState),
 		Request: Request{
@@ -366,7 +378,8 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 			Header:         make(http.Header),
 		},
 	}
-	if !ValidTicket(m.Ticket) || m.Queue == "" || m.Method == "" || m.Path == "" || (m.Lane != "" && !validLane(m.Lane)) {
+	if !ValidTicket(m.Ticket) || m.Queue == "" || m.Method == "" || m.Path == "" || (m.Lane != "" && !validLane(m.Lane)) ||
+		(m.FlowKey != "" && !validFlowKey(m.FlowKey)) {
 		return nil, fmt.Errorf("queue: message is not a parked request (ticket %q)", m.Ticket)
 	}
 	if ts := h.Get(HeaderReceivedAt); ts != "" {

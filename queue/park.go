@@ -140,7 +140,8 @@ func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) 
 	m.Fingerprint = Fingerprint(&m.Request)
 	m.Ticket = newTicket()
 	m.Lane = s.laneFor(cfg, req.Priority, req.Tenant)
-	m.Tenant = "" // only its lane is kept
+	m.FlowKey = s.flowKeyFor(cfg, req.Flow)
+	m.Tenant, m.Flow = "", "" // only their hashes are kept
 	if m.NotBefore, err = dueTime(cfg, m.ReceivedAt, req.NotBefore, time.Now()); err != nil {
 		return Receipt{}, err
 	}
@@ -197,6 +198,7 @@ func (s *Store) Repeat(ctx context.Context, req *Request) (rc Receipt, found boo
 	m.Header = KeptHeader(req.Header, q.Config().DropHeaders)
 	m.Fingerprint = Fingerprint(&m.Request) // as Park has it
 	m.Lane, m.Tenant = s.laneFor(q.Config(), req.Priority, req.Tenant), ""
+	m.FlowKey, m.Flow = s.flowKeyFor(q.Config(), req.Flow), ""
 	key := idemKey(m.Client, m.IdempotencyKey)
 	m.Ticket = s.keyedTicket(q.name, key)
 	ctx, cancel := context.WithTimeout(ctx, s.opts.publishTimeout)

@@ -76,6 +76,10 @@ func (s *Store) messageMAC(m *Message) []byte {
 		// parked before lanes existed) stay what they were.
 		fields = append(fields, []byte("lane"), []byte(m.Lane))
 	}
+	if m.FlowKey != "" {
+		// Likewise: so that an order cannot be moved to another key's outflow.
+		fields = append(fields, []byte("flow"), []byte(m.FlowKey))
+	}
 	// Appended only when set, so that messages parked before callbacks existed verify.
 	if m.Callback != "" {
 		fields = append(fields, []byte("callback"), []byte(m.Callback))

@@ -56,6 +56,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			Priorities:       qd.priorities,
 			FairBy:           qd.fairBy,
 			FairLanes:        int(min(qd.fairLanes, queueconfig.MaxFairLanes+1)),
+			FlowBy:           qd.flowBy,
 			TenantMaxDepth:   qd.tenantMax,
 			MaxDelay:         qd.maxDelay,
 			Delay:            qd.delay,
@@ -83,6 +84,7 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 		c.errf(file, qd.nameNode, "queue %q needs a downstream (an http:// or https:// URL, or nats:SUBJECT)", qd.name)
 	}
 	reported["downstream"] = !qd.hasDown
+	reported["flow_by"] = qd.flowBad
 	for _, h := range qd.resultHdrs {
 		q.ResultHeaders = append(q.ResultHeaders, http.CanonicalHeaderKey(h.name))
 	}
@@ -107,6 +109,12 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 		e := RouteEntry{Key: "fair_by"}
 		if err := parseFrom(&e, q.FairBy, &Route{}); err == nil {
 			q.fairBy = compileDesc(0, []RouteEntry{e}, nil).entries
+		}
+	}
+	if q.FlowBy.Enabled() && queueconfig.CheckSource(q.FlowBy.From) == nil {
+		e := RouteEntry{Key: "flow_by"}
+		if err := parseFrom(&e, q.FlowBy.From, &Route{}); err == nil {
+			q.flowBy = compileDesc(0, []RouteEntry{e}, nil).entries
 		}
 	}
 	c.queues[q.Name] = q

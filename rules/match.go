@@ -758,6 +758,16 @@ func (rt *Route) Lane(r *http.Request, clientIP netip.Addr, q *Queue) (priority,
 	return priority, tenant
 }
 
+// FlowKey returns the value of q's flow_by source in r: the key whose own outflow
+// the order waits for (see queueconfig.FlowBy). It is "" when the request has none,
+// and for a queue without flow_by; q may be nil.
+func (q *Queue) FlowKey(r *http.Request, clientIP netip.Addr) string {
+	if q == nil || len(q.flowBy) != 1 {
+		return ""
+	}
+	return sourceValue(&q.flowBy[0], r, clientIP)
+}
+
 // sourceValue reads one source's value from r ("" when it has none).
 func sourceValue(e *compiledEntry, r *http.Request, clientIP netip.Addr) string {
 	var (

@@ -278,6 +278,7 @@ type Queue struct {
 	Line   int
 
 	fairBy []compiledEntry // the FairBy source (none without)
+	flowBy []compiledEntry // the FlowBy.From source (none without)
 }
 
 // Summary counts what a set holds.

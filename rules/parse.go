@@ -166,6 +166,8 @@ type queueDef struct {
 	delivery   queueconfig.Delivery
 	priorities queueconfig.Priorities
 	fairBy     string
+	flowBy     queueconfig.FlowBy
+	flowBad    bool // a problem of flow_by was reported while reading it
 	fairLanes  int64
 	tenantMax  int64
 
@@ -185,7 +187,8 @@ var (
 	matchFields    = []string{"method", "host", "path", "path_prefix", "path_pattern", "headers"}
 	headerFields   = []string{"name", "value", "present"}
 	entryFields    = []string{"key", "value", "from", "default"}
-	queueFields    = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "priorities", "fair_by", "fair_lanes", "tenant_max_depth", "callback_hosts", "callback_private", "callback_secret", "max_delay", "delay"}
+	queueFields    = []string{"outflow", "max_depth", "max_bytes", "max_age", "max_attempts", "max_in_flight", "backoff", "downstream", "max_body", "drop_headers", "dead_letter_max_age", "result_headers", "max_idempotency_keys", "delivery", "priorities", "fair_by", "fair_lanes", "tenant_max_depth", "callback_hosts", "callback_private", "callback_secret", "max_delay", "delay", "flow_by"}
+	flowFields     = []string{"from", "rate", "max_in_flight"}
 	outflowFields  = []string{"rate", "unit", "window", "requests_per_unit"}
 	backoffFields  = []string{"initial", "max"}
 )
@@ -678,6 +681,21 @@ func (w *walker) queue(name string, nameNode, n *yaml.Node) *queueDef {
 			q.fairBy, _ = w.str(v, key)
 		case "fair_lanes":
 			q.fairLanes = w.positive(v, key)
+		case "flow_by":
+			// A problem reported here (the value's shape, a field's) is not reported
+			// again by the queue package's validator.
+			before := len(w.probs.list) + w.probs.dropped
+			defer func() { q.flowBad = len(w.probs.list)+w.probs.dropped > before }()
+			w.fields(v, "flow_by", flowFields, func(key string, k, v *yaml.Node) {
+				switch key {
+				case "from":
+					q.flowBy.From, _ = w.str(v, "flow_by from")
+				case "rate":
+					q.flowBy.Rate, _ = w.rate(v)
+				case "max_in_flight":
+					q.flowBy.MaxInFlight = int(min(w.positive(v, "flow_by max_in_flight"), 1_000_000))
+				}
+			})
 		case "tenant_max_depth":
 			q.tenantMax = w.positive(v, key)
 		}

@@ -153,6 +153,7 @@ func newRequest(r *http.Request, d ingress.Deferral, header http.Header, key str
 		IdempotencyKey: key,
 		Priority:       d.Priority,
 		Tenant:         d.Tenant,
+		Flow:           d.Flow,
 	}
 }
 

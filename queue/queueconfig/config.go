@@ -166,6 +166,9 @@ type Config struct {
 	// MaxDepth); past it a park is refused like a full queue (queue.ErrFull, a
 	// *queue.FullError whose Limit is "tenant_max_depth"; the front door's 429 names it).
 	TenantMaxDepth int64
+	// FlowBy gives each key its own outflow and parallelism within the queue's (see
+	// FlowBy; zero: none).
+	FlowBy FlowBy
 	// MaxDelay is how far in the future a client may ask its order to be delivered
 	// (the Sluice-Not-Before request header), counted from when the request is received;
 	// a later time is refused. 0 (the default): the queue takes no client schedules. At
@@ -352,6 +355,7 @@ func (c Config) Validate() error {
 		bad("dead_letter_max_age", "dead_letter_max_age must be at least 1s, got %s", c.DeadLetterMaxAge)
 	}
 	c.validateLanes(bad)
+	c.validateFlow(bad)
 	return errors.Join(errs...)
 }
 

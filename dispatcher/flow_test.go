@@ -1,0 +1,168 @@
+package dispatcher_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
+)
+
+// parkFlow parks n orders of flow key value flow, with idempotency keys
+// prefix0…prefix{n-1}.
+func parkFlow(t *testing.T, s *queue.Store, queueName, flow, prefix string, n int) {
+	t.Helper()
+	for i := range n {
+		_, err := s.Park(ctxT(t), &queue.Request{Queue: queueName, Method: "POST", Path: "/orders", Flow: flow,
+			Header: http.Header{"Idempotency-Key": {fmt.Sprintf("%s%d", prefix, i)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// arrivals returns the first arrival of each idempotency key with the prefix.
+func arrivals(ds *downstream, prefix string) []time.Time {
+	var out []time.Time
+	seen := map[string]bool{}
+	for _, h := range ds.all() {
+		if strings.HasPrefix(h.key, prefix) && !seen[h.key] {
+			seen[h.key] = true
+			out = append(out, h.at)
+		}
+	}
+	return out
+}
+
+// TestFlowByKeyRates: merchant A floods a queue whose outflow (100/s) is far above the
+// per-key rate (5/s); merchant B's orders, parked after the whole flood, still leave
+// at B's own 5/s instead of waiting behind A's (which a FIFO at 5/s would make them
+// do for 20 s), and neither key ever exceeds ceil(5 × Δt) + 1 starts in any window
+// Δt, measured at the downstream.
+func TestFlowByKeyRates(t *testing.T) {
+	srv := natstest.Start(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("flow", ds.URL)
+	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(100), 8
+	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5), MaxInFlight: 2}
+	store, _ := openStore(t, srv.Conn, cfg)
+	const flood, few = 100, 10
+	parkFlow(t, store, cfg.Name, "merchant-a", "a", flood)
+	parkFlow(t, store, cfg.Name, "merchant-b", "b", few)
+	startReplica(t, srv, cfg, "r1")
+	waitFor(t, "B's orders", 60*time.Second, func() bool { return len(arrivals(ds, "b")) == few })
+	a, b := arrivals(ds, "a"), arrivals(ds, "b")
+	t.Logf("when B's %d orders were delivered (in %s), %d of A's %d were", few, b[len(b)-1].Sub(b[0]).Round(time.Millisecond), len(a), flood)
+	if len(a) >= flood {
+		t.Errorf("all of A's flood was delivered before B's orders: B waited behind A")
+	}
+	for key, times := range map[string][]time.Time{"A": a, "B": b} {
+		n, bound, window := fullestWindow(cfg.FlowBy.Rate, times)
+		t.Logf("key %s: fullest window %s held %d starts (bound %d)", key, window.Round(time.Millisecond), n, bound)
+		if n > bound {
+			t.Errorf("key %s: %d starts within %s, more than ceil(rate × Δt) + 1 = %d", key, n, window, bound)
+		}
+	}
+	for _, h := range ds.all() {
+		if v := h.header.Get(queue.HeaderFlowKey); v != "" {
+			t.Errorf("the flow key reached the downstream: %s: %s", queue.HeaderFlowKey, v)
+		}
+	}
+}
+
+// TestFlowByMaxInFlight: a key with max_in_flight 2 never has more than 2 deliveries
+// running at once, while another key's run beside them.
+func TestFlowByMaxInFlight(t *testing.T) {
+	srv := natstest.Start(t)
+	var (
+		mu         sync.Mutex
+		running    = map[string]int{}
+		most       = map[string]int{}
+		concurrent atomic.Int64
+		mostAll    atomic.Int64
+	)
+	ds := newDownstream(t, func(h hit, n int) (int, http.Header, string) {
+		k := h.key[:1]
+		mu.Lock()
+		running[k]++
+		most[k] = max(most[k], running[k])
+		mu.Unlock()
+		c := concurrent.Add(1)
+		for m := mostAll.Load(); c > m && !mostAll.CompareAndSwap(m, c); m = mostAll.Load() {
+		}
+		time.Sleep(150 * time.Millisecond)
+		concurrent.Add(-1)
+		mu.Lock()
+		running[k]--
+		mu.Unlock()
+		return http.StatusOK, nil, "ok"
+	})
+	cfg := baseConfig("flowmax", ds.URL)
+	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(200), 8
+	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", MaxInFlight: 2}
+	store, _ := openStore(t, srv.Conn, cfg)
+	parkFlow(t, store, cfg.Name, "merchant-a", "a", 20)
+	parkFlow(t, store, cfg.Name, "merchant-b", "b", 20)
+	startReplica(t, srv, cfg, "r1")
+	waitFor(t, "every order", 60*time.Second, func() bool { return len(ds.keys()) == 40 })
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("most deliveries running at once: key a %d, key b %d, both %d", most["a"], most["b"], mostAll.Load())
+	if most["a"] > 2 || most["b"] > 2 {
+		t.Errorf("a key had more than its max_in_flight 2 deliveries running: a %d, b %d", most["a"], most["b"])
+	}
+}
+
+// TestFlowByTenThousandKeys: 10,000 keys with one order each are all delivered: a key
+// costs a hash in the stored order and, while it has an order starting, one leaky
+// bucket that expires once idle.
+func TestFlowByTenThousandKeys(t *testing.T) {
+	if testing.Short() {
+		t.Skip("parks and delivers 10,000 orders")
+	}
+	srv := natstest.Start(t)
+	ds := newDownstream(t, func(h hit, n int) (int, http.Header, string) { return http.StatusOK, nil, "" })
+	cfg := baseConfig("flowmany", ds.URL)
+	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(1000), 32
+	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(1), MaxInFlight: 1}
+	cfg.MaxDepth = 20_000
+	store, _ := openStore(t, srv.Conn, cfg)
+	const keys = 10_000
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < keys; i += 8 {
+				_, err := store.Park(ctxT(t), &queue.Request{Queue: cfg.Name, Method: "POST", Path: "/orders",
+					Flow: fmt.Sprintf("merchant-%d", i), Header: http.Header{"Idempotency-Key": {fmt.Sprintf("k%d", i)}}})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	lim := limiter.NewMemory()
+	startedAt := time.Now()
+	startReplica(t, srv, cfg, "r1", dispatcher.WithFlowLimiter(lim))
+	waitFor(t, "every order", 5*time.Minute, func() bool { return len(ds.keys()) == keys })
+	t.Logf("%d keys, one order each: delivered in %s; flow limiter tracks %d keys", keys, time.Since(startedAt).Round(time.Millisecond), lim.Len())
+	if n := len(ds.all()); n != keys {
+		t.Errorf("%d deliveries for %d orders", n, keys)
+	}
+}
