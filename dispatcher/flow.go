@@ -15,7 +15,7 @@ import (
 // (the pinned one), so memory is enough for the bound while it lives; a
 // limiter/redisstore Store shared by the replicas keeps each key's pace across a
 // fail-over too. Each key's state is one leaky bucket of one start, keyed
-// "sluice:flow:{queue}:{key}", which expires once the key is idle: keys cost nothing
+// "sluice:flow:{queue}/{key}:{rate}", which expires once the key is idle: keys cost nothing
 // while they have no orders.
 func WithFlowLimiter(l limiter.Limiter) Option { return func(o *options) { o.flowLimiter = l } }
 
@@ -114,7 +114,9 @@ func (g *flowGate) admit(ctx context.Context, queue string, f queueconfig.FlowBy
 		step = max(step, flowBusyDelay/time.Duration(f.MaxInFlight))
 		return nil, g.postpone(id, ticket, max(flowBusyDelay, step), step, now), false, nil
 	case !f.Rate.IsZero():
-		d, err := g.lim.AllowN(ctx, "sluice:flow:"+id, f.Limit(), 1)
+		// The rate is part of the limiter's key: a pinned rate, or a new flow_by rate,
+		// starts a bucket of its own.
+		d, err := g.lim.AllowN(ctx, "sluice:flow:"+id+":"+f.Rate.String(), f.Limit(), 1)
 		if err != nil {
 			return nil, g.postpone(id, ticket, flowErrorDelay, 0, now), false, err
 		}

@@ -166,3 +166,46 @@ func TestFlowByTenThousandKeys(t *testing.T) {
 		t.Errorf("%d deliveries for %d orders", n, keys)
 	}
 }
+
+// TestFlowByPauseHoldsOnlyThatKey: an operator's pause of one flow key holds its
+// orders while another key's are delivered; its resume lets them go; a pinned rate
+// replaces the queue's flow_by rate for that key alone.
+func TestFlowByPauseHoldsOnlyThatKey(t *testing.T) {
+	srv := natstest.Start(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("flowpause", ds.URL)
+	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(100), 8
+	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(50)}
+	store, q := openStore(t, srv.Conn, cfg)
+	if err := q.SetFlow(ctxT(t), "merchant-a", queue.FlowControl{PausedUntil: time.Now().Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.SetFlow(ctxT(t), "merchant-c", queue.FlowControl{Rate: limiter.PerSecond(2)}); err != nil {
+		t.Fatal(err)
+	}
+	if fc, err := q.Flow(ctxT(t), "merchant-a"); err != nil || !fc.Paused(time.Now()) {
+		t.Fatalf("merchant-a's settings: %+v, %v", fc, err)
+	}
+	parkFlow(t, store, cfg.Name, "merchant-a", "a", 10)
+	parkFlow(t, store, cfg.Name, "merchant-b", "b", 10)
+	parkFlow(t, store, cfg.Name, "merchant-c", "c", 6)
+	startReplica(t, srv, cfg, "r1")
+	waitFor(t, "B's and C's orders", 60*time.Second, func() bool {
+		return len(arrivals(ds, "b")) == 10 && len(arrivals(ds, "c")) == 6
+	})
+	if n := len(arrivals(ds, "a")); n != 0 {
+		t.Fatalf("%d of the paused key's orders were delivered", n)
+	}
+	n, bound, window := fullestWindow(limiter.PerSecond(2), arrivals(ds, "c"))
+	t.Logf("pinned rate 2/s: fullest window %s held %d starts (bound %d)", window.Round(time.Millisecond), n, bound)
+	if n > bound {
+		t.Errorf("the key with a pinned rate of 2/s had %d starts within %s (bound %d)", n, window, bound)
+	}
+	if err := q.SetFlow(ctxT(t), "merchant-a", queue.FlowControl{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "A's orders after the resume", 60*time.Second, func() bool { return len(arrivals(ds, "a")) == 10 })
+	if flows, err := q.Flows(ctxT(t)); err != nil || len(flows) != 1 {
+		t.Errorf("settings left: %v, %v (want merchant-c's pinned rate alone)", flows, err)
+	}
+}

@@ -150,7 +150,17 @@ func (r *runner) flowTurn(ctx context.Context, p prepared) (release func(), ok b
 		}
 	}
 	m := p.l.Message()
-	done, wait, ok, err := r.d.flow.admit(ctx, r.q.Name(), f, m.FlowKey, m.Ticket, clock.Now())
+	now := clock.Now()
+	fc := r.flowControl(m.FlowKey)
+	if fc.Paused(now) {
+		// Handed back for at most a few seconds, so that a resume is seen soon.
+		r.postpone(p.l, pauseNakDelay(fc.PausedUntil.Sub(now)))
+		return nil, false
+	}
+	if !fc.Rate.IsZero() {
+		f.Rate = fc.Rate
+	}
+	done, wait, ok, err := r.d.flow.admit(ctx, r.q.Name(), f, m.FlowKey, m.Ticket, now)
 	if err != nil {
 		r.log.Warn("cannot read the flow key's pace; the order waits", "ticket", m.Ticket, "err", err, "in", wait)
 	}
@@ -165,13 +175,18 @@ func (r *runner) flowTurn(ctx context.Context, p prepared) (release func(), ok b
 			}
 		}, true
 	}
+	r.postpone(p.l, wait)
+	return nil, false
+}
+
+// postpone hands an order whose flow key has no turn back for wait.
+func (r *runner) postpone(l *queue.Lease, wait time.Duration) {
 	r.m.retried("flow").Inc()
 	r.deliveries.Add(1)
 	go func() { // its record's write must not hold up the orders of other keys
 		defer r.deliveries.Done()
-		p.l.Postpone(context.Background(), wait)
+		l.Postpone(context.Background(), wait)
 	}()
-	return nil, false
 }
 
 // handBack returns an order this dispatcher will not deliver (it is stopping) for

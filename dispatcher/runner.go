@@ -29,7 +29,10 @@ type runner struct {
 	// signalled when one ends (see flowTurn).
 	active atomic.Int64
 	freed  chan struct{}
-	gone   atomic.Bool // the queue was retired (see retired)
+	// flows are the operators' settings of the queue's flow keys (queue.FlowControl),
+	// read again every maintenance tick.
+	flows atomic.Pointer[map[string]queue.FlowControl]
+	gone  atomic.Bool // the queue was retired (see retired)
 
 	mu          sync.Mutex
 	cfg         queueconfig.Config
@@ -71,6 +74,7 @@ func (r *runner) run(ctx context.Context) {
 	if !r.setup(ctx) {
 		return
 	}
+	r.refreshFlows(ctx)
 	maintDone := make(chan struct{})
 	go func() {
 		defer close(maintDone)
@@ -228,6 +232,7 @@ func (r *runner) maintain(ctx context.Context) {
 		case <-t.C:
 		}
 		r.flushRecords(ctx)
+		r.refreshFlows(ctx)
 		if now := time.Now(); now.After(reclaimAt) {
 			reclaimAt = now.Add(reclaimEvery)
 			r.reclaim(ctx)
@@ -271,6 +276,31 @@ func (r *runner) maintain(ctx context.Context) {
 			r.m.paused.Set(0)
 		}
 	}
+}
+
+// refreshFlows reads the settings of the queue's flow keys (a queue with flow_by).
+// When they cannot be read the last ones read stay.
+func (r *runner) refreshFlows(ctx context.Context) {
+	if !r.config().FlowBy.Enabled() {
+		r.flows.Store(nil)
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	flows, err := r.q.Flows(fctx)
+	if err != nil {
+		r.log.Debug("cannot read the flow keys' settings", "err", err)
+		return
+	}
+	r.flows.Store(&flows)
+}
+
+// flowControl returns the settings of flow key key (zero: none).
+func (r *runner) flowControl(key string) queue.FlowControl {
+	if m := r.flows.Load(); m != nil {
+		return (*m)[key]
+	}
+	return queue.FlowControl{}
 }
 
 // reclaim removes the acknowledged orders the queue's stream still holds: a removal
