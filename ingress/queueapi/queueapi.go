@@ -26,6 +26,11 @@ import (
 //	POST   /sluice/v1/queues/{q}/pause          pause until (RFC 3339) or for (duration)
 //	POST   /sluice/v1/queues/{q}/resume         end any pause (also a downstream's)
 //	POST   /sluice/v1/queues/{q}/retire         delete an orphaned queue (drop=true: non-empty)
+//	GET    /sluice/v1/queues/{q}/flows          the flow keys with settings of their own
+//	POST   /sluice/v1/queues/{q}/flows/{k}/pause   pause one flow key (until or for)
+//	POST   /sluice/v1/queues/{q}/flows/{k}/resume  end that pause
+//	PUT    /sluice/v1/queues/{q}/flows/{k}/rate    pin the key's rate ({"rate": "2/s"})
+//	DELETE /sluice/v1/queues/{q}/flows/{k}/rate    back to the queue's flow_by rate
 //	GET    /sluice/v1/queues/{q}/dead           dead letters
 //	POST   /sluice/v1/queues/{q}/dead/requeue   requeue tickets (or all)
 //	DELETE /sluice/v1/queues/{q}/dead           purge tickets (or all); confirm=true
@@ -80,6 +85,11 @@ func (a *API) Routes() []ingress.Route {
 		{Pattern: "POST /sluice/v1/queues/{queue}/pause", Handler: a.withQueue(a.pause)},
 		{Pattern: "POST /sluice/v1/queues/{queue}/resume", Handler: a.withQueue(a.resume)},
 		{Pattern: "POST /sluice/v1/queues/{queue}/retire", Handler: http.HandlerFunc(a.retire)},
+		{Pattern: "GET /sluice/v1/queues/{queue}/flows", Handler: a.withQueue(a.flows)},
+		{Pattern: "POST /sluice/v1/queues/{queue}/flows/{key}/pause", Handler: a.withQueue(a.flowPause)},
+		{Pattern: "POST /sluice/v1/queues/{queue}/flows/{key}/resume", Handler: a.withQueue(a.flowResume)},
+		{Pattern: "PUT /sluice/v1/queues/{queue}/flows/{key}/rate", Handler: a.withQueue(a.flowRate)},
+		{Pattern: "DELETE /sluice/v1/queues/{queue}/flows/{key}/rate", Handler: a.withQueue(a.flowRate)},
 		{Pattern: "GET /sluice/v1/queues/{queue}/dead", Handler: http.HandlerFunc(a.deadList)},
 		{Pattern: "POST /sluice/v1/queues/{queue}/dead/requeue", Handler: http.HandlerFunc(a.requeue)},
 		{Pattern: "DELETE /sluice/v1/queues/{queue}/dead", Handler: http.HandlerFunc(a.purge)},
@@ -181,9 +191,23 @@ type pauseRequest struct {
 }
 
 func (a *API) pause(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
+	until, ok := pauseUntil(w, r)
+	if !ok {
+		return
+	}
+	if err := q.Pause(r.Context(), until); err != nil {
+		a.fail(w, err)
+		return
+	}
+	a.show(w, r, q)
+}
+
+// pauseUntil reads the end of a pause from r (a pauseRequest, or its query
+// parameters); it answers the client itself and returns false when it is not valid.
+func pauseUntil(w http.ResponseWriter, r *http.Request) (time.Time, bool) {
 	var req pauseRequest
 	if !readBody(w, r, &req) {
-		return
+		return time.Time{}, false
 	}
 	if v := r.URL.Query().Get("until"); v != "" {
 		req.Until = v
@@ -196,27 +220,23 @@ func (a *API) pause(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
 	switch {
 	case (req.Until == "") == (req.For == ""):
 		ingress.WriteProblem(w, http.StatusBadRequest, `Give exactly one of "until" (RFC 3339 time) or "for" (duration such as 15m).`)
-		return
+		return time.Time{}, false
 	case req.For != "":
 		d, err := time.ParseDuration(req.For)
 		if err != nil || d <= 0 || d > maxPause {
 			ingress.WriteProblem(w, http.StatusBadRequest, `"for" must be a positive duration such as 90s or 15m, at most 8784h.`)
-			return
+			return time.Time{}, false
 		}
 		until = now.Add(d)
 	default:
 		t, err := time.Parse(time.RFC3339, req.Until)
 		if err != nil || !t.After(now) || t.Sub(now) > maxPause {
 			ingress.WriteProblem(w, http.StatusBadRequest, `"until" must be an RFC 3339 time in the future, at most 366 days ahead.`)
-			return
+			return time.Time{}, false
 		}
 		until = t
 	}
-	if err := q.Pause(r.Context(), until); err != nil {
-		a.fail(w, err)
-		return
-	}
-	a.show(w, r, q)
+	return until, true
 }
 
 func (a *API) resume(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
@@ -395,6 +415,8 @@ func (a *API) fail(w http.ResponseWriter, err error) {
 		return
 	case errors.Is(err, queue.ErrNotFound):
 		status = http.StatusNotFound
+	case errors.Is(err, queue.ErrInvalidRequest):
+		status = http.StatusBadRequest
 	case errors.Is(err, queue.ErrNoDispatcher), errors.Is(err, queue.ErrDeclared), errors.Is(err, queue.ErrNotEmpty):
 		status = http.StatusConflict
 	case errors.Is(err, queue.ErrFull):
