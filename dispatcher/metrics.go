@@ -17,6 +17,7 @@ type metrics struct {
 	wait      *prometheus.HistogramVec
 	paused    *prometheus.GaugeVec
 	circuit   *prometheus.GaugeVec
+	flowPause *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -63,6 +64,10 @@ func newMetrics() *metrics {
 			Name: "sluice_queue_circuit_open",
 			Help: "1 while the queue's circuit is open: its downstream refused connections or timed out on consecutive orders; one order at a time probes it.",
 		}, []string{"queue"}),
+		flowPause: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sluice_queue_flow_keys_paused",
+			Help: "Flow keys of a queue with flow_by that an operator paused, as this dispatcher last read them (every 2 s).",
+		}, []string{"queue"}),
 	}
 }
 
@@ -97,7 +102,7 @@ func (m *metrics) register(r prometheus.Registerer) error {
 			*p = v
 		}
 	}
-	for _, p := range []**prometheus.GaugeVec{&m.paused, &m.circuit} {
+	for _, p := range []**prometheus.GaugeVec{&m.paused, &m.circuit, &m.flowPause} {
 		c, err := reg(*p)
 		if err != nil {
 			return err

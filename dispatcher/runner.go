@@ -293,6 +293,13 @@ func (r *runner) refreshFlows(ctx context.Context) {
 		return
 	}
 	r.flows.Store(&flows)
+	paused, now := 0, time.Now()
+	for _, fc := range flows {
+		if fc.Paused(now) {
+			paused++
+		}
+	}
+	r.m.m.flowPause.WithLabelValues(r.q.Name()).Set(float64(paused))
 }
 
 // flowControl returns the settings of flow key key (zero: none).

@@ -20,7 +20,7 @@ import (
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
-const queueHelp = `Usage: sluice queue list|show|pause|resume|retire|delivery-key [QUEUE] [flags]
+const queueHelp = `Usage: sluice queue list|show|pause|resume|retire|delivery-key|flow [QUEUE] [flags]
 
 Operates the queues of a running sluice through its admin API (--admin, the address
 of its --admin-listen; the token of its --admin-token in --admin-token or
@@ -33,6 +33,10 @@ SLUICE_ADMIN_TOKEN).
   resume QUEUE    end a pause, also one a downstream's Retry-After set
   retire QUEUE    delete an orphaned queue once it is empty; --drop deletes the
                   orders and dead letters it still holds
+  flow ACTION QUEUE [KEY]
+                  one flow key of a queue with flow_by: list the keys with settings,
+                  pause (--for/--until) or resume one, pin its rate (rate QUEUE KEY 2/s,
+                  or default)
   delivery-key QUEUE
                   print the key the consumers of a nats: queue verify its orders and
                   sign its results with (package queue/subscriber), derived from the
@@ -73,7 +77,7 @@ func queueCommand(stdout, stderr io.Writer) *cobra.Command {
 		Short:     "list, show, pause, resume or retire the queues of a running sluice",
 		Long:      queueHelp,
 		Args:      cobra.ArbitraryArgs,
-		ValidArgs: []cobra.Completion{"list", "show", "pause", "resume", "retire", "delivery-key"},
+		ValidArgs: []cobra.Completion{"list", "show", "pause", "resume", "retire", "delivery-key", "flow"},
 		RunE: func(c *cobra.Command, args []string) error {
 			if _, ok := loadFlags(c.Flags(), stderr); !ok {
 				return exitStatus(exitUsage)
@@ -85,8 +89,8 @@ func queueCommand(stdout, stderr io.Writer) *cobra.Command {
 	cfg.admin.flags(fs, defaultAdminURL)
 	fs.BoolVar(&cfg.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&cfg.drop, "drop", false, "retire: also delete the orders and dead letters the queue still holds")
-	fs.StringVar(&cfg.pause, "for", "", "pause: how long, a `duration` such as 15m")
-	fs.StringVar(&cfg.until, "until", "", "pause: until this RFC 3339 `time`")
+	fs.StringVar(&cfg.pause, "for", "", "pause, flow pause: how long, a `duration` such as 15m")
+	fs.StringVar(&cfg.until, "until", "", "pause, flow pause: until this RFC 3339 `time`")
 	return c
 }
 
@@ -98,9 +102,12 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 		return exitUsage
 	}
 	if len(args) < 1 {
-		return usageErr("want an action: list, show, pause, resume, retire or delivery-key")
+		return usageErr("want an action: list, show, pause, resume, retire, delivery-key or flow")
 	}
 	action := args[0]
+	if action == "flow" {
+		return runQueueFlow(ctx, cfg, args[1:], stdout, stderr)
+	}
 	var name string
 	switch action {
 	case "list":
@@ -116,8 +123,8 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
 		}
 	default:
-		return usageErr("unknown action %q%s: want list, show, pause, resume, retire or delivery-key", action,
-			suggestAction(action, "list", "show", "pause", "resume", "retire", "delivery-key"))
+		return usageErr("unknown action %q%s: want list, show, pause, resume, retire, delivery-key or flow", action,
+			suggestAction(action, "list", "show", "pause", "resume", "retire", "delivery-key", "flow"))
 	}
 	if action == "delivery-key" {
 		return runDeliveryKey(name, stdout, stderr)
@@ -141,16 +148,8 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 	switch action {
 	case "list", "show":
 		err = c.do(ctx, http.MethodGet, path, nil, nil, &raw)
-	case "pause":
-		q := url.Values{}
-		if cfg.pause != "" {
-			q.Set("for", cfg.pause)
-		} else {
-			q.Set("until", cfg.until)
-		}
-		err = c.do(ctx, http.MethodPost, path+"/pause", q, nil, &raw)
-	case "resume":
-		err = c.do(ctx, http.MethodPost, path+"/resume", nil, nil, &raw)
+	case "pause", "resume":
+		err = cfg.pauseOrResume(ctx, c, action, path, &raw)
 	case "retire":
 		q := url.Values{}
 		if cfg.drop {
@@ -191,6 +190,21 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 		printQueues(stdout, []queueapi.QueueView{v})
 	}
 	return exitOK
+}
+
+// pauseOrResume posts action ("pause", with --for or --until, or "resume") to
+// path (a queue's, or one flow key's).
+func (cfg *queueCmdConfig) pauseOrResume(ctx context.Context, c *adminClient, action, path string, out *json.RawMessage) error {
+	if action == "resume" {
+		return c.do(ctx, http.MethodPost, path+"/resume", nil, nil, out)
+	}
+	q := url.Values{}
+	if cfg.pause != "" {
+		q.Set("for", cfg.pause)
+	} else {
+		q.Set("until", cfg.until)
+	}
+	return c.do(ctx, http.MethodPost, path+"/pause", q, nil, out)
 }
 
 func printQueues(w io.Writer, qs []queueapi.QueueView) {
