@@ -323,6 +323,28 @@
 // 5 minutes: orders of it in flight at that moment may then be delivered twice, with
 // the same `Idempotency-Key` (a warning says so).
 //
+// # Flow keys
+//
+// A queue with `flow_by` (queueconfig.FlowBy) gives each value of a request source its
+// own rate and max_in_flight inside the queue's; package dispatcher documents how
+// they are kept. Park stores only a keyed hash of the value, 32 hex digits of an HMAC
+// with the signing key (Message.FlowKey, header Sluice-Flow-Key, part of the
+// signature: an order cannot be moved to another key), so the stream, logs and
+// metrics never hold a merchant's id; orders whose request has no value share one
+// key. Queue.SetFlow keeps an operator's pause or pinned rate of a key, named by its
+// value, in the bucket sluice_flows (made by the first setting; at most
+// MaxFlowControls keys per queue; each entry sealed like ticket records, so one
+// written without the key is ignored), and Queue.Flows lists them by hash.
+// Lease.Postpone hands an order back until its key's turn without counting an attempt.
+// The queue's consumer hands out max_in_flight + FlowPending orders (see
+// dispatcher.FlowPending) and the dispatcher keeps max_in_flight for the whole queue
+// itself (in a laned queue too, where it is otherwise per lane).
+//
+// Depth and rate per key are not in the queue API: the orders' subjects do not name
+// their key (a per-key depth would need a scan of the stream, or the key in the
+// subject, which would change the subject scheme and the signatures), and the starts
+// per key are known only to the dispatcher that made them.
+//
 // # Memory
 //
 // The front door reads a deferred body only as far as its queue can store it, into a

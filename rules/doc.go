@@ -302,6 +302,10 @@
 //	                             # client_ip, method or host; default: none)
 //	    fair_lanes: 16           # tenants are hashed into this many lanes (default 16, max 64)
 //	    tenant_max_depth: 500    # waiting orders one tenant lane may hold; past it 429
+//	    flow_by:                 # each key its own outflow and parallelism within the
+//	      from: header:X-Merchant  # queue's (header:, query:, client_ip, method or host)
+//	      rate: 5/s              # each key's starts (default: only the queue's outflow)
+//	      max_in_flight: 2       # each key's deliveries at once (default: the queue's)
 //	    callback_hosts: [hooks.shop.example]  # where Sluice-Callback may point (see
 //	                             # Completion callbacks); http://host[:port] allows plain http
 //	    callback_private: false  # true: named callback hosts may resolve to private,
