@@ -26,6 +26,7 @@ func FuzzLoad(f *testing.F) {
 	f.Add([]byte(routesFile))
 	f.Add([]byte(lanesYAML))
 	f.Add([]byte("domain: w\ndescriptors:\n  - {key: u, on_limit: wait, max_wait: 2s, max_waiting: 9, then: defer, queue: orders, rate_limit: {unit: second, requests_per_unit: 4}}\n" + queueYAML))
+	f.Add([]byte("domain: d\nqueues:\n  q:\n    outflow: 10/s\n    downstream: http://o:1\n    flow_by: {from: \"header:X-Merchant\", rate: 5/s, max_in_flight: 2}\n"))
 	f.Add([]byte("domain: q\ndescriptors:\n  - {key: s, value: a, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}\n  - {key: s, quota_mode: true, shadow_mode: true, rate_limit: {unlimited: true}}\nroutes:\n  - {name: q, descriptors: [[{key: s, value: a}], [{key: s, from: 'header:X'}]]}\n"))
 	requests := []*http.Request{
 		req("GET", "/"),
@@ -77,6 +78,12 @@ func FuzzLoad(f *testing.F) {
 					}
 				}
 				s.Explain(r, ip)
+				for _, q := range s.Queues() {
+					if f := q.FlowBy; f.Enabled() && !f.Rate.IsZero() && f.Limit().Validate() != nil {
+						t.Errorf("queue %s: compiled an invalid flow_by %+v", q.Name, q.FlowBy)
+					}
+					_ = q.FlowKey(r, ip)
+				}
 			}
 		}
 		for _, d := range s.Domains() {
