@@ -11,6 +11,8 @@ import (
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
+	"github.com/sluicehq/sluice/limiter/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
@@ -208,4 +210,36 @@ func TestFlowByPauseHoldsOnlyThatKey(t *testing.T) {
 	if flows, err := q.Flows(ctxT(t)); err != nil || len(flows) != 1 {
 		t.Errorf("settings left: %v, %v (want merchant-c's pinned rate alone)", flows, err)
 	}
+}
+
+// TestFlowByRedisLimiter: with a Redis flow limiter (limiter/redisstore on a real
+// Redis) the keys keep their rate, and their state vanishes from Redis once they are
+// idle (every key has a TTL).
+func TestFlowByRedisLimiter(t *testing.T) {
+	rs := redistest.Start(t)
+	lim, err := redisstore.New(rs.Client(), redisstore.WithTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lim.Close() })
+	srv := natstest.Start(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig("flowredis", ds.URL)
+	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(100), 8
+	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5)}
+	store, _ := openStore(t, srv.Conn, cfg)
+	parkFlow(t, store, cfg.Name, "merchant-a", "a", 10)
+	parkFlow(t, store, cfg.Name, "merchant-b", "b", 10)
+	startReplica(t, srv, cfg, "r1", dispatcher.WithFlowLimiter(lim))
+	waitFor(t, "every order", 60*time.Second, func() bool { return len(ds.keys()) == 20 })
+	for _, key := range []string{"a", "b"} {
+		n, bound, window := fullestWindow(cfg.FlowBy.Rate, arrivals(ds, key))
+		if n > bound {
+			t.Errorf("key %s: %d starts within %s (bound %d)", key, n, window, bound)
+		}
+	}
+	waitFor(t, "the idle keys to leave Redis", 30*time.Second, func() bool {
+		n, err := rs.Client().DBSize(ctxT(t)).Result()
+		return err == nil && n == 0
+	})
 }
