@@ -44,18 +44,25 @@ func arrivals(ds *downstream, prefix string) []time.Time {
 	return out
 }
 
+// flowQueue declares a queue with an outflow of 100/s, max_in_flight 8 and flow, on
+// a NATS server of its own, delivering to a recording downstream.
+func flowQueue(t *testing.T, name string, flow queueconfig.FlowBy) (*natstest.Server, *downstream, queueconfig.Config, *queue.Store, *queue.Queue) {
+	t.Helper()
+	srv := natstest.Start(t)
+	ds := newDownstream(t, nil)
+	cfg := baseConfig(name, ds.URL)
+	cfg.Outflow, cfg.MaxInFlight, cfg.FlowBy = limiter.PerSecond(100), 8, flow
+	store, q := openStore(t, srv.Conn, cfg)
+	return srv, ds, cfg, store, q
+}
+
 // TestFlowByKeyRates: merchant A floods a queue whose outflow (100/s) is far above the
 // per-key rate (5/s); merchant B's orders, parked after the whole flood, still leave
 // at B's own 5/s instead of waiting behind A's (which a FIFO at 5/s would make them
 // do for 20 s), and neither key ever exceeds ceil(5 × Δt) + 1 starts in any window
 // Δt, measured at the downstream.
 func TestFlowByKeyRates(t *testing.T) {
-	srv := natstest.Start(t)
-	ds := newDownstream(t, nil)
-	cfg := baseConfig("flow", ds.URL)
-	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(100), 8
-	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5), MaxInFlight: 2}
-	store, _ := openStore(t, srv.Conn, cfg)
+	srv, ds, cfg, store, _ := flowQueue(t, "flow", queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5), MaxInFlight: 2})
 	const flood, few = 100, 10
 	parkFlow(t, store, cfg.Name, "merchant-a", "a", flood)
 	parkFlow(t, store, cfg.Name, "merchant-b", "b", few)
@@ -173,12 +180,7 @@ func TestFlowByTenThousandKeys(t *testing.T) {
 // orders while another key's are delivered; its resume lets them go; a pinned rate
 // replaces the queue's flow_by rate for that key alone.
 func TestFlowByPauseHoldsOnlyThatKey(t *testing.T) {
-	srv := natstest.Start(t)
-	ds := newDownstream(t, nil)
-	cfg := baseConfig("flowpause", ds.URL)
-	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(100), 8
-	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(50)}
-	store, q := openStore(t, srv.Conn, cfg)
+	srv, ds, cfg, store, q := flowQueue(t, "flowpause", queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(50)})
 	if err := q.SetFlow(ctxT(t), "merchant-a", queue.FlowControl{PausedUntil: time.Now().Add(time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
@@ -222,12 +224,7 @@ func TestFlowByRedisLimiter(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = lim.Close() })
-	srv := natstest.Start(t)
-	ds := newDownstream(t, nil)
-	cfg := baseConfig("flowredis", ds.URL)
-	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(100), 8
-	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5)}
-	store, _ := openStore(t, srv.Conn, cfg)
+	srv, ds, cfg, store, _ := flowQueue(t, "flowredis", queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5)})
 	parkFlow(t, store, cfg.Name, "merchant-a", "a", 10)
 	parkFlow(t, store, cfg.Name, "merchant-b", "b", 10)
 	startReplica(t, srv, cfg, "r1", dispatcher.WithFlowLimiter(lim))
