@@ -24,10 +24,15 @@ import (
 // accept, not against a list kept by hand.
 var binaries builtBinaries
 
+// staticBinaries are the same built without cgo, as deploy/Dockerfile builds them:
+// the compose test's image holds them alone.
+var staticBinaries = builtBinaries{static: true}
+
 type builtBinaries struct {
-	once sync.Once
-	dir  string
-	err  error
+	static bool
+	once   sync.Once
+	dir    string
+	err    error
 
 	mu    sync.Mutex
 	flags map[string]flagSet // by sluice subcommand
@@ -44,6 +49,9 @@ func (b *builtBinaries) build(t *testing.T) string {
 		for _, dir := range []string{"cmd/sluice", "cmd/sluice-bench"} {
 			cmd := exec.Command("go", "build", "-o", b.dir+string(filepath.Separator), ".")
 			cmd.Dir = filepath.Join(moduleRoot, dir)
+			if b.static {
+				cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			}
 			if out, err := cmd.CombinedOutput(); err != nil {
 				b.err = fmt.Errorf("go build ./%s: %w\n%s", dir, err, out)
 				return

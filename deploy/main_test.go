@@ -28,6 +28,7 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	binaries.cleanup()
+	staticBinaries.cleanup()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutines leaked:", err)
