@@ -72,7 +72,7 @@ func buildServer() (string, error) {
 		}
 	}
 	// Built in this module, so go.mod picks the version.
-	return cachedBuild(version, version != "unknown", func(out string) *exec.Cmd {
+	return cachedBuild("nats-server", version, version != "unknown", func(out string) *exec.Cmd {
 		return exec.Command("go", "build", "-o", out, serverModule)
 	})
 }
@@ -95,7 +95,7 @@ func ServerBinaryAt(version string) (string, error) {
 	if bin, ok := builtAt[version]; ok {
 		return bin, nil
 	}
-	bin, err := cachedBuild(version, true, func(out string) *exec.Cmd {
+	bin, err := cachedBuild("nats-server", version, true, func(out string) *exec.Cmd {
 		// go install writes into GOBIN under the command's name: a directory of its
 		// own, moved into place below.
 		cmd := exec.Command("go", "install", serverModule+"@"+version)
@@ -110,10 +110,26 @@ func ServerBinaryAt(version string) (string, error) {
 
 var semverRE = regexp.MustCompile(`^v\d+\.\d+\.\d+$`)
 
-// cachedBuild returns the nats-server binary of version in the user cache directory,
-// building it with the command build makes (which writes the binary at its argument,
-// or into that path + ".d") when it is missing or not reusable.
-func cachedBuild(version string, reusable bool, build func(out string) *exec.Cmd) (string, error) {
+// CLIBinaryAt returns the nats CLI (github.com/nats-io/natscli) of version, built once
+// per machine like ServerBinaryAt: for tests that run what operators run with it, such
+// as the stream-creating job of deploy/compose.
+func CLIBinaryAt(version string) (string, error) {
+	if !semverRE.MatchString(version) {
+		return "", fmt.Errorf("natstest: version %q: want vMAJOR.MINOR.PATCH", version)
+	}
+	atMu.Lock()
+	defer atMu.Unlock()
+	return cachedBuild("nats", version, true, func(out string) *exec.Cmd {
+		cmd := exec.Command("go", "install", "github.com/nats-io/natscli/nats@"+version)
+		cmd.Env = append(os.Environ(), "GOBIN="+out+".d")
+		return cmd
+	})
+}
+
+// cachedBuild returns the binary name (nats-server, nats) of version in the user cache
+// directory, building it with the command build makes (which writes the binary at its
+// argument, or into that path + ".d") when it is missing or not reusable.
+func cachedBuild(name, version string, reusable bool, build func(out string) *exec.Cmd) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		cache = os.TempDir()
@@ -122,7 +138,7 @@ func cachedBuild(version string, reusable bool, build func(out string) *exec.Cmd
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "nats-server-"+version)
+	bin := filepath.Join(dir, name+"-"+version)
 	if reusable {
 		if _, err := os.Stat(bin); err == nil {
 			return bin, nil
@@ -143,7 +159,7 @@ func cachedBuild(version string, reusable bool, build func(out string) *exec.Cmd
 		os.Remove(tmp.Name())
 		return "", fmt.Errorf("natstest: %s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
-	if installed := filepath.Join(tmp.Name()+".d", "nats-server"); fileExists(installed) {
+	if installed := filepath.Join(tmp.Name()+".d", name); fileExists(installed) {
 		if err := os.Rename(installed, tmp.Name()); err != nil {
 			return "", err
 		}
