@@ -173,9 +173,10 @@ func requireComposeTools(t *testing.T) {
 
 // dockerEngine is a dockerd of the test's own.
 type dockerEngine struct {
-	root  string   // its data root, exec root and socket live here
-	env   []string // the environment of docker and docker-compose: DOCKER_HOST
-	netns *os.File // its network namespace
+	root   string   // its data root, exec root and socket live here
+	env    []string // the environment of docker and docker-compose: DOCKER_HOST
+	netns  *os.File // its network namespace
+	client *http.Client
 }
 
 // startDockerd starts dockerd in a network namespace of its own and stops it (and
@@ -249,6 +250,9 @@ func startDockerd(t *testing.T) *dockerEngine {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tr := &http.Transport{DialContext: d.dialNetns, MaxIdleConnsPerHost: 16}
+	d.client = &http.Client{Timeout: 20 * time.Second, Transport: tr}
+	t.Cleanup(tr.CloseIdleConnections)
 	return d
 }
 
@@ -316,12 +320,9 @@ func setns(f *os.File) error {
 	return unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
 }
 
-func (d *dockerEngine) httpClient() *http.Client {
-	return &http.Client{
-		Timeout:   20 * time.Second,
-		Transport: &http.Transport{DialContext: d.dialNetns, MaxIdleConnsPerHost: 16},
-	}
-}
+// httpClient is the client of the published ports; its idle connections close when
+// the test ends (before the engine stops).
+func (d *dockerEngine) httpClient() *http.Client { return d.client }
 
 // rootFS is a root file system for `docker import`.
 type rootFS struct {
