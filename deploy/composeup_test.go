@@ -722,7 +722,7 @@ func (f *frontDoor) order(user string) (int, string, error) {
 		Ticket string `json:"ticket"`
 	}
 	if err := json.Unmarshal(body, &accepted); err != nil || accepted.Ticket == "" {
-		return resp.StatusCode, "", fmt.Errorf("202 without a ticket: %v %s", err, body)
+		return resp.StatusCode, "", fmt.Errorf("202 without a ticket: %w %s", err, body)
 	}
 	if loc := resp.Header.Get("Location"); loc != "/sluice/v1/deferred/"+accepted.Ticket {
 		return resp.StatusCode, "", fmt.Errorf("202: Location %q for ticket %s", loc, accepted.Ticket)
@@ -748,7 +748,7 @@ func (f *frontDoor) ticket(tk string) (string, int, error) {
 		return "", 0, fmt.Errorf("GET ticket %s: %s %s", tk, resp.Status, body)
 	}
 	if err := json.Unmarshal(body, &st); err != nil {
-		return "", 0, fmt.Errorf("ticket %s: %v: %s", tk, err, body)
+		return "", 0, fmt.Errorf("ticket %s: %w: %s", tk, err, body)
 	}
 	code := 0
 	if st.Result != nil {
