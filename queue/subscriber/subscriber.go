@@ -164,9 +164,9 @@ type Order struct {
 }
 
 // Decode reads an order from a message of a nats:SUBJECT downstream (a core NATS
-// subscription's message, or a JetStream one's: see DecodeJetStream). It checks the
-// shape only: Verify the order before acting on it. A message without the metadata
-// headers of an order wraps ErrNotOrder.
+// subscription's message, or a JetStream one's: see DecodeJetStream): ReadOrder, then
+// Order.Check. It checks the shape only: Verify the order before acting on it. A
+// message without the metadata headers of an order wraps ErrNotOrder.
 func Decode(msg *nats.Msg) (*Order, error) {
 	if msg == nil {
 		return nil, fmt.Errorf("%w: no message", ErrNotOrder)
@@ -180,6 +180,26 @@ func DecodeJetStream(jm jetstream.Msg) (*Order, error) {
 }
 
 func decode(subject string, h nats.Header, data []byte) (*Order, error) {
+	o, err := ReadOrder(subject, h, data)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.Check(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// ReadOrder reads the fields of an order from the subject, headers and body of a
+// message as they are, checking nothing but the syntax of Sluice-Received-At (an
+// error wrapping ErrNotOrder): an absent header reads as the empty string. It is the
+// one decoder of the wire format: Decode is ReadOrder and Check, and sluice reads the
+// orders it parks with it (parked orders carry a few headers more, never delivered),
+// so that a message that is not an order's shape is still read and then refused as
+// forged, not lost. Kept headers (Sluice-H-{Name}) whose names differ only in case
+// (never sluice's: it writes canonical names) join under the canonical name in byte
+// order of the names, so that every read of a message gives the same order.
+func ReadOrder(subject string, h nats.Header, data []byte) (*Order, error) {
 	o := &Order{
 		Ticket:         h.Get(HeaderTicket),
 		Queue:          h.Get(HeaderQueue),
@@ -195,9 +215,6 @@ func decode(subject string, h nats.Header, data []byte) (*Order, error) {
 		Body:           data,
 		Header:         make(http.Header),
 	}
-	if !validTicket(o.Ticket) || !queueconfig.ValidName(o.Queue) || o.Method == "" || !strings.HasPrefix(o.Path, "/") {
-		return nil, fmt.Errorf("%w: missing or malformed %s, %s, %s or %s", ErrNotOrder, HeaderTicket, HeaderQueue, HeaderMethod, HeaderPath)
-	}
 	if ts := h.Get(HeaderReceivedAt); ts != "" {
 		t, err := time.Parse(time.RFC3339Nano, ts)
 		if err != nil {
@@ -205,8 +222,6 @@ func decode(subject string, h nats.Header, data []byte) (*Order, error) {
 		}
 		o.ReceivedAt = t.UTC()
 	}
-	// Names that differ only in case (never sluice's: it writes canonical ones) join
-	// in byte order of the names, so that every decode of a message reads the same.
 	var names []string
 	for k := range h {
 		if name, ok := strings.CutPrefix(k, HeaderPrefix); ok && name != "" {
@@ -219,6 +234,54 @@ func decode(subject string, h nats.Header, data []byte) (*Order, error) {
 		o.Header[ck] = append(o.Header[ck], h[k]...)
 	}
 	return o, nil
+}
+
+// Check reports whether o has the shape of an order sluice delivers: a ticket's shape,
+// a valid queue name, a method, and a path starting with "/". Errors wrap ErrNotOrder.
+// sluice parks nothing else, so an order that fails is not sluice's.
+func (o *Order) Check() error {
+	if !validTicket(o.Ticket) || !queueconfig.ValidName(o.Queue) || o.Method == "" || !strings.HasPrefix(o.Path, "/") {
+		return fmt.Errorf("%w: missing or malformed %s, %s, %s or %s", ErrNotOrder, HeaderTicket, HeaderQueue, HeaderMethod, HeaderPath)
+	}
+	return nil
+}
+
+// Encode returns the message of o: on o.Subject, the body as data, the ticket as
+// Nats-Msg-Id, each field as its header (Sluice-Received-At always, in UTC with
+// nanoseconds; the other fields only when not empty), each value of o.Header as
+// Sluice-H-{Name}, and o.Signature, when set, as Sluice-Delivery-Signature. It is the
+// one encoder of the wire format (sluice parks and forwards with it) and checks
+// nothing. ReadOrder(Encode(o)) equals o when every header name of o is canonical and
+// has a value, and ReceivedAt is in UTC; on the wire, header values must also hold no
+// CR, LF or NUL and no blanks at either end (NATS drops those), as sluice's do.
+func Encode(o *Order) *nats.Msg {
+	msg := nats.NewMsg(o.Subject)
+	msg.Data = o.Body
+	h := msg.Header
+	setIf(h, HeaderMsgID, o.Ticket)
+	setIf(h, HeaderTicket, o.Ticket)
+	setIf(h, HeaderQueue, o.Queue)
+	setIf(h, HeaderRule, o.Rule)
+	setIf(h, HeaderMethod, o.Method)
+	setIf(h, HeaderPath, o.Path)
+	setIf(h, HeaderQuery, o.RawQuery)
+	h.Set(HeaderReceivedAt, o.ReceivedAt.UTC().Format(time.RFC3339Nano))
+	setIf(h, HeaderClient, o.Client)
+	setIf(h, HeaderIdempotencyKey, o.IdempotencyKey)
+	setIf(h, HeaderFingerprint, o.Fingerprint)
+	for k, vs := range o.Header {
+		if len(vs) > 0 {
+			h[HeaderPrefix+k] = slices.Clone(vs)
+		}
+	}
+	setIf(h, HeaderDeliverySignature, o.Signature)
+	return msg
+}
+
+func setIf(h nats.Header, k, v string) {
+	if v != "" {
+		h.Set(k, v)
+	}
 }
 
 // validTicket reports whether s has the shape of a ticket (queue.ValidTicket).
