@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue/queueconfig"
+	"github.com/sluicehq/sluice/queue/subscriber"
 )
 
 // NATS header names of a parked message. The message data is the request body; the
@@ -291,22 +292,21 @@ func scheduleSubjectFor(queue, ticket string) string { return "sluice.s." + queu
 // scheduleFilter matches every schedule subject of a queue.
 func scheduleFilter(queue string) string { return scheduleSubjectFor(queue, "*") }
 
-// encode turns m into the NATS message parked in queue q.
+// order returns the fields m shares with a delivered order (package subscriber's
+// wire format, which parked messages share), read from subject.
+func (m *Message) order(subject string) *subscriber.Order {
+	return &subscriber.Order{
+		Ticket: m.Ticket, Queue: m.Queue, Rule: m.Rule, Method: m.Method, Path: m.Path, RawQuery: m.RawQuery,
+		Header: m.Header, Body: m.Body, ReceivedAt: m.ReceivedAt, Client: m.Client,
+		IdempotencyKey: m.IdempotencyKey, Fingerprint: m.Fingerprint, Subject: subject,
+	}
+}
+
+// encode turns m into the NATS message parked on subject: subscriber.Encode's
+// message of the order, with the headers only parked messages carry.
 func (m *Message) encode(subject string) *nats.Msg {
-	msg := nats.NewMsg(subject)
-	msg.Data = m.Body
+	msg := subscriber.Encode(m.order(subject))
 	h := msg.Header
-	h.Set(HeaderMsgID, m.Ticket)
-	h.Set(HeaderTicket, m.Ticket)
-	h.Set(HeaderQueue, m.Queue)
-	setIf(h, HeaderRule, m.Rule)
-	h.Set(HeaderMethod, m.Method)
-	h.Set(HeaderPath, m.Path)
-	setIf(h, HeaderQuery, m.RawQuery)
-	h.Set(HeaderReceivedAt, m.ReceivedAt.UTC().Format(time.RFC3339Nano))
-	setIf(h, HeaderClient, m.Client)
-	setIf(h, HeaderIdempotencyKey, m.IdempotencyKey)
-	h.Set(HeaderFingerprint, m.Fingerprint)
 	setIf(h, HeaderCallback, m.Callback)
 	setIf(h, HeaderLane, m.Lane)
 	setIf(h, HeaderFlowKey, m.FlowKey)
@@ -316,11 +316,6 @@ func (m *Message) encode(subject string) *nats.Msg {
 	setIf(h, HeaderTraceParent, m.TraceParent)
 	setIf(h, HeaderTraceState, m.TraceState)
 	setIf(h, HeaderSignature, m.Signature)
-	for k, vs := range m.Header {
-		for _, v := range vs {
-			h.Add(HeaderPrefix+k, v)
-		}
-	}
 	return msg
 }
 
@@ -332,11 +327,10 @@ func setIf(h nats.Header, k, v string) {
 
 // Decode reads a parked message delivered by a JetStream consumer.
 func Decode(jm jetstream.Msg) (*Message, error) {
-	m, err := decode(jm.Headers(), jm.Data())
+	m, err := decode(jm.Subject(), jm.Headers(), jm.Data())
 	if err != nil {
 		return nil, err
 	}
-	m.subject = jm.Subject()
 	if md, err := jm.Metadata(); err == nil {
 		m.Seq = md.Sequence.Stream
 		m.Delivered = md.NumDelivered
@@ -346,48 +340,52 @@ func Decode(jm jetstream.Msg) (*Message, error) {
 }
 
 func decodeRaw(rm *jetstream.RawStreamMsg) (*Message, error) {
-	m, err := decode(rm.Header, rm.Data)
+	m, err := decode(rm.Subject, rm.Header, rm.Data)
 	if err != nil {
 		return nil, err
 	}
 	m.Seq = rm.Sequence
 	m.StoredAt = rm.Time
-	m.subject = rm.Subject
 	return m, nil
 }
 
-func decode(h nats.Header, data []byte) (*Message, error) {
+// decode reads a parked message with subscriber.ReadOrder, the decoder of delivered
+// orders, and the headers only parked messages carry. A message without a ticket's
+// shape, a valid queue name or a valid lane, or with a malformed timestamp, is not a
+// parked request (an error): there is no dead letter to put it in. Any other field,
+// however malformed, is read as it is, so that the consumer dead-letters the message
+// as forged (Verify refuses it) instead of dropping it.
+func decode(subject string, h nats.Header, data []byte) (*Message, error) {
+	o, err := subscriber.ReadOrder(subject, h, data)
+	if err != nil {
+		return nil, fmt.Errorf("queue: message is not a parked request (ticket %q): %w", h.Get(HeaderTicket), err)
+	}
 	m := &Message{
-		Ticket:      h.Get(HeaderTicket),
-		Fingerprint: h.Get(HeaderFingerprint),
+		Ticket:      o.Ticket,
+		Fingerprint: o.Fingerprint,
 		Signature:   h.Get(HeaderSignature),
 		Lane:        h.Get(HeaderLane),
 		FlowKey:     h.Get(HeaderFlowKey),
 		TraceParent: h.Get(HeaderTraceParent),
 		TraceState:  h.Get(HeaderTraceState),
 		Request: Request{
-			Queue:          h.Get(HeaderQueue),
-			Rule:           h.Get(HeaderRule),
-			Method:         h.Get(HeaderMethod),
-			Path:           h.Get(HeaderPath),
-			RawQuery:       h.Get(HeaderQuery),
-			Client:         h.Get(HeaderClient),
-			IdempotencyKey: h.Get(HeaderIdempotencyKey),
+			Queue:          o.Queue,
+			Rule:           o.Rule,
+			Method:         o.Method,
+			Path:           o.Path,
+			RawQuery:       o.RawQuery,
+			Client:         o.Client,
+			IdempotencyKey: o.IdempotencyKey,
 			Callback:       h.Get(HeaderCallback),
-			Body:           data,
-			Header:         make(http.Header),
+			ReceivedAt:     o.ReceivedAt,
+			Body:           o.Body,
+			Header:         o.Header,
 		},
+		subject: subject,
 	}
-	if !ValidTicket(m.Ticket) || m.Queue == "" || m.Method == "" || m.Path == "" || (m.Lane != "" && !validLane(m.Lane)) ||
+	if !ValidTicket(m.Ticket) || !queueconfig.ValidName(m.Queue) || (m.Lane != "" && !validLane(m.Lane)) ||
 		(m.FlowKey != "" && !validFlowKey(m.FlowKey)) {
 		return nil, fmt.Errorf("queue: message is not a parked request (ticket %q)", m.Ticket)
-	}
-	if ts := h.Get(HeaderReceivedAt); ts != "" {
-		t, err := time.Parse(time.RFC3339Nano, ts)
-		if err != nil {
-			return nil, fmt.Errorf("queue: message %s: bad %s: %w", m.Ticket, HeaderReceivedAt, err)
-		}
-		m.ReceivedAt = t
 	}
 	if ts := h.Get(HeaderNotBefore); ts != "" {
 		t, err := time.Parse(time.RFC3339, ts)
@@ -395,11 +393,6 @@ func decode(h nats.Header, data []byte) (*Message, error) {
 			return nil, fmt.Errorf("queue: message %s: bad %s: %w", m.Ticket, HeaderNotBefore, err)
 		}
 		m.NotBefore = t
-	}
-	for k, vs := range h {
-		if name, ok := strings.CutPrefix(k, HeaderPrefix); ok && name != "" {
-			m.Header[textproto.CanonicalMIMEHeaderKey(name)] = append([]string(nil), vs...)
-		}
 	}
 	return m, nil
 }

@@ -105,7 +105,9 @@ func (s *Store) sign(m *Message) {
 // must be this store's HMAC of the message, and the subject it was read from must be
 // the one of its queue and ticket (a genuine message copied to another queue is
 // forged there; a schedule subject only for a scheduled order). Errors wrap ErrForged.
-// Only a verified message may be delivered.
+// Only a verified message may be delivered. decode reads a message with any method,
+// path or query, so that one without an order's shape is forged here when it is not
+// signed (the dispatcher refuses a signed one that cannot be delivered as invalid).
 func (s *Store) Verify(m *Message) error {
 	if m.subject != "" && m.subject != ReadySubject(m.Queue, m.Lane, m.Ticket) && m.subject != deadSubjectFor(m.Queue, m.Ticket) &&
 		(m.NotBefore.IsZero() || m.subject != scheduleSubjectFor(m.Queue, m.Ticket)) {
