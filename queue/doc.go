@@ -435,10 +435,10 @@
 //   - `Sluice-Idempotency-Key`: the client's `Idempotency-Key`, when it sent one
 //   - `Sluice-Client`: a hash of the client identity (never a key or an address)
 //   - `Sluice-Fingerprint`: hex SHA-256 of the payload (method, path, query, content type and encoding, body)
-//   - `Sluice-H-{Name}`: each kept request header (not hop-by-hop, `Host`, `Idempotency-Key` or the queue's sensitive headers)
+//   - `Sluice-H-{Name}`: each kept request header, every value in order (not hop-by-hop headers, `Host`, `Content-Length`, `Expect` or the queue's `drop_headers`). The client's `Idempotency-Key` is kept as sent, so it travels twice: `Sluice-Idempotency-Key` and `Sluice-H-Idempotency-Key`
 //   - `Sluice-Not-Before`, `Sluice-Lane`: a scheduled order's due time; a laned order's lane
 //   - `traceparent`, `tracestate`: the delivery's W3C trace context, when sluice traces (see Tracing (deploy/README.md))
-//   - `Sluice-Delivery-Signature`: HMAC-SHA256 of all the `Sluice-*` fields above, the kept headers and the body, with the queue's delivery key (specified byte by byte, with a worked example, in `go doc ./queue/subscriber`; `queue/subscriber/testdata/verify.py` implements it with Python's standard library)
+//   - `Sluice-Delivery-Signature`: HMAC-SHA256 of the `Sluice-*` fields above but `Sluice-Not-Before` and `Sluice-Lane` (not covered), the kept headers and the body, with the queue's delivery key (specified byte by byte, with a worked example, in `go doc ./queue/subscriber`; `queue/subscriber/testdata/verify.py` implements it with Python's standard library)
 //
 // Acknowledgements: sluice's order is done when the stream stored the message; what the
 // subscriber acknowledges is between it and its stream (a durable consumer with explicit

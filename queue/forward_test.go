@@ -127,3 +127,68 @@ func TestForwardSignsForSubscribers(t *testing.T) {
 		t.Errorf("another signing key's delivery key: %v", err)
 	}
 }
+
+// The client's Idempotency-Key travels twice in a parked order and in a forwarded
+// one, both covered by the signatures: as Sluice-Idempotency-Key (what sluice dedupes
+// by) and, as sent, as the kept header Sluice-H-Idempotency-Key (what a proxied
+// request of the order carries, and what HTTP deliveries send). The documentation
+// says so (queue's NATS downstreams, subscriber's Delivery).
+func TestIdempotencyKeyIsKeptAsSent(t *testing.T) {
+	srv := natstest.Start(t)
+	js, err := jetstream.New(srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "PAID", Subjects: []string{"orders.paid"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("pay")
+	cfg.Downstream = "nats:orders.paid"
+	s := openStore(t, srv, cfg)
+	req := order("pay", `{"n":1}`)
+	req.IdempotencyKey = `"k"`
+	rc, err := s.Park(ctxT(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, _ := s.Queue("pay")
+	raw, err := q.Stream().GetLastMsgForSubject(ctxT(t), "sluice.q.pay."+rc.Ticket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raw.Header.Get(queue.HeaderIdempotencyKey) != `"k"` || raw.Header.Get(queue.HeaderPrefix+"Idempotency-Key") != `"k"` {
+		t.Fatalf("parked headers %v", raw.Header)
+	}
+	cons, err := q.Stream().CreateOrUpdateConsumer(ctxT(t), jetstream.ConsumerConfig{Durable: "t", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jm, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := queue.Decode(jm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Verify(m); err != nil {
+		t.Fatal(err)
+	}
+	seq, err := s.Forward(ctxT(t), "orders.paid", m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd, err := out.GetMsg(ctxT(t), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := subscriber.Decode(&nats.Msg{Subject: fwd.Subject, Header: fwd.Header, Data: fwd.Data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := subscriber.NewVerifier("pay", s.DeliveryKey("pay"))
+	if err := v.Verify(o); err != nil || o.IdempotencyKey != `"k"` || o.Header.Get("Idempotency-Key") != `"k"` {
+		t.Errorf("forwarded order: key %q, kept header %q, %v", o.IdempotencyKey, o.Header.Get("Idempotency-Key"), err)
+	}
+}

@@ -32,7 +32,9 @@
 //	                           Content-Type, Content-Encoding, body)
 //	Sluice-H-{Name}            each request header sluice kept, every value in order
 //	                           (hop-by-hop headers, Host, Content-Length, Expect and the
-//	                           queue's drop_headers are never kept)
+//	                           queue's drop_headers are never kept; the client's
+//	                           Idempotency-Key is, as sent: it is both
+//	                           Sluice-Idempotency-Key and Sluice-H-Idempotency-Key)
 //	Sluice-Delivery-Signature  "v1=" + base64 HMAC-SHA256 of all the above and the
 //	                           body, under the queue's delivery key (byte by byte: see
 //	                           Signatures, byte by byte)
