@@ -157,6 +157,7 @@ var composeEnv = map[string]string{
 	"SLUICE_QUEUE_KEY":     base64.StdEncoding.EncodeToString(randomBytes(32)),
 	"NATS_SLUICE_PASSWORD": hex.EncodeToString(randomBytes(32)),
 	"NATS_EVENTS_PASSWORD": hex.EncodeToString(randomBytes(32)),
+	"NATS_WORKER_PASSWORD": hex.EncodeToString(randomBytes(32)),
 	"NATS_ROUTE_PASSWORD":  hex.EncodeToString(randomBytes(32)),
 }
 
@@ -1090,7 +1091,7 @@ func TestComposeVariables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"SLUICE_QUEUE_KEY", "NATS_SLUICE_PASSWORD", "NATS_EVENTS_PASSWORD", "NATS_ROUTE_PASSWORD"} {
+	for _, want := range []string{"SLUICE_QUEUE_KEY", "NATS_SLUICE_PASSWORD", "NATS_EVENTS_PASSWORD", "NATS_WORKER_PASSWORD", "NATS_ROUTE_PASSWORD"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("compose.yaml does not use $%s", want)
 		}

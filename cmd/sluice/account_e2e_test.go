@@ -176,7 +176,7 @@ func TestSharedClusterAccount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newMailWorker(t, cluster.Connect(t, nats.UserInfo("worker", workerPW)))
+	w := newMailWorker(t, cluster.Connect(t, nats.UserInfo("partner", partnerPW)))
 	mail := mustDefer(t, p.url, "/v1/mail", "mail-1")
 	o := w.take(t)
 	if err := v.Verify(o); err != nil || o.Ticket != mail.Ticket {

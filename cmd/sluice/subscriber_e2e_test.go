@@ -21,7 +21,7 @@ import (
 // imports the paced work and the result service, as a team's workers would.
 const workersAccount = `accounts {
   WORKERS {
-    users: [{user: worker, password: worker-pw-0123456789abcdef}]
+    users: [{user: partner, password: partner-pw-0123456789abcdef}]
     imports: [
       {stream: {account: SLUICE, subject: "notifications.*.paced"}}
       {service: {account: SLUICE, subject: "sluice.result.orders.>"}}
@@ -31,8 +31,10 @@ const workersAccount = `accounts {
 `
 
 // Passwords of the users of deploy/nats/accounts.conf in the tests (hex-like, as the
-// file asks; set in the environment by accountsWithWorkers).
-const sluicePW, eventsPW, workerPW = "sluice-pw-0123456789abcdef0123456789", "events-pw-0123456789abcdef0123456789", "worker-pw-0123456789abcdef"
+// file asks; set in the environment by accountsWithWorkers), and of WORKERS' partner.
+const sluicePW, eventsPW, workerPW = "sluice-pw-0123456789abcdef0123456789", "events-pw-0123456789abcdef0123456789", "worker-pw-0123456789abcdef0123456789"
+
+const partnerPW = "partner-pw-0123456789abcdef"
 
 // accountsWithWorkers writes deploy/nats/accounts.conf, unchanged but for the account
 // WORKERS (workersAccount) beside SLUICE, into a temporary file and returns its path;
@@ -41,6 +43,7 @@ func accountsWithWorkers(t *testing.T) string {
 	t.Helper()
 	t.Setenv("NATS_SLUICE_PASSWORD", sluicePW)
 	t.Setenv("NATS_EVENTS_PASSWORD", eventsPW)
+	t.Setenv("NATS_WORKER_PASSWORD", workerPW)
 	conf, err := os.ReadFile(filepath.Join("..", "..", "deploy", "nats", "accounts.conf"))
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +93,7 @@ func TestSubscriberReplyLandsInTicket(t *testing.T) {
 	}
 
 	// The worker: core subscription to the imported subject, verify, reply.
-	w := newMailWorker(t, srv.Connect(t, nats.UserInfo("worker", workerPW)))
+	w := newMailWorker(t, srv.Connect(t, nats.UserInfo("partner", partnerPW)))
 	wjs := w.js
 
 	warmUp(t, p.url, "/v1/orders")
