@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -231,7 +232,12 @@ func TestSubscriberResultLandsInTicket(t *testing.T) {
 // (queue/subscriber/testdata/worker.py: the NATS client protocol over a socket and the
 // signature specification, standard library only) receives the orders of a nats: queue
 // through a real NATS server, verifies them, refuses one forged on the subject, and
-// answers the genuine ones with signed results that land in their tickets.
+// answers the genuine ones with signed results that land in their tickets. The server
+// runs deploy/nats/accounts.conf, sluice as its user sluice and the worker as its user
+// worker, so a permission the worker lacks fails the test; a Go worker as that user
+// then reads the same orders through a durable JetStream consumer of the stream,
+// acknowledges them and replies, and whatever else it tries (publish an order, read the
+// queues or sluice's replies, purge the stream) the server refuses.
 func TestPythonWorkerFromTheSpecification(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
@@ -240,10 +246,28 @@ func TestPythonWorkerFromTheSpecification(t *testing.T) {
 		}
 		t.Skip("python3 is not installed")
 	}
-	srv, _, cfg := payQueue(t)
-	store, _ := openStore(t, srv.Conn, cfg)
-	key := base64.StdEncoding.EncodeToString(store.DeliveryKey("pay"))
-	cmd := exec.Command(py, "../queue/subscriber/testdata/worker.py", strings.TrimPrefix(srv.URL, "nats://"), "orders.paid", "pay", key, "3")
+	const sluicePW, eventsPW, workerPW = "sluice-pw-0123456789abcdef", "events-pw-0123456789abcdef", "worker-pw-0123456789abcdef"
+	t.Setenv("NATS_SLUICE_PASSWORD", sluicePW)
+	t.Setenv("NATS_EVENTS_PASSWORD", eventsPW)
+	t.Setenv("NATS_WORKER_PASSWORD", workerPW)
+	srv := natstest.StartConfig(t, filepath.Join("..", "deploy", "nats", "accounts.conf"))
+	asSluice := func() *nats.Conn { return srv.Connect(t, nats.UserInfo("sluice", sluicePW)) }
+	sc := asSluice()
+	sjs, err := jetstream.New(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The stream of deploy/ that captures the nats: queues' subjects.
+	if _, err := sjs.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "NOTIFICATIONS", Subjects: []string{"notifications.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	const name, subject = "notifications-email", "notifications.email.paced" // as in deploy/rules
+	cfg := baseConfig(name, "nats:"+subject)
+	cfg.ResultHeaders = []string{"X-Receipt"}
+	store, _ := openStore(t, sc, cfg)
+	key := base64.StdEncoding.EncodeToString(store.DeliveryKey(name))
+	hostPort := strings.TrimPrefix(srv.URL, "nats://")
+	cmd := exec.Command(py, "../queue/subscriber/testdata/worker.py", "worker:"+workerPW+"@"+hostPort, subject, name, key, "3")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -285,8 +309,8 @@ func TestPythonWorkerFromTheSpecification(t *testing.T) {
 	if l := next("ready"); l != `{"ready": true}` {
 		t.Fatalf("worker: %s", l)
 	}
-	tickets := park(t, store, "pay", 0, 2)
-	startReplica(t, srv, cfg, "a")
+	tickets := park(t, store, name, 0, 2)
+	startReplicaOn(t, asSluice(), cfg, "a")
 	want := map[string]bool{}
 	for _, tk := range tickets {
 		want[`{"ticket": "`+tk+`", "verified": true}`] = true
@@ -296,13 +320,13 @@ func TestPythonWorkerFromTheSpecification(t *testing.T) {
 			t.Fatalf("the worker on a genuine order: %s, want one of %v", l, want)
 		}
 	}
-	forged := nats.NewMsg("orders.paid")
+	forged := nats.NewMsg(subject)
 	forged.Header.Set(subscriber.HeaderTicket, "abcdefghijklmnopqrstuvwxyz")
-	forged.Header.Set(subscriber.HeaderQueue, "pay")
+	forged.Header.Set(subscriber.HeaderQueue, name)
 	forged.Header.Set(subscriber.HeaderMethod, "POST")
 	forged.Header.Set(subscriber.HeaderPath, "/v1/orders")
 	forged.Header.Set(subscriber.HeaderDeliverySignature, "v1=AAAA")
-	if err := srv.Conn.PublishMsg(forged); err != nil {
+	if _, err := sjs.PublishMsg(ctxT(t), forged); err != nil {
 		t.Fatal(err)
 	}
 	if l := next("the forged order"); l != `{"ticket": "abcdefghijklmnopqrstuvwxyz", "verified": false}` {
@@ -310,7 +334,7 @@ func TestPythonWorkerFromTheSpecification(t *testing.T) {
 	}
 	for i, tk := range tickets {
 		var st *queue.Record
-		waitFor(t, "the Python worker's result of "+tk, 30*time.Second, func() bool {
+		waitFor(t, "the Python worker's result of "+tk, 60*time.Second, func() bool {
 			st, err = store.Status(ctxT(t), tk)
 			return err == nil && st.Result != nil && st.Result.StatusCode != 0
 		})
@@ -319,5 +343,90 @@ func TestPythonWorkerFromTheSpecification(t *testing.T) {
 			t.Errorf("ticket %s: result %+v", tk, r)
 		}
 	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("the worker: %v: %s", err, stderr.String())
+		}
+		exited <- err // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Errorf("the worker did not end after its three orders: %s", stderr.String())
+	}
 	t.Logf("worker said: %q", seen)
+
+	// The same user through JetStream, as package subscriber's worker runs: the three
+	// orders from the stream, the genuine ones answered (again: the first result
+	// stays) and acknowledged, the forged one terminated.
+	var violations lockedBuffer
+	wc := srv.Connect(t, nats.UserInfo("worker", workerPW), nats.CustomInboxPrefix("_INBOX_worker"),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { fmt.Fprintln(&violations, err) }))
+	wjs, err := jetstream.New(wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := subscriber.NewVerifier(name, store.DeliveryKey(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := wjs.CreateOrUpdateConsumer(ctxT(t), "NOTIFICATIONS", jetstream.ConsumerConfig{Durable: "email-worker",
+		FilterSubject: subject, AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatalf("the worker user creates its consumer: %v", err)
+	}
+	var results []error
+	waitFor(t, "the Go worker to take the three orders", 60*time.Second, func() bool {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatalf("the worker user pulls: %v", err)
+		}
+		for jm := range batch.Messages() {
+			results = append(results, v.Handle(ctxT(t), wjs, jm, func(_ context.Context, o *subscriber.Order) (*subscriber.Result, error) {
+				return &subscriber.Result{StatusCode: 202, Body: []byte("go took it")}, nil
+			}))
+		}
+		return len(results) >= 3
+	})
+	if len(results) != 3 || results[0] != nil || results[1] != nil || !errors.Is(results[2], subscriber.ErrForged) {
+		t.Errorf("the Go worker: %v, want two answered and the forged one refused", results)
+	}
+	waitFor(t, "the three acknowledged", 30*time.Second, func() bool {
+		info, err := cons.Info(ctxT(t))
+		return err == nil && info.AckFloor.Stream == 3 && info.NumAckPending == 0
+	})
+	for _, tk := range tickets {
+		if st, err := store.Status(ctxT(t), tk); err != nil || st.Result == nil || st.Result.StatusCode != 201 {
+			t.Errorf("ticket %s after a second result: %+v %v", tk, st, err)
+		}
+	}
+	// What it may not do.
+	if err := wc.Publish(subject, []byte("an order of my own")); err != nil {
+		t.Fatal(err)
+	}
+	if err := wc.Publish(queue.ReadySubject(name, "", "aaaaaaaaaaaaaaaaaaaaaaaaaa"), []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"sluice.q.>", "_INBOX.>"} {
+		if _, err := wc.SubscribeSync(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if st, err := wjs.Stream(ctxT(t), "NOTIFICATIONS"); err != nil {
+		t.Errorf("the worker user looks up its stream: %v", err)
+	} else if err := st.Purge(pctx); err == nil {
+		t.Error("the worker user purged the stream")
+	}
+	if err := wc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the server's refusals", 30*time.Second, func() bool {
+		v := violations.String()
+		return strings.Contains(v, `Publish to "`+subject+`"`) && strings.Contains(v, `Publish to "sluice.q.`) &&
+			strings.Contains(v, `Subscription to "sluice.q.>"`) && strings.Contains(v, `Subscription to "_INBOX.>"`) &&
+			strings.Contains(v, `Publish to "$JS.API.STREAM.PURGE.NOTIFICATIONS"`)
+	})
+	if st, err := store.Status(ctxT(t), tickets[0]); err != nil || st.Status != queue.StatusDone {
+		t.Errorf("after the refusals: %+v %v", st, err)
+	}
 }

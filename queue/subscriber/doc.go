@@ -173,6 +173,12 @@
 // done record is retried for about twenty seconds. The result stream keeps a result at
 // most 24 hours.
 //
-// On a NATS server with permissions, a consumer of queue Q needs publish on
-// sluice.result.Q.> and $JS.API.> answers on _INBOX.> (see deploy/nats/accounts.conf).
+// On a NATS server with permissions, a consumer of queue Q whose subject a stream S
+// captures needs: publish on sluice.result.Q.> (results), $JS.API.STREAM.INFO.S,
+// $JS.API.CONSUMER.CREATE.S.>, $JS.API.CONSUMER.INFO.S.>, $JS.API.CONSUMER.MSG.NEXT.S.>
+// and $JS.ACK.S.> (a durable pull consumer), and subscribe on its reply prefix (or on
+// the subject itself, for a core subscription). The user worker of
+// deploy/nats/accounts.conf has exactly these for the queues of deploy/, with the reply
+// prefix _INBOX_worker (nats.CustomInboxPrefix): in sluice's account _INBOX.> carries
+// sluice's own replies, pulled parked orders among them.
 package subscriber

@@ -6,8 +6,9 @@ each order's Sluice-Delivery-Signature with verify.py, and answers a verified or
 a signed result on sluice.result.{queue}.{ticket}, which a JetStream stream of sluice's
 captures. It prints one JSON line per message: {"ticket": ..., "verified": bool}.
 
-Usage: worker.py NATS_HOST:PORT SUBJECT QUEUE DELIVERY_KEY_BASE64 COUNT
-(it stops after COUNT messages).
+Usage: worker.py [USER:PASSWORD@]NATS_HOST:PORT SUBJECT QUEUE DELIVERY_KEY_BASE64 COUNT
+(it stops after COUNT messages). A refusal of the server (-ERR: a permission it lacks,
+for example) ends it with an error.
 """
 import base64
 import json
@@ -21,13 +22,28 @@ from verify import result_signature, verify_order  # noqa: E402
 
 class Conn:
     def __init__(self, addr):
+        creds, _, addr = addr.rpartition("@")
         host, port = addr.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=60)
         self.buf = b""
+        self.pending = []
         info = self.line()
         if not info.startswith(b"INFO "):
             raise RuntimeError("not a NATS server: %r" % info)
-        self.send(b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"protocol":1,"name":"python worker"}\r\n')
+        connect = {"verbose": False, "pedantic": False, "headers": True, "protocol": 1, "name": "python worker"}
+        if creds:
+            connect["user"], _, connect["pass"] = creds.partition(":")
+        self.send(b"CONNECT " + json.dumps(connect).encode() + b"\r\n")
+
+    def ping(self):
+        """Waits for the server's PONG to a PING: everything sent before it is with the
+        server, and was allowed (a refusal raises). Messages meanwhile wait in pending."""
+        self.send(b"PING\r\n")
+        while True:
+            kind, m = self.op()
+            if kind == "PONG":
+                return
+            self.pending.append(m)
 
     def send(self, b):
         self.sock.sendall(b)
@@ -50,21 +66,32 @@ class Conn:
         data, self.buf = self.buf[:n], self.buf[n + 2:]
         return data
 
-    def next_msg(self):
-        """The next HMSG/MSG: (subject, header pairs, payload); answers PINGs."""
+    def op(self):
+        """Reads the next operation: ("MSG", (subject, header pairs, payload)) for a
+        message, ("PONG", None); answers PINGs and raises on -ERR."""
         while True:
             line = self.line()
             op = line.split(b" ")
             if op[0] == b"PING":
                 self.send(b"PONG\r\n")
+            elif op[0] == b"PONG":
+                return "PONG", None
             elif op[0] == b"HMSG":
                 hlen, total = int(op[-2]), int(op[-1])
                 raw = self.take(total)
-                return op[1].decode(), parse_headers(raw[:hlen]), raw[hlen:]
+                return "MSG", (op[1].decode(), parse_headers(raw[:hlen]), raw[hlen:])
             elif op[0] == b"MSG":
-                return op[1].decode(), [], self.take(int(op[-1]))
+                return "MSG", (op[1].decode(), [], self.take(int(op[-1])))
             elif op[0] == b"-ERR":
                 raise RuntimeError(line.decode())
+
+    def next_msg(self):
+        """The next message: (subject, header pairs, payload)."""
+        while not self.pending:
+            kind, m = self.op()
+            if kind == "MSG":
+                self.pending.append(m)
+        return self.pending.pop(0)
 
     def hpub(self, subject, pairs, payload):
         head = b"NATS/1.0\r\n" + b"".join(n.encode() + b": " + v.encode() + b"\r\n" for n, v in pairs) + b"\r\n"
@@ -87,9 +114,8 @@ def main():
     addr, subject, queue, key_b64, count = sys.argv[1:6]
     key = base64.b64decode(key_b64)
     c = Conn(addr)
-    c.send(b"SUB %s 1\r\nPING\r\n" % subject.encode())
-    while c.line() != b"PONG":  # subscribed
-        pass
+    c.send(b"SUB %s 1\r\n" % subject.encode())
+    c.ping()  # connected, and subscribed
     print(json.dumps({"ready": True}), flush=True)
     for _ in range(int(count)):
         _, pairs, body = c.next_msg()
@@ -106,9 +132,7 @@ def main():
         reply.append(("Sluice-Result-Signature",
                       result_signature(key, queue, ticket, status, False, rheaders, rbody)))
         c.hpub("sluice.result.%s.%s" % (queue, ticket), reply, rbody)
-    c.send(b"PING\r\n")
-    while c.line() != b"PONG":  # every result is with the server
-        pass
+        c.ping()  # the result is with the server, and was allowed
 
 
 if __name__ == "__main__":

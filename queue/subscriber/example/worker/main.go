@@ -43,6 +43,7 @@ func run() error {
 	queueName := flag.String("queue", "", "the sluice `queue` whose orders this worker takes")
 	stream := flag.String("stream", "", "the JetStream `stream` capturing the queue's subject")
 	durable := flag.String("durable", "worker", "durable consumer `name` (shared by the worker's replicas)")
+	inbox := flag.String("inbox-prefix", "", "the `prefix` of reply subjects, when not _INBOX (_INBOX_worker for the user worker of deploy/nats/accounts.conf)")
 	flag.Parse()
 	if *queueName == "" || *stream == "" {
 		return errors.New("--queue and --stream are required")
@@ -59,7 +60,11 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	nc, err := nats.Connect(*url)
+	var opts []nats.Option
+	if *inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(*inbox))
+	}
+	nc, err := nats.Connect(*url, opts...)
 	if err != nil {
 		return err
 	}
