@@ -373,10 +373,15 @@
 // only when set, so orders parked by an older sluice still verify). `v1` names the encoding, so it can change
 // without ambiguity. Before anything else, the dispatcher checks the signature and that
 // the message sits on its own queue's and ticket's subject; a missing or wrong one is
-// dead-lettered with reason `forged: …` and never delivered. A forged message does not
+// dead-lettered with reason `forged: …` and never delivered; so is an unsigned message
+// that names a ticket and a queue but has no order's shape (no method, a path such as
+// `@evil.example/x`), read with the same decoder as the `nats:` consumers' (package
+// queue/subscriber). Only a message without a ticket's shape or a valid queue name, which
+// no dead letter could hold, is terminated. A forged message does not
 // touch the ticket record nor publish an event (its ticket may be a genuine order's).
-// An order whose path does not start with a single `/`, is badly escaped, or whose query
-// holds spaces, control characters or `#` is dead-lettered as `invalid: …`, never sent.
+// A signed order without a method, whose path does not start with a single `/`, is
+// badly escaped, or whose query holds spaces, control characters or `#` is
+// dead-lettered as `invalid: …`, never sent.
 // The delivery URL is the downstream's scheme and host with its path followed by the
 // parked escaped path and query, assembled from `url.URL` fields, so no parked path
 // (`@host/x`, `//host/x`, `http://host/x`) can change the host. Both count in
