@@ -113,6 +113,10 @@ type httpTarget struct {
 // the parked path or query can change the host; queue.CheckTarget says which paths and
 // queries are refused.
 func deliveryURL(base *url.URL, m *queue.Message) (*url.URL, error) {
+	if m.Method == "" {
+		// Park refuses an order without one; net/http would send it as a GET.
+		return nil, errors.New("no method")
+	}
 	if err := queue.CheckTarget(m.Path, m.RawQuery); err != nil {
 		return nil, err
 	}

@@ -45,6 +45,9 @@ func TestDeliveryURL(t *testing.T) {
 		{"http://api", "/x", "a=1 HTTP/1.1\r\nHost: evil", "", ""},
 		{"http://api", "/x", "a=\x00", "", ""},
 	}
+	if u, err := deliveryURL(&url.URL{Scheme: "http", Host: "api"}, &queue.Message{Request: queue.Request{Path: "/x"}}); err == nil {
+		t.Errorf("an order without a method: %s, want an error", u)
+	}
 	for _, c := range cases {
 		t.Run(c.path+"?"+c.query, func(t *testing.T) {
 			base, err := url.Parse(c.base)
