@@ -42,6 +42,10 @@
 // Other headers (tracing headers, for example) may be present and are not covered by
 // the signature. sluice's internal Sluice-Signature and Sluice-Callback never leave it.
 //
+// Encode writes such a message and Decode reads it (ReadOrder, then Order.Check of its
+// shape); sluice parks and forwards its orders with the same two, so there is one wire
+// format, and Decode(Encode(o)) is o (FuzzEncodeDecode).
+//
 // # Authenticity
 //
 // Each queue has a delivery key, derived from sluice's signing key (--queue-key):
