@@ -29,7 +29,7 @@ func TestDecodeRefusesMalformedFlowKeys(t *testing.T) {
 		h.Set(HeaderMethod, "POST")
 		h.Set(HeaderPath, "/x")
 		h.Set(HeaderFlowKey, tc.key)
-		m, err := decode(h, nil)
+		m, err := decode("sluice.q.q", h, nil)
 		if (err == nil) != tc.ok || tc.ok && m.FlowKey != tc.key {
 			t.Errorf("flow key %q: %v, %v", tc.key, m, err)
 		}
