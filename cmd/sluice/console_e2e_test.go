@@ -587,7 +587,13 @@ func TestConsoleWithoutNATS(t *testing.T) {
 	rulesPath := writeRules(t, t.TempDir(), e2eRules(4))
 	const token = "console-rls-token-0123456789"
 	p := startCommand(t, "rls", "--rules", rulesPath, "--grpc-listen", freeAddr(t), "--admin-token", token)
-	v, body := clusterView(t, p.admin, token)
+	// The process's own report comes with the first round, a moment after the start.
+	var v consoleView
+	var body string
+	waitFor(t, "this process's report", 30*time.Second, func() bool {
+		v, body = clusterView(t, p.admin, token)
+		return len(v.Replicas) > 0
+	})
 	if v.Scope != "process" || !strings.Contains(v.Note, "This process only") || len(v.Replicas) != 1 {
 		t.Errorf("data/cluster of sluice rls: %s", body)
 	}

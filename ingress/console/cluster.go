@@ -278,6 +278,8 @@ func (c *Cluster) Tick(ctx context.Context) {
 		c.mu.Unlock()
 		// Said when it starts and when it ends, not every round.
 		switch {
+		case ctx.Err() != nil:
+			// Stopping: an exchange cut short is no trouble to report.
 		case err != nil && was == nil:
 			c.log.Warn("console: the replicas' reports cannot be exchanged; the console's figures miss the other replicas meanwhile", "err", err)
 		case err == nil && was != nil:
