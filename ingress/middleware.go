@@ -321,6 +321,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			if rule := schedulingRule(checks); rule != nil {
 				var answered bool
 				if r, answered = ra.AnswerRepeat(w, r, m.deferral(route, rule, r, client)); answered {
+					// Answered from the queue, not held: its places among max_waiting
+					// and its slots go back.
+					m.release(ctx, holds, true)
 					return
 				}
 			}
