@@ -10,11 +10,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -196,7 +196,7 @@ type Repeater interface {
 // of the queue can have it), a body the deferred bodies' memory has no room for, and
 // any request while the queue cannot be asked (NATS away: allowed requests are
 // proxied then, see the README's failure table).
-func (q *Deferrer) AnswerRepeat(w http.ResponseWriter, r *http.Request, d ingress.Deferral) (*http.Request, bool) {
+func (q *Deferrer) AnswerRepeat(w http.ResponseWriter, r *http.Request, d ingress.Deferral) (_ *http.Request, answered bool) {
 	rp, ok := q.parker.(Repeater)
 	if !ok {
 		return r, false
@@ -213,15 +213,24 @@ func (q *Deferrer) AnswerRepeat(w http.ResponseWriter, r *http.Request, d ingres
 			return r, false
 		}
 		body, reserved, err := q.memory.readSized(r.Body, r.ContentLength)
-		q.memory.give(reserved)
 		if err != nil {
 			writeBodyError(w, r, err) // the body broke off: nothing can be proxied either
 			return r, true
 		}
+		// The copy is what is proxied: it counts against the budget until the
+		// upstream has taken it (Close) or the request is over, whichever is first.
+		var once sync.Once
+		give := func() { once.Do(func() { q.memory.give(reserved) }) }
+		stop := context.AfterFunc(r.Context(), give)
 		req.Body = body
 		read := *r
-		read.Body = io.NopCloser(bytes.NewReader(body))
+		read.Body = &budgetedBody{Reader: bytes.NewReader(body), release: func() { stop(); give() }}
 		r = &read
+		defer func() {
+			if answered {
+				read.Body.Close() // not proxied: the copy is done with
+			}
+		}()
 	}
 	receipt, found, err := rp.Repeat(r.Context(), req)
 	switch {
@@ -236,6 +245,18 @@ func (q *Deferrer) AnswerRepeat(w http.ResponseWriter, r *http.Request, d ingres
 	}
 	q.writeAccepted(w, receipt)
 	return r, true
+}
+
+// budgetedBody is a body held in memory reserved from the budget: Close gives the
+// reservation back (once).
+type budgetedBody struct {
+	*bytes.Reader
+	release func()
+}
+
+func (b *budgetedBody) Close() error {
+	b.release()
+	return nil
 }
 
 // sendableHeader reports whether every field of h can be written on an HTTP request
