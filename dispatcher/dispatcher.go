@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -251,15 +252,22 @@ func (d *Dispatcher) Run(ctx context.Context, queues ...string) error {
 		d.runCallbacks(cbCtx)
 	}()
 	// Results of nats: deliveries are written while the queues drain, by every
-	// dispatcher that runs a queue with a nats: downstream.
+	// dispatcher that runs a queue with a nats: downstream. Their stream exists before
+	// the first such delivery: a consumer's reply is a plain publish, lost when no
+	// stream captures it.
+	var results *queue.ResultConsumer
+	if slices.ContainsFunc(qs, func(q *queue.Queue) bool { return q.Config().NATSSubject() != "" }) {
+		if results = d.openResults(cbCtx); results == nil {
+			stopCallbacks()
+			<-callbacksDone
+			return nil // ctx ended
+		}
+	}
 	resultsDone := make(chan struct{})
 	go func() {
 		defer close(resultsDone)
-		for _, q := range qs {
-			if q.Config().NATSSubject() != "" {
-				d.runResults(cbCtx)
-				return
-			}
+		if results != nil {
+			d.writeResults(cbCtx, results)
 		}
 	}()
 	var wg sync.WaitGroup

@@ -845,3 +845,42 @@ func TestExpiredOrdersAreDeadLetteredNotDropped(t *testing.T) {
 		t.Fatalf("dead letters %d %v", len(dls), err)
 	}
 }
+
+// TestResultStreamBeforeTheFirstNATSDelivery: when a consumer of a nats: downstream gets
+// its first order, the stream that captures its reply already exists. A reply is a
+// plain publish: one sent while the dispatcher was still declaring the result stream
+// was lost, and the ticket never got its result (TestPythonWorkerFromTheSpecification
+// timed out so in a loaded full run). The race needed a loaded machine to show: on a
+// quiet one this test passed before the fix too; it pins the order that Run now
+// guarantees.
+func TestResultStreamBeforeTheFirstNATSDelivery(t *testing.T) {
+	srv := natstest.Start(t)
+	js, _ := jetstream.New(srv.Conn)
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{Name: "FIRST_OUT", Subjects: []string{"first.out"}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := baseConfig("first", "nats:first.out")
+	store, _ := openStore(t, srv.Conn, cfg)
+	got := make(chan error, 1)
+	sub, err := srv.Conn.Subscribe("first.out", func(*nats.Msg) {
+		_, err := js.Stream(context.Background(), queue.ResultStream)
+		select {
+		case got <- err:
+		default:
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	park(t, store, "first", 0, 1)
+	startReplica(t, srv, cfg, "a")
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("the first nats: delivery came before its result stream: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("no delivery")
+	}
+}

@@ -9,20 +9,25 @@ import (
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
-// runResults writes the results consumers of nats: downstreams publish
-// (queue.ResultConsumer) into their tickets until ctx ends. Every dispatcher runs it;
-// they share the consumer.
-func (d *Dispatcher) runResults(ctx context.Context) {
-	var rc *queue.ResultConsumer
-	for attempt := 1; rc == nil; attempt++ {
-		var err error
-		if rc, err = d.store.ResultConsumer(ctx); err != nil {
-			d.log.Warn("results: cannot reach the result stream; retrying", "err", err)
-			if d.opts.clock.Sleep(ctx, retryDelay(queueconfig.Backoff{Initial: time.Second, Max: 30 * time.Second}, attempt)) != nil {
-				return
-			}
+// openResults returns the consumer of the results that consumers of nats:
+// downstreams publish (queue.ResultConsumer), declaring their stream, trying again until
+// it can; nil when ctx ends first.
+func (d *Dispatcher) openResults(ctx context.Context) *queue.ResultConsumer {
+	for attempt := 1; ; attempt++ {
+		rc, err := d.store.ResultConsumer(ctx)
+		if err == nil {
+			return rc
+		}
+		d.log.Warn("results: cannot reach the result stream; retrying", "err", err)
+		if d.opts.clock.Sleep(ctx, retryDelay(queueconfig.Backoff{Initial: time.Second, Max: 30 * time.Second}, attempt)) != nil {
+			return nil
 		}
 	}
+}
+
+// writeResults writes the results rc reads into their tickets until ctx ends. Every
+// dispatcher runs it; they share the consumer.
+func (d *Dispatcher) writeResults(ctx context.Context, rc *queue.ResultConsumer) {
 	for ctx.Err() == nil {
 		ticket, err := rc.Next(ctx, 5*time.Second)
 		switch {

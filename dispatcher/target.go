@@ -213,7 +213,7 @@ type forwarder interface {
 // JetStream, done once a stream acknowledged it (at least once; queue.Store.Declare
 // made sure a stream captures the subject), or for a queue with delivery at_most_once
 // as a core publish followed by a flush (done once the server has it, subscribers or
-// not). The consumer may reply later (package queue/subscriber): runResults writes the
+// not). The consumer may reply later (package queue/subscriber): writeResults writes the
 // reply into the done ticket's result.
 type natsTarget struct {
 	subject    string
