@@ -195,9 +195,15 @@ func TestThousandWaitersThroughTheBinary(t *testing.T) {
 	p := startBinary(t, bin, "serve", "--rules", rulesPath, "--upstream", up.URL, "--log-level", "info",
 		"--ticket-lookups", "0", "--max-waits-per-client", strconv.Itoa(waiters), "--max-waits", strconv.Itoa(waiters),
 		"--shutdown-timeout", "50s")
-	// Nothing is delivered while they wait.
-	if r := send(t, "POST", p.admin+"/sluice/v1/queues/orders/pause?for=1h", nil); r.status/100 != 2 {
-		t.Fatalf("pause: %d %s", r.status, r.body)
+	// Nothing is delivered while they wait. A pause needs the dispatcher's consumer,
+	// which attaches a moment after the start (409 until then).
+	var paused result
+	waitFor(t, "the queue paused", 30*time.Second, func() bool {
+		paused = send(t, "POST", p.admin+"/sluice/v1/queues/orders/pause?for=1h", nil)
+		return paused.status != http.StatusConflict
+	})
+	if paused.status/100 != 2 {
+		t.Fatalf("pause: %d %s", paused.status, paused.body)
 	}
 	warmUp(t, p.url, "/v1/orders")
 	tks := make([]string, tickets)
