@@ -15,9 +15,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/limiter/childproc"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 

@@ -26,10 +26,10 @@ import (
 
 	"github.com/sluicehq/sluice/cmd/internal/progress"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/childproc"
 	"github.com/sluicehq/sluice/limiter/redistest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
 )
 
 const clusterHelp = `Usage: sluice-bench cluster [flags]

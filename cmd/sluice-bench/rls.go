@@ -38,9 +38,9 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/envoy"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/childproc"
 	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/limiter/redistest"
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
 	"github.com/sluicehq/sluice/rules"
 )
 

@@ -24,7 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
+	"github.com/sluicehq/sluice/limiter/childproc"
 )
 
 // testPKI is a CA and a server and a client certificate it signed, as PEM files.

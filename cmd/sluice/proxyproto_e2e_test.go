@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
+	"github.com/sluicehq/sluice/limiter/childproc"
 )
 
 // haproxyPath finds HAProxy, also in /usr/sbin (off a Debian user's PATH). On Linux

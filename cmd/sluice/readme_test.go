@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
+	"github.com/sluicehq/sluice/limiter/childproc"
 )
 
 // The README's blocks that run on one machine, run as a user would: in one bash, from

@@ -18,7 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
+	"github.com/sluicehq/sluice/limiter/childproc"
 )
 
 // runSluiceEnv is runSluice with extra environment variables (KEY=VALUE), for

@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/limiter/childproc"
 	"github.com/sluicehq/sluice/limiter/redistest"
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
 )
 
 // End-to-end tests of `sluice serve`: the real binary, a real upstream server and a

@@ -17,9 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/limiter/childproc"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
 )
 
 // oldestNATS is the oldest nats-server sluice supports (queue.MinServerVersion), as a

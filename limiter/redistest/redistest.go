@@ -30,7 +30,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
+	"github.com/sluicehq/sluice/limiter/childproc"
 )
 
 // ErrNotInstalled is returned by New and NewCluster when redis-server (or, for a

@@ -22,7 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/queue/natstest/childproc"
+	"github.com/sluicehq/sluice/limiter/childproc"
 )
 
 const serverModule = "github.com/nats-io/nats-server/v2"

@@ -2,6 +2,10 @@
 // (limiter/redistest, queue/natstest) and the load tool run: output appended to a
 // log file, the child tied to this process's life where the system allows it, and
 // a wait until the server is ready or has died.
+//
+// It lives under limiter because limiter is the lowest of the layers that use it:
+// limiter/redistest and queue/natstest both import it downwards (queue builds on
+// limiter, never the other way round). It needs only the standard library.
 package childproc
 
 import (
