@@ -148,7 +148,7 @@ func metricKindOf(m prometheus.Metric) metricKind {
 }
 
 // exportedMetrics builds every part of sluice that registers metrics, the way
-// sluice serve builds them (cmd/sluice/serve.go), on a recording registerer, and
+// sluice serve builds them (cmd/sluice/gateway.go), on a recording registerer, and
 // returns what they registered by name. Nothing is dialled but the in-process NATS
 // server: the Redis client points at a closed port and is never called.
 func exportedMetrics(t *testing.T) map[string]exportedMetric {

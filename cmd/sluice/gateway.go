@@ -1,0 +1,592 @@
+package main
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/dispatcher"
+	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/console"
+	"github.com/sluicehq/sluice/ingress/deferral"
+	"github.com/sluicehq/sluice/ingress/envoy"
+	"github.com/sluicehq/sluice/ingress/proxyproto"
+	"github.com/sluicehq/sluice/ingress/queueapi"
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/rules"
+	"github.com/sluicehq/sluice/rules/watch"
+)
+
+// gateway is a running serve, ingress or dispatch: the parts it is made of, for run
+// to start and stop in order.
+type gateway struct {
+	mode    gatewayMode
+	cfg     gatewayConfig
+	log     *slog.Logger
+	watcher *watch.Watcher
+	redis   redis.UniversalClient
+	store   *redisstore.Store
+	nats    *natsConn
+	queues  *queues // nil in rls
+	// declaring is queues once reloads may declare through it (Prepare).
+	declaring atomic.Pointer[queues]
+	front     *http.Server // nil in dispatch and rls
+	// proxyProtocol are the peers whose front-door connections carry a PROXY header.
+	proxyProtocol ingress.Prefixes
+	limiter       limiter.Limiter
+	grpc          *envoy.Server // nil without --grpc-listen
+	grpcLn        net.Listener
+	check         *http.Server // nil without --check-listen
+	admin         *http.Server // nil without --admin-listen
+	adminAPI      *ingress.Admin
+	deps          *ingress.Dependencies
+	deferrer      *deferral.Deferrer // nil without a front door
+	reloads       console.Reloads    // the rules reloads, for the console's rules page
+	cluster       *console.Cluster   // publishes this replica's counters, reads the others'; nil: neither
+	// Without --admin-token, the console token's file in the data directory, and the
+	// one-time sign-in code to print once listening ("" unless the file is new).
+	consoleFile, consoleCode string
+	// lns are the bound addresses of front, check and admin, by the flag that names
+	// each (see listen).
+	lns map[string]net.Listener
+}
+
+func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gateway, err error) {
+	g := &gateway{mode: mode, cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			g.close()
+		}
+	}()
+	if cfg.rules == "" {
+		return nil, errors.New("--rules is required")
+	}
+	var upstream *url.URL
+	var ids *ingress.ClientIdentity
+	if mode.front || mode.rls {
+		// Flags first, before anything is started.
+		if mode.front {
+			if cfg.front.upstream == "" {
+				return nil, errors.New("--upstream is required")
+			}
+			upstream, err = url.Parse(cfg.front.upstream)
+			if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
+				return nil, fmt.Errorf("--upstream %q: want an http:// or https:// URL", cfg.front.upstream)
+			}
+			if err := cfg.front.checkWaits(); err != nil {
+				return nil, err
+			}
+		}
+		if err := cfg.envoy.check(mode); err != nil {
+			return nil, err
+		}
+		if ids, err = ingress.NewClientIdentity(strings.Split(cfg.front.trustedProxies, ","), cfg.front.ipv6Prefix,
+			ingress.WithForwardedHeader(ingress.ForwardedHeader(cfg.front.forwarded))); err != nil {
+			return nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
+		}
+		if g.proxyProtocol, err = ingress.ParsePrefixes(strings.Split(cfg.front.proxyProtocol, ",")); err != nil {
+			return nil, fmt.Errorf("--proxy-protocol: %w", err)
+		}
+		// The client connects lazily: this checks the URL and the TLS files only.
+		if g.redis, err = openRedis(cfg.front.redis, log); err != nil {
+			return nil, err
+		}
+	}
+	if !mode.rls {
+		if err := cfg.nats.check(log); err != nil {
+			return nil, err
+		}
+	}
+
+	if err := g.listen(); err != nil {
+		return nil, err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// Reloads declare first: a new set goes live once its queues are declared (see
+	// queues.prepare), on file changes and SIGHUP alike.
+	g.watcher, err = watch.New(strings.Split(cfg.rules, ","), watch.Options{Registerer: reg, Logger: log,
+		MergeDomains: cfg.mergeDoms, OnReload: g.reloads.Observe,
+		Prepare: func(s *rules.Set) error {
+			if q := g.declaring.Load(); q != nil {
+				return q.prepare(s)
+			}
+			return nil // before the queues exist: their first declaration takes the active set
+		}})
+	if err != nil {
+		return nil, err
+	}
+
+	if mode.front {
+		setMemoryLimit(int64(cfg.front.deferMemory), g.watcher.Set(), cfg.dispatch, log)
+	}
+	if mode.rls {
+		setRLSGCPercent(log)
+	}
+	// Redis and NATS are every replica's: their trouble shows in /sluice/v1/status and
+	// the metrics, never in /readyz, which would take every replica out at once.
+	if g.deps, err = ingress.NewDependencies(ingress.WithCheckTimeout(dependencyTimeout), ingress.WithDependencyLogger(log),
+		ingress.WithSecrets(cfg.secrets()...)); err != nil {
+		return nil, err
+	}
+	reg.MustRegister(g.deps)
+	if mode.rls {
+		if _, err := g.middleware(ids, nil, reg); err != nil {
+			return nil, err
+		}
+		if err := g.newCluster(reg); err != nil {
+			return nil, err
+		}
+		if err := g.openAdmin(reg); err != nil {
+			return nil, err
+		}
+		return g, nil
+	}
+	natsCfg := cfg.nats
+	natsCfg.maxBody = largestMaxBody(g.watcher.Set())
+	if g.nats, err = openNATS(natsCfg, log, true); err != nil {
+		return nil, &unusableError{err}
+	}
+	if g.nats.embedded != nil && cfg.nats.encryptionKey == "" {
+		log.Warn("the data directory is not encrypted: parked requests, their headers (Authorization, Cookie…) and bodies are stored in clear in --data-dir; "+
+			"give --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file to encrypt it at rest", "data_dir", cfg.nats.dataDir)
+	}
+	var disp []dispatcher.Option
+	if cfg.dispatch {
+		disp = append(cfg.disp.options(), dispatcher.WithTracerProvider(cfg.tracing))
+	}
+	g.queues = newQueues(g.nats, disp, reg, log, g.watcher.Reload)
+	g.queues.tracing = cfg.tracing
+	g.declaring.Store(g.queues)
+	// A first attempt before serving, so that a reachable NATS (the embedded one
+	// always) has the queues declared when the front door opens. What fails for want
+	// of NATS is retried in the background by run; the process never exits for it.
+	// The active set is read once reloads go through the queues, so none is missed.
+	ctx, cancel := context.WithTimeout(context.Background(), declareTimeout)
+	defer cancel()
+	g.queues.declare(ctx, g.watcher.Set())
+	g.deps.Add("nats", g.queues.health)
+
+	if mode.front {
+		handler, err := g.frontDoor(upstream, ids, reg)
+		if err != nil {
+			return nil, err
+		}
+		g.front = newHTTPServer(cfg.front.listen, handler, log)
+		// Open waits and event streams answer what they have at once: Shutdown waits
+		// for every handler.
+		g.front.RegisterOnShutdown(g.deferrer.Close)
+		if g.check != nil {
+			g.check.RegisterOnShutdown(g.deferrer.Close)
+		}
+	}
+	if err := g.newCluster(reg); err != nil {
+		return nil, err
+	}
+	if err := g.openAdmin(reg); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// listen binds the addresses of the HTTP listeners that the flags name (--listen,
+// --check-listen, --admin-listen), before anything else is opened: an address in use
+// fails the start at once, with its flag, rather than after NATS and the rules are up.
+func (g *gateway) listen() error {
+	g.lns = map[string]net.Listener{}
+	addrs := []struct{ flag, addr string }{{"check-listen", g.cfg.envoy.checkListen}, {"admin-listen", g.cfg.admin.listen}}
+	if g.mode.front {
+		addrs = append(addrs, struct{ flag, addr string }{"listen", g.cfg.front.listen})
+	}
+	for _, a := range addrs {
+		if a.addr == "" && a.flag != "listen" { // an empty --listen is any port, as net.Listen has it
+			continue
+		}
+		ln, err := net.Listen("tcp", a.addr)
+		if err != nil {
+			return &unusableError{listenError(a.flag, a.addr, err)}
+		}
+		g.lns[a.flag] = ln
+	}
+	return nil
+}
+
+// listenError is the error of listening on addr, the value of --flag: an address in
+// use says what to do about it.
+func listenError(flag, addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("--%s %s: the address is in use by another process: stop it, or give --%s another address", flag, addr, flag)
+	}
+	return fmt.Errorf("--%s %s: %w", flag, addr, err)
+}
+
+// newCluster makes the console's cluster view: with queues, this replica publishes its
+// counters to the NATS bucket every replica reads; without them (sluice rls) the view
+// is this process's, kept for the console when there is one.
+func (g *gateway) newCluster(reg *prometheus.Registry) error {
+	if g.queues == nil && (g.cfg.admin.listen == "" || g.cfg.admin.token == "") {
+		return nil
+	}
+	host, _ := os.Hostname()
+	opts := []console.ClusterOption{console.WithClusterLogger(g.log), console.WithHost(host), console.WithInterval(g.cfg.admin.reportEvery)}
+	var store interface{ Load() *queue.Store }
+	if g.queues != nil {
+		store = &g.queues.store
+		opts = append(opts, console.WithReportsBucket(g.queues.reportsBucket))
+	}
+	c, err := console.NewCluster(console.NewReplicaID(), console.LocalReport(reg, store), opts...)
+	if err != nil {
+		return fmt.Errorf("--console-report-interval: %w", err)
+	}
+	g.cluster = c
+	return nil
+}
+
+// openAdmin builds the admin listener, when one is asked for, with the operator
+// console under /console/ when there is an admin token to sign in with.
+func (g *gateway) openAdmin(reg *prometheus.Registry) error {
+	if g.cfg.admin.listen == "" {
+		return nil
+	}
+	g.adminAPI = &ingress.Admin{Gatherer: reg, Rules: g.watcher, Dependencies: g.deps, Token: g.cfg.admin.token}
+	opts := []console.Option{console.WithGatherer(reg), console.WithRules(g.watcher), console.WithReloads(&g.reloads),
+		console.WithLogger(g.log)}
+	if g.cluster != nil {
+		opts = append(opts, console.WithCluster(g.cluster))
+	}
+	if g.cfg.admin.token != "" {
+		// One allowance of wrong tokens per address for the API and the console's sign-in.
+		g.adminAPI.Guard = ingress.NewTokenGuard(g.cfg.admin.token, nil)
+		opts = append(opts, console.WithTokenGuard(g.adminAPI.Guard))
+	}
+	if g.queues != nil {
+		// Unlike NATS trouble, which passes, a server too old for sluice stays until an
+		// operator upgrades it: no replica on it can park anything.
+		g.adminAPI.Ready = map[string]func(context.Context) error{"nats-version": g.queues.serverVersion}
+		g.adminAPI.Queues = &queueapi.API{Store: &g.queues.store, Log: g.log}
+		opts = append(opts, console.WithQueueStore(&g.queues.store))
+	}
+	token, created := g.cfg.admin.token, false
+	if token == "" && g.nats != nil && g.nats.embedded != nil {
+		// A data directory of this process's own: the console gets a token of its own
+		// there (see consoleTokenFile).
+		var err error
+		if token, created, err = loadConsoleToken(g.cfg.nats.dataDir); err != nil {
+			return err
+		}
+		g.consoleFile = filepath.Join(g.cfg.nats.dataDir, consoleTokenFile)
+	}
+	if token == "" {
+		g.adminAPI.Extra = map[string]http.Handler{"GET " + console.Prefix: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			ingress.WriteProblem(w, http.StatusNotFound, "The console needs an admin token to sign in with: start sluice with --admin-token (or SLUICE_ADMIN_TOKEN).")
+		})}
+		g.admin = newHTTPServer(g.cfg.admin.listen, g.adminAPI.Handler(), g.log)
+		return nil
+	}
+	c, err := console.New(token, g.adminAPI.Handler(), opts...)
+	if err != nil {
+		return err
+	}
+	if created {
+		g.consoleCode = c.NewSignInCode()
+	}
+	g.admin = newHTTPServer(g.cfg.admin.listen, c.Handler(), g.log)
+	return nil
+}
+
+// logConsole says, once listening, where the console is and how to sign in when its
+// token is the one kept in the data directory: the first start prints a one-time
+// sign-in URL (Jupyter's way, without putting the token itself in the log), every
+// later one the token's file.
+func (g *gateway) logConsole() {
+	switch {
+	case g.consoleFile == "" || g.admin == nil:
+	case g.consoleCode != "":
+		g.log.Info("console: sign in once at this URL (within "+strings.TrimSuffix(console.SignInCodeTTL.String(), "0m0s")+"; later with the token in the file)",
+			"url", consoleURL(g.admin.Addr)+"#code="+g.consoleCode, "file", g.consoleFile)
+		g.consoleCode = ""
+	default:
+		g.log.Info("console: sign in with the token in the file", "url", consoleURL(g.admin.Addr), "file", g.consoleFile)
+	}
+}
+
+// frontDoor builds the front door's handler: ticket status, and every other request
+// through the limiter to the proxy or the queues. It adds the Redis dependency when
+// limits live there.
+func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) (http.Handler, error) {
+	cfg := g.cfg.front
+	deferrer := deferral.New(g.queues, deferral.WithLogger(g.log), deferral.WithBodyMemory(int64(cfg.deferMemory)),
+		deferral.WithLookupLimit(ids, limiter.Rate(cfg.ticketLookups)),
+		deferral.WithWaits(deferral.WaitLimits{Max: cfg.maxWait, PerClient: cfg.waitsPerClient, Total: cfg.waits, IDs: ids}))
+	g.deferrer = deferrer
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_ticket_waits",
+		Help: "Ticket status requests held open now: Prefer: wait and event streams (--max-waits)."},
+		func() float64 { return float64(deferrer.OpenWaits()) }))
+	mw, err := g.middleware(ids, deferrer, reg)
+	if err != nil {
+		return nil, err
+	}
+	proxy, err := ingress.NewProxy(upstream, ingress.WithProxyLogger(g.log), ingress.WithProxyRegisterer(reg),
+		ingress.WithProxyClientIdentity(ids), ingress.WithProxyMaxHeaderBytes(int64(cfg.maxUpHeader)),
+		ingress.WithProxyReuseAfter(cfg.upReuseAfter), ingress.WithProxyMaxHold(cfg.upMaxHold))
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET "+deferral.Path+"{ticket}", deferrer.StatusHandler())
+	mux.Handle("DELETE "+deferral.Path+"{ticket}", deferrer.CancelHandler())
+	mux.Handle("/", mw.Wrap(proxy))
+	return mux, nil
+}
+
+// middleware builds the limiter and the middleware that decides on it: the front
+// door's, which the Envoy services share (with their own flags). It adds the Redis
+// dependency when limits live there. deferrer is nil where nothing can park.
+func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Deferrer, reg *prometheus.Registry) (*ingress.Middleware, error) {
+	cfg := g.cfg.front
+	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
+	if g.redis != nil {
+		var err error
+		g.store, err = redisstore.New(g.redis, redisstore.WithRegisterer(reg), redisstore.WithLogger(g.log),
+			redisstore.WithTimeout(g.cfg.front.redis.timeout))
+		if err != nil {
+			return nil, fmt.Errorf("redis limiter (--redis-timeout and the metrics registry): %w", err)
+		}
+		store = g.store
+		g.deps.Add("redis", g.redisHealth)
+	}
+	g.limiter = store
+	opts := []ingress.Option{ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(int64(cfg.maxBody)),
+		ingress.WithLogger(g.log), ingress.WithRegisterer(reg), ingress.WithTracerProvider(g.cfg.tracing)}
+	if deferrer != nil {
+		opts = append(opts, ingress.WithDeferrer(deferrer), ingress.WithIdempotencyScopeKey(subKey(g.nats.key, "idempotency scope")))
+	}
+	mw, err := ingress.New(g.watcher, store, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.envoyServers(mw, deferrer, reg); err != nil {
+		return nil, err
+	}
+	return mw, nil
+}
+
+// subKey derives the key of one purpose from the queue key, so that no two uses of
+// the secret can be played against each other.
+func subKey(key []byte, purpose string) []byte {
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte("sluice " + purpose))
+	return mac.Sum(nil)
+}
+
+// dependencyTimeout bounds each check of a dependency (Redis, NATS) in
+// /sluice/v1/status and the sluice_dependency_up gauge.
+const dependencyTimeout = 2 * time.Second
+
+// secrets returns the passwords the flags hold, which a status must never show.
+func (c gatewayConfig) secrets() []string {
+	out := []string{c.front.redis.password}
+	for _, raw := range append(strings.Split(c.nats.url, ","), c.front.redis.url) {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err == nil && u.User != nil {
+			p, _ := u.User.Password()
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// maxHeaderBytes caps the request headers the front door reads.
+const maxHeaderBytes = 64 << 10
+
+// newHTTPServer sets every timeout, so a slow or idle client cannot hold a connection
+// (or a goroutine) forever.
+func newHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		WriteTimeout:      90 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}
+
+// run serves until ctx is done, then shuts down gracefully.
+func (g *gateway) run(ctx context.Context) error {
+	defer g.close()
+	var servers []*http.Server
+	for _, hs := range []*http.Server{g.front, g.check, g.admin} {
+		if hs != nil {
+			servers = append(servers, hs)
+		}
+	}
+	// Every address was bound at the start (listen).
+	listeners := make([]net.Listener, len(servers))
+	for i, hs := range servers {
+		flag := map[*http.Server]string{g.front: "listen", g.check: "check-listen", g.admin: "admin-listen"}[hs]
+		ln := g.lns[flag]
+		hs.Addr = ln.Addr().String() // the real port when it was 0
+		if hs == g.front && len(g.proxyProtocol) > 0 {
+			ln = proxyproto.Listen(ln, g.proxyProtocol.Contains, hs.ReadHeaderTimeout)
+		}
+		listeners[i] = ln
+	}
+	errs := make(chan error, len(servers)+1)
+	for i, hs := range servers {
+		go func() { errs <- hs.Serve(listeners[i]) }()
+	}
+	attrs := []any{"rules", g.watcher.Set().Summary().String()}
+	if g.nats != nil {
+		attrs = append(attrs, "queues", g.nats.where)
+	}
+	if g.grpc != nil {
+		go func() { errs <- g.grpc.Serve(g.grpcLn) }()
+		attrs = append(attrs, "grpc", g.grpcLn.Addr().String())
+	}
+	if g.check != nil {
+		attrs = append(attrs, "check", g.check.Addr)
+	}
+	if g.mode.rls {
+		attrs = append(attrs, "limiter", g.limiterName())
+	}
+	if g.front != nil {
+		attrs = append(attrs, "listen", g.front.Addr, "upstream", g.cfg.front.upstream, "limiter", g.limiterName())
+	}
+	if g.admin != nil {
+		attrs = append(attrs, "admin", g.admin.Addr)
+	}
+	attrs = append(attrs, "dispatch", g.cfg.dispatch)
+	g.log.Info("sluice "+g.mode.started, attrs...)
+	g.logConsole()
+	if g.front == nil && !g.mode.rls && len(g.watcher.Set().Queues()) == 0 {
+		// Only worth a warning where dispatching is all the process does.
+		g.log.Warn("the rules declare no queues: nothing to dispatch until a reload adds some")
+	}
+
+	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
+	defer stopDispatch()
+	if g.queues != nil {
+		g.queues.run(dispatchCtx)
+	}
+	if g.cluster != nil {
+		clusterDone := make(chan struct{})
+		go func() {
+			defer close(clusterDone)
+			g.cluster.Run(dispatchCtx)
+		}()
+		defer func() { stopDispatch(); <-clusterDone }()
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	var err error
+wait:
+	for {
+		select {
+		case <-hup: // reload the rules now, as well as on file changes
+			if e := g.watcher.Reload(); e != nil {
+				g.log.Warn("rules reload on SIGHUP refused", "err", e)
+			}
+		case <-ctx.Done():
+			break wait
+		case err = <-errs:
+			break wait
+		}
+	}
+	g.log.Info("shutting down", "timeout", g.cfg.process.shutdownTimeout)
+	if g.adminAPI != nil {
+		// Unready first, so that load balancers stop sending; the admin listener is
+		// the last to close, so /readyz says so while the rest drains.
+		g.adminAPI.Drain()
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), g.cfg.process.shutdownTimeout)
+	defer cancel()
+	shutdown := func(hs *http.Server) {
+		if e := hs.Shutdown(shutdownCtx); e != nil {
+			g.log.Warn("shutdown incomplete", "addr", hs.Addr, "err", e)
+		}
+	}
+	// The front door and the dispatchers (and the declaring of queues) stop together:
+	// a request parked while the front door drains stays in its queue for the next
+	// dispatcher, so neither has to wait for the other. Both get the same deadline.
+	stopDispatch()
+	var wg sync.WaitGroup
+	if g.front != nil {
+		wg.Go(func() { shutdown(g.front) })
+	}
+	if g.check != nil {
+		wg.Go(func() { shutdown(g.check) })
+	}
+	if g.grpc != nil {
+		wg.Go(func() { g.grpc.Shutdown(shutdownCtx) })
+	}
+	wg.Go(func() {
+		if g.queues != nil && !g.queues.wait(shutdownCtx) {
+			// What was cut off is redelivered after the ack wait, with the same
+			// Idempotency-Key.
+			g.log.Warn("deliveries still under way at the shutdown deadline; they will be redelivered")
+		}
+	})
+	wg.Wait()
+	if g.admin != nil {
+		shutdown(g.admin)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+func (g *gateway) limiterName() string {
+	if g.store != nil {
+		return "redis"
+	}
+	return "memory"
+}
+
+func (g *gateway) close() {
+	if g.grpcLn != nil {
+		g.grpcLn.Close() // when the server never served
+	}
+	for _, ln := range g.lns {
+		ln.Close() // the same
+	}
+	if g.watcher != nil {
+		g.watcher.Close()
+	}
+	if g.deferrer != nil {
+		g.deferrer.Close() // before NATS: it deletes its watch there
+	}
+	if g.store != nil {
+		g.store.Close()
+	}
+	if g.redis != nil {
+		g.redis.Close()
+	}
+	g.nats.close()
+}
