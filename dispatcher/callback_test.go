@@ -18,11 +18,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/dispatcher"
-	"github.com/sluicehq/sluice/dispatcher/webhook"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
+	"github.com/sluicehq/sluice/queue/webhook"
 )
 
 // receiver is a callback receiver that verifies every callback like a real one would.

@@ -154,7 +154,7 @@
 // (the operator named that very address); `callback_private: true` lets a queue's named
 // hosts reach any address.
 //
-// Receivers verify with `dispatcher/webhook` (standard library only; its example is a
+// Receivers verify with `queue/webhook` (standard library only; its example is a
 // complete receiver that drops repeats by `webhook-id`):
 //
 //	id, err := webhook.Verify(r.Header, body, time.Now(), 0, secret) // secret from webhook.ParseSecret

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/dispatcher/webhook"
+	"github.com/sluicehq/sluice/queue/webhook"
 )
 
 // Completion callbacks. A client that parks an order with a callback URL (Request.Callback,

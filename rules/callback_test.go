@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/dispatcher/webhook"
+	"github.com/sluicehq/sluice/queue/webhook"
 )
 
 func TestQueueCallbacks(t *testing.T) {

@@ -10,11 +10,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/dispatcher/webhook"
 	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/subscriber"
+	"github.com/sluicehq/sluice/queue/webhook"
 )
 
 // everyFeatureRules has a queue per feature that needs subjects of its own: orders

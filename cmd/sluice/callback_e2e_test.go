@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/dispatcher/webhook"
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/webhook"
 )
 
 // newCallbackSecret returns a fresh callback_secret and its key.

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/dispatcher/webhook"
 	"github.com/sluicehq/sluice/queue/queueconfig"
+	"github.com/sluicehq/sluice/queue/webhook"
 )
 
 func TestCallbackConfig(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/dispatcher/webhook"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue/webhook"
 )
 
 // Defaults applied by Config.WithDefaults to fields left at their zero value.
@@ -142,7 +142,7 @@ type Config struct {
 	// turn callbacks into requests to it. A host listed as an IP literal is always
 	// reached: the operator named that very address.
 	CallbackPrivate bool
-	// CallbackSecret signs the queue's callbacks (dispatcher/webhook), in the form
+	// CallbackSecret signs the queue's callbacks (queue/webhook), in the form
 	// "whsec_<base64 key>". Required with CallbackHosts. It is never written as JSON
 	// (stream metadata, admin answers): a queue adopted from its stream alone has no
 	// secret, so takes no callbacks.

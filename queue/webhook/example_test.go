@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicehq/sluice/dispatcher/webhook"
+	"github.com/sluicehq/sluice/queue/webhook"
 )
 
 // A receiver of sluice's completion callbacks: it verifies each one with the queue's

@@ -11,6 +11,11 @@
 // The key is a queue's callback_secret, written "whsec_<base64 of the key bytes>".
 // The package needs only the standard library: a receiver imports it without pulling
 // in sluice's queue or NATS code.
+//
+// It lives under queue because a queue owns its callbacks: queue/queueconfig checks a
+// queue's callback_secret with ParseSecret, queue hands each callback its Secret, and
+// the dispatcher signs every attempt with it; the queue's folder is the lowest that all
+// three reach downwards (the dispatcher builds on queue, never the other way round).
 package webhook
 
 import (
