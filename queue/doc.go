@@ -331,10 +331,12 @@
 // with the signing key (Message.FlowKey, header Sluice-Flow-Key, part of the
 // signature: an order cannot be moved to another key), so the stream, logs and
 // metrics never hold a merchant's id; orders whose request has no value share one
-// key. Queue.SetFlow keeps an operator's pause or pinned rate of a key, named by its
-// value, in the bucket sluice_flows (made by the first setting; at most
-// MaxFlowControls keys per queue; each entry sealed like ticket records, so one
-// written without the key is ignored), and Queue.Flows lists them by hash.
+// key. Queue.SetFlow and Queue.ChangeFlow keep an operator's pause or pinned rate of a
+// key, named by its value, in the bucket sluice_flows (made by the first setting; at
+// most MaxFlowControls keys per queue; each entry sealed like ticket records, so one
+// written without the key is ignored; each change a read-modify-write checked against
+// the entry's revision, so concurrent changes from two replicas both hold), and
+// Queue.Flows lists them by hash.
 // Lease.Postpone hands an order back until its key's turn without counting an attempt.
 // The queue's consumer hands out max_in_flight + FlowPending orders (see
 // dispatcher.FlowPending) and the dispatcher keeps max_in_flight for the whole queue

@@ -2,8 +2,11 @@ package queue_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -67,4 +70,76 @@ func TestFlowKeyStoredHashedAndSigned(t *testing.T) {
 	if k := s.FlowKeyFor(testConfig("plain"), "x"); k != "" {
 		t.Errorf("flow key in a queue without flow_by: %q", k)
 	}
+}
+
+// Two replicas change one flow key at once, a pause from one and a pinned rate from
+// the other, each having read the settings before either writes: the write that comes
+// second meets a changed revision, reads again and applies its change on top, so both
+// changes hold. Then, free-running races of the same two changes keep both too.
+func TestChangeFlowConcurrentWritersKeepBothChanges(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := testConfig("flows")
+	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5)}
+	ctx := ctxT(t)
+	var qs [2]*queue.Queue
+	for i := range qs {
+		s, err := queue.Open(ctx, srv.Connect(t), queue.WithSigningKey(natstest.SigningKey()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if qs[i], err = s.Declare(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	until := time.Now().Add(time.Hour).Truncate(time.Second)
+	pin := limiter.PerSecond(2)
+	changes := [2]func(*queue.FlowControl){
+		func(fc *queue.FlowControl) { fc.PausedUntil = until },
+		func(fc *queue.FlowControl) { fc.Rate = pin },
+	}
+	race := func(value string, lockstep bool) (calls [2]int) {
+		var read sync.WaitGroup
+		read.Add(2)
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Go(func() {
+				_, err := qs[i].ChangeFlow(ctx, value, func(fc *queue.FlowControl) {
+					calls[i]++
+					if lockstep && calls[i] == 1 {
+						read.Done()
+						read.Wait() // both have read before either writes
+					}
+					changes[i](fc)
+				})
+				if err != nil {
+					t.Errorf("writer %d: %v", i, err)
+				}
+			})
+		}
+		wg.Wait()
+		return calls
+	}
+	check := func(value string) {
+		t.Helper()
+		fc, err := qs[0].Flow(ctx, value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fc.PausedUntil.Equal(until) || fc.Rate != pin {
+			t.Fatalf("%s after the race: paused until %v, rate %v; want %v and %v", value, fc.PausedUntil, fc.Rate, until, pin)
+		}
+	}
+	calls := race("merchant-lockstep", true)
+	check("merchant-lockstep")
+	if calls[0]+calls[1] != 3 {
+		t.Errorf("change called %v times: want one writer to read again after the other's write (3 calls in all)", calls)
+	}
+	retried := 0
+	for i := range 20 {
+		value := fmt.Sprintf("merchant-%d", i)
+		calls := race(value, false)
+		check(value)
+		retried += calls[0] + calls[1] - 2
+	}
+	t.Logf("lockstep: change called %v times; 20 free races: %d reads again", calls, retried)
 }

@@ -67,63 +67,156 @@ func (s *Store) flowControls(ctx context.Context, create bool) (jetstream.KeyVal
 	return kv, nil
 }
 
-// SetFlow sets the flow key of value's settings in the queue (value as the
-// request carries it, such as a merchant's id; it is hashed at once, as Park does,
-// and neither stored nor logged). A zero fc removes them. Errors: ErrInvalidRequest
-// (the queue has no flow_by, a rate that is not valid, too many keys with settings),
-// ErrUnavailable.
+// flowChangeTries bounds the reads and writes of one ChangeFlow that meets changes
+// made meanwhile by other replicas.
+const flowChangeTries = 10
+
+// SetFlow sets the settings of value's flow key in the queue (value as the request
+// carries it, such as a merchant's id; it is hashed at once, as Park does, and
+// neither stored nor logged), whatever they were. A zero fc removes them. Errors as
+// ChangeFlow's.
 func (q *Queue) SetFlow(ctx context.Context, value string, fc FlowControl) error {
-	f := q.Config().FlowBy
-	if !f.Enabled() {
-		return fmt.Errorf("%w: queue %q has no flow_by", ErrInvalidRequest, q.name)
+	_, err := q.ChangeFlow(ctx, value, func(c *FlowControl) { *c = fc })
+	return err
+}
+
+// ChangeFlow applies change to the settings of value's flow key (see SetFlow for
+// value) and stores the result, which it returns: zero settings remove the entry, and
+// a pause already past is dropped. The read and the write are one step checked against
+// the entry's revision: when another replica changed the entry in between, it is read
+// again and change applied to what it holds now (at most flowChangeTries times, then
+// ErrUnavailable), so two concurrent changes (a pause here, a rate there) both hold.
+// change may be called more than once. Errors: ErrInvalidRequest (the queue has no
+// flow_by, a rate that is not valid, too many keys with settings), ErrUnavailable.
+func (q *Queue) ChangeFlow(ctx context.Context, value string, change func(*FlowControl)) (FlowControl, error) {
+	cfg := q.Config()
+	if !cfg.FlowBy.Enabled() {
+		return FlowControl{}, fmt.Errorf("%w: queue %q has no flow_by", ErrInvalidRequest, q.name)
 	}
-	if !fc.Rate.IsZero() {
-		f.Rate = fc.Rate
-		if err := f.Limit().Validate(); err != nil {
-			return fmt.Errorf("%w: rate %s: %w", ErrInvalidRequest, fc.Rate, err)
-		}
-	}
-	key := q.store.flowKeyFor(q.Config(), value)
-	kv, err := q.store.flowControls(ctx, !fc.IsZero())
-	if errors.Is(err, ErrNotFound) {
-		return nil // nothing to remove
-	}
-	if err != nil {
-		return err
-	}
+	key := q.store.flowKeyFor(cfg, value)
 	entry := flowEntry(q.name, key)
-	if fc.IsZero() {
-		if err := kv.Delete(ctx, entry); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			return unavailable("flow settings", err)
+	for range flowChangeTries {
+		kv, err := q.store.flowControls(ctx, false)
+		var have FlowControl
+		var rev uint64
+		switch {
+		case errors.Is(err, ErrNotFound):
+			// No bucket yet: made below if the change sets something.
+		case err != nil:
+			return FlowControl{}, err
+		default:
+			if have, rev, err = q.readFlow(ctx, kv, entry); err != nil {
+				return FlowControl{}, err
+			}
 		}
-		q.store.log.Info("flow key settings removed", "queue", q.name, "flow_key", key)
-		return nil
+		fc := have
+		change(&fc)
+		now := time.Now()
+		if !fc.Paused(now) {
+			fc.PausedUntil = time.Time{}
+		}
+		if !fc.Rate.IsZero() {
+			f := cfg.FlowBy
+			f.Rate = fc.Rate
+			if err := f.Limit().Validate(); err != nil {
+				return FlowControl{}, fmt.Errorf("%w: rate %s: %w", ErrInvalidRequest, fc.Rate, err)
+			}
+		}
+		switch {
+		case fc.IsZero() && rev == 0:
+			return fc, nil // nothing to remove
+		case fc.IsZero():
+			err = kv.Delete(ctx, entry, jetstream.LastRevision(rev))
+		default:
+			if kv == nil {
+				if kv, err = q.store.flowControls(ctx, true); err != nil {
+					return FlowControl{}, err
+				}
+			}
+			err = q.writeFlow(ctx, kv, entry, fc, rev)
+		}
+		switch {
+		case revisionConflict(err):
+			continue // changed meanwhile: read it again
+		case err != nil:
+			return FlowControl{}, err
+		}
+		if fc.IsZero() {
+			q.store.log.Info("flow key settings removed", "queue", q.name, "flow_key", key)
+		} else {
+			q.store.log.Info("flow key settings set", "queue", q.name, "flow_key", key,
+				"paused_until", fc.PausedUntil.UTC().Format(time.RFC3339), "rate", fc.Rate.String())
+		}
+		return fc, nil
 	}
-	if _, err := kv.Get(ctx, entry); errors.Is(err, jetstream.ErrKeyNotFound) {
-		n, err := q.countFlows(ctx, kv)
-		if err != nil {
-			return err
-		}
-		if n >= MaxFlowControls {
-			return fmt.Errorf("%w: queue %q has settings for %d flow keys already (at most %d)", ErrInvalidRequest, q.name, n, MaxFlowControls)
-		}
+	return FlowControl{}, fmt.Errorf("%w: flow settings of %s in queue %q: changed by others %d times in a row", ErrUnavailable, key, q.name, flowChangeTries)
+}
+
+// readFlow returns the settings entry holds in kv and its revision (0: none). An
+// entry that does not verify reads as no settings, with its revision, so that a write
+// replaces it.
+func (q *Queue) readFlow(ctx context.Context, kv jetstream.KeyValue, entry string) (FlowControl, uint64, error) {
+	e, err := kv.Get(ctx, entry)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return FlowControl{}, 0, nil
+	case err != nil:
+		return FlowControl{}, 0, unavailable("flow settings", err)
 	}
+	var fc FlowControl
+	if err := q.store.unseal("flow", entry, e.Value(), &fc); err != nil {
+		q.store.log.Warn("flow key settings do not verify; ignored", "queue", q.name, "entry", entry, "err", err)
+		return FlowControl{}, e.Revision(), nil
+	}
+	return fc, e.Revision(), nil
+}
+
+// writeFlow stores fc as entry in kv if the entry is still at revision rev (0: it does
+// not exist; then the queue's keys with settings must be fewer than MaxFlowControls).
+// A changed entry is an error revisionConflict tells.
+func (q *Queue) writeFlow(ctx context.Context, kv jetstream.KeyValue, entry string, fc FlowControl, rev uint64) error {
 	val, err := q.store.seal("flow", entry, fc)
 	if err != nil {
 		return err
 	}
-	if _, err := kv.Put(ctx, entry, val); err != nil {
+	if rev != 0 {
+		_, err = kv.Update(ctx, entry, val, rev)
+	} else {
+		n, cerr := q.countFlows(ctx, kv)
+		if cerr != nil {
+			return cerr
+		}
+		if n >= MaxFlowControls {
+			return fmt.Errorf("%w: queue %q has settings for %d flow keys already (at most %d)", ErrInvalidRequest, q.name, n, MaxFlowControls)
+		}
+		_, err = kv.Create(ctx, entry, val)
+	}
+	if err != nil && !revisionConflict(err) {
 		return unavailable("flow settings", err)
 	}
-	q.store.log.Info("flow key settings set", "queue", q.name, "flow_key", key,
-		"paused_until", fc.PausedUntil.UTC().Format(time.RFC3339), "rate", fc.Rate.String())
-	return nil
+	return err
+}
+
+// revisionConflict reports whether err is JetStream's refusal of a write or delete
+// expecting another revision of the entry (the entry changed since it was read).
+func revisionConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) ||
+		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // Flow returns the settings of value's flow key (zero: none).
 func (q *Queue) Flow(ctx context.Context, value string) (FlowControl, error) {
-	all, err := q.Flows(ctx)
-	return all[q.store.flowKeyFor(q.Config(), value)], err
+	kv, err := q.store.flowControls(ctx, false)
+	if errors.Is(err, ErrNotFound) {
+		return FlowControl{}, nil
+	}
+	if err != nil {
+		return FlowControl{}, err
+	}
+	fc, _, err := q.readFlow(ctx, kv, flowEntry(q.name, q.store.flowKeyFor(q.Config(), value)))
+	return fc, err
 }
 
 // Flows returns the settings of the queue's flow keys, by flow key (Message.FlowKey).

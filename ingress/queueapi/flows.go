@@ -50,19 +50,12 @@ func (a *API) flows(w http.ResponseWriter, r *http.Request, q *queue.Queue) {
 }
 
 // changeFlow applies change to the settings of the flow key whose value is {key}
-// and answers with them.
+// (queue.Queue.ChangeFlow: a change another replica makes meanwhile is kept) and
+// answers with them.
 func (a *API) changeFlow(w http.ResponseWriter, r *http.Request, q *queue.Queue, change func(*queue.FlowControl)) {
 	value := r.PathValue("key")
-	fc, err := q.Flow(r.Context(), value)
+	fc, err := q.ChangeFlow(r.Context(), value, change)
 	if err != nil {
-		a.fail(w, err)
-		return
-	}
-	change(&fc)
-	if !fc.Paused(time.Now()) {
-		fc.PausedUntil = time.Time{}
-	}
-	if err := q.SetFlow(r.Context(), value, fc); err != nil {
 		a.fail(w, err)
 		return
 	}
