@@ -70,7 +70,14 @@
 //   - then: reject (the default: 429, Retry-After the time until a slot is within
 //     max_wait) or defer (parked in queue, 202, as a defer rule; it needs a queue).
 //   - max_waiting (default 1000): the most requests the rule holds at once in one
-//     process; past it the fallback comes at once, without taking a slot.
+//     process; past it the fallback comes at once, without taking a slot. It is
+//     counted per replica, also with --redis (the slots are shared, this count is
+//     not): N replicas hold up to N × max_waiting requests of the rule. A count
+//     shared through Redis would cost a write when a request is held and another
+//     when it leaves, and a replica that dies holding requests would leave its
+//     count behind; the memory it guards is per process anyway. With --redis the
+//     requests held for one key are bounded cluster-wide all the same, by max_wait:
+//     at most max_wait/interval + 1 slots of the key lie ahead.
 //
 // One limit only, no burst and no quota_mode: the slots are even, and max_wait bounds
 // how many wait (max_wait/interval + 1 per key). The other rules decide first; a slot
