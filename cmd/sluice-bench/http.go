@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"net/http"
@@ -22,17 +23,22 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
+	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
 const httpHelp = `Usage: sluice-bench http [flags]
 
 Measures, in one run on this machine, the upstream alone, a plain Go reverse proxy
-(httputil.ReverseProxy), nginx with limit_req (when nginx is on PATH or in /usr/sbin)
-and 'sluice serve' in front of the same upstream, with the memory limiter and with
-Redis. Every server is a process of its own. The load:
+(httputil.ReverseProxy), nginx with limit_req (when nginx is on PATH or in /usr/sbin),
+sluice's proxy alone (ingress.Proxy on its connection pool, no rules, no limiter) and
+'sluice serve' in front of the same upstream, with the memory limiter and with Redis.
+Two ceilings are measured beside them: a bare Go net/http server answering 204, the
+most any Go front door could pass here, and nginx answering 204 itself ("return 204").
+Every server is a process of its own. The load:
 
   closed loop: --workers connections sending as fast as they can: the most requests
                per second each target passes. wrk sends them when it is on PATH and
@@ -48,7 +54,7 @@ Redis. Every server is a process of its own. The load:
                when it wakes, on an idle keep-alive connection, with one write. A
                latency runs from that write to the last byte of the answer, so the
                sleeper's own lateness is in no sample: latency quantiles at a load
-               every target sustains.
+               every target sustains. --rate 0 measures no latencies.
 
 sluice checks every request against a per-client-IP token bucket that never runs out,
 so each request pays for a real decision and is proxied; nginx runs the same shape
@@ -84,7 +90,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	duration := fs.Duration("duration", 5*time.Second, "length of each measurement")
 	workers := fs.Uint64("workers", 64, "concurrent connections of the closed-loop measurement")
-	rate := fs.Int("rate", 2000, "requests per second of the open-loop measurement")
+	rate := fs.Int("rate", 2000, "requests per second of the open-loop measurement (0: no open loop, no latencies)")
 	sluicePath := fs.String("sluice", "", "sluice binary to run (default: build ./cmd/sluice)")
 	withRedis := fs.Bool("redis", true, "also measure sluice with a Redis limiter (starts a redis-server on a free port)")
 	rounds := fs.Int("rounds", 3, "rounds over every target, alternating; each figure is the median of the rounds")
@@ -97,6 +103,10 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if *rounds < 1 {
 		fmt.Fprintln(stderr, "sluice-bench http: --rounds must be at least 1")
+		return exitUsage
+	}
+	if *rate < 0 {
+		fmt.Fprintln(stderr, "sluice-bench http: --rate must not be negative")
 		return exitUsage
 	}
 	fail := func(err error) int {
@@ -160,35 +170,50 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	spawn := func(health string, name string, args ...string) error { return spawnWith(false, health, name, args...) }
 
-	upstreamAddr, proxyAddr := freeAddr(), freeAddr()
-	if err := spawn("http://"+upstreamAddr+"/", self, "upstream", upstreamAddr); err != nil {
-		return fail(fmt.Errorf("upstream: %w", err))
-	}
-	if err := spawn("http://"+proxyAddr+"/", self, "plain-proxy", proxyAddr, "http://"+upstreamAddr); err != nil {
-		return fail(fmt.Errorf("plain proxy: %w", err))
-	}
 	type target struct {
 		name, url string
 		pid       int // the server's process (nginx: its master, whose workers count too)
 	}
+	var targets []target
 	lastPID := func() int { return procs[len(procs)-1].cmd.Process.Pid }
-	targets := []target{
-		{targetUpstream, "http://" + upstreamAddr + "/", procs[0].cmd.Process.Pid},
-		{targetReverseProxy, "http://" + proxyAddr + "/", procs[1].cmd.Process.Pid},
+	// child starts one of this tool's own servers (a mode of its executable) on a
+	// free address, as the target name.
+	child := func(name string, args ...string) (addr string, err error) {
+		addr = freeAddr()
+		if err := spawn("http://"+addr+"/", self, append(args[:1:1], append([]string{addr}, args[1:]...)...)...); err != nil {
+			return "", fmt.Errorf("%s: %w", name, err)
+		}
+		targets = append(targets, target{name, "http://" + addr + "/", lastPID()})
+		return addr, nil
+	}
+	upstreamAddr, err := child(targetUpstream, "upstream")
+	if err != nil {
+		return fail(err)
+	}
+	upstreamURL := "http://" + upstreamAddr
+	for _, c := range [][]string{
+		{targetGo204, "no-content"},
+		{targetReverseProxy, "plain-proxy", upstreamURL},
+		{targetPool, "pool-proxy", upstreamURL},
+	} {
+		if _, err := child(c[0], c[1:]...); err != nil {
+			return fail(err)
+		}
 	}
 	if nginx, err := nginxPath(); err != nil {
-		fmt.Fprintln(stderr, "nginx is not on PATH nor in /usr/sbin: no nginx row (install nginx to compare with it)")
+		fmt.Fprintln(stderr, "nginx is not on PATH nor in /usr/sbin: no nginx rows (install nginx to compare with it)")
 	} else {
-		addr := freeAddr()
+		addr, addr204 := freeAddr(), freeAddr()
 		prefix := filepath.Join(dir, "nginx")
-		conf, err := writeNginxConf(prefix, addr, upstreamAddr)
+		conf, err := writeNginxConf(prefix, addr, upstreamAddr, addr204)
 		if err != nil {
 			return fail(err)
 		}
 		if err := spawnWith(true, "http://"+addr+"/", nginx, "-p", prefix, "-c", conf, "-e", filepath.Join(prefix, "error.log")); err != nil {
 			return fail(fmt.Errorf("nginx (its log: %s): %w", filepath.Join(prefix, "error.log"), err))
 		}
-		targets = append(targets, target{targetNginx, "http://" + addr + "/", lastPID()})
+		targets = append(targets, target{targetNginx204, "http://" + addr204 + "/", lastPID()},
+			target{targetNginx, "http://" + addr + "/", lastPID()})
 	}
 	startSluiceBin := func(bin, name string, extra ...string) error {
 		listen, admin := freeAddr(), freeAddr()
@@ -244,10 +269,12 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if cpuOK && closed.Requests > 0 {
 				perReq = (cpu1 - cpu0) / time.Duration(closed.Requests)
 			}
-			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: open loop, %d/s, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *rate, *duration)
-			open, err := openLoop(ctx, tg.url, *rate, int(*workers), *duration)
-			if err != nil {
-				return fail(fmt.Errorf("%s: %w", tg.name, err))
+			var open openLoopResult
+			if *rate > 0 {
+				fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: open loop, %d/s, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *rate, *duration)
+				if open, err = openLoop(ctx, tg.url, *rate, int(*workers), *duration); err != nil {
+					return fail(fmt.Errorf("%s: %w", tg.name, err))
+				}
 			}
 			if open.Late > 0 {
 				fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: %d of %d requests found every connection busy and went out late\n",
@@ -291,7 +318,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	for i := range rows {
 		r := &rows[i]
-		r.VsReverseProxy, r.VsNginx = ratio(*r, targetReverseProxy), ratio(*r, targetNginx)
+		r.VsReverseProxy, r.VsNginx, r.VsPool = ratio(*r, targetReverseProxy), ratio(*r, targetNginx), ratio(*r, targetPool)
 		r.CPUNsPerRequest = r.cpuPerReq.Nanoseconds()
 		r.P50Ns, r.P99Ns, r.P999Ns = r.p50.Nanoseconds(), r.p99.Nanoseconds(), r.p999.Nanoseconds()
 		if r.Target != targetUpstream {
@@ -330,10 +357,14 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
-	fmt.Fprintf(stdout, "HTTP through the front door: %d connections closed loop (%s); latency open loop at %d/s; %v each; median of %d rounds\n\n",
-		*workers, gen, *rate, *duration, *rounds)
+	latencies := "no latencies (--rate 0)"
+	if *rate > 0 {
+		latencies = fmt.Sprintf("latency open loop at %d/s", *rate)
+	}
+	fmt.Fprintf(stdout, "HTTP through the front door: %d connections closed loop (%s); %s; %v each; median of %d rounds\n\n",
+		*workers, gen, latencies, *duration, *rounds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tCPU/req\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
+	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tvs sluice's proxy\tCPU/req\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
 	times := func(ratio float64) string {
 		if ratio == 0 {
 			return "-"
@@ -341,16 +372,22 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return fmt.Sprintf("%.2fx", ratio)
 	}
 	for _, r := range rows {
+		lat := func(d time.Duration) string {
+			if *rate == 0 {
+				return "-"
+			}
+			return d.Round(time.Microsecond).String()
+		}
 		added := "-"
 		if r.Target != targetUpstream {
-			added = time.Duration(r.P50AddedNs).Round(time.Microsecond).String()
+			added = lat(time.Duration(r.P50AddedNs))
 		}
 		cpu := "-"
 		if r.cpuPerReq > 0 {
 			cpu = r.cpuPerReq.Round(100 * time.Nanosecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%v\t%v\t%v\t%s\t%.2f%%\t\n", r.Target, r.RequestsPerSec, times(r.VsReverseProxy), times(r.VsNginx),
-			cpu, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond), added, 100*r.ErrorRatio)
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f%%\t\n", r.Target, r.RequestsPerSec, times(r.VsReverseProxy), times(r.VsNginx),
+			times(r.VsPool), cpu, lat(r.p50), lat(r.p99), lat(r.p999), added, 100*r.ErrorRatio)
 	}
 	if err := tw.Flush(); err != nil {
 		return fail(err)
@@ -378,6 +415,7 @@ type httpResult struct {
 	RequestsPerSec  float64 `json:"requests_per_second"` // closed loop
 	VsReverseProxy  float64 `json:"vs_reverse_proxy,omitempty"`
 	VsNginx         float64 `json:"vs_nginx,omitempty"`
+	VsPool          float64 `json:"vs_pool,omitempty"`            // over sluice's proxy alone
 	CPUNsPerRequest int64   `json:"cpu_ns_per_request,omitempty"` // 0: unknown
 	P50Ns           int64   `json:"p50_ns"`                       // open loop
 	P99Ns           int64   `json:"p99_ns"`
@@ -445,8 +483,11 @@ func stopProcess(cmd *exec.Cmd, term bool) {
 // The reference targets of the http mode's table.
 const (
 	targetUpstream     = "upstream alone"
+	targetGo204        = "net/http answering 204"
+	targetNginx204     = "nginx answering 204"
 	targetReverseProxy = "httputil.ReverseProxy"
 	targetNginx        = "nginx limit_req"
+	targetPool         = "sluice's proxy alone"
 )
 
 // median returns the median of f over s (the mean of the middle two for an even
@@ -466,7 +507,8 @@ func median[S any, T float64 | time.Duration](s []S, f func(S) T) T {
 // nginxConf is the nginx contender's configuration: what sluice does on every request
 // (a per-client-IP limit that never runs out, forwarding headers, a keep-alive pool to
 // the upstream), in a prefix of its own so that nginx runs without root and touches
-// nothing outside it. Run with -p PREFIX -e PREFIX/error.log.
+// nothing outside it; and a second server that answers 204 itself, nginx's ceiling on
+// this machine. Run with -p PREFIX -e PREFIX/error.log.
 const nginxConf = `daemon off;
 worker_processes auto;
 pid %[1]s/nginx.pid;
@@ -497,6 +539,10 @@ http {
             proxy_set_header X-Forwarded-Proto $scheme;
         }
     }
+    server {
+        listen %[4]s;
+        location / { return 204; }
+    }
 }
 `
 
@@ -513,13 +559,13 @@ func nginxPath() (string, error) {
 }
 
 // writeNginxConf writes the nginx contender's configuration under prefix and returns
-// its path.
-func writeNginxConf(prefix, listen, upstream string) (string, error) {
+// its path: the proxy on listen, the 204 answer on listen204.
+func writeNginxConf(prefix, listen, upstream, listen204 string) (string, error) {
 	if err := os.MkdirAll(filepath.Join(prefix, "tmp"), 0o755); err != nil {
 		return "", err
 	}
 	conf := filepath.Join(prefix, "nginx.conf")
-	return conf, os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, prefix, listen, upstream)), 0o644)
+	return conf, os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, prefix, listen, upstream, listen204)), 0o644)
 }
 
 // closedLoopGen names a closed-loop load generator.
@@ -649,6 +695,17 @@ func runUpstream(ctx context.Context, args []string, _, stderr io.Writer) int {
 	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: h, ReadHeaderTimeout: 10 * time.Second}, stderr)
 }
 
+// runNoContent is the ceiling of a Go server on this machine: net/http answering
+// every request 204 with nothing else to do.
+func runNoContent(ctx context.Context, args []string, _, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "usage: sluice-bench no-content ADDR")
+		return exitUsage
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: h, ReadHeaderTimeout: 10 * time.Second}, stderr)
+}
+
 // serveUntilDone serves srv until ctx ends, then shuts it down (the requests under way
 // get a few seconds) and returns exitOK; a server that cannot listen or fails returns
 // exitFailure.
@@ -689,4 +746,29 @@ func runPlainProxy(ctx context.Context, args []string, _, stderr io.Writer) int 
 		Transport: transport,
 	}
 	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: proxy, ReadHeaderTimeout: 10 * time.Second}, stderr)
+}
+
+// runPoolProxy is sluice's proxy alone: ingress.Proxy (on its connection pool, with
+// its metrics) behind an http.Server with the front door's timeouts and header limit
+// (cmd/sluice's newHTTPServer), without the middleware: no rules, no limiter. The
+// difference to 'sluice serve' is what deciding costs.
+func runPoolProxy(ctx context.Context, args []string, _, stderr io.Writer) int {
+	if len(args) != 2 {
+		fmt.Fprintln(stderr, "usage: sluice-bench pool-proxy ADDR UPSTREAM_URL")
+		return exitUsage
+	}
+	up, err := url.Parse(args[1])
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitUsage
+	}
+	p, err := ingress.NewProxy(up, ingress.WithProxyRegisterer(prometheus.NewRegistry()),
+		ingress.WithProxyLogger(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))))
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitUsage
+	}
+	defer p.CloseIdleConnections()
+	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: p, ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: 60 * time.Second, WriteTimeout: 90 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}, stderr)
 }

@@ -32,10 +32,10 @@ func TestHTTPTable(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	targets := []string{targetUpstream, targetReverseProxy, "sluice serve (memory)"}
+	targets := []string{targetUpstream, targetGo204, targetReverseProxy, targetPool, "sluice serve (memory)"}
 	switch _, err := nginxPath(); {
 	case err == nil:
-		targets = append(targets, targetNginx)
+		targets = append(targets, targetNginx, targetNginx204)
 	case runtime.GOOS == "linux" && os.Getenv("CI") != "":
 		// .ci/test installs nginx: under CI its row must be there.
 		t.Fatalf("nginx is not installed (apt-get install nginx; .ci/test installs it): %v", err)
@@ -90,13 +90,16 @@ func TestHTTPJSON(t *testing.T) {
 			t.Errorf("result %+v", r)
 		}
 	}
-	for _, target := range []string{targetUpstream, targetReverseProxy, "sluice serve (memory)"} {
+	for _, target := range []string{targetUpstream, targetGo204, targetReverseProxy, targetPool, "sluice serve (memory)"} {
 		if _, ok := byTarget[target]; !ok {
 			t.Errorf("no result for %s: %s", target, out)
 		}
 	}
 	if r := byTarget[targetReverseProxy]; r.VsReverseProxy != 1 {
 		t.Errorf("the reference's own ratio: %v", r.VsReverseProxy)
+	}
+	if r := byTarget[targetPool]; r.VsPool != 1 {
+		t.Errorf("sluice's proxy's own ratio: %v", r.VsPool)
 	}
 	if byTarget[targetUpstream].P50AddedNs != 0 {
 		t.Errorf("upstream: p50 added %d", byTarget[targetUpstream].P50AddedNs)
@@ -115,6 +118,8 @@ func TestServersStopOnSignal(t *testing.T) {
 	}{
 		{[]string{"upstream", up}, syscall.SIGTERM},
 		{[]string{"plain-proxy", freeAddr(), "http://" + up}, os.Interrupt},
+		{[]string{"pool-proxy", freeAddr(), "http://" + up}, syscall.SIGTERM},
+		{[]string{"no-content", freeAddr()}, syscall.SIGTERM},
 	} {
 		cmd := exec.Command(os.Args[0], tc.args...)
 		cmd.Env = append(os.Environ(), childEnv+"=1")
@@ -184,5 +189,25 @@ func TestWaitHealthyGivesUpOnASilentServer(t *testing.T) {
 	time.AfterFunc(100*time.Millisecond, cancel) // as SIGTERM would
 	if err := waitHealthy(ctx, "http://"+ln.Addr().String()+"/healthz"); err == nil {
 		t.Fatal("a server that never answers was taken for healthy")
+	}
+}
+
+// TestHTTPWithoutOpenLoop: --rate 0 measures the closed loop alone, and the table
+// says so rather than printing zero latencies.
+func TestHTTPWithoutOpenLoop(t *testing.T) {
+	out, errOut, code := benchRun(t, "http", "--duration", "100ms", "--rate", "0", "--workers", "2", "--redis=false", "--rounds", "1")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "no latencies (--rate 0)") || strings.Contains(errOut, "open loop") {
+		t.Errorf("an open loop ran, or the table does not say it did not:\n%s\n%s", out, errOut)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, targetPool) && !strings.Contains(l, " -  ") {
+			t.Errorf("latencies printed without an open loop: %q", l)
+		}
+	}
+	if _, errOut, code := benchRun(t, "http", "--rate", "-1"); code != exitUsage {
+		t.Errorf("--rate -1: exit %d, %s", code, errOut)
 	}
 }

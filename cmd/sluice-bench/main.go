@@ -42,6 +42,8 @@ var modes = []struct {
 	// handy for load runs (the quick start uses sluice demo-upstream).
 	{"upstream", "a small HTTP server answering {\"ok\":true}: sluice-bench upstream ADDR", runUpstream},
 	{"plain-proxy", "a plain httputil.ReverseProxy: sluice-bench plain-proxy ADDR UPSTREAM_URL", runPlainProxy},
+	{"no-content", "net/http answering 204 and nothing else, a Go server's ceiling: sluice-bench no-content ADDR", runNoContent},
+	{"pool-proxy", "sluice's proxy (ingress.Proxy) without rules or limiter: sluice-bench pool-proxy ADDR UPSTREAM_URL", runPoolProxy},
 	// The services that the rls mode runs as processes of their own.
 	{"rls-server", "sluice's rate limit service alone: sluice-bench rls-server [--headers=false] ADDR RULES_FILE [REDIS_URL]", runRLSServer},
 	{"envoy-ratelimit", "envoyproxy/ratelimit's service, configured by its environment variables", runEnvoyRatelimit},

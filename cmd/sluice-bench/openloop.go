@@ -91,7 +91,7 @@ func openLoop(ctx context.Context, u string, rate, conns int, d time.Duration) (
 			done := time.Now()
 			mu.Lock()
 			settled++
-			if err == nil && status == http.StatusOK {
+			if err == nil && status/100 == 2 {
 				res.Latencies = append(res.Latencies, done.Sub(sent))
 			}
 			replace := err != nil && !stopping && ctx.Err() == nil
@@ -176,7 +176,7 @@ func openLoop(ctx context.Context, u string, rate, conns int, d time.Duration) (
 	<-sendDone
 
 	// Every answer in (or its connection broken), or 10 s, whichever is first; then
-	// the connections close. A request not answered 200 counts as failed.
+	// the connections close. A request not answered 2xx counts as failed.
 	deadline := time.After(10 * time.Second)
 	for {
 		mu.Lock()

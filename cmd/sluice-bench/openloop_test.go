@@ -32,7 +32,7 @@ func TestOpenLoopSendsEverySlot(t *testing.T) {
 	}
 }
 
-// TestOpenLoopCountsFailures: answers other than 200 are failures, not latencies.
+// TestOpenLoopCountsFailures: answers other than 2xx are failures, not latencies.
 func TestOpenLoopCountsFailures(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadGateway)
