@@ -16,10 +16,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/dispatcher/pace"
-	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
+	"github.com/sluicehq/sluice/queue/telemetry"
 )
 
 // Option configures a Dispatcher.

@@ -11,9 +11,9 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
+	"github.com/sluicehq/sluice/queue/telemetry"
 )
 
 // prepared is a fetched order that passed its checks and waits for a pacing slot.

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/dispatcher/pace"
-	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
+	"github.com/sluicehq/sluice/queue/telemetry"
 )
 
 type outcomeKind int

@@ -14,10 +14,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/dispatcher"
-	"github.com/sluicehq/sluice/ingress/telemetry/telemetrytest"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
+	"github.com/sluicehq/sluice/queue/telemetry/telemetrytest"
 )
 
 func newTracing(t *testing.T) (*sdktrace.TracerProvider, *tracetest.InMemoryExporter) {

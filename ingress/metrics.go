@@ -12,7 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/ingress/telemetry"
+	"github.com/sluicehq/sluice/queue/telemetry"
 	"github.com/sluicehq/sluice/rules"
 )
 

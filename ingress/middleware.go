@@ -24,8 +24,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicehq/sluice/ingress/proxy"
-	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue/telemetry"
 	"github.com/sluicehq/sluice/rules"
 )
 

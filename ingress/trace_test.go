@@ -8,7 +8,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/sluicehq/sluice/ingress/telemetry/telemetrytest"
+	"github.com/sluicehq/sluice/queue/telemetry/telemetrytest"
 )
 
 // newTracing returns a provider that records every span into the returned exporter.

@@ -9,8 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/sluicehq/sluice/ingress/telemetry"
 	"github.com/sluicehq/sluice/queue/subscriber"
+	"github.com/sluicehq/sluice/queue/telemetry"
 )
 
 // ForwardOption configures Store.Forward.

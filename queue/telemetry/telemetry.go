@@ -2,7 +2,14 @@
 // the otel API alone (no SDK): resolving the tracer of a TracerProvider option, the W3C
 // trace-context format, and Prometheus exemplars that name the trace of a sampled span.
 // The front door starts a request's trace; queue and dispatcher use the same helpers to
-// carry its context across the wait, which is why it lives here and not in each.
+// carry its context across the wait, which is why there is one package and not a copy
+// in each.
+//
+// It lives under queue because the trace crosses the wait inside a parked order: queue
+// carries the context, and its folder is the lowest of the three users' (ingress and
+// dispatcher sit above queue, queue imports neither), so each imports it downwards, as
+// TestImportDirection in ingress pins. It links the otel API and client_golang alone,
+// none of queue's NATS code: ingress, which must not link NATS, may import it.
 package telemetry
 
 import (
