@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"strconv"
 	"testing"
 	"unsafe"
 
@@ -129,5 +130,66 @@ func TestAlgorithmNumbers(t *testing.T) {
 	}
 	if algo.Duration(algo.Never) != Never {
 		t.Errorf("algo.Duration(algo.Never) = %v, want Never", algo.Duration(algo.Never))
+	}
+}
+
+// TestMemoryHotKeys checks the remembered hashes of hot keys: a key decided again at
+// once is remembered, decisions on it stay on its one state, another key of the same
+// index (same length, same last byte) keeps its own state and does not displace it
+// before hotRefresh, a key read from a buffer that is then rewritten is remembered by
+// its content, and keys that are not hot are never remembered.
+func TestMemoryHotKeys(t *testing.T) {
+	now := int64(1_000_000)
+	m := NewMemory(WithShards(1))
+	m.now = func() int64 { return now }
+	p := algo.Params{Algorithm: algo.FixedWindow, Rate: 100, Period: 1 << 40, Capacity: 100}
+	remaining := func(key string) int64 { return m.decide(key, &p, 1).Remaining }
+
+	buf := []byte("hot-a-0")
+	a := unsafe.String(&buf[0], len(buf))
+	if hotIndex(a) != hotIndex("hot-b-0") {
+		t.Fatal("the test's keys do not share an index")
+	}
+	for i := range 10 {
+		if got := remaining(a); got != int64(99-i) {
+			t.Fatalf("decision %d on %s: remaining %d, want %d", i, a, got, 99-i)
+		}
+	}
+	e := m.hot[hotIndex(a)].Load()
+	if e == nil || e.key != "hot-a-0" {
+		t.Fatalf("a key decided ten times at once is not remembered: %+v", e)
+	}
+	for i := range 10 {
+		if got := remaining("hot-b-0"); got != int64(99-i) {
+			t.Fatalf("decision %d on hot-b-0: remaining %d, want %d", i, got, 99-i)
+		}
+	}
+	if m.hot[hotIndex(a)].Load() != e {
+		t.Fatal("another hot key displaced the entry before hotRefresh")
+	}
+	copy(buf, "hot-c-0") // the caller reuses its buffer: the entry keeps its own copy
+	if got := remaining(a); got != 99 {
+		t.Fatalf("hot-c-0, a new key in a rewritten buffer: remaining %d, want 99", got)
+	}
+	if got := remaining("hot-a-0"); got != 89 {
+		t.Fatalf("hot-a-0 after ten decisions: remaining %d, want 89", got)
+	}
+	now += hotRefresh
+	remaining("hot-b-0")
+	remaining("hot-b-0") // decided again at once: hot
+	if e := m.hot[hotIndex(a)].Load(); e == nil || e.key != "hot-b-0" {
+		t.Fatalf("after hotRefresh, the entry did not go to the other hot key: %+v", e)
+	}
+
+	cold := NewMemory(WithShards(1))
+	cold.now = func() int64 { return now }
+	for i := range 3000 {
+		now += hotGap
+		cold.decide(strconv.Itoa(i%300), &p, 1)
+	}
+	for i := range cold.hot {
+		if e := cold.hot[i].Load(); e != nil {
+			t.Fatalf("a key decided every %dµs was remembered as hot: %q", 300*hotGap, e.key)
+		}
 	}
 }
