@@ -144,7 +144,7 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // delivery count also counts pauses and crash redeliveries.
 //
 // Settling an order never waits on its bookkeeping: a ticket record JetStream refuses
-// is kept in memory (queue.Store.KeepRecord) and written later. A dispatcher that
+// is kept in memory (see queue.Lease) and written later. A dispatcher that
 // stops hands the orders it fetched but did not start back at once.
 //
 // Before a delivery the dispatcher reads the ticket record; a ticket already done,

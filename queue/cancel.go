@@ -22,7 +22,7 @@ const cancelSettleWait = 5 * time.Second
 // Why nothing cancelled is delivered: the cancellation is a compare-and-set write of
 // the ticket record. A dispatcher reads the record after it fetched the order and skips
 // cancelled ones; for an order with a record it also marks it delivering with a
-// compare-and-set write before delivering (MarkDelivering), so exactly one of the two
+// compare-and-set write before delivering (Lease.Start), so exactly one of the two
 // writes wins. An order without a record (first attempt) is cancelled only when the
 // consumer had not handed it out after the cancellation was written: a later fetch
 // then reads the cancelled record. When the consumer handed it out meanwhile, Cancel
@@ -228,7 +228,7 @@ func (s *Store) removeCancelled(ctx context.Context, q *Queue, raw *jetstream.Ra
 
 func (s *Store) cancelled(rec *Record) {
 	s.log.Info("order cancelled by its ticket holder", "queue", rec.Queue, "ticket", rec.Ticket)
-	_ = s.PublishEvent(DoneSubject(rec.Queue), Event{Ticket: rec.Ticket, Queue: rec.Queue, Rule: rec.Rule,
+	_ = s.publishEvent(DoneSubject(rec.Queue), Event{Ticket: rec.Ticket, Queue: rec.Queue, Rule: rec.Rule,
 		Status: StatusCancelled, Attempts: rec.Attempts, At: time.Now().UTC()})
 }
 
@@ -270,14 +270,14 @@ func (q *Queue) handedOut(ctx context.Context, raw *jetstream.RawStreamMsg) (boo
 	return seq <= cons.CachedInfo().Delivered.Stream, nil
 }
 
-// MarkDelivering records that a delivery attempt of a ticket with a stored record
+// markDelivering records that a delivery attempt of a ticket with a stored record
 // starts: a compare-and-set against the revision rec was read at, so that it and a
 // concurrent Cancel cannot both succeed. rec must come from Record. Errors:
 // ErrCancelled (the order was cancelled: do not deliver it); ErrUnavailable (the
 // record could not be written; whether to deliver anyway is the caller's choice, no
 // cancellation can have been written either); any other error means the record
 // changed under us in another way (for example it became final): do not deliver now.
-func (s *Store) MarkDelivering(ctx context.Context, rec *Record) error {
+func (s *Store) markDelivering(ctx context.Context, rec *Record) error {
 	d := *rec
 	d.Status, d.NextAttemptAt = StatusDelivering, time.Time{}
 	for range 3 {

@@ -143,7 +143,7 @@
 // Lifetimes: an idempotency key is remembered from its order's acceptance (by the
 // waiting message, found through the ticket the key names in its queue) until the
 // order is final, then for the queue's IdempotencyTTL in the key-value bucket (default
-// 24h, at least MaxAge; see Store.KeepKey); a ticket record for IdempotencyTTL after its last change. A message waits in the queue until it is delivered; with MaxAge set, a
+// 24h, at least MaxAge; see Lease); a ticket record for IdempotencyTTL after its last change. A message waits in the queue until it is delivered; with MaxAge set, a
 // dispatcher dead-letters the messages older than that instead of delivering them (the
 // stream itself has no age limit, which would delete them unseen).
 //

@@ -47,7 +47,7 @@ var (
 	// already taken the order and has not settled it yet; the ticket's status will
 	// say cancelled or what the delivery gave. Asking again is safe.
 	ErrCancelUndecided = errors.New("queue: a dispatcher holds the order; cancellation undecided")
-	// ErrCancelled: MarkDelivering found the ticket cancelled; it must not be delivered.
+	// ErrCancelled: Lease.Start found the ticket cancelled; it must not be delivered.
 	ErrCancelled = errors.New("queue: the order was cancelled")
 	// ErrNoDispatcher: the queue has no consumer yet (no dispatcher ever ran it), so
 	// it cannot be paused or resumed.

@@ -1,6 +1,8 @@
 package queue
 
 import (
+	"context"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -30,3 +32,11 @@ func (q *Queue) WriterBatches() (orders, slots int) {
 // InProgress resets the lease's ack wait on the server, as a dispatcher that works on
 // its order for long would.
 func (l *Lease) InProgress() error { return l.jm.InProgress() }
+
+// KeepRecord, MarkDelivering and PublishEvent let the external tests drive the
+// bookkeeping a Lease does.
+func (s *Store) KeepRecord(rec *Record) error { return s.keepRecord(rec) }
+func (s *Store) MarkDelivering(ctx context.Context, rec *Record) error {
+	return s.markDelivering(ctx, rec)
+}
+func (s *Store) PublishEvent(subject string, ev Event) error { return s.publishEvent(subject, ev) }

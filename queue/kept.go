@@ -10,10 +10,11 @@ import (
 	"sync"
 )
 
-// DefaultKeptRecordsBytes bounds the ticket records held in memory by KeepRecord.
+// DefaultKeptRecordsBytes bounds the ticket records held in memory by the leases whose
+// records could not be written (see Lease).
 const DefaultKeptRecordsBytes = 64 << 20
 
-// ErrKeptRecordsFull: KeepRecord has no room left for another record.
+// ErrKeptRecordsFull: there is no room left for another record.
 var ErrKeptRecordsFull = errors.New("queue: too many ticket records waiting to be written")
 
 // keptRecords holds ticket records that could not be written (JetStream full or
@@ -83,14 +84,14 @@ func (k *keptRecords) len() int {
 	return len(k.recs)
 }
 
-// KeepRecord holds rec in memory until FlushRecords writes it: for a record that could
+// keepRecord holds rec in memory until FlushRecords writes it: for a record that could
 // not be written (the JetStream store full, or unreachable) where waiting for it would
 // hold up deliveries. Record and Status read the kept copy on this Store (not on other
 // processes) until it is written; a process that exits before the write loses it.
 // The copies are bounded by size (WithKeptRecordsBytes); past that a record is kept
-// without its result body, and when even that does not fit KeepRecord returns
+// without its result body, and when even that does not fit keepRecord returns
 // ErrKeptRecordsFull.
-func (s *Store) KeepRecord(rec *Record) error {
+func (s *Store) keepRecord(rec *Record) error {
 	if !ValidTicket(rec.Ticket) {
 		return fmt.Errorf("%w: bad ticket %q", ErrInvalidRequest, rec.Ticket)
 	}
@@ -131,8 +132,8 @@ func recordSize(rec *Record) int64 {
 // KeptRecords returns the number of ticket records waiting in memory to be written.
 func (s *Store) KeptRecords() int { return s.kept.len() }
 
-// FlushRecords writes the records held by KeepRecord, oldest first, and returns how
-// many are left. It stops at the first failed write (the store is still full or
+// FlushRecords writes the records held in memory (see Lease), oldest first, and
+// returns how many are left. It stops at the first failed write (the store is still full or
 // unreachable; the next call tries again). Calls while another one runs return at once.
 func (s *Store) FlushRecords(ctx context.Context) (left int, err error) {
 	k := s.kept

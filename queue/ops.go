@@ -186,3 +186,30 @@ func (s *Store) SampleOutflow(ctx context.Context, every time.Duration) {
 		}
 	}
 }
+
+// Retired reports whether the queue left the rules and its stream was deleted
+// (Store.Retire): nothing is left to drain.
+func (q *Queue) Retired(ctx context.Context) bool {
+	if !q.Orphaned() {
+		return false
+	}
+	return errors.Is(q.store.CheckQueue(ctx, q.name), ErrUnknownQueue)
+}
+
+// CheckQueue reports whether a queue's stream exists on the server, whether or not this
+// store declared the queue (a tool such as `sluice dlq` knows no rules; dead letters of
+// a retired queue stay reachable while its stream exists). Errors: ErrUnknownQueue (no
+// such stream, or not a queue name), ErrUnavailable.
+func (s *Store) CheckQueue(ctx context.Context, name string) error {
+	if !queueconfig.ValidName(name) {
+		return fmt.Errorf("%w: %q", ErrUnknownQueue, name)
+	}
+	_, err := s.js.Stream(ctx, StreamName(name))
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: there is no queue %q on this NATS (no stream %s)", ErrUnknownQueue, name, StreamName(name))
+	}
+	return unavailable("stream of "+name, err)
+}

@@ -72,7 +72,7 @@ func keyMsgID(key string) string { return "k." + key }
 
 // keyReserve is the share of the idempotency bucket's bytes past which Park refuses
 // new keys; the rest is kept for the keys of orders already waiting, which the
-// dispatchers record when the orders become final (see Store.KeepKey).
+// dispatchers record when the orders become final (see Lease).
 const keyReserve = 0.9
 
 // Park stores req in its queue and returns once JetStream has acknowledged it (the
@@ -88,7 +88,7 @@ const keyReserve = 0.9
 // request with K agrees on T before anything is written. While the order waits, its
 // message is K's record (it carries T and the payload fingerprint); when the order
 // becomes final (done, failed, dead) the dispatcher records K in IdempotencyBucket
-// with IdempotencyTTL (KeepKey) before the message leaves the queue.
+// with IdempotencyTTL (Store.keepKey) before the message leaves the queue.
 //
 //  1. An earlier order with K: T's message in the queue, else K's record in the bucket
 //     (or T's ticket record, for a cancelled order). A different payload fingerprint is
@@ -578,12 +578,12 @@ func (s *Store) freeSlot(ctx context.Context, q *Queue, slot uint64) {
 	}
 }
 
-// KeepKey gives the idempotency key of m, whose order has become final (done, failed or
+// keepKey gives the idempotency key of m, whose order has become final (done, failed or
 // dead), its final lifetime: the queue's IdempotencyTTL from now. A key recorded for
 // another ticket is left alone; a missing one (ingress died before recording it) is
 // created. The dispatcher calls it before it writes the final record and acknowledges
 // the message, so a key is never gone while its order is still queued.
-func (s *Store) KeepKey(ctx context.Context, m *Message) error {
+func (s *Store) keepKey(ctx context.Context, m *Message) error {
 	if m.IdempotencyKey == "" {
 		return nil
 	}

@@ -103,7 +103,7 @@ func TestIdempotencyCrashAfterPublish(t *testing.T) {
 		t.Fatalf("other payload: %v", err)
 	}
 	// Delivered meanwhile (message gone): the dispatcher kept the key; a retry maps to it.
-	if err := s.KeepKey(ctx, m); err != nil {
+	if err := s.keepKey(ctx, m); err != nil {
 		t.Fatal(err)
 	}
 	if err := q.stream.Purge(ctx); err != nil {
@@ -326,7 +326,7 @@ func TestKeyStoreFull(t *testing.T) {
 			accepted++
 			// Delivered: the dispatcher keeps its key.
 			m := &Message{Request: *req, Ticket: rc.Ticket, Fingerprint: Fingerprint(req)}
-			if err := s.KeepKey(ctx, m); err != nil && !errors.Is(err, ErrKeyStoreFull) {
+			if err := s.keepKey(ctx, m); err != nil && !errors.Is(err, ErrKeyStoreFull) {
 				t.Fatal(err)
 			}
 			if _, err := s.idemInfo.streamInfo(ctx, 0); err != nil { // keyRoom's view, up to a second old
@@ -350,7 +350,7 @@ func TestKeyStoreFull(t *testing.T) {
 	t.Logf("4096-byte cap: %d keys accepted before refusals", accepted)
 }
 
-// KeepKey gives a final order's key its TTL; a key that now belongs to another ticket
+// keepKey gives a final order's key its TTL; a key that now belongs to another ticket
 // is left alone; a missing one is created.
 func TestKeepKey(t *testing.T) {
 	s, _, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), IdempotencyTTL: 2 * time.Second,
@@ -364,11 +364,11 @@ func TestKeepKey(t *testing.T) {
 		t.Fatalf("a queued order's key recorded (%v, %v): its message is its record", found, err)
 	}
 	m := &Message{Request: *keyedOrder("c1", "k", "{}"), Ticket: rc.Ticket}
-	if err := s.KeepKey(ctx, m); err != nil { // final: created with the TTL
+	if err := s.keepKey(ctx, m); err != nil { // final: created with the TTL
 		t.Fatal(err)
 	}
 	other := &Message{Request: *keyedOrder("c1", "k", "{}"), Ticket: newTicket()}
-	if err := s.KeepKey(ctx, other); err != nil { // another ticket: untouched
+	if err := s.keepKey(ctx, other); err != nil { // another ticket: untouched
 		t.Fatal(err)
 	}
 	if rec, found, err := s.getKey(ctx, key); err != nil || !found || rec.Ticket != rc.Ticket {

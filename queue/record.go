@@ -87,7 +87,7 @@ type Record struct {
 	RetryAfter time.Duration `json:"-"`
 
 	// rev is the bucket revision the record was read or written at (0: not stored),
-	// for the compare-and-set writes of Cancel and MarkDelivering.
+	// for the compare-and-set writes of Cancel and markDelivering.
 	rev uint64
 	// keepUntil: the record is written to last its lifetime past this time too (a
 	// cancelled scheduled order's due time: its schedule, if it could not be deleted,
@@ -99,7 +99,7 @@ type Record struct {
 const ticketKind = "ticket"
 
 // Record returns the record of a ticket, or ErrNotFound: the copy held in memory
-// (KeepRecord) when there is one, as it is newer than the stored one, else the stored
+// (keepRecord) when there is one, as it is newer than the stored one, else the stored
 // one. A stored record without this store's signature is not found (the error wraps
 // ErrNotFound and ErrForged).
 func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
@@ -132,7 +132,7 @@ func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 
 // SaveRecord writes a ticket record (UpdatedAt is set to now). Its lifetime is the
 // IdempotencyTTL of the record's queue (the default 24h for an undeclared queue). A
-// copy of an older record of the ticket held by KeepRecord is dropped once this one is
+// copy of an older record of the ticket held by keepRecord is dropped once this one is
 // written.
 func (s *Store) SaveRecord(ctx context.Context, rec *Record) error {
 	return s.saveRecord(ctx, rec)
@@ -361,9 +361,9 @@ type Event struct {
 	At       time.Time `json:"at"`
 }
 
-// PublishEvent publishes ev on subject (core NATS, at most once; a stream capturing
+// publishEvent publishes ev on subject (core NATS, at most once; a stream capturing
 // sluice.done.> or sluice.dead.> makes the events durable).
-func (s *Store) PublishEvent(subject string, ev Event) error {
+func (s *Store) publishEvent(subject string, ev Event) error {
 	b, err := json.Marshal(ev)
 	if err != nil {
 		return err

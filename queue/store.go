@@ -122,7 +122,7 @@ func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.pu
 func WithIdempotencyMaxBytes(n int64) Option { return func(o *options) { o.idemMaxBytes = n } }
 
 // WithKeptRecordsBytes bounds the ticket records held in memory when JetStream refuses
-// them (see KeepRecord; default DefaultKeptRecordsBytes).
+// them (see Lease; default DefaultKeptRecordsBytes).
 func WithKeptRecordsBytes(n int64) Option { return func(o *options) { o.keptBytes = n } }
 
 // WithStoreLimit tells the Store how many bytes of JetStream file storage its account
@@ -299,9 +299,6 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	}
 	return s, nil
 }
-
-// Logger returns the store's logger.
-func (s *Store) Logger() *slog.Logger { return s.log }
 
 // Declare creates the queue's stream, or updates it to cfg, and adds the queue to the
 // store (replacing an earlier declaration of the same name: rules reloads call Declare

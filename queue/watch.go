@@ -19,7 +19,7 @@ const watchInactive = time.Minute
 // ingress learns that a ticket someone waits for has changed without reading NATS per
 // waiting client: the cost is one small message per record written in the whole
 // cluster, whatever the number of waiters. changed runs on the watch's goroutine
-// and must not block. Records a dispatcher could not write yet (KeepRecord) are told
+// and must not block. Records a dispatcher could not write yet (see Lease) are told
 // when they are written. stop ends the watch, deletes its consumer and returns once
 // changed is no longer called. An error wraps ErrUnavailable.
 func (s *Store) WatchRecords(ctx context.Context, changed func(ticket string)) (stop func(), err error) {
