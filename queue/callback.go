@@ -75,7 +75,7 @@ func (s *Store) ensureCallbackStream(ctx context.Context) (jetstream.Stream, err
 		Duplicates: 10 * time.Minute,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: callback stream: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: callback stream: %w", ErrUnavailable, err)
 	}
 	return st, nil
 }
@@ -176,7 +176,7 @@ func (c *Callback) again(ctx context.Context, attempts int, due time.Time) error
 	cancel()
 	if err != nil {
 		if nerr := c.Wait(time.Until(due)); nerr != nil {
-			return fmt.Errorf("%w: keep callback %s: %v", ErrUnavailable, c.ID, nerr)
+			return fmt.Errorf("%w: keep callback %s: %w", ErrUnavailable, c.ID, nerr)
 		}
 		return nil
 	}
@@ -217,7 +217,7 @@ func (s *Store) CallbackConsumer(ctx context.Context, ackWait time.Duration) (*C
 		MaxDeliver:    -1, // the sender counts attempts and drops
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: callback consumer: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: callback consumer: %w", ErrUnavailable, err)
 	}
 	return &CallbackConsumer{s: s, cons: cons}, nil
 }
@@ -230,7 +230,7 @@ func (c *CallbackConsumer) Next(ctx context.Context, wait time.Duration) (*Callb
 	defer cancel()
 	batch, err := c.cons.Fetch(1, jetstream.FetchContext(fctx))
 	if err != nil {
-		return nil, fmt.Errorf("%w: fetch callbacks: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: fetch callbacks: %w", ErrUnavailable, err)
 	}
 	var jm jetstream.Msg
 	for m := range batch.Messages() {
@@ -238,7 +238,7 @@ func (c *CallbackConsumer) Next(ctx context.Context, wait time.Duration) (*Callb
 	}
 	if jm == nil {
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-			return nil, fmt.Errorf("%w: fetch callbacks: %v", ErrUnavailable, err)
+			return nil, fmt.Errorf("%w: fetch callbacks: %w", ErrUnavailable, err)
 		}
 		return nil, nil
 	}

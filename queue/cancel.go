@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 )
 
 // cancelSettleWait bounds how long Cancel waits for a dispatcher that took the order
@@ -203,7 +205,7 @@ func (s *Store) settleCancel(ctx context.Context, q *Queue, raw *jetstream.RawSt
 		case err != nil && !errors.Is(err, ErrNotFound) && wctx.Err() == nil:
 			return err
 		}
-		_, err = s.readMsg(wctx, q.stream, msgQuery{seq: raw.Sequence})
+		_, err = s.readMsg(wctx, q.stream, jsproto.MsgQuery{Seq: raw.Sequence})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			s.cancelled(rec)
 			return nil

@@ -2,22 +2,13 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-)
 
-// Headers of a JetStream atomic batch publish (nats-server 2.12 and later).
-const (
-	headerBatchID     = "Nats-Batch-Id"
-	headerBatchSeq    = "Nats-Batch-Sequence"
-	headerBatchCommit = "Nats-Batch-Commit"
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 )
 
 // maxGroup is the most messages one group commit writes. The server's own cap on an
@@ -152,66 +143,14 @@ func (g *groupCommit) write(group []*commitReq) {
 	}
 }
 
-// batchAck is the commit acknowledgement of an atomic batch.
-type batchAck struct {
-	Error    *jetstream.APIError `json:"error,omitempty"`
-	Stream   string              `json:"stream"`
-	Sequence uint64              `json:"seq"`
-	Domain   string              `json:"domain,omitempty"`
-	BatchID  string              `json:"batch,omitempty"`
-	Count    int                 `json:"count,omitempty"`
-}
-
-// errNotBatched: the server stored the commit message as a plain one (it does not
-// know atomic batches): what came before it is not known to be stored.
-var errNotBatched = errors.New("the server did not acknowledge an atomic batch")
-
-// batch publishes group as one atomic batch and returns each message's
-// acknowledgement. The messages of a committed batch are stored together, under the
-// stream's lock, in order, so their sequences are the count up to the commit's.
+// batch publishes group as one atomic batch (see jsproto.PublishBatch) and returns
+// each message's acknowledgement.
 func (g *groupCommit) batch(group []*commitReq) ([]*jetstream.PubAck, error) {
-	id := newTicket() // any unique id; a ticket is 128 random bits
-	last := len(group) - 1
+	msgs := make([]*nats.Msg, len(group))
 	for i, r := range group {
-		r.msg.Header.Set(headerBatchID, id)
-		r.msg.Header.Set(headerBatchSeq, strconv.Itoa(i+1))
-		if i < last {
-			if err := g.nc.PublishMsg(r.msg); err != nil {
-				g.unbatch(group)
-				return nil, err
-			}
-		}
+		msgs[i] = r.msg
 	}
-	group[last].msg.Header.Set(headerBatchCommit, "1")
 	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
-	resp, err := g.nc.RequestMsgWithContext(ctx, group[last].msg)
-	g.unbatch(group)
-	if err != nil {
-		return nil, err
-	}
-	var ack batchAck
-	if err := json.Unmarshal(resp.Data, &ack); err != nil {
-		return nil, fmt.Errorf("atomic batch acknowledgement: %w", err)
-	}
-	if ack.Error != nil {
-		return nil, ack.Error
-	}
-	if ack.BatchID != id || ack.Count != len(group) || ack.Sequence < uint64(last) {
-		return nil, errNotBatched
-	}
-	acks := make([]*jetstream.PubAck, len(group))
-	for i := range group {
-		acks[i] = &jetstream.PubAck{Stream: ack.Stream, Sequence: ack.Sequence - uint64(last-i), Domain: ack.Domain}
-	}
-	return acks, nil
-}
-
-// unbatch removes the batch headers, so that the messages can be published on their own.
-func (g *groupCommit) unbatch(group []*commitReq) {
-	for _, r := range group {
-		r.msg.Header.Del(headerBatchID)
-		r.msg.Header.Del(headerBatchSeq)
-		r.msg.Header.Del(headerBatchCommit)
-	}
+	return jsproto.PublishBatch(ctx, g.nc, newTicket(), msgs) // any unique id; a ticket is 128 random bits
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -64,7 +65,7 @@ func TestGroupCommitSequences(t *testing.T) {
 		if raw.Subject != r.msg.Subject || string(raw.Data) != string(r.msg.Data) {
 			t.Fatalf("sequence %d holds %s %q, want %s %q", res.ack.Sequence, raw.Subject, raw.Data, r.msg.Subject, r.msg.Data)
 		}
-		if raw.Header.Get(headerBatchID) == "" || raw.Header.Get(headerBatchCommit) != "" && r != g[len(g)-1] {
+		if raw.Header.Get(jsproto.HeaderBatchID) == "" || raw.Header.Get(jsproto.HeaderBatchCommit) != "" && r != g[len(g)-1] {
 			t.Fatalf("sequence %d: batch headers %v", res.ack.Sequence, raw.Header)
 		}
 	}

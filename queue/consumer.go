@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 )
 
 // Errors of Consumer.Next that callers branch on.
@@ -226,7 +228,7 @@ func (c *Consumer) heldLanes(ctx context.Context, ci *jetstream.ConsumerInfo, la
 			continue
 		}
 		// Above the ack floor and handed out, still stored: not acknowledged yet.
-		m, err := c.q.store.readMsg(ctx, c.q.stream, msgQuery{seq: ci.AckFloor.Stream + 1, next: subject})
+		m, err := c.q.store.readMsg(ctx, c.q.stream, jsproto.MsgQuery{Seq: ci.AckFloor.Stream + 1, Next: subject})
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
@@ -294,7 +296,7 @@ func (c *Consumer) floorPassedLanes(ctx context.Context, floor uint64) bool {
 	if floor == 0 {
 		return false
 	}
-	first, err := c.q.store.readMsg(ctx, c.q.stream, msgQuery{seq: 1, next: ReadySubject(c.q.name, "*", "*")})
+	first, err := c.q.store.readMsg(ctx, c.q.stream, jsproto.MsgQuery{Seq: 1, Next: ReadySubject(c.q.name, "*", "*")})
 	if err != nil {
 		if !errors.Is(err, jetstream.ErrMsgNotFound) {
 			c.log.Debug("cannot look for laned orders below the consumer's ack floor", "queue", c.q.name, "err", err)
@@ -387,7 +389,7 @@ func (c *Consumer) lease(jm jetstream.Msg, serverAck time.Duration) *Lease {
 		return nil
 	}
 	c.mu.Lock()
-	if pin := jm.Headers().Get("Nats-Pin-Id"); pin != "" {
+	if pin := jsproto.PinID(jm); pin != "" {
 		c.pinID = pin
 	}
 	ackWait := c.ackWait

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -62,7 +63,7 @@ func (s *Store) eachDead(ctx context.Context, queue string, fn func(DeadLetter) 
 	}
 	filter := "sluice.dlq." + queue + ".*"
 	for seq := uint64(1); ; seq++ {
-		raw, err := s.readMsg(ctx, s.dead, msgQuery{seq: seq, next: filter})
+		raw, err := s.readMsg(ctx, s.dead, jsproto.MsgQuery{Seq: seq, Next: filter})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
@@ -158,8 +159,7 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 				cancel()
 			}
 			if q == nil {
-				var apiErr *jetstream.APIError
-				if errors.As(err, &apiErr) && isFull(apiErr) {
+				if jsproto.IsFull(err) {
 					return moved, &FullError{Queue: queue, RetryAfter: time.Second}
 				}
 				return moved, unavailable("requeue to "+queue, err)
@@ -201,7 +201,7 @@ func (s *Store) PurgeDeadLetters(ctx context.Context, queue string, tickets ...s
 		// One subject per ticket (sluice.dlq.{queue}.{ticket}): purging it deletes
 		// that dead letter and every repeat of it.
 		subject := deadSubjectFor(queue, t)
-		if _, err := s.readMsg(ctx, s.dead, msgQuery{last: subject}); errors.Is(err, jetstream.ErrMsgNotFound) {
+		if _, err := s.readMsg(ctx, s.dead, jsproto.MsgQuery{Last: subject}); errors.Is(err, jetstream.ErrMsgNotFound) {
 			missing = append(missing, t)
 			continue
 		} else if err != nil {

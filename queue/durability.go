@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 )
 
 // Durability is what a client can tell about whether the JetStream it is connected to
@@ -60,7 +62,7 @@ func CheckDurability(ctx context.Context, nc *nats.Conn, replicas int) (Durabili
 	names := js.StreamNames(ctx)
 	for name := range names.Name() {
 		if !strings.HasPrefix(name, StreamPrefix) && !strings.HasPrefix(name, KeyStreamPrefix) &&
-			name != DeadStream && name != "KV_"+TicketsBucket && name != "KV_"+IdempotencyBucket {
+			name != DeadStream && name != jsproto.KVStream(TicketsBucket) && name != jsproto.KVStream(IdempotencyBucket) {
 			continue
 		}
 		s, err := js.Stream(ctx, name)

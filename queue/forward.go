@@ -46,7 +46,7 @@ func (s *Store) Forward(ctx context.Context, subject string, m *Message, opts ..
 	// Signed as the consumer decodes it, so that both sides cover the same fields.
 	ord, err := subscriber.Decode(msg)
 	if err != nil {
-		return 0, fmt.Errorf("%w: cannot forward %s: %v", ErrInvalidRequest, m.Ticket, err)
+		return 0, fmt.Errorf("%w: cannot forward %s: %w", ErrInvalidRequest, m.Ticket, err)
 	}
 	msg.Header.Set(subscriber.HeaderDeliverySignature, subscriber.SignOrder(s.DeliveryKey(m.Queue), ord))
 	if !o.atMostOnce {

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 )
 
 // Errors of the Lease methods that callers branch on.
@@ -287,7 +290,7 @@ func (l *Lease) Extend(ctx context.Context, need time.Duration) bool {
 	case l.stale.Sub(now) >= need:
 		return true
 	}
-	if err := l.ask(ctx, []byte("+WPI")); err != nil {
+	if err := l.ask(ctx, jsproto.InProgress); err != nil {
 		l.c.log.Debug("cannot restart an order's ack wait", "ticket", l.m.Ticket, "err", err)
 		return false
 	}
@@ -335,16 +338,17 @@ func (l *Lease) nak(ctx context.Context, delay time.Duration) {
 		_ = l.jm.NakWithDelay(delay)
 		return
 	}
-	_ = l.ask(ctx, fmt.Appendf(nil, "-NAK {\"delay\": %d}", delay.Nanoseconds()))
+	_ = l.ask(ctx, func(ctx context.Context, nc *nats.Conn, m jetstream.Msg) error {
+		return jsproto.NakWithDelay(ctx, nc, m, delay)
+	})
 }
 
-// ask sends the acknowledgement ack of the lease's message and waits for the server to
+// ask sends an acknowledgement of the lease's message that waits for the server to
 // have processed it (see nak), at most nakWait.
-func (l *Lease) ask(ctx context.Context, ack []byte) error {
+func (l *Lease) ask(ctx context.Context, ack func(context.Context, *nats.Conn, jetstream.Msg) error) error {
 	wctx, cancel := context.WithTimeout(ctx, nakWait)
 	defer cancel()
-	_, err := l.s.nc.RequestWithContext(wctx, l.jm.Reply(), ack)
-	return err
+	return ack(wctx, l.s.nc, l.jm)
 }
 
 // Dead moves the order to the dead-letter stream with cause as its reason, then

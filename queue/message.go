@@ -254,7 +254,7 @@ func (r *Request) validate() error {
 		return fmt.Errorf("%w: rule, client and idempotency key must not hold CR or LF", ErrInvalidRequest)
 	}
 	if err := CheckTarget(r.Path, r.RawQuery); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
+		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	return nil
 }

@@ -80,10 +80,7 @@ func (q *Queue) Info(ctx context.Context) (Info, error) {
 	return in, nil
 }
 
-func isStreamGone(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamNotFound
-}
+func isStreamGone(err error) bool { return errors.Is(err, jetstream.ErrStreamNotFound) }
 
 // Pause stops the delivery of the queue on every dispatcher replica until until,
 // through the consumer's pause on the server (the mechanism the dispatchers use for a
@@ -107,9 +104,7 @@ func (q *Queue) Resume(ctx context.Context) error {
 }
 
 func (q *Queue) consumerError(what string, err error) error {
-	var apiErr *jetstream.APIError
-	if errors.Is(err, jetstream.ErrConsumerNotFound) ||
-		errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeConsumerNotFound {
+	if errors.Is(err, jetstream.ErrConsumerNotFound) { // an *APIError of its code matches too
 		return fmt.Errorf("%w: %q", ErrNoDispatcher, q.name)
 	}
 	return unavailable(what+" "+q.name, err)

@@ -35,7 +35,7 @@ func configFromStream(info *jetstream.StreamInfo) (queueconfig.Config, error) {
 	}
 	var cfg queueconfig.Config
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
-		return queueconfig.Config{}, fmt.Errorf("%w: stream %s: stored queue configuration: %v", ErrInvalidConfig, info.Config.Name, err)
+		return queueconfig.Config{}, fmt.Errorf("%w: stream %s: stored queue configuration: %w", ErrInvalidConfig, info.Config.Name, err)
 	}
 	if cfg.Name != name {
 		return queueconfig.Config{}, fmt.Errorf("%w: stream %s stores the configuration of queue %q", ErrInvalidConfig, info.Config.Name, cfg.Name)

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/queue/telemetry"
 )
@@ -454,14 +455,14 @@ func (s *Store) waitingAs(ctx context.Context, q *Queue, m *Message) (*jetstream
 // duplicate answers m, whose publish was a duplicate of the message at seq (a racing
 // or retried request with its key, within the duplicate window).
 func (s *Store) duplicate(ctx context.Context, q *Queue, key string, m *Message, seq uint64) (Receipt, error) {
-	raw, err := s.readMsg(ctx, q.stream, msgQuery{seq: seq})
+	raw, err := s.readMsg(ctx, q.stream, jsproto.MsgQuery{Seq: seq})
 	if err == nil && raw.Header.Get(HeaderMsgID) == keyMsgID(key) {
 		stored, derr := decodeRaw(raw)
 		if derr == nil {
 			derr = s.Verify(stored) // a forged message cannot lend its ticket
 		}
 		if derr != nil {
-			return Receipt{}, fmt.Errorf("%w: %v", ErrUnavailable, derr)
+			return Receipt{}, fmt.Errorf("%w: %w", ErrUnavailable, derr)
 		}
 		if stored.Fingerprint != m.Fingerprint {
 			return Receipt{}, ErrIdempotencyConflict
@@ -505,9 +506,8 @@ func (s *Store) getKey(ctx context.Context, key string) (idemRecord, bool, error
 
 // keyStoreError maps a failed write to the bucket or a key stream.
 func keyStoreError(err error) error {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && isFull(apiErr) {
-		return fmt.Errorf("%w (%s)", ErrKeyStoreFull, apiErr.Description)
+	if jsproto.IsFull(err) {
+		return fmt.Errorf("%w (%s)", ErrKeyStoreFull, jsproto.Description(err))
 	}
 	return unavailable("idempotency key", err)
 }
@@ -541,8 +541,7 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uin
 	}
 	ack, err := w.publish(ctx, msg)
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && strings.Contains(apiErr.Description, "per subject") {
+		if jsproto.IsPerSubjectLimit(err) {
 			return 0, q.keyLimitError(ctx, msg.Subject)
 		}
 		return 0, keyStoreError(err)
@@ -559,7 +558,7 @@ func (q *Queue) keyLimitError(ctx context.Context, subject string) error {
 	e := &KeyLimitError{Queue: q.name, Limit: cfg.MaxIdempotencyKeys, RetryAfter: time.Second}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	if raw, err := q.store.readMsg(fctx, q.keys, msgQuery{seq: 1, next: subject}); err == nil {
+	if raw, err := q.store.readMsg(fctx, q.keys, jsproto.MsgQuery{Seq: 1, Next: subject}); err == nil {
 		e.RetryAfter = max(time.Until(raw.Time.Add(cfg.IdempotencyTTL)).Round(time.Second), time.Second)
 	}
 	return e
@@ -610,52 +609,30 @@ func (s *Store) keepKey(ctx context.Context, m *Message) error {
 	if err := s.unseal(idemKind, key, entry.Value(), &rec); err != nil || rec.Ticket != m.Ticket {
 		return nil
 	}
-	msg := nats.NewMsg("$KV." + IdempotencyBucket + "." + key)
-	msg.Data = entry.Value()
-	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(ttl), jetstream.WithExpectStream("KV_"+IdempotencyBucket),
+	if _, err := jsproto.KVPut(ctx, s.js, IdempotencyBucket, key, entry.Value(), ttl,
 		jetstream.WithExpectLastSequencePerSubject(entry.Revision())); err != nil {
 		return keyStoreError(err)
 	}
 	return nil
 }
 
-// JetStream API error codes Park tells apart.
-const (
-	errCodeStoreFailed    = 10077 // "maximum messages exceeded", "maximum bytes exceeded", …
-	errCodeMsgTooLarge    = 10054
-	errCodeHeaderTooLarge = 10097 // "header size exceeds maximum allowed of 64k"
-	errCodeStreamMissing  = 10059
-	errCodeNoResources    = 10023 // "insufficient resources": the server's store is full
-	errCodeNoStorage      = 10047 // "insufficient storage resources available" for a stream's reservation
-)
-
 func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch {
-		case isFull(apiErr):
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			return fmt.Errorf("%w (%s)", q.fullError(fctx), apiErr.Description)
-		case apiErr.ErrorCode == errCodeNoResources:
-			return fmt.Errorf("%w: %w: publish to %q: %s", ErrUnavailable, ErrStorageFull, q.name, apiErr.Description)
-		case apiErr.ErrorCode == errCodeHeaderTooLarge:
-			return fmt.Errorf("%w: %s", ErrHeaderTooLarge, apiErr.Description)
-		case apiErr.ErrorCode == errCodeMsgTooLarge || strings.Contains(apiErr.Description, "message size exceeds"):
-			return fmt.Errorf("%w: %s", ErrTooLarge, apiErr.Description)
-		}
-		return fmt.Errorf("%w: publish to %q: %v", ErrUnavailable, q.name, err)
+	switch {
+	case jsproto.IsFull(err):
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		return fmt.Errorf("%w (%s)", q.fullError(fctx), jsproto.Description(err))
+	case jsproto.IsNoResources(err):
+		return fmt.Errorf("%w: %w: publish to %q: %s", ErrUnavailable, ErrStorageFull, q.name, jsproto.Description(err))
+	case jsproto.IsHeaderTooLarge(err):
+		return fmt.Errorf("%w: %s", ErrHeaderTooLarge, jsproto.Description(err))
+	case jsproto.IsMsgTooLarge(err):
+		return fmt.Errorf("%w: %s", ErrTooLarge, jsproto.Description(err))
+	case jsproto.Description(err) != "":
+		return fmt.Errorf("%w: publish to %q: %w", ErrUnavailable, q.name, err)
 	}
 	if errors.Is(err, nats.ErrMaxPayload) {
-		return fmt.Errorf("%w: %v", ErrTooLarge, err)
+		return fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
-	return fmt.Errorf("%w: publish to %q not acknowledged: %v", ErrUnavailable, q.name, err)
-}
-
-// isFull tells a discard-new refusal ("maximum messages exceeded", "maximum bytes
-// exceeded") from other store failures.
-func isFull(apiErr *jetstream.APIError) bool {
-	d := apiErr.Description
-	return apiErr.ErrorCode == errCodeStoreFailed && strings.Contains(d, "maximum") &&
-		strings.Contains(d, "exceeded") && !strings.Contains(d, "size")
+	return fmt.Errorf("%w: publish to %q not acknowledged: %w", ErrUnavailable, q.name, err)
 }

@@ -2,12 +2,13 @@ package queue
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 )
 
 // Reclaim removes the orders a queue's dispatch consumers have acknowledged that are
@@ -51,7 +52,7 @@ func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 	var removed uint64
 	for _, ci := range purge {
 		floor, filter := ci.floor, ci.filter
-		first, err := c.q.store.readMsg(ctx, stream, msgQuery{seq: 1, next: filter})
+		first, err := c.q.store.readMsg(ctx, stream, jsproto.MsgQuery{Seq: 1, Next: filter})
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			continue
@@ -60,9 +61,9 @@ func (c *Consumer) Reclaim(ctx context.Context) (uint64, error) {
 		case first.Sequence > floor:
 			continue // the usual case: nothing acknowledged is left
 		}
-		n, err := c.purgeBelow(ctx, filter, floor+1)
+		n, err := jsproto.PurgeBelow(ctx, c.q.store.nc, c.q.StreamName(), filter, floor+1)
 		if err != nil {
-			return removed, err
+			return removed, unavailable("purge acknowledged orders of "+c.q.name, err)
 		}
 		removed += n
 	}
@@ -87,33 +88,4 @@ func (c *Consumer) takesUnlaned(filters []string) bool {
 		}
 	}
 	return unlaned
-}
-
-// purgeBelow purges the messages on filter below seq from the queue's stream and
-// returns how many went (JetStream's purge answer says; nats.go's Purge drops it).
-func (c *Consumer) purgeBelow(ctx context.Context, filter string, seq uint64) (uint64, error) {
-	req, err := json.Marshal(struct {
-		Filter string `json:"filter"`
-		Seq    uint64 `json:"seq"`
-	}{filter, seq})
-	if err != nil {
-		return 0, err
-	}
-	msg, err := c.q.store.nc.RequestWithContext(ctx, "$JS.API.STREAM.PURGE."+c.q.StreamName(), req)
-	if err != nil {
-		return 0, unavailable("purge acknowledged orders of "+c.q.name, err)
-	}
-	var resp struct {
-		Purged uint64 `json:"purged"`
-		Error  *struct {
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, unavailable("purge acknowledged orders of "+c.q.name, err)
-	}
-	if resp.Error != nil {
-		return 0, unavailable("purge acknowledged orders of "+c.q.name, errors.New(resp.Error.Description))
-	}
-	return resp.Purged, nil
 }

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -169,14 +169,9 @@ func (s *Store) writeRecord(ctx context.Context, rec *Record, opts ...jetstream.
 	if err != nil {
 		return err
 	}
-	msg := nats.NewMsg("$KV." + TicketsBucket + "." + rec.Ticket)
-	msg.Data = val
-	opts = append(opts, jetstream.WithMsgTTL(ttl), jetstream.WithExpectStream("KV_"+TicketsBucket))
-	ack, err := s.js.PublishMsg(ctx, msg, opts...)
+	ack, err := jsproto.KVPut(ctx, s.js, TicketsBucket, rec.Ticket, val, ttl, opts...)
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if jsproto.IsWrongLastSequence(err) {
 			return errWrongRevision
 		}
 		return unavailable("save ticket record", err)
@@ -321,9 +316,9 @@ func (s *Store) parkedOn(ctx context.Context, q *Queue, subject string) (*jetstr
 	if strings.Contains(subject, "*") {
 		// A direct get of the last message cannot name a wildcard (the subject is part
 		// of the request's): the first one then, as a lane holds one order per ticket.
-		raw, err = s.readMsg(ctx, q.stream, msgQuery{seq: 1, next: subject})
+		raw, err = s.readMsg(ctx, q.stream, jsproto.MsgQuery{Seq: 1, Next: subject})
 	} else {
-		raw, err = s.readMsg(ctx, q.stream, msgQuery{last: subject})
+		raw, err = s.readMsg(ctx, q.stream, jsproto.MsgQuery{Last: subject})
 	}
 	for seq, tries := uint64(1), 0; ; tries++ {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -341,7 +336,7 @@ func (s *Store) parkedOn(ctx context.Context, q *Queue, subject string) (*jetstr
 		if tries > 0 {
 			seq = raw.Sequence + 1
 		}
-		raw, err = s.readMsg(ctx, q.stream, msgQuery{seq: seq, next: subject})
+		raw, err = s.readMsg(ctx, q.stream, jsproto.MsgQuery{Seq: seq, Next: subject})
 	}
 }
 

@@ -57,7 +57,7 @@ func (s *Store) ensureResultStream(ctx context.Context) (jetstream.Stream, error
 		Duplicates:           10 * time.Minute,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: result stream: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: result stream: %w", ErrUnavailable, err)
 	}
 	return st, nil
 }
@@ -83,7 +83,7 @@ func (s *Store) ResultConsumer(ctx context.Context) (*ResultConsumer, error) {
 		MaxDeliver: -1, // Next counts the waits and drops
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: result consumer: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: result consumer: %w", ErrUnavailable, err)
 	}
 	return &ResultConsumer{s: s, cons: cons}, nil
 }
@@ -103,7 +103,7 @@ func (c *ResultConsumer) Next(ctx context.Context, wait time.Duration) (string, 
 	defer cancel()
 	batch, err := c.cons.Fetch(1, jetstream.FetchContext(fctx))
 	if err != nil {
-		return "", fmt.Errorf("%w: fetch results: %v", ErrUnavailable, err)
+		return "", fmt.Errorf("%w: fetch results: %w", ErrUnavailable, err)
 	}
 	var jm jetstream.Msg
 	for m := range batch.Messages() {
@@ -111,7 +111,7 @@ func (c *ResultConsumer) Next(ctx context.Context, wait time.Duration) (string, 
 	}
 	if jm == nil {
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
-			return "", fmt.Errorf("%w: fetch results: %v", ErrUnavailable, err)
+			return "", fmt.Errorf("%w: fetch results: %w", ErrUnavailable, err)
 		}
 		return "", nil
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -331,10 +332,7 @@ func (c *Consumer) leadLocked(ctx context.Context) (bool, error) {
 
 // putLead renews the lead key with its TTL, expecting revision rev.
 func (c *Consumer) putLead(ctx context.Context, rev uint64) (uint64, error) {
-	msg := nats.NewMsg("$KV." + TicketsBucket + "." + leaderKey(c.q.name))
-	msg.Data = []byte(c.id)
-	ttl := max(c.leadTTL, time.Second)
-	ack, err := c.q.store.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(ttl), jetstream.WithExpectStream("KV_"+TicketsBucket),
+	ack, err := jsproto.KVPut(ctx, c.q.store.js, TicketsBucket, leaderKey(c.q.name), []byte(c.id), max(c.leadTTL, time.Second),
 		jetstream.WithExpectLastSequencePerSubject(rev))
 	if err != nil {
 		return 0, err

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/queue/telemetry"
 )
@@ -214,7 +215,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes),
 		tracer: telemetry.Tracer(o.tracerProvider), batches: checkServerVersion(nc, minBatchServerVersion, "") == nil}
@@ -234,7 +235,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		AllowMsgTTL: true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: dead-letter stream: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: dead-letter stream: %w", ErrUnavailable, err)
 	}
 	bucket := func(name, desc string, maxBytes int64) (jetstream.KeyValue, error) {
 		cfg := jetstream.KeyValueConfig{
@@ -250,7 +251,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 		// A bucket as wanted is used as it is: an update rewrites its configuration on
 		// disk, which fails on a full disk, and a sluice that cannot start cannot drain
 		// the queues that would free it.
-		st, err := js.Stream(ctx, "KV_"+name)
+		st, err := js.Stream(ctx, jsproto.KVStream(name))
 		exists := err == nil
 		if exists && sameBucket(st.CachedInfo().Config, cfg, true) {
 			if kv, err := js.KeyValue(ctx, name); err == nil {
@@ -269,7 +270,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 			}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, name, err)
+			return nil, fmt.Errorf("%w: key-value bucket %s: %w", ErrUnavailable, name, err)
 		}
 		return kv, nil
 	}
@@ -286,9 +287,9 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if s.idem, err = bucket(IdempotencyBucket, "sluice idempotency keys", max(o.idemMaxBytes, -1)); err != nil {
 		return nil, err
 	}
-	idemStream, err := js.Stream(ctx, "KV_"+IdempotencyBucket)
+	idemStream, err := js.Stream(ctx, jsproto.KVStream(IdempotencyBucket))
 	if err != nil {
-		return nil, fmt.Errorf("%w: key-value bucket %s: %v", ErrUnavailable, IdempotencyBucket, err)
+		return nil, fmt.Errorf("%w: key-value bucket %s: %w", ErrUnavailable, IdempotencyBucket, err)
 	}
 	s.idemInfo = &Queue{store: s, name: IdempotencyBucket, stream: idemStream}
 	s.metrics = newStoreMetrics(s)
@@ -355,7 +356,7 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 	}
 	stream, err := s.ensureStream(ctx, qs)
 	if err != nil {
-		return nil, fmt.Errorf("%w: stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
+		return nil, fmt.Errorf("%w: stream of queue %q: %w", ErrUnavailable, cfg.Name, err)
 	}
 	keys, err := s.ensureKeyStream(ctx, jetstream.StreamConfig{
 		Name:                 KeyStreamName(cfg.Name),
@@ -376,7 +377,7 @@ func (s *Store) Declare(ctx context.Context, cfg queueconfig.Config) (*Queue, er
 		AllowAtomicPublish: s.batches, // on a replicated stream; see ensureKeyStream
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: key stream of queue %q: %v", ErrUnavailable, cfg.Name, err)
+		return nil, fmt.Errorf("%w: key stream of queue %q: %w", ErrUnavailable, cfg.Name, err)
 	}
 	// Callback jobs are written when an order ends, by whichever process settles it:
 	// their stream must exist from the moment such a queue takes orders.
@@ -569,7 +570,7 @@ func (q *Queue) noteLanes(ctx context.Context) {
 		subjects = append(subjects, scheduleFilter(q.name))
 	}
 	for _, subject := range subjects {
-		_, err := q.store.readMsg(ctx, q.stream, msgQuery{seq: 1, next: subject})
+		_, err := q.store.readMsg(ctx, q.stream, jsproto.MsgQuery{Seq: 1, Next: subject})
 		if !errors.Is(err, jetstream.ErrMsgNotFound) { // found, or not known: look in lanes
 			q.mayHaveLanes.Store(true)
 			return
@@ -627,7 +628,7 @@ func (s *Store) checkDownstreamStream(ctx context.Context, cfg queueconfig.Confi
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		return fmt.Errorf("%w: queue %q, subject %q: create a stream for it (for example nats stream add --subjects %s), or give the queue delivery: at_most_once", ErrNoStream, cfg.Name, subj, subj)
 	}
-	return fmt.Errorf("%w: queue %q: looking up the stream of subject %q: %v", ErrUnavailable, cfg.Name, subj, err)
+	return fmt.Errorf("%w: queue %q: looking up the stream of subject %q: %w", ErrUnavailable, cfg.Name, subj, err)
 }
 
 // Queue returns a declared (or adopted orphaned) queue.
@@ -760,7 +761,7 @@ func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstrea
 // with none, the sequence the next message gets (as of info, just fetched); 0 when the
 // lookup fails.
 func (q *Queue) lookUpFirstReady(ctx context.Context, info *jetstream.StreamInfo) uint64 {
-	raw, err := q.store.readMsg(ctx, q.stream, msgQuery{seq: 1, next: readyFilter(q.name)})
+	raw, err := q.store.readMsg(ctx, q.stream, jsproto.MsgQuery{Seq: 1, Next: readyFilter(q.name)})
 	switch {
 	case err == nil:
 		return raw.Sequence
@@ -862,5 +863,5 @@ func unavailable(what string, err error) error {
 	if errors.Is(err, ErrUnavailable) {
 		return err
 	}
-	return fmt.Errorf("%w: %s: %v", ErrUnavailable, what, err)
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, what, err)
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 )
 
 // watchInactive is how long the server keeps a record watch's consumer once nobody
@@ -23,9 +25,9 @@ const watchInactive = time.Minute
 // when they are written. stop ends the watch, deletes its consumer and returns once
 // changed is no longer called. An error wraps ErrUnavailable.
 func (s *Store) WatchRecords(ctx context.Context, changed func(ticket string)) (stop func(), err error) {
-	prefix := "$KV." + TicketsBucket + "."
-	oc, err := s.js.OrderedConsumer(ctx, "KV_"+TicketsBucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{prefix + ">"},
+	prefix := jsproto.KVSubject(TicketsBucket, "")
+	oc, err := s.js.OrderedConsumer(ctx, jsproto.KVStream(TicketsBucket), jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{jsproto.KVSubject(TicketsBucket, ">")},
 		DeliverPolicy:     jetstream.DeliverNewPolicy,
 		HeadersOnly:       true,
 		InactiveThreshold: watchInactive,
@@ -49,7 +51,7 @@ func (s *Store) WatchRecords(ctx context.Context, changed func(ticket string)) (
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if info := oc.CachedInfo(); info != nil {
-			_ = s.js.DeleteConsumer(dctx, "KV_"+TicketsBucket, info.Name)
+			_ = s.js.DeleteConsumer(dctx, jsproto.KVStream(TicketsBucket), info.Name)
 		}
 	}, nil
 }
