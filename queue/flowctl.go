@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 )
 
 // FlowsBucket is the key-value bucket of the operators' settings of flow keys (see
@@ -200,10 +201,8 @@ func (q *Queue) writeFlow(ctx context.Context, kv jetstream.KeyValue, entry stri
 // revisionConflict reports whether err is JetStream's refusal of a write or delete
 // expecting another revision of the entry (the entry changed since it was read).
 func revisionConflict(err error) bool {
-	var apiErr *jetstream.APIError
 	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) ||
-		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+		jsproto.IsWrongLastSequence(err)
 }
 
 // Flow returns the settings of value's flow key (zero: none).
