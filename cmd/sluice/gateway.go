@@ -81,39 +81,18 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	if cfg.rules == "" {
 		return nil, errors.New("--rules is required")
 	}
+	// Flags first, before anything is started.
 	var upstream *url.URL
 	var ids *ingress.ClientIdentity
 	if mode.front || mode.rls {
-		// Flags first, before anything is started.
-		if mode.front {
-			if cfg.front.upstream == "" {
-				return nil, errors.New("--upstream is required")
-			}
-			upstream, err = url.Parse(cfg.front.upstream)
-			if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
-				return nil, fmt.Errorf("--upstream %q: want an http:// or https:// URL", cfg.front.upstream)
-			}
-			if err := cfg.front.checkWaits(); err != nil {
-				return nil, err
-			}
-		}
-		if err := cfg.envoy.check(mode); err != nil {
-			return nil, err
-		}
-		if ids, err = ingress.NewClientIdentity(strings.Split(cfg.front.trustedProxies, ","), cfg.front.ipv6Prefix,
-			ingress.WithForwardedHeader(ingress.ForwardedHeader(cfg.front.forwarded))); err != nil {
-			return nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
-		}
-		if g.proxyProtocol, err = ingress.ParsePrefixes(strings.Split(cfg.front.proxyProtocol, ",")); err != nil {
-			return nil, fmt.Errorf("--proxy-protocol: %w", err)
-		}
-		// The client connects lazily: this checks the URL and the TLS files only.
-		if g.redis, err = openRedis(cfg.front.redis, log); err != nil {
+		if upstream, ids, err = g.checkFront(); err != nil {
 			return nil, err
 		}
 	}
 	if !mode.rls {
-		if err := cfg.nats.check(log); err != nil {
+		// check completes the NATS configuration (the queue key, the encryption key of
+		// its file) in g.cfg, which the parts are made from.
+		if err := g.cfg.nats.check(log); err != nil {
 			return nil, err
 		}
 	}
@@ -124,18 +103,7 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	// Reloads declare first: a new set goes live once its queues are declared (see
-	// queues.prepare), on file changes and SIGHUP alike.
-	g.watcher, err = watch.New(strings.Split(cfg.rules, ","), watch.Options{Registerer: reg, Logger: log,
-		MergeDomains: cfg.mergeDoms, OnReload: g.reloads.Observe,
-		Prepare: func(s *rules.Set) error {
-			if q := g.declaring.Load(); q != nil {
-				return q.prepare(s)
-			}
-			return nil // before the queues exist: their first declaration takes the active set
-		}})
-	if err != nil {
+	if err := g.watchRules(reg); err != nil {
 		return nil, err
 	}
 
@@ -156,28 +124,95 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		if _, err := g.middleware(ids, nil, reg); err != nil {
 			return nil, err
 		}
-		if err := g.newCluster(reg); err != nil {
+	} else {
+		if err := g.openQueues(reg); err != nil {
 			return nil, err
 		}
-		if err := g.openAdmin(reg); err != nil {
-			return nil, err
+		if mode.front {
+			if err := g.openFront(upstream, ids, reg); err != nil {
+				return nil, err
+			}
 		}
-		return g, nil
 	}
+	if err := g.newCluster(reg); err != nil {
+		return nil, err
+	}
+	if err := g.openAdmin(reg); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// checkFront checks the flags of the front door (serve, ingress) or of the Envoy
+// services alone (rls) before anything is started: the upstream, the waits, the Envoy
+// listeners, the client identity and the PROXY protocol peers. It makes the Redis
+// client, which connects lazily: only the URL and the TLS files are checked.
+func (g *gateway) checkFront() (upstream *url.URL, ids *ingress.ClientIdentity, err error) {
+	cfg := g.cfg.front
+	if g.mode.front {
+		if cfg.upstream == "" {
+			return nil, nil, errors.New("--upstream is required")
+		}
+		upstream, err = url.Parse(cfg.upstream)
+		if err != nil || (upstream.Scheme != "http" && upstream.Scheme != "https") || upstream.Host == "" {
+			return nil, nil, fmt.Errorf("--upstream %q: want an http:// or https:// URL", cfg.upstream)
+		}
+		if err := cfg.checkWaits(); err != nil {
+			return nil, nil, err
+		}
+	}
+	if err := g.cfg.envoy.check(g.mode); err != nil {
+		return nil, nil, err
+	}
+	if ids, err = ingress.NewClientIdentity(strings.Split(cfg.trustedProxies, ","), cfg.ipv6Prefix,
+		ingress.WithForwardedHeader(ingress.ForwardedHeader(cfg.forwarded))); err != nil {
+		return nil, nil, fmt.Errorf("--trusted-proxies / --ipv6-prefix: %w", err)
+	}
+	if g.proxyProtocol, err = ingress.ParsePrefixes(strings.Split(cfg.proxyProtocol, ",")); err != nil {
+		return nil, nil, fmt.Errorf("--proxy-protocol: %w", err)
+	}
+	if g.redis, err = openRedis(cfg.redis, g.log); err != nil {
+		return nil, nil, err
+	}
+	return upstream, ids, nil
+}
+
+// watchRules loads the rules and watches them. Reloads declare first: a new set goes
+// live once its queues are declared (see queues.prepare), on file changes and SIGHUP
+// alike.
+func (g *gateway) watchRules(reg *prometheus.Registry) error {
+	var err error
+	g.watcher, err = watch.New(strings.Split(g.cfg.rules, ","), watch.Options{Registerer: reg, Logger: g.log,
+		MergeDomains: g.cfg.mergeDoms, OnReload: g.reloads.Observe,
+		Prepare: func(s *rules.Set) error {
+			if q := g.declaring.Load(); q != nil {
+				return q.prepare(s)
+			}
+			return nil // before the queues exist: their first declaration takes the active set
+		}})
+	return err
+}
+
+// openQueues connects to NATS (starting the embedded server), makes the queues with
+// their dispatchers when this process runs them, and declares the queues of the
+// active rules once before serving.
+func (g *gateway) openQueues(reg *prometheus.Registry) error {
+	cfg := g.cfg
 	natsCfg := cfg.nats
 	natsCfg.maxBody = largestMaxBody(g.watcher.Set())
-	if g.nats, err = openNATS(natsCfg, log, true); err != nil {
-		return nil, &unusableError{err}
+	var err error
+	if g.nats, err = openNATS(natsCfg, g.log, true); err != nil {
+		return &unusableError{err}
 	}
 	if g.nats.embedded != nil && cfg.nats.encryptionKey == "" {
-		log.Warn("the data directory is not encrypted: parked requests, their headers (Authorization, Cookie…) and bodies are stored in clear in --data-dir; "+
+		g.log.Warn("the data directory is not encrypted: parked requests, their headers (Authorization, Cookie…) and bodies are stored in clear in --data-dir; "+
 			"give --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file to encrypt it at rest", "data_dir", cfg.nats.dataDir)
 	}
 	var disp []dispatcher.Option
 	if cfg.dispatch {
 		disp = append(cfg.disp.options(), dispatcher.WithTracerProvider(cfg.tracing))
 	}
-	g.queues = newQueues(g.nats, disp, reg, log, g.watcher.Reload)
+	g.queues = newQueues(g.nats, disp, reg, g.log, g.watcher.Reload)
 	g.queues.tracing = cfg.tracing
 	g.declaring.Store(g.queues)
 	// A first attempt before serving, so that a reachable NATS (the embedded one
@@ -188,27 +223,24 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 	defer cancel()
 	g.queues.declare(ctx, g.watcher.Set())
 	g.deps.Add("nats", g.queues.health)
+	return nil
+}
 
-	if mode.front {
-		handler, err := g.frontDoor(upstream, ids, reg)
-		if err != nil {
-			return nil, err
-		}
-		g.front = newHTTPServer(cfg.front.listen, handler, log)
-		// Open waits and event streams answer what they have at once: Shutdown waits
-		// for every handler.
-		g.front.RegisterOnShutdown(g.deferrer.Close)
-		if g.check != nil {
-			g.check.RegisterOnShutdown(g.deferrer.Close)
-		}
+// openFront makes the front door's server (frontDoor), which closes the deferrer's
+// open waits at its shutdown, and the check endpoint's.
+func (g *gateway) openFront(upstream *url.URL, ids *ingress.ClientIdentity, reg *prometheus.Registry) error {
+	handler, err := g.frontDoor(upstream, ids, reg)
+	if err != nil {
+		return err
 	}
-	if err := g.newCluster(reg); err != nil {
-		return nil, err
+	g.front = newHTTPServer(g.cfg.front.listen, handler, g.log)
+	// Open waits and event streams answer what they have at once: Shutdown waits
+	// for every handler.
+	g.front.RegisterOnShutdown(g.deferrer.Close)
+	if g.check != nil {
+		g.check.RegisterOnShutdown(g.deferrer.Close)
 	}
-	if err := g.openAdmin(reg); err != nil {
-		return nil, err
-	}
-	return g, nil
+	return nil
 }
 
 // listen binds the addresses of the HTTP listeners that the flags name (--listen,
@@ -438,54 +470,8 @@ func newHTTPServer(addr string, h http.Handler, log *slog.Logger) *http.Server {
 // run serves until ctx is done, then shuts down gracefully.
 func (g *gateway) run(ctx context.Context) error {
 	defer g.close()
-	var servers []*http.Server
-	for _, hs := range []*http.Server{g.front, g.check, g.admin} {
-		if hs != nil {
-			servers = append(servers, hs)
-		}
-	}
-	// Every address was bound at the start (listen).
-	listeners := make([]net.Listener, len(servers))
-	for i, hs := range servers {
-		flag := map[*http.Server]string{g.front: "listen", g.check: "check-listen", g.admin: "admin-listen"}[hs]
-		ln := g.lns[flag]
-		hs.Addr = ln.Addr().String() // the real port when it was 0
-		if hs == g.front && len(g.proxyProtocol) > 0 {
-			ln = proxyproto.Listen(ln, g.proxyProtocol.Contains, hs.ReadHeaderTimeout)
-		}
-		listeners[i] = ln
-	}
-	errs := make(chan error, len(servers)+1)
-	for i, hs := range servers {
-		go func() { errs <- hs.Serve(listeners[i]) }()
-	}
-	attrs := []any{"rules", g.watcher.Set().Summary().String()}
-	if g.nats != nil {
-		attrs = append(attrs, "queues", g.nats.where)
-	}
-	if g.grpc != nil {
-		go func() { errs <- g.grpc.Serve(g.grpcLn) }()
-		attrs = append(attrs, "grpc", g.grpcLn.Addr().String())
-	}
-	if g.check != nil {
-		attrs = append(attrs, "check", g.check.Addr)
-	}
-	if g.mode.rls {
-		attrs = append(attrs, "limiter", g.limiterName())
-	}
-	if g.front != nil {
-		attrs = append(attrs, "listen", g.front.Addr, "upstream", g.cfg.front.upstream, "limiter", g.limiterName())
-	}
-	if g.admin != nil {
-		attrs = append(attrs, "admin", g.admin.Addr)
-	}
-	attrs = append(attrs, "dispatch", g.cfg.dispatch)
-	g.log.Info("sluice "+g.mode.started, attrs...)
-	g.logConsole()
-	if g.front == nil && !g.mode.rls && len(g.watcher.Set().Queues()) == 0 {
-		// Only worth a warning where dispatching is all the process does.
-		g.log.Warn("the rules declare no queues: nothing to dispatch until a reload adds some")
-	}
+	errs := g.serve()
+	g.logStarted()
 
 	dispatchCtx, stopDispatch := context.WithCancel(context.Background())
 	defer stopDispatch()
@@ -518,6 +504,77 @@ wait:
 			break wait
 		}
 	}
+	g.shutdown(stopDispatch)
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// serve starts serving on the addresses bound at the start (listen): the HTTP
+// servers, and the Envoy gRPC server. The first of them to stop sends its error.
+func (g *gateway) serve() <-chan error {
+	var servers []*http.Server
+	for _, hs := range []*http.Server{g.front, g.check, g.admin} {
+		if hs != nil {
+			servers = append(servers, hs)
+		}
+	}
+	listeners := make([]net.Listener, len(servers))
+	for i, hs := range servers {
+		flag := map[*http.Server]string{g.front: "listen", g.check: "check-listen", g.admin: "admin-listen"}[hs]
+		ln := g.lns[flag]
+		hs.Addr = ln.Addr().String() // the real port when it was 0
+		if hs == g.front && len(g.proxyProtocol) > 0 {
+			ln = proxyproto.Listen(ln, g.proxyProtocol.Contains, hs.ReadHeaderTimeout)
+		}
+		listeners[i] = ln
+	}
+	errs := make(chan error, len(servers)+1)
+	for i, hs := range servers {
+		go func() { errs <- hs.Serve(listeners[i]) }()
+	}
+	if g.grpc != nil {
+		go func() { errs <- g.grpc.Serve(g.grpcLn) }()
+	}
+	return errs
+}
+
+// logStarted logs the start-up line: the rules, where the queues live and every
+// address served; then where the console is (logConsole).
+func (g *gateway) logStarted() {
+	attrs := []any{"rules", g.watcher.Set().Summary().String()}
+	if g.nats != nil {
+		attrs = append(attrs, "queues", g.nats.where)
+	}
+	if g.grpc != nil {
+		attrs = append(attrs, "grpc", g.grpcLn.Addr().String())
+	}
+	if g.check != nil {
+		attrs = append(attrs, "check", g.check.Addr)
+	}
+	if g.mode.rls {
+		attrs = append(attrs, "limiter", g.limiterName())
+	}
+	if g.front != nil {
+		attrs = append(attrs, "listen", g.front.Addr, "upstream", g.cfg.front.upstream, "limiter", g.limiterName())
+	}
+	if g.admin != nil {
+		attrs = append(attrs, "admin", g.admin.Addr)
+	}
+	attrs = append(attrs, "dispatch", g.cfg.dispatch)
+	g.log.Info("sluice "+g.mode.started, attrs...)
+	g.logConsole()
+	if g.front == nil && !g.mode.rls && len(g.watcher.Set().Queues()) == 0 {
+		// Only worth a warning where dispatching is all the process does.
+		g.log.Warn("the rules declare no queues: nothing to dispatch until a reload adds some")
+	}
+}
+
+// shutdown stops gracefully within --shutdown-timeout: unready first, then the front
+// door, the check endpoint, the gRPC server and the dispatchers (stopDispatch)
+// together, the admin listener last.
+func (g *gateway) shutdown(stopDispatch context.CancelFunc) {
 	g.log.Info("shutting down", "timeout", g.cfg.process.shutdownTimeout)
 	if g.adminAPI != nil {
 		// Unready first, so that load balancers stop sending; the admin listener is
@@ -556,10 +613,6 @@ wait:
 	if g.admin != nil {
 		shutdown(g.admin)
 	}
-	if errors.Is(err, http.ErrServerClosed) {
-		err = nil
-	}
-	return err
 }
 
 func (g *gateway) limiterName() string {

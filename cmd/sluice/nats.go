@@ -251,7 +251,7 @@ type natsConn struct {
 	lastErr  *atomic.Pointer[error]
 }
 
-// The liveness check of sluice's NATS connections (see openNATS).
+// The liveness check of sluice's NATS connections (see natsOptions).
 const (
 	natsPingInterval = 2 * time.Second
 	natsMaxPingsOut  = 2
@@ -265,7 +265,30 @@ const inProcess = "embedded (in process)"
 // (a long-running command must outlive a NATS rollout); without background (a
 // one-shot command) it is.
 func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, error) {
-	var lastErr atomic.Pointer[error] // of the latest failed connection attempt
+	lastErr := new(atomic.Pointer[error]) // of the latest failed connection attempt
+	opts := natsOptions(cfg, log, background, lastErr)
+	if cfg.url != "" {
+		nc, err := nats.Connect(cfg.url, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("--nats: %w", err)
+		}
+		if !nc.IsConnected() {
+			log.Warn("NATS not reachable yet; connecting in the background (defers answer 503 meanwhile)", "nats", redactURLs(cfg.url))
+		}
+		conn := &natsConn{nc: nc, key: cfg.signKey, replicas: int(cfg.replicas), idemMax: int64(cfg.idemMax), where: "nats " + redactURLs(cfg.url), lastErr: lastErr}
+		if err := conn.checkDurable(log, cfg.requireDurable); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		return conn, nil
+	}
+	return openEmbedded(cfg, log, opts, lastErr)
+}
+
+// natsOptions are the options of sluice's NATS connections: liveness, endless
+// reconnection without buffering, credentials and TLS, and logs of the connection's
+// changes. lastErr keeps the error of the latest failed attempt (nil once connected).
+func natsOptions(cfg natsConfig, log *slog.Logger, background bool, lastErr *atomic.Pointer[error]) []nats.Option {
 	// The embedded server is reached in process: its URL (no listener) says nothing.
 	server := func(nc *nats.Conn) string {
 		if cfg.url == "" {
@@ -320,21 +343,12 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 	if cfg.cert != "" || cfg.key != "" {
 		opts = append(opts, nats.ClientCert(cfg.cert, cfg.key))
 	}
-	if cfg.url != "" {
-		nc, err := nats.Connect(cfg.url, opts...)
-		if err != nil {
-			return nil, fmt.Errorf("--nats: %w", err)
-		}
-		if !nc.IsConnected() {
-			log.Warn("NATS not reachable yet; connecting in the background (defers answer 503 meanwhile)", "nats", redactURLs(cfg.url))
-		}
-		conn := &natsConn{nc: nc, key: cfg.signKey, replicas: int(cfg.replicas), idemMax: int64(cfg.idemMax), where: "nats " + redactURLs(cfg.url), lastErr: &lastErr}
-		if err := conn.checkDurable(log, cfg.requireDurable); err != nil {
-			nc.Close()
-			return nil, err
-		}
-		return conn, nil
-	}
+	return opts
+}
+
+// openEmbedded locks --data-dir, starts the embedded server in it with the queue key
+// kept there (or --queue-key) and connects to it in process with opts.
+func openEmbedded(cfg natsConfig, log *slog.Logger, opts []nats.Option, lastErr *atomic.Pointer[error]) (*natsConn, error) {
 	// nats-server does not guard its store directory: two processes on one directory
 	// would corrupt each other's files. The lock is released by the kernel when the
 	// process dies, so a restart after kill -9 finds it free.
@@ -377,7 +391,7 @@ func openNATS(cfg natsConfig, log *slog.Logger, background bool) (*natsConn, err
 	if u := emb.ClientURL(); u != "" {
 		where += " listening on " + u
 	}
-	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmp.Or(int(cfg.replicas), 1), idemMax: int64(cfg.idemMax), where: where, lastErr: &lastErr}, nil
+	return &natsConn{nc: nc, key: key, embedded: emb, unlock: unlock, replicas: cmp.Or(int(cfg.replicas), 1), idemMax: int64(cfg.idemMax), where: where, lastErr: lastErr}, nil
 }
 
 // redactURLs returns comma-separated URLs with their passwords masked, for logs.
