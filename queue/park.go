@@ -94,26 +94,50 @@ const keyReserve = 0.9
 //  1. An earlier order with K: T's message in the queue, else K's record in the bucket
 //     (or T's ticket record, for a cancelled order). A different payload fingerprint is
 //     ErrIdempotencyConflict; the same one gets the earlier ticket and its status.
-//     Nothing is written. The queue is read first: an order that leaves it is recorded
-//     before it does, so no order is missed between the two reads. While it waits, an
-//     order is found in its own queue only: K's ticket is derived per queue.
-//  2. The bucket is within keyReserve of its byte cap (else ErrKeyStoreFull), and a
-//     slot is taken for K in the queue's key stream, on the client's subject, whose
-//     per-subject limit is MaxIdempotencyKeys (discard-new: ErrTooManyKeys). Slots
+//     No order is written. The queue is read first: an order that leaves it is
+//     recorded before it does, so no order is missed between the two reads. While it
+//     waits, an order is found in its own queue only: K's ticket is derived per queue.
+//  2. While 1 runs (its reads and this write overlap), when the bucket is within
+//     keyReserve of its byte cap (else ErrKeyStoreFull), a slot is taken for K in the
+//     queue's key stream, on the client's subject, whose per-subject limit is
+//     MaxIdempotencyKeys (discard-new: ErrTooManyKeys), with Nats-Msg-Id "k."+K. Slots
 //     expire after IdempotencyTTL, so the cap counts the keys accepted within it.
-//  3. The order is published with Nats-Msg-Id "k."+K. Refused (full queue, too
-//     large…): the slot is deleted and the error returned. A duplicate PubAck (a
-//     concurrent or retried request with K within the duplicate window): the stored
-//     message gives the ticket and fingerprint.
+//     Either refusal counts only when 1 found no earlier order. When 1 did, a slot
+//     taken here is deleted if it is the repeat's own (see ownSlot); one that may be
+//     the earlier order's only slot (they were deduplicated) stays.
+//  3. Once 1 and 2 are done, the order is published with Nats-Msg-Id "k."+K. Refused
+//     (full queue, too large…): the slot is deleted and the error returned. A
+//     duplicate PubAck (a concurrent or retried request with K within the duplicate
+//     window): the stored message gives the ticket and fingerprint.
 //
-// Two writes, one after the other (the slot first, so that an order anybody can see, a
-// repeat or a dispatcher, is never withdrawn). The order's is synced and may share its
-// disk sync with concurrent Parks (see "Group commit" in the package documentation);
-// on a single server the slot's is not (see Store.ensureKeyStream).
+// One synced write per new key, its order's, which may share its disk sync with
+// concurrent Parks (see "Group commit" in the package documentation); on a single
+// server the slot's write is not synced (see Store.ensureKeyStream). The slot is
+// stored before the order is written, so that an order anybody can see (a repeat, a
+// dispatcher) is never withdrawn for its slot. A repeat writes no order; past the
+// duplicate window it takes a slot for a moment (a new key of its client at the cap
+// may be refused meanwhile).
 //
-// Crash safety. A crash after 2 leaves no order and at most a slot (freed by its TTL);
-// after 3, an order and a client without a receipt: its retry finds the order by T
-// (step 1) or, once delivered, by K's record.
+// Crash safety: what a crash (of this process, or of the NATS server) leaves between
+// the steps.
+//   - During 1 and 2: nothing, or a slot without an order, which counts against its
+//     client's cap until its TTL ends. The client has no receipt; its retry finds no
+//     order, and its slot is a duplicate of the stray one within the duplicate window
+//     (same Nats-Msg-Id), so it takes no second place.
+//   - During 3, before the acknowledgement: the order is stored or not (synced before
+//     it is acknowledged; an atomic batch stores all of its orders or none). Stored,
+//     the client has no receipt and retries: within the duplicate window its publish
+//     is a duplicate and the stored message gives it T; after the window, step 1
+//     finds T's message while the order waits (T is derived from K, so no record is
+//     needed to name it), and once it is final K's record in the bucket, which the
+//     dispatcher writes before it acknowledges the message (Store.KeepKey; a
+//     dispatcher that dies in between leaves the message in the queue, redelivered,
+//     and records K again), and which lasts IdempotencyTTL from then.
+//   - After a refused publish, while the slot is deleted: a slot without an order, as
+//     in the first case.
+//   - A NATS server crash may lose unsynced slots (a single server's key stream): their
+//     clients may get past the cap until the TTL; no order is lost or repeated, since
+//     the order and K's record are synced writes.
 func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) {
 	if s.tracer != nil {
 		var span trace.Span
@@ -204,7 +228,8 @@ func (s *Store) Repeat(ctx context.Context, req *Request) (rc Receipt, found boo
 	m.Ticket = s.keyedTicket(q.name, key)
 	ctx, cancel := context.WithTimeout(ctx, s.opts.publishTimeout)
 	defer cancel()
-	return s.repeat(ctx, q, key, m)
+	rc, _, found, err = s.repeat(ctx, q, key, m)
+	return rc, found, err
 }
 
 // endPark describes the outcome of a park on its span and ends it.
@@ -331,19 +356,37 @@ func (s *Store) keyedTicket(queue, key string) string {
 func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, error) {
 	key := idemKey(m.Client, m.IdempotencyKey)
 	m.Ticket = s.keyedTicket(q.name, key)
-	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
+	// The slot is taken while the key is looked up, not after: the lookup's reads and
+	// the slot's write overlap, and the order still waits for both. A bucket past its
+	// reserve takes no slot; the lookup alone then tells a repeat from a new key.
+	roomErr := s.keyRoom(ctx)
+	var (
+		slot      uint64
+		slotErr   = roomErr
+		slotTaken = make(chan struct{})
+		asked     = time.Now()
+	)
+	if roomErr == nil {
+		go func() {
+			defer close(slotTaken)
+			slot, slotErr = s.takeSlot(ctx, q, m.Client, key)
+		}()
+	} else {
+		close(slotTaken)
+	}
+	rc, stored, found, err := s.repeat(ctx, q, key, m)
+	<-slotTaken
+	switch {
+	case found: // the answer is the earlier order's (or a conflict with it)
+		if ownSlot(slot, stored, asked) {
+			s.freeSlot(ctx, q, slot)
+		}
 		return rc, err
-	}
-	if err := s.keyRoom(ctx); err != nil {
+	case err != nil:
+		s.freeSlot(ctx, q, slot)
 		return Receipt{}, err
-	}
-	// The slot first: an order that anybody can see (a repeat, a dispatcher) has its
-	// slot, so nothing seen is ever withdrawn. (Taken during the lookup instead, a
-	// repeat's slot would count against its client's cap while it lasts, and a new key
-	// could be refused beside it.)
-	slot, err := s.takeSlot(ctx, q, m.Client, key)
-	if err != nil {
-		return Receipt{}, err
+	case slotErr != nil:
+		return Receipt{}, slotErr
 	}
 	ack, err := s.publish(ctx, q, m, keyMsgID(key))
 	if err != nil {
@@ -360,19 +403,35 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 	return q.receiptOf(ctx, m, ack.Sequence, false), nil
 }
 
-// repeat implements step 1 for m, whose Ticket is its key's: ok is true when the key
-// belongs to an earlier order (then rc or err is the answer). It looks for that order
-// in the queue first and in the records only then: a dispatcher records the key and
-// the final ticket record before it removes the order from the queue, so an order that
-// left the queue before the first look is recorded before the second.
-func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (Receipt, bool, error) {
-	_, parked, err := s.waitingAs(ctx, q, m)
+// slotSkew is how far the clocks of sluice and the NATS servers may disagree for
+// ownSlot's comparison.
+const slotSkew = time.Second
+
+// ownSlot reports whether slot (0: none), taken for a repeat from time asked on, is
+// the repeat's own, to be freed: the earlier order with the key was stored by stored
+// (zero: not known), before asked. Its slot was then taken before this one, which is
+// no duplicate of it (slot != 0), so it holds the key's place on its own. An earlier
+// order stored after asked may be one whose slot was this one's duplicate: this slot
+// is then the key's only one, and stays. (Clocks apart by more than slotSkew can only
+// misjudge the count of the client's slots, never an order.)
+func ownSlot(slot uint64, stored, asked time.Time) bool {
+	return slot != 0 && !stored.IsZero() && stored.Before(asked.Add(-slotSkew))
+}
+
+// repeat implements step 1 for m, whose Ticket is its key's: found is true when the key
+// belongs to an earlier order (then rc or err is the answer, and stored, when not zero,
+// a time by which that order was stored). It looks for that order in the queue first
+// and in the records only then: a dispatcher records the key and the final ticket
+// record before it removes the order from the queue, so an order that left the queue
+// before the first look is recorded before the second.
+func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (rc Receipt, stored time.Time, found bool, err error) {
+	raw, parked, err := s.waitingAs(ctx, q, m)
 	switch {
 	case err == nil:
 		rc, err := s.repeatOf(ctx, q, idemRecord{Ticket: parked.Ticket, Fingerprint: parked.Fingerprint, Queue: q.name}, m.Fingerprint)
-		return rc, true, err
+		return rc, raw.Time, true, err
 	case !errors.Is(err, jetstream.ErrMsgNotFound):
-		return Receipt{}, false, err
+		return Receipt{}, time.Time{}, false, err
 	}
 	var (
 		rec    *Record
@@ -387,21 +446,22 @@ func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (R
 	<-read
 	switch {
 	case err != nil:
-		return Receipt{}, false, err
-	case found: // final, or parked by an earlier sluice, which recorded keys at once
+		return Receipt{}, time.Time{}, false, err
+	case found: // final (recorded after it was stored), or parked by an earlier sluice, which recorded keys at once
 		rc, err := s.repeatOf(ctx, q, prev, m.Fingerprint)
-		return rc, true, err
+		return rc, prev.CreatedAt, true, err
 	case recErr == nil:
 		// A ticket record but no key: a cancelled order (a key is recorded when its
 		// order is delivered or dead-lettered), or one whose key has just expired.
 		if rec.Fingerprint != "" && rec.Fingerprint != m.Fingerprint {
-			return Receipt{}, true, ErrIdempotencyConflict
+			return Receipt{}, time.Time{}, true, ErrIdempotencyConflict
 		}
-		return Receipt{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, EstimatedDelivery: time.Now(), Duplicate: true}, true, nil
+		return Receipt{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, EstimatedDelivery: time.Now(), Duplicate: true},
+			rec.UpdatedAt, true, nil
 	case !errors.Is(recErr, ErrNotFound):
-		return Receipt{}, false, recErr
+		return Receipt{}, time.Time{}, false, recErr
 	}
-	return Receipt{}, false, nil
+	return Receipt{}, time.Time{}, false, nil
 }
 
 // repeatOf answers a request whose key is recorded as prev.
@@ -473,7 +533,7 @@ func (s *Store) duplicate(ctx context.Context, q *Queue, key string, m *Message,
 		return Receipt{}, unavailable("message lookup", err)
 	}
 	// Delivered and acknowledged meanwhile: the dispatcher recorded the key first.
-	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
+	if rc, _, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
 		return rc, err
 	}
 	return Receipt{}, fmt.Errorf("%w: the order with this idempotency key is being settled; retry", ErrUnavailable)
