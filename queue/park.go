@@ -130,7 +130,7 @@ const keyReserve = 0.9
 //     is a duplicate and the stored message gives it T; after the window, step 1
 //     finds T's message while the order waits (T is derived from K, so no record is
 //     needed to name it), and once it is final K's record in the bucket, which the
-//     dispatcher writes before it acknowledges the message (Store.KeepKey; a
+//     dispatcher writes before it acknowledges the message (Store.keepKey; a
 //     dispatcher that dies in between leaves the message in the queue, redelivered,
 //     and records K again), and which lasts IdempotencyTTL from then.
 //   - After a refused publish, while the slot is deleted: a slot without an order, as
