@@ -170,31 +170,8 @@ func (c *compiler) descriptors(fd *fileDef, d *domain, parent *node, defs []*des
 // rule compiles a descriptor's rate settings; nil when it has none.
 func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule {
 	file := fd.path
-	if dd.rateLimit != nil && dd.rateLimits != nil {
-		c.errf(file, dd.rlsNode, "use either rate_limit or rate_limits, not both")
+	if !c.ruleShape(file, dd) {
 		return nil
-	}
-	if dd.rateLimit == nil && dd.rateLimits == nil {
-		for _, ext := range dd.extensions {
-			c.errf(file, ext, "%s has no effect on a descriptor without rate_limit", ext.Value)
-		}
-		if dd.name.node != nil {
-			c.errf(file, dd.name.node, "name has no effect on a descriptor without rate_limit")
-		}
-		if len(dd.replaces) > 0 {
-			c.errf(file, dd.replaces[0].node, "replaces has no effect on a descriptor without rate_limit")
-		}
-		return nil
-	}
-	// Envoy reads name and replaces only inside rate_limit: beside it they are ignored
-	// there, so a descriptor Envoy would load must not give them a meaning here.
-	// Beside rate_limits or sluice's fields, which Envoy refuses, they are sluice's.
-	if dd.rateLimits == nil && len(dd.extensions) == 0 {
-		for _, side := range []*yaml.Node{dd.sideName, dd.sideReplaces} {
-			if side != nil {
-				c.errf(file, side, "%s beside rate_limit: Envoy's rate limit service reads it only inside rate_limit and ignores it here, so this file would limit differently there; move it into rate_limit", side.Value)
-			}
-		}
 	}
 	r := &Rule{
 		Domain:         d.name,
@@ -211,6 +188,55 @@ func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule
 	for _, ref := range dd.replaces {
 		r.Replaces = append(r.Replaces, ref.name)
 	}
+	c.ruleLimits(file, dd, r)
+	c.ruleOnLimit(file, dd, r)
+	r.Name = c.ruleName(d, dd, path)
+	r.prefixes, r.offsets = keyPrefixes(d.name, path, r.Limits)
+	r.staticKeys = strings.Join(r.prefixes, "")
+	if dd.name.name != "" {
+		d.byName[dd.name.name] = append(d.byName[dd.name.name], r)
+	}
+	c.set.rules = append(c.set.rules, r)
+	return r
+}
+
+// ruleShape checks that a descriptor has one of rate_limit and rate_limits, and
+// nothing that only they give a meaning to when it has neither; false: it makes no
+// rule.
+func (c *compiler) ruleShape(file string, dd *descDef) bool {
+	if dd.rateLimit != nil && dd.rateLimits != nil {
+		c.errf(file, dd.rlsNode, "use either rate_limit or rate_limits, not both")
+		return false
+	}
+	if dd.rateLimit == nil && dd.rateLimits == nil {
+		for _, ext := range dd.extensions {
+			c.errf(file, ext, "%s has no effect on a descriptor without rate_limit", ext.Value)
+		}
+		if dd.name.node != nil {
+			c.errf(file, dd.name.node, "name has no effect on a descriptor without rate_limit")
+		}
+		if len(dd.replaces) > 0 {
+			c.errf(file, dd.replaces[0].node, "replaces has no effect on a descriptor without rate_limit")
+		}
+		return false
+	}
+	// Envoy reads name and replaces only inside rate_limit: beside it they are ignored
+	// there, so a descriptor Envoy would load must not give them a meaning here.
+	// Beside rate_limits or sluice's fields, which Envoy refuses, they are sluice's.
+	if dd.rateLimits == nil && len(dd.extensions) == 0 {
+		for _, side := range []*yaml.Node{dd.sideName, dd.sideReplaces} {
+			if side != nil {
+				c.errf(file, side, "%s beside rate_limit: Envoy's rate limit service reads it only inside rate_limit and ignores it here, so this file would limit differently there; move it into rate_limit", side.Value)
+			}
+		}
+	}
+	return true
+}
+
+// ruleLimits compiles the limits of the descriptor into r (at most 8, no two alike),
+// or marks it unlimited or deny-all, and checks the options that apply only to some
+// algorithms.
+func (c *compiler) ruleLimits(file string, dd *descDef, r *Rule) {
 	var defs []*limitDef
 	if rl := dd.rateLimit; rl != nil {
 		switch {
@@ -269,6 +295,11 @@ func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule
 			c.errf(file, ext, "%s has no effect on an unlimited descriptor", ext.Value)
 		}
 	}
+}
+
+// ruleOnLimit checks what the rule does at its limit: wait, defer (its queue) or
+// reject.
+func (c *compiler) ruleOnLimit(file string, dd *descDef, r *Rule) {
 	parks := dd.onLimit == Defer || dd.onLimit == Wait && dd.then == Defer
 	if dd.onLimit == Wait {
 		c.waitRule(file, dd, r)
@@ -301,14 +332,6 @@ func (c *compiler) rule(fd *fileDef, d *domain, dd *descDef, path []level) *Rule
 			c.errf(file, dd.queue.node, "queue is used only with on_limit: defer (or wait with then: defer)")
 		}
 	}
-	r.Name = c.ruleName(d, dd, path)
-	r.prefixes, r.offsets = keyPrefixes(d.name, path, r.Limits)
-	r.staticKeys = strings.Join(r.prefixes, "")
-	if dd.name.name != "" {
-		d.byName[dd.name.name] = append(d.byName[dd.name.name], r)
-	}
-	c.set.rules = append(c.set.rules, r)
-	return r
 }
 
 // replaces checks that every replaces entry names a rule of the domain.

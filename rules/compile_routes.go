@@ -16,45 +16,95 @@ var routeNameOK = func(s string) bool {
 }
 
 func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
-	file := fd.path
-	rt := &Route{Name: rd.name, Domain: d.name, File: file, Line: rd.node.Line, dom: d}
-	ok := true
-	bad := func(n *yaml.Node, format string, args ...any) {
-		c.errf(file, n, format, args...)
-		ok = false
+	rt := &Route{Name: rd.name, Domain: d.name, File: fd.path, Line: rd.node.Line, dom: d}
+	k := &checker{c: c, file: fd.path, ok: true}
+	c.routeName(k, rd)
+	routeMethods(k, rd, rt)
+	routeHost(k, rd, rt)
+	routePath(k, rd, rt)
+	routeHeaders(k, rd, rt)
+	c.routeDescriptors(k, d, rd, rt)
+	routeScope(k, rd, rt)
+	if rd.priority != nil {
+		if es, pok := c.entries(fd.path, rt, []entryDef{*rd.priority}, rd.priority.node); pok {
+			rt.Priority = &es[0]
+			rt.priority = compileDesc(0, es, rt.params).entries
+		} else {
+			k.ok = false
+		}
 	}
+	if rd.nameNode != nil && c.routeNm[rd.name] == nil {
+		c.routeNm[rd.name] = rt
+	}
+	if !k.ok {
+		return nil
+	}
+	return rt
+}
+
+// checker reports the problems of one part of a file (a route, a descriptor list) and
+// remembers whether there were any.
+type checker struct {
+	c    *compiler
+	file string
+	ok   bool // no problem yet
+}
+
+// bad reports a problem at n.
+func (k *checker) bad(n *yaml.Node, format string, args ...any) {
+	k.c.errf(k.file, n, format, args...)
+	k.ok = false
+}
+
+// routeName checks the route's name: given, usable in metrics, and not taken.
+func (c *compiler) routeName(k *checker, rd *routeDef) {
 	switch {
 	case rd.nameNode == nil:
-		bad(rd.node, "route has no name")
+		k.bad(rd.node, "route has no name")
 	case !routeNameOK(rd.name):
-		bad(rd.nameNode, "route name %q: use up to 64 letters, digits, _ . : or - (it appears in metrics)", rd.name)
+		k.bad(rd.nameNode, "route name %q: use up to 64 letters, digits, _ . : or - (it appears in metrics)", rd.name)
 	case c.routeNm[rd.name] != nil:
 		prev := c.routeNm[rd.name]
-		bad(rd.nameNode, "route %q is already defined at %s:%d", rd.name, prev.File, prev.Line)
+		k.bad(rd.nameNode, "route %q is already defined at %s:%d", rd.name, prev.File, prev.Line)
 	}
+}
+
+// routeMethods takes the methods the route matches, in upper case.
+func routeMethods(k *checker, rd *routeDef, rt *Route) {
 	for _, m := range rd.methods {
 		if !isToken(m) {
-			bad(rd.methodNode, "method %q is not an HTTP method", m)
+			k.bad(rd.methodNode, "method %q is not an HTTP method", m)
 			continue
 		}
 		rt.Match.Methods = append(rt.Match.Methods, strings.ToUpper(m))
 	}
 	rt.methods = rt.Match.Methods
-	if rd.hostNode != nil {
-		h := strings.TrimSuffix(strings.ToLower(rd.host), ".")
-		if inner, ok := strings.CutPrefix(h, "["); ok && strings.HasSuffix(inner, "]") {
-			h = strings.TrimSuffix(inner, "]") // requests' hosts are compared without brackets
-		}
-		rt.Match.Host, rt.host = h, h
-		name := strings.TrimPrefix(h, "*.")
-		_, ipErr := netip.ParseAddr(name)
-		switch {
-		case name == "" || strings.ContainsAny(name, "*/[] \t"):
-			bad(rd.hostNode, "host %q must be a host name, or *.domain for its subdomains", rd.host)
-		case strings.Contains(name, ":") && ipErr != nil:
-			bad(rd.hostNode, "host %q must not have a port: the port is ignored when matching", rd.host)
-		}
+}
+
+// routeHost takes the host the route matches: lower case, without a trailing dot or
+// an IPv6 address's brackets, and without a port.
+func routeHost(k *checker, rd *routeDef, rt *Route) {
+	if rd.hostNode == nil {
+		return
 	}
+	h := strings.TrimSuffix(strings.ToLower(rd.host), ".")
+	if inner, ok := strings.CutPrefix(h, "["); ok && strings.HasSuffix(inner, "]") {
+		h = strings.TrimSuffix(inner, "]") // requests' hosts are compared without brackets
+	}
+	rt.Match.Host, rt.host = h, h
+	name := strings.TrimPrefix(h, "*.")
+	_, ipErr := netip.ParseAddr(name)
+	switch {
+	case name == "" || strings.ContainsAny(name, "*/[] \t"):
+		k.bad(rd.hostNode, "host %q must be a host name, or *.domain for its subdomains", rd.host)
+	case strings.Contains(name, ":") && ipErr != nil:
+		k.bad(rd.hostNode, "host %q must not have a port: the port is ignored when matching", rd.host)
+	}
+}
+
+// routePath takes the one path, path_prefix or path_pattern the route matches,
+// cleaned, with the pattern's parameters.
+func routePath(k *checker, rd *routeDef, rt *Route) {
 	paths := 0
 	for _, pn := range []*yaml.Node{rd.pathNode, rd.prefixNode, rd.patternNode} {
 		if pn != nil {
@@ -62,11 +112,11 @@ func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
 		}
 	}
 	if paths > 1 {
-		bad(rd.node, "give at most one of path, path_prefix and path_pattern")
+		k.bad(rd.node, "give at most one of path, path_prefix and path_pattern")
 	}
 	checkPath := func(n *yaml.Node, p string) (string, bool) {
 		if !strings.HasPrefix(p, "/") {
-			bad(n, "path %q must start with /", p)
+			k.bad(n, "path %q must start with /", p)
 			return "", false
 		}
 		return path.Clean(p), true
@@ -81,43 +131,52 @@ func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
 			rt.Match.PathPattern = p
 			params, err := patternParams(p)
 			if err != nil {
-				bad(rd.patternNode, "path_pattern %q: %v", rd.pattern, err)
+				k.bad(rd.patternNode, "path_pattern %q: %v", rd.pattern, err)
 			}
 			rt.params = params
 		}
 	}
+}
+
+// routeHeaders takes the header matches of the route: each a value or a presence.
+func routeHeaders(k *checker, rd *routeDef, rt *Route) {
 	for _, hd := range rd.headers {
 		switch {
 		case !isToken(hd.name):
-			bad(hd.node, "header match needs a valid header name, got %q", hd.name)
+			k.bad(hd.node, "header match needs a valid header name, got %q", hd.name)
 			continue
 		case hd.hasVal && hd.present != nil:
-			bad(hd.node, "header match: give value or present, not both")
+			k.bad(hd.node, "header match: give value or present, not both")
 		case !hd.hasVal && hd.present == nil:
-			bad(hd.node, "header match needs value (equal to) or present (true or false)")
+			k.bad(hd.node, "header match needs value (equal to) or present (true or false)")
 		}
 		hm := HeaderMatch{Name: http.CanonicalHeaderKey(hd.name), Value: hd.value, Present: hd.present}
 		rt.Match.Headers = append(rt.Match.Headers, hm)
 		rt.headers = append(rt.headers, compiledHeader{HeaderMatch: hm, host: hm.Name == "Host"})
 	}
+}
+
+// routeDescriptors compiles the route's descriptor lists (at least one, at most 64),
+// each of which must reach a descriptor with a rate limit in domain d.
+func (c *compiler) routeDescriptors(k *checker, d *domain, rd *routeDef, rt *Route) {
 	if len(rd.descs) == 0 {
-		bad(rd.node, "route has no descriptors: it would limit nothing")
+		k.bad(rd.node, "route has no descriptors: it would limit nothing")
 	}
 	if len(rd.descs) > 64 {
-		bad(rd.descNodes[64], "at most 64 descriptor lists per route")
+		k.bad(rd.descNodes[64], "at most 64 descriptor lists per route")
 		rd.descs = rd.descs[:64]
 	}
 	for i, list := range rd.descs {
 		at := rd.descNodes[i]
-		entries, eok := c.entries(file, rt, list, at)
+		entries, eok := c.entries(k.file, rt, list, at)
 		if !eok {
-			ok = false
+			k.ok = false
 			continue
 		}
 		rt.Descriptors = append(rt.Descriptors, entries)
 		cd := compileDesc(len(rt.Descriptors)-1, entries, rt.params)
 		if !d.reachable(entries, &c.reach) {
-			bad(at, "descriptor list %s matches no descriptor with a rate limit in domain %q", formatEntries(entries), d.name)
+			k.bad(at, "descriptor list %s matches no descriptor with a rate limit in domain %q", formatEntries(entries), d.name)
 			continue
 		}
 		if cd.static {
@@ -127,37 +186,27 @@ func (c *compiler) route(fd *fileDef, d *domain, rd *routeDef) *Route {
 		rt.descs = append(rt.descs, cd)
 	}
 	rt.allStatic = !slices.ContainsFunc(rt.descs, func(cd compiledDesc) bool { return !cd.static })
+}
+
+// routeScope takes the route's idempotency_scope, DefaultIdempotencyScope when it
+// has none.
+func routeScope(k *checker, rd *routeDef, rt *Route) {
 	rt.IdempotencyScope = DefaultIdempotencyScope
 	if rd.scopeNode != nil {
 		rt.IdempotencyScope = []RouteEntry{}
 		for _, sn := range rd.scope {
 			e := RouteEntry{Key: "idempotency_scope"}
 			if err := parseFrom(&e, sn.name, rt); err != nil {
-				bad(sn.node, "idempotency_scope %q: %v", sn.name, err)
+				k.bad(sn.node, "idempotency_scope %q: %v", sn.name, err)
 				continue
 			}
 			rt.IdempotencyScope = append(rt.IdempotencyScope, e)
 		}
 		if len(rd.scope) > maxDepth {
-			bad(rd.scopeNode, "idempotency_scope lists more than %d sources", maxDepth)
+			k.bad(rd.scopeNode, "idempotency_scope lists more than %d sources", maxDepth)
 		}
 	}
 	rt.scope = compileDesc(0, rt.IdempotencyScope, rt.params).entries
-	if rd.priority != nil {
-		if es, pok := c.entries(file, rt, []entryDef{*rd.priority}, rd.priority.node); pok {
-			rt.Priority = &es[0]
-			rt.priority = compileDesc(0, es, rt.params).entries
-		} else {
-			ok = false
-		}
-	}
-	if rd.nameNode != nil && c.routeNm[rd.name] == nil {
-		c.routeNm[rd.name] = rt
-	}
-	if !ok {
-		return nil
-	}
-	return rt
 }
 
 func formatEntries(es []RouteEntry) string {
@@ -169,49 +218,45 @@ func formatEntries(es []RouteEntry) string {
 }
 
 func (c *compiler) entries(file string, rt *Route, list []entryDef, at *yaml.Node) ([]RouteEntry, bool) {
-	ok := true
-	bad := func(n *yaml.Node, format string, args ...any) {
-		c.errf(file, n, format, args...)
-		ok = false
-	}
+	k := &checker{c: c, file: file, ok: true}
 	if len(list) == 0 {
-		bad(at, "empty descriptor list")
+		k.bad(at, "empty descriptor list")
 	}
 	if len(list) > maxDepth {
-		bad(at, "descriptor list longer than %d entries", maxDepth)
+		k.bad(at, "descriptor list longer than %d entries", maxDepth)
 	}
 	var out []RouteEntry
 	for _, ed := range list {
 		e := RouteEntry{Key: ed.key}
 		switch {
 		case ed.key == "":
-			bad(ed.node, "descriptor entry needs a key")
+			k.bad(ed.node, "descriptor entry needs a key")
 		case ed.hasVal && ed.fromN != nil:
-			bad(ed.node, "descriptor entry %q: give value or from, not both", ed.key)
+			k.bad(ed.node, "descriptor entry %q: give value or from, not both", ed.key)
 		case ed.hasVal:
 			e.Value = ed.value
 			if ed.value == "" {
-				bad(ed.node, "descriptor entry %q: value must not be empty", ed.key)
+				k.bad(ed.node, "descriptor entry %q: value must not be empty", ed.key)
 			}
 			if ed.hasDef {
-				bad(ed.defNode, "default is used only with from")
+				k.bad(ed.defNode, "default is used only with from")
 			}
 		case ed.fromN != nil:
 			if err := parseFrom(&e, ed.from, rt); err != nil {
-				bad(ed.fromN, "from %q: %v", ed.from, err)
+				k.bad(ed.fromN, "from %q: %v", ed.from, err)
 			}
 			if ed.hasDef {
 				if ed.def == "" {
-					bad(ed.defNode, "default must not be empty")
+					k.bad(ed.defNode, "default must not be empty")
 				}
 				e.Value = ed.def
 			}
 		default:
-			bad(ed.node, "descriptor entry %q needs a value or a from", ed.key)
+			k.bad(ed.node, "descriptor entry %q needs a value or a from", ed.key)
 		}
 		out = append(out, e)
 	}
-	return out, ok
+	return out, k.ok
 }
 
 // parseFrom reads header:NAME, query:NAME, client_ip, path:{name}, method or host.
