@@ -7,8 +7,8 @@
 //
 //   - Headers on every response of a limited route: `X-Ratelimit-Limit`,
 //     `X-Ratelimit-Remaining`, and the IETF fields of draft-ietf-httpapi-ratelimit-headers-11,
-//     `RateLimit-Policy: "name";q=100;w=60` and `RateLimit: "name";r=42;t=17`, written by a
-//     small tested encoder. When several limits apply they describe the one closest to
+//     `RateLimit-Policy: "name";q=100;w=60` and `RateLimit: "name";r=42;t=17`, written by
+//     `limiter/ratelimitheader`, the codec `dispatcher/pace` reads them with. When several limits apply they describe the one closest to
 //     running out (fewest remaining, then longest wait). Policy names are rule names, never
 //     request values.
 //   - 429: `Retry-After` and `X-Ratelimit-Retry-After` in whole seconds, rounded up,

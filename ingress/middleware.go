@@ -25,6 +25,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress/proxy"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/ratelimitheader"
 	"github.com/sluicehq/sluice/queue/telemetry"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -673,13 +674,12 @@ func RateLimitFieldsOf(rule *rules.Rule, limit int, d limiter.Decision) RateLimi
 	ends := [4]int{len(b)}
 	b = strconv.AppendInt(b, d.Remaining, 10)
 	ends[1] = len(b)
-	if p, err := appendPolicy(b, 0, Policy{Name: rule.Name, Quota: d.Limit, Window: QuotaWindow(rule.Limits[limit])}); err == nil {
-		b = p
-	}
+	// A name the fields cannot carry leaves b as it was: those two values are empty.
+	b, _ = ratelimitheader.AppendPolicy(b, ratelimitheader.Policy{Name: rule.Name, Quota: d.Limit,
+		Window: RetryAfterSeconds(QuotaWindow(rule.Limits[limit]))})
 	ends[2] = len(b)
-	if s, err := appendStatus(b, 0, Status{Name: rule.Name, Remaining: d.Remaining, Reset: d.ResetAfter}); err == nil {
-		b = s
-	}
+	b, _ = ratelimitheader.AppendRateLimit(b, ratelimitheader.Status{Name: rule.Name, Remaining: d.Remaining,
+		Reset: RetryAfterSeconds(d.ResetAfter)})
 	ends[3] = len(b)
 	all := string(b)
 	return RateLimitFields{Limit: all[:ends[0]], Remaining: all[ends[0]:ends[1]], Policy: all[ends[1]:ends[2]], RateLimit: all[ends[2]:ends[3]]}

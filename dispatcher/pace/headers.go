@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/limiter/ratelimitheader"
 )
 
 // Quota is what a response says about the caller's remaining quota: Remaining more
@@ -20,9 +22,10 @@ type Quota struct {
 // ParseQuota reads the quota a response reports, from any of these fields:
 //
 //   - RateLimit (draft-ietf-httpapi-ratelimit-headers-11): a Structured Field list of
-//     policies, `"name";r=REMAINING;t=SECONDS_TO_RESET`. An item without t takes the
-//     window w of the RateLimit-Policy item of the same name (`"name";q=QUOTA;w=SECONDS`):
-//     the quota resets at the latest one window from now. An item with neither, with a
+//     policies, `"name";r=REMAINING;t=SECONDS_TO_RESET`, read by limiter/ratelimitheader
+//     (the codec the front door writes it with). An item without t takes the window w
+//     of the RateLimit-Policy item of the same name (`"name";q=QUOTA;w=SECONDS`): the
+//     quota resets at the latest one window from now. An item with neither, with a
 //     negative or non-Integer r or t, or whose name is not a String, is skipped; a
 //     field that is not a valid list is ignored whole.
 //   - X-RateLimit-Remaining with X-RateLimit-Reset (the de-facto pair; one without the
@@ -47,23 +50,17 @@ func ParseQuota(h http.Header, now time.Time) (q Quota, ok bool) {
 		}
 	}
 	if vs := h.Values("RateLimit"); len(vs) > 0 {
-		if items, err := parseSFList(strings.Join(vs, ", ")); err == nil {
-			var policies []sfMember
+		if statuses, err := ratelimitheader.ParseRateLimit(strings.Join(vs, ", ")); err == nil {
+			var policies []ratelimitheader.Policy
 			if pv := h.Values("RateLimit-Policy"); len(pv) > 0 {
-				policies, _ = parseSFList(strings.Join(pv, ", "))
+				policies, _ = ratelimitheader.ParsePolicy(strings.Join(pv, ", "))
 			}
-			for _, it := range items {
-				if !it.isName {
-					continue
+			for _, s := range statuses {
+				t := s.Reset
+				if t == ratelimitheader.NoReset {
+					t = window(policies, s.Name) // 0 without one: skipped
 				}
-				r, okR := it.param("r")
-				t, okT := it.param("t")
-				if !okT {
-					t, okT = window(policies, it.name)
-				}
-				if okR && okT && t >= 0 {
-					take(Quota{Policy: it.name, Remaining: r, Reset: seconds(float64(t))})
-				}
+				take(Quota{Policy: s.Name, Remaining: s.Remaining, Reset: seconds(float64(t))})
 			}
 		}
 	}
@@ -77,14 +74,14 @@ func ParseQuota(h http.Header, now time.Time) (q Quota, ok bool) {
 	return q, ok
 }
 
-// window returns the w parameter of the policy named name.
-func window(policies []sfMember, name string) (int64, bool) {
+// window returns the window of the first policy named name, 0 without one.
+func window(policies []ratelimitheader.Policy, name string) int64 {
 	for _, p := range policies {
-		if p.isName && p.name == name {
-			return p.param("w")
+		if p.Name == name {
+			return p.Window
 		}
 	}
-	return 0, false
+	return 0
 }
 
 // tighter reports whether a allows fewer requests per unit of time than b:
@@ -133,7 +130,7 @@ func isDecimal(v string) bool {
 	dot := -1
 	for i := 0; i < len(v); i++ {
 		switch {
-		case isDigit(v[i]):
+		case '0' <= v[i] && v[i] <= '9':
 		case v[i] == '.' && dot < 0 && i > 0 && i < len(v)-1:
 			dot = i
 		default:

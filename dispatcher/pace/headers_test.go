@@ -1,15 +1,12 @@
 package pace
 
 import (
-	"fmt"
 	"net/http"
-	"reflect"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/limiter/ratelimitheader"
 )
 
 func TestRetryAfter(t *testing.T) {
@@ -34,68 +31,27 @@ func TestRetryAfter(t *testing.T) {
 	}
 }
 
-func TestParseSFList(t *testing.T) {
-	type m = sfMember
-	type p = sfParam
-	for in, want := range map[string][]sfMember{
-		``:                          nil,
-		`  "a";r=1;t=2  `:           {{name: "a", isName: true, params: []p{{"r", 1, true}, {"t", 2, true}}}},
-		`"a";q=100;w=60,"b";q=5`:    {{name: "a", isName: true, params: []p{{"q", 100, true}, {"w", 60, true}}}, {name: "b", isName: true, params: []p{{"q", 5, true}}}},
-		"\"a\" ,\t\"b\"":            {{name: "a", isName: true}, {name: "b", isName: true}},
-		`"q\"uo\\te";r=-4`:          {{name: `q"uo\te`, isName: true, params: []p{{"r", -4, true}}}},
-		`tok/en:x;r=1.5;flag;s="x"`: {{params: []p{{"r", 0, false}, {"flag", 0, false}, {"s", 0, false}}}},
-		`(1 "x";a=1 ?1);r=3, :aGk=:, @1700000000, %"caf%c3%a9", ?0;z=*t`: {
-			{params: []p{{"r", 3, true}}}, {}, {}, {}, {params: []p{{"z", 0, false}}},
-		},
-		`"a";r=1;r=2`:               {{name: "a", isName: true, params: []p{{"r", 1, true}, {"r", 2, true}}}},
-		`"a"; r=999999999999999`:    {{name: "a", isName: true, params: []p{{"r", 999999999999999, true}}}},
-		`"a";r=123456789012.123`:    {{name: "a", isName: true, params: []p{{"r", 0, false}}}},
-		`*x;y=-0`:                   {{params: []p{{"y", 0, true}}}},
-		`"a", ("b" "c"), "d";w=0`:   {{name: "a", isName: true}, {}, {name: "d", isName: true, params: []p{{"w", 0, true}}}},
-		`"policy";q=10;w=1;pk=:x:`:  {{name: "policy", isName: true, params: []p{{"q", 10, true}, {"w", 1, true}, {"pk", 0, false}}}},
-		`("a");x, (), ( "b"  "c" )`: {{params: []p{{"x", 0, false}}}, {}, {}},
-	} {
-		got, err := parseSFList(in)
-		if err != nil {
-			t.Errorf("%q: %v", in, err)
-			continue
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("%q:\n got %+v\nwant %+v", in, got, want)
-		}
-	}
-	for _, in := range []string{
-		`"a",`, `,"a"`, `"a",,"b"`, `"a" "b"`, `"unterminated`, `"bad\escape"`, "\"tab\there\"",
-		`"a";R=1`, `"a";=1`, `"a";r=`, `"a";r=1234567890123456`, `"a";r=1.`, `"a";r=1.2345`,
-		`"a";r=1234567890123.1`, `-`, `"a";r=--1`, `(1 2`, `(1 2)x`, `(1,2)`, `?2`, `:a^:`, `:abc`,
-		`@1.5`, `%"caf%C3"`, `%x`, `"a"x`, `é`, `"a";r=1;`, "\"a\"\t,\t\"b\"\t;r=1",
-	} {
-		if got, err := parseSFList(in); err == nil {
-			t.Errorf("%q parsed: %+v", in, got)
-		}
-	}
-}
-
-// The fields ingress writes (its tested encoder) are what pace reads.
-func TestParseQuotaReadsIngressFields(t *testing.T) {
+// The fields the front door writes (with the same codec) are what ParseQuota reads.
+func TestParseQuotaReadsTheCodecsFields(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	policy, err := ingress.FormatPolicy(
-		ingress.Policy{Name: "per-minute", Quota: 100, Window: time.Minute},
-		ingress.Policy{Name: `burst "b"`, Quota: 10, Window: 10 * time.Second, PartitionKey: []byte{1, 2, 3}},
+	policy, err := ratelimitheader.FormatPolicy(
+		ratelimitheader.Policy{Name: "per-minute", Quota: 100, Window: 60},
+		ratelimitheader.Policy{Name: `burst "b"`, Quota: 10, Window: 10, PartitionKey: []byte{1, 2, 3}},
 	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	status, err := ingress.FormatRateLimit(
-		ingress.Status{Name: "per-minute", Remaining: 40, Reset: 30 * time.Second},
-		ingress.Status{Name: `burst "b"`, Remaining: 3, Reset: 1500 * time.Millisecond, PartitionKey: []byte("k")},
+	status, err := ratelimitheader.FormatRateLimit(
+		ratelimitheader.Status{Name: "per-minute", Remaining: 40, Reset: 30},
+		ratelimitheader.Status{Name: `burst "b"`, Remaining: 3, Reset: 2, PartitionKey: []byte("k")},
+		ratelimitheader.Status{Name: "no t", Remaining: 1, Reset: ratelimitheader.NoReset},
 	)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := http.Header{"Ratelimit-Policy": {policy}, "Ratelimit": {status}}
 	q, ok := ParseQuota(h, now)
-	// 40 in 30 s is 1.33/s; 3 in 2 s (1.5 s rounded up) is 1.5/s.
+	// 40 in 30 s is 1.33/s; 3 in 2 s is 1.5/s; "no t" has no policy, so no reset.
 	want := Quota{Policy: "per-minute", Remaining: 40, Reset: 30 * time.Second}
 	if !ok || q != want {
 		t.Errorf("%s / %s: %+v %v, want %+v", status, policy, q, ok, want)
@@ -144,67 +100,6 @@ func TestParseQuota(t *testing.T) {
 		}
 	}
 }
-
-// formatSF writes members back (String names and Integer parameters only) for the
-// round trip of FuzzParseSFList.
-func formatSF(ms []sfMember) string {
-	var b strings.Builder
-	for i, m := range ms {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		if m.isName {
-			b.WriteString(strconv.Quote(m.name)) // printable ASCII: the same escapes
-		} else {
-			b.WriteString("?1")
-		}
-		for _, p := range m.params {
-			if p.isInt {
-				fmt.Fprintf(&b, ";%s=%d", p.key, p.val)
-			} else {
-				fmt.Fprintf(&b, ";%s", p.key)
-			}
-		}
-	}
-	return b.String()
-}
-
-// FuzzParseSFList: no input panics; what parses, written back, parses to the same.
-func FuzzParseSFList(f *testing.F) {
-	for _, s := range []string{
-		`"a";r=42;t=17`, `"a";q=100;w=60, "b";q=5;w=1;pk=:YWJj:`, `(1 2);x, ?0, @1700000000`,
-		`%"caf%c3%a9"`, `tok/en:x;r=1.5;flag`, `"q\"uo\\te"`, `"a",`, `-`, `(`, `"`, `:`,
-	} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		ms, err := parseSFList(s)
-		if err != nil {
-			return
-		}
-		for _, m := range ms {
-			for _, p := range m.params {
-				if p.isInt && (p.val > maxSFInt || p.val < -maxSFInt) {
-					t.Fatalf("%q: integer %d out of range", s, p.val)
-				}
-			}
-		}
-		again, err := parseSFList(formatSF(ms))
-		if err != nil {
-			t.Fatalf("%q parsed to %+v, written back %q fails: %v", s, ms, formatSF(ms), err)
-		}
-		for i := range ms {
-			if !ms[i].isName { // written back as ?1: only its parameters survive
-				ms[i].name = ""
-			}
-		}
-		if len(ms) != len(again) || !reflect.DeepEqual(ms, again) && len(ms) > 0 {
-			t.Fatalf("%q: %+v, round trip %+v", s, ms, again)
-		}
-	})
-}
-
-const maxSFInt = 999_999_999_999_999
 
 // FuzzParseQuota: no header panics the reader, and a quota it returns is usable.
 func FuzzParseQuota(f *testing.F) {

@@ -1,0 +1,67 @@
+package ingress
+
+import (
+	"math"
+	"net/http"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/ratelimitheader"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// TestRateLimitFieldsReadBack: the RateLimit-Policy and RateLimit the front door writes
+// read back, with the codec the pacing client uses, to the decision they were written
+// for, its durations rounded up to whole seconds; a name the fields cannot carry leaves
+// both out and the X- fields in.
+func TestRateLimitFieldsReadBack(t *testing.T) {
+	rule := &rules.Rule{Name: `orders "eu"`, Limits: []limiter.Limit{
+		{Algorithm: limiter.FixedWindow, Rate: 100, Period: 90 * time.Second},
+		{Algorithm: limiter.TokenBucket, Rate: 1, Period: 1500 * time.Millisecond, Burst: 4},
+	}}
+	d := limiter.Decision{Limit: 4, Remaining: 2, ResetAfter: 2500 * time.Millisecond}
+	h := http.Header{}
+	WriteRateLimitHeaders(h, rule, 1, d)
+	policies, err := ratelimitheader.ParsePolicy(h.Get("RateLimit-Policy"))
+	// The bucket refills 4 in 6 s.
+	if want := []ratelimitheader.Policy{{Name: rule.Name, Quota: 4, Window: 6}}; err != nil || !reflect.DeepEqual(policies, want) {
+		t.Errorf("RateLimit-Policy %q: %+v, %v; want %+v", h.Get("RateLimit-Policy"), policies, err, want)
+	}
+	statuses, err := ratelimitheader.ParseRateLimit(h.Get("RateLimit"))
+	if want := []ratelimitheader.Status{{Name: rule.Name, Remaining: 2, Reset: 3}}; err != nil || !reflect.DeepEqual(statuses, want) {
+		t.Errorf("RateLimit %q: %+v, %v; want %+v", h.Get("RateLimit"), statuses, err, want)
+	}
+
+	bad := &rules.Rule{Name: "café", Limits: rule.Limits}
+	h = http.Header{}
+	WriteRateLimitHeaders(h, bad, 0, d)
+	if _, ok := h["Ratelimit-Policy"]; ok {
+		t.Errorf("RateLimit-Policy written for a non-ASCII name: %q", h.Get("RateLimit-Policy"))
+	}
+	if _, ok := h["Ratelimit"]; ok {
+		t.Errorf("RateLimit written for a non-ASCII name: %q", h.Get("RateLimit"))
+	}
+	if h.Get("X-Ratelimit-Limit") != "4" || h.Get("X-Ratelimit-Remaining") != "2" {
+		t.Errorf("X- fields: %v", h)
+	}
+}
+
+func TestRetryAfterSecondsRoundsUpWithoutOverflow(t *testing.T) {
+	for d, want := range map[time.Duration]int64{
+		-time.Second:                   0,
+		0:                              0,
+		1:                              1,
+		time.Second:                    1,
+		time.Second + 1:                2,
+		limiter.Never - 1:              int64(limiter.Never/time.Second) + 1,
+		limiter.Never:                  int64(limiter.Never/time.Second) + 1,
+		time.Duration(math.MinInt64):   0,
+		999_999_999 * time.Millisecond: 1_000_000,
+	} {
+		if got := RetryAfterSeconds(d); got != want {
+			t.Errorf("RetryAfterSeconds(%d) = %d, want %d", d, got, want)
+		}
+	}
+}
