@@ -2,6 +2,10 @@
 // validation. It imports nothing of NATS, so the rules package compiles `queues:` into
 // it and a program that only reads rules links no NATS client or server; the queue
 // package declares queues from it.
+//
+// Its rates are the limiter's (Outflow and FlowBy.Rate are a limiter.Rate, FlowBy.Limit
+// the limiter.Limit that paces a flow): the queue layer builds on the limiter, so that
+// import points down, and the limiter knows nothing of queues.
 package queueconfig
 
 import (
