@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -19,7 +20,7 @@ func TestAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	if _, err := newMetrics(reg); err != nil {
+	if _, err := decide.NewMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
 	redisUp := true

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"hash"
 	"io"
 	"log/slog"
@@ -15,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/ingress/proxy"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/ratelimitheader"
@@ -115,9 +116,7 @@ func parkHeader(ids *ClientIdentity, r *http.Request) http.Header {
 // Middleware checks requests against rules. Create it with New.
 type Middleware struct {
 	rules    RulesSource
-	limiter  limiter.Limiter
-	reserver limiter.Reserver // lim's, for wait rules; nil: they reject
-	waiting  waiters
+	engine   *decide.Engine
 	ids      *ClientIdentity
 	deferrer Deferrer
 	shadow   bool
@@ -125,12 +124,10 @@ type Middleware struct {
 	scopeKey []byte
 	log      *slog.Logger
 	reg      prometheus.Registerer
-	metrics  *metrics
 	tp       trace.TracerProvider
 	tracer   trace.Tracer // nil: tracing off
 
 	checks sync.Pool // *[]rules.Check, reused across requests
-	seen   atomic.Pointer[rules.Set]
 }
 
 // Option configures a Middleware.
@@ -161,7 +158,7 @@ func WithIdempotencyScopeKey(key []byte) Option {
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(m *Middleware) { m.log = l } }
 
-// WithRegisterer registers the middleware's metrics on reg (see NewDecisionMetrics:
+// WithRegisterer registers the middleware's metrics on reg (see decide.NewMetrics:
 // several middlewares, and the Envoy services, share the series of one registry).
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(m *Middleware) { m.reg = reg }
@@ -190,8 +187,7 @@ func New(src RulesSource, lim limiter.Limiter, opts ...Option) (*Middleware, err
 	if err != nil {
 		return nil, err
 	}
-	m := &Middleware{rules: src, limiter: lim, ids: ids, maxBody: DefaultMaxBody, log: slog.Default()}
-	m.reserver, _ = lim.(limiter.Reserver)
+	m := &Middleware{rules: src, ids: ids, maxBody: DefaultMaxBody, log: slog.Default()}
 	for _, o := range opts {
 		o(m)
 	}
@@ -201,8 +197,8 @@ func New(src RulesSource, lim limiter.Limiter, opts ...Option) (*Middleware, err
 	case m.log == nil:
 		return nil, errors.New("ingress: WithLogger(nil)")
 	}
-	if m.metrics, err = newMetrics(m.reg); err != nil {
-		return nil, err
+	if m.engine, err = decide.New(lim, decide.WithShadow(m.shadow), decide.WithLogger(m.log), decide.WithRegisterer(m.reg)); err != nil {
+		return nil, fmt.Errorf("ingress: %w", err)
 	}
 	m.tracer = telemetry.Tracer(m.tp)
 	m.checks.New = func() any { s := make([]rules.Check, 0, 8); return &s }
@@ -262,9 +258,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 	}
 	set := m.rules.Set()
-	if old := m.seen.Load(); old != set && m.seen.CompareAndSwap(old, set) {
-		m.metrics.initRules(set) // a new set: create its series at 0
-	}
+	m.engine.Use(set)
 	client := m.ids.Group(m.ids.Addr(r))
 	buf := m.checks.Get().(*[]rules.Check)
 	defer m.checks.Put(buf)
@@ -290,21 +284,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.tracer != nil {
 		ctx, span = m.startDecision(r)
 	}
-	v := m.decide(ctx, checks)
-	var (
-		holds []held
-		wait  time.Duration
-	)
-	if len(v.waits) > 0 && v.violated == nil && (r.Header[HeaderNotBefore] == nil || m.deferrer == nil) {
-		holds, wait = m.reserve(ctx, checks, &v)
+	v := m.engine.Decide(ctx, &decide.Request{Checks: checks, Hold: true})
+	if v.Violated == nil && (r.Header[HeaderNotBefore] == nil || m.deferrer == nil) {
+		m.engine.Reserve(ctx, checks, &v)
 	}
-	v.writeHeaders(w.Header())
-	deferring := v.violated != nil && v.violated.Parks() && m.deferrer != nil && noPark == ""
+	if v.ClosestRule != nil {
+		WriteRateLimitHeaders(w.Header(), v.ClosestRule, v.ClosestLimit, v.Closest)
+	}
+	deferring := v.Violated != nil && v.Violated.Parks() && m.deferrer != nil && noPark == ""
 	if span != nil {
 		endDecision(span, route, &v, deferring)
 	}
 	switch {
-	case v.violated == nil && r.Header[HeaderNotBefore] != nil && m.deferrer != nil:
+	case v.Violated == nil && r.Header[HeaderNotBefore] != nil && m.deferrer != nil:
 		// A client that asks for a delivery time wants its order queued, over the
 		// limit or not: park it in the queue of the route's defer rule.
 		rule := schedulingRule(checks)
@@ -317,42 +309,42 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		default: // in its lane, as over the limit
 			m.deferrer.Defer(w, r, m.deferral(route, rule, r, client))
 		}
-	case v.violated == nil:
+	case v.Violated == nil:
 		if ra, ok := m.deferrer.(RepeatAnswerer); ok && noPark == "" && r.Header["Idempotency-Key"] != nil {
 			if rule := schedulingRule(checks); rule != nil {
 				var answered bool
 				if r, answered = ra.AnswerRepeat(w, r, m.deferral(route, rule, r, client)); answered {
 					// Answered from the queue, not held: its places among max_waiting
 					// and its slots go back.
-					m.release(ctx, holds, true)
+					m.engine.Cancel(ctx, &v)
 					return
 				}
 			}
 		}
 		switch {
-		case len(holds) == 0:
-		case check && wait > 0:
-			m.answerWait(ctx, w, holds, &v, wait)
+		case !v.Holding():
+		case check && v.Wait > 0:
+			m.answerWait(ctx, w, &v)
 			return
-		case !m.hold(r.Context(), holds, wait):
+		case !m.engine.Hold(r.Context(), &v):
 			return // the client went away; its slots were given back
 		default:
-			w.Header().Set(HeaderWaited, formatWaited(wait))
+			w.Header().Set(HeaderWaited, formatWaited(v.Wait))
 		}
 		next.ServeHTTP(w, r)
 	case deferring:
 		if span != nil {
 			r = r.WithContext(ctx) // the park's span is the decision's child
 		}
-		d := m.deferral(route, v.violated, r, client)
-		d.RetryAfter = v.retryAfter
+		d := m.deferral(route, v.Violated, r, client)
+		d.RetryAfter = v.RetryAfter
 		m.deferrer.Defer(w, r, d)
 	default:
-		m.log.Debug("rate limited", "rule", v.violated.Name, "route", route.Name,
-			"client", clientHash(client), "retry_after", v.retryAfter)
-		SetRetryAfter(w.Header(), v.retryAfter)
-		p := quotaExceeded(v.violatedNames, v.closest.Limit, v.retryAfter)
-		if v.violated.Parks() && noPark != "" {
+		m.log.Debug("rate limited", "rule", v.Violated.Name, "route", route.Name,
+			"client", clientHash(client), "retry_after", v.RetryAfter)
+		SetRetryAfter(w.Header(), v.RetryAfter)
+		p := quotaExceeded(v.ViolatedNames, v.Closest.Limit, v.RetryAfter)
+		if v.Violated.Parks() && noPark != "" {
 			p.Detail += " The rule defers requests over its limit, but " + noPark
 		}
 		writeProblem(w, p)
@@ -438,16 +430,16 @@ func (m *Middleware) startDecision(r *http.Request) (context.Context, trace.Span
 
 // endDecision describes verdict v on span and ends it. Attributes are built only for a
 // recording span.
-func endDecision(span trace.Span, route *rules.Route, v *verdict, deferring bool) {
+func endDecision(span trace.Span, route *rules.Route, v *decide.Verdict, deferring bool) {
 	if span.IsRecording() {
-		outcome, rule := OutcomeAllowed, ""
+		outcome, rule := decide.OutcomeAllowed, ""
 		switch {
-		case v.violated != nil && deferring:
-			outcome, rule = OutcomeDeferred, v.violated.Name
-		case v.violated != nil:
-			outcome, rule = OutcomeRejected, v.violated.Name
-		case v.closestRule != nil:
-			rule = v.closestRule.Name
+		case v.Violated != nil && deferring:
+			outcome, rule = decide.OutcomeDeferred, v.Violated.Name
+		case v.Violated != nil:
+			outcome, rule = decide.OutcomeRejected, v.Violated.Name
+		case v.ClosestRule != nil:
+			rule = v.ClosestRule.Name
 		}
 		span.SetAttributes(
 			attribute.String("sluice.route", route.Name),
@@ -464,175 +456,6 @@ func SetRetryAfter(h http.Header, d time.Duration) {
 	secs := strconv.FormatInt(RetryAfterSeconds(d), 10)
 	h.Set("Retry-After", secs)
 	h.Set("X-Ratelimit-Retry-After", secs)
-}
-
-// verdict is the outcome of every check of one request.
-type verdict struct {
-	// closest is the decision closest to running out, which the headers describe.
-	closest     limiter.Decision
-	closestRule *rules.Rule
-	closestIdx  int
-	// violated is the enforced rule over its limit with the longest wait; nil when the
-	// request may pass. A reject rule wins over a defer rule: it is more restrictive.
-	violated      *rules.Rule
-	violatedNames []string
-	retryAfter    time.Duration
-	// waits are the indices of the checks of wait rules that hold requests: decided
-	// by reserving a slot (see Middleware.reserve) once every other rule allows.
-	waits []int
-}
-
-func (m *Middleware) decide(ctx context.Context, checks []rules.Check) verdict {
-	start := time.Now()
-	var (
-		v     verdict
-		quota QuotaTally
-		// exhausted are the quota rules over their limit, settled once every check
-		// is decided (on the stack for the usual few).
-		buf       [8]*rules.Rule
-		exhausted = buf[:0]
-	)
-	for i := range checks {
-		c := &checks[i]
-		rule := c.Rule
-		if rule.OnLimit == rules.Wait && m.reserver != nil && !rule.Shadow && !m.shadow && !rule.Quota && len(rule.Limits) == 1 {
-			v.waits = append(v.waits, i)
-			continue
-		}
-		d, err := DecideCheck(ctx, m.limiter, c, 1)
-		if err != nil {
-			// Only an invalid limit errs, and rules never compile one: let the
-			// request through rather than fail it, and say so.
-			m.log.Error("limiter failed", "rule", rule.Name, "err", err)
-		}
-		if d.ClosestLimit >= 0 && (v.closestRule == nil || Closer(d.Closest, v.closest)) {
-			v.closest, v.closestRule, v.closestIdx = d.Closest, rule, d.ClosestLimit
-		}
-		outcome := OutcomeAllowed
-		switch {
-		case rule.Quota && quota.Add(rule, d):
-			exhausted = append(exhausted, rule)
-			continue
-		case d.Over:
-			outcome = m.judge(&v, rule, d.RetryAfter)
-		case d.Failed:
-			outcome = OutcomeError
-		}
-		m.metrics.Count(rule.Name, outcome)
-	}
-	// The quota rules deny only all together; the request then passes again once
-	// one of them has room.
-	denied := quota.Exhausted()
-	for _, rule := range exhausted {
-		outcome := OutcomeQuotaExhausted
-		if denied {
-			outcome = m.judge(&v, rule, quota.RetryAfter())
-		}
-		m.metrics.Count(rule.Name, outcome)
-	}
-	m.metrics.ObserveContext(ctx, time.Since(start))
-	return v
-}
-
-// RuleDecision is the outcome of every limit of one check.
-type RuleDecision struct {
-	// Over reports that a limit refused, or that the rule denies everything.
-	Over bool
-	// Failed reports that the limiter erred on some limit (only an invalid limit or
-	// request size does); that limit was skipped.
-	Failed bool
-	// Closest is the decision of the limit closest to running out, ClosestLimit its
-	// index in Rule.Limits (-1 when no limit was decided: unlimited, deny, failed).
-	Closest      limiter.Decision
-	ClosestLimit int
-	// RetryAfter is, when Over, the longest wait of the limits that refused. A limit
-	// that can never allow n (more than its capacity: limiter.Never) waits as a
-	// block-list rule does (an hour): the same request never passes, and the client
-	// must not be told to retry it at once, nor given a wait no header can carry.
-	RetryAfter time.Duration
-}
-
-// DecideCheck asks lim for n units under every limit of c, as the front door does for
-// each check of a request; it returns the first limiter error beside the decision.
-func DecideCheck(ctx context.Context, lim limiter.Limiter, c *rules.Check, n int64) (RuleDecision, error) {
-	rule := c.Rule
-	out := RuleDecision{Over: rule.Deny, ClosestLimit: -1}
-	if rule.Deny {
-		out.RetryAfter = denyRetryAfter
-	}
-	var first error
-	for j, l := range rule.Limits {
-		d, err := lim.AllowN(ctx, c.Key(j), l, n)
-		if err != nil {
-			out.Failed = true
-			if first == nil {
-				first = err
-			}
-			continue
-		}
-		if out.ClosestLimit < 0 || Closer(d, out.Closest) {
-			out.Closest, out.ClosestLimit = d, j
-		}
-		if !d.Allowed {
-			out.Over = true
-			wait := d.RetryAfter
-			if wait == limiter.Never {
-				wait = denyRetryAfter
-			}
-			out.RetryAfter = max(out.RetryAfter, wait)
-		}
-	}
-	return out, first
-}
-
-// denyRetryAfter is what a block-list rule (requests_per_unit: 0) tells clients.
-const denyRetryAfter = time.Hour
-
-// judge records that rule is over its limit, a request may retry after retryAfter,
-// and returns the outcome to count.
-func (m *Middleware) judge(v *verdict, rule *rules.Rule, retryAfter time.Duration) string {
-	if rule.Shadow || m.shadow {
-		m.log.Debug("over the limit in shadow mode", "rule", rule.Name, "retry_after", retryAfter)
-		return OutcomeShadowDenied
-	}
-	v.violatedNames = append(v.violatedNames, rule.Name)
-	if v.violated == nil || moreRestrictive(rule, retryAfter, v.violated, v.retryAfter) {
-		v.violated, v.retryAfter = rule, retryAfter
-	}
-	if rule.Parks() {
-		return OutcomeDeferred
-	}
-	return OutcomeRejected
-}
-
-// moreRestrictive orders violations: rejecting is more restrictive than deferring,
-// then a longer wait is.
-func moreRestrictive(a *rules.Rule, aWait time.Duration, b *rules.Rule, bWait time.Duration) bool {
-	aRejects, bRejects := !a.Parks(), !b.Parks()
-	if aRejects != bRejects {
-		return aRejects
-	}
-	return aWait > bWait
-}
-
-// Closer reports whether a is closer to running out than b: fewer remaining, then a
-// longer wait. The rate-limit headers describe the closest decision.
-func Closer(a, b limiter.Decision) bool {
-	if a.Remaining != b.Remaining {
-		return a.Remaining < b.Remaining
-	}
-	if a.RetryAfter != b.RetryAfter {
-		return a.RetryAfter > b.RetryAfter
-	}
-	return a.ResetAfter > b.ResetAfter
-}
-
-// writeHeaders sets the rate-limit headers for the closest decision.
-func (v *verdict) writeHeaders(h http.Header) {
-	if v.closestRule == nil {
-		return
-	}
-	WriteRateLimitHeaders(h, v.closestRule, v.closestIdx, v.closest)
 }
 
 // WriteRateLimitHeaders sets X-Ratelimit-Limit, X-Ratelimit-Remaining, RateLimit-Policy

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -164,7 +165,7 @@ func TestRejectsWithHeadersAndProblem(t *testing.T) {
 	if w := f.do("POST", "/v1/orders", "198.51.100.1:1000", "X-User-ID", "bob"); w.Code != http.StatusOK {
 		t.Errorf("other user: status %d", w.Code)
 	}
-	if got := counterValue(t, f.reg, "orders_per_user", OutcomeRejected); got != 1 {
+	if got := counterValue(t, f.reg, "orders_per_user", decide.OutcomeRejected); got != 1 {
 		t.Errorf("rejected counter %v, want 1", got)
 	}
 }
@@ -275,7 +276,7 @@ func TestShadowModeCountsButNeverEnforces(t *testing.T) {
 		if global {
 			rule = "orders_per_user"
 		}
-		if got := counterValue(t, f.reg, rule, OutcomeShadowDenied); got == 0 {
+		if got := counterValue(t, f.reg, rule, decide.OutcomeShadowDenied); got == 0 {
 			t.Errorf("global=%v: no shadow rejections counted", global)
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -29,11 +30,11 @@ func TestTwoInstancesOneRegistry(t *testing.T) {
 		r := httptest.NewRequest("GET", "/v1/search", nil)
 		m.Wrap(ok).ServeHTTP(httptest.NewRecorder(), r)
 	}
-	if got := counterValue(t, reg, "search", OutcomeAllowed); got != 2 {
+	if got := counterValue(t, reg, "search", decide.OutcomeAllowed); got != 2 {
 		// a allows once, b allows once and then shadow-rejects (search is shadow, 1/min)
 		t.Errorf("allowed = %v, want 2 (both middlewares count into one series)", got)
 	}
-	if got := counterValue(t, reg, "search", OutcomeShadowDenied); got != 1 {
+	if got := counterValue(t, reg, "search", decide.OutcomeShadowDenied); got != 1 {
 		t.Errorf("shadow_rejected = %v, want 1", got)
 	}
 	up := &url.URL{Scheme: "http", Host: "127.0.0.1:1"}
@@ -42,8 +43,8 @@ func TestTwoInstancesOneRegistry(t *testing.T) {
 			t.Fatalf("proxy %d on a shared registry: %v", i+1, err)
 		}
 	}
-	if _, err := NewDecisionMetrics(reg); err != nil {
-		t.Errorf("NewDecisionMetrics on a registry the middlewares use: %v", err)
+	if _, err := decide.NewMetrics(reg); err != nil {
+		t.Errorf("decide.NewMetrics on a registry the middlewares use: %v", err)
 	}
 }
 
@@ -61,8 +62,8 @@ func TestRegistryClash(t *testing.T) {
 	if _, err := New(StaticRules{set}, limiter.NewMemory(), WithRegisterer(clash("sluice_decisions_total", "rule", "outcome"))); err == nil {
 		t.Error("New on a registry with a clashing sluice_decisions_total succeeded")
 	}
-	if _, err := NewDecisionMetrics(clash("sluice_decision_duration_seconds")); err == nil {
-		t.Error("NewDecisionMetrics on a clashing registry succeeded")
+	if _, err := decide.NewMetrics(clash("sluice_decision_duration_seconds")); err == nil {
+		t.Error("decide.NewMetrics on a clashing registry succeeded")
 	}
 	up := &url.URL{Scheme: "http", Host: "127.0.0.1:1"}
 	if _, err := NewProxy(up, WithProxyRegisterer(clash("sluice_upstream_requests_total", "class"))); err == nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -70,8 +71,8 @@ func TestQuotaModeOverHTTP(t *testing.T) {
 			{path: "/quota", status: 200, remaining: "0"},
 			{path: "/quota", status: 200, remaining: "0"},
 		}, outcomes: map[string]map[string]float64{
-			"service_1": {OutcomeAllowed: 1, OutcomeQuotaExhausted: 1},
-			"service_2": {OutcomeAllowed: 2},
+			"service_1": {decide.OutcomeAllowed: 1, decide.OutcomeQuotaExhausted: 1},
+			"service_2": {decide.OutcomeAllowed: 2},
 		}},
 		{name: "every quota exhausted: 429, retry when the first has room", reqs: []req{
 			{path: "/quota", status: 200},
@@ -79,8 +80,8 @@ func TestQuotaModeOverHTTP(t *testing.T) {
 			{path: "/quota", advance: 20 * time.Second, status: 429, remaining: "0", retryAfter: "40", violated: []string{"service_1", "service_2"}},
 			{path: "/quota", advance: 40 * time.Second, status: 200, remaining: "0"},
 		}, outcomes: map[string]map[string]float64{
-			"service_1": {OutcomeAllowed: 2, OutcomeQuotaExhausted: 1, OutcomeRejected: 1},
-			"service_2": {OutcomeAllowed: 2, OutcomeRejected: 1, OutcomeQuotaExhausted: 1},
+			"service_1": {decide.OutcomeAllowed: 2, decide.OutcomeQuotaExhausted: 1, decide.OutcomeRejected: 1},
+			"service_2": {decide.OutcomeAllowed: 2, decide.OutcomeRejected: 1, decide.OutcomeQuotaExhausted: 1},
 		}},
 		{name: "the only quota exhausted: 429", reqs: []req{
 			{path: "/one", status: 200, remaining: "0"},
@@ -90,8 +91,8 @@ func TestQuotaModeOverHTTP(t *testing.T) {
 			{path: "/mixed", user: "u", status: 200, remaining: "0"},
 			{path: "/mixed", user: "u", status: 429, retryAfter: "60", violated: []string{"per_user"}},
 		}, outcomes: map[string]map[string]float64{
-			"service_2": {OutcomeAllowed: 2},
-			"per_user":  {OutcomeAllowed: 1, OutcomeRejected: 1},
+			"service_2": {decide.OutcomeAllowed: 2},
+			"per_user":  {decide.OutcomeAllowed: 1, decide.OutcomeRejected: 1},
 		}},
 	}
 	set, err := rules.Parse(rules.File{Name: "svc.yaml", Data: []byte(quotaRules)})
@@ -195,7 +196,7 @@ func TestQuotaSeriesOnlyForQuotaRules(t *testing.T) {
 					outcome = l.GetValue()
 				}
 			}
-			if outcome == OutcomeQuotaExhausted {
+			if outcome == decide.OutcomeQuotaExhausted {
 				got = append(got, rule)
 			}
 		}

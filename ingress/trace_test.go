@@ -8,6 +8,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/queue/telemetry/telemetrytest"
 )
 
@@ -54,9 +55,9 @@ func TestDecisionSpan(t *testing.T) {
 			t.Errorf("span %d has parent %s, want the client's span", i, got)
 		}
 		a := attrs(s)
-		wantOutcome := OutcomeAllowed
+		wantOutcome := decide.OutcomeAllowed
 		if i == 3 {
-			wantOutcome = OutcomeRejected
+			wantOutcome = decide.OutcomeRejected
 		}
 		if a["sluice.outcome"] != wantOutcome || a["sluice.rule"] != "orders_per_user" || a["sluice.route"] != "orders" {
 			t.Errorf("span %d attributes %v, want outcome %s of rule orders_per_user on route orders", i, a, wantOutcome)

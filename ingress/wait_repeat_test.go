@@ -87,7 +87,7 @@ func TestWaitRepeatAnswerGivesTheHoldBack(t *testing.T) {
 		}
 	}
 	rule := m.rules.Set().Rules()[0]
-	if n := m.waiting.of(rule).Load(); n != 0 {
+	if n := m.engine.Holding(rule); n != 0 {
 		t.Errorf("after two repeats answered from the queue, %d requests count as held (max_waiting 2)", n)
 	}
 	if code := do(""); code != http.StatusOK || reached.Load() != 1 {

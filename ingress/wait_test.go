@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -46,6 +47,7 @@ queues:
 // still: every reservation is made at one instant, so the waits are exact.
 type waitFixture struct {
 	m       *Middleware
+	store   *limiter.Memory
 	handler http.Handler
 	reg     *prometheus.Registry
 	reached atomic.Int64
@@ -69,8 +71,8 @@ func newWaitFixture(t *testing.T, unit, maxWait, maxWaiting, then string) *waitF
 	}
 	f := &waitFixture{reg: prometheus.NewRegistry()}
 	now := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-	store := limiter.NewMemory(limiter.WithClock(func() time.Time { return now }))
-	f.m = mustNew(t, StaticRules{set}, store, WithRegisterer(f.reg), WithDeferrer(recordingDeferrer{&f.parked}))
+	f.store = limiter.NewMemory(limiter.WithClock(func() time.Time { return now }))
+	f.m = mustNew(t, StaticRules{set}, f.store, WithRegisterer(f.reg), WithDeferrer(recordingDeferrer{&f.parked}))
 	f.handler = f.m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.reached.Add(1)
 		w.WriteHeader(http.StatusOK)
@@ -121,7 +123,7 @@ func TestWaitHoldsUntilTheSlot(t *testing.T) {
 	if w := f.do(context.Background(), "b"); w.Code != http.StatusOK || w.Header().Get(HeaderWaited) != "0" {
 		t.Fatalf("another account: %d, waited %q", w.Code, w.Header().Get(HeaderWaited))
 	}
-	for outcome, want := range map[string]float64{OutcomeWaited: 3, OutcomeAllowed: 2, OutcomeRejected: 2} {
+	for outcome, want := range map[string]float64{decide.OutcomeWaited: 3, decide.OutcomeAllowed: 2, decide.OutcomeRejected: 2} {
 		if got := counterValue(t, f.reg, "pay", outcome); got != want {
 			t.Errorf("sluice_decisions_total{outcome=%q} = %v, want %v", outcome, got, want)
 		}
@@ -155,7 +157,7 @@ func TestWaitIsBoundedAndFreesAClientThatLeaves(t *testing.T) {
 		t.Fatalf("first request %d", w.Code)
 	}
 	rule := f.m.rules.Set().Rules()[0]
-	count := f.m.waiting.of(rule)
+	held := func() int64 { return f.m.engine.Holding(rule) }
 	ctxs := make([]context.CancelFunc, 2)
 	var wg sync.WaitGroup
 	var codes [2]int
@@ -163,7 +165,7 @@ func TestWaitIsBoundedAndFreesAClientThatLeaves(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ctxs[i] = cancel
 		wg.Go(func() { codes[i] = f.do(ctx, "a").Code })
-		waitFor(t, func() bool { return count.Load() == int64(i+1) })
+		waitFor(t, func() bool { return held() == int64(i+1) })
 	}
 	start := time.Now()
 	if w := f.do(context.Background(), "a"); w.Code != http.StatusTooManyRequests {
@@ -173,13 +175,13 @@ func TestWaitIsBoundedAndFreesAClientThatLeaves(t *testing.T) {
 	}
 	// The latest reservation first: each cancel then frees its slot.
 	ctxs[1]()
-	waitFor(t, func() bool { return count.Load() == 1 })
+	waitFor(t, func() bool { return held() == 1 })
 	ctxs[0]()
 	wg.Wait()
-	if count.Load() != 0 || f.reached.Load() != 1 {
-		t.Fatalf("held %d, reached %d after both clients left (codes %v)", count.Load(), f.reached.Load(), codes)
+	if held() != 0 || f.reached.Load() != 1 {
+		t.Fatalf("held %d, reached %d after both clients left (codes %v)", held(), f.reached.Load(), codes)
 	}
-	res, err := f.m.reserver.Reserve(context.Background(), rulesCheckKey(t, f.m, "a"), rule.Pace())
+	res, err := f.store.Reserve(context.Background(), rulesCheckKey(t, f.m, "a"), rule.Pace())
 	if err != nil || !res.OK || res.Wait != 6*time.Second {
 		t.Fatalf("after both left, the next reservation is %+v, %v; want the slot after the first request's", res, err)
 	}
@@ -205,7 +207,7 @@ func TestWaitCheckAnswersTheWait(t *testing.T) {
 		}
 	}
 	rule := f.m.rules.Set().Rules()[0]
-	res, err := f.m.reserver.Reserve(context.Background(), rulesCheckKey(t, f.m, "a"), rule.Pace())
+	res, err := f.store.Reserve(context.Background(), rulesCheckKey(t, f.m, "a"), rule.Pace())
 	if err != nil || res.Wait != 100*time.Millisecond {
 		t.Fatalf("after the refused checks the next slot waits %+v, %v; want 100ms (their slots given back)", res, err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -90,8 +90,8 @@ type QueueSample struct {
 // ErrBadReport is wrapped by the errors of a report that is not read.
 var ErrBadReport = errors.New("console: bad report")
 
-var knownOutcomes = []string{ingress.OutcomeAllowed, ingress.OutcomeRejected, ingress.OutcomeDeferred,
-	ingress.OutcomeShadowDenied, ingress.OutcomeError, ingress.OutcomeQuotaExhausted}
+var knownOutcomes = []string{decide.OutcomeAllowed, decide.OutcomeRejected, decide.OutcomeDeferred,
+	decide.OutcomeShadowDenied, decide.OutcomeError, decide.OutcomeQuotaExhausted}
 
 // ParseReport decodes and checks a report read from the bucket (see the limits
 // above).

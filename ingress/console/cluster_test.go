@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
@@ -39,7 +39,7 @@ func (f *fakeReplica) add(n float64) {
 func (f *fakeReplica) report(context.Context) Report {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Report{At: f.now(), Queues: f.queues, Decisions: []decisionSeries{{Rule: "orders", Outcome: ingress.OutcomeAllowed, Total: f.allowed}}}
+	return Report{At: f.now(), Queues: f.queues, Decisions: []decisionSeries{{Rule: "orders", Outcome: decide.OutcomeAllowed, Total: f.allowed}}}
 }
 
 // The JSON of data/cluster, as the page reads it.
@@ -231,11 +231,11 @@ func TestClusterDataProcessOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	m, err := ingress.NewDecisionMetrics(reg)
+	m, err := decide.NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Count("orders", ingress.OutcomeDeferred)
+	m.Count("orders", decide.OutcomeDeferred)
 	var p atomic.Pointer[queue.Store]
 	p.Store(store)
 	r := LocalReport(reg, &p)(ctx)
@@ -244,7 +244,7 @@ func TestClusterDataProcessOnly(t *testing.T) {
 	}
 	found := false
 	for _, d := range r.Decisions {
-		found = found || d.Rule == "orders" && d.Outcome == ingress.OutcomeDeferred && d.Total == 1
+		found = found || d.Rule == "orders" && d.Outcome == decide.OutcomeDeferred && d.Total == 1
 	}
 	if !found {
 		t.Errorf("local report's decisions %+v", r.Decisions)

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
@@ -67,12 +68,12 @@ func newFixture(t *testing.T, store *queue.Store, extra ...Option) *fixture {
 	start := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 	f.now.Store(&start)
 	reg := prometheus.NewRegistry()
-	m, err := ingress.NewDecisionMetrics(reg)
+	m, err := decide.NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Count("orders", ingress.OutcomeDeferred)
-	m.Count("orders", ingress.OutcomeAllowed)
+	m.Count("orders", decide.OutcomeDeferred)
+	m.Count("orders", decide.OutcomeAllowed)
 	admin := &ingress.Admin{Gatherer: reg, Rules: ingress.StaticRules{S: set}, Token: testToken,
 		Extra: map[string]http.Handler{"POST /sluice/v1/probe": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			h := r.Header.Clone()

@@ -10,7 +10,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -68,16 +68,16 @@ func TestShouldRateLimitQuotaMode(t *testing.T) {
 			{[][]string{svc1, svc2}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
 			{[][]string{svc1, svc2}, ok, []rlsv3.RateLimitResponse_Code{over, ok}, 0, false},
 		}, outcomes: map[string]map[string]float64{
-			"service_1": {ingress.OutcomeAllowed: 1, ingress.OutcomeQuotaExhausted: 1},
-			"service_2": {ingress.OutcomeAllowed: 2},
+			"service_1": {decide.OutcomeAllowed: 1, decide.OutcomeQuotaExhausted: 1},
+			"service_2": {decide.OutcomeAllowed: 2},
 		}},
 		{name: "every quota exhausted: OVER_LIMIT (quota.sh, third request)", calls: []call{
 			{[][]string{svc1, svc2}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
 			{[][]string{svc1, svc2}, ok, []rlsv3.RateLimitResponse_Code{over, ok}, 0, false},
 			{[][]string{svc1, svc2}, over, []rlsv3.RateLimitResponse_Code{over, over}, 0, true},
 		}, outcomes: map[string]map[string]float64{
-			"service_1": {ingress.OutcomeQuotaExhausted: 1, ingress.OutcomeRejected: 1},
-			"service_2": {ingress.OutcomeAllowed: 2, ingress.OutcomeRejected: 1},
+			"service_1": {decide.OutcomeQuotaExhausted: 1, decide.OutcomeRejected: 1},
+			"service_2": {decide.OutcomeAllowed: 2, decide.OutcomeRejected: 1},
 		}},
 		{name: "the only quota exhausted: OVER_LIMIT", calls: []call{
 			{[][]string{svc1}, ok, []rlsv3.RateLimitResponse_Code{ok}, 0, false},
@@ -87,8 +87,8 @@ func TestShouldRateLimitQuotaMode(t *testing.T) {
 			{[][]string{svc2, plain}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 1, false},
 			{[][]string{svc2, plain}, over, []rlsv3.RateLimitResponse_Code{ok, over}, 0, true},
 		}, outcomes: map[string]map[string]float64{
-			"service_2": {ingress.OutcomeAllowed: 2},
-			"plain":     {ingress.OutcomeAllowed: 1, ingress.OutcomeRejected: 1},
+			"service_2": {decide.OutcomeAllowed: 2},
+			"plain":     {decide.OutcomeAllowed: 1, decide.OutcomeRejected: 1},
 		}},
 		{name: "every quota exhausted beside a normal descriptor with room: OVER_LIMIT", calls: []call{
 			{[][]string{svc1, {"plain", "a"}}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
@@ -98,8 +98,8 @@ func TestShouldRateLimitQuotaMode(t *testing.T) {
 			{[][]string{svc1, {"shadowed", "x"}}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
 			{[][]string{svc1, {"shadowed", "x"}}, ok, []rlsv3.RateLimitResponse_Code{over, ok}, 0, false},
 		}, outcomes: map[string]map[string]float64{
-			"service_1": {ingress.OutcomeQuotaExhausted: 1},
-			"shadowed":  {ingress.OutcomeShadowDenied: 1},
+			"service_1": {decide.OutcomeQuotaExhausted: 1},
+			"shadowed":  {decide.OutcomeShadowDenied: 1},
 		}},
 		{name: "an unlimited quota descriptor is left out of the count", calls: []call{
 			{[][]string{svc1, {"free", "x"}}, ok, []rlsv3.RateLimitResponse_Code{ok, ok}, 0, false},
@@ -182,7 +182,7 @@ func TestShouldRateLimitQuotaModeDetails(t *testing.T) {
 		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
 			t.Fatalf("%v", resp)
 		}
-		if got := decisions(t, reg, "service_1", ingress.OutcomeShadowDenied); got != 1 {
+		if got := decisions(t, reg, "service_1", decide.OutcomeShadowDenied); got != 1 {
 			t.Errorf("shadow_rejected = %v, want 1", got)
 		}
 	})

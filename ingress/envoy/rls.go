@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -44,13 +44,12 @@ type RateLimitService struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	rules   ingress.RulesSource
 	limiter limiter.Limiter
+	engine  *decide.Engine
 	reg     prometheus.Registerer
-	metrics *ingress.DecisionMetrics
 	shadow  bool
 	headers bool
 	dynMeta bool
 	log     *slog.Logger
-	seen    atomic.Pointer[rules.Set]
 }
 
 // Option configures a RateLimitService.
@@ -102,17 +101,10 @@ func NewRateLimitService(src ingress.RulesSource, lim limiter.Limiter, opts ...O
 		return nil, errors.New("envoy: WithLogger(nil)")
 	}
 	var err error
-	if s.metrics, err = ingress.NewDecisionMetrics(s.reg); err != nil {
-		return nil, err
+	if s.engine, err = decide.New(lim, decide.WithShadow(s.shadow), decide.WithLogger(s.log), decide.WithRegisterer(s.reg)); err != nil {
+		return nil, fmt.Errorf("envoy: %w", err)
 	}
 	return s, nil
-}
-
-// closest is the decision that the response headers describe.
-type closest struct {
-	rule  *rules.Rule
-	limit int
-	d     limiter.Decision
 }
 
 // ShouldRateLimit implements the rate limit service. Each descriptor is looked up in
@@ -128,26 +120,38 @@ type closest struct {
 // Envoy's quota_mode) and every one is over its limit; a quota-mode descriptor over
 // its limit keeps its status OVER_LIMIT (limit_remaining 0) whatever the overall code,
 // which is how an exhausted quota is reported. A descriptor with a `limit` override is
-// never in quota mode, as in Envoy's service.
+// never in quota mode, as in Envoy's service. The descriptors are decided by the
+// front door's engine (package ingress/decide), with the hits as their cost and every
+// rule rejecting: a defer or wait rule over its limit is OVER_LIMIT. A request refused
+// as InvalidArgument charges nothing.
 func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	start := time.Now()
 	set := s.rules.Set()
-	if old := s.seen.Load(); old != set && s.seen.CompareAndSwap(old, set) {
-		s.metrics.InitRules(set)
-	}
+	s.engine.Use(set)
 	// One allocation holds the response, the messages it points to and the
 	// lookup's scratch when there is one descriptor, the usual case.
 	c := new(call)
 	resp, slots := &c.resp, c.slots[:]
 	resp.OverallCode, resp.Statuses = rlsv3.RateLimitResponse_OK, c.statuses[:]
-	entries, descs, byDesc, checks := c.entries[:0], c.descs[:], c.byDesc[:], c.checks[:0]
-	if n := len(req.Descriptors); n > 1 {
+	entries, descs, checks := c.entries[:0], c.descs[:], c.checks[:0]
+	n := len(req.Descriptors)
+	if n > 1 {
 		resp.Statuses, slots = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n), make([]statusSlot, n)
 		entries, descs = make([]rules.Entry, 0, 2*n), make([][]rules.Entry, n)
-		byDesc, checks = make([]*rules.Check, n), make([]rules.Check, 0, n)
+		checks = make([]rules.Check, 0, n)
+	}
+	// The checks to charge, their hits and their results: on the stack for up to
+	// four.
+	var (
+		fewChecks  [4]rules.Check
+		fewHits    [4]int64
+		fewResults [4]decide.Result
+	)
+	todo, results := fewChecks[:0], fewResults[:]
+	if n > len(fewChecks) {
+		todo, results = make([]rules.Check, 0, n), make([]decide.Result, n)
 	}
 	for i, d := range req.Descriptors {
 		from := len(entries)
@@ -156,103 +160,83 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		}
 		descs[i] = entries[from:len(entries):len(entries)]
 	}
-	checks = set.Evaluate(req.Domain, descs, checks)
-	for i := range checks {
-		byDesc[checks[i].Descriptor] = &checks[i]
-	}
-
-	var (
-		near       closest
-		over       bool
-		retryAfter time.Duration
-		quota      ingress.QuotaTally
-		meta       *structpb.Struct // the passed rules' metadata, merged
-		// exhausted are the quota rules over their limit, settled once every
-		// descriptor is decided (on the stack for the usual few).
-		buf       [8]*rules.Rule
-		exhausted = buf[:0]
-	)
+	checks = set.Evaluate(req.Domain, descs, checks) // in the order of the descriptors
+	// The checks to charge, in the order of the descriptors, every one known before
+	// the first is charged: a request refused as invalid charges nothing. Hits are
+	// given only when some descriptor costs other than 1.
+	var hits []int64
 	for i, d := range req.Descriptors {
-		hits := hitsOf(req, d)
-		c := byDesc[i]
+		slots[i].at = -1
+		var ck *rules.Check
+		if len(checks) > 0 && checks[0].Descriptor == i {
+			ck, checks = &checks[0], checks[1:]
+		}
 		if o := d.GetLimit(); o != nil {
 			if !slices.Contains(set.Domains(), req.Domain) {
-				resp.Statuses[i] = slots[i].ok()
 				continue
 			}
 			var err error
-			if c, err = overrideCheck(req.Domain, d, o, c); err != nil {
+			if ck, err = overrideCheck(req.Domain, d, o, ck); err != nil {
 				return nil, status.Error(codes.InvalidArgument, fmt.Sprintf("descriptor %d: %v", i, err))
 			}
 		}
-		if c == nil || c.Rule.Unlimited || d.GetIsNegativeHits() {
+		if ck == nil || ck.Rule.Unlimited || d.GetIsNegativeHits() {
 			// No rule; unlimited; or a refund, which sluice's limiter cannot give
 			// back: nothing is charged.
+			continue
+		}
+		if h := hitsOf(req, d); h != 1 || hits != nil {
+			if hits == nil { // the checks before this one cost 1
+				if hits = fewHits[:]; n > len(fewHits) {
+					hits = make([]int64, n)
+				}
+				for j := range todo {
+					hits[j] = 1
+				}
+			}
+			hits[len(todo)] = h
+		}
+		slots[i].at = len(todo)
+		todo = append(todo, *ck)
+	}
+	results = results[:len(todo)]
+	if hits != nil {
+		hits = hits[:len(todo)]
+	}
+	v := s.engine.Decide(ctx, &decide.Request{Checks: todo, Hits: hits, RejectOnly: true, Results: results})
+
+	var meta *structpb.Struct // the passed rules' metadata, merged
+	for i := range req.Descriptors {
+		j := slots[i].at
+		if j < 0 {
 			resp.Statuses[i] = slots[i].ok()
 			continue
 		}
-		dec, err := ingress.DecideCheck(ctx, s.limiter, c, hits)
-		if err != nil {
-			s.log.Error("limiter failed", "rule", c.Rule.Name, "err", err)
+		rule, res := todo[j].Rule, &results[j]
+		st := slots[i].status(rule, res.Decision)
+		if res.Outcome == decide.OutcomeShadowDenied && rule.Shadow {
+			// Envoy's descriptor shadow_mode: the descriptor is OK. (A quota
+			// descriptor exhausted stays OVER_LIMIT whatever the overall code.)
+			st.Code = rlsv3.RateLimitResponse_OK
 		}
-		st := slots[i].status(c.Rule, dec)
-		outcome := ingress.OutcomeAllowed
-		switch {
-		case c.Rule.Quota && quota.Add(c.Rule, dec):
-			// Envoy's quota_mode: the descriptor stays OVER_LIMIT; whether the
-			// request is depends on the other quota rules.
-			exhausted = append(exhausted, c.Rule)
-			outcome = ""
-		case dec.Over && (c.Rule.Shadow || s.shadow):
-			outcome = ingress.OutcomeShadowDenied
-			if c.Rule.Shadow { // Envoy's descriptor shadow_mode: the descriptor is OK
-				st.Code = rlsv3.RateLimitResponse_OK
-			}
-		case dec.Over:
-			outcome = ingress.OutcomeRejected
-			over = true
-			retryAfter = max(retryAfter, dec.RetryAfter)
-		case dec.Failed:
-			outcome = ingress.OutcomeError
-		}
-		if outcome != "" {
-			s.metrics.Count(c.Rule.Name, outcome)
-		}
-		if s.dynMeta && c.Rule.Metadata != nil && st.Code == rlsv3.RateLimitResponse_OK {
-			meta = s.mergeMetadata(meta, c.Rule)
+		if s.dynMeta && rule.Metadata != nil && st.Code == rlsv3.RateLimitResponse_OK {
+			meta = s.mergeMetadata(meta, rule)
 		}
 		resp.Statuses[i] = st
-		if dec.ClosestLimit >= 0 && (near.rule == nil || ingress.Closer(dec.Closest, near.d)) {
-			near = closest{rule: c.Rule, limit: dec.ClosestLimit, d: dec.Closest}
-		}
 	}
-	// The quota rules deny only all together; the request then passes again once
-	// one of them has room.
-	quotaOutcome := ingress.OutcomeQuotaExhausted
-	if quota.Exhausted() {
-		over, retryAfter = true, max(retryAfter, quota.RetryAfter())
-		quotaOutcome = ingress.OutcomeRejected
-		if s.shadow {
-			quotaOutcome = ingress.OutcomeShadowDenied
-		}
-	}
-	for _, r := range exhausted {
-		s.metrics.Count(r.Name, quotaOutcome)
-	}
-	if over && !s.shadow {
+	if v.Violated != nil {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	if s.headers && near.rule != nil {
+	if s.headers && v.ClosestRule != nil {
 		var wait string
-		if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
-			wait = strconv.FormatInt(ingress.RetryAfterSeconds(retryAfter), 10)
+		if v.Violated != nil {
+			wait = strconv.FormatInt(ingress.RetryAfterSeconds(v.RetryAfter), 10)
 		}
-		resp.ResponseHeadersToAdd = rateLimitHeaders(ingress.RateLimitFieldsOf(near.rule, near.limit, near.d), wait)
+		resp.ResponseHeadersToAdd = rateLimitHeaders(ingress.RateLimitFieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest), wait)
 	}
 	if s.dynMeta {
 		resp.DynamicMetadata = dynamicMetadata(req, meta)
 	}
-	s.metrics.ObserveContext(ctx, time.Since(start))
 	return resp, nil
 }
 
@@ -410,13 +394,13 @@ type call struct {
 	slots    [1]statusSlot
 	entries  [2]rules.Entry
 	descs    [1][]rules.Entry
-	byDesc   [1]*rules.Check
 	checks   [1]rules.Check
 }
 
 // statusSlot holds the messages of one descriptor's status: a response allocates
 // those of all its descriptors at once rather than three per descriptor.
 type statusSlot struct {
+	at    int // the index of the descriptor's check among those charged; -1: none
 	st    rlsv3.RateLimitResponse_DescriptorStatus
 	limit rlsv3.RateLimitResponse_RateLimit
 	reset durationpb.Duration
@@ -430,7 +414,7 @@ func (s *statusSlot) ok() *rlsv3.RateLimitResponse_DescriptorStatus {
 
 // status reports dec of rule: the limit closest to running out, what remains of it,
 // and the time until it resets (when over: until the request would be allowed).
-func (s *statusSlot) status(rule *rules.Rule, dec ingress.RuleDecision) *rlsv3.RateLimitResponse_DescriptorStatus {
+func (s *statusSlot) status(rule *rules.Rule, dec decide.Decision) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := s.ok()
 	if dec.Over {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/limiter/redistest"
@@ -185,10 +186,10 @@ func TestShouldRateLimitCountsAndReports(t *testing.T) {
 	if !strings.HasPrefix(header(resp, "ratelimit"), `"per_user";r=0;t=`) {
 		t.Fatalf("RateLimit %q describes the wrong limit", header(resp, "ratelimit"))
 	}
-	if got := decisions(t, reg, "per_user", ingress.OutcomeRejected); got != 1 {
+	if got := decisions(t, reg, "per_user", decide.OutcomeRejected); got != 1 {
 		t.Fatalf("sluice_decisions_total{rule=per_user,outcome=rejected} = %v", got)
 	}
-	if got := decisions(t, reg, "per_user", ingress.OutcomeAllowed); got != 4 {
+	if got := decisions(t, reg, "per_user", decide.OutcomeAllowed); got != 4 {
 		t.Fatalf("sluice_decisions_total{rule=per_user,outcome=allowed} = %v", got)
 	}
 }
@@ -291,7 +292,7 @@ func TestShouldRateLimitGlobalShadowAndNoHeaders(t *testing.T) {
 	if len(resp.ResponseHeadersToAdd) != 0 {
 		t.Fatalf("headers turned off, yet %v", resp.ResponseHeadersToAdd)
 	}
-	if got := decisions(t, reg, "per_user", ingress.OutcomeShadowDenied); got != 1 {
+	if got := decisions(t, reg, "per_user", decide.OutcomeShadowDenied); got != 1 {
 		t.Fatalf("shadow_rejected = %v", got)
 	}
 }
@@ -513,7 +514,7 @@ func TestShouldRateLimitLabelsAreBounded(t *testing.T) {
 			}
 		}
 	}
-	if decisions(t, reg, "per_user", ingress.OutcomeAllowed) != 1 {
+	if decisions(t, reg, "per_user", decide.OutcomeAllowed) != 1 {
 		t.Error("the override was not counted under its rule's name")
 	}
 }
