@@ -51,6 +51,9 @@ func TestLightPackages(t *testing.T) {
 		{"limiter", append([]string{"github.com/nats-io/", "github.com/redis/", "go.opentelemetry.io/"}, otelSDK...)},
 		{"rules", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/sluicehq/sluice/queue\n", "go.opentelemetry.io/"}, otelSDK...)},
 		{"ingress", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/sluicehq/sluice/queue\n"}, otelSDK...)},
+		// The decision engine every entry point shares: no transport, no ingress.
+		{"ingress/decide", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/",
+			"github.com/sluicehq/sluice/ingress\n", "github.com/sluicehq/sluice/ingress/proxy", "google.golang.org/grpc"}, otelSDK...)},
 		// The upstream pool: the standard library and the warning limiter alone.
 		{"ingress/proxy", append([]string{"github.com/nats-io/", "github.com/fsnotify/", "github.com/redis/", "github.com/prometheus/",
 			"go.opentelemetry.io/", "github.com/sluicehq/sluice/limiter", "github.com/sluicehq/sluice/rules", "github.com/sluicehq/sluice/ingress\n"}, otelSDK...)},

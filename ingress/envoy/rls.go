@@ -227,12 +227,18 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 	if v.Violated != nil {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	if s.headers && v.ClosestRule != nil {
+	if s.headers && (v.ClosestRule != nil || v.Violated != nil) {
+		// A block-list rule has no limit to describe, but a Retry-After, as on
+		// the front door.
+		var f ingress.RateLimitFields
+		if v.ClosestRule != nil {
+			f = ingress.RateLimitFieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest)
+		}
 		var wait string
 		if v.Violated != nil {
 			wait = strconv.FormatInt(ingress.RetryAfterSeconds(v.RetryAfter), 10)
 		}
-		resp.ResponseHeadersToAdd = rateLimitHeaders(ingress.RateLimitFieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest), wait)
+		resp.ResponseHeadersToAdd = rateLimitHeaders(f, wait)
 	}
 	if s.dynMeta {
 		resp.DynamicMetadata = dynamicMetadata(req, meta)
