@@ -186,8 +186,8 @@ func (p *Pool) Dialer() *net.Dialer { return &p.dialer }
 type conn struct {
 	pool      *Pool
 	conn      net.Conn
-	raw       net.Conn // the TCP connection under conn (the same without TLS)
-	lr        budget   // under br: bounds what a head takes
+	sock      *socket // the TCP socket under conn
+	lr        budget  // under br: bounds what a head takes
 	br        *bufio.Reader
 	tp        *textproto.Reader // over br
 	bw        *bufio.Writer
@@ -195,6 +195,47 @@ type conn struct {
 	idleSince time.Time
 	reused    bool
 	watched   chan bool // the idle watch's verdict: whether the connection may be used
+	// sendFirst: the next read is the first of a response, and what the request left
+	// in bw goes out from within it (upReader); sendErr is that send's failure.
+	sendFirst bool
+	sendErr   error
+	flushFn   func() error    // c.flushRequest, made once
+	abortFn   func()          // c.abort, made once
+	ctx       context.Context // the exchange's, while its response head is read
+}
+
+// upReader is the reader under a connection's budget: conn's, except for the first
+// read of a response whose request still has bytes in bw (conn.sendFirst), which
+// sends them and then waits for the answer without trying first
+// (socket.sendThenRead): a system call fewer per request.
+type upReader struct{ c *conn }
+
+func (r upReader) Read(p []byte) (int, error) {
+	c := r.c
+	if !c.sendFirst {
+		return c.conn.Read(p)
+	}
+	c.sendFirst = false
+	n, sendErr, err := c.sock.sendThenRead(p, c.flushFn)
+	if sendErr != nil {
+		c.sendErr = sendErr
+		return 0, sendErr
+	}
+	return n, err
+}
+
+// abort makes the connection's blocked reads and writes return at once: the client's
+// context is done.
+func (c *conn) abort() { _ = c.conn.SetDeadline(aLongTimeAgo) }
+
+// flushRequest sends what the request left in bw and starts the response's time
+// (WithResponseTimeout).
+func (c *conn) flushRequest() error {
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	setReadDeadline(c.ctx, c.conn, time.Now().Add(c.pool.timeout))
+	return nil
 }
 
 // idleState is what a look at an idle connection found.
@@ -222,12 +263,13 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 			break
 		}
 		// End the watch; then look at the socket itself, where bytes may have
-		// arrived after the watch's last look.
+		// arrived after the watch's last look. The read deadline stays in the
+		// past: the peek does not look at it, and the exchange sets its own before
+		// it reads (and put lifts it).
 		_ = c.conn.SetReadDeadline(aLongTimeAgo)
 		ok := <-c.watched
-		_ = c.conn.SetReadDeadline(time.Time{}) // or the peek fails on it
 		if ok && now.Sub(c.idleSince) < p.idleExpiry && c.br.Buffered() == 0 {
-			switch peekIdle(c.raw) {
+			switch c.sock.peek() {
 			case quiet:
 				c.reused = true
 				return c, nil
@@ -241,7 +283,8 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{pool: p, conn: raw, raw: raw, watched: make(chan bool, 1)}
+	c := &conn{pool: p, conn: raw, sock: newSocket(raw), watched: make(chan bool, 1)}
+	c.flushFn, c.abortFn = c.flushRequest, c.abort
 	if p.tlsConfig != nil {
 		tc := tls.Client(raw, p.tlsConfig)
 		if err := tc.HandshakeContext(ctx); err != nil {
@@ -250,7 +293,7 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 		}
 		c.conn = tc
 	}
-	c.lr = budget{r: c.conn, n: -1}
+	c.lr = budget{r: upReader{c}, n: -1}
 	c.br = bufio.NewReaderSize(&c.lr, 4096)
 	c.tp = textproto.NewReader(c.br)
 	c.bw = bufio.NewWriterSize(c.conn, 4096)
@@ -391,7 +434,8 @@ func (p *Pool) Exchange(r *http.Request, head HeadWriter) (Response, error) {
 			return Response{}, err
 		}
 		if p.maxHold > 0 && time.Since(taken) > p.maxHold {
-			p.put(c) // nothing was written on it
+			_ = c.conn.SetReadDeadline(time.Time{}) // get left it in the past
+			p.put(c)                                // nothing was written on it
 			return Response{}, ErrHeldTooLong
 		}
 		res, retryable, err := p.exchange(ctx, c, r, head)
@@ -411,7 +455,7 @@ func (p *Pool) Exchange(r *http.Request, head HeadWriter) (Response, error) {
 // and nothing of a response was read.
 func (p *Pool) exchange(ctx context.Context, c *conn, r *http.Request, head HeadWriter) (res Response, retryable bool, err error) {
 	nc := c.conn
-	stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(aLongTimeAgo) })
+	stop := context.AfterFunc(ctx, c.abortFn)
 	res = Response{c: c, stop: stop}
 	fail := func(retry bool, err error) (Response, bool, error) {
 		stop()
@@ -466,11 +510,23 @@ func (p *Pool) exchange(ctx context.Context, c *conn, r *http.Request, head Head
 			return res, false, nil
 		}
 	}
-	if err := c.bw.Flush(); err != nil {
-		return fail(!hasBody, err)
+	if p.tlsConfig == nil && !expect {
+		// The response's first read sends the rest and then waits (upReader). The
+		// deadline until then is only for the send; flushRequest sets the response's.
+		setReadDeadline(ctx, nc, time.Now().Add(p.timeout))
+		c.ctx, c.sendFirst = ctx, true
+	} else {
+		if err := c.bw.Flush(); err != nil {
+			return fail(!hasBody, err)
+		}
+		setReadDeadline(ctx, nc, time.Now().Add(p.timeout))
 	}
-	setReadDeadline(ctx, nc, time.Now().Add(p.timeout))
 	resp, keep, err := p.readResponse(c, r, false)
+	c.ctx, c.sendFirst = nil, false
+	if sendErr := c.sendErr; sendErr != nil {
+		c.sendErr = nil
+		return fail(!hasBody, sendErr)
+	}
 	if err != nil {
 		// Nothing came back at all: the upstream closed a kept-alive connection
 		// under the request. Only a request that may be repeated is sent again.
@@ -646,7 +702,7 @@ func (p *Pool) copyResponse(w http.ResponseWriter, resp *http.Response) bool {
 	bufp := p.copyBufs.Get().(*[]byte)
 	defer p.copyBufs.Put(bufp)
 	buf := *bufp
-	rc := http.NewResponseController(w)
+	var rc *http.ResponseController // made at the first flush
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -659,14 +715,28 @@ func (p *Pool) copyResponse(w http.ResponseWriter, resp *http.Response) bool {
 			return true
 		case rerr != nil:
 			return false
+		case done(resp.Body):
+			// Nothing is left to read: the server writes what is buffered once the
+			// handler returns, with no flush of its own before.
+			return true
 		case n < len(buf):
 			// A short read: the upstream paused. What it sent so far goes out now
 			// rather than waiting in buffers for the rest.
+			if rc == nil {
+				rc = http.NewResponseController(w)
+			}
 			if err := rc.Flush(); err != nil {
 				return false
 			}
 		}
 	}
+}
+
+// done reports whether r, a response body, has been read to its end though it has not
+// yet said io.EOF: a length-framed body with no byte left.
+func done(r io.Reader) bool {
+	b, ok := r.(*body)
+	return ok && b.framing == length && b.left == 0 && b.err == nil
 }
 
 func isConnReset(err error) bool {
