@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"flag"
@@ -19,6 +20,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -36,8 +38,11 @@ Measures, in one run on this machine, the upstream alone, a plain Go reverse pro
 (httputil.ReverseProxy), nginx with limit_req (when nginx is on PATH or in /usr/sbin),
 sluice's proxy alone (ingress.Proxy on its connection pool, no rules, no limiter) and
 'sluice serve' in front of the same upstream, with the memory limiter and with Redis.
-Two ceilings are measured beside them: a bare Go net/http server answering 204, the
-most any Go front door could pass here, and nginx answering 204 itself ("return 204").
+The ceilings are measured beside them: a bare Go net/http server answering 204, the
+most any Go front door on net/http could pass here; net/http making one round trip to
+the upstream per request with the least work there is (a fixed request, the answer read
+by its Content-Length, no headers relayed: no real proxy, the floor under any proxy on
+net/http); and nginx answering 204 itself ("return 204").
 Every server is a process of its own. The load:
 
   closed loop: --workers connections sending as fast as they can: the most requests
@@ -194,6 +199,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, c := range [][]string{
 		{targetGo204, "no-content"},
 		{targetReverseProxy, "plain-proxy", upstreamURL},
+		{targetFloor, "floor-proxy", upstreamURL},
 		{targetPool, "pool-proxy", upstreamURL},
 	} {
 		if _, err := child(c[0], c[1:]...); err != nil {
@@ -488,6 +494,7 @@ const (
 	targetReverseProxy = "httputil.ReverseProxy"
 	targetNginx        = "nginx limit_req"
 	targetPool         = "sluice's proxy alone"
+	targetFloor        = "net/http, one round trip"
 )
 
 // median returns the median of f over s (the mean of the middle two for an even
@@ -771,4 +778,90 @@ func runPoolProxy(ctx context.Context, args []string, _, stderr io.Writer) int {
 	defer p.CloseIdleConnections()
 	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: p, ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, WriteTimeout: 90 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}, stderr)
+}
+
+// runFloorProxy is the least a Go front door on net/http's server can do for each
+// proxied request, the floor under any design of sluice's proxy on this machine: the
+// same fixed request written on a kept connection to the upstream in one write ("GET /",
+// whatever the client asked), the answer read up to the end its Content-Length gives
+// with no header parsed but that one, and its body written back with a fixed
+// Content-Type. It is no proxy to run (every client gets the upstream's answer to GET
+// /, framing is trusted, errors close the client's connection); it measures what
+// net/http and one round trip to the upstream cost before any proxying is done.
+func runFloorProxy(ctx context.Context, args []string, _, stderr io.Writer) int {
+	if len(args) != 2 {
+		fmt.Fprintln(stderr, "usage: sluice-bench floor-proxy ADDR UPSTREAM_URL")
+		return exitUsage
+	}
+	up, err := url.Parse(args[1])
+	if err != nil || up.Host == "" {
+		fmt.Fprintf(stderr, "floor-proxy: upstream %q is not an http URL\n", args[1])
+		return exitUsage
+	}
+	type upConn struct {
+		net.Conn
+		br   *bufio.Reader
+		body []byte
+	}
+	var (
+		mu   sync.Mutex
+		idle []*upConn
+	)
+	request := []byte("GET / HTTP/1.1\r\nHost: " + up.Host + "\r\n\r\n")
+	contentType := []string{"application/json"}
+	roundTrip := func(c *upConn) (n int, err error) {
+		if _, err := c.Write(request); err != nil {
+			return 0, err
+		}
+		n = -1
+		for {
+			line, err := c.br.ReadSlice('\n')
+			if err != nil {
+				return 0, err
+			}
+			if len(line) <= 2 { // the blank line
+				break
+			}
+			if v, ok := bytes.CutPrefix(line, []byte("Content-Length: ")); ok {
+				n, err = strconv.Atoi(string(bytes.TrimSpace(v)))
+				if err != nil {
+					return 0, err
+				}
+			}
+		}
+		if n < 0 || n > 1<<20 {
+			return 0, fmt.Errorf("no usable Content-Length: %d", n)
+		}
+		if cap(c.body) < n {
+			c.body = make([]byte, n)
+		}
+		_, err = io.ReadFull(c.br, c.body[:n])
+		return n, err
+	}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		var c *upConn
+		if len(idle) > 0 {
+			c, idle = idle[len(idle)-1], idle[:len(idle)-1]
+		}
+		mu.Unlock()
+		if c == nil {
+			nc, err := net.Dial("tcp", up.Host)
+			if err != nil {
+				panic(http.ErrAbortHandler)
+			}
+			c = &upConn{Conn: nc, br: bufio.NewReader(nc)}
+		}
+		n, err := roundTrip(c)
+		if err != nil {
+			c.Close()
+			panic(http.ErrAbortHandler)
+		}
+		w.Header()["Content-Type"] = contentType
+		_, _ = w.Write(c.body[:n])
+		mu.Lock()
+		idle = append(idle, c)
+		mu.Unlock()
+	})
+	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: h, ReadHeaderTimeout: 10 * time.Second}, stderr)
 }
