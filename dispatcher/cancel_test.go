@@ -7,6 +7,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queuetest"
 )
 
 // An order cancelled while a dispatcher already holds it (fetched, waiting for its
@@ -21,10 +22,9 @@ func TestCancelledOrderIsNeverDelivered(t *testing.T) {
 	store, _ := openStore(t, srv.Conn, cfg)
 	tickets := park(t, store, "orders", 0, 3)
 	// The last two are retries: they have records (queued after a failed attempt).
-	for _, tk := range tickets[1:] {
-		if err := store.SaveRecord(ctxT(t), &queue.Record{Ticket: tk, Queue: "orders", Status: queue.StatusQueued, Attempts: 1}); err != nil {
-			t.Fatal(err)
-		}
+	q, _ := store.Queue("orders")
+	if err := queuetest.Settle(ctxT(t), q, queuetest.Failed(ctxT(t), time.Millisecond, "delivery failed: 503"), tickets[1:]...); err != nil {
+		t.Fatal(err)
 	}
 	startReplica(t, srv, cfg, "a")
 	waitFor(t, "the first delivery", 30*time.Second, func() bool { return ds.count(tickets[0]) == 1 })

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // TestFairByDispatch: two dispatcher replicas drain a queue with fair_by that tenant A
@@ -35,9 +36,20 @@ func TestFairByDispatch(t *testing.T) {
 	for i := range flood {
 		park("tenant-a", fmt.Sprintf("a%d", i))
 	}
-	b := "tenant-b"
-	for i := 0; store.LaneFor(cfg, "", b) == store.LaneFor(cfg, "", "tenant-a"); i++ {
-		b = fmt.Sprintf("tenant-b%d", i)
+	candidates := []string{"tenant-a", "tenant-b"}
+	for i := range 20 {
+		candidates = append(candidates, fmt.Sprintf("tenant-b%d", i))
+	}
+	lanes := lanesOf(t, cfg, candidates...)
+	b := ""
+	for i, l := range lanes[1:] {
+		if l != lanes[0] {
+			b = candidates[i+1]
+			break
+		}
+	}
+	if b == "" {
+		t.Fatalf("every tenant shares tenant-a's lane: %v", lanes)
 	}
 	opts := []dispatcher.Option{dispatcher.WithPinnedTTL(5 * time.Second)}
 	startReplica(t, srv, cfg, "r1", opts...)
@@ -70,4 +82,31 @@ func TestFairByDispatch(t *testing.T) {
 	if switches > 1 {
 		t.Errorf("deliveries moved between replicas %d times; one leader should deliver them", switches)
 	}
+}
+
+// lanesOf returns the lanes Park gives orders of tenants in a queue of cfg, read from
+// the subjects of orders parked on a server of their own, so that the queue under test
+// holds only the orders it parks.
+func lanesOf(t *testing.T, cfg queueconfig.Config, tenants ...string) []string {
+	t.Helper()
+	srv := natstest.Start(t)
+	store, _ := openStore(t, srv.Conn, cfg)
+	stream := srv.Stream(t, queue.StreamName(cfg.Name))
+	var out []string
+	for _, tenant := range tenants {
+		if _, err := store.Park(ctxT(t), &queue.Request{Queue: cfg.Name, Method: "POST", Path: "/orders", Tenant: tenant}); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := stream.GetMsg(ctxT(t), uint64(len(out)+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// sluice.q.{queue}.{lane}.{ticket}
+		parts := strings.Split(raw.Subject, ".")
+		if len(parts) != 5 {
+			t.Fatalf("order of %s on %s: not a laned subject", tenant, raw.Subject)
+		}
+		out = append(out, parts[3])
+	}
+	return out
 }

@@ -25,12 +25,12 @@ type DeadLetter struct {
 	DeadAt   time.Time
 }
 
-// DeadLetter copies m to the dead-letter stream and waits for the acknowledgement. The
+// deadLetter copies m to the dead-letter stream and waits for the acknowledgement. The
 // dispatcher calls it before it terminates the message in the queue; a repeat for the
 // same queued message (after a crash in between) is dropped by the duplicate window.
 // The dead letter expires after its queue's DeadLetterMaxAge (the default when the
 // queue is not declared on s).
-func (s *Store) DeadLetter(ctx context.Context, m *Message, attempts int, reason string) error {
+func (s *Store) deadLetter(ctx context.Context, m *Message, attempts int, reason string) error {
 	ttl := queueconfig.DefaultDeadLetterMaxAge
 	if q, err := s.Queue(m.Queue); err == nil {
 		ttl = q.Config().DeadLetterMaxAge
@@ -142,7 +142,7 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 		// touching the record of the ticket it names, which may be a genuine order's.
 		forged := s.Verify(m) != nil
 		if !forged {
-			if err := s.SaveRecord(ctx, rec); err != nil {
+			if err := s.saveRecord(ctx, rec); err != nil {
 				return moved, err
 			}
 		}
@@ -155,7 +155,7 @@ func (s *Store) Requeue(ctx context.Context, queue string, tickets ...string) (i
 			if !forged {
 				rec.Status, rec.Attempts, rec.LastError = StatusDead, dl.Attempts, dl.Reason
 				restoreCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_ = s.SaveRecord(restoreCtx, rec)
+				_ = s.saveRecord(restoreCtx, rec)
 				cancel()
 			}
 			if q == nil {

@@ -5,6 +5,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // NewTicket lets the external tests make tickets as Park does.
@@ -33,10 +35,18 @@ func (q *Queue) WriterBatches() (orders, slots int) {
 // its order for long would.
 func (l *Lease) InProgress() error { return l.jm.InProgress() }
 
-// KeepRecord, MarkDelivering and PublishEvent let the external tests drive the
-// bookkeeping a Lease does.
+// KeepRecord, MarkDelivering, PublishEvent, SaveRecord and DeadLetter let the
+// external tests drive the bookkeeping a Lease does; LaneFor tells them the lane Park
+// gives an order.
 func (s *Store) KeepRecord(rec *Record) error { return s.keepRecord(rec) }
 func (s *Store) MarkDelivering(ctx context.Context, rec *Record) error {
 	return s.markDelivering(ctx, rec)
 }
-func (s *Store) PublishEvent(subject string, ev Event) error { return s.publishEvent(subject, ev) }
+func (s *Store) PublishEvent(subject string, ev Event) error       { return s.publishEvent(subject, ev) }
+func (s *Store) SaveRecord(ctx context.Context, rec *Record) error { return s.saveRecord(ctx, rec) }
+func (s *Store) DeadLetter(ctx context.Context, m *Message, attempts int, reason string) error {
+	return s.deadLetter(ctx, m, attempts, reason)
+}
+func (s *Store) LaneFor(cfg queueconfig.Config, priority, tenant string) string {
+	return s.laneFor(cfg.WithDefaults(), priority, tenant)
+}

@@ -21,7 +21,7 @@ var ErrKeptRecordsFull = errors.New("queue: too many ticket records waiting to b
 // unreachable) until FlushRecords writes them. One entry per ticket, the newest.
 type keptRecords struct {
 	// write is held, for the stripe of a record's ticket (writeLock), shared by
-	// SaveRecord and exclusively by FlushRecords for each write, so that a flush never
+	// saveRecord and exclusively by FlushRecords for each write, so that a flush never
 	// puts a kept copy over a newer record. Striped so that a flush's write waiting on
 	// a store that does not answer holds up the records of few other tickets, not
 	// every delivery's.

@@ -81,13 +81,6 @@ func (s *Store) laneFor(cfg queueconfig.Config, priority, tenant string) string 
 	return l.token()
 }
 
-// LaneFor returns the lane Park gives an order with the given priority and tenant
-// values in a queue of cfg ("" for a queue without priorities and fair_by): tools
-// and tests use it to tell whether two tenants share a lane.
-func (s *Store) LaneFor(cfg queueconfig.Config, priority, tenant string) string {
-	return s.laneFor(cfg.WithDefaults(), priority, tenant)
-}
-
 // lanesOf returns every lane of a queue of cfg, highest level first.
 func lanesOf(cfg queueconfig.Config) []lane {
 	levels, tenants := cfg.LaneCount()

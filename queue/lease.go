@@ -363,7 +363,7 @@ func (l *Lease) Dead(ctx context.Context, cause string, retryIn time.Duration) e
 		l.rec.LastError = cause
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	err := l.s.DeadLetter(dctx, m, l.Record().Attempts, cause)
+	err := l.s.deadLetter(dctx, m, l.Record().Attempts, cause)
 	cancel()
 	if err != nil {
 		if l.rec != nil {
@@ -409,7 +409,7 @@ func (l *Lease) keepKey(ctx context.Context) {
 func (l *Lease) save(ctx context.Context) {
 	rec := l.rec
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	err := l.s.SaveRecord(sctx, rec)
+	err := l.s.saveRecord(sctx, rec)
 	cancel()
 	if err == nil {
 		return

@@ -130,16 +130,11 @@ func (s *Store) Record(ctx context.Context, ticket string) (*Record, error) {
 	return &rec, nil
 }
 
-// SaveRecord writes a ticket record (UpdatedAt is set to now). Its lifetime is the
+// saveRecord writes a ticket record (UpdatedAt is set to now). Its lifetime is the
 // IdempotencyTTL of the record's queue (the default 24h for an undeclared queue). A
 // copy of an older record of the ticket held by keepRecord is dropped once this one is
-// written.
-func (s *Store) SaveRecord(ctx context.Context, rec *Record) error {
-	return s.saveRecord(ctx, rec)
-}
-
-// saveRecord writes rec; with opts (jetstream.WithExpectLastSequencePerSubject) it is
-// a compare-and-set that fails with errWrongRevision when the record changed since.
+// written. With opts (jetstream.WithExpectLastSequencePerSubject) it is a
+// compare-and-set that fails with errWrongRevision when the record changed since.
 func (s *Store) saveRecord(ctx context.Context, rec *Record, opts ...jetstream.PublishOpt) error {
 	if !ValidTicket(rec.Ticket) {
 		return fmt.Errorf("%w: bad ticket %q", ErrInvalidRequest, rec.Ticket)

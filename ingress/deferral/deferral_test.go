@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queuetest"
 )
 
 const deferRules = `
@@ -292,10 +293,17 @@ func TestCancelHandler(t *testing.T) {
 		doc.Conforms(t, docPath, "DELETE", w)
 	}
 	// A final order: 409.
-	if err := f.store.SaveRecord(context.Background(), &queue.Record{Ticket: acc.Ticket, Queue: "orders", Status: queue.StatusDone}); err != nil {
+	var done acceptedBody
+	if w := f.post(`{"n":2}`); w.Code != http.StatusAccepted || json.Unmarshal(w.Body.Bytes(), &done) != nil {
+		t.Fatalf("defer: %d %s", w.Code, w.Body)
+	}
+	q, _ := f.store.Queue("orders")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := queuetest.Settle(sctx, q, queuetest.Done(sctx, nil), done.Ticket); err != nil {
 		t.Fatal(err)
 	}
-	w = del(acc.Ticket)
+	w = del(done.Ticket)
 	if w.Code != http.StatusConflict || !regexp.MustCompile(`done`).MatchString(w.Body.String()) {
 		t.Errorf("cancel a done order: %d %s", w.Code, w.Body)
 	}

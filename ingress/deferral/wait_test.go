@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queuetest"
 )
 
 // waitRules are deferRules with room for the orders of TestThousandWaiters.
@@ -87,14 +89,29 @@ func (f *waitFixture) get(ctx context.Context, ticket string, headers ...string)
 	return http.DefaultClient.Do(req)
 }
 
-// settle writes ticket's final record, as a dispatcher does once delivered.
-func (f *waitFixture) settle(t *testing.T, tk string, status queue.Status) {
+// settle settles the orders of tickets as a dispatcher does: done, or failed, with
+// the downstream's answer.
+func (f *waitFixture) settle(t *testing.T, status queue.Status, tickets ...string) {
 	t.Helper()
-	rec := &queue.Record{Ticket: tk, Queue: "orders", Status: status, Attempts: 0, ReceivedAt: time.Now(),
-		Result: &queue.Result{StatusCode: 201, Body: []byte(`{"ok":true}`)}}
-	if err := f.store.SaveRecord(context.Background(), rec); err != nil {
+	if err := f.settleBy(f.store, status, `{"ok":true}`, tickets...); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// settleBy settles through store (another replica's, for one).
+func (f *waitFixture) settleBy(store *queue.Store, status queue.Status, body string, tickets ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q, err := store.Queue("orders")
+	if err != nil {
+		return err
+	}
+	res := &queue.Result{StatusCode: 201, Body: []byte(body)}
+	fin := queuetest.Done(ctx, res)
+	if status == queue.StatusFailed {
+		fin = func(l *queue.Lease) error { return l.Fail(ctx, res, "refused") }
+	}
+	return queuetest.Settle(ctx, q, fin, tickets...)
 }
 
 // waiting is how many waits are open and whether ticket's follow has read it.
@@ -147,8 +164,7 @@ func TestPreferWaitAnsweredWhenDone(t *testing.T) {
 		got <- answer{resp, err}
 	}()
 	waitUntil(t, "the wait to be open and read", func() bool { open, read := f.waiting(tk); return open == 1 && read })
-	if err := f.otherStore(t).SaveRecord(context.Background(), &queue.Record{Ticket: tk, Queue: "orders", Status: queue.StatusDone,
-		ReceivedAt: time.Now(), Result: &queue.Result{StatusCode: 201, Body: []byte("made")}}); err != nil {
+	if err := f.settleBy(f.otherStore(t), queue.StatusDone, "made", tk); err != nil {
 		t.Fatal(err)
 	}
 	a := <-got
@@ -176,6 +192,10 @@ func (f *waitFixture) otherStore(t *testing.T) *queue.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
+	q, _ := f.store.Queue("orders")
+	if _, err := other.Declare(ctx, q.Config()); err != nil {
+		t.Fatal(err)
+	}
 	return other
 }
 
@@ -195,7 +215,7 @@ func TestPreferWaitExpires(t *testing.T) {
 	if st := decodeStatus(t, resp); st.Status != ticket.Queued {
 		t.Errorf("after the wait: %s, want queued", st.Status)
 	}
-	f.settle(t, tk, queue.StatusFailed)
+	f.settle(t, queue.StatusFailed, tk)
 	resp, err = f.get(context.Background(), tk, "Prefer", "wait=2")
 	if err != nil {
 		t.Fatal(err)
@@ -324,31 +344,41 @@ func TestEventStream(t *testing.T) {
 	}
 	events := make(chan sseEvent, 10)
 	go readEvents(br, events)
-	next := func(want string) ticket.Status {
+	// next returns the next event, which must say want, past events saying skip.
+	next := func(want string, skip ...string) ticket.Status {
 		t.Helper()
-		select {
-		case ev, ok := <-events:
-			var st ticket.Status
-			if !ok || ev.event != "status" || ev.id != want || json.Unmarshal([]byte(ev.data), &st) != nil || st.Status != want {
-				t.Fatalf("event %+v (open %v), want status %s", ev, ok, want)
+		for {
+			select {
+			case ev, ok := <-events:
+				if ok && ev.event == "status" && slices.Contains(skip, ev.id) {
+					continue
+				}
+				var st ticket.Status
+				if !ok || ev.event != "status" || ev.id != want || json.Unmarshal([]byte(ev.data), &st) != nil || st.Status != want {
+					t.Fatalf("event %+v (open %v), want status %s", ev, ok, want)
+				}
+				return st
+			case <-time.After(30 * time.Second):
+				t.Fatalf("no %s event within 30s", want)
 			}
-			return st
-		case <-time.After(30 * time.Second):
-			t.Fatalf("no %s event within 30s", want)
+			return ticket.Status{}
 		}
-		return ticket.Status{}
 	}
 	next(ticket.Queued)
 	waitUntil(t, "the stream's ticket to be read", func() bool { _, read := f.waiting(tk); return read })
-	if err := f.store.SaveRecord(context.Background(), &queue.Record{Ticket: tk, Queue: "orders", Status: queue.StatusQueued,
-		Attempts: 1, LastError: "delivery failed: 503", ReceivedAt: time.Now()}); err != nil {
+	q, _ := f.store.Queue("orders")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := queuetest.Settle(ctx, q, queuetest.Failed(ctx, time.Millisecond, "delivery failed: 503"), tk); err != nil {
 		t.Fatal(err)
 	}
 	if st := next(ticket.Queued); st.Attempts != 1 {
 		t.Errorf("second event: %+v, want the failed attempt", st)
 	}
-	f.settle(t, tk, queue.StatusDone)
-	if st := next(ticket.Done); st.Result == nil || st.Result.Status != 201 {
+	f.settle(t, queue.StatusDone, tk)
+	// The second attempt's start (delivering) is told unless the stream reads the
+	// record only once it is done.
+	if st := next(ticket.Done, ticket.Delivering); st.Result == nil || st.Result.Status != 201 {
 		t.Errorf("final event %+v", st)
 	}
 	select {
@@ -482,9 +512,7 @@ func TestThousandWaiters(t *testing.T) {
 	t.Logf("%d waiters on %d tickets: %d bytes of heap and stacks per waiter (server and client in this process; "+
 		"a request held by a plain net/http handler takes %d), %d status reads in %s",
 		waiters, tickets, perWaiter, held, reads, elapsed.Round(time.Millisecond))
-	for _, tk := range tks {
-		f.settle(t, tk, queue.StatusDone)
-	}
+	f.settle(t, queue.StatusDone, tks...)
 	wg.Wait()
 	close(answers)
 	n := 0
@@ -597,9 +625,7 @@ func TestTicketWait(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		rec := &queue.Record{Ticket: tk, Queue: "orders", Status: queue.StatusDone, ReceivedAt: time.Now(),
-			Result: &queue.Result{StatusCode: 201, Body: []byte("made")}}
-		if err := f.store.SaveRecord(context.Background(), rec); err != nil {
+		if err := f.settleBy(f.store, queue.StatusDone, "made", tk); err != nil {
 			t.Error(err)
 		}
 	}()

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress"
@@ -21,6 +20,7 @@ import (
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
+	"github.com/sluicehq/sluice/queue/queuetest"
 	"github.com/sluicehq/sluice/rules"
 )
 
@@ -158,30 +158,19 @@ func TestQueueAPIResponses(t *testing.T) {
 	ctx := context.Background()
 	q, _ := f.store.Queue("orders")
 	// Two dead letters and one queued order; the dispatchers' consumer exists.
-	cons, err := f.nats.Stream(t, q.StreamName()).CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: queue.ConsumerName, AckPolicy: jetstream.AckExplicitPolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dead []string
+	var tickets []string
 	for range 3 {
-		if _, err := f.store.Park(ctx, &queue.Request{Queue: "orders", Method: "POST", Path: "/v1/orders", Body: []byte("{}")}); err != nil {
+		rc, err := f.store.Park(ctx, &queue.Request{Queue: "orders", Method: "POST", Path: "/v1/orders", Body: []byte("{}")})
+		if err != nil {
 			t.Fatal(err)
 		}
+		tickets = append(tickets, rc.Ticket)
 	}
-	for range 2 {
-		jm, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := queue.Decode(jm)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := f.store.DeadLetter(ctx, m, 8, "downstream answered 500"); err != nil {
-			t.Fatal(err)
-		}
-		_ = jm.Term()
-		dead = append(dead, m.Ticket)
+	dead := tickets[:2]
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := queuetest.Settle(sctx, q, func(l *queue.Lease) error { return l.Dead(sctx, "downstream answered 500", time.Second) }, dead...); err != nil {
+		t.Fatal(err)
 	}
 
 	const (
