@@ -75,6 +75,24 @@ func TestMemoryLayout(t *testing.T) {
 	if n := unsafe.Sizeof(memoryShard{}); n != 128 {
 		t.Errorf("a shard is %d bytes, want 128", n)
 	}
+	// A bucket's words, for CMPXCHG16B: 16-byte aligned, the time then the level.
+	var s slot
+	if unsafe.Offsetof(s.Last) != 16 || unsafe.Offsetof(s.Level) != 24 {
+		t.Errorf("a bucket's words are at offsets %d and %d, want 16 and 24", unsafe.Offsetof(s.Last), unsafe.Offsetof(s.Level))
+	}
+	m := NewMemory(WithShards(1))
+	sh := &m.shards[0]
+	for range 12 { // tables of 8 to 16k slots
+		sh.mu.Lock()
+		sh.grow(m.lockFree)
+		sh.mu.Unlock()
+		if t := sh.fast.Load(); t.lockFree != m.lockFree {
+			break
+		}
+	}
+	if sh.fast.Load().lockFree != m.lockFree {
+		t.Errorf("a table of %d slots is not 16-byte aligned", len(sh.table))
+	}
 }
 
 // TestMemoryLogsAreReleased checks that a sliding log's timestamps go with its key:

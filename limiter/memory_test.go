@@ -117,33 +117,46 @@ func TestMemoryConcurrentDecisionsAreNotLost(t *testing.T) {
 		maxKeys, floods, rounds int
 	}{
 		// 13/16 of a table of 64 slots: long probe runs, keys off their home slot.
-		{"evicting", 52, 20_000, 1},
+		{"evicting", 52, 20_000, 5},
 		// From a table of 64 slots to one of 1024, in each of many stores: a key
 		// moves in a few nanoseconds, so it takes many moves to meet a decision.
 		{"growing", 1 << 20, 600, 200},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for range tc.rounds {
-				testConcurrentDecisions(t, tc.maxKeys, tc.floods)
-				if t.Failed() {
-					return
+		// A fixed window is decided under its slot's lock, a token bucket by
+		// compare-and-swap on its words, which whatever moves keys must freeze.
+		for _, a := range []limiter.Algorithm{limiter.FixedWindow, limiter.TokenBucket} {
+			t.Run(tc.name+"/"+string(a), func(t *testing.T) {
+				for range tc.rounds {
+					testConcurrentDecisions(t, a, tc.maxKeys, tc.floods)
+					if t.Failed() {
+						return
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
 
-func testConcurrentDecisions(t *testing.T, maxKeys, floods int) {
+func testConcurrentDecisions(t *testing.T, a limiter.Algorithm, maxKeys, floods int) {
 	const (
 		hotKeys  = 4
 		deciders = 4
 		rate     = 1 << 40
 	)
 	m := limiter.NewMemory(limiter.WithClock(func() time.Time { return t0 }), limiter.WithShards(1), limiter.WithMaxKeys(maxKeys))
-	hot := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: rate, Period: time.Hour}
+	// A bucket of 2^40 that refills once an hour: its remaining count is the
+	// window's, on a clock that stands still.
+	hot := limiter.Limit{Algorithm: a, Rate: rate, Period: time.Hour}
+	if a == limiter.TokenBucket {
+		hot = limiter.Limit{Algorithm: a, Rate: 1, Period: time.Hour, Burst: rate}
+	}
 	// Churn keys' windows end at different times, so that evictions pick them all over
-	// the table rather than the first one a sample meets.
+	// the table rather than the first one a sample meets; every other one is a
+	// bucket that is full again within a few µs, so that buckets move too.
 	churn := func(i int) limiter.Limit {
+		if i%2 == 1 {
+			return limiter.Limit{Algorithm: limiter.TokenBucket, Rate: rate, Period: time.Duration(1+i%13) * time.Microsecond}
+		}
 		return limiter.Limit{Algorithm: limiter.FixedWindow, Rate: rate, Period: time.Duration(1+i%13) * time.Microsecond}
 	}
 	ctx := context.Background()
@@ -200,8 +213,18 @@ var hotNames = [...]string{"hot-0", "hot-1", "hot-2", "hot-3"}
 // fresh again. A key's state that a decision has changed is no longer fresh: dropping
 // it would forget that decision, and the next one would be allowed again. With a
 // limit of one unit per window, exactly one decision per key and window must be
-// allowed. (No key is evicted: evicting forgets history by design.)
+// allowed. (No key is evicted: evicting forgets history by design.) A bucket of one
+// that refills in a second is the same limit, decided without the slot's lock.
 func TestMemoryExpiryDoesNotForgetADecision(t *testing.T) {
+	for _, l := range []limiter.Limit{
+		{Algorithm: limiter.FixedWindow, Rate: 1, Period: time.Second},
+		{Algorithm: limiter.TokenBucket, Rate: 1, Period: time.Second},
+	} {
+		t.Run(string(l.Algorithm), func(t *testing.T) { testExpiry(t, l) })
+	}
+}
+
+func testExpiry(t *testing.T, l limiter.Limit) {
 	const (
 		rounds   = 2000
 		hotKeys  = 16
@@ -211,7 +234,6 @@ func TestMemoryExpiryDoesNotForgetADecision(t *testing.T) {
 	var now atomic.Int64 // µs since t0
 	clock := func() time.Time { return t0.Add(time.Duration(now.Load()) * time.Microsecond) }
 	m := limiter.NewMemory(limiter.WithClock(clock), limiter.WithShards(1), limiter.WithMaxKeys(1<<20))
-	l := limiter.Limit{Algorithm: limiter.FixedWindow, Rate: 1, Period: time.Second}
 	ctx := context.Background()
 	var hot [hotKeys]string
 	for k := range hot {

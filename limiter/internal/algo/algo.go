@@ -24,14 +24,17 @@ const MaxMicros = 1 << 53
 // algorithm stays small: the memory store keeps it inline in its hash table, beside
 // a lock, in one cache line (40 bytes).
 type State struct {
-	Last    int64 // latest time seen, µs; the clock never goes backwards for a key
-	Expires int64 // from this time on the state is equivalent to a fresh one, µs
+	Last int64 // latest time seen, µs; the clock never goes backwards for a key
 
 	// Level is, for the buckets, the units in the virtual queue (capacity minus
-	// tokens); for the sliding window counter, the units counted in the previous
-	// window, a whole number below 2^53 and so exact as a float64 (the two never
-	// share a key, and sharing the field keeps State in 40 bytes).
+	// tokens), never negative; for the sliding window counter, the units counted in
+	// the previous window, a whole number below 2^53 and so exact as a float64 (the
+	// two never share a key, and sharing the field keeps State in 40 bytes). It
+	// follows Last: the memory store changes a bucket's two words with one
+	// compare-and-swap.
 	Level float64
+
+	Expires int64 // from this time on the state is equivalent to a fresh one, µs
 
 	Start int64 // windows: start of the current window, µs
 	Count int64 // windows: units counted in the current window
@@ -164,8 +167,14 @@ func (s *State) bucket(p *Params, now, elapsed, n int64) Outcome {
 	}
 	s.Level = level
 	o.Remaining = int64(math.Floor(capacity - level))
-	o.ResetAfter = int64(math.Ceil(float64(level*period) / rate))
+	o.ResetAfter = BucketReset(level, p.Rate, p.Period)
 	return o
+}
+
+// BucketReset is the time, in µs, until a bucket of this level drains at rate per
+// period: the ResetAfter of its decisions.
+func BucketReset(level float64, rate, period int64) int64 {
+	return int64(math.Ceil(float64(level*float64(period)) / float64(rate)))
 }
 
 // fixedWindow counts units per epoch-aligned window.
