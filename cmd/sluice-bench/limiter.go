@@ -48,7 +48,7 @@ sluice's decisions per second divided by the peer's in the same scenario. CPU NS
 process's CPU time (user and system) per decision, and VS PEER (CPU) the peer's CPU time
 per decision divided by sluice's: on a machine whose cores other processes share, wall
 time measures the scheduler as much as the code, and CPU time is the steadier figure.
-The GOALS lines check the memory store's targets against both ratios.
+The GOAL lines check the stores' targets against both ratios.
 
 Flags:
 `
@@ -537,26 +537,39 @@ func writeTable(w io.Writer, results []result) error {
 	return writeGoals(w, results)
 }
 
-// memoryGoals are the memory store's targets (issues 13 and 31): its decisions per second over
-// its peer's, in the scenarios the memory scenarios run, with 1 caller (callers 1) or
-// with GOMAXPROCS callers (callers 0).
-var memoryGoals = []struct {
-	keys    string // "1" or "many"
+// limiterGoals are the stores' targets (issues 13 and 31): sluice's decisions per
+// second over its peer's, in the scenarios the limiter mode runs, with callers
+// callers (0: GOMAXPROCS).
+var limiterGoals = []struct {
+	keys    string // "1" or "many" (memory), "redis"
 	callers int
 	atLeast float64
 }{
 	{"1", 0, 1.2},
 	{"many", 1, 3},
 	{"many", 0, 3},
+	{"redis", 1, 1.1},
+	{"redis", 64, 3},
 }
 
-// writeGoals writes a line per memory goal whose scenario ran: its ratios by wall time
-// and CPU time, and whether they meet it.
+// goalScenario reports whether scenario is the one of goal keys.
+func goalScenario(keys, scenario string) bool {
+	switch keys {
+	case "1":
+		return scenario == "memory, 1 key"
+	case "many":
+		return strings.HasPrefix(scenario, "memory, ") && scenario != "memory, 1 key"
+	}
+	return strings.HasPrefix(scenario, "redis, ")
+}
+
+// writeGoals writes a line per goal whose scenario ran: its ratios by wall time and
+// CPU time, and whether they meet it.
 func writeGoals(w io.Writer, results []result) error {
 	var b strings.Builder
 	procs := runtime.GOMAXPROCS(0)
 	seen := map[string]bool{} // with GOMAXPROCS=1, two goals are one
-	for _, g := range memoryGoals {
+	for _, g := range limiterGoals {
 		callers := g.callers
 		if callers == 0 {
 			callers = procs
@@ -567,8 +580,7 @@ func writeGoals(w io.Writer, results []result) error {
 		}
 		seen[k] = true
 		for _, r := range results {
-			if !r.Sluice || r.Callers != callers || !strings.HasPrefix(r.Scenario, "memory, ") ||
-				(r.Scenario == "memory, 1 key") != (g.keys == "1") {
+			if !r.Sluice || r.Callers != callers || !goalScenario(g.keys, r.Scenario) {
 				continue
 			}
 			verdict := func(ratio float64) string {

@@ -149,6 +149,10 @@ func TestLimiterRedis(t *testing.T) {
 			t.Errorf("%d rows of %s, want 2 (1 and 4 callers):\n%s", n, want, out)
 		}
 	}
+	// The 1-caller goal ran; the 64-caller one did not.
+	if !strings.Contains(out, "GOAL redis, 10 keys/caller, 1 caller: >= 1.1x the peer: wall ") || strings.Contains(out, "64 callers") {
+		t.Errorf("the Redis goals in\n%s", out)
+	}
 	if keys, err := srv.Client().Keys(context.Background(), "*").Result(); err != nil || len(keys) > 0 {
 		t.Errorf("keys left in Redis: %d, %v", len(keys), err)
 	}
