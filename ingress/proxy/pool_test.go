@@ -3,12 +3,15 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -323,4 +326,39 @@ func TestReuseAfter(t *testing.T) {
 			t.Errorf("3 requests, each after the delay, used %d connections, want 1", len(conns))
 		}
 	})
+}
+
+// TestTLSReuse: over TLS the pool sends, reads and relays as over plain TCP (the
+// request flushed before its response is read, the socket under TLS peeked when a
+// connection is taken), and keeps one connection for requests in turn.
+func TestTLSReuse(t *testing.T) {
+	var mu sync.Mutex
+	remotes := map[string]bool{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		remotes[r.RemoteAddr] = true
+		mu.Unlock()
+		_, _ = io.WriteString(w, "secret "+r.URL.Path)
+	}))
+	srv.EnableHTTP2 = false
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	u, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	p := newPool(t, u, WithTLS(&tls.Config{RootCAs: roots, ServerName: "example.com"}))
+	for i := range 5 {
+		path := "/" + strconv.Itoa(i)
+		if o := do(p, "GET", path); o.err != nil || o.status != http.StatusOK || o.body != "secret "+path {
+			t.Fatalf("request %d: %d %q %v", i, o.status, o.body, o.err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(remotes) != 1 {
+		t.Errorf("5 requests in turn used %d connections, want 1", len(remotes))
+	}
 }
