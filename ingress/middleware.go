@@ -26,7 +26,6 @@ import (
 	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/ingress/proxy"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/limiter/ratelimitheader"
 	"github.com/sluicehq/sluice/queue/telemetry"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -289,7 +288,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.engine.Reserve(ctx, checks, &v)
 	}
 	if v.ClosestRule != nil {
-		WriteRateLimitHeaders(w.Header(), v.ClosestRule, v.ClosestLimit, v.Closest)
+		WriteRateLimitHeaders(w.Header(), v.Fields())
 	}
 	deferring := v.Violated != nil && v.Violated.Parks() && m.deferrer != nil && noPark == ""
 	if span != nil {
@@ -453,16 +452,15 @@ func endDecision(span trace.Span, route *rules.Route, v *decide.Verdict, deferri
 // SetRetryAfter sets Retry-After and X-Ratelimit-Retry-After to d in whole seconds,
 // rounded up.
 func SetRetryAfter(h http.Header, d time.Duration) {
-	secs := strconv.FormatInt(RetryAfterSeconds(d), 10)
+	secs := strconv.FormatInt(decide.RetryAfterSeconds(d), 10)
 	h.Set("Retry-After", secs)
 	h.Set("X-Ratelimit-Retry-After", secs)
 }
 
-// WriteRateLimitHeaders sets X-Ratelimit-Limit, X-Ratelimit-Remaining, RateLimit-Policy
-// and RateLimit (draft-ietf-httpapi-ratelimit-headers-11) for decision d of
-// rule.Limits[limit].
-func WriteRateLimitHeaders(h http.Header, rule *rules.Rule, limit int, d limiter.Decision) {
-	f := RateLimitFieldsOf(rule, limit, d)
+// WriteRateLimitHeaders sets X-Ratelimit-Limit, X-Ratelimit-Remaining and, when they
+// are not empty, RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers)
+// to f.
+func WriteRateLimitHeaders(h http.Header, f decide.Fields) {
 	// As h.Set would, under the canonical names, but the four values share one
 	// backing array: these headers are on every response, and the front door's
 	// allocations are a good part of its CPU per request.
@@ -476,46 +474,6 @@ func WriteRateLimitHeaders(h http.Header, rule *rules.Rule, limit int, d limiter
 	if f.RateLimit != "" {
 		set("Ratelimit", 3)
 	}
-}
-
-// RateLimitFields are the values of the rate-limit headers of one decision.
-type RateLimitFields struct {
-	Limit, Remaining string // X-Ratelimit-Limit, X-Ratelimit-Remaining
-	// Policy and RateLimit are the draft's RateLimit-Policy and RateLimit; empty when
-	// the rule's name cannot be written in them.
-	Policy, RateLimit string
-}
-
-// RateLimitFieldsOf returns the header values WriteRateLimitHeaders sets for
-// decision d of rule.Limits[limit], for callers that do not write an http.Header
-// (the Envoy services).
-func RateLimitFieldsOf(rule *rules.Rule, limit int, d limiter.Decision) RateLimitFields {
-	// The four values are written into one buffer and cut from one string: one
-	// allocation instead of four, on every response.
-	var buf [256]byte
-	b := strconv.AppendInt(buf[:0], d.Limit, 10)
-	ends := [4]int{len(b)}
-	b = strconv.AppendInt(b, d.Remaining, 10)
-	ends[1] = len(b)
-	// A name the fields cannot carry leaves b as it was: those two values are empty.
-	b, _ = ratelimitheader.AppendPolicy(b, ratelimitheader.Policy{Name: rule.Name, Quota: d.Limit,
-		Window: RetryAfterSeconds(QuotaWindow(rule.Limits[limit]))})
-	ends[2] = len(b)
-	b, _ = ratelimitheader.AppendRateLimit(b, ratelimitheader.Status{Name: rule.Name, Remaining: d.Remaining,
-		Reset: RetryAfterSeconds(d.ResetAfter)})
-	ends[3] = len(b)
-	all := string(b)
-	return RateLimitFields{Limit: all[:ends[0]], Remaining: all[ends[0]:ends[1]], Policy: all[ends[1]:ends[2]], RateLimit: all[ends[2]:ends[3]]}
-}
-
-// QuotaWindow is the time over which a limit grants its whole quota: the window, or
-// for the buckets the time to refill an empty bucket.
-func QuotaWindow(l limiter.Limit) time.Duration {
-	switch l.Algorithm {
-	case limiter.TokenBucket, limiter.LeakyBucket:
-		return time.Duration(float64(l.Period) * float64(l.Capacity()) / float64(l.Rate))
-	}
-	return l.Period
 }
 
 // idempotencyScope names the caller of r for Idempotency-Key scoping: a hash of its

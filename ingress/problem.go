@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/sluicehq/sluice/ingress/decide"
 )
 
 // quotaExceededType is the problem type of draft-ietf-httpapi-ratelimit-headers-11.
@@ -36,7 +38,7 @@ func writeProblem(w http.ResponseWriter, p problem) {
 
 // quotaExceeded is the 429 problem for the given violated policies.
 func quotaExceeded(policies []string, limit int64, retryAfter time.Duration) problem {
-	secs := RetryAfterSeconds(retryAfter)
+	secs := decide.RetryAfterSeconds(retryAfter)
 	return problem{
 		Type:             quotaExceededType,
 		Title:            "Request cannot be satisfied as assigned quota has been exceeded",

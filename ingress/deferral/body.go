@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -218,7 +219,7 @@ func writeBodyProblem(w http.ResponseWriter, err error) {
 		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge,
 			"The request body is larger than "+strconv.FormatInt(maxBytes.Limit, 10)+" bytes.")
 	case errors.Is(err, errNoMemory):
-		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(memoryRetryAfter), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(memoryRetryAfter), 10))
 		ingress.WriteProblem(w, http.StatusServiceUnavailable,
 			"Too many large requests are being queued at once; nothing was accepted. Retry later.")
 	default:

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/ingress/internal/warn"
 	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
@@ -356,19 +357,19 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 			"This Idempotency-Key was used before with a different request.")
 	case errors.Is(err, queue.ErrFull):
 		wait := max(queue.RetryAfter(err), time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(wait), 10))
 		ingress.WriteProblem(w, http.StatusTooManyRequests,
-			fullDetail(d.Queue.Name, err)+"; retry in "+strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10)+" s.")
+			fullDetail(d.Queue.Name, err)+"; retry in "+strconv.FormatInt(decide.RetryAfterSeconds(wait), 10)+" s.")
 	case errors.Is(err, queue.ErrTooManyKeys):
 		wait := max(queue.RetryAfter(err), time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(wait), 10))
 		ingress.WriteProblem(w, http.StatusTooManyRequests,
 			"Too many idempotency keys: this client has used the "+strconv.Itoa(d.Queue.MaxIdempotencyKeys)+
 				" Idempotency-Keys the queue "+d.Queue.Name+" accepts per client (max_idempotency_keys) within "+
-				d.Queue.IdempotencyTTL.String()+"; retry in "+strconv.FormatInt(ingress.RetryAfterSeconds(wait), 10)+" s.")
+				d.Queue.IdempotencyTTL.String()+"; retry in "+strconv.FormatInt(decide.RetryAfterSeconds(wait), 10)+" s.")
 	case errors.Is(err, queue.ErrKeyStoreFull):
 		q.keysFull.Warn(q.log, "idempotency key store full", "queue", d.Queue.Name, "err", err)
-		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(unavailableRetryAfter), 10))
 		ingress.WriteProblem(w, http.StatusServiceUnavailable,
 			"The idempotency key store is full; nothing was accepted. Retry later.")
 	case errors.Is(err, queue.ErrSchedule):
@@ -397,7 +398,7 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 	default:
 		// ErrUnavailable, an undeclared queue, anything else: nothing was accepted.
 		q.unavailable.Warn(q.log, "deferring failed", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)
-		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(unavailableRetryAfter), 10))
 		ingress.WriteProblem(w, http.StatusServiceUnavailable,
 			"The request could not be queued; nothing was accepted. Retry later.")
 	}
@@ -449,7 +450,7 @@ func statusOf(rec *queue.Record) *ticket.Status {
 		body.NextTry = &rec.NextAttemptAt
 	}
 	if rec.Status == queue.StatusScheduled && !rec.NotBefore.IsZero() {
-		due := ingress.RetryAfterSeconds(max(time.Until(rec.NotBefore), 0))
+		due := decide.RetryAfterSeconds(max(time.Until(rec.NotBefore), 0))
 		body.NotBefore, body.DueIn = &rec.NotBefore, &due
 	}
 	if res := rec.Result; res != nil {
@@ -485,7 +486,7 @@ func (q *Deferrer) StatusHandler() http.Handler {
 			ingress.WriteProblem(w, http.StatusNotFound, "No such ticket (tickets are kept for a limited time).")
 			return
 		case err != nil:
-			w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+			w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(unavailableRetryAfter), 10))
 			ingress.WriteProblem(w, http.StatusServiceUnavailable, "The ticket's status cannot be read now.")
 			return
 		}
@@ -505,7 +506,7 @@ func writeStatus(w http.ResponseWriter, rec *queue.Record) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	if !rec.Status.Final() {
-		h.Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(max(rec.RetryAfter, time.Second)), 10))
+		h.Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(max(rec.RetryAfter, time.Second)), 10))
 	}
 	_ = json.NewEncoder(w).Encode(statusOf(rec))
 }
@@ -542,7 +543,7 @@ func (q *Deferrer) CancelHandler() http.Handler {
 				"A dispatcher took the order as it was cancelled; ask again to learn whether the cancellation held.")
 		default:
 			q.log.Warn("cancel failed", "err", err)
-			w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+			w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(unavailableRetryAfter), 10))
 			ingress.WriteProblem(w, http.StatusServiceUnavailable, "The order cannot be cancelled now; retry later.")
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -46,7 +47,7 @@ func (l *lookupLimit) allow(w http.ResponseWriter, r *http.Request) bool {
 	if err != nil || d.Allowed { // err: a limit Validate refuses, which rates of ParseRate are not
 		return true
 	}
-	w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(d.RetryAfter), 10))
+	w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(d.RetryAfter), 10))
 	ingress.WriteProblem(w, http.StatusTooManyRequests, "Too many ticket lookups from this client; ask again after Retry-After.")
 	return false
 }

@@ -228,17 +228,13 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.headers && (v.ClosestRule != nil || v.Violated != nil) {
-		// A block-list rule has no limit to describe, but a Retry-After, as on
-		// the front door.
-		var f ingress.RateLimitFields
-		if v.ClosestRule != nil {
-			f = ingress.RateLimitFieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest)
-		}
+		// A block-list rule has no limit to describe (empty fields), but a
+		// Retry-After, as on the front door.
 		var wait string
 		if v.Violated != nil {
-			wait = strconv.FormatInt(ingress.RetryAfterSeconds(v.RetryAfter), 10)
+			wait = strconv.FormatInt(decide.RetryAfterSeconds(v.RetryAfter), 10)
 		}
-		resp.ResponseHeadersToAdd = rateLimitHeaders(f, wait)
+		resp.ResponseHeadersToAdd = rateLimitHeaders(v.Fields(), wait)
 	}
 	if s.dynMeta {
 		resp.DynamicMetadata = dynamicMetadata(req, meta)
@@ -479,7 +475,7 @@ func currentLimit(out *rlsv3.RateLimitResponse_RateLimit, name string, l limiter
 // X-Ratelimit-Retry-After when retryAfter is not empty: what headerValues makes of
 // the http.Header that ingress.WriteRateLimitHeaders and ingress.SetRetryAfter fill,
 // in the same order, without the map (this is every call's cost).
-func rateLimitHeaders(f ingress.RateLimitFields, retryAfter string) []*corev3.HeaderValue {
+func rateLimitHeaders(f decide.Fields, retryAfter string) []*corev3.HeaderValue {
 	// One allocation holds the list and its messages (a HeaderValue is a hundred
 	// bytes): room for four, or for six when Retry-After is there.
 	if retryAfter == "" {
@@ -498,7 +494,7 @@ func rateLimitHeaders(f ingress.RateLimitFields, retryAfter string) []*corev3.He
 
 // appendHeaders appends the headers of rateLimitHeaders to out, the messages in
 // vals (which has room for them).
-func appendHeaders(out []*corev3.HeaderValue, vals []corev3.HeaderValue, f ingress.RateLimitFields, retryAfter string) []*corev3.HeaderValue {
+func appendHeaders(out []*corev3.HeaderValue, vals []corev3.HeaderValue, f decide.Fields, retryAfter string) []*corev3.HeaderValue {
 	add := func(k, v string) {
 		if v != "" {
 			vals[len(out)] = corev3.HeaderValue{Key: k, Value: v}

@@ -581,14 +581,14 @@ descriptors:
 		t.Run(tc.name, func(t *testing.T) {
 			rule := ruleOf(tc.key)
 			h := http.Header{}
-			ingress.WriteRateLimitHeaders(h, rule, tc.limit, tc.d)
+			ingress.WriteRateLimitHeaders(h, decide.FieldsOf(rule, tc.limit, tc.d))
 			var wait string
 			if tc.retryAfter > 0 {
 				ingress.SetRetryAfter(h, tc.retryAfter)
-				wait = strconv.FormatInt(ingress.RetryAfterSeconds(tc.retryAfter), 10)
+				wait = strconv.FormatInt(decide.RetryAfterSeconds(tc.retryAfter), 10)
 			}
 			want := headerValues(h)
-			got := rateLimitHeaders(ingress.RateLimitFieldsOf(rule, tc.limit, tc.d), wait)
+			got := rateLimitHeaders(decide.FieldsOf(rule, tc.limit, tc.d), wait)
 			if len(got) != len(want) || len(want) < 4 {
 				t.Fatalf("got %v, want %v", got, want)
 			}

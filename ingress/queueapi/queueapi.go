@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -54,7 +55,7 @@ func (a *API) store() *queue.Store {
 func (a *API) whenOpen(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.store() == nil {
-			w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+			w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(unavailableRetryAfter), 10))
 			ingress.WriteProblem(w, http.StatusServiceUnavailable, "The queues are not declared yet: NATS is not reachable.")
 			return
 		}
@@ -420,10 +421,10 @@ func (a *API) fail(w http.ResponseWriter, err error) {
 	case errors.Is(err, queue.ErrNoDispatcher), errors.Is(err, queue.ErrDeclared), errors.Is(err, queue.ErrNotEmpty):
 		status = http.StatusConflict
 	case errors.Is(err, queue.ErrFull):
-		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(max(queue.RetryAfter(err), time.Second)), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(max(queue.RetryAfter(err), time.Second)), 10))
 		status = http.StatusTooManyRequests
 	case errors.Is(err, queue.ErrUnavailable):
-		w.Header().Set("Retry-After", strconv.FormatInt(ingress.RetryAfterSeconds(unavailableRetryAfter), 10))
+		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(unavailableRetryAfter), 10))
 		status = http.StatusServiceUnavailable
 	default:
 		if a.Log != nil {

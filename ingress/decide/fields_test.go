@@ -1,8 +1,7 @@
-package ingress
+package decide
 
 import (
 	"math"
-	"net/http"
 	"reflect"
 	"testing"
 	"time"
@@ -12,39 +11,30 @@ import (
 	"github.com/sluicehq/sluice/rules"
 )
 
-// TestRateLimitFieldsReadBack: the RateLimit-Policy and RateLimit the front door writes
-// read back, with the codec the pacing client uses, to the decision they were written
-// for, its durations rounded up to whole seconds; a name the fields cannot carry leaves
-// both out and the X- fields in.
+// TestRateLimitFieldsReadBack: the RateLimit-Policy and RateLimit every entry point
+// writes read back, with the codec the pacing client uses, to the decision they were
+// written for, its durations rounded up to whole seconds; a name the fields cannot
+// carry leaves both out and the X- fields in.
 func TestRateLimitFieldsReadBack(t *testing.T) {
 	rule := &rules.Rule{Name: `orders "eu"`, Limits: []limiter.Limit{
 		{Algorithm: limiter.FixedWindow, Rate: 100, Period: 90 * time.Second},
 		{Algorithm: limiter.TokenBucket, Rate: 1, Period: 1500 * time.Millisecond, Burst: 4},
 	}}
 	d := limiter.Decision{Limit: 4, Remaining: 2, ResetAfter: 2500 * time.Millisecond}
-	h := http.Header{}
-	WriteRateLimitHeaders(h, rule, 1, d)
-	policies, err := ratelimitheader.ParsePolicy(h.Get("RateLimit-Policy"))
+	f := FieldsOf(rule, 1, d)
+	policies, err := ratelimitheader.ParsePolicy(f.Policy)
 	// The bucket refills 4 in 6 s.
 	if want := []ratelimitheader.Policy{{Name: rule.Name, Quota: 4, Window: 6}}; err != nil || !reflect.DeepEqual(policies, want) {
-		t.Errorf("RateLimit-Policy %q: %+v, %v; want %+v", h.Get("RateLimit-Policy"), policies, err, want)
+		t.Errorf("RateLimit-Policy %q: %+v, %v; want %+v", f.Policy, policies, err, want)
 	}
-	statuses, err := ratelimitheader.ParseRateLimit(h.Get("RateLimit"))
+	statuses, err := ratelimitheader.ParseRateLimit(f.RateLimit)
 	if want := []ratelimitheader.Status{{Name: rule.Name, Remaining: 2, Reset: 3}}; err != nil || !reflect.DeepEqual(statuses, want) {
-		t.Errorf("RateLimit %q: %+v, %v; want %+v", h.Get("RateLimit"), statuses, err, want)
+		t.Errorf("RateLimit %q: %+v, %v; want %+v", f.RateLimit, statuses, err, want)
 	}
 
 	bad := &rules.Rule{Name: "café", Limits: rule.Limits}
-	h = http.Header{}
-	WriteRateLimitHeaders(h, bad, 0, d)
-	if _, ok := h["Ratelimit-Policy"]; ok {
-		t.Errorf("RateLimit-Policy written for a non-ASCII name: %q", h.Get("RateLimit-Policy"))
-	}
-	if _, ok := h["Ratelimit"]; ok {
-		t.Errorf("RateLimit written for a non-ASCII name: %q", h.Get("RateLimit"))
-	}
-	if h.Get("X-Ratelimit-Limit") != "4" || h.Get("X-Ratelimit-Remaining") != "2" {
-		t.Errorf("X- fields: %v", h)
+	if f := FieldsOf(bad, 0, d); f != (Fields{Limit: "4", Remaining: "2"}) {
+		t.Errorf("fields of a non-ASCII name: %+v, want only the X- ones", f)
 	}
 }
 

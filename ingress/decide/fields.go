@@ -1,0 +1,77 @@
+package decide
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/ratelimitheader"
+	"github.com/sluicehq/sluice/rules"
+)
+
+// Fields are the values of the rate-limit header fields that describe one decision,
+// as every entry point sends them: the front door as HTTP headers, the Envoy services
+// as headers for Envoy to add.
+type Fields struct {
+	Limit, Remaining string // X-Ratelimit-Limit, X-Ratelimit-Remaining
+	// Policy and RateLimit are RateLimit-Policy and RateLimit
+	// (draft-ietf-httpapi-ratelimit-headers, limiter/ratelimitheader); empty when the
+	// rule's name cannot be written in them.
+	Policy, RateLimit string
+}
+
+// Fields returns the fields of v's closest limit; all empty when v has none
+// (ClosestRule nil).
+func (v *Verdict) Fields() Fields {
+	if v.ClosestRule == nil {
+		return Fields{}
+	}
+	return FieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest)
+}
+
+// FieldsOf returns the fields of decision d of rule.Limits[limit]: its limit and
+// remaining, the quota over its window (see quotaWindow) and the time to its reset,
+// durations rounded up to whole seconds (RetryAfterSeconds).
+func FieldsOf(rule *rules.Rule, limit int, d limiter.Decision) Fields {
+	// The four values are written into one buffer and cut from one string: one
+	// allocation instead of four, on every response.
+	var buf [256]byte
+	b := strconv.AppendInt(buf[:0], d.Limit, 10)
+	ends := [4]int{len(b)}
+	b = strconv.AppendInt(b, d.Remaining, 10)
+	ends[1] = len(b)
+	// A name the fields cannot carry leaves b as it was: those two values are empty.
+	b, _ = ratelimitheader.AppendPolicy(b, ratelimitheader.Policy{Name: rule.Name, Quota: d.Limit,
+		Window: RetryAfterSeconds(quotaWindow(rule.Limits[limit]))})
+	ends[2] = len(b)
+	b, _ = ratelimitheader.AppendRateLimit(b, ratelimitheader.Status{Name: rule.Name, Remaining: d.Remaining,
+		Reset: RetryAfterSeconds(d.ResetAfter)})
+	ends[3] = len(b)
+	all := string(b)
+	return Fields{Limit: all[:ends[0]], Remaining: all[ends[0]:ends[1]], Policy: all[ends[1]:ends[2]], RateLimit: all[ends[2]:ends[3]]}
+}
+
+// quotaWindow is the time over which a limit grants its whole quota: the window, or
+// for the buckets the time to refill an empty bucket.
+func quotaWindow(l limiter.Limit) time.Duration {
+	switch l.Algorithm {
+	case limiter.TokenBucket, limiter.LeakyBucket:
+		return time.Duration(float64(l.Period) * float64(l.Capacity()) / float64(l.Rate))
+	}
+	return l.Period
+}
+
+// RetryAfterSeconds rounds d up to whole seconds, as Retry-After and the w and t of the
+// RateLimit fields (limiter/ratelimitheader) count them (0 for d ≤ 0). It never
+// overflows: rounding up divides first, so the longest Duration gives its whole
+// seconds plus one, never a negative number.
+func RetryAfterSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	secs := int64(d / time.Second)
+	if d%time.Second != 0 {
+		secs++
+	}
+	return secs
+}
