@@ -15,7 +15,8 @@ import (
 
 // The user sluice of the shipped accounts.conf must be able to keep the flow
 // settings (sluice queue flow, PUT /sluice/v1/queues/{q}/flows/{key}): they live in
-// the bucket queue.FlowsBucket, written on $KV.sluice_flows.>.
+// the bucket queue.FlowsBucket, written on $KV.sluice_flows.>; the dispatchers'
+// figures of flow keys in queue.FlowStatsBucket, on $KV.sluice_flow_stats.>.
 func TestAccountsSluiceWritesFlowSettings(t *testing.T) {
 	const pw = "0123456789abcdef0123456789abcdef"
 	t.Setenv("NATS_SLUICE_PASSWORD", pw)
@@ -29,11 +30,14 @@ func TestAccountsSluiceWritesFlowSettings(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: queue.FlowsBucket})
-	if err != nil {
-		t.Fatalf("the user sluice makes %s: %v", queue.FlowsBucket, err)
-	}
-	if _, err := kv.Put(ctx, "orders.merchant-a", []byte(`{}`)); err != nil {
-		t.Errorf("the user sluice writes a flow setting in %s: %v", queue.FlowsBucket, err)
+	// The dispatchers' reports of their flow keys (queue.Queue.PublishFlowStats) too.
+	for _, bucket := range []string{queue.FlowsBucket, queue.FlowStatsBucket} {
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket})
+		if err != nil {
+			t.Fatalf("the user sluice makes %s: %v", bucket, err)
+		}
+		if _, err := kv.Put(ctx, "orders.merchant-a", []byte(`{}`)); err != nil {
+			t.Errorf("the user sluice writes an entry in %s: %v", bucket, err)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -161,6 +162,8 @@ type Dispatcher struct {
 	callbackClient, privateCallbackClient *http.Client
 	tracer                                trace.Tracer // nil: no spans
 	flow                                  *flowGate
+	// replica names this dispatcher's reports of flow keys (a random id).
+	replica string
 }
 
 // New returns a dispatcher for the queues of store.
@@ -200,7 +203,7 @@ func New(store *queue.Store, opts ...Option) (*Dispatcher, error) {
 		o.flowLimiter = limiter.NewMemory(limiter.WithClock(o.clock.Now))
 	}
 	d := &Dispatcher{store: store, opts: o, log: o.logger, metrics: newMetrics(), tracer: telemetry.Tracer(o.tracerProvider),
-		flow: newFlowGate(o.flowLimiter)}
+		flow: newFlowGate(o.flowLimiter), replica: rand.Text()[:16]}
 	if o.registerer != nil {
 		if err := d.metrics.register(o.registerer); err != nil {
 			return nil, err

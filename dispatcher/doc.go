@@ -87,7 +87,11 @@
 // admin API's /sluice/v1/queues/{q}/flows/{key}/… and `sluice queue flow`. The
 // settings live signed in the key-value bucket sluice_flows; each dispatcher reads
 // them every 2 s (sluice_queue_flow_keys_paused shows what it read) and hands a
-// paused key's orders back for at most 5 s at a time. Orders of one key are not kept
+// paused key's orders back for at most 5 s at a time. Each dispatcher also publishes, every 2 s
+// while it holds any, the depth of each flow key (its orders held here: delivering, or
+// handed back until the key's turn or pause ends) and its starts per second over the
+// last 10 s (queue.Queue.PublishFlowStats), which the flows API and `sluice queue flow
+// list|show` read; a key leaves the report once idle for 10 s. Orders of one key are not kept
 // in strict order: a new order may take a turn a handed-back one waited for.
 //
 // Measured (go test -race -count=1 -v -run 'TestFlowBy' ./dispatcher/, 2 cores shared

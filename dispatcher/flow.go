@@ -2,10 +2,13 @@ package dispatcher
 
 import (
 	"context"
+	"math"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -41,9 +44,9 @@ const flowErrorDelay = time.Second
 const FlowPending = 10_000
 
 // flowGate admits the starts of one dispatcher's orders by their flow keys: each
-// key's rate through the flow limiter, each key's deliveries running here counted in
-// running. A key is in running only while a delivery of it runs, and in waiting only
-// while orders of it are handed back: idle keys take no memory.
+// key's rate through the flow limiter, each key's deliveries running here counted.
+// A key has a flowKeyState only while a delivery of it runs, orders of it are handed
+// back, or it started one within queue.FlowRateWindow: idle keys take no memory.
 //
 // An order without a turn is handed back for its key's wait plus one step (the key's
 // interval) for each order of the key already handed back and not yet seen again: a
@@ -53,10 +56,50 @@ type flowGate struct {
 	lim limiter.Limiter
 
 	mu        sync.Mutex
-	running   map[string]int    // queue + "/" + key → deliveries running
-	waiting   map[string]int    // queue + "/" + key → orders handed back
-	pen       map[string]penned // ticket → the order handed back
+	keys      map[string]*flowKeyState // queue + "/" + key
+	pen       map[string]penned        // ticket → the order handed back
 	nextSweep time.Time
+}
+
+// flowRateSeconds is queue.FlowRateWindow in whole seconds: a key's starts are
+// counted per second over that many seconds.
+const flowRateSeconds = int64(queue.FlowRateWindow / time.Second)
+
+// flowKeyState is what the gate knows of one key of one queue.
+type flowKeyState struct {
+	running int // deliveries running
+	waiting int // orders handed back, not seen again
+	// starts counts the key's starts per second: starts[s % flowRateSeconds] for the
+	// Unix second s, for the flowRateSeconds seconds up to last (the latest start).
+	starts [flowRateSeconds]uint32
+	last   int64
+}
+
+// startsBefore returns the starts in the flowRateSeconds whole seconds before sec.
+func (k *flowKeyState) startsBefore(sec int64) int {
+	n := 0
+	for s := max(sec-flowRateSeconds, k.last-flowRateSeconds+1); s < sec && s <= k.last; s++ {
+		n += int(k.starts[s%flowRateSeconds])
+	}
+	return n
+}
+
+// count records a start at sec.
+func (k *flowKeyState) count(sec int64) {
+	if sec > k.last {
+		for s := max(k.last+1, sec-flowRateSeconds+1); s <= sec; s++ {
+			k.starts[s%flowRateSeconds] = 0
+		}
+		k.last = sec
+	}
+	if sec > k.last-flowRateSeconds {
+		k.starts[sec%flowRateSeconds]++
+	}
+}
+
+// idle reports whether the key holds nothing at sec: the state can go.
+func (k *flowKeyState) idle(sec int64) bool {
+	return k.running == 0 && k.waiting == 0 && sec-k.last >= flowRateSeconds
 }
 
 // penned is an order handed back until its key's turn.
@@ -70,22 +113,41 @@ type penned struct {
 const penForget = time.Minute
 
 func newFlowGate(lim limiter.Limiter) *flowGate {
-	return &flowGate{lim: lim, running: map[string]int{}, waiting: map[string]int{}, pen: map[string]penned{}}
+	return &flowGate{lim: lim, keys: map[string]*flowKeyState{}, pen: map[string]penned{}}
+}
+
+// keyLocked returns id's state, made if missing. Called with g.mu held.
+func (g *flowGate) keyLocked(id string) *flowKeyState {
+	k := g.keys[id]
+	if k == nil {
+		k = &flowKeyState{last: math.MinInt64 / 2}
+		g.keys[id] = k
+	}
+	return k
+}
+
+// dropIdleLocked removes id's state if it holds nothing at now.
+func (g *flowGate) dropIdleLocked(id string, now time.Time) {
+	if k := g.keys[id]; k != nil && k.idle(now.Unix()) {
+		delete(g.keys, id)
+	}
 }
 
 // unpenLocked forgets ticket's hand-back (it is back). Called with g.mu held.
-func (g *flowGate) unpenLocked(ticket string) {
+func (g *flowGate) unpenLocked(ticket string, now time.Time) {
 	e, ok := g.pen[ticket]
 	if !ok {
 		return
 	}
 	delete(g.pen, ticket)
-	if g.waiting[e.id]--; g.waiting[e.id] <= 0 {
-		delete(g.waiting, e.id)
+	if k := g.keys[e.id]; k != nil {
+		k.waiting = max(k.waiting-1, 0)
+		g.dropIdleLocked(e.id, now)
 	}
 }
 
-// sweepLocked forgets the hand-backs long past their due time.
+// sweepLocked forgets the hand-backs long past their due time, and the keys idle
+// since their last start.
 func (g *flowGate) sweepLocked(now time.Time) {
 	if now.Before(g.nextSweep) {
 		return
@@ -93,8 +155,11 @@ func (g *flowGate) sweepLocked(now time.Time) {
 	g.nextSweep = now.Add(penForget / 4)
 	for ticket, e := range g.pen {
 		if now.Sub(e.due) > penForget {
-			g.unpenLocked(ticket)
+			g.unpenLocked(ticket, now)
 		}
+	}
+	for id := range g.keys {
+		g.dropIdleLocked(id, now)
 	}
 }
 
@@ -104,9 +169,12 @@ func (g *flowGate) sweepLocked(now time.Time) {
 func (g *flowGate) admit(ctx context.Context, queue string, f queueconfig.FlowBy, key, ticket string, now time.Time) (release func(), wait time.Duration, ok bool, err error) {
 	id := queue + "/" + key
 	g.mu.Lock()
-	g.unpenLocked(ticket)
+	g.unpenLocked(ticket, now)
 	g.sweepLocked(now)
-	busy := f.MaxInFlight > 0 && g.running[id] >= f.MaxInFlight
+	busy := false
+	if k := g.keys[id]; k != nil {
+		busy = f.MaxInFlight > 0 && k.running >= f.MaxInFlight
+	}
 	g.mu.Unlock()
 	step := f.Rate.Interval()
 	switch {
@@ -124,17 +192,16 @@ func (g *flowGate) admit(ctx context.Context, queue string, f queueconfig.FlowBy
 			return nil, g.postpone(id, ticket, max(d.RetryAfter, time.Millisecond), step, now), false, nil
 		}
 	}
-	if f.MaxInFlight <= 0 {
-		return func() {}, 0, true, nil
-	}
 	g.mu.Lock()
-	g.running[id]++
+	k := g.keyLocked(id)
+	k.running++
+	k.count(now.Unix())
 	g.mu.Unlock()
 	return func() {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		if g.running[id]--; g.running[id] <= 0 {
-			delete(g.running, id)
+		if k := g.keys[id]; k != nil {
+			k.running = max(k.running-1, 0)
 		}
 	}, 0, true, nil
 }
@@ -144,8 +211,41 @@ func (g *flowGate) admit(ctx context.Context, queue string, f queueconfig.FlowBy
 func (g *flowGate) postpone(id, ticket string, base, step time.Duration, now time.Time) time.Duration {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	wait := base + time.Duration(g.waiting[id])*step
+	k := g.keyLocked(id)
+	wait := base + time.Duration(k.waiting)*step
 	g.pen[ticket] = penned{id: id, due: now.Add(wait)}
-	g.waiting[id]++
+	k.waiting++
 	return wait
+}
+
+// hold records ticket, of queue's flow key key, as handed back for wait (its key is
+// paused) and returns wait.
+func (g *flowGate) hold(queueName, key, ticket string, wait time.Duration, now time.Time) time.Duration {
+	g.mu.Lock()
+	g.unpenLocked(ticket, now)
+	g.mu.Unlock()
+	return g.postpone(queueName+"/"+key, ticket, wait, 0, now)
+}
+
+// stats returns the figures of queue's flow keys at now (see queue.FlowStat), and
+// forgets the keys that are idle.
+func (g *flowGate) stats(queueName string, now time.Time) []queue.FlowStat {
+	prefix := queueName + "/"
+	sec := now.Unix()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []queue.FlowStat
+	for id, k := range g.keys {
+		key, ok := strings.CutPrefix(id, prefix)
+		if !ok {
+			continue
+		}
+		if k.idle(sec) {
+			delete(g.keys, id)
+			continue
+		}
+		out = append(out, queue.FlowStat{Key: key, Depth: k.running + k.waiting,
+			PerSecond: float64(k.startsBefore(sec)) / float64(flowRateSeconds)})
+	}
+	return out
 }

@@ -200,6 +200,19 @@ func TestFlowByPauseHoldsOnlyThatKey(t *testing.T) {
 	if n := len(arrivals(ds, "a")); n != 0 {
 		t.Fatalf("%d of the paused key's orders were delivered", n)
 	}
+	// The dispatcher reports the paused key's 10 orders as its depth, and the keys
+	// it delivered as started lately (their orders gone from their depth).
+	a, b := store.FlowKeyFor(cfg, "merchant-a"), store.FlowKeyFor(cfg, "merchant-b")
+	var report queue.FlowReport
+	waitFor(t, "the report of the paused key's depth", 30*time.Second, func() bool {
+		var err error
+		report, err = q.FlowStats(ctxT(t))
+		return err == nil && report.Keys[a].Depth == 10
+	})
+	if st := report.Keys[b]; st.Depth != 0 || st.PerSecond <= 0 || report.Reports != 1 {
+		t.Errorf("the delivered key: %+v (want depth 0, a rate) in %d reports", st, report.Reports)
+	}
+	t.Logf("report while merchant-a is paused: a %+v, b %+v", report.Keys[a], report.Keys[b])
 	n, bound, window := fullestWindow(limiter.PerSecond(2), arrivals(ds, "c"))
 	t.Logf("pinned rate 2/s: fullest window %s held %d starts (bound %d)", window.Round(time.Millisecond), n, bound)
 	if n > bound {
@@ -209,6 +222,10 @@ func TestFlowByPauseHoldsOnlyThatKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "A's orders after the resume", 60*time.Second, func() bool { return len(arrivals(ds, "a")) == 10 })
+	waitFor(t, "the paused key's depth to go once delivered", 30*time.Second, func() bool {
+		r, err := q.FlowStats(ctxT(t))
+		return err == nil && r.Keys[a].Depth == 0
+	})
 	if flows, err := q.Flows(ctxT(t)); err != nil || len(flows) != 1 {
 		t.Errorf("settings left: %v, %v (want merchant-c's pinned rate alone)", flows, err)
 	}

@@ -154,7 +154,7 @@ func (r *runner) flowTurn(ctx context.Context, p prepared) (release func(), ok b
 	fc := r.flowControl(m.FlowKey)
 	if fc.Paused(now) {
 		// Handed back for at most a few seconds, so that a resume is seen soon.
-		r.postpone(p.l, pauseNakDelay(fc.PausedUntil.Sub(now)))
+		r.postpone(p.l, r.d.flow.hold(r.q.Name(), m.FlowKey, m.Ticket, pauseNakDelay(fc.PausedUntil.Sub(now)), now))
 		return nil, false
 	}
 	if !fc.Rate.IsZero() {

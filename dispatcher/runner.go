@@ -32,7 +32,9 @@ type runner struct {
 	// flows are the operators' settings of the queue's flow keys (queue.FlowControl),
 	// read again every maintenance tick.
 	flows atomic.Pointer[map[string]queue.FlowControl]
-	gone  atomic.Bool // the queue was retired (see retired)
+	// reported: the last report of the queue's flow keys had keys (see reportFlows).
+	reported bool
+	gone     atomic.Bool // the queue was retired (see retired)
 
 	mu          sync.Mutex
 	cfg         queueconfig.Config
@@ -90,6 +92,7 @@ func (r *runner) run(ctx context.Context) {
 	_ = r.cons.Flush(fctx)
 	cancel()
 	r.unpin()
+	r.reportFlows(context.Background(), true)
 	r.m.paused.Set(0)
 	r.m.circuit.Set(0)
 	r.flushRecords(context.Background())
@@ -233,6 +236,7 @@ func (r *runner) maintain(ctx context.Context) {
 		}
 		r.flushRecords(ctx)
 		r.refreshFlows(ctx)
+		r.reportFlows(ctx, false)
 		if now := time.Now(); now.After(reclaimAt) {
 			reclaimAt = now.Add(reclaimEvery)
 			r.reclaim(ctx)
@@ -300,6 +304,30 @@ func (r *runner) refreshFlows(ctx context.Context) {
 		}
 	}
 	r.m.m.flowPause.WithLabelValues(r.q.Name()).Set(float64(paused))
+}
+
+// reportFlows publishes the depth and rate of the queue's flow keys that this
+// dispatcher holds orders of or started lately (queue.Queue.PublishFlowStats): every
+// maintenance tick while there are any, once more when there are none left (which
+// removes the report), and at the end (final: none).
+func (r *runner) reportFlows(ctx context.Context, final bool) {
+	if !r.config().FlowBy.Enabled() && !r.reported {
+		return
+	}
+	var stats []queue.FlowStat
+	if !final {
+		stats = r.d.flow.stats(r.q.Name(), r.d.opts.clock.Now())
+	}
+	if len(stats) == 0 && !r.reported {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := r.q.PublishFlowStats(pctx, r.d.replica, stats); err != nil {
+		r.log.Debug("cannot publish the flow keys' figures", "err", err)
+		return
+	}
+	r.reported = len(stats) > 0
 }
 
 // flowControl returns the settings of flow key key (zero: none).

@@ -342,10 +342,17 @@
 // dispatcher.FlowPending) and the dispatcher keeps max_in_flight for the whole queue
 // itself (in a laned queue too, where it is otherwise per lane).
 //
-// Depth and rate per key are not in the queue API: the orders' subjects do not name
-// their key (a per-key depth would need a scan of the stream, or the key in the
-// subject, which would change the subject scheme and the signatures), and the starts
-// per key are known only to the dispatcher that made them.
+// Depth and rate per key: the orders' subjects do not name their key, so the stream
+// cannot count a key's orders without reading them all. The dispatcher that leads the
+// queue counts them instead, the orders of each key it holds (delivering, or handed
+// back until the key's turn or the end of its pause) and its starts over the last
+// FlowRateWindow, and publishes them every 2 s (Queue.PublishFlowStats, the bucket
+// FlowStatsBucket: about 19 bytes a key, one value per dispatcher and queue, none once
+// it holds nothing); Queue.FlowStats sums the reports. Orders it has not fetched yet
+// (past the first FlowPending, or behind a paused queue), waiting for a retry or
+// scheduled are in the queue's depth only. Measured with 10,000 keys (go test -run X
+// -bench FlowStats ./queue/, 2 cores shared): a report of 190 kB, written in about
+// 10 ms and read in about 4.4 ms.
 //
 // # Memory
 //

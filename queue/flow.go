@@ -26,8 +26,8 @@ func (s *Store) FlowKeyFor(cfg queueconfig.Config, v string) string {
 	return s.flowKeyFor(cfg, v)
 }
 
-// validFlowKey reports whether k has the form of a flow key.
-func validFlowKey(k string) bool {
+// ValidFlowKey reports whether k has the form of a flow key (Message.FlowKey).
+func ValidFlowKey(k string) bool {
 	if len(k) != flowKeyLen {
 		return false
 	}

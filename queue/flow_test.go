@@ -1,6 +1,7 @@
 package queue_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -16,15 +17,22 @@ import (
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
+// flowStore opens a store on a NATS server of its own with the queue "flows", which
+// has flow_by.
+func flowStore(t testing.TB) (*queue.Store, queueconfig.Config, *queue.Queue) {
+	t.Helper()
+	cfg := testConfig("flows")
+	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5)}
+	s := openStore(t, natstest.Start(t), cfg)
+	q, _ := s.Queue("flows")
+	return s, cfg, q
+}
+
 // An order of a queue with flow_by keeps only a keyed hash of its flow value, signed:
 // the stream holds no merchant's name, and an order cannot be moved to another key.
 func TestFlowKeyStoredHashedAndSigned(t *testing.T) {
-	srv := natstest.Start(t)
-	cfg := testConfig("flows")
-	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(5)}
-	s := openStore(t, srv, cfg)
+	s, _, q := flowStore(t)
 	ctx := ctxT(t)
-	q, _ := s.Queue("flows")
 	cons, err := q.Stream().CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "t", AckPolicy: jetstream.AckExplicitPolicy})
 	if err != nil {
 		t.Fatal(err)
@@ -142,4 +150,77 @@ func TestChangeFlowConcurrentWritersKeepBothChanges(t *testing.T) {
 		retried += calls[0] + calls[1] - 2
 	}
 	t.Logf("lockstep: change called %v times; 20 free races: %d reads again", calls, retried)
+}
+
+// A dispatcher's report of 10,000 flow keys goes through the bucket and reads back
+// summed with a second dispatcher's, a key held by both counted in both; a report
+// removed (its dispatcher holds nothing) leaves the sum.
+func TestFlowStatsThroughTheBucket(t *testing.T) {
+	s, cfg, q := flowStore(t)
+	ctx := ctxT(t)
+	if r, err := q.FlowStats(ctx); err != nil || len(r.Keys) != 0 || r.Reports != 0 {
+		t.Fatalf("before any report: %+v, %v", r, err)
+	}
+	const keys = 10_000
+	stats := make([]queue.FlowStat, keys)
+	for i := range stats {
+		stats[i] = queue.FlowStat{Key: s.FlowKeyFor(cfg, fmt.Sprint("merchant-", i)), Depth: 1, PerSecond: 0.5}
+	}
+	if err := q.PublishFlowStats(ctx, "dispatcher-1", stats); err != nil {
+		t.Fatal(err)
+	}
+	shared := stats[0].Key
+	if err := q.PublishFlowStats(ctx, "dispatcher-2", []queue.FlowStat{{Key: shared, Depth: 2, PerSecond: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	r, err := q.FlowStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("read %d keys from %d reports in %s", len(r.Keys), r.Reports, time.Since(start).Round(time.Microsecond))
+	if len(r.Keys) != keys || r.Reports != 2 || r.Truncated != 0 {
+		t.Fatalf("%d keys from %d reports (%d truncated), want %d from 2", len(r.Keys), r.Reports, r.Truncated, keys)
+	}
+	if st := r.Keys[shared]; st.Depth != 3 || st.PerSecond != 1.5 {
+		t.Errorf("the key both report: %+v, want depth 3 at 1.5/s", st)
+	}
+	if st := r.Keys[stats[keys-1].Key]; st.Depth != 1 || st.PerSecond != 0.5 {
+		t.Errorf("a key one reports: %+v", st)
+	}
+	if err := q.PublishFlowStats(ctx, "dispatcher-1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := q.FlowStats(ctx); err != nil || len(r.Keys) != 1 || r.Reports != 1 {
+		t.Errorf("after dispatcher-1's report went: %d keys, %d reports, %v", len(r.Keys), r.Reports, err)
+	}
+	if err := q.PublishFlowStats(ctx, "no.dots", stats[:1]); !errors.Is(err, queue.ErrInvalidRequest) {
+		t.Errorf("a replica id with a dot: %v", err)
+	}
+}
+
+// BenchmarkFlowStatsTenThousandKeys is the cost of a flow key listing's read of a
+// dispatcher's report of 10,000 keys (go test -run X -bench FlowStats ./queue/), and of
+// the dispatcher's write of it.
+func BenchmarkFlowStatsTenThousandKeys(b *testing.B) {
+	s, cfg, q := flowStore(b)
+	stats := make([]queue.FlowStat, 10_000)
+	for i := range stats {
+		stats[i] = queue.FlowStat{Key: s.FlowKeyFor(cfg, fmt.Sprint("merchant-", i)), Depth: 1 + i%5, PerSecond: 0.5}
+	}
+	ctx := context.Background()
+	b.Run("publish", func(b *testing.B) {
+		for b.Loop() {
+			if err := q.PublishFlowStats(ctx, "d1", stats); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("read", func(b *testing.B) {
+		for b.Loop() {
+			if r, err := q.FlowStats(ctx); err != nil || len(r.Keys) != len(stats) {
+				b.Fatal(len(r.Keys), err)
+			}
+		}
+	})
 }

@@ -43,27 +43,32 @@ func flowEntry(queue, key string) string { return queue + "." + key }
 // flowControls returns the bucket of flow settings, creating it when create is set;
 // without, a missing bucket is ErrNotFound.
 func (s *Store) flowControls(ctx context.Context, create bool) (jetstream.KeyValue, error) {
-	kv, err := s.js.KeyValue(ctx, FlowsBucket)
-	switch {
-	case err == nil:
-		return kv, nil
-	case !errors.Is(err, jetstream.ErrBucketNotFound):
-		return nil, unavailable("flow settings", err)
-	case !create:
-		return nil, ErrNotFound
-	}
-	kv, err = s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	return s.flowBucket(ctx, create, "flow settings", jetstream.KeyValueConfig{
 		Bucket:      FlowsBucket,
 		Description: "sluice settings of flow keys (pause, pinned rate)",
 		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    max(s.opts.replicas, 1),
 		// A pause or rate of an idle key must not stay forever: the longest pause,
 		// and then the setting goes.
 		TTL: 367 * 24 * time.Hour,
 	})
-	if err != nil {
-		return nil, unavailable("flow settings", err)
+}
+
+// flowBucket returns the bucket of cfg, creating it (with the store's replicas) when
+// create is set; without, a missing bucket is ErrNotFound. what names it in errors.
+func (s *Store) flowBucket(ctx context.Context, create bool, what string, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := s.js.KeyValue(ctx, cfg.Bucket)
+	switch {
+	case err == nil:
+		return kv, nil
+	case !errors.Is(err, jetstream.ErrBucketNotFound):
+		return nil, unavailable(what, err)
+	case !create:
+		return nil, ErrNotFound
+	}
+	cfg.Replicas = max(s.opts.replicas, 1)
+	if kv, err = s.js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+		return nil, unavailable(what, err)
 	}
 	return kv, nil
 }
@@ -249,25 +254,31 @@ func (q *Queue) countFlows(ctx context.Context, kv jetstream.KeyValue) (int, err
 
 // eachFlow calls f with each entry of the queue's flow keys in kv.
 func (q *Queue) eachFlow(ctx context.Context, kv jetstream.KeyValue, f func(jetstream.KeyValueEntry)) error {
+	return eachEntry(ctx, kv, q.name+".*", "flow settings", f)
+}
+
+// eachEntry calls f with each current entry of kv whose key matches pattern; what
+// names the bucket in errors.
+func eachEntry(ctx context.Context, kv jetstream.KeyValue, pattern, what string, f func(jetstream.KeyValueEntry)) error {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	w, err := kv.Watch(wctx, q.name+".*", jetstream.IgnoreDeletes())
+	w, err := kv.Watch(wctx, pattern, jetstream.IgnoreDeletes())
 	if err != nil {
-		return unavailable("flow settings", err)
+		return unavailable(what, err)
 	}
 	defer func() { _ = w.Stop() }()
 	for {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
-				return unavailable("flow settings", errors.New("watch ended"))
+				return unavailable(what, errors.New("watch ended"))
 			}
 			if e == nil {
 				return nil // every current entry was read
 			}
 			f(e)
 		case <-wctx.Done():
-			return unavailable("flow settings", wctx.Err())
+			return unavailable(what, wctx.Err())
 		}
 	}
 }

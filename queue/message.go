@@ -384,7 +384,7 @@ func decode(subject string, h nats.Header, data []byte) (*Message, error) {
 		subject: subject,
 	}
 	if !ValidTicket(m.Ticket) || !queueconfig.ValidName(m.Queue) || (m.Lane != "" && !validLane(m.Lane)) ||
-		(m.FlowKey != "" && !validFlowKey(m.FlowKey)) {
+		(m.FlowKey != "" && !ValidFlowKey(m.FlowKey)) {
 		return nil, fmt.Errorf("queue: message is not a parked request (ticket %q)", m.Ticket)
 	}
 	if ts := h.Get(HeaderNotBefore); ts != "" {

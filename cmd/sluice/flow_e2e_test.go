@@ -45,9 +45,25 @@ flow_by: {from: "header:X-Merchant", rate: 5/s, max_in_flight: 2}`))
 			t.Errorf("an order of the paused merchant is %s", st.Status)
 		}
 	}
+	// The held orders are the paused key's depth, once the dispatcher has reported
+	// them (every 2 s); the delivered key's orders are gone from its depth.
+	var shown queueapi.FlowView
+	waitFor(t, "the dispatcher's report of the paused key", 30*time.Second, func() bool {
+		code, stdout, _ := runSluice(t, append([]string{"queue", "flow", "show", "orders", "merchant-1", "--json"}, admin...)...)
+		return code == 0 && json.Unmarshal([]byte(stdout), &shown) == nil && shown.Depth != nil && *shown.Depth == len(held)
+	})
+	if !shown.Paused || shown.ConfiguredRate != "5/s" || shown.MaxInFlight != 2 || shown.FlowKey != v.FlowKey {
+		t.Errorf("flow show: %+v", shown)
+	}
 	code, stdout, stderr = runSluice(t, append([]string{"queue", "flow", "list", "orders"}, admin...)...)
-	if code != 0 || !strings.Contains(stdout, v.FlowKey) || strings.Contains(stdout, "merchant-1") {
+	if code != 0 || !strings.Contains(stdout, v.FlowKey) || strings.Contains(stdout, "merchant-1") || !strings.Contains(stdout, "DEPTH") {
 		t.Errorf("flow list: %d %s %s", code, stdout, stderr)
+	}
+	t.Logf("flow list:\n%s", stdout)
+	var page queueapi.FlowsPage
+	code, stdout, stderr = runSluice(t, append([]string{"queue", "flow", "list", "orders", "--json"}, admin...)...)
+	if code != 0 || json.Unmarshal([]byte(stdout), &page) != nil || page.QueueDepth < uint64(len(held)) || page.Reports < 1 {
+		t.Errorf("flow list --json: %d %s %s", code, stdout, stderr)
 	}
 	if code, _, stderr := runSluice(t, append([]string{"queue", "flow", "rate", "orders", "merchant-1", "fast"}, admin...)...); code != 2 {
 		t.Errorf("flow rate fast: %d %s", code, stderr)

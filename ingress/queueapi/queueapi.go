@@ -27,7 +27,8 @@ import (
 //	POST   /sluice/v1/queues/{q}/pause          pause until (RFC 3339) or for (duration)
 //	POST   /sluice/v1/queues/{q}/resume         end any pause (also a downstream's)
 //	POST   /sluice/v1/queues/{q}/retire         delete an orphaned queue (drop=true: non-empty)
-//	GET    /sluice/v1/queues/{q}/flows          the flow keys with settings of their own
+//	GET    /sluice/v1/queues/{q}/flows          the flow keys with settings or orders, paged
+//	GET    /sluice/v1/queues/{q}/flows/{k}      one flow key: settings, depth, rate
 //	POST   /sluice/v1/queues/{q}/flows/{k}/pause   pause one flow key (until or for)
 //	POST   /sluice/v1/queues/{q}/flows/{k}/resume  end that pause
 //	PUT    /sluice/v1/queues/{q}/flows/{k}/rate    pin the key's rate ({"rate": "2/s"})
@@ -87,6 +88,7 @@ func (a *API) Routes() []ingress.Route {
 		{Pattern: "POST /sluice/v1/queues/{queue}/resume", Handler: a.withQueue(a.resume)},
 		{Pattern: "POST /sluice/v1/queues/{queue}/retire", Handler: http.HandlerFunc(a.retire)},
 		{Pattern: "GET /sluice/v1/queues/{queue}/flows", Handler: a.withQueue(a.flows)},
+		{Pattern: "GET /sluice/v1/queues/{queue}/flows/{key}", Handler: a.withQueue(a.flow)},
 		{Pattern: "POST /sluice/v1/queues/{queue}/flows/{key}/pause", Handler: a.withQueue(a.flowPause)},
 		{Pattern: "POST /sluice/v1/queues/{queue}/flows/{key}/resume", Handler: a.withQueue(a.flowResume)},
 		{Pattern: "PUT /sluice/v1/queues/{queue}/flows/{key}/rate", Handler: a.withQueue(a.flowRate)},
