@@ -1,9 +1,9 @@
 package dispatcher
 
 import (
-	"errors"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/limiter/promshare"
 )
 
 type metrics struct {
@@ -74,41 +74,20 @@ func newMetrics() *metrics {
 // register registers every metric; vectors already registered (by another dispatcher
 // in the same process) are shared.
 func (m *metrics) register(r prometheus.Registerer) error {
-	reg := func(c prometheus.Collector) (prometheus.Collector, error) {
-		if err := r.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				return are.ExistingCollector, nil
-			}
-			return nil, err
-		}
-		return c, nil
-	}
+	var err error
 	for _, p := range []**prometheus.CounterVec{&m.delivered, &m.retried, &m.failed, &m.dead, &m.rejected, &m.callbacks} {
-		c, err := reg(*p)
-		if err != nil {
+		if *p, err = promshare.Register(r, *p); err != nil {
 			return err
-		}
-		if v, ok := c.(*prometheus.CounterVec); ok {
-			*p = v
 		}
 	}
 	for _, p := range []**prometheus.HistogramVec{&m.duration, &m.wait} {
-		c, err := reg(*p)
-		if err != nil {
+		if *p, err = promshare.Register(r, *p); err != nil {
 			return err
-		}
-		if v, ok := c.(*prometheus.HistogramVec); ok {
-			*p = v
 		}
 	}
 	for _, p := range []**prometheus.GaugeVec{&m.paused, &m.circuit, &m.flowPause} {
-		c, err := reg(*p)
-		if err != nil {
+		if *p, err = promshare.Register(r, *p); err != nil {
 			return err
-		}
-		if v, ok := c.(*prometheus.GaugeVec); ok {
-			*p = v
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/limiter/promshare"
 	"github.com/sluicehq/sluice/queue/telemetry"
 )
 
@@ -38,10 +39,10 @@ func newUpstreamMetrics(reg prometheus.Registerer) (*upstreamMetrics, error) {
 	}
 	if reg != nil {
 		var err error
-		if m.requests, err = telemetry.RegisterShared(reg, m.requests); err != nil {
+		if m.requests, err = promshare.Register(reg, m.requests); err != nil {
 			return nil, err
 		}
-		if m.duration, err = telemetry.RegisterShared(reg, m.duration); err != nil {
+		if m.duration, err = promshare.Register(reg, m.duration); err != nil {
 			return nil, err
 		}
 	}

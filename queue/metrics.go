@@ -2,10 +2,11 @@ package queue
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/limiter/promshare"
 )
 
 type storeMetrics struct {
@@ -68,40 +69,21 @@ func newStoreMetrics(s *Store) *storeMetrics {
 }
 
 func (m *storeMetrics) register(r prometheus.Registerer) error {
-	if err := r.Register(m.parked); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return err
-		}
-		existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
-		if !ok {
-			return err
-		}
-		m.parked = existing
+	var err error
+	if m.parked, err = promshare.Register(r, m.parked); err != nil {
+		return err
 	}
 	for _, c := range []*prometheus.Counter{&m.keptLost, &m.callbacksLost} {
-		if err := r.Register(*c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return err
-			}
-			if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
-				*c = existing
-			}
-		}
-	}
-	// A second Store in one registry (tests) keeps the first one's gauge.
-	if err := r.Register(m.kept); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
+		if *c, err = promshare.Register(r, *c); err != nil {
 			return err
 		}
 	}
-	if err := r.Register(queueCollector{m}); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return err
-		}
+	// A second Store in one registry (tests) keeps the first one's gauge and queues.
+	if _, err := promshare.Register(r, m.kept); err != nil {
+		return err
+	}
+	if _, err := promshare.Register(r, queueCollector{m}); err != nil {
+		return err
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/limiter/promshare"
 	"github.com/sluicehq/sluice/queue/telemetry"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -65,10 +66,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	if reg != nil {
 		var err error
-		if m.decisions, err = telemetry.RegisterShared(reg, m.decisions); err != nil {
+		if m.decisions, err = promshare.Register(reg, m.decisions); err != nil {
 			return nil, err
 		}
-		if m.decisionDuration, err = telemetry.RegisterShared(reg, m.decisionDuration); err != nil {
+		if m.decisionDuration, err = promshare.Register(reg, m.decisionDuration); err != nil {
 			return nil, err
 		}
 	}

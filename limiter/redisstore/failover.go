@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/promshare"
 )
 
 // What the Redis store does when Redis fails: see Store.
@@ -26,17 +27,10 @@ func (r *Store) initMetrics(reg prometheus.Registerer) error {
 		Help: "Decisions the Redis limiter store made without Redis (Redis failed, was too slow or was down), by failure mode.",
 	}, []string{"mode"})
 	if reg != nil {
-		if err := reg.Register(vec); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				if v, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
-					vec = v // another store registered it: count there too
-				} else {
-					return fmt.Errorf("%w: the registry holds another sluice_limiter_fallback_total", ErrInvalidOption)
-				}
-			} else {
-				return fmt.Errorf("%w: register metrics: %w", ErrInvalidOption, err)
-			}
+		// Another store registered it: count there too.
+		var err error
+		if vec, err = promshare.Register(reg, vec); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidOption, err)
 		}
 	}
 	r.fallbackTotal = map[limiter.FailureMode]prometheus.Counter{}
