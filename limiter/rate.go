@@ -3,6 +3,7 @@ package limiter
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -82,26 +83,40 @@ func ParseRate(s string) (Rate, error) {
 	return Rate{Count: n, Period: d}, nil
 }
 
-// UnitPeriod maps a unit name of ParseRate to its period.
+// units are the named periods of ParseRate and UnitPeriod, shortest first: each
+// unit's name (Envoy's unit, in lower case), then its other spellings.
+var units = [...]struct {
+	period time.Duration
+	names  []string
+}{
+	{time.Second, []string{"second", "s", "sec"}},
+	{time.Minute, []string{"minute", "m", "min"}},
+	{time.Hour, []string{"hour", "h"}},
+	{24 * time.Hour, []string{"day", "d"}},
+	{7 * 24 * time.Hour, []string{"week"}},
+	{30 * 24 * time.Hour, []string{"month"}},
+	{365 * 24 * time.Hour, []string{"year"}},
+}
+
+// UnitPeriod maps a unit name of ParseRate, in any case, to its period.
 func UnitPeriod(unit string) (time.Duration, bool) {
-	const day = 24 * time.Hour
-	switch strings.ToLower(unit) {
-	case "second", "s", "sec":
-		return time.Second, true
-	case "minute", "m", "min":
-		return time.Minute, true
-	case "hour", "h":
-		return time.Hour, true
-	case "day", "d":
-		return day, true
-	case "week":
-		return 7 * day, true
-	case "month":
-		return 30 * day, true
-	case "year":
-		return 365 * day, true
+	unit = strings.ToLower(unit)
+	for _, u := range units {
+		if slices.Contains(u.names, unit) {
+			return u.period, true
+		}
 	}
 	return 0, false
+}
+
+// UnitNames returns the name of each unit UnitPeriod knows, shortest first (second,
+// minute, hour, day, week, month, year), without their other spellings.
+func UnitNames() []string {
+	names := make([]string, len(units))
+	for i, u := range units {
+		names[i] = u.names[0]
+	}
+	return names
 }
 
 // ParseDuration is time.ParseDuration with whole days in front: "7d", "1d12h", "30s".

@@ -3,6 +3,7 @@ package rules
 import (
 	"cmp"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -26,7 +27,7 @@ func (c *compiler) period(file string, ld *limitDef) (period int64, ok bool) {
 	case ld.unitNode != nil:
 		d, known := limiter.UnitPeriod(ld.unit)
 		if !known {
-			c.errf(file, ld.unitNode, "unknown unit %q (known: second, minute, hour, day, week, month, year; or use window: 30s)", ld.unit)
+			c.errf(file, ld.unitNode, "unknown unit %q (known: %s; or use window: 30s)", ld.unit, strings.Join(limiter.UnitNames(), ", "))
 			return 0, false
 		}
 		if ld.multNode != nil {

@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -50,5 +51,35 @@ func TestOverrideUnitMultiplier(t *testing.T) {
 				t.Errorf("first call under a limit of 5: %v", resp)
 			}
 		})
+	}
+}
+
+// TestEnvoyUnitsAreTheRules: the periods of Envoy's units, derived from the rules'
+// unit table (limiter.UnitPeriod) by name, are Envoy's: every override unit but
+// UNKNOWN has its period, and the answers' units run from the year down to the
+// second, so that currentLimit picks the largest that divides a period.
+func TestEnvoyUnitsAreTheRules(t *testing.T) {
+	const day = 24 * time.Hour
+	wantOverride := map[typev3.RateLimitUnit]time.Duration{
+		typev3.RateLimitUnit_SECOND: time.Second, typev3.RateLimitUnit_MINUTE: time.Minute,
+		typev3.RateLimitUnit_HOUR: time.Hour, typev3.RateLimitUnit_DAY: day,
+		typev3.RateLimitUnit_MONTH: 30 * day, typev3.RateLimitUnit_YEAR: 365 * day,
+	}
+	if len(overridePeriods) != len(wantOverride) || len(typev3.RateLimitUnit_name) != len(wantOverride)+1 {
+		t.Errorf("override periods %v, want %v (Envoy's units: %v)", overridePeriods, wantOverride, typev3.RateLimitUnit_name)
+	}
+	for u, d := range wantOverride {
+		if got := overridePeriods[int32(u)]; got != d {
+			t.Errorf("override unit %s: period %v, want %v", u, got, d)
+		}
+	}
+	want := []responseUnit{
+		{rlsv3.RateLimitResponse_RateLimit_YEAR, 365 * day}, {rlsv3.RateLimitResponse_RateLimit_MONTH, 30 * day},
+		{rlsv3.RateLimitResponse_RateLimit_WEEK, 7 * day}, {rlsv3.RateLimitResponse_RateLimit_DAY, day},
+		{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour}, {rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+		{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
+	}
+	if !slices.Equal(responseUnits, want) {
+		t.Errorf("answer units %v, want %v", responseUnits, want)
 	}
 }

@@ -1,6 +1,7 @@
 package envoy
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -332,14 +333,37 @@ func hitsOf(req *rlsv3.RateLimitRequest, d *rlcommon.RateLimitDescriptor) int64 
 	return max(n, 1)
 }
 
-// unitPeriods are the override units, as Envoy's service counts them.
-var unitPeriods = map[typev3.RateLimitUnit]time.Duration{
-	typev3.RateLimitUnit_SECOND: time.Second,
-	typev3.RateLimitUnit_MINUTE: time.Minute,
-	typev3.RateLimitUnit_HOUR:   time.Hour,
-	typev3.RateLimitUnit_DAY:    24 * time.Hour,
-	typev3.RateLimitUnit_MONTH:  30 * 24 * time.Hour,
-	typev3.RateLimitUnit_YEAR:   365 * 24 * time.Hour,
+// overridePeriods are the periods of the override units (Envoy's RateLimitUnit), and
+// responseUnits those of the units of the RateLimit answers, largest first: Envoy's
+// units are the rules' (limiter.UnitPeriod), by name.
+var (
+	overridePeriods = unitPeriods(typev3.RateLimitUnit_name)
+	responseUnits   = func() []responseUnit {
+		var us []responseUnit
+		for n, d := range unitPeriods(rlsv3.RateLimitResponse_RateLimit_Unit_name) {
+			us = append(us, responseUnit{rlsv3.RateLimitResponse_RateLimit_Unit(n), d})
+		}
+		slices.SortFunc(us, func(a, b responseUnit) int { return cmp.Compare(b.d, a.d) })
+		return us
+	}()
+)
+
+// responseUnit is a unit of Envoy's RateLimit answers and its period.
+type responseUnit struct {
+	u rlsv3.RateLimitResponse_RateLimit_Unit
+	d time.Duration
+}
+
+// unitPeriods maps the numbers of an Envoy unit enum, given by its generated _name
+// map, to the periods limiter.UnitPeriod gives their names; UNKNOWN has none.
+func unitPeriods(names map[int32]string) map[int32]time.Duration {
+	out := map[int32]time.Duration{}
+	for n, name := range names {
+		if d, ok := limiter.UnitPeriod(name); ok {
+			out[n] = d
+		}
+	}
+	return out
 }
 
 // overrideCheck is the check of a descriptor's `limit` override: a fixed window of
@@ -348,7 +372,7 @@ var unitPeriods = map[typev3.RateLimitUnit]time.Duration{
 // the descriptor reached (matched, may be nil); otherwise it is named DOMAIN.override,
 // which bounds the metric labels to the domains of the rules.
 func overrideCheck(domain string, d *rlcommon.RateLimitDescriptor, o *rlcommon.RateLimitDescriptor_RateLimitOverride, matched *rules.Check) (*rules.Check, error) {
-	period, ok := unitPeriods[o.Unit]
+	period, ok := overridePeriods[int32(o.Unit)]
 	if !ok {
 		return nil, fmt.Errorf("limit override: unit %v is not one of second, minute, hour, day, month, year", o.Unit)
 	}
@@ -447,19 +471,7 @@ func (s *statusSlot) status(rule *rules.Rule, dec decide.Decision) *rlsv3.RateLi
 // periods that are not whole seconds.
 func currentLimit(out *rlsv3.RateLimitResponse_RateLimit, name string, l limiter.Limit) *rlsv3.RateLimitResponse_RateLimit {
 	out.Name, out.RequestsPerUnit = name, uint32(min(l.Rate, 1<<32-1))
-	units := []struct {
-		u rlsv3.RateLimitResponse_RateLimit_Unit
-		d time.Duration
-	}{
-		{rlsv3.RateLimitResponse_RateLimit_YEAR, 365 * 24 * time.Hour},
-		{rlsv3.RateLimitResponse_RateLimit_MONTH, 30 * 24 * time.Hour},
-		{rlsv3.RateLimitResponse_RateLimit_WEEK, 7 * 24 * time.Hour},
-		{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
-		{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
-		{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
-		{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
-	}
-	for _, u := range units {
+	for _, u := range responseUnits {
 		if l.Period%u.d == 0 {
 			out.Unit = u.u
 			if m := l.Period / u.d; m > 1 {
