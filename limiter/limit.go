@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/sluicehq/sluice/limiter/internal/algo"
@@ -44,14 +45,18 @@ const (
 // Algorithms lists every algorithm, in the order the documentation gives them.
 var Algorithms = []Algorithm{TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter}
 
-// Valid reports whether a names a known algorithm.
-func (a Algorithm) Valid() bool {
-	switch a {
-	case TokenBucket, LeakyBucket, FixedWindow, SlidingWindowLog, SlidingWindowCounter:
-		return true
+// AlgorithmNames returns the names of Algorithms, in their order: for help texts and
+// error messages.
+func AlgorithmNames() []string {
+	names := make([]string, len(Algorithms))
+	for i, a := range Algorithms {
+		names[i] = string(a)
 	}
-	return false
+	return names
 }
+
+// Valid reports whether a names a known algorithm: one of Algorithms.
+func (a Algorithm) Valid() bool { return slices.Contains(Algorithms, a) }
 
 // FailureMode says what a shared store does for a limit while its backend (Redis) fails.
 type FailureMode string

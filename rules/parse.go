@@ -487,7 +487,7 @@ func (w *walker) limitOpt(o *limitOpts, key string, v *yaml.Node) {
 		if s, ok := w.str(v, "algorithm"); ok {
 			o.algorithm = limiter.Algorithm(s)
 			if !o.algorithm.Valid() {
-				w.errf(v, "unknown algorithm %q (known: token_bucket, leaky_bucket, fixed_window, sliding_window_log, sliding_window_counter)", s)
+				w.errf(v, "unknown algorithm %q (known: %s)", s, strings.Join(limiter.AlgorithmNames(), ", "))
 			}
 		}
 	case "burst":

@@ -16,6 +16,8 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/sluicehq/sluice/limiter"
 )
 
 func compileSchema(t *testing.T) *jsonschema.Schema {
@@ -237,4 +239,33 @@ func packageDocCode(t *testing.T) []string {
 		}
 	}
 	return code
+}
+
+// TestSchemaEnumsAreTheLimiters: the schema's algorithm names are limiter.Algorithms,
+// in their order, and its unit names are the ones limiter.UnitPeriod knows, every
+// unit's name among them, so that a name added to the limiter reaches the editors.
+func TestSchemaEnumsAreTheLimiters(t *testing.T) {
+	var schema struct {
+		Defs struct {
+			Algorithm struct{ Enum []string }
+			Unit      struct{ Enum []string }
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(JSONSchema(), &schema); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := schema.Defs.Algorithm.Enum, limiter.AlgorithmNames(); !slices.Equal(got, want) {
+		t.Errorf("schema algorithms %v, want limiter.Algorithms %v", got, want)
+	}
+	units := schema.Defs.Unit.Enum
+	for _, u := range units {
+		if _, ok := limiter.UnitPeriod(u); !ok {
+			t.Errorf("schema unit %q: limiter.UnitPeriod does not know it", u)
+		}
+	}
+	for _, u := range limiter.UnitNames() {
+		if !slices.Contains(units, u) {
+			t.Errorf("unit %q is missing from the schema's units %v", u, units)
+		}
+	}
 }

@@ -267,7 +267,7 @@ func completeFlagValues(c *cobra.Command) {
 		"log-format":       {"text", "json"},
 		"forwarded-header": {"x-forwarded-for", "forwarded"},
 		"log-level":        {"debug", "info", "warn", "error"},
-		"algorithm":        algorithmList(),
+		"algorithm":        limiter.AlgorithmNames(),
 	}
 	c.Flags().VisitAll(func(f *pflag.Flag) {
 		if w, ok := words[f.Name]; ok {

@@ -221,16 +221,7 @@ func runSimulate(ctx context.Context, fs *pflag.FlagSet, f *simulateFlags, args 
 	return exitOK
 }
 
-func algorithmNames() string { return strings.Join(algorithmList(), ", ") }
-
-// algorithmList names the limiter's algorithms, for the help and shell completion.
-func algorithmList() []string {
-	names := make([]string, len(limiter.Algorithms))
-	for i, a := range limiter.Algorithms {
-		names[i] = string(a)
-	}
-	return names
-}
+func algorithmNames() string { return strings.Join(limiter.AlgorithmNames(), ", ") }
 
 // ruleFlags are simulate's rule flags, with which of them were given (on the command
 // line or through the environment) so that a contradiction can be named.

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
@@ -338,5 +339,15 @@ func TestSimulateRedisUnreachable(t *testing.T) {
 		"--trace", trace, "--redis", "http://x")
 	if code != exitFailure || out != "" || !strings.Contains(errOut, "--redis: parsing the URL") {
 		t.Errorf("bad URL: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+// TestSimulateHelpNamesEveryAlgorithm: the rule flags table of the help has a line
+// for each of limiter.Algorithms.
+func TestSimulateHelpNamesEveryAlgorithm(t *testing.T) {
+	for _, a := range limiter.AlgorithmNames() {
+		if !strings.Contains(simulateHelp, "\n  "+a+" ") {
+			t.Errorf("sluice simulate's help has no line for %s", a)
+		}
 	}
 }

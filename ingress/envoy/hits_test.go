@@ -2,8 +2,10 @@ package envoy
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,17 +17,14 @@ import (
 )
 
 // hitsRules has a limit of 5 per minute for every algorithm.
-const hitsRules = `
-domain: api
-descriptors:
-  - {key: algo, value: token_bucket, rate_limit: {unit: minute, requests_per_unit: 5}, algorithm: token_bucket}
-  - {key: algo, value: leaky_bucket, rate_limit: {unit: minute, requests_per_unit: 5}, algorithm: leaky_bucket}
-  - {key: algo, value: fixed_window, rate_limit: {unit: minute, requests_per_unit: 5}, algorithm: fixed_window}
-  - {key: algo, value: sliding_window_log, rate_limit: {unit: minute, requests_per_unit: 5}, algorithm: sliding_window_log}
-  - {key: algo, value: sliding_window_counter, rate_limit: {unit: minute, requests_per_unit: 5}, algorithm: sliding_window_counter}
-`
-
-var hitsAlgorithms = []string{"token_bucket", "leaky_bucket", "fixed_window", "sliding_window_log", "sliding_window_counter"}
+func hitsRules() string {
+	var b strings.Builder
+	b.WriteString("\ndomain: api\ndescriptors:\n")
+	for _, a := range limiter.Algorithms {
+		fmt.Fprintf(&b, "  - {key: algo, value: %[1]s, rate_limit: {unit: minute, requests_per_unit: 5}, algorithm: %[1]s}\n", a)
+	}
+	return b.String()
+}
 
 // checkWaits asks for hits on algo, on the request or on the descriptor, and fails
 // when duration_until_reset or a Retry-After the answer carries is negative, or when an
@@ -69,11 +68,11 @@ func checkWaits(t testing.TB, s *RateLimitService, algo string, hits uint64, onD
 const maxRetryAfterSeconds = 24 * 3600
 
 func TestHitsAddendNeverGivesANegativeWait(t *testing.T) {
-	set := parseRules(t, hitsRules)
+	set := parseRules(t, hitsRules())
 	for name, store := range stores(t) {
 		t.Run(name, func(t *testing.T) {
 			s := newRLS(t, set, store())
-			for _, algo := range hitsAlgorithms {
+			for _, algo := range limiter.AlgorithmNames() {
 				for _, hits := range []uint64{0, 1, 5, 6, 1 << 31, math.MaxUint32} {
 					for _, onDesc := range []bool{false, true} {
 						resp := checkWaits(t, s, algo, hits, onDesc)
@@ -102,8 +101,8 @@ func FuzzHitsAddend(f *testing.F) {
 		}
 		now := time.Unix(1_700_000_000, 0)
 		clock := func() time.Time { return now }
-		s := newRLS(t, parseRules(t, hitsRules), limiter.NewMemory(limiter.WithClock(clock)))
-		a := hitsAlgorithms[int(algo)%len(hitsAlgorithms)]
+		s := newRLS(t, parseRules(t, hitsRules()), limiter.NewMemory(limiter.WithClock(clock)))
+		a := string(limiter.Algorithms[int(algo)%len(limiter.Algorithms)])
 		checkWaits(t, s, a, hits, onDescriptor)
 		now = now.Add(time.Duration(advance % int64(time.Hour)).Abs())
 		checkWaits(t, s, a, hits, onDescriptor)
