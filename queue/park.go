@@ -359,21 +359,18 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 	// The slot is taken while the key is looked up, not after: the lookup's reads and
 	// the slot's write overlap, and the order still waits for both. A bucket past its
 	// reserve takes no slot; the lookup alone then tells a repeat from a new key.
-	roomErr := s.keyRoom(ctx)
 	var (
 		slot      uint64
-		slotErr   = roomErr
+		slotErr   error
 		slotTaken = make(chan struct{})
 		asked     = time.Now()
 	)
-	if roomErr == nil {
-		go func() {
-			defer close(slotTaken)
+	go func() {
+		defer close(slotTaken)
+		if slotErr = s.keyRoom(ctx); slotErr == nil {
 			slot, slotErr = s.takeSlot(ctx, q, m.Client, key)
-		}()
-	} else {
-		close(slotTaken)
-	}
+		}
+	}()
 	rc, stored, found, err := s.repeat(ctx, q, key, m)
 	<-slotTaken
 	switch {
