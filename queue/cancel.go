@@ -147,6 +147,7 @@ func (s *Store) cancelScheduled(ctx context.Context, ticket string) error {
 	if err := s.saveRecord(ctx, rec, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		return err
 	}
+	leaveAfter(time.Now()) // a repeat's lookup may still have to find the order (see Store.repeat)
 	delErr := q.stream.DeleteMsg(ctx, raw.Sequence)
 	if delErr != nil && !errors.Is(delErr, jetstream.ErrMsgNotFound) {
 		// The record says cancelled: a fired copy is dropped by the dispatcher that
@@ -219,6 +220,7 @@ func (s *Store) settleCancel(ctx context.Context, q *Queue, raw *jetstream.RawSt
 }
 
 func (s *Store) removeCancelled(ctx context.Context, q *Queue, raw *jetstream.RawStreamMsg, rec *Record) error {
+	leaveAfter(time.Now()) // its cancelled record is stored: see Store.repeat
 	if err := q.stream.DeleteMsg(ctx, raw.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		// The record says cancelled, so no dispatcher delivers it; it is acknowledged
 		// unseen when fetched.

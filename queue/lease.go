@@ -100,7 +100,9 @@ func (l *Lease) Load(ctx context.Context) error {
 	cancel()
 	switch {
 	case err == nil && rec.Status.Final():
+		read := time.Now()
 		l.keepKey(ctx)
+		l.leaveAfter(read)
 		_ = l.jm.Ack()
 		return fmt.Errorf("%w: ticket %s is %s", ErrFinal, m.Ticket, rec.Status)
 	case err == nil:
@@ -130,6 +132,7 @@ func (l *Lease) Start(ctx context.Context) error {
 	cancel()
 	switch {
 	case errors.Is(err, ErrCancelled):
+		l.leaveAfter(time.Now()) // the cancelled record was read
 		_ = l.jm.TermWithReason("cancelled")
 		return err
 	case err != nil && !errors.Is(err, ErrUnavailable):
@@ -158,7 +161,9 @@ func (l *Lease) CountAttempt() int {
 // acknowledged whether or not its record could be written: delivering it again because
 // the store had no room for the record would keep the store full. An error is the
 // failed acknowledgement: the message comes back after the ack wait and is
-// acknowledged unseen (its record is done).
+// acknowledged unseen (its record is done). A keyed order is acknowledged no sooner
+// than leaveGap after its key is recorded (see Store.repeat), as Fail and Dead
+// terminate it.
 func (l *Lease) Done(ctx context.Context, res *Result) error {
 	rec := l.rec
 	if rec == nil {
@@ -166,9 +171,7 @@ func (l *Lease) Done(ctx context.Context, res *Result) error {
 	}
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusDone, "", time.Time{}, res
 	rec.Attempts++ // the attempt that delivered it
-	l.keepKey(ctx)
-	l.save(ctx)
-	l.event(ctx, DoneSubject(rec.Queue), statusCode(res))
+	l.settle(ctx, DoneSubject(rec.Queue), statusCode(res))
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return l.jm.DoubleAck(actx)
@@ -184,9 +187,7 @@ func (l *Lease) Fail(ctx context.Context, res *Result, cause string) error {
 	}
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusFailed, cause, time.Time{}, res
 	rec.Attempts++ // the attempt the downstream refused
-	l.keepKey(ctx)
-	l.save(ctx)
-	l.event(ctx, DoneSubject(rec.Queue), statusCode(res))
+	l.settle(ctx, DoneSubject(rec.Queue), statusCode(res))
 	_ = l.jm.TermWithReason(fmt.Sprintf("downstream answered %d", statusCode(res)))
 	return nil
 }
@@ -384,22 +385,47 @@ func (l *Lease) Dead(ctx context.Context, cause string, retryIn time.Duration) e
 	}
 	rec := l.rec
 	rec.Status, rec.NextAttemptAt, rec.LastError = StatusDead, time.Time{}, cause
-	l.keepKey(ctx)
-	l.save(ctx)
-	l.event(ctx, DeadSubject(m.Queue), 0)
+	l.settle(ctx, DeadSubject(m.Queue), 0)
 	_ = l.jm.TermWithReason(reason)
 	return nil
 }
 
+// settle writes what tells a final order once it has left its queue: its key's final
+// lifetime (keepKey), its final record and event; then it waits until the order may
+// leave (leaveAfter), which the caller's acknowledgement does.
+func (l *Lease) settle(ctx context.Context, subject string, status int) {
+	var visible time.Time
+	if l.keepKey(ctx) {
+		visible = time.Now()
+	}
+	l.save(ctx)
+	if visible.IsZero() {
+		visible = time.Now()
+	}
+	l.event(ctx, subject, status)
+	l.leaveAfter(visible)
+}
+
+// leaveAfter waits, for a keyed order, until its message may leave the queue: leaveGap
+// after visible, a time by which a record that a repeat's lookup reads was stored (see
+// Store.repeat).
+func (l *Lease) leaveAfter(visible time.Time) {
+	if l.m.IdempotencyKey != "" {
+		leaveAfter(visible)
+	}
+}
+
 // keepKey gives the idempotency key of an order that is final its final lifetime
 // (Store.keepKey), before the final record is written and the message acknowledged. A
-// failure is logged: the key then keeps the lifetime it had.
-func (l *Lease) keepKey(ctx context.Context) {
+// failure is logged (false): the key then keeps the lifetime it had.
+func (l *Lease) keepKey(ctx context.Context) bool {
 	kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := l.s.keepKey(kctx, l.m); err != nil {
 		l.c.log.Warn("cannot refresh the idempotency key", "ticket", l.m.Ticket, "err", err)
+		return false
 	}
+	return true
 }
 
 // save writes the lease's record. When JetStream refuses it (store full, NATS

@@ -94,9 +94,11 @@ const keyReserve = 0.9
 //  1. An earlier order with K: T's message in the queue, else K's record in the bucket
 //     (or T's ticket record, for a cancelled order). A different payload fingerprint is
 //     ErrIdempotencyConflict; the same one gets the earlier ticket and its status.
-//     No order is written. The queue is read first: an order that leaves it is
-//     recorded before it does, so no order is missed between the two reads. While it
-//     waits, an order is found in its own queue only: K's ticket is derived per queue.
+//     No order is written. The queue and the records are read at once: a keyed order
+//     leaves its queue no sooner than leaveGap after it is recorded, so no order is
+//     missed between the reads when both came back within leaveGap (else the records
+//     are read again; see repeat). While it waits, an order is found in its own queue
+//     only: K's ticket is derived per queue.
 //  2. While 1 runs (its reads and this write overlap), when the bucket is within
 //     keyReserve of its byte cap (else ErrKeyStoreFull), a slot is taken for K in the
 //     queue's key stream, on the client's subject, whose per-subject limit is
@@ -130,9 +132,10 @@ const keyReserve = 0.9
 //     is a duplicate and the stored message gives it T; after the window, step 1
 //     finds T's message while the order waits (T is derived from K, so no record is
 //     needed to name it), and once it is final K's record in the bucket, which the
-//     dispatcher writes before it acknowledges the message (Store.keepKey; a
-//     dispatcher that dies in between leaves the message in the queue, redelivered,
-//     and records K again), and which lasts IdempotencyTTL from then.
+//     dispatcher writes at least leaveGap before it acknowledges the message
+//     (Store.keepKey; a dispatcher that dies in between leaves the message in the
+//     queue, redelivered, and records K again), and which lasts IdempotencyTTL from
+//     then.
 //   - After a refused publish, while the slot is deleted: a slot without an order, as
 //     in the first case.
 //   - A NATS server crash may lose unsynced slots (a single server's key stream): their
@@ -417,12 +420,22 @@ func ownSlot(slot uint64, stored, asked time.Time) bool {
 
 // repeat implements step 1 for m, whose Ticket is its key's: found is true when the key
 // belongs to an earlier order (then rc or err is the answer, and stored, when not zero,
-// a time by which that order was stored). It looks for that order in the queue first
-// and in the records only then: a dispatcher records the key and the final ticket
-// record before it removes the order from the queue, so an order that left the queue
-// before the first look is recorded before the second.
+// a time by which that order was stored). It reads the queue and the records (K's in
+// the bucket, T's ticket record) at once. A miss in both is trusted only when both
+// answers came within leaveGap of the reads' start: an order leaves its queue no
+// sooner than leaveGap after one of those records is stored (see leaveAfter), so an
+// order the queue read missed because it had left was recorded before the records
+// were read. When the reads took longer, the records are read once more, after the
+// queue's answer.
 func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (rc Receipt, stored time.Time, found bool, err error) {
+	return s.repeatFrom(ctx, q, key, m, time.Now(), s.readRecords(ctx, key, m.Ticket))
+}
+
+// repeatFrom is repeat once the records' reads started, at start (records waits for
+// them).
+func (s *Store) repeatFrom(ctx context.Context, q *Queue, key string, m *Message, start time.Time, records func() records) (rc Receipt, stored time.Time, found bool, err error) {
 	raw, parked, err := s.waitingAs(ctx, q, m)
+	r := records()
 	switch {
 	case err == nil:
 		rc, err := s.repeatOf(ctx, q, idemRecord{Ticket: parked.Ticket, Fingerprint: parked.Fingerprint, Queue: q.name}, m.Fingerprint)
@@ -430,35 +443,69 @@ func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (r
 	case !errors.Is(err, jetstream.ErrMsgNotFound):
 		return Receipt{}, time.Time{}, false, err
 	}
-	var (
-		rec    *Record
-		recErr error
-		read   = make(chan struct{})
-	)
-	go func() {
-		defer close(read)
-		rec, recErr = s.Record(ctx, m.Ticket)
-	}()
-	prev, found, err := s.getKey(ctx, key)
-	<-read
+	if time.Since(start) >= leaveGap {
+		r = s.readRecords(ctx, key, m.Ticket)()
+	}
 	switch {
-	case err != nil:
-		return Receipt{}, time.Time{}, false, err
-	case found: // final (recorded after it was stored), or parked by an earlier sluice, which recorded keys at once
-		rc, err := s.repeatOf(ctx, q, prev, m.Fingerprint)
-		return rc, prev.CreatedAt, true, err
-	case recErr == nil:
+	case r.keyErr != nil:
+		return Receipt{}, time.Time{}, false, r.keyErr
+	case r.found: // final (recorded after it was stored), or parked by an earlier sluice, which recorded keys at once
+		rc, err := s.repeatOf(ctx, q, r.prev, m.Fingerprint)
+		return rc, r.prev.CreatedAt, true, err
+	case r.recErr == nil:
 		// A ticket record but no key: a cancelled order (a key is recorded when its
 		// order is delivered or dead-lettered), or one whose key has just expired.
-		if rec.Fingerprint != "" && rec.Fingerprint != m.Fingerprint {
+		if r.rec.Fingerprint != "" && r.rec.Fingerprint != m.Fingerprint {
 			return Receipt{}, time.Time{}, true, ErrIdempotencyConflict
 		}
-		return Receipt{Ticket: rec.Ticket, Queue: rec.Queue, Status: rec.Status, EstimatedDelivery: time.Now(), Duplicate: true},
-			rec.UpdatedAt, true, nil
-	case !errors.Is(recErr, ErrNotFound):
-		return Receipt{}, time.Time{}, false, recErr
+		return Receipt{Ticket: r.rec.Ticket, Queue: r.rec.Queue, Status: r.rec.Status, EstimatedDelivery: time.Now(), Duplicate: true},
+			r.rec.UpdatedAt, true, nil
+	case !errors.Is(r.recErr, ErrNotFound):
+		return Receipt{}, time.Time{}, false, r.recErr
 	}
 	return Receipt{}, time.Time{}, false, nil
+}
+
+// records is what readRecords read of a key and its ticket.
+type records struct {
+	prev   idemRecord
+	found  bool
+	keyErr error
+	rec    *Record
+	recErr error
+}
+
+// readRecords starts reading key's record and ticket's, both at once; the function
+// it returns waits for them.
+func (s *Store) readRecords(ctx context.Context, key, ticket string) func() records {
+	var r records
+	done := make(chan struct{}, 2)
+	go func() {
+		r.rec, r.recErr = s.Record(ctx, ticket)
+		done <- struct{}{}
+	}()
+	go func() {
+		r.prev, r.found, r.keyErr = s.getKey(ctx, key)
+		done <- struct{}{}
+	}()
+	return func() records {
+		<-done
+		<-done
+		return r
+	}
+}
+
+// leaveGap is how long after a record that a repeat's lookup reads (a key's record, a
+// final or cancelled ticket record) is stored its keyed order may leave the queue at
+// the earliest (see repeat).
+const leaveGap = 2 * time.Millisecond
+
+// leaveAfter returns once leaveGap has passed since visible, a time after a record
+// that repeat reads was stored, for an order about to leave its queue.
+func leaveAfter(visible time.Time) {
+	if d := leaveGap - time.Since(visible); d > 0 {
+		time.Sleep(d)
+	}
 }
 
 // repeatOf answers a request whose key is recorded as prev.

@@ -495,3 +495,121 @@ func TestOutflowSamples(t *testing.T) {
 		t.Errorf("after re-creation: %v %v", r, over)
 	}
 }
+
+// Repeats racing the settlement of their orders, parked past the duplicate window,
+// never park a second order and always get the order's ticket: the queue and the
+// records are read at once, and a keyed order leaves its queue only leaveGap after its
+// key is recorded (see repeat). A stress test: to fail, a lookup trusting two misses
+// too early must land between a key's record and its order's acknowledgement.
+func TestRepeatsRacingSettlementParkNothing(t *testing.T) {
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	c := q.Consumer()
+	if err := c.Ensure(ctx, ConsumerConfig{AckWait: 30 * time.Second, PinnedTTL: 10 * time.Second, MaxInFlight: 8}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30
+	tickets := make([]string, n)
+	for i := range n {
+		req := keyedOrder("c1", fmt.Sprint("k", i), "{}")
+		m := &Message{Request: *req, Ticket: s.keyedTicket(q.name, idemKey("c1", fmt.Sprint("k", i)))}
+		m.Header = KeptHeader(req.Header, nil)
+		m.Fingerprint = Fingerprint(&m.Request)
+		if _, err := s.publish(ctx, q, m, fmt.Sprint("past-the-window-", i)); err != nil {
+			t.Fatal(err)
+		}
+		tickets[i] = m.Ticket
+	}
+	var wg sync.WaitGroup
+	settled := make(chan struct{})
+	wg.Go(func() {
+		defer close(settled)
+		for range n {
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			l, err := c.Next(lctx)
+			cancel()
+			if err == nil {
+				err = l.Load(ctx)
+			}
+			if err == nil {
+				err = l.Start(ctx)
+			}
+			if err == nil {
+				err = l.Done(ctx, &Result{StatusCode: 200})
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			for {
+				var last bool // every order was settled before this repeat
+				select {
+				case <-settled:
+					last = true
+				default:
+				}
+				rc, err := s.Park(ctx, keyedOrder("c1", fmt.Sprint("k", i), "{}"))
+				switch {
+				case err != nil:
+					errs[i] = err
+					return
+				case !rc.Duplicate || rc.Ticket != tickets[i]:
+					errs[i] = fmt.Errorf("repeat of k%d: %+v, want ticket %s", i, rc, tickets[i])
+					return
+				case rc.Status == StatusDone:
+					return
+				case last:
+					errs[i] = fmt.Errorf("repeat of k%d after its settlement: status %q", i, rc.Status)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if d := depth(t, ctx, q); d != 0 {
+		t.Fatalf("depth %d after every order was settled: a repeat parked its order again", d)
+	}
+}
+
+// An order that leaves its queue while a repeat's reads are under way is found by its
+// key: two misses are trusted only when both reads came back within leaveGap, else
+// the records are read again after the queue's answer.
+func TestRepeatReadsRecordsAgainAfterSlowReads(t *testing.T) {
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
+	req := keyedOrder("c1", "k", "{}")
+	key := idemKey("c1", "k")
+	m := &Message{Request: *req, Ticket: s.keyedTicket(q.name, key)}
+	m.Header = KeptHeader(req.Header, nil)
+	m.Fingerprint = Fingerprint(&m.Request)
+	if _, err := s.publish(ctx, q, m, "past-the-window"); err != nil {
+		t.Fatal(err)
+	}
+	stale := s.readRecords(ctx, key, m.Ticket)() // read before the order was settled: misses
+	if stale.found || !errors.Is(stale.recErr, ErrNotFound) {
+		t.Fatalf("records before the settlement: %+v", stale)
+	}
+	// Settled meanwhile: the key recorded, then the order gone from the queue.
+	if err := s.keepKey(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.stream.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	records := func() records { return stale }
+	rc, _, found, err := s.repeatFrom(ctx, q, key, m, time.Now().Add(-leaveGap), records)
+	if err != nil || !found || rc.Ticket != m.Ticket || !rc.Duplicate {
+		t.Fatalf("repeat after slow reads: %+v found %v %v, want ticket %s", rc, found, err, m.Ticket)
+	}
+	// Reads that came back within leaveGap are trusted (the dispatcher waits leaveGap
+	// between the key's record and the acknowledgement, which this test skipped).
+	if _, _, found, err := s.repeatFrom(ctx, q, key, m, time.Now(), records); err != nil || found {
+		t.Fatalf("repeat after quick reads: found %v %v; the misses should have been trusted", found, err)
+	}
+}
