@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue/internal/jsproto"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // Errors of Consumer.Next that callers branch on.
@@ -114,82 +115,108 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	}
 	qcfg := c.q.Config()
 	laned := qcfg.Laned()
-	stream := c.q.stream
 	existing, err := c.laneConsumers(ctx)
 	if err != nil {
 		return err
 	}
-	cons, err := stream.Consumer(ctx, ConsumerName)
-	served, held := map[string]bool{}, map[string]bool{}
-	if laned && err == nil {
-		if held, err = c.heldLanes(ctx, cons.CachedInfo(), lanesOf(qcfg), existing); err != nil {
-			return err
-		}
+	cons, err := c.q.stream.Consumer(ctx, ConsumerName)
+	if err != nil {
+		cons = nil
 	}
-	held = c.holdAtMost(held, cmp.Or(cfg.MaxLaneHold, DefaultMaxLaneHold))
-	if laned {
-		for name := range existing {
-			served[strings.TrimPrefix(name, ConsumerName+"_")] = true
-		}
-		for _, l := range lanesOf(qcfg) {
-			served[l.token()] = !held[l.token()]
-		}
-	} else {
-		// Lanes first: the queue's consumer takes every subject again, which work-queue
-		// retention refuses while another consumer filters some. Their orders are then
-		// the queue consumer's.
-		for name := range existing {
-			if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return unavailable("delete lane consumer of "+c.q.name, err)
-			}
-		}
-	}
-	want := cfg.jetstream(laned, c.q.name, served)
-	created := err != nil
+	served, held, serr := c.served(ctx, cfg, qcfg, cons, existing)
 	switch {
-	case err == nil:
-		have := cons.CachedInfo().Config
-		want.PauseUntil = have.PauseUntil
-		anew := grows(c.q.name, filtersOf(have), filtersOf(want))
-		if !anew && !laned && slices.Equal(filtersOf(have), filtersOf(want)) {
-			// Widened by an update already (earlier sluices did so when the lanes went):
-			// an order of a lane at or below its ack floor was never delivered by it.
-			anew = c.floorPassedLanes(ctx, cons.CachedInfo().AckFloor.Stream)
-		}
-		switch {
-		case anew:
-			if err := stream.DeleteConsumer(ctx, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return unavailable("delete consumer of "+c.q.name, err)
-			}
-			if cons, err = c.createDispatch(ctx, want); err != nil {
-				return err
-			}
-			created = true
-		case sameConsumer(have, want):
-		default:
-			if have.AckWait != want.AckWait {
-				// Every dispatcher sets the ack wait it was given: the last one to start
-				// decides for all, which an operator should hear of.
-				c.log.Warn("changing the ack wait of the queue's consumer: dispatchers of one queue should share --ack-wait, or the last one to start sets it for all",
-					"queue", c.q.name, "was", have.AckWait, "now", want.AckWait)
-			}
-			if _, err := stream.UpdateConsumer(ctx, want); err != nil {
-				return unavailable("update consumer of "+c.q.name, err)
-			}
-		}
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		if cons, err = c.createDispatch(ctx, want); err != nil {
-			return err
-		}
-	default:
+	case serr != nil:
+		return serr
+	case err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound):
 		return unavailable("consumer of "+c.q.name, err)
+	}
+	cons, created, err := c.ensureDispatch(ctx, cons, cfg.jetstream(laned, c.q.name, served), laned)
+	if err != nil {
+		return err
 	}
 	if err := c.ensureLanes(ctx, cfg, qcfg, cons, existing, held); err != nil {
 		return err
 	}
-	// The handle kept reads the consumer's config back: leases go stale by the ack wait
-	// it caches (see lease), and a handle kept from before, or one read before the
-	// update above, caches an older one.
+	return c.keep(ctx, cfg, cons, created)
+}
+
+// served returns the lanes (tokens) of a laned queue that have a consumer of their
+// own or get one now, and those of the configuration left to the queue's consumer
+// (cons, nil when there is none) because it holds orders of theirs (see heldLanes,
+// holdAtMost). In a queue without lanes it deletes the lanes' consumers first: the
+// queue's consumer takes every subject again, which work-queue retention refuses
+// while another consumer filters some; their orders are then the queue consumer's.
+func (c *Consumer) served(ctx context.Context, cfg ConsumerConfig, qcfg queueconfig.Config, cons jetstream.Consumer,
+	existing map[string]jetstream.ConsumerConfig) (served, held map[string]bool, err error) {
+	served, held = map[string]bool{}, map[string]bool{}
+	laned := qcfg.Laned()
+	if laned && cons != nil {
+		if held, err = c.heldLanes(ctx, cons.CachedInfo(), lanesOf(qcfg), existing); err != nil {
+			return nil, nil, err
+		}
+	}
+	held = c.holdAtMost(held, cmp.Or(cfg.MaxLaneHold, DefaultMaxLaneHold))
+	if !laned {
+		for name := range existing {
+			if err := c.q.stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return nil, nil, unavailable("delete lane consumer of "+c.q.name, err)
+			}
+		}
+		return served, held, nil
+	}
+	for name := range existing {
+		served[strings.TrimPrefix(name, ConsumerName+"_")] = true
+	}
+	for _, l := range lanesOf(qcfg) {
+		served[l.token()] = !held[l.token()]
+	}
+	return served, held, nil
+}
+
+// ensureDispatch creates the queue's consumer as want when there is none (cons nil),
+// makes it anew when its filter must grow (see Ensure), or updates it (keeping a pause
+// set on the server). created says that the handle returned is a new consumer's.
+func (c *Consumer) ensureDispatch(ctx context.Context, cons jetstream.Consumer, want jetstream.ConsumerConfig,
+	laned bool) (_ jetstream.Consumer, created bool, _ error) {
+	if cons == nil {
+		cons, err := c.createDispatch(ctx, want)
+		return cons, true, err
+	}
+	have := cons.CachedInfo().Config
+	want.PauseUntil = have.PauseUntil
+	anew := grows(c.q.name, filtersOf(have), filtersOf(want))
+	if !anew && !laned && slices.Equal(filtersOf(have), filtersOf(want)) {
+		// Widened by an update already (earlier sluices did so when the lanes went):
+		// an order of a lane at or below its ack floor was never delivered by it.
+		anew = c.floorPassedLanes(ctx, cons.CachedInfo().AckFloor.Stream)
+	}
+	switch {
+	case anew:
+		if err := c.q.stream.DeleteConsumer(ctx, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, false, unavailable("delete consumer of "+c.q.name, err)
+		}
+		cons, err := c.createDispatch(ctx, want)
+		return cons, true, err
+	case sameConsumer(have, want):
+	default:
+		if have.AckWait != want.AckWait {
+			// Every dispatcher sets the ack wait it was given: the last one to start
+			// decides for all, which an operator should hear of.
+			c.log.Warn("changing the ack wait of the queue's consumer: dispatchers of one queue should share --ack-wait, or the last one to start sets it for all",
+				"queue", c.q.name, "was", have.AckWait, "now", want.AckWait)
+		}
+		if _, err := c.q.stream.UpdateConsumer(ctx, want); err != nil {
+			return nil, false, unavailable("update consumer of "+c.q.name, err)
+		}
+	}
+	return cons, false, nil
+}
+
+// keep makes cons this Consumer's handle when it has none or cons is a new consumer's
+// (created), and keeps cfg's ack wait and pinned TTL. The handle kept reads the
+// consumer's config back: leases go stale by the ack wait it caches (see lease), and
+// a handle kept from before, or one read before an update, caches an older one.
+func (c *Consumer) keep(ctx context.Context, cfg ConsumerConfig, cons jetstream.Consumer, created bool) error {
 	c.mu.Lock()
 	h := c.cons
 	c.mu.Unlock()

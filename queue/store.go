@@ -219,14 +219,32 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	}
 	s := &Store{nc: nc, js: js, log: o.logger, opts: o, queues: map[string]*Queue{}, kept: newKeptRecords(o.keptBytes),
 		tracer: telemetry.Tracer(o.tracerProvider), batches: checkServerVersion(nc, minBatchServerVersion, "") == nil}
-	s.dead, err = s.ensureStream(ctx, jetstream.StreamConfig{
+	if s.dead, err = s.ensureDeadStream(ctx); err != nil {
+		return nil, err
+	}
+	s.usage.init(ctx, js, o.storeLimit, o.diskFree, o.logger)
+	if err := s.ensureBuckets(ctx); err != nil {
+		return nil, err
+	}
+	s.metrics = newStoreMetrics(s)
+	if o.registerer != nil {
+		if err := s.metrics.register(o.registerer); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// ensureDeadStream creates the dead-letter stream of every queue, or updates it.
+func (s *Store) ensureDeadStream(ctx context.Context) (jetstream.Stream, error) {
+	st, err := s.ensureStream(ctx, jetstream.StreamConfig{
 		Name:        DeadStream,
 		Description: "sluice dead letters of every queue",
 		Subjects:    []string{"sluice.dlq.>"},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Discard:     jetstream.DiscardOld,
-		Replicas:    o.replicas,
+		Replicas:    s.opts.replicas,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
 		// Each dead letter carries its queue's dead_letter_max_age as a TTL. A stream
@@ -237,68 +255,69 @@ func Open(ctx context.Context, nc *nats.Conn, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: dead-letter stream: %w", ErrUnavailable, err)
 	}
-	bucket := func(name, desc string, maxBytes int64) (jetstream.KeyValue, error) {
-		cfg := jetstream.KeyValueConfig{
-			Bucket:      name,
-			Description: desc,
-			History:     1,
-			Storage:     jetstream.FileStorage,
-			Replicas:    max(o.replicas, 1),
-			MaxBytes:    maxBytes,
-			// Enables per-key TTLs (every entry is written with one).
-			LimitMarkerTTL: time.Minute,
-		}
-		// A bucket as wanted is used as it is: an update rewrites its configuration on
-		// disk, which fails on a full disk, and a sluice that cannot start cannot drain
-		// the queues that would free it.
-		st, err := js.Stream(ctx, jsproto.KVStream(name))
-		exists := err == nil
-		if exists && sameBucket(st.CachedInfo().Config, cfg, true) {
-			if kv, err := js.KeyValue(ctx, name); err == nil {
-				return kv, nil
-			}
-		}
-		kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
-		if err != nil && exists && sameBucket(st.CachedInfo().Config, cfg, false) {
-			// Only its byte cap differs (the cap follows the store's size) and it cannot
-			// be changed: no room to reserve a larger one, or no room on the disk for
-			// the new configuration. The bucket as it is serves.
-			if kv, gerr := js.KeyValue(ctx, name); gerr == nil {
-				o.logger.Warn("key-value bucket kept at its byte cap: it cannot be changed now", "bucket", name,
-					"asked", maxBytes, "err", err)
-				return kv, nil
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("%w: key-value bucket %s: %w", ErrUnavailable, name, err)
-		}
-		return kv, nil
+	return st, nil
+}
+
+// ensureBuckets sets up the tickets and idempotency buckets. A stream's byte cap is
+// reserved from the store when the stream is made: the key stores (the idempotency
+// bucket and every queue's key stream) take a share of a store of known size (the
+// usage's limit), never more than it holds.
+func (s *Store) ensureBuckets(ctx context.Context) error {
+	if lim := s.usage.limit / idemStoreShare; lim > 0 && (s.opts.idemMaxBytes <= 0 || s.opts.idemMaxBytes > lim) {
+		s.opts.idemMaxBytes = lim
 	}
-	s.usage.init(ctx, js, o.storeLimit, o.diskFree, o.logger)
-	// A stream's byte cap is reserved from the store when the stream is made: the key
-	// stores (the bucket and every queue's key stream) take a share of a store of
-	// known size, never more than it holds.
-	if lim := s.usage.limit / idemStoreShare; lim > 0 && (o.idemMaxBytes <= 0 || o.idemMaxBytes > lim) {
-		o.idemMaxBytes, s.opts.idemMaxBytes = lim, lim
+	var err error
+	if s.tickets, err = s.ensureBucket(ctx, TicketsBucket, "sluice ticket status and results", 0); err != nil {
+		return err
 	}
-	if s.tickets, err = bucket(TicketsBucket, "sluice ticket status and results", 0); err != nil {
-		return nil, err
+	if s.idem, err = s.ensureBucket(ctx, IdempotencyBucket, "sluice idempotency keys", max(s.opts.idemMaxBytes, -1)); err != nil {
+		return err
 	}
-	if s.idem, err = bucket(IdempotencyBucket, "sluice idempotency keys", max(o.idemMaxBytes, -1)); err != nil {
-		return nil, err
-	}
-	idemStream, err := js.Stream(ctx, jsproto.KVStream(IdempotencyBucket))
+	idemStream, err := s.js.Stream(ctx, jsproto.KVStream(IdempotencyBucket))
 	if err != nil {
-		return nil, fmt.Errorf("%w: key-value bucket %s: %w", ErrUnavailable, IdempotencyBucket, err)
+		return fmt.Errorf("%w: key-value bucket %s: %w", ErrUnavailable, IdempotencyBucket, err)
 	}
 	s.idemInfo = &Queue{store: s, name: IdempotencyBucket, stream: idemStream}
-	s.metrics = newStoreMetrics(s)
-	if o.registerer != nil {
-		if err := s.metrics.register(o.registerer); err != nil {
-			return nil, err
+	return nil
+}
+
+// ensureBucket returns the key-value bucket name, created or updated to hold entries
+// with per-key TTLs in maxBytes (0: no cap). A bucket as wanted is used as it is: an
+// update rewrites its configuration on disk, which fails on a full disk, and a sluice
+// that cannot start cannot drain the queues that would free it.
+func (s *Store) ensureBucket(ctx context.Context, name, desc string, maxBytes int64) (jetstream.KeyValue, error) {
+	cfg := jetstream.KeyValueConfig{
+		Bucket:      name,
+		Description: desc,
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(s.opts.replicas, 1),
+		MaxBytes:    maxBytes,
+		// Enables per-key TTLs (every entry is written with one).
+		LimitMarkerTTL: time.Minute,
+	}
+	st, err := s.js.Stream(ctx, jsproto.KVStream(name))
+	exists := err == nil
+	if exists && sameBucket(st.CachedInfo().Config, cfg, true) {
+		if kv, err := s.js.KeyValue(ctx, name); err == nil {
+			return kv, nil
 		}
 	}
-	return s, nil
+	kv, err := s.js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil && exists && sameBucket(st.CachedInfo().Config, cfg, false) {
+		// Only its byte cap differs (the cap follows the store's size) and it cannot
+		// be changed: no room to reserve a larger one, or no room on the disk for
+		// the new configuration. The bucket as it is serves.
+		if kv, gerr := s.js.KeyValue(ctx, name); gerr == nil {
+			s.log.Warn("key-value bucket kept at its byte cap: it cannot be changed now", "bucket", name,
+				"asked", maxBytes, "err", err)
+			return kv, nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: key-value bucket %s: %w", ErrUnavailable, name, err)
+	}
+	return kv, nil
 }
 
 // Declare creates the queue's stream, or updates it to cfg, and adds the queue to the
