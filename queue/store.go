@@ -165,7 +165,18 @@ const HighWater = 0.85
 
 // Store parks requests in JetStream queues and keeps their tickets. It is safe for
 // concurrent use. One Store per process and NATS connection is the intended use; the
-// connection belongs to the caller (Close does not close it).
+// connection belongs to the caller. Its methods fall in three groups:
+//
+//   - park, for the front door: Park, Repeat and BodyLimit take an order; Status,
+//     Record, WatchRecords and Cancel follow its ticket.
+//   - dispatch, for the dispatchers: Queue and Queues give each declared queue, whose
+//     Queue.Consumer hands orders out as Leases (a Lease is the only way to settle an
+//     order); Verify, DeliveryKey and Forward check and pass an order on;
+//     ResultConsumer and CallbackConsumer drain the replies and callbacks;
+//     FlushRecords and KeptRecords write what a Lease could not; SampleOutflow measures.
+//   - operate, for sluice's own setup and tools: Declare, AdoptOrphans, Retire and
+//     CheckQueue keep the queues; DeadLetters, Requeue and PurgeDeadLetters handle the
+//     dead letters; StorageUsage and FlowKeyFor report.
 //
 // For the fast failure the ingress needs (503 instead of a hanging request), connect
 // with nats.ReconnectBufSize(-1): a publish while disconnected then fails at once
