@@ -188,12 +188,16 @@ func limiterChart(cfg limiterConfig, results []result) barChart {
 type decideFunc func(ctx context.Context) (allowed bool, err error)
 
 // contender is one side of a comparison. setup builds fresh state for one measurement
-// and returns how each caller decides; finish releases it and returns how many
-// decisions fell back from Redis to memory (which would flatter the figures).
+// and returns how each caller decides, and its fallbacks.
 type contender struct {
 	name  string
-	setup func(ctx context.Context, callers int) (newCaller func(id int) decideFunc, finish func() (fallbacks int64), err error)
+	setup func(ctx context.Context, callers int) (newCaller func(id int) decideFunc, fallbacks fallbackFunc, err error)
 }
+
+// fallbackFunc returns how many decisions have fallen back from Redis to memory so
+// far (which would flatter the figures); with release, it releases the contender's
+// state as well, and is not called again.
+type fallbackFunc func(release bool) (fallbacks int64)
 
 // scenario pits sluice against its peer under the same load.
 type scenario struct {
@@ -210,7 +214,7 @@ type result struct {
 	Callers         int     `json:"callers"`
 	Decisions       int64   `json:"decisions"`
 	Denied          int64   `json:"denied"`
-	Fallbacks       int64   `json:"fallbacks"` // Redis store decisions made in memory instead
+	Fallbacks       int64   `json:"fallbacks"` // Redis store decisions made in memory instead, in the measured window
 	Seconds         float64 `json:"seconds"`
 	DecisionsPerSec float64 `json:"decisions_per_second"`
 	NsPerDecision   float64 `json:"ns_per_decision"`
@@ -304,7 +308,7 @@ func (p *keyPicker) write(i uint64) {
 }
 
 func sluiceMemory(keys int) contender {
-	return contender{name: "sluice memory", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
+	return contender{name: "sluice memory", setup: func(ctx context.Context, callers int) (func(int) decideFunc, fallbackFunc, error) {
 		m := limiter.NewMemory()
 		return func(id int) decideFunc {
 			p := newKeyPicker(keys, id)
@@ -317,7 +321,7 @@ func sluiceMemory(keys int) contender {
 }
 
 func xrateSingle() contender {
-	return contender{name: "x/time/rate", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
+	return contender{name: "x/time/rate", setup: func(ctx context.Context, callers int) (func(int) decideFunc, fallbackFunc, error) {
 		l := rate.NewLimiter(benchRate, benchBurst)
 		return func(int) decideFunc {
 			return func(context.Context) (bool, error) { return l.Allow(), nil }
@@ -344,7 +348,7 @@ func (r *rateMap) allow(key string) bool {
 }
 
 func xrateMap(keys int) contender {
-	return contender{name: "x/time/rate mutex map", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
+	return contender{name: "x/time/rate mutex map", setup: func(ctx context.Context, callers int) (func(int) decideFunc, fallbackFunc, error) {
 		rm := &rateMap{m: make(map[string]*rate.Limiter, keys)}
 		return func(id int) decideFunc {
 			p := newKeyPicker(keys, id)
@@ -353,7 +357,7 @@ func xrateMap(keys int) contender {
 	}}
 }
 
-func noFallbacks() int64 { return 0 }
+func noFallbacks(bool) int64 { return 0 }
 
 func runScenarios(ctx context.Context, cfg limiterConfig, scenarios []scenario, stderr io.Writer) ([]result, error) {
 	p := newProgress(stderr, 2*len(scenarios)*cfg.rounds)
@@ -428,16 +432,11 @@ type counter struct {
 // cfg.duration. The callers keep running across the boundary, so the measured window
 // sees a steady state rather than goroutines starting up.
 func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (result, error) {
-	newCaller, finish, err := c.setup(ctx, s.callers)
+	newCaller, fallbacks, err := c.setup(ctx, s.callers)
 	if err != nil {
 		return result{}, err
 	}
-	finished := false
-	defer func() {
-		if !finished {
-			finish()
-		}
-	}()
+	defer fallbacks(true)
 	runtime.GC() // the previous measurement's garbage is not this one's cost
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -493,12 +492,15 @@ func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (r
 
 	ok := sleep(cfg.warmup)
 	n0, d0 := total()
+	f0 := fallbacks(false)
 	t0 := time.Now()
 	cpu0, cpuKnown := processCPU()
 	ok = ok && sleep(cfg.duration)
 	n1, d1 := total()
 	elapsed := time.Since(t0)
 	cpu1, _ := processCPU()
+	// Counted before the end cancels the calls under way, which then fall back.
+	f1 := fallbacks(false)
 	stop.Store(true)
 	cancel()
 	wg.Wait()
@@ -509,9 +511,8 @@ func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (r
 		return result{}, context.Cause(ctx)
 	}
 
-	finished = true
 	r := result{Scenario: s.name, Store: c.name, Callers: s.callers, Decisions: n1 - n0,
-		Denied: d1 - d0, Fallbacks: finish(), Seconds: elapsed.Seconds()}
+		Denied: d1 - d0, Fallbacks: f1 - f0, Seconds: elapsed.Seconds()}
 	if r.Decisions > 0 {
 		r.DecisionsPerSec = float64(r.Decisions) / elapsed.Seconds()
 		r.NsPerDecision = float64(elapsed.Nanoseconds()) / float64(r.Decisions)

@@ -62,7 +62,7 @@ func redisScenarios(ctx context.Context, cfg limiterConfig) ([]scenario, func() 
 		}
 	}
 
-	sluiceRedis := contender{name: "sluice redis", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
+	sluiceRedis := contender{name: "sluice redis", setup: func(ctx context.Context, callers int) (func(int) decideFunc, fallbackFunc, error) {
 		// The store waits for Redis as long as redis_rate does (go-redis' read
 		// timeout, 3s) rather than its own default of 50ms, past which it would
 		// decide in memory: on a loaded machine that measures the fallback, not
@@ -81,15 +81,17 @@ func redisScenarios(ctx context.Context, cfg limiterConfig) ([]scenario, func() 
 					}
 					return d.Allowed, err
 				}
-			}, func() int64 {
-				store.Close()
+			}, func(release bool) int64 {
+				if release {
+					store.Close()
+				}
 				return store.Fallbacks()
 			}, nil
 	}}
 
 	rl := redis_rate.NewLimiter(client)
 	peerLimit := redis_rate.Limit{Rate: benchRate, Burst: benchBurst, Period: time.Second}
-	redisRate := contender{name: "redis_rate", setup: func(ctx context.Context, callers int) (func(int) decideFunc, func() int64, error) {
+	redisRate := contender{name: "redis_rate", setup: func(ctx context.Context, callers int) (func(int) decideFunc, fallbackFunc, error) {
 		return func(id int) decideFunc {
 			ks, i := keys[id], 0
 			return func(ctx context.Context) (bool, error) {
