@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress/decide"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
@@ -217,16 +218,9 @@ func TestClusterDataProcessOnly(t *testing.T) {
 		t.Errorf("without a session: %d", w.Code)
 	}
 
-	srv := natstest.Start(t)
+	_, store := parktest.Store(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), MaxDepth: 50, Downstream: "http://127.0.0.1:1"})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), MaxDepth: 50, Downstream: "http://127.0.0.1:1"}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := store.Park(ctx, &queue.Request{Queue: "orders", Rule: "orders", Method: "POST", Path: "/v1/orders"}); err != nil {
 		t.Fatal(err)
 	}

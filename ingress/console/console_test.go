@@ -17,35 +17,16 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/decide"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/ingress/queueapi"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
-	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/rules"
 	"github.com/sluicehq/sluice/rules/watch"
 )
 
 const testToken = "admin-token-0123456789"
-
-const testRules = `
-domain: shop
-descriptors:
-  - key: route
-    value: orders
-    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
-    on_limit: defer
-    queue: orders
-routes:
-  - name: orders
-    match: {method: [POST], path: /v1/orders}
-    descriptors:
-      - [{key: route, value: orders}]
-queues:
-  orders:
-    outflow: {rate: 10/s}
-    downstream: http://127.0.0.1:1
-`
 
 // fixture is a console in front of a real admin API; store is set by withQueues.
 type fixture struct {
@@ -60,10 +41,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, store *queue.Store, extra ...Option) *fixture {
 	t.Helper()
-	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(testRules)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := parktest.Rules(t, parktest.Orders)
 	f := &fixture{t: t, store: store, reloads: &Reloads{}}
 	start := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 	f.now.Store(&start)
@@ -506,17 +484,13 @@ func TestOverviewAndRules(t *testing.T) {
 // Tickets and dead letters show metadata, never the order's or the downstream's
 // headers and bodies, and never the admin token; requeue works through the console.
 func TestNoBodiesOrSecrets(t *testing.T) {
-	srv := natstest.Start(t)
+	_, store := parktest.Store(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"})
+	q, err := store.Queue("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := store.Declare(ctx, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const secret = "s3cr3t-payload"
 	park := func(order string) string {
 		rc, err := store.Park(ctx, &queue.Request{Queue: "orders", Rule: "orders", Method: "POST", Path: "/v1/orders",

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
-	"github.com/sluicehq/sluice/rules"
 )
 
 // countingReader is a request body that records how much of it was read.
@@ -50,19 +50,10 @@ type bodyFixture struct {
 
 func newBodyFixture(t *testing.T, cfg queueconfig.Config, opts ...Option) *bodyFixture {
 	t.Helper()
-	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(deferRules)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(5*time.Second), queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	set := parktest.Rules(t, parktest.Orders)
 	cfg.Name, cfg.Outflow, cfg.Downstream = "orders", limiter.PerSecond(10), "http://127.0.0.1:1"
-	q, err := store.Declare(ctx, cfg)
+	srv, store := parktest.Store(t, cfg)
+	q, err := store.Queue("orders")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/queue"
 )
 
@@ -60,7 +61,7 @@ queues:
 // when trusted says so.
 func checkServer(t *testing.T, trusted bool) (*httptest.Server, *queue.Store) {
 	t.Helper()
-	set, _, store := openRules(t, checkRules)
+	set, _, store := parktest.Open(t, checkRules)
 	var proxies []string
 	if trusted {
 		proxies = []string{"127.0.0.0/8"}

@@ -15,32 +15,13 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/ingress/internal/warn"
 	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queuetest"
 )
-
-const deferRules = `
-domain: shop
-descriptors:
-  - key: route
-    value: orders
-    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
-    on_limit: defer
-    queue: orders
-routes:
-  - name: orders
-    match: {method: [POST], path: /v1/orders}
-    descriptors:
-      - [{key: route, value: orders}]
-queues:
-  orders:
-    outflow: {rate: 10/s}
-    max_depth: 3
-    downstream: http://127.0.0.1:1
-`
 
 type deferFixture struct {
 	handler  http.Handler
@@ -51,7 +32,7 @@ type deferFixture struct {
 
 func newDeferFixture(t *testing.T, opts ...Option) *deferFixture {
 	t.Helper()
-	set, srv, store := openRules(t, deferRules)
+	set, srv, store := parktest.Open(t, parktest.Orders)
 	d := New(store, opts...)
 	m := newMiddleware(t, set, ingress.WithDeferrer(d))
 	mux := http.NewServeMux()
@@ -147,8 +128,8 @@ func TestDeferIdempotency(t *testing.T) {
 // A tenant whose lane holds tenant_max_depth orders gets a 429 that names that limit,
 // not the queue's (which has room); another tenant's order is still taken.
 func TestDeferFullTenantLaneNamesTheLimit(t *testing.T) {
-	rules := strings.Replace(deferRules, "    max_depth: 3\n", "    max_depth: 100\n    fair_by: header:X-Tenant\n    tenant_max_depth: 2\n", 1)
-	set, _, store := openRules(t, rules)
+	rules := strings.Replace(parktest.Orders, "    max_depth: 3\n", "    max_depth: 100\n    fair_by: header:X-Tenant\n    tenant_max_depth: 2\n", 1)
+	set, _, store := parktest.Open(t, rules)
 	m := newMiddleware(t, set, ingress.WithDeferrer(New(store)))
 	f := &deferFixture{handler: m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })), store: store}
 	f.post(`{}`, "X-Tenant", "a")

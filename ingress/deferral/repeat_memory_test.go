@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -17,7 +18,7 @@ import (
 // request is done: else concurrent keyed requests to a slow upstream hold their
 // whole bodies each, past --defer-memory, which exists to bound exactly that.
 func TestRepeatLookupBodyCountsWhileProxied(t *testing.T) {
-	set, _, store := openRules(t, deferRules)
+	set, _, store := parktest.Open(t, parktest.Orders)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	d := New(store)
 	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(limiter.WithClock(func() time.Time { return now })), ingress.WithDeferrer(d))

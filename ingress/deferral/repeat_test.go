@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -22,7 +23,7 @@ import (
 // payload it is 422; a request whose key no order holds, or without a key, is proxied
 // with its body intact. One order is parked in all.
 func TestRepeatIsNotProxied(t *testing.T) {
-	set, _, store := openRules(t, deferRules)
+	set, _, store := parktest.Open(t, parktest.Orders)
 	var now atomic.Int64
 	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
 	clock := func() time.Time { return time.Unix(0, now.Load()) }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 )
@@ -48,7 +49,7 @@ queues:
 // not stored for the downstream. Malformed values and times beyond max_delay are 400,
 // the bound named; on a route without a queue the header is refused.
 func TestScheduledThroughIngress(t *testing.T) {
-	set, srv, store := openRules(t, scheduleRules)
+	set, srv, store := parktest.Open(t, scheduleRules)
 	d := New(store)
 	m := newMiddleware(t, set, ingress.WithDeferrer(d))
 	mux := http.NewServeMux()
@@ -197,7 +198,7 @@ queues:
 // it asked for a time) or over it (deferred). Within the limit it went to the
 // default level's lane of the empty tenant: its priority and tenant were lost.
 func TestScheduledKeepsItsLane(t *testing.T) {
-	set, srv, store := openRules(t, scheduleLanesRules)
+	set, srv, store := parktest.Open(t, scheduleLanesRules)
 	m := newMiddleware(t, set, ingress.WithDeferrer(New(store)))
 	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) }))
 	st := srv.Stream(t, queue.StreamName("orders"))
@@ -234,7 +235,7 @@ func TestScheduledKeepsItsLane(t *testing.T) {
 // queue: 400, and the upstream does not see it. It was proxied at once, the
 // Sluice-Not-Before header with it: delivered before the time it asked for.
 func TestScheduledOnAnUnroutedPath(t *testing.T) {
-	set, _, store := openRules(t, scheduleRules)
+	set, _, store := parktest.Open(t, scheduleRules)
 	m := newMiddleware(t, set, ingress.WithDeferrer(New(store)))
 	var reached []string
 	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -18,14 +18,15 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/ingress/ticket"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queuetest"
 )
 
-// waitRules are deferRules with room for the orders of TestThousandWaiters.
-var waitRules = strings.Replace(deferRules, "max_depth: 3", "max_depth: 2000", 1)
+// waitRules are parktest.Orders with room for the orders of TestThousandWaiters.
+var waitRules = strings.Replace(parktest.Orders, "max_depth: 3", "max_depth: 2000", 1)
 
 // countingParker counts the status reads of a store (the watch is the store's).
 type countingParker struct {
@@ -51,7 +52,7 @@ type waitFixture struct {
 // watch's news.
 func newWaitFixture(t *testing.T, poll time.Duration, l WaitLimits) *waitFixture {
 	t.Helper()
-	_, ns, store := openRules(t, waitRules)
+	_, ns, store := parktest.Open(t, waitRules)
 	if l.Max == 0 {
 		l.Max = time.Minute
 	}

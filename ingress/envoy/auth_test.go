@@ -19,10 +19,8 @@ import (
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/deferral"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/queue"
-	"github.com/sluicehq/sluice/queue/natstest"
-	"github.com/sluicehq/sluice/rules"
 )
 
 const authRules = `
@@ -107,7 +105,7 @@ func authFixtureOf(t *testing.T, src string) (authv3.AuthorizationClient, *deliv
 	}))
 	t.Cleanup(down.Close)
 	set := parseRules(t, strings.Replace(src, "DOWNSTREAM", down.URL, 1))
-	store := ordersQueue(t, set)
+	_, store := parktest.Store(t, set.Queue("orders").Config)
 	d, err := dispatcher.New(store, dispatcher.WithFetchWait(300*time.Millisecond), dispatcher.WithPinnedTTL(time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -131,23 +129,6 @@ func authFixtureOf(t *testing.T, src string) (authv3.AuthorizationClient, *deliv
 		t.Fatal(err)
 	}
 	return authv3.NewAuthorizationClient(serve(t, NewServer(nil, NewAuthService(mw)))), got
-}
-
-// ordersQueue opens a queue store on an embedded NATS and declares set's orders
-// queue in it.
-func ordersQueue(t *testing.T, set *rules.Set) *queue.Store {
-	t.Helper()
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithPublishTimeout(5*time.Second), queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Declare(ctx, set.Queue("orders").Config); err != nil {
-		t.Fatal(err)
-	}
-	return store
 }
 
 type checkReq struct {

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/ingress/deferral"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/rules"
@@ -151,7 +152,7 @@ type entryPoint struct {
 // wait rules.
 func TestEveryEntryPointDecidesAlike(t *testing.T) {
 	set := parseRules(t, sameRules())
-	store := ordersQueue(t, set)
+	_, store := parktest.Store(t, set.Queue("orders").Config)
 
 	type step struct {
 		path, user string

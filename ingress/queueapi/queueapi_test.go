@@ -16,33 +16,13 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/ingress/internal/openapitest"
+	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 	"github.com/sluicehq/sluice/queue/queuetest"
-	"github.com/sluicehq/sluice/rules"
 )
-
-// adminRules are the rules the admin listener of the tests shows (GET /sluice/v1/rules).
-const adminRules = `
-domain: shop
-descriptors:
-  - key: route
-    value: orders
-    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
-    on_limit: defer
-    queue: orders
-routes:
-  - name: orders
-    match: {method: [POST], path: /v1/orders}
-    descriptors:
-      - [{key: route, value: orders}]
-queues:
-  orders:
-    outflow: {rate: 10/s}
-    downstream: http://127.0.0.1:1
-`
 
 type queueAPIFixture struct {
 	t       *testing.T
@@ -55,22 +35,11 @@ type queueAPIFixture struct {
 
 func newQueueAPIFixture(t *testing.T) *queueAPIFixture {
 	t.Helper()
-	set, err := rules.Parse(rules.File{Name: "shop.yaml", Data: []byte(adminRules)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	store, err := queue.Open(ctx, srv.Conn, queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"orders", "idle"} {
-		if _, err := store.Declare(ctx, queueconfig.Config{Name: name, Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	set := parktest.Rules(t, parktest.Orders) // what the admin listener shows (GET /sluice/v1/rules)
+	orders := queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"}
+	idle := orders
+	idle.Name = "idle"
+	srv, store := parktest.Store(t, orders, idle)
 	reg := prometheus.NewRegistry()
 	a := &ingress.Admin{Gatherer: reg, Rules: ingress.StaticRules{S: set}, Token: "tok", Queues: &API{Store: loaded(store)}}
 	return &queueAPIFixture{t: t, nats: srv, store: store, handler: a.Handler(), admin: a, doc: openapitest.Load(t)}
