@@ -1,11 +1,10 @@
 package ingress
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluicehq/sluice/limiter/linktest"
 )
 
 // heavyModules are what a program that only limits requests must not link: the NATS
@@ -24,16 +23,6 @@ var heavyModules = []string{
 // otelSDK is what only cmd/sluice may link of OpenTelemetry: the SDK and the exporters
 // (the libraries use the API alone).
 var otelSDK = []string{"go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters/"}
-
-func goTool(t *testing.T, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("go", args...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
 
 // TestLightPackages: the packages a program imports to limit requests pull in no NATS
 // server and no Redis client (nor, for rules and ingress, any NATS or fsnotify); none
@@ -64,13 +53,7 @@ func TestLightPackages(t *testing.T) {
 		{"queue", otelSDK},
 		{"dispatcher", otelSDK},
 	} {
-		deps := goTool(t, "list", "-deps", "github.com/sluicehq/sluice/"+tc.pkg)
-		t.Logf("%s: %d packages", tc.pkg, strings.Count(deps, "\n"))
-		for _, b := range tc.banned {
-			if strings.Contains(deps, b) {
-				t.Errorf("go list -deps %s lists %s", tc.pkg, strings.TrimSpace(b))
-			}
-		}
+		linktest.CheckDeps(t, "github.com/sluicehq/sluice/"+tc.pkg, tc.banned, nil)
 	}
 }
 
@@ -81,18 +64,8 @@ func TestLightMiddleware(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds programs")
 	}
-	dir := t.TempDir()
-	build := func(name string, flags ...string) (string, int64) {
-		bin := filepath.Join(dir, name+strings.Join(flags, ""))
-		goTool(t, append(append([]string{"build", "-o", bin}, flags...), "./testdata/"+name)...)
-		st, err := os.Stat(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return bin, st.Size()
-	}
-	bin, size := build("lightmw")
-	mods := goTool(t, "version", "-m", bin)
+	bin, size := linktest.Build(t, "./testdata/lightmw")
+	mods := linktest.Go(t, "version", "-m", bin)
 	linked := func(mod string) bool { return strings.Contains(mods, "\tdep\t"+mod+"\t") }
 	if !linked("github.com/prometheus/client_golang") {
 		t.Fatalf("go version -m lists no modules we know; the check would prove nothing:\n%s", mods)
@@ -102,9 +75,9 @@ func TestLightMiddleware(t *testing.T) {
 			t.Errorf("the middleware-only program links %s", m)
 		}
 	}
-	_, stripped := build("lightmw", "-ldflags=-s -w")
-	_, rateSize := build("ratemw")
-	_, rateStripped := build("ratemw", "-ldflags=-s -w")
+	_, stripped := linktest.Build(t, "./testdata/lightmw", "-ldflags=-s -w")
+	_, rateSize := linktest.Build(t, "./testdata/ratemw")
+	_, rateStripped := linktest.Build(t, "./testdata/ratemw", "-ldflags=-s -w")
 	mb := func(n int64) float64 { return float64(n) / (1 << 20) }
 	t.Logf("middleware on the memory store: %.1f MiB (%.1f MiB with -s -w); x/time/rate with client_golang: %.1f MiB (%.1f MiB)",
 		mb(size), mb(stripped), mb(rateSize), mb(rateStripped))

@@ -4,22 +4,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
-)
 
-func goTool(t *testing.T, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("go", args...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
-}
+	"github.com/sluicehq/sluice/limiter/linktest"
+)
 
 // TestLightPackages: pace links neither NATS nor Redis nor the rest of sluice's
 // server side; redispace adds go-redis and nothing of NATS.
@@ -37,18 +27,7 @@ func TestLightPackages(t *testing.T) {
 		{"dispatcher/pace/redispace", []string{"github.com/nats-io/", mod + "queue\n", mod + "dispatcher\n"},
 			[]string{"github.com/redis/go-redis/v9\n"}},
 	} {
-		deps := goTool(t, "list", "-deps", mod+tc.pkg)
-		t.Logf("%s: %d packages", tc.pkg, strings.Count(deps, "\n"))
-		for _, b := range tc.banned {
-			if strings.Contains(deps, b) {
-				t.Errorf("go list -deps %s lists %s", tc.pkg, strings.TrimSpace(b))
-			}
-		}
-		for _, n := range tc.needed {
-			if !strings.Contains(deps, n) {
-				t.Errorf("go list -deps %s does not list %s: the check would prove nothing", tc.pkg, strings.TrimSpace(n))
-			}
-		}
+		linktest.CheckDeps(t, mod+tc.pkg, tc.banned, tc.needed)
 	}
 }
 
@@ -63,23 +42,13 @@ func TestLightPacer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds programs")
 	}
-	dir := t.TempDir()
-	build := func(name string, flags ...string) (string, int64) {
-		bin := filepath.Join(dir, name+strings.Join(flags, ""))
-		goTool(t, append(append([]string{"build", "-o", bin}, flags...), "./testdata/"+name)...)
-		st, err := os.Stat(bin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return bin, st.Size()
-	}
-	paced, size := build("pacedclient")
-	rateBin, rateSize := build("rateclient")
-	mods := goTool(t, "version", "-m", paced)
+	paced, size := linktest.Build(t, "./testdata/pacedclient")
+	rateBin, rateSize := linktest.Build(t, "./testdata/rateclient")
+	mods := linktest.Go(t, "version", "-m", paced)
 	if !strings.Contains(mods, "\tmod\tgithub.com/sluicehq/sluice\t") {
 		t.Fatalf("go version -m does not name sluice's module; the check would prove nothing:\n%s", mods)
 	}
-	if rm := goTool(t, "version", "-m", rateBin); !strings.Contains(rm, "\tdep\tgolang.org/x/time\t") {
+	if rm := linktest.Go(t, "version", "-m", rateBin); !strings.Contains(rm, "\tdep\tgolang.org/x/time\t") {
 		t.Fatalf("go version -m lists no dependency of the x/time/rate client; the check would prove nothing:\n%s", rm)
 	}
 	for _, banned := range []string{"github.com/nats-io/", "github.com/redis/", "github.com/prometheus/"} {
@@ -98,8 +67,8 @@ func TestLightPacer(t *testing.T) {
 		t.Errorf("pacedclient: %v, output %q", err, out)
 	}
 
-	_, stripped := build("pacedclient", "-ldflags=-s -w")
-	_, rateStripped := build("rateclient", "-ldflags=-s -w")
+	_, stripped := linktest.Build(t, "./testdata/pacedclient", "-ldflags=-s -w")
+	_, rateStripped := linktest.Build(t, "./testdata/rateclient", "-ldflags=-s -w")
 	mb := func(n int64) float64 { return float64(n) / (1 << 20) }
 	ratio := float64(size) / float64(rateSize)
 	t.Logf("paced client: %.2f MiB (%.2f MiB with -s -w); the same on x/time/rate: %.2f MiB (%.2f MiB); ratio %.3f (%.3f)",

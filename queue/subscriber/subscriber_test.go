@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/sluicehq/sluice/limiter/linktest"
 	"github.com/sluicehq/sluice/queue/subscriber"
 )
 
@@ -197,19 +197,9 @@ func TestLightDependencies(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
 	}
-	out, err := exec.Command("go", "list", "-deps", "github.com/sluicehq/sluice/queue/subscriber").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	deps := string(out)
-	for _, b := range []string{"github.com/nats-io/nats-server/", "github.com/prometheus/", "github.com/sluicehq/sluice/queue\n", "github.com/redis/"} {
-		if strings.Contains(deps, b) {
-			t.Errorf("go list -deps lists %s", strings.TrimSpace(b))
-		}
-	}
-	if !strings.Contains(deps, "github.com/nats-io/nats.go/jetstream\n") {
-		t.Error("go list -deps does not list the jetstream client: is the test looking at the right package?")
-	}
+	linktest.CheckDeps(t, "github.com/sluicehq/sluice/queue/subscriber",
+		[]string{"github.com/nats-io/nats-server/", "github.com/prometheus/", "github.com/sluicehq/sluice/queue\n", "github.com/redis/"},
+		[]string{"github.com/nats-io/nats.go/jetstream\n"})
 }
 
 func FuzzDecode(f *testing.F) {

@@ -10,13 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/limiter/linktest"
 	"github.com/sluicehq/sluice/queue/natstest/lazyfs"
 )
 
@@ -25,17 +25,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // Nothing but tests imports the package: go-fuse stays out of sluice's programs.
 func TestNoProductionImport(t *testing.T) {
 	const self = "github.com/sluicehq/sluice/queue/natstest/lazyfs"
-	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "github.com/sluicehq/sluice/...").Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
+	imports := linktest.Imports(t, "github.com/sluicehq/sluice/...")
+	if _, ok := imports["github.com/sluicehq/sluice/cmd/sluice"]; !ok {
+		t.Fatalf("go list did not list the sluice command among %d packages", len(imports))
 	}
-	if !strings.Contains(string(out), "github.com/sluicehq/sluice/cmd/sluice ") {
-		t.Fatalf("go list did not list the sluice command:\n%s", out)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) > 0 && fields[0] != self && slices.Contains(fields[1:], self) {
-			t.Errorf("%s imports %s", fields[0], self)
+	for pkg, imps := range imports {
+		if pkg != self && slices.Contains(imps, self) {
+			t.Errorf("%s imports %s", pkg, self)
 		}
 	}
 }
