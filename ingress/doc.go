@@ -19,6 +19,8 @@
 //     over its limit rejects; otherwise a deferring rule over its limit defers; shadow rules
 //     are only counted and logged. (Every limit of every check is charged, as Envoy's rate
 //     limit service does, so a request rejected by one limit still used quota of the others.)
+//     One engine, package ingress/decide, makes these decisions for the front door, the
+//     check endpoint and both Envoy services (ingress/envoy).
 //   - Client identity: the connection's peer address (on a connection from a
 //     `--proxy-protocol` load balancer, the address its PROXY header names), unless it
 //     is a trusted proxy (`--trusted-proxies`); only then is the header those proxies write read

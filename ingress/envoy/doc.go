@@ -3,8 +3,9 @@
 // rate limit filter, Istio, Envoy Gateway, Contour and Gloo call) and the external
 // authorization service (envoy.service.auth.v3.Authorization, Envoy's ext_authz
 // filter), which can defer. Both decide with the rules, the limiter and the metrics of
-// the HTTP front door, so an Envoy and a sluice front door sharing one Redis share the
-// same counters.
+// the HTTP front door, and with its decision engine (package ingress/decide), so a rule
+// decides alike on every entry point and an Envoy and a sluice front door sharing one
+// Redis share the same counters.
 //
 // # Envoy, Istio and ext_authz
 //
@@ -42,8 +43,8 @@
 //     Shadow mode as in Envoy: a rule's `shadow_mode` makes its descriptor OK; `--shadow`
 //     keeps descriptors OVER_LIMIT and makes `overall_code` OK; both are counted
 //     (`outcome="shadow_rejected"`). Failure modes are the rules' (`failure_mode`). Refused
-//     with `INVALID_ARGUMENT`: an empty domain, no descriptors, more than 64, an empty
-//     descriptor, a `hits_addend` over 2^52, an override without a unit.
+//     with `INVALID_ARGUMENT`, charging nothing: an empty domain, no descriptors, more
+//     than 64, an empty descriptor, a `hits_addend` over 2^52, an override without a unit.
 //     `is_negative_hits` (a refund) is answered OK and charges nothing: the limiter cannot
 //     give quota back. Defer rules reject here: Envoy's rate limit filter cannot park.
 //   - `envoy.service.auth.v3.Authorization/Check`: the request Envoy describes

@@ -318,12 +318,18 @@ func TestShouldRateLimitRefusesBadRequests(t *testing.T) {
 		{"too many descriptors", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: many}, codes.InvalidArgument},
 		{"huge hits_addend", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlcommon.RateLimitDescriptor{huge}}, codes.InvalidArgument},
 		{"override without unit", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlcommon.RateLimitDescriptor{badUnit}}, codes.InvalidArgument},
+		{"override without unit after a valid descriptor", &rlsv3.RateLimitRequest{Domain: "api",
+			Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", "before"), badUnit}}, codes.InvalidArgument},
 		{"message over the size cap", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", strings.Repeat("x", DefaultMaxMessageBytes))}}, codes.ResourceExhausted},
 	} {
 		_, err := c.ShouldRateLimit(context.Background(), tc.req)
 		if status.Code(err) != tc.code {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.code)
 		}
+	}
+	// A refused request charged nothing, not even the descriptors before the bad one.
+	if resp := ask(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", "before")}}); resp.Statuses[0].LimitRemaining != 2 {
+		t.Errorf("after a refused request, the first of its own: limit_remaining %d, want 2 of 3", resp.Statuses[0].LimitRemaining)
 	}
 	// Unknown domain: Envoy's service answers OK.
 	resp := ask(t, c, &rlsv3.RateLimitRequest{Domain: "other", Descriptors: []*rlcommon.RateLimitDescriptor{desc("user", "x")}})
