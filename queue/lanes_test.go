@@ -521,22 +521,42 @@ func TestScheduledIntoALaneGone(t *testing.T) {
 // queue (four tenant lanes) parks an order in a lane the current one (one lane) does
 // not have, and no dispatcher ever made a consumer for; it is delivered.
 func TestOrderInALaneNoConsumerTakes(t *testing.T) {
-	srv := natstest.Start(t)
-	four, _, one := strayLaneConfigs("rolling")
-	cur := openStore(t, srv, one)
-	c := laneConsumerOf(t, cur, "rolling")
-	old := openStore(t, srv, four)
-	rc := parkAs(t, old, "rolling", tenantIn(t, old, four, "p0t3"), "", "stray")
-	l := strayLease(t, c, rc.Ticket)
+	r := newRollingLanes(t, "rolling")
+	rc := parkAs(t, r.old, "rolling", r.stray, "", "stray")
+	l := strayLease(t, r.c, rc.Ticket)
 	// Handed out by the queue's consumer, which status and cancel ask for it.
 	ctx := ctxT(t)
-	if rec, err := cur.Status(ctx, rc.Ticket); err != nil || rec.Status != queue.StatusDelivering {
+	if rec, err := r.cur.Status(ctx, rc.Ticket); err != nil || rec.Status != queue.StatusDelivering {
 		t.Errorf("status of the handed-out stray: %+v, %v; want delivering", rec, err)
 	}
-	if err := cur.Cancel(ctx, rc.Ticket); !errors.Is(err, queue.ErrNotCancellable) {
+	if err := r.cur.Cancel(ctx, rc.Ticket); !errors.Is(err, queue.ErrNotCancellable) {
 		t.Errorf("cancel of the handed-out stray: %v, want ErrNotCancellable", err)
 	}
 	settle(t, l)
+}
+
+// rollingLanes is a queue as a rolling change from four tenant lanes to one leaves it
+// (strayLaneConfigs): cur, the current replica's store, has the queue with one lane and
+// c its consumer set up; old, an older replica's store, still has four, and parks
+// the orders of tenant stray in lane p0t3, which no consumer of cur's takes.
+type rollingLanes struct {
+	srv      *natstest.Server
+	four     queueconfig.Config
+	cur, old *queue.Store
+	c        *queue.Consumer
+	stray    string
+}
+
+func newRollingLanes(t *testing.T, name string) *rollingLanes {
+	t.Helper()
+	r := &rollingLanes{srv: natstest.Start(t)}
+	four, _, one := strayLaneConfigs(name)
+	r.four = four
+	r.cur = openStore(t, r.srv, one)
+	r.c = laneConsumerOf(t, r.cur, name)
+	r.old = openStore(t, r.srv, four)
+	r.stray = tenantIn(t, r.old, four, "p0t3")
+	return r
 }
 
 // strayLease takes the next order from c and fails t unless it is ticket's, of lane
@@ -745,36 +765,32 @@ func TestLaneConsumerGone(t *testing.T) {
 // TestLaneHeldAtMostMaxLaneHold: on a queue whose orders of a lane are always some in
 // flight, the lane gets its consumer once it has been held for MaxLaneHold.
 func TestLaneHeldAtMostMaxLaneHold(t *testing.T) {
-	srv := natstest.Start(t)
-	four, _, one := strayLaneConfigs("busy")
-	cur := openStore(t, srv, one)
-	c := laneConsumerOf(t, cur, "busy")
-	old := openStore(t, srv, four)
-	parkAs(t, old, "busy", tenantIn(t, old, four, "p0t3"), "", "in flight")
+	r := newRollingLanes(t, "busy")
+	parkAs(t, r.old, "busy", r.stray, "", "in flight")
 	ctx := ctxT(t)
-	inFlight := lease(t, c)
-	if _, err := cur.Declare(ctx, four); err != nil {
+	inFlight := lease(t, r.c)
+	if _, err := r.cur.Declare(ctx, r.four); err != nil {
 		t.Fatal(err)
 	}
 	hold := laneConsumer
 	hold.MaxLaneHold = time.Millisecond
-	if err := c.Ensure(ctx, hold); err != nil {
+	if err := r.c.Ensure(ctx, hold); err != nil {
 		t.Fatal(err)
 	}
-	if !c.LanesHeld() {
+	if !r.c.LanesHeld() {
 		t.Fatal("LanesHeld false while the queue's consumer holds an order of p0t3")
 	}
 	time.Sleep(10 * time.Millisecond) // past MaxLaneHold, the order still in flight
-	if err := c.Ensure(ctx, hold); err != nil {
+	if err := r.c.Ensure(ctx, hold); err != nil {
 		t.Fatal(err)
 	}
-	if c.LanesHeld() {
+	if r.c.LanesHeld() {
 		t.Error("lane p0t3 still held past MaxLaneHold")
 	}
-	if _, err := srv.Stream(t, queue.StreamName("busy")).Consumer(ctx, "dispatch_p0t3"); err != nil {
+	if _, err := r.srv.Stream(t, queue.StreamName("busy")).Consumer(ctx, "dispatch_p0t3"); err != nil {
 		t.Errorf("lane p0t3 has no consumer past MaxLaneHold: %v", err)
 	}
-	checkLanesCovered(t, srv, "busy")
+	checkLanesCovered(t, r.srv, "busy")
 	settle(t, inFlight)
 }
 
@@ -784,37 +800,32 @@ func TestLaneHeldAtMostMaxLaneHold(t *testing.T) {
 // delivery by the queue's consumer (which redelivers what it handed out whatever its
 // filter); once they are settled the lane gets its consumer.
 func TestLaneAddedWhileItsOrdersAreHeld(t *testing.T) {
-	srv := natstest.Start(t)
-	four, _, one := strayLaneConfigs("held")
-	cur := openStore(t, srv, one)
-	c := laneConsumerOf(t, cur, "held")
-	old := openStore(t, srv, four)
-	tenant := tenantIn(t, old, four, "p0t3")
-	parkAs(t, old, "held", tenant, "", "delivering")
-	parkAs(t, old, "held", tenant, "", "handed back")
+	r := newRollingLanes(t, "held")
+	parkAs(t, r.old, "held", r.stray, "", "delivering")
+	parkAs(t, r.old, "held", r.stray, "", "handed back")
 	ctx := ctxT(t)
-	delivering := lease(t, c)
+	delivering := lease(t, r.c)
 	if err := delivering.Load(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := delivering.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	lease(t, c).HandBack(ctx)
-	if _, err := cur.Declare(ctx, four); err != nil {
+	lease(t, r.c).HandBack(ctx)
+	if _, err := r.cur.Declare(ctx, r.four); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Ensure(ctx, laneConsumer); err != nil {
+	if err := r.c.Ensure(ctx, laneConsumer); err != nil {
 		t.Fatal(err)
 	}
-	checkLanesCovered(t, srv, "held")
-	if !c.LanesHeld() {
+	checkLanesCovered(t, r.srv, "held")
+	if !r.c.LanesHeld() {
 		t.Error("LanesHeld false while the queue's consumer holds orders of p0t3")
 	}
 	var got []string
 	for {
 		nctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		l, err := c.Next(nctx)
+		l, err := r.c.Next(nctx)
 		cancel()
 		if errors.Is(err, queue.ErrNoMessages) {
 			break
@@ -836,18 +847,18 @@ func TestLaneAddedWhileItsOrdersAreHeld(t *testing.T) {
 		t.Fatalf("handed out %q while the delivery went on; want the handed-back order once", got)
 	}
 	settle(t, delivering)
-	if err := c.Ensure(ctx, laneConsumer); err != nil {
+	if err := r.c.Ensure(ctx, laneConsumer); err != nil {
 		t.Fatal(err)
 	}
-	if c.LanesHeld() {
+	if r.c.LanesHeld() {
 		t.Error("LanesHeld after the held orders were settled")
 	}
-	if _, err := srv.Stream(t, queue.StreamName("held")).Consumer(ctx, "dispatch_p0t3"); err != nil {
+	if _, err := r.srv.Stream(t, queue.StreamName("held")).Consumer(ctx, "dispatch_p0t3"); err != nil {
 		t.Errorf("lane p0t3 has no consumer once its orders were settled: %v", err)
 	}
-	checkLanesCovered(t, srv, "held")
-	parkAs(t, cur, "held", tenant, "", "after")
-	if got := deliver(t, c, 1); !slices.Equal(got, []string{"after"}) {
+	checkLanesCovered(t, r.srv, "held")
+	parkAs(t, r.cur, "held", r.stray, "", "after")
+	if got := deliver(t, r.c, 1); !slices.Equal(got, []string{"after"}) {
 		t.Errorf("delivered %v, want the order parked after", got)
 	}
 }

@@ -33,39 +33,13 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkScheduled100k -benchtime 1x ./queue/
 func BenchmarkScheduled100k(b *testing.B) {
-	n := 100_000
-	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_SCHEDULED")); err == nil && v > 0 {
-		n = v
-	}
+	n := scheduledCount()
 	for range b.N {
-		srv := natstest.Start(b)
-		cfg := scheduledConfig("bench")
-		cfg.MaxDepth = int64(n) + 1
-		s := openStore(b, srv, cfg)
-		q, _ := s.Queue("bench")
-		c := q.Consumer()
-		ctx := context.Background()
-		if err := c.Ensure(ctx, leaseConsumer); err != nil {
-			b.Fatal(err)
-		}
+		_, s := scheduledBenchQueue(b, n)
 		rss0 := rssMiB(b)
 		// Every order falls due at one time well after the parking ends.
 		due := time.Now().Add(time.Hour)
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range 32 {
-			wg.Go(func() {
-				for next.Add(1) <= int64(n) {
-					if _, err := s.Park(ctx, at("bench", `{"n":1}`, due)); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		parked := time.Since(start)
+		parked := parkDue(b, s, n, due)
 		b.ReportMetric(float64(n)/parked.Seconds(), "parks/s")
 		rss := rssMiB(b)
 		b.ReportMetric(rss, "rss-MiB")
@@ -84,38 +58,15 @@ func BenchmarkScheduled100k(b *testing.B) {
 //
 //	go test -run '^$' -bench BenchmarkScheduledFire100k -benchtime 1x ./queue/
 func BenchmarkScheduledFire100k(b *testing.B) {
-	n := 100_000
-	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_SCHEDULED")); err == nil && v > 0 {
-		n = v
-	}
+	n := scheduledCount()
 	for range b.N {
-		srv := natstest.Start(b)
-		cfg := scheduledConfig("bench")
-		cfg.MaxDepth = int64(n) + 1
-		s := openStore(b, srv, cfg)
-		q, _ := s.Queue("bench")
-		c := q.Consumer()
+		srv, s := scheduledBenchQueue(b, n)
 		ctx := context.Background()
-		if err := c.Ensure(ctx, leaseConsumer); err != nil {
-			b.Fatal(err)
-		}
 		// Every order falls due at one time after the last park: parks are synced to
 		// disk, a few hundred a second on a busy machine, so allow 6ms a park and a
 		// minute.
 		due := time.Now().Add(time.Duration(n)*6*time.Millisecond + time.Minute).Truncate(time.Second)
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range 32 {
-			wg.Go(func() {
-				for next.Add(1) <= int64(n) {
-					if _, err := s.Park(ctx, at("bench", `{"n":1}`, due)); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		parkDue(b, s, n, due)
 		if time.Now().After(due) {
 			b.Fatal("parking took longer than the due time's margin")
 		}
@@ -140,6 +91,51 @@ func BenchmarkScheduledFire100k(b *testing.B) {
 		b.ReportMetric(cpuSeconds()-cpu0, "fire-cpu-s")
 		b.ReportMetric(rssMiB(b), "rss-MiB")
 	}
+}
+
+// scheduledCount is SLUICE_BENCH_SCHEDULED, or 100,000 when it is unset or not a
+// positive number: how many orders the scheduled benchmarks park.
+func scheduledCount() int {
+	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_SCHEDULED")); err == nil && v > 0 {
+		return v
+	}
+	return 100_000
+}
+
+// scheduledBenchQueue starts a NATS server for b with the scheduled queue "bench"
+// declared on it, room for n orders, and its consumer set up.
+func scheduledBenchQueue(b *testing.B, n int) (*natstest.Server, *queue.Store) {
+	b.Helper()
+	srv := natstest.Start(b)
+	cfg := scheduledConfig("bench")
+	cfg.MaxDepth = int64(n) + 1
+	s := openStore(b, srv, cfg)
+	q, _ := s.Queue("bench")
+	if err := q.Consumer().Ensure(context.Background(), leaseConsumer); err != nil {
+		b.Fatal(err)
+	}
+	return srv, s
+}
+
+// parkDue parks n orders into "bench", all due at due, from 32 concurrent parkers,
+// and returns how long that took; b fails (and that parker stops) at a Park's error.
+func parkDue(b *testing.B, s *queue.Store, n int, due time.Time) time.Duration {
+	b.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range 32 {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if _, err := s.Park(context.Background(), at("bench", `{"n":1}`, due)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start)
 }
 
 func rssMiB(tb testing.TB) float64 {
