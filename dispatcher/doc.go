@@ -61,7 +61,8 @@
 // the dispatcher waits for the queue's own slot (without taking it), then asks the
 // key: fewer than max_in_flight of its deliveries running, and a free slot of its
 // leaky bucket of one start at the key's rate (a limiter.Limiter, memory by default;
-// WithFlowLimiter gives a Redis one to keep the pace across a fail-over). Only then
+// WithFlowLimiter gives a Redis one to keep the pace across a fail-over, as sluice
+// does with --redis; max_in_flight per key is counted in memory, see WithFlowLimiter). Only then
 // does it take the queue's slot, so each key's starts keep ceil(rate × Δt) + 1 in any
 // Δt as the queue's do. An order whose key has no turn is handed back (a delayed NAK,
 // queue.Lease.Postpone: not an attempt) for the key's wait plus one interval for each

@@ -15,11 +15,20 @@ import (
 // WithFlowLimiter sets where the pacing state of the flow keys of queues with flow_by
 // (queueconfig.FlowBy) is kept (default: a limiter.Memory of the dispatcher's own, on
 // the dispatcher's clock). A queue's orders are started by one dispatcher at a time
-// (the pinned one), so memory is enough for the bound while it lives; a
-// limiter/redisstore Store shared by the replicas keeps each key's pace across a
-// fail-over too. Each key's state is one leaky bucket of one start, keyed
-// "sluice:flow:{queue}/{key}:{rate}", which expires once the key is idle: keys cost nothing
-// while they have no orders.
+// (the pinned one, or a laned queue's lead), so memory keeps each key's rate while that
+// dispatcher lives; the one that takes the queue over after it would start with fresh
+// buckets, a key's first start there as soon as it has the queue (measured: 3 s after
+// the last one for a key at 1 per 10 s). A limiter/redisstore Store shared by the
+// replicas keeps each key's pace across a fail-over: `sluice serve` and `sluice
+// dispatch` use their --redis one. Each key's state is one leaky bucket of one
+// start, keyed "sluice:flow:{queue}/{key}:{rate}", which expires once the key is
+// idle: keys cost nothing while they have no orders.
+//
+// A key's max_in_flight is counted in the dispatcher's memory, whatever the limiter:
+// by the one dispatcher that starts the queue's orders, so it holds for the queue as
+// a whole, except across a fail-over, where the deliveries the old dispatcher still
+// has under way (a stalled one resumed; a dead one has none) are not counted by the
+// new one.
 func WithFlowLimiter(l limiter.Limiter) Option { return func(o *options) { o.flowLimiter = l } }
 
 // flowBusyDelay is how long an order whose flow key has MaxInFlight deliveries

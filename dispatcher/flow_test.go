@@ -257,3 +257,44 @@ func TestFlowByRedisLimiter(t *testing.T) {
 		return err == nil && n == 0
 	})
 }
+
+// TestFlowByRedisLimiterAcrossFailover: two dispatchers, as two processes would, each
+// with a Redis flow limiter of its own on one Redis. The first delivers a key's first
+// order and dies; the second takes the queue over and keeps the key's pace from the
+// shared bucket: its first start of the key is one key interval after the dead one's
+// last (a flow limiter in memory would start it as soon as the order came back, a
+// fail-over later: 3 s, not 10, in a run with memory limiters).
+func TestFlowByRedisLimiterAcrossFailover(t *testing.T) {
+	rs := redistest.Start(t)
+	newLim := func() limiter.Limiter {
+		lim, err := redisstore.New(rs.Client(), redisstore.WithTimeout(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = lim.Close() })
+		return lim
+	}
+	rate := limiter.Rate{Count: 1, Period: 10 * time.Second}
+	srv, ds, cfg, store, _ := flowQueue(t, "flowfailover", queueconfig.FlowBy{From: "header:X-Merchant", Rate: rate})
+	parkFlow(t, store, cfg.Name, "merchant-a", "a", 2)
+	r1 := startReplica(t, srv, cfg, "r1", dispatcher.WithFlowLimiter(newLim()))
+	waitFor(t, "the first order", 30*time.Second, func() bool { return len(arrivals(ds, "a")) == 1 })
+	startReplica(t, srv, cfg, "r2", dispatcher.WithFlowLimiter(newLim()))
+	r1.kill()
+	waitFor(t, "the second order, from r2", 60*time.Second, func() bool { return len(arrivals(ds, "a")) == 2 })
+	a := arrivals(ds, "a")
+	var by []string
+	for _, h := range ds.all() {
+		by = append(by, h.header.Get("X-Test-Replica"))
+	}
+	gap := a[1].Sub(a[0])
+	t.Logf("the key's two starts, by %v: %s apart (the key's interval %s)", by, gap.Round(time.Millisecond), rate.Interval())
+	if by[len(by)-1] != "r2" {
+		t.Fatalf("the second order was delivered by %v, not by the replica that took over", by)
+	}
+	// The arrivals are the starts plus the request's way to the downstream, which
+	// may differ by some milliseconds between the two.
+	if gap < rate.Interval()-250*time.Millisecond {
+		t.Errorf("the key's starts across the fail-over were %s apart, less than its interval %s", gap, rate.Interval())
+	}
+}

@@ -295,7 +295,7 @@ delivery-timeout: 5s
 		t.Errorf("dispatch: delivery-timeout %+v, nats %+v", got["delivery-timeout"], got["nats"])
 	}
 	_, out, _ := runIn(t, "dispatch", "--config", file, "--print-config")
-	if !strings.Contains(out, "has no flags for: upstream (line 3), redis (line 4)") {
+	if !strings.Contains(out, "has no flags for: upstream (line 3)\n") || got["redis"] != (setting{"redis://redis:6379/0", "file"}) {
 		t.Errorf("the keys dispatch ignores are not listed:\n%s", out)
 	}
 	if got := printedConfig(t, "ingress", "--config", file); got["delivery-timeout"] != (setting{}) || got["upstream"].source != "file" {

@@ -53,7 +53,7 @@
 //   - `--admin-listen` (default: `127.0.0.1:9090`): `/metrics`, `/healthz`, `/readyz`, `/sluice/v1/rules`, `/sluice/v1/status`, the queue API (deploy/README.md) and `/sluice/v1/openapi.json`
 //   - `--admin-token` (default: none; the console then signs in with `DATA_DIR/console.token`, see Operator console in deploy/README.md): bearer token that everything on the admin listener requires, except `/healthz` and the console's sign-in page and assets (`/console/`, which then keeps a session cookie); an address (an IPv6 address's /64) that presents 10 wrong tokens (API or sign-in together) is refused with 429 and `Retry-After`, the right token too, and gets one more try every 6 s
 //   - `--console-report-interval` (default: `5s`, 1s to 10s): how often this replica publishes its decision counters and queue figures to the NATS bucket `sluice_console` for the console's cluster view, and the console reads every replica's; the console's history takes a point every two intervals and keeps 360 (an hour at the default)
-//   - `--redis` (default: none): keep limits in Redis (`redis://[user[:password]@]host:port/db`, `rediss://` for TLS, `redis://h1:p1?addr=h2:p2` for a Cluster); memory otherwise
+//   - `--redis` (default: none): keep limits in Redis (`redis://[user[:password]@]host:port/db`, `rediss://` for TLS, `redis://h1:p1?addr=h2:p2` for a Cluster); memory otherwise. Where dispatchers run (`serve`, and `dispatch`, which takes the `--redis*` flags for this alone), each flow key's pace (a queue's `flow_by` rate) lives there too, so a replica that takes a queue over keeps it; max_in_flight per key stays counted by the dispatcher that leads the queue
 //   - `--redis-password` (default: none): the Redis password, instead of one in the URL (best as `SLUICE_REDIS_PASSWORD`)
 //   - `--redis-ca`, `--redis-cert`, `--redis-key` (default: none): Redis TLS: CA certificates instead of the system's, client certificate and key (`rediss://` only)
 //   - `--redis-timeout` (default: `50ms`): how long a decision waits for Redis; past it the limit's `failure_mode` decides (and Redis is re-probed with backoff)
@@ -108,7 +108,7 @@
 //
 // One file can describe a whole deployment: `serve`, `ingress`, `dispatch` and `dlq` read
 // the same file, and each takes the keys it has flags for and leaves the others alone
-// (`dispatch` ignores `upstream` and `redis`; `dlq` takes only the NATS keys). A key that
+// (`dispatch` ignores `upstream` and takes of the front door's keys only the `redis` ones; `dlq` takes only the NATS keys). A key that
 // is a flag of none of them, a value its flag does not take, a key given twice, a file
 // that is missing or not YAML: the command prints every problem as `FILE:LINE: message`
 // naming the key, and exits 2. `--config`, `--print-config` and `dlq`'s `--json`,

@@ -1,12 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/ingress/queueapi"
+	"github.com/sluicehq/sluice/limiter/redistest"
+	"github.com/sluicehq/sluice/queue/natstest"
 )
 
 // Through the binary: orders deferred by the front door carry their X-Merchant as the
@@ -83,5 +90,50 @@ flow_by: {from: "header:X-Merchant", rate: 5/s, max_in_flight: 2}`))
 	}
 	for _, a := range held {
 		waitStatus(t, p.url, a.Ticket, "done", 30*time.Second)
+	}
+}
+
+// Through the binaries: with --redis, a flow key's pace lives in Redis, so a
+// `sluice dispatch` that takes a queue over from a dead one keeps it. The first
+// dispatcher delivers the key's first order and is killed; the second, another process
+// on the same NATS and Redis, starts the key's second order one key interval (10 s)
+// after the first, not as soon as it has the queue.
+func TestQueueFlowPaceInRedisThroughTheBinaries(t *testing.T) {
+	t.Parallel()
+	rs, nc := redistest.Start(t), natstest.Start(t)
+	var mu sync.Mutex
+	var arrived []time.Time
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrived = append(arrived, time.Now())
+		mu.Unlock()
+	}))
+	t.Cleanup(down.Close)
+	arrivals := func() []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(arrived)
+	}
+	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, `outflow: {rate: 20/s}
+flow_by: {from: "header:X-Merchant", rate: 6/m}`))
+	common := []string{"--rules", rulesPath, "--nats", nc.URL, "--queue-key", testQueueKey, "--redis", "redis://" + rs.Addr() + "/0"}
+	front := startCommand(t, "ingress", append(common, "--upstream", newUpstream(t, 0).URL)...)
+	first := startCommand(t, "dispatch", append(common, dispatchFlags...)...)
+	warmUp(t, front.url, "/v1/orders")
+	mustDefer(t, front.url, "/v1/orders", "m1-a", "X-Merchant", "merchant-1")
+	mustDefer(t, front.url, "/v1/orders", "m1-b", "X-Merchant", "merchant-1")
+	waitFor(t, "the first order", 30*time.Second, func() bool { return len(arrivals()) == 1 })
+	keys, err := rs.Client().Keys(context.Background(), "*flow*").Result()
+	if err != nil || len(keys) == 0 {
+		t.Errorf("no flow key pace in Redis: %v, %v", keys, err)
+	}
+	first.kill(t)
+	startCommand(t, "dispatch", append(common, dispatchFlags...)...)
+	waitFor(t, "the second order, from the second dispatcher", 60*time.Second, func() bool { return len(arrivals()) == 2 })
+	a := arrivals()
+	gap := a[1].Sub(a[0])
+	t.Logf("the key's two deliveries, across the fail-over: %s apart (its interval 10s); Redis keys %v", gap.Round(time.Millisecond), keys)
+	if gap < 10*time.Second-250*time.Millisecond {
+		t.Errorf("the key's starts across the fail-over were %s apart, less than its interval", gap)
 	}
 }

@@ -88,6 +88,8 @@ func newGateway(mode gatewayMode, cfg gatewayConfig, log *slog.Logger) (_ *gatew
 		if upstream, ids, err = g.checkFront(); err != nil {
 			return nil, err
 		}
+	} else if g.redis, err = openRedis(cfg.front.redis, log); err != nil {
+		return nil, err
 	}
 	if !mode.rls {
 		// check completes the NATS configuration (the queue key, the encryption key of
@@ -211,6 +213,15 @@ func (g *gateway) openQueues(reg *prometheus.Registry) error {
 	var disp []dispatcher.Option
 	if cfg.dispatch {
 		disp = append(cfg.disp.options(), dispatcher.WithTracerProvider(cfg.tracing))
+		if g.redis != nil {
+			// Each flow key's pace lives in Redis, so a replica taking a queue over
+			// keeps it (see dispatcher.WithFlowLimiter).
+			store, err := g.redisLimiter(reg)
+			if err != nil {
+				return err
+			}
+			disp = append(disp, dispatcher.WithFlowLimiter(store))
+		}
 	}
 	g.queues = newQueues(g.nats, disp, reg, g.log, g.watcher.Reload)
 	g.queues.tracing = cfg.tracing
@@ -393,6 +404,23 @@ func (g *gateway) frontDoor(upstream *url.URL, ids *ingress.ClientIdentity, reg 
 	return mux, nil
 }
 
+// redisLimiter returns the limiter in Redis (--redis), made at the first call, which
+// adds the Redis dependency: the front door's limits and the dispatchers' flow keys
+// share it.
+func (g *gateway) redisLimiter(reg *prometheus.Registry) (*redisstore.Store, error) {
+	if g.store != nil {
+		return g.store, nil
+	}
+	store, err := redisstore.New(g.redis, redisstore.WithRegisterer(reg), redisstore.WithLogger(g.log),
+		redisstore.WithTimeout(g.cfg.front.redis.timeout))
+	if err != nil {
+		return nil, fmt.Errorf("redis limiter (--redis-timeout and the metrics registry): %w", err)
+	}
+	g.store = store
+	g.deps.Add("redis", g.redisHealth)
+	return store, nil
+}
+
 // middleware builds the limiter and the middleware that decides on it: the front
 // door's, which the Envoy services share (with their own flags). It adds the Redis
 // dependency when limits live there. deferrer is nil where nothing can park.
@@ -400,14 +428,11 @@ func (g *gateway) middleware(ids *ingress.ClientIdentity, deferrer *deferral.Def
 	cfg := g.cfg.front
 	var store limiter.Limiter = limiter.NewMemory(limiter.WithMaxKeys(cfg.maxKeys))
 	if g.redis != nil {
-		var err error
-		g.store, err = redisstore.New(g.redis, redisstore.WithRegisterer(reg), redisstore.WithLogger(g.log),
-			redisstore.WithTimeout(g.cfg.front.redis.timeout))
+		rs, err := g.redisLimiter(reg)
 		if err != nil {
-			return nil, fmt.Errorf("redis limiter (--redis-timeout and the metrics registry): %w", err)
+			return nil, err
 		}
-		store = g.store
-		g.deps.Add("redis", g.redisHealth)
+		store = rs
 	}
 	g.limiter = store
 	opts := []ingress.Option{ingress.WithClientIdentity(ids), ingress.WithShadow(cfg.shadow), ingress.WithMaxBody(int64(cfg.maxBody)),

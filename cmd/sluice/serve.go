@@ -225,6 +225,9 @@ func (m gatewayMode) flags(fs *pflag.FlagSet, c *gatewayConfig) {
 	if m.front || m.rls {
 		c.front.flags(fs, m.front)
 		c.envoy.flags(fs, m.front)
+	} else if m.disp {
+		// dispatch: Redis keeps the pace of the queues' flow keys (flow_by) only.
+		c.front.redis.flags(fs)
 	}
 	c.admin.flags(fs, m.admin)
 	// Long-running commands only (dlq and queue share the admin flags).
