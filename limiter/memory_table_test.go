@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -210,4 +211,60 @@ func TestMemoryHotKeys(t *testing.T) {
 			t.Fatalf("a key decided every %dµs was remembered as hot: %q", 300*hotGap, e.key)
 		}
 	}
+}
+
+// TestMemoryBucketWordsAfterMoves plays a decision without the lock that read a
+// bucket's words and then slept while the key moved: backward (a key before it
+// removed) and to a new table (growing). Its compare-and-swap must then fail, on the
+// old slot and on the new one, and the bucket's state must be intact.
+func TestMemoryBucketWordsAfterMoves(t *testing.T) {
+	if !hasCAS128() {
+		t.Skip("buckets are decided under their slot's lock here (race detector, or no CMPXCHG16B)")
+	}
+	now := int64(1_000_000)
+	m := NewMemory(WithShards(1), WithMaxKeys(1<<20))
+	m.now = func() int64 { return now }
+	sh := &m.shards[0]
+	p := algo.Params{Algorithm: algo.TokenBucket, Rate: 1, Period: 1 << 40, Capacity: 1000}
+	// a and b share a home slot, so b sits right after a.
+	const ha, hb = 5 << 8, 5<<8 | 1<<40
+	ida, idb := uint64(ha)|uint64(algo.TokenBucket), uint64(hb)|uint64(algo.TokenBucket)
+	m.decideHashed(ha, 1, &p, now, 1, nil)
+	decided := int64(0)
+	decide := func() algo.Outcome {
+		decided++
+		return m.decideHashed(hb, 2, &p, now, 1, nil)
+	}
+	decide()
+	decide() // without the lock
+	stale := func() (*[2]uint64, uint64, uint64) {
+		w := sh.table[sh.find(idb, 2)].words()
+		return w, atomic.LoadUint64(&w[0]), atomic.LoadUint64(&w[1])
+	}
+	check := func(what string, old *[2]uint64, w0, w1 uint64) {
+		t.Helper()
+		if cas128(old, w0, w1, w0, w1^1) {
+			t.Fatalf("%s: a stale compare-and-swap on the old slot succeeded", what)
+		}
+		if w := sh.table[sh.find(idb, 2)].words(); cas128(w, w0, w1, w0, w1^1) {
+			t.Fatalf("%s: a stale compare-and-swap on the key's new slot succeeded", what)
+		}
+		if o := decide(); o.Remaining != p.Capacity-decided {
+			t.Fatalf("%s: remaining %d after %d decisions", what, o.Remaining, decided)
+		}
+	}
+
+	old, w0, w1 := stale()
+	sh.mu.Lock()
+	if !sh.remove(ida, 1, math.MaxInt64) {
+		t.Fatal("a was not removed")
+	}
+	sh.mu.Unlock()
+	check("moved back", old, w0, w1)
+
+	old, w0, w1 = stale()
+	sh.mu.Lock()
+	sh.grow(m.lockFree)
+	sh.mu.Unlock()
+	check("moved to a new table", old, w0, w1)
 }
