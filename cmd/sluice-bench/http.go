@@ -72,7 +72,10 @@ the closed loop: on a shared machine it tells the cost of each target more stead
 than req/s, which also measures how busy the machine was. --variant NAME=PATH adds
 another sluice binary (or a script that sets its environment and execs one) as a
 target of its own, "sluice serve (NAME)", so that two builds or settings are compared
-in the same rounds rather than across runs.
+in the same rounds rather than across runs. --syscalls adds the system calls and
+context switches of each target's processes per request of the closed loop, counted
+by perf stat (Linux, perf on PATH, tracepoints readable); counting slows the targets
+a little, so compare those req/s with each other, not with a run without.
 `
 
 const benchRules = `domain: bench
@@ -101,6 +104,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rounds := fs.Int("rounds", 3, "rounds over every target, alternating; each figure is the median of the rounds")
 	var variants variantFlag
 	fs.Var(&variants, "variant", "also measure `NAME=PATH`, another sluice binary (or a script that execs one) with the memory limiter, beside the others (repeatable): builds side by side in one run")
+	countSyscalls := fs.Bool("syscalls", false, "count each target's system calls and context switches per request of the closed loop with perf stat")
 	closedGen := fs.String("closed-loop", "auto", "closed-loop load generator: wrk, go (vegeta in this process) or auto (wrk when on PATH and --duration is whole seconds)")
 	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, httpHelp, stdout); done {
@@ -260,17 +264,31 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		p50, p99  time.Duration
 		p999      time.Duration
 		errors    float64
+		syscalls  float64 // per request; 0 without --syscalls
+		switches  float64
 	}
 	samples := make([][]sample, len(targets))
 	for round := range *rounds {
 		for i, tg := range targets {
 			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: closed loop, %d workers, %v…\n", round+1, *rounds, i+1, len(targets), tg.name, *workers, *duration)
+			var stopPerf func() (kernelCounts, error)
+			if *countSyscalls {
+				if stopPerf, err = startPerfStat(ctx, dir, tg.pid); err != nil {
+					return fail(fmt.Errorf("--syscalls: %w", err))
+				}
+			}
 			cpu0, cpuOK := cpuTime(tg.pid)
 			closed, err := closedLoop(tg.url)
 			if err != nil {
 				return fail(fmt.Errorf("%s: %w", tg.name, err))
 			}
 			cpu1, _ := cpuTime(tg.pid)
+			var kc kernelCounts
+			if stopPerf != nil {
+				if kc, err = stopPerf(); err != nil {
+					return fail(fmt.Errorf("--syscalls: %s: %w", tg.name, err))
+				}
+			}
 			var perReq time.Duration
 			if cpuOK && closed.Requests > 0 {
 				perReq = (cpu1 - cpu0) / time.Duration(closed.Requests)
@@ -293,7 +311,11 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if open.Sent > 0 {
 				errRatio = max(errRatio, float64(open.Failed)/float64(open.Sent))
 			}
-			samples[i] = append(samples[i], sample{closed.PerSecond, perReq, open.quantile(0.5), open.quantile(0.99), open.quantile(0.999), errRatio})
+			var sys, cs float64
+			if closed.Requests > 0 {
+				sys, cs = float64(kc.Syscalls)/float64(closed.Requests), float64(kc.Switches)/float64(closed.Requests)
+			}
+			samples[i] = append(samples[i], sample{closed.PerSecond, perReq, open.quantile(0.5), open.quantile(0.99), open.quantile(0.999), errRatio, sys, cs})
 			fmt.Fprintf(stderr, "[round %d/%d] [%d/%d] %s: %.0f req/s, CPU/req %v, p50 %v\n", round+1, *rounds, i+1, len(targets), tg.name,
 				closed.PerSecond, perReq.Round(100*time.Nanosecond), open.quantile(0.5).Round(time.Microsecond))
 		}
@@ -308,6 +330,8 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			p50:            median(s, func(s sample) time.Duration { return s.p50 }),
 			p99:            median(s, func(s sample) time.Duration { return s.p99 }),
 			p999:           median(s, func(s sample) time.Duration { return s.p999 }),
+			SyscallsPerReq: median(s, func(s sample) float64 { return s.syscalls }),
+			SwitchesPerReq: median(s, func(s sample) float64 { return s.switches }),
 		}
 		for _, x := range s {
 			r.ErrorRatio = max(r.ErrorRatio, x.errors)
@@ -370,7 +394,11 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "HTTP through the front door: %d connections closed loop (%s); %s; %v each; median of %d rounds\n\n",
 		*workers, gen, latencies, *duration, *rounds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tvs sluice's proxy\tCPU/req\tp50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
+	kernel := ""
+	if *countSyscalls {
+		kernel = "syscalls/req\tswitches/req\t"
+	}
+	fmt.Fprintln(tw, "target\treq/s\tvs ReverseProxy\tvs nginx\tvs sluice's proxy\tCPU/req\t"+kernel+"p50\tp99\tp99.9\tp50 added vs upstream\terrors\t")
 	times := func(ratio float64) string {
 		if ratio == 0 {
 			return "-"
@@ -391,6 +419,9 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cpu := "-"
 		if r.cpuPerReq > 0 {
 			cpu = r.cpuPerReq.Round(100 * time.Nanosecond).String()
+		}
+		if *countSyscalls {
+			cpu += fmt.Sprintf("\t%.2f\t%.2f", r.SyscallsPerReq, r.SwitchesPerReq)
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f%%\t\n", r.Target, r.RequestsPerSec, times(r.VsReverseProxy), times(r.VsNginx),
 			times(r.VsPool), cpu, lat(r.p50), lat(r.p99), lat(r.p999), added, 100*r.ErrorRatio)
@@ -426,8 +457,10 @@ type httpResult struct {
 	P50Ns           int64   `json:"p50_ns"`                       // open loop
 	P99Ns           int64   `json:"p99_ns"`
 	P999Ns          int64   `json:"p999_ns"`
-	P50AddedNs      int64   `json:"p50_added_vs_upstream_ns"` // 0 for the upstream itself
-	ErrorRatio      float64 `json:"error_ratio"`              // the worst of the rounds, 0 to 1
+	P50AddedNs      int64   `json:"p50_added_vs_upstream_ns"`       // 0 for the upstream itself
+	ErrorRatio      float64 `json:"error_ratio"`                    // the worst of the rounds, 0 to 1
+	SyscallsPerReq  float64 `json:"syscalls_per_request,omitempty"` // --syscalls, closed loop
+	SwitchesPerReq  float64 `json:"context_switches_per_request,omitempty"`
 
 	cpuPerReq, p50, p99, p999 time.Duration
 }
