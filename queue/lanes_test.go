@@ -540,6 +540,7 @@ func TestOrderInALaneNoConsumerTakes(t *testing.T) {
 // c its consumer set up; old, an older replica's store, still has four, and parks
 // the orders of tenant stray in lane p0t3, which no consumer of cur's takes.
 type rollingLanes struct {
+	name     string
 	srv      *natstest.Server
 	four     queueconfig.Config
 	cur, old *queue.Store
@@ -549,7 +550,7 @@ type rollingLanes struct {
 
 func newRollingLanes(t *testing.T, name string) *rollingLanes {
 	t.Helper()
-	r := &rollingLanes{srv: natstest.Start(t)}
+	r := &rollingLanes{name: name, srv: natstest.Start(t)}
 	four, _, one := strayLaneConfigs(name)
 	r.four = four
 	r.cur = openStore(t, r.srv, one)
@@ -557,6 +558,24 @@ func newRollingLanes(t *testing.T, name string) *rollingLanes {
 	r.old = openStore(t, r.srv, four)
 	r.stray = tenantIn(t, r.old, four, "p0t3")
 	return r
+}
+
+// ensureLaneTaken sets r.c up with cfg (once r.cur has the four lanes) and fails t
+// unless lane p0t3 is no longer held by the queue's consumer and has its own, every
+// ready subject taken once (checkLanesCovered); when says when that should hold.
+func (r *rollingLanes) ensureLaneTaken(t *testing.T, cfg queue.ConsumerConfig, when string) {
+	t.Helper()
+	ctx := ctxT(t)
+	if err := r.c.Ensure(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if r.c.LanesHeld() {
+		t.Errorf("lane p0t3 still held %s", when)
+	}
+	if _, err := r.srv.Stream(t, queue.StreamName(r.name)).Consumer(ctx, "dispatch_p0t3"); err != nil {
+		t.Errorf("lane p0t3 has no consumer %s: %v", when, err)
+	}
+	checkLanesCovered(t, r.srv, r.name)
 }
 
 // strayLease takes the next order from c and fails t unless it is ticket's, of lane
@@ -781,16 +800,7 @@ func TestLaneHeldAtMostMaxLaneHold(t *testing.T) {
 		t.Fatal("LanesHeld false while the queue's consumer holds an order of p0t3")
 	}
 	time.Sleep(10 * time.Millisecond) // past MaxLaneHold, the order still in flight
-	if err := r.c.Ensure(ctx, hold); err != nil {
-		t.Fatal(err)
-	}
-	if r.c.LanesHeld() {
-		t.Error("lane p0t3 still held past MaxLaneHold")
-	}
-	if _, err := r.srv.Stream(t, queue.StreamName("busy")).Consumer(ctx, "dispatch_p0t3"); err != nil {
-		t.Errorf("lane p0t3 has no consumer past MaxLaneHold: %v", err)
-	}
-	checkLanesCovered(t, r.srv, "busy")
+	r.ensureLaneTaken(t, hold, "past MaxLaneHold")
 	settle(t, inFlight)
 }
 
@@ -847,16 +857,7 @@ func TestLaneAddedWhileItsOrdersAreHeld(t *testing.T) {
 		t.Fatalf("handed out %q while the delivery went on; want the handed-back order once", got)
 	}
 	settle(t, delivering)
-	if err := r.c.Ensure(ctx, laneConsumer); err != nil {
-		t.Fatal(err)
-	}
-	if r.c.LanesHeld() {
-		t.Error("LanesHeld after the held orders were settled")
-	}
-	if _, err := r.srv.Stream(t, queue.StreamName("held")).Consumer(ctx, "dispatch_p0t3"); err != nil {
-		t.Errorf("lane p0t3 has no consumer once its orders were settled: %v", err)
-	}
-	checkLanesCovered(t, r.srv, "held")
+	r.ensureLaneTaken(t, laneConsumer, "once its orders were settled")
 	parkAs(t, r.cur, "held", r.stray, "", "after")
 	if got := deliver(t, r.c, 1); !slices.Equal(got, []string{"after"}) {
 		t.Errorf("delivered %v, want the order parked after", got)
