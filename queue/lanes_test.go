@@ -136,6 +136,18 @@ func priorityConfig(name string, mode queueconfig.PriorityMode) queueconfig.Conf
 	return cfg
 }
 
+// parkEachLevel parks n orders of each level of priorityConfig into queue q, lowest
+// level first (FIFO would deliver them first), tagged with their level and number:
+// low0, low1, … high<n-1>.
+func parkEachLevel(t *testing.T, s *queue.Store, q string, n int) {
+	t.Helper()
+	for _, p := range []string{"low", "normal", "high"} {
+		for i := range n {
+			parkAs(t, s, q, "", p, fmt.Sprintf("%s%d", p, i))
+		}
+	}
+}
+
 // TestPriorityWeighted: with every level busy, each window of 11 slots (the sum of the
 // weights) holds 8 high, 2 normal and 1 low order: a low order waits at most 10 slots.
 func TestPriorityWeighted(t *testing.T) {
@@ -143,12 +155,7 @@ func TestPriorityWeighted(t *testing.T) {
 	cfg := priorityConfig("prio", queueconfig.Weighted)
 	s := openStore(t, srv, cfg)
 	c := laneConsumerOf(t, s, cfg.Name)
-	// Lowest first: FIFO would deliver them first.
-	for _, p := range []string{"low", "normal", "high"} {
-		for i := range 40 {
-			parkAs(t, s, cfg.Name, "", p, fmt.Sprintf("%s%d", p, i))
-		}
-	}
+	parkEachLevel(t, s, cfg.Name, 40)
 	parkAs(t, s, cfg.Name, "", "unknown-level", "default0") // the default level: normal
 	got := deliver(t, c, 44)
 	for w := 0; w+11 <= len(got); w += 11 {
@@ -179,11 +186,7 @@ func TestPriorityStrict(t *testing.T) {
 	cfg := priorityConfig("strict", queueconfig.Strict)
 	s := openStore(t, srv, cfg)
 	c := laneConsumerOf(t, s, cfg.Name)
-	for _, p := range []string{"low", "normal", "high"} {
-		for i := range 3 {
-			parkAs(t, s, cfg.Name, "", p, fmt.Sprintf("%s%d", p, i))
-		}
-	}
+	parkEachLevel(t, s, cfg.Name, 3)
 	got := deliver(t, c, 9)
 	want := []string{"high0", "high1", "high2", "normal0", "normal1", "normal2", "low0", "low1", "low2"}
 	if !slices.Equal(got, want) {
