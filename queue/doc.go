@@ -108,28 +108,19 @@
 // Park writes to two streams: an order without a key is one write; a keyed order takes
 // its key slot, then stores the order (its key is recorded only when the order becomes
 // final; while it waits, its message is the key's record). Each stream has one writer
-// per Store. A single-replica key stream is not synced and takes no batches (see
-// Store.ensureKeyStream): what follows is about the synced writes.
-// While few of its writes are in flight, each goes out at once as a plain synchronous
-// publish; the writes that arrive beyond that are gathered and go as one JetStream
-// atomic batch (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit; up to 256
-// messages), which the server stores whole or not at all, as one proposal on a
-// replicated stream and with one disk sync on a file store that syncs every write:
-// concurrent Parks share a write instead of queueing for one each. "Few" is one write
-// on a replicated stream (or one in memory) and 16 on a single-replica file stream
-// (the embedded server's), where nats-server stages each batch in a file store of its
-// own, which costs more than the syncs of a small batch save (see fileDirectWrites).
-//
-// Every caller still waits for the acknowledgement of the batch its own write was in,
-// so nothing below changes: "accepted" is said only for what is stored, in the same
-// order of writes. When JetStream refuses a batch (a message repeats a stored
-// Nats-Msg-Id, a client is over its key cap, the queue is full…) nothing of it was
-// stored, and each of its messages is published again on its own, to get the answer a
-// plain publish gets. Messages written in a batch keep the batch headers; nothing
-// reads them. The streams Park writes allow atomic batches (AllowAtomicPublish); on a
-// server older than 2.12 they are not asked for, and every write is a plain publish
-// (MinServerVersion, and Supported NATS servers in deploy/README.md, say what each
-// server version gives).
+// per Store; a single-replica key stream is not synced and takes no batches (see
+// Store.ensureKeyStream). While few synced writes are in flight each goes out at once;
+// those beyond are gathered into one JetStream atomic batch (up to 256 messages, see
+// jsproto.PublishBatch), stored whole or not at all, as one proposal on a replicated
+// stream and one disk sync on a file store: concurrent Parks share a write. "Few" is
+// one on a replicated stream (or in memory) and 16 on a single-replica file stream,
+// where nats-server stages each batch in a file store of its own (fileDirectWrites).
+// Every caller still waits for the acknowledgement of its own write's batch: "accepted"
+// is said only for what is stored. A refused batch (a repeated Nats-Msg-Id, a client
+// over its key cap, a full queue…) stored nothing, and each of its messages is
+// published again on its own to get a plain publish's answer. Stored messages keep the
+// batch headers; nothing reads them. Below nats-server 2.12 every write is a plain
+// publish (Supported NATS servers in deploy/README.md says what each version gives).
 //
 // # Guarantees
 //
@@ -140,11 +131,11 @@
 // client the request was accepted. The reverse cannot be ruled out (a message stored
 // whose acknowledgement was lost): the client then retries, and with an Idempotency-Key
 // the retry maps to the stored message.
-//
 // Lifetimes: an idempotency key is remembered from its order's acceptance (by the
 // waiting message, found through the ticket the key names in its queue) until the
 // order is final, then for the queue's IdempotencyTTL in the key-value bucket (default
-// 24h, at least MaxAge; see Lease); a ticket record for IdempotencyTTL after its last change. A message waits in the queue until it is delivered; with MaxAge set, a
+// 24h, at least MaxAge; see Lease); a ticket record for IdempotencyTTL after its last
+// change. A message waits in the queue until it is delivered; with MaxAge set, a
 // dispatcher dead-letters the messages older than that instead of delivering them (the
 // stream itself has no age limit, which would delete them unseen).
 //
@@ -153,16 +144,12 @@
 // A cluster's acknowledgement means a quorum holds the write, not that any disk does:
 // that depends on each server's sync_interval (nats-server's default syncs every two
 // minutes; a power cut of the cluster, or one node's OS crash while another is paused
-// or cut off, then loses acknowledged orders). CheckDurability reads what a client is
-// told: the server's version and cluster, the servers the connection knows of, the
-// account's JetStream domain, and the configuration of sluice's streams that exist
-// (memory storage, one replica on a cluster), besides the replicas the caller is
-// about to declare. Never known from a client of a JetStream account: the servers'
-// sync setting (only the system account, which has no JetStream, may ask a server's
-// configuration; each server's monitoring port shows it: /varz,
-// jetstream.config.sync_always), whether a disk or its controller acknowledges a sync
-// it has not done, and whether the servers' hosts share a power supply. sluice serve --nats logs the
-// problems once, or refuses to start with --require-durable.
+// or cut off, then loses acknowledged orders). CheckDurability reports what a client is
+// told; never known from a client of a JetStream account: the servers' sync setting
+// (each server's monitoring port shows it: /varz, jetstream.config.sync_always),
+// whether a disk acknowledges a sync it has not done, and whether the servers' hosts
+// share a power supply. sluice serve --nats logs the problems once, or refuses to start
+// with --require-durable.
 //
 // # A stuck server
 //
@@ -210,15 +197,14 @@
 // those stored before it.
 //
 // A client schedules with Sluice-Not-Before (an HTTP-date or seconds from now) on a
-// route deferring into a queue with max_delay: parked whether or not it is over the
-// limit (its token is still spent) and answered 202 "scheduled"; a time beyond
-// max_delay, a queue without it or a malformed value is a 400 that says why; the
-// downstream never sees the header, and an idempotent repeat with another due time gets
-// the first order's. TestScheduledSurvivesKill: 25 orders, sluice killed before any was
-// due, all delivered once and none early. Cost (BenchmarkScheduled100k,
-// BenchmarkScheduledFire100k, on the loaded 2-core machine): 100,000 waiting orders take
-// about 96 MiB and 0.5% of a core; 100,000 falling due in the same second took 210 s of
-// single-node disk writes (about 480/s) and a temporary ~300 MiB: spread due times.
+// route deferring into a queue with max_delay: parked even within the limit (its token
+// is still spent) and answered 202 "scheduled"; a bad or too late time is a 400; the
+// downstream never sees the header; an idempotent repeat gets the first order's due
+// time. TestScheduledSurvivesKill: 25 orders, sluice killed before any was due, all
+// delivered once and none early. BenchmarkScheduled100k, BenchmarkScheduledFire100k
+// (the loaded 2-core machine): 100,000 waiting orders take about 96 MiB and 0.5% of a
+// core; 100,000 falling due in one second took 210 s of single-node disk writes (about
+// 480/s) and a temporary ~300 MiB: spread due times.
 //
 // # Flow keys
 //
