@@ -21,10 +21,7 @@ func TestRepeatLookupBodyCountsWhileProxied(t *testing.T) {
 	set, _, store := parktest.Open(t, parktest.Orders)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	d := New(store)
-	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(limiter.WithClock(func() time.Time { return now })), ingress.WithDeferrer(d))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMiddlewareOn(t, set, limiter.NewMemory(limiter.WithClock(func() time.Time { return now })), ingress.WithDeferrer(d))
 	body := strings.Repeat("x", 8<<10)
 	var inUse int64 = -1
 	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

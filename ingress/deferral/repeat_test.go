@@ -27,10 +27,7 @@ func TestRepeatIsNotProxied(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
 	clock := func() time.Time { return time.Unix(0, now.Load()) }
-	m, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(limiter.WithClock(clock)), ingress.WithDeferrer(New(store)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := newMiddlewareOn(t, set, limiter.NewMemory(limiter.WithClock(clock)), ingress.WithDeferrer(New(store)))
 	var proxied []string
 	h := m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(r.Body)
