@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -365,11 +366,13 @@ func (r *runner) retired(ctx context.Context) bool {
 }
 
 // sameQueueConfig reports whether a and b agree on everything the dispatcher sets up
-// from a queue's config (its consumers, lanes and scheduler, pacer and target).
+// from a queue's config (its consumers, lanes and scheduler, pacer and target) or
+// reads from the config it set up with (max_age and result_headers, at each order).
 func sameQueueConfig(a, b queueconfig.Config) bool {
 	return a.Outflow == b.Outflow && a.MaxInFlight == b.MaxInFlight && a.Downstream == b.Downstream && a.Delivery == b.Delivery &&
 		a.MaxAttempts == b.MaxAttempts && a.Backoff == b.Backoff &&
-		a.FairBy == b.FairBy && a.FairLanes == b.FairLanes && a.Priorities.Equal(b.Priorities) && a.FlowBy == b.FlowBy
+		a.FairBy == b.FairBy && a.FairLanes == b.FairLanes && a.Priorities.Equal(b.Priorities) && a.FlowBy == b.FlowBy &&
+		a.MaxAge == b.MaxAge && slices.Equal(a.ResultHeaders, b.ResultHeaders)
 }
 
 // unpin releases the pin if this runner holds it, so that another replica takes over
