@@ -105,22 +105,25 @@ func BenchmarkMemory(b *testing.B) {
 }
 
 // BenchmarkMemoryParallel is the one-key and 100k-key pattern with GOMAXPROCS
-// goroutines: one key's slot lock is contended, and 100k keys' shards are shared.
+// goroutines: one key's state is contended (a bucket's two words, changed by
+// compare-and-swap; a window's slot lock), and 100k keys' shards are shared.
 func BenchmarkMemoryParallel(b *testing.B) {
 	ctx := context.Background()
 	l := benchLimit(limiter.TokenBucket, len(benchKeys))
-	b.Run("token_bucket/1key", func(b *testing.B) {
-		m := limiter.NewMemory()
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := m.AllowN(ctx, benchKeys[0], l, 1); err != nil {
-					b.Error(err)
-					return
+	for _, l := range []limiter.Limit{l, benchLimit(limiter.FixedWindow, 1), benchLimit(limiter.SlidingWindowCounter, 1)} {
+		b.Run(string(l.Algorithm)+"/1key", func(b *testing.B) {
+			m := limiter.NewMemory()
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := m.AllowN(ctx, benchKeys[0], l, 1); err != nil {
+						b.Error(err)
+						return
+					}
 				}
-			}
+			})
 		})
-	})
+	}
 	b.Run("token_bucket/100kkeys", func(b *testing.B) {
 		m := limiter.NewMemory()
 		for _, k := range benchKeys {
