@@ -143,7 +143,7 @@ func TestFlowByTenThousandKeys(t *testing.T) {
 	cfg.Outflow, cfg.MaxInFlight = limiter.PerSecond(1000), 32
 	cfg.FlowBy = queueconfig.FlowBy{From: "header:X-Merchant", Rate: limiter.PerSecond(1), MaxInFlight: 1}
 	cfg.MaxDepth = 20_000
-	store, _ := openStore(t, srv.Conn, cfg)
+	store, q := openStore(t, srv.Conn, cfg)
 	const keys = 10_000
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -169,8 +169,24 @@ func TestFlowByTenThousandKeys(t *testing.T) {
 	lim := limiter.NewMemory()
 	startedAt := time.Now()
 	startReplica(t, srv, cfg, "r1", dispatcher.WithFlowLimiter(lim))
-	waitFor(t, "every order", 5*time.Minute, func() bool { return len(ds.keys()) == keys })
-	t.Logf("%d keys, one order each: delivered in %s; flow limiter tracks %d keys", keys, time.Since(startedAt).Round(time.Millisecond), lim.Len())
+	// The dispatcher's reports of its keys, read once a second meanwhile.
+	var most, reads int
+	var readTime time.Duration
+	nextRead := time.Now()
+	waitFor(t, "every order", 5*time.Minute, func() bool {
+		if now := time.Now(); now.After(nextRead) {
+			nextRead = now.Add(time.Second)
+			if r, err := q.FlowStats(ctxT(t)); err == nil {
+				most, reads, readTime = max(most, len(r.Keys)), reads+1, readTime+time.Since(now)
+			}
+		}
+		return len(ds.keys()) == keys
+	})
+	t.Logf("%d keys, one order each: delivered in %s; flow limiter tracks %d keys; the reports held at most %d keys (%d reads, %s each on average)",
+		keys, time.Since(startedAt).Round(time.Millisecond), lim.Len(), most, reads, (readTime / time.Duration(max(reads, 1))).Round(time.Microsecond))
+	if most == 0 {
+		t.Error("no report of the keys being delivered")
+	}
 	if n := len(ds.all()); n != keys {
 		t.Errorf("%d deliveries for %d orders", n, keys)
 	}
