@@ -204,8 +204,9 @@
 // `ready` is what `/readyz` says. Each state change is logged once.
 //
 // Metrics (base units, bounded labels; never keys or addresses):
-// `sluice_decisions_total{rule,outcome}` (allowed, rejected, deferred, shadow_rejected,
-// error, and quota_exhausted: a `quota_mode` rule over its limit on a request another
+// `sluice_decisions_total{rule,outcome}` (allowed, rejected: answered 429, deferred:
+// parked, so a defer rule over its limit on an entry point that cannot park counts
+// rejected; shadow_rejected, error, and quota_exhausted: a `quota_mode` rule over its limit on a request another
 // quota still had room for, only quota rules have it; every rule's series start at 0),
 // `sluice_decision_duration_seconds`,
 // `sluice_limiter_fallback_total{mode}`, `sluice_rules_reload_total{result}`,

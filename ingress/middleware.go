@@ -283,14 +283,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.tracer != nil {
 		ctx, span = m.startDecision(r)
 	}
-	v := m.engine.Decide(ctx, &decide.Request{Checks: checks, Hold: true})
+	// Over a defer rule, a request is parked only with a deferrer and a body that
+	// reached sluice whole; otherwise it is refused, and counted so.
+	parks := m.deferrer != nil && noPark == ""
+	v := m.engine.Decide(ctx, &decide.Request{Checks: checks, Hold: true, RejectOnly: !parks})
 	if v.Violated == nil && (r.Header[HeaderNotBefore] == nil || m.deferrer == nil) {
 		m.engine.Reserve(ctx, checks, &v)
 	}
 	if v.ClosestRule != nil {
 		WriteRateLimitHeaders(w.Header(), v.Fields())
 	}
-	deferring := v.Violated != nil && v.Violated.Parks() && m.deferrer != nil && noPark == ""
+	deferring := parks && v.Violated != nil && v.Violated.Parks()
 	if span != nil {
 		endDecision(span, route, &v, deferring)
 	}

@@ -89,9 +89,12 @@ type Request struct {
 	// then left to Reserve (when the limiter is a limiter.Reserver); otherwise they
 	// decide as reject rules do.
 	Hold bool
-	// RejectOnly says that the entry point can only reject (Envoy's rate limit
-	// service): a rule that parks (rules.Rule.Parks) counts its violations as
-	// rejected, and is as restrictive as any other.
+	// RejectOnly says that the entry point cannot park this request, so that it
+	// answers a parking rule's violation as a rejection: Envoy's rate limit service,
+	// a check whose proxy cannot carry an order (nginx auth_request, Traefik
+	// ForwardAuth, ext_authz without the body), a front door without a queue. A rule
+	// that parks (rules.Rule.Parks) then counts its violations, and a wait rule with
+	// then: defer its fallbacks, as rejected, and is as restrictive as any other.
 	RejectOnly bool
 	// Results, when not nil, has a place for each check, where Decide writes how
 	// the check was decided.

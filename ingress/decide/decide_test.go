@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -97,4 +99,69 @@ func TestDecideShadow(t *testing.T) {
 	if res[0].Outcome != OutcomeShadowDenied || res[1].Outcome != OutcomeShadowDenied {
 		t.Errorf("results after three requests %+v, want both shadow-rejected", res)
 	}
+}
+
+// TestWaitFallBackCounts: a wait rule whose slot is too far for its max_wait falls
+// back to its then: defer, counted deferred where the entry point can park, and
+// rejected where it cannot (RejectOnly), as it is then answered.
+func TestWaitFallBackCounts(t *testing.T) {
+	set, err := rules.Parse(rules.File{Name: "w.yaml", Data: []byte(`
+domain: w
+descriptors:
+  - key: pace
+    rate_limit: {unit: second, requests_per_unit: 1, name: pace}
+    on_limit: wait
+    max_wait: 100ms
+    then: defer
+    queue: q
+queues:
+  q:
+    outflow: {rate: 1/s}
+    downstream: http://127.0.0.1:9
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rejectOnly := range []bool{false, true} {
+		now := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+		e, err := New(limiter.NewMemory(limiter.WithClock(func() time.Time { return now })))
+		if err != nil {
+			t.Fatal(err)
+		}
+		checks := set.Evaluate("w", [][]rules.Entry{{{Key: "pace", Value: "x"}}}, nil)
+		if len(checks) != 1 {
+			t.Fatalf("%d checks", len(checks))
+		}
+		ctx := context.Background()
+		for i := range 2 { // the first takes the slot of now; the second's is a second away
+			v := e.Decide(ctx, &Request{Checks: checks, Hold: true, RejectOnly: rejectOnly})
+			e.Reserve(ctx, checks, &v)
+			if fell := v.Violated != nil; fell != (i == 1) {
+				t.Fatalf("rejectOnly %v, request %d: violated %v", rejectOnly, i+1, v.Violated)
+			}
+			if i == 0 && !e.Hold(ctx, &v) { // its slot is now: no wait
+				t.Fatal("Hold refused")
+			}
+		}
+		want, other := OutcomeDeferred, OutcomeRejected
+		if rejectOnly {
+			want, other = other, want
+		}
+		if got := counted(t, e, "pace", want); got != 1 {
+			t.Errorf("rejectOnly %v: %s counted %v, want 1", rejectOnly, want, got)
+		}
+		if got := counted(t, e, "pace", other); got != 0 {
+			t.Errorf("rejectOnly %v: %s counted %v, want 0", rejectOnly, other, got)
+		}
+	}
+}
+
+// counted is what e counted for rule with outcome.
+func counted(t *testing.T, e *Engine, rule, outcome string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := e.metrics.decisions.WithLabelValues(rule, outcome).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

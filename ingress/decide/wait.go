@@ -89,7 +89,7 @@ func (e *Engine) fallBack(ctx context.Context, v *Verdict, rule *rules.Rule, ret
 	v.ViolatedNames = append(v.ViolatedNames, rule.Name)
 	v.Violated, v.RetryAfter, v.Wait = rule, retryAfter, 0
 	outcome := OutcomeRejected
-	if rule.Then == rules.Defer {
+	if v.parks(rule) {
 		outcome = OutcomeDeferred
 	}
 	e.metrics.Count(rule.Name, outcome)

@@ -141,13 +141,14 @@ type entryPoint struct {
 
 // TestEveryEntryPointDecidesAlike: one rule set, one clock standing still, the same
 // requests through the front door (the middleware), the check endpoint of nginx and
-// Traefik, Envoy's ext_authz and Envoy's rate limit service (both over gRPC): every
+// Traefik, Envoy's ext_authz (with the request's body and without) and Envoy's rate
+// limit service (both over gRPC): every
 // entry point gives the same outcome, the same closest limit with the same
 // remaining and reset, and the same Retry-After; the same shadow and quota_mode
 // behaviour; and counts the same decisions. An entry point differs only in what its
-// wire cannot do: the check endpoint and the rate limit service refuse what a defer
-// rule parks at the front door and ext_authz (counted rejected by the rate limit
-// service); the checks refuse, with Retry-After for the wait, what a wait rule holds
+// wire cannot do: the check endpoint, ext_authz without the body and the rate limit
+// service refuse what a defer rule parks at the front door and ext_authz with the
+// body (and count it rejected, as they answered); the checks refuse, with Retry-After for the wait, what a wait rule holds
 // at the front door; the rate limit service, which cannot hold, is not asked about
 // wait rules.
 func TestEveryEntryPointDecidesAlike(t *testing.T) {
@@ -175,8 +176,9 @@ func TestEveryEntryPointDecidesAlike(t *testing.T) {
 		shadow bool // every rule in shadow mode (WithShadow)
 		steps  []step
 		// counted are the decisions counted at the end, by rule and outcome, at the
-		// front door; countedRLS, when set, the rate limit service's instead.
-		counted, countedRLS map[string]map[string]float64
+		// front door; countedRefused, when set, those of the entry points that cannot
+		// park instead (a 429 is counted rejected wherever it is answered).
+		counted, countedRefused map[string]map[string]float64
 	}{
 		{name: "a reject rule: allowed to its limit, then 429 until the window ends", steps: []step{
 			{"/plain", "a", allow("2", "1", plainPolicy, `"plain";r=1;t=60`)},
@@ -236,7 +238,7 @@ func TestEveryEntryPointDecidesAlike(t *testing.T) {
 			{"/orders", "a", allow("1", "0", `"orders";q=1;w=3600`, `"orders";r=0;t=3600`)},
 			{"/orders", "a", deferred("1", "0", `"orders";q=1;w=3600`, `"orders";r=0;t=3600`, "3600", "orders")},
 		}, counted: map[string]map[string]float64{"orders": {decide.OutcomeAllowed: 1, decide.OutcomeDeferred: 1}},
-			countedRLS: map[string]map[string]float64{"orders": {decide.OutcomeAllowed: 1, decide.OutcomeRejected: 1}}},
+			countedRefused: map[string]map[string]float64{"orders": {decide.OutcomeAllowed: 1, decide.OutcomeRejected: 1}}},
 		{name: "a wait rule holds for the slot where the entry point can, refuses with the wait elsewhere", steps: []step{
 			// Four slots within max_wait (now, +100, +200 and +300ms).
 			{"/pace", "a", allow("10", "3", `"pace";q=10;w=1`, `"pace";r=3;t=1`)},
@@ -267,8 +269,8 @@ func TestEveryEntryPointDecidesAlike(t *testing.T) {
 				}
 				counted := tc.counted
 				switch {
-				case ep.rls && tc.countedRLS != nil:
-					counted = tc.countedRLS
+				case !ep.parks && tc.countedRefused != nil:
+					counted = tc.countedRefused
 				case strings.HasPrefix(tc.steps[len(tc.steps)-1].path, "/pace") && !ep.holds:
 					counted = map[string]map[string]float64{"pace": {decide.OutcomeAllowed: 1, decide.OutcomeRejected: 1}}
 				}
@@ -280,7 +282,8 @@ func TestEveryEntryPointDecidesAlike(t *testing.T) {
 	}
 }
 
-// entryPoints are the four entry points on set, each on its own memory store whose
+// entryPoints are the entry points on set (ext_authz twice: with the request's body
+// and without), each on its own memory store whose
 // clock stands still at one instant (so every remaining and reset is exact) and its
 // own registry; the front door and ext_authz park in store's queues.
 func entryPoints(t *testing.T, set *rules.Set, store *queue.Store, shadow bool) []entryPoint {
@@ -291,12 +294,29 @@ func entryPoints(t *testing.T, set *rules.Set, store *queue.Store, shadow bool) 
 		return newMiddleware(t, set, limiter.NewMemory(limiter.WithClock(clock)), ingress.WithShadow(shadow),
 			ingress.WithRegisterer(reg), ingress.WithDeferrer(deferral.New(store)))
 	}
-	front, checks, authz, rls := prometheus.NewRegistry(), prometheus.NewRegistry(), prometheus.NewRegistry(), prometheus.NewRegistry()
+	front, checks, authz, bare, rls := prometheus.NewRegistry(), prometheus.NewRegistry(), prometheus.NewRegistry(),
+		prometheus.NewRegistry(), prometheus.NewRegistry()
 	frontDoor := mw(front).Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
 	checkEndpoint := mw(checks).CheckHandler()
 	conn := serve(t, NewServer(newRLS(t, set, limiter.NewMemory(limiter.WithClock(clock)), WithShadow(shadow), WithRegisterer(rls)),
 		NewAuthService(mw(authz))))
 	authzClient, rlsClient := authv3.NewAuthorizationClient(conn), rlsv3.NewRateLimitServiceClient(conn)
+	bareClient := authv3.NewAuthorizationClient(serve(t, NewServer(nil, NewAuthService(mw(bare)))))
+	authzAsk := func(c authv3.AuthorizationClient, body string) func(t *testing.T, path, u string) seen {
+		return func(t *testing.T, path, u string) seen {
+			resp := check(t, c, checkReq{method: http.MethodPost, path: path, source: "192.0.2.1", body: body,
+				headers: map[string]string{"x-user": u, "content-length": "2"}})
+			if ok := resp.GetOkResponse(); ok != nil {
+				return seenHeaders("allow", func(k string) string { return headerOf(ok.ResponseHeadersToAdd, k) })
+			}
+			code, h, body := denied(t, resp)
+			s := seenHeaders(outcomeOf(code), func(k string) string { return headerOf(h, k) })
+			if s.outcome == "reject" {
+				s.refused = refusedOf(body["violated-policies"])
+			}
+			return s
+		}
+	}
 	return []entryPoint{
 		{name: "front door", parks: true, holds: true, reg: front, ask: func(t *testing.T, path, u string) seen {
 			r := httptest.NewRequest(http.MethodPost, path, strings.NewReader("{}"))
@@ -314,19 +334,8 @@ func entryPoints(t *testing.T, set *rules.Set, store *queue.Store, shadow bool) 
 			checkEndpoint.ServeHTTP(w, r)
 			return seenHTTP(t, w.Code, w.Header(), w.Body.String())
 		}},
-		{name: "ext_authz", parks: true, reg: authz, ask: func(t *testing.T, path, u string) seen {
-			resp := check(t, authzClient, checkReq{method: http.MethodPost, path: path, source: "192.0.2.1", body: "{}",
-				headers: map[string]string{"x-user": u, "content-length": "2"}})
-			if ok := resp.GetOkResponse(); ok != nil {
-				return seenHeaders("allow", func(k string) string { return headerOf(ok.ResponseHeadersToAdd, k) })
-			}
-			code, h, body := denied(t, resp)
-			s := seenHeaders(outcomeOf(code), func(k string) string { return headerOf(h, k) })
-			if s.outcome == "reject" {
-				s.refused = refusedOf(body["violated-policies"])
-			}
-			return s
-		}},
+		{name: "ext_authz", parks: true, reg: authz, ask: authzAsk(authzClient, "{}")},
+		{name: "ext_authz without the body", reg: bare, ask: authzAsk(bareClient, "")},
 		{name: "rate limit service", rls: true, reg: rls, ask: func(t *testing.T, path, u string) seen {
 			req := &rlsv3.RateLimitRequest{Domain: "same"}
 			for _, r := range sameRoutes {
