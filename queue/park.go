@@ -99,33 +99,28 @@ const keyReserve = 0.9
 //     missed between the reads when both came back within leaveGap (else the records
 //     are read again; see repeat). While it waits, an order is found in its own queue
 //     only: K's ticket is derived per queue.
-//  2. While 1 runs (its reads and this write overlap), when the bucket is within
-//     keyReserve of its byte cap (else ErrKeyStoreFull), a slot is taken for K in the
-//     queue's key stream, on the client's subject, whose per-subject limit is
-//     MaxIdempotencyKeys (discard-new: ErrTooManyKeys), with Nats-Msg-Id "k."+K. Slots
-//     expire after IdempotencyTTL, so the cap counts the keys accepted within it.
-//     Either refusal counts only when 1 found no earlier order. When 1 did, a slot
-//     taken here is deleted if it is the repeat's own (see ownSlot); one that may be
-//     the earlier order's only slot (they were deduplicated) stays.
-//  3. Once 1 and 2 are done, the order is published with Nats-Msg-Id "k."+K. Refused
-//     (full queue, too large…): the slot is deleted and the error returned. A
-//     duplicate PubAck (a concurrent or retried request with K within the duplicate
-//     window): the stored message gives the ticket and fingerprint.
+//  2. The bucket is within keyReserve of its byte cap (else ErrKeyStoreFull), and a
+//     slot is taken for K in the queue's key stream, on the client's subject, whose
+//     per-subject limit is MaxIdempotencyKeys (discard-new: ErrTooManyKeys), with
+//     Nats-Msg-Id "k."+K. Slots expire after IdempotencyTTL, so the cap counts the
+//     keys accepted within it.
+//  3. The order is published with Nats-Msg-Id "k."+K. Refused (full queue, too
+//     large…): the slot is deleted and the error returned. A duplicate PubAck (a
+//     concurrent or retried request with K within the duplicate window): the stored
+//     message gives the ticket and fingerprint.
 //
 // One synced write per new key, its order's, which may share its disk sync with
 // concurrent Parks (see "Group commit" in the package documentation); on a single
 // server the slot's write is not synced (see Store.ensureKeyStream). The slot is
 // stored before the order is written, so that an order anybody can see (a repeat, a
-// dispatcher) is never withdrawn for its slot. A repeat writes no order; past the
-// duplicate window it takes a slot for a moment (a new key of its client at the cap
-// may be refused meanwhile).
+// dispatcher) is never withdrawn for its slot; a repeat writes nothing.
 //
 // Crash safety: what a crash (of this process, or of the NATS server) leaves between
 // the steps.
-//   - During 1 and 2: nothing, or a slot without an order, which counts against its
-//     client's cap until its TTL ends. The client has no receipt; its retry finds no
-//     order, and its slot is a duplicate of the stray one within the duplicate window
-//     (same Nats-Msg-Id), so it takes no second place.
+//   - During 1: nothing (1 writes nothing). During 2: nothing, or a slot without an
+//     order, which counts against its client's cap until its TTL ends. The client has
+//     no receipt; its retry finds no order, and its slot is a duplicate of the stray
+//     one within the duplicate window (same Nats-Msg-Id), so it takes no second place.
 //   - During 3, before the acknowledgement: the order is stored or not (synced before
 //     it is acknowledged; an atomic batch stores all of its orders or none). Stored,
 //     the client has no receipt and retries: within the duplicate window its publish
@@ -231,8 +226,7 @@ func (s *Store) Repeat(ctx context.Context, req *Request) (rc Receipt, found boo
 	m.Ticket = s.keyedTicket(q.name, key)
 	ctx, cancel := context.WithTimeout(ctx, s.opts.publishTimeout)
 	defer cancel()
-	rc, _, found, err = s.repeat(ctx, q, key, m)
-	return rc, found, err
+	return s.repeat(ctx, q, key, m)
 }
 
 // endPark describes the outcome of a park on its span and ends it.
@@ -359,34 +353,21 @@ func (s *Store) keyedTicket(queue, key string) string {
 func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, error) {
 	key := idemKey(m.Client, m.IdempotencyKey)
 	m.Ticket = s.keyedTicket(q.name, key)
-	// The slot is taken while the key is looked up, not after: the lookup's reads and
-	// the slot's write overlap, and the order still waits for both. A bucket past its
-	// reserve takes no slot; the lookup alone then tells a repeat from a new key.
-	var (
-		slot      uint64
-		slotErr   error
-		slotTaken = make(chan struct{})
-		asked     = time.Now()
-	)
-	go func() {
-		defer close(slotTaken)
-		if slotErr = s.keyRoom(ctx); slotErr == nil {
-			slot, slotErr = s.takeSlot(ctx, q, m.Client, key)
-		}
-	}()
-	rc, stored, found, err := s.repeat(ctx, q, key, m)
-	<-slotTaken
-	switch {
-	case found: // the answer is the earlier order's (or a conflict with it)
-		if ownSlot(slot, stored, asked) {
-			s.freeSlot(ctx, q, slot)
-		}
+	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
 		return rc, err
-	case err != nil:
-		s.freeSlot(ctx, q, slot)
+	}
+	if err := s.keyRoom(ctx); err != nil {
 		return Receipt{}, err
-	case slotErr != nil:
-		return Receipt{}, slotErr
+	}
+	// The slot after the lookup: a repeat takes none, so it never counts against its
+	// client's cap, even for a moment beside a new key. (Taken during the lookup, a
+	// repeat past the duplicate window refused a racing new key one below the cap,
+	// and on the embedded server the overlap saved nothing measurable.) And before the
+	// order: an order that anybody can see (a repeat, a dispatcher) has its slot, so
+	// nothing seen is ever withdrawn.
+	slot, err := s.takeSlot(ctx, q, m.Client, key)
+	if err != nil {
+		return Receipt{}, err
 	}
 	ack, err := s.publish(ctx, q, m, keyMsgID(key))
 	if err != nil {
@@ -403,67 +384,50 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 	return q.receiptOf(ctx, m, ack.Sequence, false), nil
 }
 
-// slotSkew is how far the clocks of sluice and the NATS servers may disagree for
-// ownSlot's comparison.
-const slotSkew = time.Second
-
-// ownSlot reports whether slot (0: none), taken for a repeat from time asked on, is
-// the repeat's own, to be freed: the earlier order with the key was stored by stored
-// (zero: not known), before asked. Its slot was then taken before this one, which is
-// no duplicate of it (slot != 0), so it holds the key's place on its own. An earlier
-// order stored after asked may be one whose slot was this one's duplicate: this slot
-// is then the key's only one, and stays. (Clocks apart by more than slotSkew can only
-// misjudge the count of the client's slots, never an order.)
-func ownSlot(slot uint64, stored, asked time.Time) bool {
-	return slot != 0 && !stored.IsZero() && stored.Before(asked.Add(-slotSkew))
-}
-
 // repeat implements step 1 for m, whose Ticket is its key's: found is true when the key
-// belongs to an earlier order (then rc or err is the answer, and stored, when not zero,
-// a time by which that order was stored). It reads the queue and the records (K's in
+// belongs to an earlier order (then rc or err is the answer). It reads the queue and the records (K's in
 // the bucket, T's ticket record) at once. A miss in both is trusted only when both
 // answers came within leaveGap of the reads' start: an order leaves its queue no
 // sooner than leaveGap after one of those records is stored (see leaveAfter), so an
 // order the queue read missed because it had left was recorded before the records
 // were read. When the reads took longer, the records are read once more, after the
 // queue's answer.
-func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (rc Receipt, stored time.Time, found bool, err error) {
+func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (rc Receipt, found bool, err error) {
 	return s.repeatFrom(ctx, q, key, m, time.Now(), s.readRecords(ctx, key, m.Ticket))
 }
 
 // repeatFrom is repeat once the records' reads started, at start (records waits for
 // them).
-func (s *Store) repeatFrom(ctx context.Context, q *Queue, key string, m *Message, start time.Time, records func() records) (rc Receipt, stored time.Time, found bool, err error) {
-	raw, parked, err := s.waitingAs(ctx, q, m)
+func (s *Store) repeatFrom(ctx context.Context, q *Queue, key string, m *Message, start time.Time, records func() records) (rc Receipt, found bool, err error) {
+	_, parked, err := s.waitingAs(ctx, q, m)
 	r := records()
 	switch {
 	case err == nil:
 		rc, err := s.repeatOf(ctx, q, idemRecord{Ticket: parked.Ticket, Fingerprint: parked.Fingerprint, Queue: q.name}, m.Fingerprint)
-		return rc, raw.Time, true, err
+		return rc, true, err
 	case !errors.Is(err, jetstream.ErrMsgNotFound):
-		return Receipt{}, time.Time{}, false, err
+		return Receipt{}, false, err
 	}
 	if time.Since(start) >= leaveGap {
 		r = s.readRecords(ctx, key, m.Ticket)()
 	}
 	switch {
 	case r.keyErr != nil:
-		return Receipt{}, time.Time{}, false, r.keyErr
+		return Receipt{}, false, r.keyErr
 	case r.found: // final (recorded after it was stored), or parked by an earlier sluice, which recorded keys at once
 		rc, err := s.repeatOf(ctx, q, r.prev, m.Fingerprint)
-		return rc, r.prev.CreatedAt, true, err
+		return rc, true, err
 	case r.recErr == nil:
 		// A ticket record but no key: a cancelled order (a key is recorded when its
 		// order is delivered or dead-lettered), or one whose key has just expired.
 		if r.rec.Fingerprint != "" && r.rec.Fingerprint != m.Fingerprint {
-			return Receipt{}, time.Time{}, true, ErrIdempotencyConflict
+			return Receipt{}, true, ErrIdempotencyConflict
 		}
-		return Receipt{Ticket: r.rec.Ticket, Queue: r.rec.Queue, Status: r.rec.Status, EstimatedDelivery: time.Now(), Duplicate: true},
-			r.rec.UpdatedAt, true, nil
+		return Receipt{Ticket: r.rec.Ticket, Queue: r.rec.Queue, Status: r.rec.Status, EstimatedDelivery: time.Now(), Duplicate: true}, true, nil
 	case !errors.Is(r.recErr, ErrNotFound):
-		return Receipt{}, time.Time{}, false, r.recErr
+		return Receipt{}, false, r.recErr
 	}
-	return Receipt{}, time.Time{}, false, nil
+	return Receipt{}, false, nil
 }
 
 // records is what readRecords read of a key and its ticket.
@@ -577,7 +541,7 @@ func (s *Store) duplicate(ctx context.Context, q *Queue, key string, m *Message,
 		return Receipt{}, unavailable("message lookup", err)
 	}
 	// Delivered and acknowledged meanwhile: the dispatcher recorded the key first.
-	if rc, _, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
+	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
 		return rc, err
 	}
 	return Receipt{}, fmt.Errorf("%w: the order with this idempotency key is being settled; retry", ErrUnavailable)

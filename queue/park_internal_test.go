@@ -205,57 +205,6 @@ func TestKeyedRepeatsTakeNoSlot(t *testing.T) {
 	}
 }
 
-// The slot a repeat takes while its key is looked up is freed when the earlier order
-// was stored before it (its own slot then holds the key's place), and kept when the
-// earlier order may be one whose slot was deduplicated with it.
-func TestKeyedRepeatFreesItsOwnSlot(t *testing.T) {
-	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 2,
-		Downstream: "http://127.0.0.1:1"})
-	m := &Message{Request: *keyedOrder("c1", "w", "{}"), Ticket: s.keyedTicket(q.name, idemKey("c1", "w"))}
-	m.Header = KeptHeader(m.Request.Header, nil)
-	m.Fingerprint = Fingerprint(&m.Request)
-	// Parked past the duplicate window (another message id), and before the repeat by
-	// more than the clocks may disagree.
-	if _, err := s.publish(ctx, q, m, "past-the-window"); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(slotSkew + 100*time.Millisecond)
-	for range 3 {
-		rc, err := s.Park(ctx, keyedOrder("c1", "w", "{}"))
-		if err != nil || !rc.Duplicate || rc.Ticket != m.Ticket {
-			t.Fatalf("repeat: %+v %v, want ticket %s", rc, err, m.Ticket)
-		}
-		if n := slotCount(t, ctx, q); n != 0 {
-			t.Fatalf("%d slots after a repeat, want 0", n)
-		}
-	}
-	for _, k := range []string{"a", "b"} { // the repeats took none of the cap
-		if _, err := s.Park(ctx, keyedOrder("c1", k, "{}")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := s.Park(ctx, keyedOrder("c1", "c", "{}")); !errors.Is(err, ErrTooManyKeys) {
-		t.Fatalf("a new key at the cap: %v", err)
-	}
-	now := time.Now()
-	for _, c := range []struct {
-		slot   uint64
-		stored time.Time
-		want   bool
-	}{
-		{1, now.Add(-2 * slotSkew), true},
-		{0, now.Add(-2 * slotSkew), false}, // no slot taken (a duplicate, or refused)
-		{1, time.Time{}, false},            // not known when the earlier order was stored
-		{1, now, false},                    // maybe the earlier order's only slot
-		{1, now.Add(-slotSkew / 2), false}, // within the clocks' disagreement
-		{7, now.Add(-time.Hour), true},     // long ago
-	} {
-		if got := ownSlot(c.slot, c.stored, now); got != c.want {
-			t.Errorf("ownSlot(%d, now%+v) = %v, want %v", c.slot, c.stored.Sub(now), got, c.want)
-		}
-	}
-}
-
 // A repeat whose lane differs from its order's (another priority) still finds the
 // waiting order, past the duplicate window too.
 func TestKeyedRepeatInAnotherLane(t *testing.T) {
@@ -603,13 +552,13 @@ func TestRepeatReadsRecordsAgainAfterSlowReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	records := func() records { return stale }
-	rc, _, found, err := s.repeatFrom(ctx, q, key, m, time.Now().Add(-leaveGap), records)
+	rc, found, err := s.repeatFrom(ctx, q, key, m, time.Now().Add(-leaveGap), records)
 	if err != nil || !found || rc.Ticket != m.Ticket || !rc.Duplicate {
 		t.Fatalf("repeat after slow reads: %+v found %v %v, want ticket %s", rc, found, err, m.Ticket)
 	}
 	// Reads that came back within leaveGap are trusted (the dispatcher waits leaveGap
 	// between the key's record and the acknowledgement, which this test skipped).
-	if _, _, found, err := s.repeatFrom(ctx, q, key, m, time.Now(), records); err != nil || found {
+	if _, found, err := s.repeatFrom(ctx, q, key, m, time.Now(), records); err != nil || found {
 		t.Fatalf("repeat after quick reads: found %v %v; the misses should have been trusted", found, err)
 	}
 }
