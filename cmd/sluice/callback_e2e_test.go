@@ -33,26 +33,9 @@ func newCallbackSecret(t *testing.T) (string, webhook.Secret) {
 func TestServeSendsSignedCallbacks(t *testing.T) {
 	t.Parallel()
 	secret, key := newCallbackSecret(t)
+	receiver := newCallbackReceiver(t, key)
 	var mu sync.Mutex
-	var events []queue.CallbackEvent
 	var leaked []string
-	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if _, err := webhook.Verify(r.Header, body, time.Now(), 0, key); err != nil {
-			http.Error(w, err.Error(), http.StatusUnauthorized)
-			return
-		}
-		var ev queue.CallbackEvent
-		if err := json.Unmarshal(body, &ev); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		mu.Lock()
-		events = append(events, ev)
-		mu.Unlock()
-		w.WriteHeader(http.StatusNoContent)
-	}))
-	defer receiver.Close()
 	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get(queue.HeaderCallback); v != "" {
 			mu.Lock()
@@ -75,19 +58,8 @@ func TestServeSendsSignedCallbacks(t *testing.T) {
 	}
 	a := mustDefer(t, p.url, "/v1/orders", "o1", "Sluice-Callback", receiver.URL+"/hooks/sluice?order=o1")
 	waitStatus(t, p.url, a.Ticket, "done", 30*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		mu.Lock()
-		n := len(events)
-		mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no callback arrived")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitFor(t, "the callback", 30*time.Second, func() bool { return len(receiver.received()) > 0 })
+	events := receiver.received()
 	mu.Lock()
 	defer mu.Unlock()
 	if len(events) != 1 || events[0].Type != "order.done" || events[0].Data.Ticket != a.Ticket || events[0].Data.DownstreamStatus != 201 {

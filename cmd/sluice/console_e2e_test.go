@@ -84,25 +84,12 @@ func (b *browserLog) listen(ev any) {
 	}
 }
 
-// newBrowser starts Chromium at chrome for the test (90 s at most; it ends with the
-// test), reporting what its pages log to blog.
-func newBrowser(t *testing.T, chrome string, blog *browserLog) context.Context {
-	t.Helper()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.NoSandbox,
-		chromedp.DisableGPU, chromedp.WindowSize(1280, 860), chromedp.Flag("lang", "en-US"))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithListener(blog.listen))
-	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
-	t.Cleanup(func() { cancel(); cancelBrowser(); cancelAlloc() })
-	return ctx
-}
-
 // The console in a real browser against a real `sluice serve`: sign-in, every page
 // loads without a console error, a queue is paused and resumed, a dead letter is
 // requeued (and delivered) and another purged after the typed confirmation. With
 // SLUICE_SCREENSHOTS=DIR it writes a PNG of each page there.
 func TestConsoleInBrowser(t *testing.T) {
-	chrome := chromiumPath(t)
+	chromiumPath(t) // skips without chromium, before anything starts
 	up, down := newUpstream(t, 0), newDownstream(t, 0)
 	down.failing.Store(true)
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL,
@@ -117,61 +104,15 @@ func TestConsoleInBrowser(t *testing.T) {
 	waitStatus(t, p.url, requeued, "dead", 20*time.Second)
 	waitStatus(t, p.url, purged, "dead", 20*time.Second)
 
-	shots := os.Getenv("SLUICE_SCREENSHOTS")
-	if shots != "" {
-		if err := os.MkdirAll(shots, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var blog browserLog
-	ctx := newBrowser(t, chrome, &blog)
+	b := newConsoleBrowser(t)
 
-	type step = chromedp.Action[chromedp.Void]
-	// run runs the steps of one part of the walk and fails on any error the page reports.
-	run := func(part string, steps ...step) {
-		t.Helper()
-		if err := chromedp.Do(ctx, steps...); err != nil {
-			t.Fatalf("%s: %v\nbrowser errors: %v", part, err, blog.take())
-		}
-		if errs := blog.take(); len(errs) > 0 {
-			t.Errorf("%s: the page reported errors:\n%s", part, strings.Join(errs, "\n"))
-		}
-	}
-	text := func(sel string) string {
-		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		if err != nil {
-			t.Fatalf("text of %s: %v", sel, err)
-		}
-		return s
-	}
-	screenshot := func(name string) {
-		t.Helper()
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // quality 100: PNG
-		if err != nil {
-			t.Fatalf("screenshot %s: %v", name, err)
-		}
-		if shots != "" {
-			if err := os.WriteFile(filepath.Join(shots, "console-"+name+".png"), png, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	waitJS := func(expr string) step {
-		return chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second))
-	}
-	// page shows another page of the console (a new hash: no page load).
-	page := func(name string) step { return chromedp.Evaluate[chromedp.Void](`location.hash = "#` + name + `"`) }
-	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
-	id := func(name string) chromedp.ID { return chromedp.ID(name) }
-
-	run("sign-in page", chromedp.Navigate(p.admin+"/console/"), chromedp.WaitVisible(id("token")))
-	screenshot("login")
-	run("wrong token", chromedp.SendKeys(id("token"), "wrong"), chromedp.Click(id("signin")), chromedp.WaitVisible(id("failed")))
-	if failed := text("#failed"); !strings.Contains(failed, "not the admin token") {
+	b.run("sign-in page", chromedp.Navigate(p.admin+"/console/"), chromedp.WaitVisible(idSel("token")))
+	b.screenshot("login")
+	b.run("wrong token", chromedp.SendKeys(idSel("token"), "wrong"), chromedp.Click(idSel("signin")), chromedp.WaitVisible(idSel("failed")))
+	if failed := b.text("#failed"); !strings.Contains(failed, "not the admin token") {
 		t.Errorf("wrong token: %q", failed)
 	}
-	run("sign in", chromedp.SetValue(id("token"), token), chromedp.Click(id("signin")), chromedp.WaitVisible(id("logout")),
+	b.run("sign in", chromedp.SetValue(idSel("token"), token), chromedp.Click(idSel("signin")), chromedp.WaitVisible(idSel("logout")),
 		waitJS(`document.body.dataset.ready === "1"`))
 
 	// Overview: orders for the tiny queue (one allowed, then deferred until it is full,
@@ -189,70 +130,70 @@ func TestConsoleInBrowser(t *testing.T) {
 			_, _ = postOrder(p.url, "/v1/tiny", fmt.Sprintf("tiny-%d", i), "{}")
 		}
 	}()
-	run("overview", waitJS(`[...document.querySelectorAll("#decisions tbody td")].some(td => td.textContent === "tiny")`),
+	b.run("overview", waitJS(`[...document.querySelectorAll("#decisions tbody td")].some(td => td.textContent === "tiny")`),
 		waitJS(`parseFloat(document.querySelector("#outcome-cards .card.deferred .v").textContent) > 0`))
 	close(stopTraffic)
 	<-trafficDone
-	if decisions := text("#decisions"); !strings.Contains(decisions, "orders") || !strings.Contains(decisions, "tiny") {
+	if decisions := b.text("#decisions"); !strings.Contains(decisions, "orders") || !strings.Contains(decisions, "tiny") {
 		t.Errorf("overview table: %q", decisions)
 	}
-	screenshot("overview")
+	b.screenshot("overview")
 
 	// Queues: pause orders for 15 minutes, then resume it.
 	pausedUntil := `document.querySelector('tr[data-queue="orders"] .paused-until').textContent`
-	run("queues", page("queues"), chromedp.WaitVisible(css(`tr[data-queue="orders"]`)),
-		chromedp.Click(css(`button.pause[data-queue="orders"]`)), waitJS(pausedUntil+` !== "–"`))
-	screenshot("queues")
+	b.run("queues", consolePage("queues"), chromedp.WaitVisible(cssSel(`tr[data-queue="orders"]`)),
+		chromedp.Click(cssSel(`button.pause[data-queue="orders"]`)), waitJS(pausedUntil+` !== "–"`))
+	b.screenshot("queues")
 	if q := queuesOf(t, p.admin, token)["orders"]; q.PausedUntil == nil || time.Until(*q.PausedUntil) < 10*time.Minute {
 		t.Errorf("after Pause the API shows paused_until %v", q.PausedUntil)
 	}
-	run("resume", chromedp.Click(css(`button.resume[data-queue="orders"]`)), waitJS(pausedUntil+` === "–"`))
+	b.run("resume", chromedp.Click(cssSel(`button.resume[data-queue="orders"]`)), waitJS(pausedUntil+` === "–"`))
 	if q := queuesOf(t, p.admin, token)["orders"]; q.PausedUntil != nil && time.Until(*q.PausedUntil) > 0 {
 		t.Errorf("after Resume the API shows paused_until %v", q.PausedUntil)
 	}
 
 	// Ticket lookup.
-	run("tickets", page("tickets"), chromedp.WaitVisible(id("ticket-input")),
-		chromedp.SendKeys(id("ticket-input"), requeued), chromedp.Click(css(`#ticket-form button[type="submit"]`)), chromedp.WaitVisible(id("ticket")))
-	if tt := text("#ticket"); !strings.Contains(tt, "dead") || !strings.Contains(tt, "orders") {
+	b.run("tickets", consolePage("tickets"), chromedp.WaitVisible(idSel("ticket-input")),
+		chromedp.SendKeys(idSel("ticket-input"), requeued), chromedp.Click(cssSel(`#ticket-form button[type="submit"]`)), chromedp.WaitVisible(idSel("ticket")))
+	if tt := b.text("#ticket"); !strings.Contains(tt, "dead") || !strings.Contains(tt, "orders") {
 		t.Errorf("ticket lookup shows %q", tt)
 	}
-	screenshot("tickets")
+	b.screenshot("tickets")
 
 	// Dead letters: inspect, requeue one (delivered once the downstream is healthy),
 	// purge the other after typing the queue's name.
 	row := func(ticket string) string { return `#dead tr[data-ticket="` + ticket + `"]` }
-	run("dead letters", page("dead"), chromedp.WaitVisible(css(row(requeued))),
-		chromedp.WaitVisible(css(row(purged))), chromedp.Click(css(row(purged)+" button.inspect")), chromedp.WaitVisible(id("dead-detail")))
-	if detail := text("#dead-detail"); !strings.Contains(detail, purged) || !strings.Contains(detail, "POST /v1/orders") || strings.Contains(detail, "purge-me") {
+	b.run("dead letters", consolePage("dead"), chromedp.WaitVisible(cssSel(row(requeued))),
+		chromedp.WaitVisible(cssSel(row(purged))), chromedp.Click(cssSel(row(purged)+" button.inspect")), chromedp.WaitVisible(idSel("dead-detail")))
+	if detail := b.text("#dead-detail"); !strings.Contains(detail, purged) || !strings.Contains(detail, "POST /v1/orders") || strings.Contains(detail, "purge-me") {
 		t.Errorf("dead letter detail (metadata, no body): %q", detail)
 	}
-	screenshot("dead-letters")
+	b.screenshot("dead-letters")
 	down.failing.Store(false)
-	run("requeue", chromedp.Click(css(`button.requeue[data-ticket="`+requeued+`"]`)), waitJS(`document.querySelector('`+row(requeued)+`') === null`))
+	b.run("requeue", chromedp.Click(cssSel(`button.requeue[data-ticket="`+requeued+`"]`)), waitJS(`document.querySelector('`+row(requeued)+`') === null`))
 	waitStatus(t, p.url, requeued, "done", 20*time.Second)
-	run("purge unconfirmed", chromedp.Click(id("dead-purge")), chromedp.WaitVisible(id("purge-confirm")),
-		chromedp.SendKeys(id("purge-input"), "order"), chromedp.Click(id("purge-go")), chromedp.WaitVisible(id("error")))
+	b.run("purge unconfirmed", chromedp.Click(idSel("dead-purge")), chromedp.WaitVisible(idSel("purge-confirm")),
+		chromedp.SendKeys(idSel("purge-input"), "order"), chromedp.Click(idSel("purge-go")), chromedp.WaitVisible(idSel("error")))
 	if st, _ := getStatus(t, p.url, purged); st.Status != "dead" {
 		t.Errorf("purged without the confirmation: %q", st.Status)
 	}
-	run("purge confirmed", chromedp.SetValue(id("purge-input"), "orders"), chromedp.Click(id("purge-go")),
+	b.run("purge confirmed", chromedp.SetValue(idSel("purge-input"), "orders"), chromedp.Click(idSel("purge-go")),
 		waitJS(`document.querySelector('`+row(purged)+`') === null`))
 	if r := send(t, "GET", p.admin+"/sluice/v1/queues/orders/dead", nil, "Authorization", "Bearer "+token); !strings.Contains(r.body, `"dead_letters": []`) {
 		t.Errorf("dead letters after purge: %s", r.body)
 	}
 
 	// Rules: the active set, and an explanation of a request.
-	run("rules", page("rules"), waitJS(`document.querySelectorAll("#rules tbody tr").length === 2`),
-		chromedp.SetValue(id("ex-method"), "POST"), chromedp.SetValue(id("ex-path"), "/v1/orders"),
-		chromedp.Click(css(`#explain-form button[type="submit"]`)), chromedp.WaitVisible(css("#explain p")))
-	if ex := text("#explain"); !strings.Contains(ex, "Route orders") || !strings.Contains(ex, "defer to orders") {
+	b.run("rules", consolePage("rules"), waitJS(`document.querySelectorAll("#rules tbody tr").length === 2`),
+		chromedp.SetValue(idSel("ex-method"), "POST"), chromedp.SetValue(idSel("ex-path"), "/v1/orders"),
+		chromedp.Click(cssSel(`#explain-form button[type="submit"]`)), chromedp.WaitVisible(cssSel("#explain p")))
+	if ex := b.text("#explain"); !strings.Contains(ex, "Route orders") || !strings.Contains(ex, "defer to orders") {
 		t.Errorf("explanation: %q", ex)
 	}
-	screenshot("rules")
+	b.screenshot("rules")
 
 	// Signing out leads back to the sign-in form; the console's data then answers 401.
-	run("sign out", chromedp.Click(id("logout")), chromedp.WaitVisible(id("token")))
+	b.run("sign out", chromedp.Click(idSel("logout")), chromedp.WaitVisible(idSel("token")))
 }
 
 // Without an admin token and without a data directory of its own to keep a console
@@ -371,23 +312,16 @@ func signInURL(t *testing.T, p *sluiceProcess) string {
 // TestConsoleSignInCodeInBrowser: the one-time URL signs a browser in, and the code
 // leaves the address bar and the history.
 func TestConsoleSignInCodeInBrowser(t *testing.T) {
-	chrome := chromiumPath(t)
+	chromiumPath(t) // skips without chromium, before anything starts
 	rulesPath := writeRules(t, t.TempDir(), e2eRules(2))
 	p := startSluice(t, "--rules", rulesPath, "--upstream", newUpstream(t, 0).URL)
 	signIn := signInURL(t, p)
-	var blog browserLog
-	ctx := newBrowser(t, chrome, &blog)
-	if err := chromedp.Do(ctx, chromedp.Navigate(signIn), chromedp.WaitVisible(chromedp.ID("logout"))); err != nil {
-		t.Fatalf("sign-in URL: %v\nbrowser errors: %v", err, blog.take())
-	}
-	href, err := chromedp.Run(ctx, chromedp.Evaluate[string](`location.href`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if href != p.admin+"/console/" {
+	b := newConsoleBrowser(t)
+	b.run("sign-in URL", chromedp.Navigate(signIn), chromedp.WaitVisible(idSel("logout")))
+	if href := b.eval(`location.href`); href != p.admin+"/console/" {
 		t.Errorf("address bar %q after the sign-in, want %s/console/ (no code)", href, p.admin)
 	}
-	if errs := blog.take(); len(errs) > 0 {
+	if errs := b.log.take(); len(errs) > 0 {
 		t.Errorf("the pages reported errors:\n%s", strings.Join(errs, "\n"))
 	}
 }
@@ -403,7 +337,8 @@ type browser struct {
 	shots string
 }
 
-// newConsoleBrowser starts chromium (see chromiumPath) for the test; it stops with it.
+// newConsoleBrowser starts chromium (see chromiumPath) for the test, for 90 s at
+// most; it stops with the test. What its pages log goes to b.log.
 func newConsoleBrowser(t *testing.T) *browser {
 	t.Helper()
 	b := &browser{t: t, shots: os.Getenv("SLUICE_SCREENSHOTS")}
@@ -412,7 +347,13 @@ func newConsoleBrowser(t *testing.T) *browser {
 			t.Fatal(err)
 		}
 	}
-	b.ctx = newBrowser(t, chromiumPath(t), &b.log)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromiumPath(t)), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.WindowSize(1280, 860), chromedp.Flag("lang", "en-US"))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithListener(b.log.listen))
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(func() { cancel(); cancelBrowser(); cancelAlloc() })
+	b.ctx = ctx
 	return b
 }
 
