@@ -429,7 +429,7 @@ type counter struct {
 }
 
 // measure runs s.callers callers of c for cfg.warmup, then counts their decisions for
-// cfg.duration. The callers keep running across the boundary, so the measured window
+// cfg.duration, or until the first batch is counted if that takes longer. The callers keep running across the boundary, so the measured window
 // sees a steady state rather than goroutines starting up.
 func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (result, error) {
 	newCaller, fallbacks, err := c.setup(ctx, s.callers)
@@ -497,6 +497,13 @@ func measure(ctx context.Context, cfg limiterConfig, s scenario, c contender) (r
 	cpu0, cpuKnown := processCPU()
 	ok = ok && sleep(cfg.duration)
 	n1, d1 := total()
+	// Callers count whole batches: on a busy machine a short window can end before
+	// any batch does, which would leave no figure. The window then runs on until one
+	// does (elapsed is measured, so the rate stays right).
+	for ok && n1 == n0 {
+		ok = sleep(time.Millisecond)
+		n1, d1 = total()
+	}
 	elapsed := time.Since(t0)
 	cpu1, _ := processCPU()
 	// Counted before the end cancels the calls under way, which then fall back.
