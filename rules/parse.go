@@ -379,14 +379,8 @@ func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
 		case "on_limit":
 			d.extensions = append(d.extensions, k)
 			d.onLimitN = v
-			s, ok := w.str(v, "on_limit")
-			switch OnLimit(s) {
-			case Reject, Defer, Wait:
-				d.onLimit = OnLimit(s)
-			default:
-				if ok {
-					w.errf(v, "on_limit must be reject, defer or wait, got %q", s)
-				}
+			if ol, ok := oneOf(w, v, "on_limit", "reject, defer or wait", Reject, Defer, Wait); ok {
+				d.onLimit = ol
 			}
 		case "max_wait":
 			d.extensions = append(d.extensions, k)
@@ -398,14 +392,8 @@ func (w *walker) descriptor(n *yaml.Node, depth int) *descDef {
 		case "then":
 			d.extensions = append(d.extensions, k)
 			d.thenN = v
-			s, ok := w.str(v, "then")
-			switch OnLimit(s) {
-			case Reject, Defer:
-				d.then = OnLimit(s)
-			default:
-				if ok {
-					w.errf(v, "then must be defer or reject, got %q", s)
-				}
+			if then, ok := oneOf(w, v, "then", "defer or reject", Reject, Defer); ok {
+				d.then = then
 			}
 		case "queue":
 			d.extensions = append(d.extensions, k)
@@ -480,6 +468,20 @@ func (w *walker) limit(n *yaml.Node, what string, known []string, d *descDef) *l
 	return l
 }
 
+// oneOf reads the string field at v, which takes one of want (text lists them for
+// the message): the value, or false once the problem is reported.
+func oneOf[T ~string](w *walker, v *yaml.Node, field, text string, want ...T) (T, bool) {
+	s, ok := w.str(v, field)
+	if !ok {
+		return "", false
+	}
+	if !slices.Contains(want, T(s)) {
+		w.errf(v, "%s must be %s, got %q", field, text, s)
+		return "", false
+	}
+	return T(s), true
+}
+
 func (w *walker) limitOpt(o *limitOpts, key string, v *yaml.Node) {
 	switch key {
 	case "algorithm":
@@ -494,13 +496,8 @@ func (w *walker) limitOpt(o *limitOpts, key string, v *yaml.Node) {
 		w.atLeast(v, "burst", 1, &o.burst, &o.burstNode)
 	case "failure_mode":
 		o.failureNode = v
-		if s, ok := w.str(v, "failure_mode"); ok {
-			switch fm := limiter.FailureMode(s); fm {
-			case limiter.FailLocal, limiter.FailOpen, limiter.FailClosed:
-				o.failure = fm
-			default:
-				w.errf(v, "failure_mode must be local, open or closed, got %q", s)
-			}
+		if fm, ok := oneOf(w, v, "failure_mode", "local, open or closed", limiter.FailLocal, limiter.FailOpen, limiter.FailClosed); ok {
+			o.failure = fm
 		}
 	case "forgive_rejected":
 		field(v, "forgive_rejected", w.boolean, &o.forgive, &o.forgiveNode)
