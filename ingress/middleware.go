@@ -291,7 +291,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.engine.Reserve(ctx, checks, &v)
 	}
 	if v.ClosestRule != nil {
-		WriteRateLimitHeaders(w.Header(), v.Fields())
+		v.Fields().SetHeaders(w.Header())
 	}
 	deferring := parks && v.Violated != nil && v.Violated.Parks()
 	if span != nil {
@@ -344,7 +344,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	default:
 		m.log.Debug("rate limited", "rule", v.Violated.Name, "route", route.Name,
 			"client", clientHash(client), "retry_after", v.RetryAfter)
-		SetRetryAfter(w.Header(), v.RetryAfter)
+		decide.SetRetryAfter(w.Header(), v.RetryAfter)
 		p := quotaExceeded(v.ViolatedNames, v.Closest.Limit, v.RetryAfter)
 		if v.Violated.Parks() && noPark != "" {
 			p.Detail += " The rule defers requests over its limit, but " + noPark
@@ -450,33 +450,6 @@ func endDecision(span trace.Span, route *rules.Route, v *decide.Verdict, deferri
 		)
 	}
 	span.End()
-}
-
-// SetRetryAfter sets Retry-After and X-Ratelimit-Retry-After to d in whole seconds,
-// rounded up.
-func SetRetryAfter(h http.Header, d time.Duration) {
-	secs := strconv.FormatInt(decide.RetryAfterSeconds(d), 10)
-	h.Set("Retry-After", secs)
-	h.Set("X-Ratelimit-Retry-After", secs)
-}
-
-// WriteRateLimitHeaders sets X-Ratelimit-Limit, X-Ratelimit-Remaining and, when they
-// are not empty, RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers)
-// to f.
-func WriteRateLimitHeaders(h http.Header, f decide.Fields) {
-	// As h.Set would, under the canonical names, but the four values share one
-	// backing array: these headers are on every response, and the front door's
-	// allocations are a good part of its CPU per request.
-	vals := []string{f.Limit, f.Remaining, f.Policy, f.RateLimit}
-	set := func(k string, i int) { h[k] = vals[i : i+1 : i+1] }
-	set("X-Ratelimit-Limit", 0)
-	set("X-Ratelimit-Remaining", 1)
-	if f.Policy != "" {
-		set("Ratelimit-Policy", 2)
-	}
-	if f.RateLimit != "" {
-		set("Ratelimit", 3)
-	}
 }
 
 // idempotencyScope names the caller of r for Idempotency-Key scoping: a hash of its

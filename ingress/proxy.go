@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/ingress/internal/warn"
 	"github.com/sluicehq/sluice/ingress/proxy"
 )
@@ -267,7 +268,7 @@ func (p *Proxy) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, proxy.ErrHeldTooLong) {
 		p.failures.Warn(p.log, "not forwarding a request held too long (this process stalled, or the upstream's connection took that long)",
 			"max_hold", p.maxHold, "method", r.Method, "path", r.URL.Path)
-		SetRetryAfter(w.Header(), time.Second)
+		decide.SetRetryAfter(w.Header(), time.Second)
 		writeProblem(w, simpleProblem(http.StatusServiceUnavailable,
 			"The request was held too long before it could be sent on, and was not sent; retry."))
 		return

@@ -27,6 +27,6 @@ func formatWaited(d time.Duration) string {
 func (m *Middleware) answerWait(ctx context.Context, w http.ResponseWriter, v *decide.Verdict) {
 	names := v.Held()
 	m.engine.Refuse(ctx, v)
-	SetRetryAfter(w.Header(), v.Wait)
+	decide.SetRetryAfter(w.Header(), v.Wait)
 	writeProblem(w, quotaExceeded(names, v.Closest.Limit, v.Wait))
 }

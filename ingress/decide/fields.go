@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"net/http"
 	"strconv"
 	"time"
 
@@ -18,6 +19,32 @@ type Fields struct {
 	// (draft-ietf-httpapi-ratelimit-headers, limiter/ratelimitheader); empty when the
 	// rule's name cannot be written in them.
 	Policy, RateLimit string
+}
+
+// SetHeaders sets X-Ratelimit-Limit, X-Ratelimit-Remaining and, when they are not
+// empty, RateLimit-Policy and RateLimit to f, replacing any values h had.
+func (f Fields) SetHeaders(h http.Header) {
+	// As h.Set would, under the canonical names, but the four values share one
+	// backing array: these headers are on every response, and the front door's
+	// allocations are a good part of its CPU per request.
+	vals := []string{f.Limit, f.Remaining, f.Policy, f.RateLimit}
+	set := func(k string, i int) { h[k] = vals[i : i+1 : i+1] }
+	set("X-Ratelimit-Limit", 0)
+	set("X-Ratelimit-Remaining", 1)
+	if f.Policy != "" {
+		set("Ratelimit-Policy", 2)
+	}
+	if f.RateLimit != "" {
+		set("Ratelimit", 3)
+	}
+}
+
+// SetRetryAfter sets Retry-After and X-Ratelimit-Retry-After to d in whole seconds,
+// rounded up (RetryAfterSeconds).
+func SetRetryAfter(h http.Header, d time.Duration) {
+	secs := strconv.FormatInt(RetryAfterSeconds(d), 10)
+	h.Set("Retry-After", secs)
+	h.Set("X-Ratelimit-Retry-After", secs)
 }
 
 // Fields returns the fields of v's closest limit; all empty when v has none

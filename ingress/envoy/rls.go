@@ -485,8 +485,8 @@ func currentLimit(out *rlsv3.RateLimitResponse_RateLimit, name string, l limiter
 
 // rateLimitHeaders is Envoy's header list of f, and of Retry-After and
 // X-Ratelimit-Retry-After when retryAfter is not empty: what headerValues makes of
-// the http.Header that ingress.WriteRateLimitHeaders and ingress.SetRetryAfter fill,
-// in the same order, without the map (this is every call's cost).
+// the http.Header that decide.Fields.SetHeaders and decide.SetRetryAfter fill for the
+// front door, in the same order, without the map (this is every call's cost).
 func rateLimitHeaders(f decide.Fields, retryAfter string) []*corev3.HeaderValue {
 	// One allocation holds the list and its messages (a HeaderValue is a hundred
 	// bytes): room for four, or for six when Retry-After is there.

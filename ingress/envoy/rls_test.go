@@ -587,10 +587,10 @@ descriptors:
 		t.Run(tc.name, func(t *testing.T) {
 			rule := ruleOf(tc.key)
 			h := http.Header{}
-			ingress.WriteRateLimitHeaders(h, decide.FieldsOf(rule, tc.limit, tc.d))
+			decide.FieldsOf(rule, tc.limit, tc.d).SetHeaders(h)
 			var wait string
 			if tc.retryAfter > 0 {
-				ingress.SetRetryAfter(h, tc.retryAfter)
+				decide.SetRetryAfter(h, tc.retryAfter)
 				wait = strconv.FormatInt(decide.RetryAfterSeconds(tc.retryAfter), 10)
 			}
 			want := headerValues(h)
