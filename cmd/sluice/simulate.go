@@ -134,28 +134,9 @@ func runSimulate(ctx context.Context, fs *pflag.FlagSet, f *simulateFlags, args 
 		return fail("%v", err)
 	}
 
-	// Read and check the whole trace before deciding anything, so bad input never
-	// leaves a partial table behind.
-	var in io.Reader = os.Stdin
-	name := "stdin"
-	if f.tracePath == "" && progress.IsTerminal(os.Stdin) {
-		// Otherwise a forgotten --trace looks like a hang.
-		fmt.Fprintln(stderr, "sluice simulate: reading the trace from the terminal; end it with Ctrl-D (or pass --trace FILE)")
-	}
-	if f.tracePath != "" {
-		file, err := os.Open(f.tracePath)
-		if err != nil {
-			return fail("--trace: %v", err)
-		}
-		defer file.Close()
-		in, name = file, f.tracePath
-	}
-	reqs, err := parseTrace(in)
+	reqs, err := readTrace(f.tracePath, stderr)
 	if err != nil {
-		if te := (*traceError)(nil); errors.As(err, &te) {
-			return fail("%s:%d: %v", name, te.line, te.err)
-		}
-		return fail("%s: %v", name, err)
+		return fail("%v", err)
 	}
 
 	// The simulated clock is read by the store on the same goroutine that moves it, so
@@ -177,27 +158,11 @@ func runSimulate(ctx context.Context, fs *pflag.FlagSet, f *simulateFlags, args 
 		store = onRedis
 	}
 
-	prog := newProgress(stderr, len(reqs), "requests")
-	results := make([]outcome, 0, len(reqs))
-	for i, r := range reqs {
-		if i%1024 == 0 {
-			if err := ctx.Err(); err != nil {
-				prog.done()
-				fmt.Fprintf(stderr, "sluice simulate: interrupted: %v\n", err)
-				return exitFailure
-			}
-			prog.update(i)
-		}
-		now = simulateStart.Add(r.offset)
-		d, err := store.AllowN(ctx, r.key, l, r.n)
-		if err != nil {
-			prog.done()
-			fmt.Fprintf(stderr, "sluice simulate: line %d: %v\n", r.line, err)
-			return exitFailure
-		}
-		results = append(results, outcome{r, d})
+	results, err := replay(ctx, store, l, reqs, func(offset time.Duration) { now = simulateStart.Add(offset) }, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "sluice simulate: %v\n", err)
+		return exitFailure
 	}
-	prog.done()
 	if onRedis != nil {
 		if err := onRedis.check(); err != nil {
 			fmt.Fprintf(stderr, "sluice simulate: --redis: %v; no result printed\n", err)
@@ -219,6 +184,58 @@ func runSimulate(ctx context.Context, fs *pflag.FlagSet, f *simulateFlags, args 
 		return exitFailure
 	}
 	return exitOK
+}
+
+// readTrace reads and checks the whole trace, of the file at path or of standard
+// input, before anything is decided, so that bad input never leaves a partial table
+// behind. Its errors name the file (and the line).
+func readTrace(path string, stderr io.Writer) ([]request, error) {
+	var in io.Reader = os.Stdin
+	name := "stdin"
+	if path == "" && progress.IsTerminal(os.Stdin) {
+		// Otherwise a forgotten --trace looks like a hang.
+		fmt.Fprintln(stderr, "sluice simulate: reading the trace from the terminal; end it with Ctrl-D (or pass --trace FILE)")
+	}
+	if path != "" {
+		file, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("--trace: %w", err)
+		}
+		defer file.Close()
+		in, name = file, path
+	}
+	reqs, err := parseTrace(in)
+	if err != nil {
+		if te := (*traceError)(nil); errors.As(err, &te) {
+			return nil, fmt.Errorf("%s:%d: %w", name, te.line, te.err)
+		}
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return reqs, nil
+}
+
+// replay decides each request on store under l, in order, with the simulated clock
+// moved to its offset first (at), and shows its progress on stderr. It stops at the
+// first error of the store, or when ctx ends.
+func replay(ctx context.Context, store limiter.Limiter, l limiter.Limit, reqs []request, at func(time.Duration), stderr io.Writer) ([]outcome, error) {
+	prog := newProgress(stderr, len(reqs), "requests")
+	defer prog.done()
+	results := make([]outcome, 0, len(reqs))
+	for i, r := range reqs {
+		if i%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("interrupted: %w", err)
+			}
+			prog.update(i)
+		}
+		at(r.offset)
+		d, err := store.AllowN(ctx, r.key, l, r.n)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", r.line, err)
+		}
+		results = append(results, outcome{r, d})
+	}
+	return results, nil
 }
 
 func algorithmNames() string { return strings.Join(limiter.AlgorithmNames(), ", ") }
