@@ -32,39 +32,29 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 		c.errf(file, qd.nameNode, "queue %q is already defined in %s", qd.name, c.queues[qd.name].File)
 		return
 	}
-	// Unset fields take the queue package's defaults (max_bytes and max_age: none).
 	q := &Queue{
-		Config: queueconfig.Config{
-			Name:               qd.name,
-			Outflow:            qd.outflow,
-			MaxDepth:           qd.maxDepth,
-			MaxBytes:           qd.maxBytes,
-			MaxAge:             qd.maxAge,
-			MaxAttempts:        int(min(qd.maxAttempts, 1_000_000)),
-			MaxInFlight:        int(min(qd.maxInFlight, 1_000_000)),
-			Backoff:            queueconfig.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
-			Downstream:         qd.downstream,
-			MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queueconfig.MaxIdempotencyKeysLimit+1)),
-			MaxBody:            qd.maxBody,
-			DropHeaders:        qd.dropHeaders,
-			// 0 (unset or unreadable) takes the default.
-			DeadLetterMaxAge: qd.deadMaxAge,
-			Delivery:         qd.delivery,
-			CallbackHosts:    qd.callbackHosts,
-			CallbackPrivate:  qd.callbackPrivate,
-			CallbackSecret:   qd.callbackSecret,
-			Priorities:       qd.priorities,
-			FairBy:           qd.fairBy,
-			FairLanes:        int(min(qd.fairLanes, queueconfig.MaxFairLanes+1)),
-			FlowBy:           qd.flowBy,
-			TenantMaxDepth:   qd.tenantMax,
-			MaxDelay:         qd.maxDelay,
-			Delay:            qd.delay,
-		}.WithDefaults(),
+		Config: queueConfig(qd),
 		Domain: fd.domain,
 		File:   file,
 		Line:   qd.nameNode.Line,
 	}
+	for _, h := range qd.resultHdrs {
+		q.ResultHeaders = append(q.ResultHeaders, http.CanonicalHeaderKey(h.name))
+	}
+	c.validateQueue(file, qd, q)
+	if q.FairBy != "" {
+		q.fairBy = sourceEntries("fair_by", q.FairBy)
+	}
+	if q.FlowBy.Enabled() {
+		q.flowBy = sourceEntries("flow_by", q.FlowBy.From)
+	}
+	c.queues[q.Name] = q
+	c.qNodes[q.Name] = qd.nameNode
+}
+
+// validateQueue reports the problems of q that the queue package's validator finds,
+// at their position in qd, but those already reported while reading qd.
+func (c *compiler) validateQueue(file string, qd *queueDef, q *Queue) {
 	// Fields already reported while reading them (missing, of the wrong type or form)
 	// are not reported again by the queue package's validator.
 	reported := map[string]bool{"name": true} // checked above, with the file's words
@@ -85,9 +75,6 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 	}
 	reported["downstream"] = !qd.hasDown
 	reported["flow_by"] = qd.flowBad
-	for _, h := range qd.resultHdrs {
-		q.ResultHeaders = append(q.ResultHeaders, http.CanonicalHeaderKey(h.name))
-	}
 	// The queue package's validator decides what a valid queue is (what rules check,
 	// a reload and the start accept is what the queue package declares); the problems
 	// are reported here with their position.
@@ -105,18 +92,50 @@ func (c *compiler) queue(fd *fileDef, qd *queueDef) {
 			c.errf(file, n, "%s", ce.Problem)
 		}
 	}
-	if q.FairBy != "" && queueconfig.CheckSource(q.FairBy) == nil {
-		e := RouteEntry{Key: "fair_by"}
-		if err := parseFrom(&e, q.FairBy, &Route{}); err == nil {
-			q.fairBy = compileDesc(0, []RouteEntry{e}, nil).entries
-		}
+}
+
+// sourceEntries compiles the source from (fair_by, flow_by: key) into the entries a
+// request is read with; nil when from is not a valid source (the validator reports
+// it).
+func sourceEntries(key, from string) []compiledEntry {
+	if queueconfig.CheckSource(from) != nil {
+		return nil
 	}
-	if q.FlowBy.Enabled() && queueconfig.CheckSource(q.FlowBy.From) == nil {
-		e := RouteEntry{Key: "flow_by"}
-		if err := parseFrom(&e, q.FlowBy.From, &Route{}); err == nil {
-			q.flowBy = compileDesc(0, []RouteEntry{e}, nil).entries
-		}
+	e := RouteEntry{Key: key}
+	if err := parseFrom(&e, from, &Route{}); err != nil {
+		return nil
 	}
-	c.queues[q.Name] = q
-	c.qNodes[q.Name] = qd.nameNode
+	return compileDesc(0, []RouteEntry{e}, nil).entries
+}
+
+// queueConfig is the queue configuration of qd; unset fields take the queue package's
+// defaults (max_bytes and max_age: none).
+func queueConfig(qd *queueDef) queueconfig.Config {
+	return queueconfig.Config{
+		Name:               qd.name,
+		Outflow:            qd.outflow,
+		MaxDepth:           qd.maxDepth,
+		MaxBytes:           qd.maxBytes,
+		MaxAge:             qd.maxAge,
+		MaxAttempts:        int(min(qd.maxAttempts, 1_000_000)),
+		MaxInFlight:        int(min(qd.maxInFlight, 1_000_000)),
+		Backoff:            queueconfig.Backoff{Initial: qd.backoff.Initial, Max: qd.backoff.Max},
+		Downstream:         qd.downstream,
+		MaxIdempotencyKeys: int(min(qd.maxIdemKeys, queueconfig.MaxIdempotencyKeysLimit+1)),
+		MaxBody:            qd.maxBody,
+		DropHeaders:        qd.dropHeaders,
+		// 0 (unset or unreadable) takes the default.
+		DeadLetterMaxAge: qd.deadMaxAge,
+		Delivery:         qd.delivery,
+		CallbackHosts:    qd.callbackHosts,
+		CallbackPrivate:  qd.callbackPrivate,
+		CallbackSecret:   qd.callbackSecret,
+		Priorities:       qd.priorities,
+		FairBy:           qd.fairBy,
+		FairLanes:        int(min(qd.fairLanes, queueconfig.MaxFairLanes+1)),
+		FlowBy:           qd.flowBy,
+		TenantMaxDepth:   qd.tenantMax,
+		MaxDelay:         qd.maxDelay,
+		Delay:            qd.delay,
+	}.WithDefaults()
 }
