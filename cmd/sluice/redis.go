@@ -12,11 +12,13 @@ import (
 	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/redisstore"
 )
 
 // redisConfig says where the limits live when they are shared: the Redis URL, and
@@ -158,4 +160,21 @@ func loadTLS(prefix, ca, cert, key string) (*tls.Config, error) {
 		}
 	}
 	return conf, nil
+}
+
+// redisLimiter returns the limiter in Redis (--redis), made at the first call, which
+// adds the Redis dependency: the front door's limits and the dispatchers' flow keys
+// share it.
+func (g *gateway) redisLimiter(reg *prometheus.Registry) (*redisstore.Store, error) {
+	if g.store != nil {
+		return g.store, nil
+	}
+	store, err := redisstore.New(g.redis, redisstore.WithRegisterer(reg), redisstore.WithLogger(g.log),
+		redisstore.WithTimeout(g.cfg.front.redis.timeout))
+	if err != nil {
+		return nil, fmt.Errorf("redis limiter (--redis-timeout and the metrics registry): %w", err)
+	}
+	g.store = store
+	g.deps.Add("redis", g.redisHealth)
+	return store, nil
 }
