@@ -115,22 +115,8 @@ func runDLQ(ctx context.Context, cfg *dlqConfig, args []string, stdout, stderr i
 		return usageErr("want an action (list, requeue or purge) and a queue")
 	}
 	action, queueName, tickets := args[0], args[1], args[2:]
-	if action != "list" && action != "requeue" && action != "purge" {
-		return usageErr("unknown action %q%s: want list, requeue or purge", action, suggestAction(action, "list", "requeue", "purge"))
-	}
-	if !queueconfig.ValidName(queueName) {
-		return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", queueName)
-	}
-	for _, t := range tickets {
-		if !queue.ValidTicket(t) {
-			return usageErr("%q is not a ticket (26 characters of a-z and 2-7)", t)
-		}
-	}
-	if action == "purge" && !cfg.yes {
-		return usageErr("purge deletes dead letters for good; add --yes to do it")
-	}
-	if cfg.limit < 0 {
-		return usageErr("--limit must not be negative")
+	if err := checkDLQArgs(cfg, action, queueName, tickets); err != nil {
+		return usageErr("%v", err)
 	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "sluice dlq %s: %v\n", action, err)
@@ -158,37 +144,11 @@ func runDLQ(ctx context.Context, cfg *dlqConfig, args []string, stdout, stderr i
 		return usageErr("%v", err)
 	}
 
-	if cfg.nats.url == "" {
-		// Starting an embedded server on a directory that holds no sluice data would
-		// create an empty one and report an empty queue: a wrong --data-dir must be
-		// an error, not silence.
-		if _, err := os.Stat(filepath.Join(cfg.nats.dataDir, "jetstream")); err != nil {
-			return fail(fmt.Errorf("no sluice data in --data-dir %s (give the directory sluice serve uses, or --nats URL): %w", cfg.nats.dataDir, err))
-		}
-	}
-	// Requeueing carries dead letters of any size back.
-	cfg.nats.maxBody = queueconfig.MaxMaxBody
-	conn, err := openNATS(cfg.nats, log, false)
-	if errors.Is(err, errDataDirLocked) {
-		return fail(fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it: "+
-			"go through its admin API instead, --admin http://ADDR of its --admin-listen (the default, %s, when it runs with the default), "+
-			"with its --admin-token if it has one", err, defaultAdminURL))
-	}
+	store, conn, err := openDLQStore(ctx, cfg, log)
 	if err != nil {
 		return fail(err)
 	}
 	defer conn.close()
-	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	replicas, err := conn.replicaCount()
-	if err != nil {
-		return fail(err)
-	}
-	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(replicas), queue.WithLogger(log),
-		queue.WithIdempotencyMaxBytes(conn.idemMax), queue.WithSigningKey(conn.key))
-	if err != nil {
-		return fail(err)
-	}
 	d := &dlq{ctx: ctx, store: store, queue: queueName, tickets: tickets, stdout: stdout, stderr: stderr}
 	switch action {
 	case "list":
@@ -202,6 +162,68 @@ func runDLQ(ctx context.Context, cfg *dlqConfig, args []string, stdout, stderr i
 		return fail(err)
 	}
 	return exitOK
+}
+
+// checkDLQArgs checks the action, the queue and the tickets of sluice dlq, and the
+// flags that go with them.
+func checkDLQArgs(cfg *dlqConfig, action, queueName string, tickets []string) error {
+	if action != "list" && action != "requeue" && action != "purge" {
+		return fmt.Errorf("unknown action %q%s: want list, requeue or purge", action, suggestAction(action, "list", "requeue", "purge"))
+	}
+	if !queueconfig.ValidName(queueName) {
+		return fmt.Errorf("%q is not a queue name (1 to 64 letters, digits, _ or -)", queueName)
+	}
+	for _, t := range tickets {
+		if !queue.ValidTicket(t) {
+			return fmt.Errorf("%q is not a ticket (26 characters of a-z and 2-7)", t)
+		}
+	}
+	if action == "purge" && !cfg.yes {
+		return errors.New("purge deletes dead letters for good; add --yes to do it")
+	}
+	if cfg.limit < 0 {
+		return errors.New("--limit must not be negative")
+	}
+	return nil
+}
+
+// openDLQStore opens the queues directly, on --nats or the embedded server in
+// --data-dir (which must hold sluice data and not be held by a running sluice),
+// for sluice dlq; close the connection when done.
+func openDLQStore(ctx context.Context, cfg *dlqConfig, log *slog.Logger) (*queue.Store, *natsConn, error) {
+	if cfg.nats.url == "" {
+		// Starting an embedded server on a directory that holds no sluice data would
+		// create an empty one and report an empty queue: a wrong --data-dir must be
+		// an error, not silence.
+		if _, err := os.Stat(filepath.Join(cfg.nats.dataDir, "jetstream")); err != nil {
+			return nil, nil, fmt.Errorf("no sluice data in --data-dir %s (give the directory sluice serve uses, or --nats URL): %w", cfg.nats.dataDir, err)
+		}
+	}
+	// Requeueing carries dead letters of any size back.
+	cfg.nats.maxBody = queueconfig.MaxMaxBody
+	conn, err := openNATS(cfg.nats, log, false)
+	if errors.Is(err, errDataDirLocked) {
+		return nil, nil, fmt.Errorf("%w.\nThat process runs the embedded NATS server on it, so sluice dlq cannot open it: "+
+			"go through its admin API instead, --admin http://ADDR of its --admin-listen (the default, %s, when it runs with the default), "+
+			"with its --admin-token if it has one", err, defaultAdminURL)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	openCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	replicas, err := conn.replicaCount()
+	if err != nil {
+		conn.close()
+		return nil, nil, err
+	}
+	store, err := queue.Open(openCtx, conn.nc, queue.WithReplicas(replicas), queue.WithLogger(log),
+		queue.WithIdempotencyMaxBytes(conn.idemMax), queue.WithSigningKey(conn.key))
+	if err != nil {
+		conn.close()
+		return nil, nil, err
+	}
+	return store, conn, nil
 }
 
 // dlq runs one action on the dead letters of a queue.
