@@ -87,17 +87,7 @@ func compile(files []File, probs *problemList, cfg loadConfig) *Set {
 		routeNm: map[string]*Route{},
 	}
 	s := c.set
-	h := sha256.New()
-	var defs []*fileDef
-	for _, f := range files {
-		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
-		h.Write(f.Data)
-		s.files = append(s.files, f.Name)
-		if fd := parseFile(f.Name, f.Data, probs); fd != nil {
-			defs = append(defs, fd)
-		}
-	}
-	s.version = hex.EncodeToString(h.Sum(nil))
+	defs := c.parseFiles(files)
 	// Queues first: descriptors refer to them from any file.
 	for _, fd := range defs {
 		for _, qd := range fd.queues {
@@ -105,16 +95,63 @@ func compile(files []File, probs *problemList, cfg loadConfig) *Set {
 		}
 	}
 	// Domains next, each with the files that define it (several only when merging).
-	var order []*domain
-	members := map[*domain][]*fileDef{}
-	of := map[*fileDef]*domain{}
+	order, members, of := c.groupDomains(defs, cfg.merge)
+	for _, d := range order {
+		fds := members[d]
+		markDynamicKeys(d, fds)
+		for _, fd := range fds {
+			c.descriptors(fd, d, d.root, fd.descriptors, nil)
+		}
+		for _, fd := range fds {
+			c.replaces(fd, d)
+		}
+	}
+	// Routes last, in file order (their order breaks ties), once every tree is whole.
+	c.routes(defs, of)
+	slices.Sort(s.domainNames)
+	for name := range c.queues {
+		s.queueNames = append(s.queueNames, name)
+	}
+	slices.Sort(s.queueNames)
+	s.queues = c.queues
+	s.table = buildTable(s.routes)
+	s.choosing = choosingHeaders(s.routes)
+	return s
+}
+
+// parseFiles parses every file, records its name and the set's version (a hash of
+// every file's name and content), and returns the definitions of the files that
+// parse.
+func (c *compiler) parseFiles(files []File) []*fileDef {
+	s := c.set
+	h := sha256.New()
+	var defs []*fileDef
+	for _, f := range files {
+		fmt.Fprintf(h, "%d:%s%d:", len(f.Name), f.Name, len(f.Data))
+		h.Write(f.Data)
+		s.files = append(s.files, f.Name)
+		if fd := parseFile(f.Name, f.Data, c.probs); fd != nil {
+			defs = append(defs, fd)
+		}
+	}
+	s.version = hex.EncodeToString(h.Sum(nil))
+	return defs
+}
+
+// groupDomains makes the domains of the files, in the order of their first file,
+// with the files that define each (several only when merging) and the domain of each
+// file; a second file of a domain without merge is an error.
+func (c *compiler) groupDomains(defs []*fileDef, merge bool) (order []*domain, members map[*domain][]*fileDef, of map[*fileDef]*domain) {
+	s := c.set
+	members = map[*domain][]*fileDef{}
+	of = map[*fileDef]*domain{}
 	for _, fd := range defs {
 		if fd.domain == "" {
 			continue
 		}
 		d := s.domains[fd.domain]
 		switch {
-		case d != nil && !cfg.merge:
+		case d != nil && !merge:
 			c.errf(fd.path, fd.domainNode, "domain %q is already defined in %s (to merge files of one domain, as Envoy's MERGE_DOMAIN_CONFIG, use --merge-domains)", fd.domain, d.file)
 			continue
 		case d == nil:
@@ -126,30 +163,30 @@ func compile(files []File, probs *problemList, cfg loadConfig) *Set {
 		members[d] = append(members[d], fd)
 		of[fd] = d
 	}
-	for _, d := range order {
-		fds := members[d]
-		// Rule names hide the values of keys that a route of any file of the domain fills
-		// from requests (headers, query, client IP, path segments); the method and the
-		// host are no secrets and stay visible.
-		for _, fd := range fds {
-			for _, rd := range fd.routes {
-				for _, list := range rd.descs {
-					for _, e := range list {
-						if e.from != "" && !slices.Contains([]string{"method", "host"}, e.from) {
-							d.dynamicKeys[e.key] = true
-						}
+	return order, members, of
+}
+
+// markDynamicKeys marks the keys of d that a route of any of its files fds fills from
+// requests (headers, query, client IP, path segments): rule names hide their values.
+// The method and the host are no secrets and stay visible.
+func markDynamicKeys(d *domain, fds []*fileDef) {
+	for _, fd := range fds {
+		for _, rd := range fd.routes {
+			for _, list := range rd.descs {
+				for _, e := range list {
+					if e.from != "" && !slices.Contains([]string{"method", "host"}, e.from) {
+						d.dynamicKeys[e.key] = true
 					}
 				}
 			}
 		}
-		for _, fd := range fds {
-			c.descriptors(fd, d, d.root, fd.descriptors, nil)
-		}
-		for _, fd := range fds {
-			c.replaces(fd, d)
-		}
 	}
-	// Routes last, in file order (their order breaks ties), once every tree is whole.
+}
+
+// routes compiles the routes of every file of a domain (of) in file order, which
+// breaks their ties, into the set.
+func (c *compiler) routes(defs []*fileDef, of map[*fileDef]*domain) {
+	s := c.set
 	for _, fd := range defs {
 		d := of[fd]
 		if d == nil {
@@ -162,13 +199,4 @@ func compile(files []File, probs *problemList, cfg loadConfig) *Set {
 			}
 		}
 	}
-	slices.Sort(s.domainNames)
-	for name := range c.queues {
-		s.queueNames = append(s.queueNames, name)
-	}
-	slices.Sort(s.queueNames)
-	s.queues = c.queues
-	s.table = buildTable(s.routes)
-	s.choosing = choosingHeaders(s.routes)
-	return s
 }
