@@ -156,7 +156,8 @@ func (sh *memoryShard) published(w0 uint64) int64 {
 	return int64(w0&^(bucketFrozen|versionMask) | v)
 }
 
-// expires is when the state of s, whose lock is held, becomes a fresh key's.
+// expires is when the state of s, whose lock is held, becomes a fresh key's
+// (math.MaxInt64: never).
 func (s *slot) expires() int64 {
 	if !s.algorithm().Bucket() {
 		return s.Expires
@@ -167,5 +168,11 @@ func (s *slot) expires() int64 {
 	if rate <= 0 {
 		return st.Last // never decided
 	}
-	return st.Last + algo.BucketReset(st.Level, rate, period)
+	// A valid bucket may take longer than int64 µs to drain (the conversion of its
+	// drain time then gives a negative number on amd64): it is never fresh.
+	reset := algo.BucketReset(st.Level, rate, period)
+	if reset < 0 || st.Last > math.MaxInt64-reset {
+		return math.MaxInt64
+	}
+	return st.Last + reset
 }

@@ -85,6 +85,24 @@ func TestMemoryDropsIdleKeys(t *testing.T) {
 	}
 }
 
+// TestMemoryKeepsABucketThatDrainsForAges: a valid bucket that takes longer than
+// int64 µs (292,000 years) to drain is never fresh, so new keys in its shard must not
+// sweep it away (its drain time once overflowed to a negative expiry, and the key's
+// whole burst was granted again).
+func TestMemoryKeepsABucketThatDrainsForAges(t *testing.T) {
+	m := limiter.NewMemory(limiter.WithClock(func() time.Time { return t0 }), limiter.WithShards(1))
+	l := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1, Period: 24 * time.Hour, Burst: 1 << 30}
+	if d := check(t, m, "k", l, 1<<30); !d.Allowed {
+		t.Fatalf("the whole burst of a new key: %+v", d)
+	}
+	for i := range 20 {
+		check(t, m, fmt.Sprint("new-", i), l, 1)
+	}
+	if d := check(t, m, "k", l, 1); d.Allowed {
+		t.Fatalf("a bucket emptied a moment ago allowed a unit: %+v", d)
+	}
+}
+
 func TestMemoryDecisionsDoNotAllocate(t *testing.T) {
 	m := limiter.NewMemory()
 	ctx := context.Background()
