@@ -23,6 +23,9 @@ const directWait = time.Second
 // replica but the leader answers it). Errors are the jetstream package's:
 // jetstream.ErrMsgNotFound for no such message.
 func (s *Store) readMsg(ctx context.Context, stream jetstream.Stream, q jsproto.MsgQuery) (*jetstream.RawStreamMsg, error) {
+	if readsFromLeader(ctx) {
+		return jsproto.LeaderMsg(ctx, s.nc, stream.CachedInfo().Config.Name, q)
+	}
 	dctx, cancel := context.WithTimeout(ctx, directWait)
 	var (
 		raw *jetstream.RawStreamMsg
@@ -45,6 +48,19 @@ func (s *Store) readMsg(ctx context.Context, stream jetstream.Stream, q jsproto.
 	return jsproto.LeaderMsg(ctx, s.nc, name, q)
 }
 
+// fromLeader is the context key of leaderReads.
+type fromLeader struct{}
+
+// leaderReads returns a context in which readMsg and readKey ask the stream's leader
+// instead of any replica. A direct get of a replicated stream may be answered by a
+// follower that has not applied the latest writes yet (an order parked a moment ago),
+// so a miss there does not prove that a message is absent; the leader's answer does.
+func leaderReads(ctx context.Context) context.Context {
+	return context.WithValue(ctx, fromLeader{}, true)
+}
+
+func readsFromLeader(ctx context.Context) bool { return ctx.Value(fromLeader{}) != nil }
+
 // noAnswer reports whether err of a request says that no answer came in time.
 func noAnswer(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
@@ -55,14 +71,16 @@ func noAnswer(err error) bool {
 // package's: jetstream.ErrKeyNotFound for a key without a value (never written,
 // deleted, purged or expired).
 func (s *Store) readKey(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyValueEntry, error) {
-	dctx, cancel := context.WithTimeout(ctx, directWait)
-	e, err := kv.Get(dctx, key)
-	cancel()
-	if !noAnswer(err) || ctx.Err() != nil {
-		return e, err
-	}
 	bucket := kv.Bucket()
-	s.log.Debug("a replica did not answer a direct get; asking the bucket's stream leader", "bucket", bucket)
+	if !readsFromLeader(ctx) {
+		dctx, cancel := context.WithTimeout(ctx, directWait)
+		e, err := kv.Get(dctx, key)
+		cancel()
+		if !noAnswer(err) || ctx.Err() != nil {
+			return e, err
+		}
+		s.log.Debug("a replica did not answer a direct get; asking the bucket's stream leader", "bucket", bucket)
+	}
 	raw, err := jsproto.LeaderMsg(ctx, s.nc, jsproto.KVStream(bucket), jsproto.MsgQuery{Last: jsproto.KVSubject(bucket, key)})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, jetstream.ErrKeyNotFound

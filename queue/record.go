@@ -198,7 +198,9 @@ func (s *Store) Status(ctx context.Context, ticket string) (*Record, error) {
 // statusFrom is Status once the ticket's record was read (rec nil: none). again: the
 // record is read once more when no queue holds the order, as a dispatcher may have
 // settled it since the first read: it writes the final record before the message
-// leaves the queue, so an order gone from the queues has its record by then.
+// leaves the queue, so an order gone from the queues has its record by then. With
+// replicated resources that second pass reads the record and the queues from the
+// streams' leaders (leaderReads).
 func (s *Store) statusFrom(ctx context.Context, ticket string, rec *Record, now time.Time, again bool) (*Record, error) {
 	if rec != nil {
 		if !rec.Status.Final() {
@@ -252,7 +254,16 @@ func (s *Store) statusFrom(ctx context.Context, ticket string, rec *Record, now 
 	if !again {
 		return nil, ErrNotFound
 	}
+	replicated := s.opts.replicas > 1
+	if replicated {
+		// The misses may come from followers behind the leader: the second pass
+		// reads from the leaders, so a ticket parked a moment ago is never unknown.
+		ctx = leaderReads(ctx)
+	}
 	rec, err := s.Record(ctx, ticket)
+	if errors.Is(err, ErrNotFound) && replicated {
+		return s.statusFrom(ctx, ticket, nil, now, false)
+	}
 	if err != nil {
 		return nil, err // ErrNotFound: unknown or expired
 	}
