@@ -27,6 +27,7 @@ func fixedUpstream(b *testing.B, resp string) string {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { ln.Close() })
+	out := []byte(resp)
 	go func() {
 		for {
 			c, err := ln.Accept()
@@ -42,7 +43,7 @@ func fixedUpstream(b *testing.B, resp string) string {
 						return
 					}
 					if len(bytes.TrimRight(line, "\r\n")) == 0 {
-						if _, err := c.Write([]byte(resp)); err != nil {
+						if _, err := c.Write(out); err != nil {
 							return
 						}
 					}

@@ -28,7 +28,10 @@ func TestMain(m *testing.M) {
 
 // writeGet is a HeadWriter of bodiless requests to r's path.
 func writeGet(bw *bufio.Writer, r *http.Request, _, _ bool) error {
-	bw.WriteString(r.Method + " " + r.URL.RequestURI() + " HTTP/1.1\r\nHost: upstream\r\n\r\n")
+	bw.WriteString(r.Method)
+	bw.WriteString(" ")
+	bw.WriteString(r.URL.RequestURI())
+	bw.WriteString(" HTTP/1.1\r\nHost: upstream\r\n\r\n")
 	return nil
 }
 
