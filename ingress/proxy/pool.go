@@ -201,6 +201,7 @@ type conn struct {
 	sendErr   error
 	flushFn   func() error    // c.flushRequest, made once
 	abortFn   func()          // c.abort, made once
+	watchFn   func()          // the pool's watch of c, made once: go needs no closure per put
 	ctx       context.Context // the exchange's, while its response head is read
 }
 
@@ -285,6 +286,7 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 	}
 	c := &conn{pool: p, conn: raw, sock: newSocket(raw), watched: make(chan bool, 1)}
 	c.flushFn, c.abortFn = c.flushRequest, c.abort
+	c.watchFn = func() { p.watch(c) }
 	if p.tlsConfig != nil {
 		tc := tls.Client(raw, p.tlsConfig)
 		if err := tc.HandshakeContext(ctx); err != nil {
@@ -331,7 +333,7 @@ func (p *Pool) put(c *conn) {
 	}
 	if len(p.idle) < p.maxIdle {
 		p.idle = append(p.idle, c)
-		go p.watch(c)
+		go c.watchFn()
 		c = nil
 	}
 	p.mu.Unlock()
