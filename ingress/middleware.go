@@ -239,43 +239,23 @@ func (m *Middleware) Authorize(w http.ResponseWriter, r *http.Request, noPark st
 // serve decides r and answers it or passes it to next. check is set for Authorize,
 // which cannot hold a request for a wait rule's slot (see answerWait).
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler, noPark string, check bool) {
-	if m.maxBody > 0 {
-		if r.ContentLength > m.maxBody {
-			writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
-				"The request body is larger than "+strconv.FormatInt(m.maxBody, 10)+" bytes."))
-			return
-		}
-		if r.Body != nil && r.Body != http.NoBody {
-			// A request without a body (most GETs) has nothing to cap: the wrapper
-			// would be an allocation per request. The capped body goes on a copy of
-			// r: net/http's server looks at the request's own Body after the handler
-			// (to tell an unread Expect: 100-continue body, which it must not wait
-			// for, from one it may drain), and a handler must not modify r.
-			capped := *r
-			capped.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
-			r = &capped
-		}
+	r, ok := m.capBody(w, r)
+	if !ok {
+		return
 	}
 	set := m.rules.Set()
 	m.engine.Use(set)
-	client := m.ids.Group(m.ids.Addr(r))
+	x := exchange{w: w, r: r, next: next, noPark: noPark, check: check, client: m.ids.Group(m.ids.Addr(r))}
 	buf := m.checks.Get().(*[]rules.Check)
 	defer m.checks.Put(buf)
-	route, checks := set.Match(r, client.Addr(), (*buf)[:0])
-	*buf = checks[:0]
-	if err := set.Repeated(r, route); err != nil {
+	x.route, x.checks = set.Match(r, x.client.Addr(), (*buf)[:0])
+	*buf = x.checks[:0]
+	if err := set.Repeated(r, x.route); err != nil {
 		writeProblem(w, repeatedProblem(err))
 		return
 	}
-	if route == nil || len(checks) == 0 {
-		if m.deferrer != nil && r.Header[HeaderNotBefore] != nil {
-			// Nothing here parks it: passed on, it would be delivered now, before the
-			// time it asks for (as on a route whose rules defer into no queue).
-			writeProblem(w, simpleProblem(http.StatusBadRequest,
-				HeaderNotBefore+" asks for scheduled delivery, but no rule applies to this request to defer it into a queue."))
-			return
-		}
-		next.ServeHTTP(w, r)
+	if x.route == nil || len(x.checks) == 0 {
+		m.passUnruled(w, r, next)
 		return
 	}
 	ctx := r.Context()
@@ -286,71 +266,170 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// Over a defer rule, a request is parked only with a deferrer and a body that
 	// reached sluice whole; otherwise it is refused, and counted so.
 	parks := m.deferrer != nil && noPark == ""
-	v := m.engine.Decide(ctx, &decide.Request{Checks: checks, Hold: true, RejectOnly: !parks})
-	if v.Violated == nil && (r.Header[HeaderNotBefore] == nil || m.deferrer == nil) {
-		m.engine.Reserve(ctx, checks, &v)
-	}
-	if v.ClosestRule != nil {
-		v.Fields().SetHeaders(w.Header())
-	}
+	v := m.decide(ctx, &x, parks)
 	deferring := parks && v.Violated != nil && v.Violated.Parks()
 	if span != nil {
-		endDecision(span, route, &v, deferring)
+		endDecision(span, x.route, &v, deferring)
 	}
 	switch {
-	case v.Violated == nil && r.Header[HeaderNotBefore] != nil && m.deferrer != nil:
-		// A client that asks for a delivery time wants its order queued, over the
-		// limit or not: park it in the queue of the route's defer rule.
-		rule := schedulingRule(checks)
-		switch {
-		case rule == nil:
-			writeProblem(w, simpleProblem(http.StatusBadRequest,
-				HeaderNotBefore+" asks for scheduled delivery, but no rule of this route defers into a queue."))
-		case noPark != "":
-			writeProblem(w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+noPark))
-		default: // in its lane, as over the limit
-			m.deferrer.Defer(w, r, m.deferral(route, rule, r, client))
-		}
+	case v.Violated == nil && m.scheduled(r):
+		m.schedule(&x)
 	case v.Violated == nil:
-		if ra, ok := m.deferrer.(RepeatAnswerer); ok && noPark == "" && r.Header["Idempotency-Key"] != nil {
-			if rule := schedulingRule(checks); rule != nil {
-				var answered bool
-				if r, answered = ra.AnswerRepeat(w, r, m.deferral(route, rule, r, client)); answered {
-					// Answered from the queue, not held: its places among max_waiting
-					// and its slots go back.
-					m.engine.Cancel(ctx, &v)
-					return
-				}
-			}
-		}
-		switch {
-		case !v.Holding():
-		case check && v.Wait > 0:
-			m.answerWait(ctx, w, &v)
-			return
-		case !m.engine.Hold(r.Context(), &v):
-			return // the client went away; its slots were given back
-		default:
-			w.Header().Set(HeaderWaited, formatWaited(v.Wait))
-		}
-		next.ServeHTTP(w, r)
+		m.pass(ctx, &x, &v)
 	case deferring:
 		if span != nil {
-			r = r.WithContext(ctx) // the park's span is the decision's child
+			x.r = r.WithContext(ctx) // the park's span is the decision's child
 		}
-		d := m.deferral(route, v.Violated, r, client)
-		d.RetryAfter = v.RetryAfter
-		m.deferrer.Defer(w, r, d)
+		m.park(&x, &v)
 	default:
-		m.log.Debug("rate limited", "rule", v.Violated.Name, "route", route.Name,
-			"client", clientHash(client), "retry_after", v.RetryAfter)
-		decide.SetRetryAfter(w.Header(), v.RetryAfter)
-		p := quotaExceeded(v.ViolatedNames, v.Closest.Limit, v.RetryAfter)
-		if v.Violated.Parks() && noPark != "" {
-			p.Detail += " The rule defers requests over its limit, but " + noPark
-		}
-		writeProblem(w, p)
+		m.refuse(&x, &v)
 	}
+}
+
+// exchange is the request serve decides and what its steps share about it.
+type exchange struct {
+	w      http.ResponseWriter
+	r      *http.Request
+	next   http.Handler
+	noPark string // why r must not be parked (see Authorize); "" when it may be
+	check  bool   // for Authorize: a wait rule's slot cannot be held
+	client netip.Prefix
+	route  *rules.Route
+	checks []rules.Check
+}
+
+// capBody caps r's body at the middleware's maximum. A body declared larger is
+// answered 413 and capBody reports false; otherwise it returns the request to go on
+// with: r, or a copy of r whose body reads at most the maximum.
+func (m *Middleware) capBody(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if m.maxBody <= 0 {
+		return r, true
+	}
+	if r.ContentLength > m.maxBody {
+		writeProblem(w, simpleProblem(http.StatusRequestEntityTooLarge,
+			"The request body is larger than "+strconv.FormatInt(m.maxBody, 10)+" bytes."))
+		return nil, false
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		// A request without a body (most GETs) has nothing to cap: the wrapper
+		// would be an allocation per request.
+		return r, true
+	}
+	// The capped body goes on a copy of r: net/http's server looks at the request's
+	// own Body after the handler (to tell an unread Expect: 100-continue body, which
+	// it must not wait for, from one it may drain), and a handler must not modify r.
+	capped := *r
+	capped.Body = http.MaxBytesReader(w, r.Body, m.maxBody)
+	return &capped, true
+}
+
+// scheduled reports whether r asks for a delivery time that a deferrer can honour.
+func (m *Middleware) scheduled(r *http.Request) bool {
+	return m.deferrer != nil && r.Header[HeaderNotBefore] != nil
+}
+
+// passUnruled passes to next a request that no rule applies to, unless it asks for
+// scheduled delivery: nothing would park it, and passed on it would be delivered now,
+// before the time it asks for (as on a route whose rules defer into no queue), so it
+// is answered 400.
+func (m *Middleware) passUnruled(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if m.scheduled(r) {
+		writeProblem(w, simpleProblem(http.StatusBadRequest,
+			HeaderNotBefore+" asks for scheduled delivery, but no rule applies to this request to defer it into a queue."))
+		return
+	}
+	next.ServeHTTP(w, r)
+}
+
+// decide decides x's checks, reserves the slots of its wait rules when it is within
+// its limits and is not to be scheduled, and sets the rate-limit headers of the limit
+// closest to running out.
+func (m *Middleware) decide(ctx context.Context, x *exchange, parks bool) decide.Verdict {
+	v := m.engine.Decide(ctx, &decide.Request{Checks: x.checks, Hold: true, RejectOnly: !parks})
+	if v.Violated == nil && !m.scheduled(x.r) {
+		m.engine.Reserve(ctx, x.checks, &v)
+	}
+	if v.ClosestRule != nil {
+		v.Fields().SetHeaders(x.w.Header())
+	}
+	return v
+}
+
+// schedule parks a request within its limits that asks for a delivery time: a client
+// that asks for one wants its order queued, over the limit or not, in the queue of the
+// route's defer rule. Without such a rule, or when x must not be parked, it is
+// answered 400.
+func (m *Middleware) schedule(x *exchange) {
+	rule := schedulingRule(x.checks)
+	switch {
+	case rule == nil:
+		writeProblem(x.w, simpleProblem(http.StatusBadRequest,
+			HeaderNotBefore+" asks for scheduled delivery, but no rule of this route defers into a queue."))
+	case x.noPark != "":
+		writeProblem(x.w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+x.noPark))
+	default: // in its lane, as over the limit
+		m.deferrer.Defer(x.w, x.r, m.deferral(x.route, rule, x.r, x.client))
+	}
+}
+
+// pass passes a request within its limits to next: unless it repeats an order the
+// queue holds (see RepeatAnswerer), once it holds the slots of its wait rules, or,
+// for Authorize, answers how long to wait for them (see answerWait).
+func (m *Middleware) pass(ctx context.Context, x *exchange, v *decide.Verdict) {
+	if m.answeredRepeat(ctx, x, v) {
+		return
+	}
+	switch {
+	case !v.Holding():
+	case x.check && v.Wait > 0:
+		m.answerWait(ctx, x.w, v)
+		return
+	case !m.engine.Hold(x.r.Context(), v):
+		return // the client went away; its slots were given back
+	default:
+		x.w.Header().Set(HeaderWaited, formatWaited(v.Wait))
+	}
+	x.next.ServeHTTP(x.w, x.r)
+}
+
+// answeredRepeat reports whether the deferrer answered x as the repeat of an order
+// the queue holds under its Idempotency-Key: its places among max_waiting and its
+// slots then go back, as it is not held. Otherwise x.r is the request to proxy, its
+// body intact.
+func (m *Middleware) answeredRepeat(ctx context.Context, x *exchange, v *decide.Verdict) bool {
+	ra, ok := m.deferrer.(RepeatAnswerer)
+	if !ok || x.noPark != "" || x.r.Header["Idempotency-Key"] == nil {
+		return false
+	}
+	rule := schedulingRule(x.checks)
+	if rule == nil {
+		return false
+	}
+	var answered bool
+	if x.r, answered = ra.AnswerRepeat(x.w, x.r, m.deferral(x.route, rule, x.r, x.client)); answered {
+		m.engine.Cancel(ctx, v)
+	}
+	return answered
+}
+
+// park hands a request over a defer rule's limit to the deferrer.
+func (m *Middleware) park(x *exchange, v *decide.Verdict) {
+	d := m.deferral(x.route, v.Violated, x.r, x.client)
+	d.RetryAfter = v.RetryAfter
+	m.deferrer.Defer(x.w, x.r, d)
+}
+
+// refuse answers a request over a limit 429 with its Retry-After, saying when a
+// defer rule's request could not be parked why.
+func (m *Middleware) refuse(x *exchange, v *decide.Verdict) {
+	m.log.Debug("rate limited", "rule", v.Violated.Name, "route", x.route.Name,
+		"client", clientHash(x.client), "retry_after", v.RetryAfter)
+	decide.SetRetryAfter(x.w.Header(), v.RetryAfter)
+	p := quotaExceeded(v.ViolatedNames, v.Closest.Limit, v.RetryAfter)
+	if v.Violated.Parks() && x.noPark != "" {
+		p.Detail += " The rule defers requests over its limit, but " + x.noPark
+	}
+	writeProblem(x.w, p)
 }
 
 // notNormalDetail is the problem detail of a check whose path CheckNormalPath refuses.
