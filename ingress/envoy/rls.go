@@ -131,18 +131,8 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 	}
 	set := s.rules.Set()
 	s.engine.Use(set)
-	// One allocation holds the response, the messages it points to and the
-	// lookup's scratch when there is one descriptor, the usual case.
-	c := new(call)
-	resp, slots := &c.resp, c.slots[:]
-	resp.OverallCode, resp.Statuses = rlsv3.RateLimitResponse_OK, c.statuses[:]
-	entries, descs, checks := c.entries[:0], c.descs[:], c.checks[:0]
-	n := len(req.Descriptors)
-	if n > 1 {
-		resp.Statuses, slots = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n), make([]statusSlot, n)
-		entries, descs = make([]rules.Entry, 0, 2*n), make([][]rules.Entry, n)
-		checks = make([]rules.Check, 0, n)
-	}
+	c, slots := newCall(len(req.Descriptors))
+	found := c.lookup(set, req)
 	// The checks to charge, their hits and their results: on the stack for up to
 	// four.
 	var (
@@ -151,8 +141,40 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		fewResults [4]decide.Result
 	)
 	todo, results := fewChecks[:0], fewResults[:]
-	if n > len(fewChecks) {
+	if n := len(req.Descriptors); n > len(fewChecks) {
 		todo, results = make([]rules.Check, 0, n), make([]decide.Result, n)
+	}
+	todo, hits, err := charges(set, req, found, slots, todo, fewHits[:])
+	if err != nil {
+		return nil, err
+	}
+	results = results[:len(todo)]
+	v := s.engine.Decide(ctx, &decide.Request{Checks: todo, Hits: hits, RejectOnly: true, Results: results})
+	meta := s.setStatuses(&c.resp, slots, todo, results)
+	s.conclude(&c.resp, req, &v, meta)
+	return &c.resp, nil
+}
+
+// newCall returns the call of a request of n descriptors, its overall code OK, and
+// the slots of the descriptors' statuses. One allocation holds the response, the
+// messages it points to and the lookup's scratch when there is one descriptor, the
+// usual case.
+func newCall(n int) (*call, []statusSlot) {
+	c := new(call)
+	c.resp.OverallCode, c.resp.Statuses = rlsv3.RateLimitResponse_OK, c.statuses[:]
+	slots := c.slots[:]
+	if n > 1 {
+		c.resp.Statuses, slots = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n), make([]statusSlot, n)
+	}
+	return c, slots
+}
+
+// lookup returns the checks of the rules that req's descriptors reach in its domain,
+// in the order of the descriptors (see rules.Set.Evaluate).
+func (c *call) lookup(set *rules.Set, req *rlsv3.RateLimitRequest) []rules.Check {
+	entries, descs, checks := c.entries[:0], c.descs[:], c.checks[:0]
+	if n := len(req.Descriptors); n > 1 {
+		entries, descs, checks = make([]rules.Entry, 0, 2*n), make([][]rules.Entry, n), make([]rules.Check, 0, n)
 	}
 	for i, d := range req.Descriptors {
 		from := len(entries)
@@ -161,35 +183,33 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		}
 		descs[i] = entries[from:len(entries):len(entries)]
 	}
-	checks = set.Evaluate(req.Domain, descs, checks) // in the order of the descriptors
-	// The checks to charge, in the order of the descriptors, every one known before
-	// the first is charged: a request refused as invalid charges nothing. Hits are
-	// given only when some descriptor costs other than 1.
+	return set.Evaluate(req.Domain, descs, checks)
+}
+
+// charges appends to todo the checks to charge for req's descriptors, given those
+// the lookup found, and sets each descriptor's slot to the index of its check among
+// them (-1: none). Every check is known before the first is charged: a request
+// refused as invalid (an InvalidArgument error) charges nothing. The hits are nil
+// when every check costs 1; otherwise each check's, in spare when they fit.
+func charges(set *rules.Set, req *rlsv3.RateLimitRequest, found []rules.Check, slots []statusSlot, todo []rules.Check, spare []int64) ([]rules.Check, []int64, error) {
 	var hits []int64
 	for i, d := range req.Descriptors {
 		slots[i].at = -1
 		var ck *rules.Check
-		if len(checks) > 0 && checks[0].Descriptor == i {
-			ck, checks = &checks[0], checks[1:]
+		if len(found) > 0 && found[0].Descriptor == i {
+			ck, found = &found[0], found[1:]
 		}
-		if o := d.GetLimit(); o != nil {
-			if !slices.Contains(set.Domains(), req.Domain) {
-				continue
-			}
-			var err error
-			if ck, err = overrideCheck(req.Domain, d, o, ck); err != nil {
-				return nil, status.Error(codes.InvalidArgument, fmt.Sprintf("descriptor %d: %v", i, err))
-			}
+		ck, err := chargedCheck(set, req.Domain, d, ck)
+		if err != nil {
+			return nil, nil, status.Error(codes.InvalidArgument, fmt.Sprintf("descriptor %d: %v", i, err))
 		}
-		if ck == nil || ck.Rule.Unlimited || d.GetIsNegativeHits() {
-			// No rule; unlimited; or a refund, which sluice's limiter cannot give
-			// back: nothing is charged.
+		if ck == nil {
 			continue
 		}
 		if h := hitsOf(req, d); h != 1 || hits != nil {
 			if hits == nil { // the checks before this one cost 1
-				if hits = fewHits[:]; n > len(fewHits) {
-					hits = make([]int64, n)
+				if hits = spare; len(req.Descriptors) > len(spare) {
+					hits = make([]int64, len(req.Descriptors))
 				}
 				for j := range todo {
 					hits[j] = 1
@@ -200,14 +220,40 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		slots[i].at = len(todo)
 		todo = append(todo, *ck)
 	}
-	results = results[:len(todo)]
 	if hits != nil {
 		hits = hits[:len(todo)]
 	}
-	v := s.engine.Decide(ctx, &decide.Request{Checks: todo, Hits: hits, RejectOnly: true, Results: results})
+	return todo, hits, nil
+}
 
-	var meta *structpb.Struct // the passed rules' metadata, merged
-	for i := range req.Descriptors {
+// chargedCheck is the check to charge for descriptor d of domain, given the check
+// of the rule it reached (matched, nil for none): that of its `limit` override when
+// it has one and the domain exists (see overrideCheck), else matched. It is nil when
+// nothing is charged: no rule, an unlimited one, or a refund (negative hits), which
+// sluice's limiter cannot give back.
+func chargedCheck(set *rules.Set, domain string, d *rlcommon.RateLimitDescriptor, matched *rules.Check) (*rules.Check, error) {
+	ck := matched
+	if o := d.GetLimit(); o != nil {
+		if !slices.Contains(set.Domains(), domain) {
+			return nil, nil
+		}
+		var err error
+		if ck, err = overrideCheck(domain, d, o, matched); err != nil {
+			return nil, err
+		}
+	}
+	if ck == nil || ck.Rule.Unlimited || d.GetIsNegativeHits() {
+		return nil, nil
+	}
+	return ck, nil
+}
+
+// setStatuses sets each descriptor's status in resp from the result of its check
+// (todo[slots[i].at], results alike) and returns the metadata of the rules whose
+// descriptors are OK, merged (see WithDynamicMetadata; nil when it is off or none).
+func (s *RateLimitService) setStatuses(resp *rlsv3.RateLimitResponse, slots []statusSlot, todo []rules.Check, results []decide.Result) *structpb.Struct {
+	var meta *structpb.Struct
+	for i := range resp.Statuses {
 		j := slots[i].at
 		if j < 0 {
 			resp.Statuses[i] = slots[i].ok()
@@ -225,6 +271,13 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 		}
 		resp.Statuses[i] = st
 	}
+	return meta
+}
+
+// conclude sets resp's overall code from v, its response headers (with
+// WithResponseHeaders) and its dynamic metadata, meta the passed rules' (with
+// WithDynamicMetadata).
+func (s *RateLimitService) conclude(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitRequest, v *decide.Verdict, meta *structpb.Struct) {
 	if v.Violated != nil {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
@@ -240,7 +293,6 @@ func (s *RateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateL
 	if s.dynMeta {
 		resp.DynamicMetadata = dynamicMetadata(req, meta)
 	}
-	return resp, nil
 }
 
 // mergeMetadata merges the metadata of rule into into (nil: none yet) and returns
