@@ -152,9 +152,12 @@ type Decision struct {
 	Remaining int64
 	// RetryAfter is, for a rejected request, how long until the same request would be
 	// allowed if nothing else happened; Never when n exceeds the capacity; 0 when allowed.
+	// Like ResetAfter, a time of 2^53 µs (about 285 years) or more saturates at the
+	// longest Duration, which is Never.
 	RetryAfter time.Duration
 	// ResetAfter is how long until the key is back to its full quota if nothing else
-	// happens.
+	// happens. A valid limit may take longer than a Duration holds (1 a day with a
+	// burst of 2^20); from 2^53 µs on it is the longest Duration.
 	ResetAfter time.Duration
 }
 

@@ -168,10 +168,9 @@ func (s *slot) expires() int64 {
 	if rate <= 0 {
 		return st.Last // never decided
 	}
-	// A valid bucket may take longer than int64 µs to drain (the conversion of its
-	// drain time then gives a negative number on amd64): it is never fresh.
+	// A parked time may be near the end of int64.
 	reset := algo.BucketReset(st.Level, rate, period)
-	if reset < 0 || st.Last > math.MaxInt64-reset {
+	if st.Last > math.MaxInt64-reset {
 		return math.MaxInt64
 	}
 	return st.Last + reset

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,16 @@ type step struct {
 }
 
 const ms = time.Millisecond
+
+const (
+	// longest is the longest time.Duration, at which longer times saturate.
+	longest = time.Duration(math.MaxInt64)
+	// maxPeriod is the longest period a Limit takes: 2^53-1 µs, about 285 years.
+	maxPeriod = (1<<53 - 1) * time.Microsecond
+)
+
+// t0Micros is t0 as a time since the Unix epoch, to the µs.
+var t0Micros = time.Duration(t0.UnixMicro()) * time.Microsecond
 
 func allow(remaining int64, reset time.Duration) limiter.Decision {
 	return limiter.Decision{Allowed: true, Remaining: remaining, ResetAfter: reset}
@@ -178,6 +189,57 @@ var conformanceCases = []struct {
 			{at: 2900 * ms, want: allow(9, 1100*ms)},
 			// A window with no traffic in between: nothing carries over.
 			{at: 5500 * ms, n: 10, want: allow(0, 1500*ms)},
+		},
+	},
+	// Valid limits whose times exceed a time.Duration (about 292 years): they
+	// saturate at the longest Duration, never wrap to a negative one.
+	{
+		name:  "a bucket's times beyond a time.Duration saturate",
+		limit: limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1, Period: 24 * time.Hour, Burst: 1 << 20},
+		steps: []step{
+			{at: 0, want: allow(1<<20-1, 24*time.Hour)},
+			// 2^20 days to drain.
+			{at: 0, n: 1<<20 - 1, want: allow(0, longest)},
+			{at: 0, want: deny(0, 24*time.Hour, longest)},
+			{at: 0, n: 1 << 20, want: deny(0, longest, longest)},
+			{at: 0, n: 1<<20 + 1, want: deny(0, limiter.Never, longest)},
+			{at: 0, n: 1 << 62, want: deny(0, limiter.Never, longest)},
+		},
+	},
+	{
+		// level × period is about 2^106 µs, beyond any int64.
+		name:  "the largest bucket saturates",
+		limit: limiter.Limit{Algorithm: limiter.LeakyBucket, Rate: 1, Period: maxPeriod, Burst: 1<<53 - 1},
+		steps: []step{
+			{at: 0, n: 1<<53 - 1, want: allow(0, longest)},
+			{at: 0, want: deny(0, maxPeriod, longest)},
+			{at: 0, n: 1<<53 - 1, want: deny(0, longest, longest)},
+		},
+	},
+	{
+		// Windows of 2^53-1 µs: t0 is in the first; the counter's reset and wait
+		// reach into the next one, past a time.Duration.
+		name:  "a sliding window counter's times beyond a time.Duration saturate",
+		limit: limiter.Limit{Algorithm: limiter.SlidingWindowCounter, Rate: 1000, Period: maxPeriod},
+		steps: []step{
+			{at: 0, n: 1000, want: allow(0, longest)},
+			{at: 0, n: 1000, want: deny(0, longest, longest)},
+		},
+	},
+	{
+		name:  "the longest fixed window",
+		limit: limiter.Limit{Algorithm: limiter.FixedWindow, Rate: 1<<53 - 1, Period: maxPeriod},
+		steps: []step{
+			{at: 0, n: 1<<53 - 1, want: allow(0, maxPeriod-t0Micros)},
+			{at: 0, want: deny(0, maxPeriod-t0Micros, maxPeriod-t0Micros)},
+		},
+	},
+	{
+		name:  "the longest sliding window log",
+		limit: limiter.Limit{Algorithm: limiter.SlidingWindowLog, Rate: 2, Period: maxPeriod, ForgiveRejected: true},
+		steps: []step{
+			{at: 0, n: 2, want: allow(0, maxPeriod)},
+			{at: 0, want: deny(0, maxPeriod, maxPeriod)},
 		},
 	},
 }

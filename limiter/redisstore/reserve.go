@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
 
 // reserveScript is algo.State.reserve, the waiting rules' leaking bucket (GCRA), one
@@ -142,9 +142,6 @@ func (r *Store) reserve(ctx context.Context, rkey string, p limiter.Pace, cancel
 		return limiter.Reservation{}, fmt.Errorf("%w: %T of %d bytes", errReply, v, len(s))
 	}
 	f := func(i int) float64 { return math.Float64frombits(littleEndian64(s[8*i:])) }
-	return limiter.Reservation{OK: f(0) == 1, Wait: micros(f(1)), Remaining: int64(f(2)),
-		ResetAfter: micros(f(3)), Slot: int64(f(4))}, nil
+	return limiter.Reservation{OK: f(0) == 1, Wait: algo.Duration(algo.Micros(f(1))), Remaining: int64(f(2)),
+		ResetAfter: algo.Duration(algo.Micros(f(3))), Slot: int64(f(4))}, nil
 }
-
-// micros is a whole number of µs as a duration.
-func micros(us float64) time.Duration { return time.Duration(int64(us)) * time.Microsecond }

@@ -198,3 +198,31 @@ func TestRedisReserveFailureModes(t *testing.T) {
 		t.Errorf("Fallbacks() = %d, want 5", got)
 	}
 }
+
+// TestReserveTimesSaturate: a long pace's times exceed a time.Duration; they
+// saturate at the longest one on every store, never wrap to a negative one. (Its
+// slots stay exact in Redis' doubles: t0 in µs is even, and past 2^53 doubles are.)
+func TestReserveTimesSaturate(t *testing.T) {
+	const interval = (1 << 52) * time.Microsecond
+	pace := limiter.Pace{Interval: interval, MaxWait: maxPeriod}
+	for _, store := range stores(t) {
+		t.Run(store.name, func(t *testing.T) {
+			res := store.new(t, newTestClock()).(limiter.Reserver)
+			ctx := context.Background()
+			want := []limiter.Reservation{
+				{OK: true, Remaining: 1, ResetAfter: interval, Slot: t0.UnixMicro() + 1<<52},
+				{OK: true, Wait: interval, ResetAfter: longest, Slot: t0.UnixMicro() + 1<<53},
+				{Wait: longest, ResetAfter: longest, Slot: t0.UnixMicro() + 1<<53},
+			}
+			for i, w := range want {
+				got, err := res.Reserve(ctx, "r", pace)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != w {
+					t.Fatalf("reservation %d:\n got %+v\nwant %+v", i, got, w)
+				}
+			}
+		})
+	}
+}

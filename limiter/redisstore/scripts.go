@@ -3,8 +3,11 @@ package redisstore
 import (
 	"encoding/binary"
 	"math"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
 
 // The Redis store's scripts. Each repeats its algorithm in limiter/internal/algo
@@ -45,6 +48,12 @@ import (
 // under pcall. A one-decision script returns the packed string itself, or fails.
 // (One packed string costs Redis less to reply, and Go less to read, than an array
 // of integers.)
+//
+// Times are computed so that they stay exact: absolute times are subtracted from
+// one another before a period is added (an absolute time plus a long period may
+// exceed 2^53), and a time that reaches algo.MaxMicros anyway, exact or not, is as
+// long as any (algo.Duration), which the bucket's script, whose drain time may be
+// about 2^106 µs, caps in Lua for its TTL (Redis refuses a SET whose PX overflows).
 //
 // Each key's TTL is at least its decision's resetAfter (rounded up to the
 // millisecond) plus the grace, so an idle key vanishes once its state would be a fresh
@@ -126,10 +135,10 @@ if level + n <= capacity then
 elseif n > capacity then
   retry = -1
 else
-  retry = math.ceil(((level + n - capacity) * period) / rate)
+  retry = math.min(math.ceil(((level + n - capacity) * period) / rate), ` + maxMicrosLua + `)
 end
 local remaining = math.floor(capacity - level)
-local reset = math.ceil((level * period) / rate)
+local reset = math.min(math.ceil((level * period) / rate), ` + maxMicrosLua + `)
 redis.call('SET', KEYS[i], struct.pack('<dd', now, level),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
 if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
@@ -156,11 +165,11 @@ if count + n <= rate then
 elseif n > rate then
   retry = -1
 else
-  retry = ws + period - now
+  retry = (ws - now) + period
 end
 local remaining = rate - count
 local reset = 0
-if count > 0 then reset = ws + period - now end
+if count > 0 then reset = (ws - now) + period end
 redis.call('SET', KEYS[i], struct.pack('<ddd', now, start, count),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
 if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
@@ -193,18 +202,18 @@ elseif n > rate then
 elseif count + n <= rate then
   local room = rate - n + 1 - count
   local e = math.floor(period - (room * period) / prev) + 1
-  retry = ws + e - now
+  retry = (ws - now) + e
 else
   local room = rate - n + 1
   local e = math.max(math.floor(period - (room * period) / count) + 1, 0)
-  retry = ws + period + e - now
+  retry = (ws - now) + period + e
 end
 local remaining = math.max(rate - used, 0)
 local reset = 0
 if count > 0 then
-  reset = ws + 2 * period - now
+  reset = (ws - now) + 2 * period
 elseif prev > 0 then
-  reset = ws + period - now
+  reset = (ws - now) + period
 end
 redis.call('SET', KEYS[i], struct.pack('<dddd', now, start, count, prev),
   'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
@@ -264,7 +273,7 @@ if allowed == 0 then
   if n > rate then
     retry = -1
   else
-    retry = tonumber(redis.call('LINDEX', list, string.format('%d', size + n - rate - 1))) + period - now
+    retry = (tonumber(redis.call('LINDEX', list, string.format('%d', size + n - rate - 1))) - now) + period
   end
 end
 local reset = 0
@@ -272,7 +281,7 @@ local newest = 0
 local ttl = string.format('%d', math.floor(reset / 1000) + 1 + grace)
 if size > 0 then
   newest = tonumber(redis.call('LINDEX', list, -1))
-  reset = newest + period - now
+  reset = (newest - now) + period
   ttl = string.format('%d', math.floor(reset / 1000) + 1 + grace)
   redis.call('PEXPIRE', list, ttl)
 end
@@ -286,6 +295,9 @@ if allowed == 0 and forgive == 1 and retry >= 0 then
 end
 return struct.pack('<' .. string.rep('d', #reply), unpack(reply))
 `)
+
+// maxMicrosLua is algo.MaxMicros in Lua.
+var maxMicrosLua = strconv.FormatInt(algo.MaxMicros, 10)
 
 // logPrefix is how many of a sliding log's oldest timestamps a rejection returns for
 // the over-limit cache.

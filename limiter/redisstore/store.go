@@ -494,7 +494,7 @@ func (rep *redisReply) parse(a algo.Algo, v any) error {
 	}
 	num := func(i int) float64 { return math.Float64frombits(littleEndian64(s[8*i:])) }
 	integer := func(i int) int64 { return int64(num(i)) }
-	rep.o = algo.Outcome{Allowed: num(0) == 1, Remaining: integer(1), RetryAfter: integer(2), ResetAfter: integer(3)}
+	rep.o = algo.Outcome{Allowed: num(0) == 1, Remaining: integer(1), RetryAfter: algo.Micros(num(2)), ResetAfter: algo.Micros(num(3))}
 	rep.now = integer(4)
 	rep.hasLevel, rep.hasLog, rep.nhead = false, false, 0
 	extra := len(s)/8 - 5 // after a rejection: the state the cache needs

@@ -16,7 +16,12 @@ import (
 const Never = -1
 
 // MaxMicros bounds every quantity that reaches the Redis scripts, whose numbers are
-// doubles: integers are exact only below 2^53.
+// doubles: integers are exact only below 2^53. It is also where times saturate: a
+// time of MaxMicros µs (about 285 years) or more is the longest time.Duration (see
+// Duration and Micros), so that a valid limit whose bucket takes longer than a
+// time.Duration holds to drain (1 a day with a burst of 2^20: 2,871 years) never
+// gives a negative one, and both stores, whose doubles stop being exact there,
+// agree on it.
 const MaxMicros = 1 << 53
 
 // State is one key's state. Each algorithm uses its own fields; the sliding window
@@ -114,12 +119,24 @@ type Outcome struct {
 	ResetAfter int64
 }
 
-// Duration returns µs as a time.Duration, and Never as limiter.Never.
+// Duration returns µs as a time.Duration; Never, and any time of MaxMicros or more,
+// as the longest one (limiter.Never).
 func Duration(us int64) time.Duration {
-	if us == Never {
+	if us == Never || us >= MaxMicros {
 		return math.MaxInt64
 	}
 	return time.Duration(us) * time.Microsecond
+}
+
+// Micros returns the whole number of µs us (already rounded, not negative) as an
+// int64, saturated at MaxMicros: a float64 time may exceed any int64, whose
+// conversion then gives a negative number on amd64. Every time the algorithms and
+// the Redis scripts compute in floating point goes through it.
+func Micros(us float64) int64 {
+	if us >= MaxMicros {
+		return MaxMicros
+	}
+	return int64(us)
 }
 
 // Decide applies one request of n units at time now (µs) to s; log is the key's
@@ -163,7 +180,7 @@ func (s *State) bucket(p *Params, now, elapsed, n int64) Outcome {
 	} else if n > p.Capacity {
 		o.RetryAfter = Never
 	} else {
-		o.RetryAfter = int64(math.Ceil(float64(float64(level+float64(n)-capacity)*period) / rate))
+		o.RetryAfter = Micros(math.Ceil(float64(float64(level+float64(n)-capacity)*period) / rate))
 	}
 	s.Level = level
 	o.Remaining = int64(math.Floor(capacity - level))
@@ -172,9 +189,9 @@ func (s *State) bucket(p *Params, now, elapsed, n int64) Outcome {
 }
 
 // BucketReset is the time, in µs, until a bucket of this level drains at rate per
-// period: the ResetAfter of its decisions.
+// period (at most MaxMicros): the ResetAfter of its decisions.
 func BucketReset(level float64, rate, period int64) int64 {
-	return int64(math.Ceil(float64(level*float64(period)) / float64(rate)))
+	return Micros(math.Ceil(float64(level*float64(period)) / float64(rate)))
 }
 
 // fixedWindow counts units per epoch-aligned window.
