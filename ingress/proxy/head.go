@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -71,27 +72,15 @@ const (
 // without a body announces one (a HEAD answered with a Content-Length: whether the
 // upstream sends that body anyway cannot be told).
 func readHead(c *conn, method string) (resp *http.Response, keep bool, err error) {
-	line, err := c.tp.ReadLine()
+	ph := new(parsedHead)
+	st, h, err := readFields(c, ph.vals[:])
 	if err != nil {
-		return nil, false, headErr(c, err)
+		return nil, false, err
 	}
-	proto, status, ok := strings.Cut(line, " ")
-	major, minor, vok := http.ParseHTTPVersion(proto)
-	if !ok || !vok || major != 1 {
-		return nil, false, badResponse("status line %.64q", line)
-	}
-	codeText, _, _ := strings.Cut(status, " ")
-	code, cerr := strconv.Atoi(codeText)
-	if len(codeText) != 3 || cerr != nil || code < 100 || code > 599 {
-		return nil, false, badResponse("status line %.64q", line)
-	}
-	hdr, err := c.tp.ReadMIMEHeader()
-	if err != nil {
-		return nil, false, headErr(c, err)
-	}
-	h := http.Header(hdr)
-	resp = &http.Response{
-		Status: status, StatusCode: code, Proto: proto, ProtoMajor: major, ProtoMinor: minor,
+	code, minor := st.code, st.minor
+	resp = &ph.resp
+	*resp = http.Response{
+		Status: st.status, StatusCode: code, Proto: st.proto, ProtoMajor: 1, ProtoMinor: minor,
 		Header: h, ContentLength: -1, Body: http.NoBody,
 	}
 	te, hasTE := h["Transfer-Encoding"]
@@ -158,6 +147,151 @@ func readHead(c *conn, method string) (resp *http.Response, keep bool, err error
 		resp.Body = &c.body
 	}
 	return resp, keep, nil
+}
+
+// parsedHead is a response and the backing array of its header's values, allocated
+// together: one allocation for both when the head has at most len(vals) fields.
+type parsedHead struct {
+	resp http.Response
+	vals [12]string
+}
+
+// statusLine is a parsed status line of an HTTP/1.x response.
+type statusLine struct {
+	proto  string // "HTTP/1.1"
+	status string // "200 OK"
+	code   int
+	minor  int
+}
+
+// parseStatusLine parses line, the first line of a response (its line end elided).
+func parseStatusLine(line string) (statusLine, error) {
+	proto, status, ok := strings.Cut(line, " ")
+	major, minor, vok := http.ParseHTTPVersion(proto)
+	if !ok || !vok || major != 1 {
+		return statusLine{}, badResponse("status line %.64q", line)
+	}
+	codeText, _, _ := strings.Cut(status, " ")
+	code, cerr := strconv.Atoi(codeText)
+	if len(codeText) != 3 || cerr != nil || code < 100 || code > 599 {
+		return statusLine{}, badResponse("status line %.64q", line)
+	}
+	return statusLine{proto: proto, status: status, code: code, minor: minor}, nil
+}
+
+// readFields reads a head's status line and header fields from c. When what c has
+// buffered holds the whole head in the plain form scanHead accepts, the head is
+// copied out of the buffer into one string that the status line, the values and the
+// keys already canonical are cut from, vals backing the values (splitHead); any other
+// head goes through textproto, which reads it line by line. Both give the same result
+// and the same errors for a head scanHead accepts (FuzzSplitHead).
+func readFields(c *conn, vals []string) (statusLine, http.Header, error) {
+	if c.br.Buffered() == 0 {
+		if _, err := c.br.Peek(1); err != nil {
+			return statusLine{}, nil, headErr(c, err)
+		}
+	}
+	buf, _ := c.br.Peek(c.br.Buffered())
+	if end, fields := scanHead(buf); end > 0 {
+		head := string(buf[:end])
+		_, _ = c.br.Discard(end)
+		line, h := splitHead(head, fields, vals)
+		st, err := parseStatusLine(line)
+		return st, h, err
+	}
+	line, err := c.tp.ReadLine()
+	if err != nil {
+		return statusLine{}, nil, headErr(c, err)
+	}
+	st, err := parseStatusLine(line)
+	if err != nil {
+		return statusLine{}, nil, err
+	}
+	hdr, err := c.tp.ReadMIMEHeader()
+	if err != nil {
+		return statusLine{}, nil, headErr(c, err)
+	}
+	return st, http.Header(hdr), nil
+}
+
+// scanHead looks in buf for a whole head in plain form and returns its length, blank
+// line included, and its number of header fields; end is 0 when buf holds no such
+// head. Plain: every line ends with CRLF, the status line has no control byte, and
+// each field line is a non-empty token, a colon and a value of valid bytes (RFC 9110
+// section 5.5), so no continuation line and no bare CR or LF. On a plain head
+// textproto cannot fail, nor read past it.
+func scanHead(buf []byte) (end, fields int) {
+	i := bytes.IndexByte(buf, '\n')
+	if i < 1 || buf[i-1] != '\r' {
+		return 0, 0
+	}
+	for _, b := range buf[:i-1] {
+		if b < ' ' || b == 0x7f {
+			return 0, 0
+		}
+	}
+	end = i + 1
+	for {
+		rest := buf[end:]
+		j := bytes.IndexByte(rest, '\n')
+		if j < 1 || rest[j-1] != '\r' {
+			return 0, 0
+		}
+		line := rest[:j-1]
+		end += j + 1
+		if len(line) == 0 {
+			return end, fields
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon < 1 {
+			return 0, 0
+		}
+		for _, b := range line[:colon] {
+			if !tokenByte(b) {
+				return 0, 0
+			}
+		}
+		for _, b := range line[colon+1:] {
+			if b < ' ' && b != '\t' || b == 0x7f {
+				return 0, 0
+			}
+		}
+		fields++
+	}
+}
+
+// tokenByte reports whether b may be in a token (RFC 9110 section 5.6.2).
+func tokenByte(b byte) bool {
+	return 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' ||
+		b < 0x80 && strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0
+}
+
+// splitHead splits head, a plain head of fields header fields (scanHead), into its
+// status line and header, as textproto would: keys canonical (the common ones
+// interned), values without the white space around them. Values are cut from head,
+// and so are keys already canonical; vals backs the value slices when it is long
+// enough.
+func splitHead(head string, fields int, vals []string) (string, http.Header) {
+	line, rest, _ := strings.Cut(head, "\r\n")
+	if fields > len(vals) {
+		vals = make([]string, fields)
+	}
+	h := make(http.Header, fields)
+	for {
+		var field string
+		field, rest, _ = strings.Cut(rest, "\r\n")
+		if field == "" {
+			return line, h
+		}
+		k, v, _ := strings.Cut(field, ":")
+		k, v = textproto.CanonicalMIMEHeaderKey(k), textproto.TrimString(v)
+		if vv, ok := h[k]; ok {
+			h[k] = append(vv, v)
+			continue
+		}
+		vals[0] = v
+		h[k], vals = vals[:1:1], vals[1:]
+	}
 }
 
 // headErr is ErrHeadTooLarge when the budget ran out under err.
