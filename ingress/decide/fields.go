@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -79,11 +80,16 @@ func FieldsOf(rule *rules.Rule, limit int, d limiter.Decision) Fields {
 }
 
 // quotaWindow is the time over which a limit grants its whole quota: the window, or
-// for the buckets the time to refill an empty bucket.
+// for the buckets the time to refill an empty bucket, at most the longest Duration
+// (a valid bucket may take longer: 1 a day with a burst of 2^20).
 func quotaWindow(l limiter.Limit) time.Duration {
 	switch l.Algorithm {
 	case limiter.TokenBucket, limiter.LeakyBucket:
-		return time.Duration(float64(l.Period) * float64(l.Capacity()) / float64(l.Rate))
+		w := float64(l.Period) * float64(l.Capacity()) / float64(l.Rate)
+		if w >= math.MaxInt64 {
+			return math.MaxInt64 // converting w would give a negative Duration on amd64
+		}
+		return time.Duration(w)
 	}
 	return l.Period
 }

@@ -1,6 +1,7 @@
 package decide
 
 import (
+	"context"
 	"math"
 	"reflect"
 	"testing"
@@ -53,5 +54,32 @@ func TestRetryAfterSecondsRoundsUpWithoutOverflow(t *testing.T) {
 		if got := RetryAfterSeconds(d); got != want {
 			t.Errorf("RetryAfterSeconds(%d) = %d, want %d", d, got, want)
 		}
+	}
+}
+
+// TestRateLimitFieldsOfAnAgelongBucket: a valid bucket that takes longer than a
+// time.Duration holds to refill and to drain (1 a day with a burst of 2^20: 2,871
+// years) gives the longest times the fields can carry, never a negative or zero one.
+func TestRateLimitFieldsOfAnAgelongBucket(t *testing.T) {
+	l := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1, Period: 24 * time.Hour, Burst: 1 << 20}
+	rule := &rules.Rule{Name: "ages", Limits: []limiter.Limit{l}}
+	m := limiter.NewMemory()
+	ctx := context.Background()
+	if d, err := m.AllowN(ctx, "k", l, 1<<20); err != nil || !d.Allowed {
+		t.Fatalf("the whole burst: %+v, %v", d, err)
+	}
+	d, err := m.AllowN(ctx, "k", l, 1<<20)
+	if err != nil || d.Allowed {
+		t.Fatalf("a second burst: %+v, %v", d, err)
+	}
+	const longest = int64(math.MaxInt64/time.Second) + 1
+	f := FieldsOf(rule, 0, d)
+	policies, err := ratelimitheader.ParsePolicy(f.Policy)
+	if want := []ratelimitheader.Policy{{Name: "ages", Quota: 1 << 20, Window: longest}}; err != nil || !reflect.DeepEqual(policies, want) {
+		t.Errorf("RateLimit-Policy %q: %+v, %v; want %+v", f.Policy, policies, err, want)
+	}
+	statuses, err := ratelimitheader.ParseRateLimit(f.RateLimit)
+	if want := []ratelimitheader.Status{{Name: "ages", Remaining: 0, Reset: longest}}; err != nil || !reflect.DeepEqual(statuses, want) {
+		t.Errorf("RateLimit %q: %+v, %v; want %+v", f.RateLimit, statuses, err, want)
 	}
 }
