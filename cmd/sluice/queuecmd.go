@@ -96,55 +96,86 @@ func queueCommand(stdout, stderr io.Writer) *cobra.Command {
 
 // runQueue runs sluice queue ACTION [QUEUE] with the flags in cfg.
 func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, stderr io.Writer) int {
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "sluice queue: "+format+"\n", a...)
+	usageErr := func(err error) int {
+		fmt.Fprintf(stderr, "sluice queue: %v\n", err)
 		fmt.Fprintln(stderr, "Run 'sluice queue -h' for its usage.")
 		return exitUsage
 	}
-	if len(args) < 1 {
-		return usageErr("want an action: list, show, pause, resume, retire, delivery-key or flow")
-	}
-	action := args[0]
-	if action == "flow" {
+	if len(args) > 0 && args[0] == "flow" {
 		return runQueueFlow(ctx, cfg, args[1:], stdout, stderr)
 	}
-	var name string
-	switch action {
-	case "list":
-		if len(args) != 1 {
-			return usageErr("list takes no queue")
-		}
-	case "show", "pause", "resume", "retire", "delivery-key":
-		if len(args) != 2 {
-			return usageErr("%s takes one queue", action)
-		}
-		name = args[1]
-		if !queueconfig.ValidName(name) {
-			return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
-		}
-	default:
-		return usageErr("unknown action %q%s: want list, show, pause, resume, retire, delivery-key or flow", action,
-			suggestAction(action, "list", "show", "pause", "resume", "retire", "delivery-key", "flow"))
+	action, name, err := parseQueueCmd(args)
+	if err != nil {
+		return usageErr(err)
 	}
 	if action == "delivery-key" {
 		return runDeliveryKey(name, stdout, stderr)
 	}
-	if action == "pause" && (cfg.pause == "") == (cfg.until == "") {
-		return usageErr("pause needs --for DURATION or --until TIME (one of them)")
+	if err := cfg.checkPause(action); err != nil {
+		return usageErr(err)
 	}
 	c, err := newAdminClient(cfg.admin)
 	if err != nil {
-		return usageErr("%v", err)
+		return usageErr(err)
 	}
-	fail := func(err error) int {
+	raw, err := cfg.queueCall(ctx, c, action, name)
+	if err == nil {
+		if cfg.json {
+			_, _ = stdout.Write(raw)
+		} else {
+			err = printQueueAnswer(stdout, action, raw)
+		}
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "sluice queue %s: %v\n", action, err)
 		return exitFailure
 	}
+	return exitOK
+}
+
+// parseQueueCmd checks the arguments of sluice queue but flow's and returns the
+// action and the queue it names ("" for list); its errors say what is wrong.
+func parseQueueCmd(args []string) (action, name string, err error) {
+	if len(args) < 1 {
+		return "", "", errors.New("want an action: list, show, pause, resume, retire, delivery-key or flow")
+	}
+	switch action = args[0]; action {
+	case "list":
+		if len(args) != 1 {
+			return "", "", errors.New("list takes no queue")
+		}
+	case "show", "pause", "resume", "retire", "delivery-key":
+		if len(args) != 2 {
+			return "", "", fmt.Errorf("%s takes one queue", action)
+		}
+		if name = args[1]; !queueconfig.ValidName(name) {
+			return "", "", fmt.Errorf("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
+		}
+	default:
+		return "", "", fmt.Errorf("unknown action %q%s: want list, show, pause, resume, retire, delivery-key or flow", action,
+			suggestAction(action, "list", "show", "pause", "resume", "retire", "delivery-key", "flow"))
+	}
+	return action, name, nil
+}
+
+// checkPause fails when action is pause (a queue's or a flow key's) without exactly
+// one of --for and --until.
+func (cfg *queueCmdConfig) checkPause(action string) error {
+	if action == "pause" && (cfg.pause == "") == (cfg.until == "") {
+		return errors.New("pause needs --for DURATION or --until TIME (one of them)")
+	}
+	return nil
+}
+
+// queueCall makes action's call of the admin API for queue name ("" for list) and
+// returns the JSON it answered.
+func (cfg *queueCmdConfig) queueCall(ctx context.Context, c *adminClient, action, name string) (json.RawMessage, error) {
 	path := "/sluice/v1/queues"
 	if name != "" {
 		path += "/" + name
 	}
 	var raw json.RawMessage
+	var err error
 	switch action {
 	case "list", "show":
 		err = c.do(ctx, http.MethodGet, path, nil, nil, &raw)
@@ -157,39 +188,38 @@ func runQueue(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, s
 		}
 		err = c.do(ctx, http.MethodPost, path+"/retire", q, nil, &raw)
 	}
-	if err != nil {
-		return fail(err)
-	}
-	if cfg.json {
-		_, _ = stdout.Write(raw)
-		return exitOK
-	}
+	return raw, err
+}
+
+// printQueueAnswer prints raw, the admin API's answer to action, for a reader: the
+// queues as a table, or what retire did.
+func printQueueAnswer(w io.Writer, action string, raw json.RawMessage) error {
 	switch action {
 	case "list":
 		var out struct {
 			Queues []queueapi.QueueView `json:"queues"`
 		}
 		if err := json.Unmarshal(raw, &out); err != nil {
-			return fail(err)
+			return err
 		}
-		printQueues(stdout, out.Queues)
+		printQueues(w, out.Queues)
 	case "retire":
 		var out struct {
 			Retired string `json:"retired"`
 			Dropped uint64 `json:"dropped"`
 		}
 		if err := json.Unmarshal(raw, &out); err != nil {
-			return fail(err)
+			return err
 		}
-		fmt.Fprintf(stdout, "retired queue %s (%d orders dropped)\n", out.Retired, out.Dropped)
+		fmt.Fprintf(w, "retired queue %s (%d orders dropped)\n", out.Retired, out.Dropped)
 	default:
 		var v queueapi.QueueView
 		if err := json.Unmarshal(raw, &v); err != nil {
-			return fail(err)
+			return err
 		}
-		printQueues(stdout, []queueapi.QueueView{v})
+		printQueues(w, []queueapi.QueueView{v})
 	}
-	return exitOK
+	return nil
 }
 
 // pauseOrResume posts action ("pause", with --for or --until, or "resume") to
