@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,78 +29,116 @@ rate, max_in_flight, depth (orders the dispatchers hold) and achieved rate.`
 
 // runQueueFlow runs sluice queue flow ACTION QUEUE [KEY [RATE]] (args after "flow").
 func runQueueFlow(ctx context.Context, cfg *queueCmdConfig, args []string, stdout, stderr io.Writer) int {
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "sluice queue flow: "+format+"\n", a...)
+	usageErr := func(err error) int {
+		fmt.Fprintf(stderr, "sluice queue flow: %v\n", err)
 		fmt.Fprintln(stderr, queueFlowHelp)
 		return exitUsage
 	}
-	want := map[string]int{"list": 2, "show": 3, "pause": 3, "resume": 3, "rate": 4}
-	if len(args) < 1 || want[args[0]] == 0 {
-		return usageErr("want an action: list, show, pause, resume or rate")
+	cmd, err := parseFlowCmd(args)
+	if err == nil {
+		err = cfg.checkPause(cmd.action)
 	}
-	action := args[0]
-	if len(args) != want[action] {
-		return usageErr("%s takes %d arguments", action, want[action]-1)
-	}
-	name := args[1]
-	if !queueconfig.ValidName(name) {
-		return usageErr("%q is not a queue name (1 to 64 letters, digits, _ or -)", name)
-	}
-	var key string
-	if len(args) > 2 {
-		if key = args[2]; key == "" || key == "." || key == ".." {
-			return usageErr("%q cannot name a flow key in a URL", key)
-		}
-	}
-	var rate limiter.Rate
-	if action == "rate" && args[3] != "default" {
-		var err error
-		if rate, err = limiter.ParseRate(args[3]); err != nil {
-			return usageErr("rate: %v", err)
-		}
-	}
-	if action == "pause" && (cfg.pause == "") == (cfg.until == "") {
-		return usageErr("pause needs --for DURATION or --until TIME (one of them)")
+	if err != nil {
+		return usageErr(err)
 	}
 	c, err := newAdminClient(cfg.admin)
 	if err != nil {
-		return usageErr("%v", err)
+		return usageErr(err)
 	}
-	path := "/sluice/v1/queues/" + name + "/flows"
-	if key != "" {
-		path += "/" + url.PathEscape(key)
-	}
-	var raw json.RawMessage
-	var flows []queueapi.FlowView
-	var page queueapi.FlowsPage
-	switch action {
-	case "list":
-		raw, flows, page, err = listFlows(ctx, c, path)
-	case "show":
-		err = c.do(ctx, http.MethodGet, path, nil, nil, &raw)
-	case "pause", "resume":
-		err = cfg.pauseOrResume(ctx, c, action, path, &raw)
-	case "rate":
-		if rate.IsZero() {
-			err = c.do(ctx, http.MethodDelete, path+"/rate", nil, nil, &raw)
-		} else {
-			err = c.do(ctx, http.MethodPut, path+"/rate", nil, map[string]string{"rate": rate.String()}, &raw)
-		}
-	}
-	if err == nil && action != "list" {
-		var v queueapi.FlowView
-		err = json.Unmarshal(raw, &v)
-		flows = []queueapi.FlowView{v}
-	}
+	raw, flows, page, err := cfg.flowCall(ctx, c, cmd)
 	if err != nil {
-		fmt.Fprintf(stderr, "sluice queue flow %s: %v\n", action, err)
+		fmt.Fprintf(stderr, "sluice queue flow %s: %v\n", cmd.action, err)
 		return exitFailure
 	}
 	if cfg.json {
 		_, _ = stdout.Write(raw)
 		return exitOK
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	printFlows(stdout, flows)
+	if cmd.action == "list" {
+		fmt.Fprintf(stdout, "%d keys; the queue holds %d orders; %d dispatcher reports", len(flows), page.QueueDepth, page.Reports)
+		if page.Truncated > 0 {
+			fmt.Fprintf(stdout, " (%d keys left out of them)", page.Truncated)
+		}
+		fmt.Fprintln(stdout)
+	}
+	return exitOK
+}
+
+// flowCmd is one sluice queue flow command, its arguments checked.
+type flowCmd struct {
+	action string
+	queue  string
+	key    string       // "" for list
+	rate   limiter.Rate // for rate: the rate to pin; zero: "default", remove the pinned rate
+}
+
+// parseFlowCmd checks the arguments of sluice queue flow (those after "flow"); its
+// errors say what is wrong with them.
+func parseFlowCmd(args []string) (flowCmd, error) {
+	// How many arguments each action takes, its own name included.
+	flowArgs := map[string]int{"list": 2, "show": 3, "pause": 3, "resume": 3, "rate": 4}
+	if len(args) < 1 || flowArgs[args[0]] == 0 {
+		return flowCmd{}, errors.New("want an action: list, show, pause, resume or rate")
+	}
+	cmd := flowCmd{action: args[0]}
+	if want := flowArgs[cmd.action]; len(args) != want {
+		return flowCmd{}, fmt.Errorf("%s takes %d arguments", cmd.action, want-1)
+	}
+	if cmd.queue = args[1]; !queueconfig.ValidName(cmd.queue) {
+		return flowCmd{}, fmt.Errorf("%q is not a queue name (1 to 64 letters, digits, _ or -)", cmd.queue)
+	}
+	if len(args) > 2 {
+		if cmd.key = args[2]; cmd.key == "" || cmd.key == "." || cmd.key == ".." {
+			return flowCmd{}, fmt.Errorf("%q cannot name a flow key in a URL", cmd.key)
+		}
+	}
+	if cmd.action == "rate" && args[3] != "default" {
+		var err error
+		if cmd.rate, err = limiter.ParseRate(args[3]); err != nil {
+			return flowCmd{}, fmt.Errorf("rate: %w", err)
+		}
+	}
+	return cmd, nil
+}
+
+// flowCall makes cmd's call of the admin API: the JSON it answered (one page of
+// every key for list, see listFlows), the flows it holds, and for list the last
+// page's figures.
+func (cfg *queueCmdConfig) flowCall(ctx context.Context, c *adminClient, cmd flowCmd) (json.RawMessage, []queueapi.FlowView, queueapi.FlowsPage, error) {
+	path := "/sluice/v1/queues/" + cmd.queue + "/flows"
+	if cmd.key != "" {
+		path += "/" + url.PathEscape(cmd.key)
+	}
+	var raw json.RawMessage
+	var err error
+	switch cmd.action {
+	case "list":
+		return listFlows(ctx, c, path)
+	case "show":
+		err = c.do(ctx, http.MethodGet, path, nil, nil, &raw)
+	case "pause", "resume":
+		err = cfg.pauseOrResume(ctx, c, cmd.action, path, &raw)
+	case "rate":
+		if cmd.rate.IsZero() {
+			err = c.do(ctx, http.MethodDelete, path+"/rate", nil, nil, &raw)
+		} else {
+			err = c.do(ctx, http.MethodPut, path+"/rate", nil, map[string]string{"rate": cmd.rate.String()}, &raw)
+		}
+	}
+	if err != nil {
+		return nil, nil, queueapi.FlowsPage{}, err
+	}
+	var v queueapi.FlowView
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, nil, queueapi.FlowsPage{}, err
+	}
+	return raw, []queueapi.FlowView{v}, queueapi.FlowsPage{}, nil
+}
+
+// printFlows prints flows as a table, "-" for what a key does not have.
+func printFlows(w io.Writer, flows []queueapi.FlowView) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "FLOW KEY (HASH)\tPAUSED UNTIL\tPINNED RATE\tRATE\tMAX IN FLIGHT\tDEPTH\tACHIEVED")
 	for _, f := range flows {
 		paused, pinned, configured, inFlight, depth, achieved := "-", "-", "-", "-", "-", "-"
@@ -124,14 +163,6 @@ func runQueueFlow(ctx context.Context, cfg *queueCmdConfig, args []string, stdou
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", f.FlowKey, paused, pinned, configured, inFlight, depth, achieved)
 	}
 	_ = tw.Flush()
-	if action == "list" {
-		fmt.Fprintf(stdout, "%d keys; the queue holds %d orders; %d dispatcher reports", len(flows), page.QueueDepth, page.Reports)
-		if page.Truncated > 0 {
-			fmt.Fprintf(stdout, " (%d keys left out of them)", page.Truncated)
-		}
-		fmt.Fprintln(stdout)
-	}
-	return exitOK
 }
 
 // maxFlowPages bounds the pages list follows (the API's largest page each).
