@@ -29,6 +29,12 @@
 //	stream  SLUICE_KEYS_{queue}   one slot per accepted key on sluice.keys.{queue}.{client
 //	                              hash}, MaxIdempotencyKeys per subject (discard-new per
 //	                              subject), per-message TTL IdempotencyTTL; atomic batches
+//	stream  SLUICE_CALLBACKS      completion callback jobs on sluice.cb.{queue}.{ticket}
+//	                              (CallbackStream; work-queue retention, CallbackMaxAge)
+//	kv      sluice_flows          {queue}.{flow key hash} → an operator's FlowControl
+//	                              (FlowsBucket, see Flow keys)
+//	kv      sluice_flow_stats     {queue}.{dispatcher} → its report of the flow keys it
+//	                              holds (FlowStatsBucket; memory storage, FlowStatsTTL)
 //	subject sluice.done.{queue}   Event per order that reached done or failed
 //	subject sluice.dead.{queue}   Event per dead-lettered order
 //
