@@ -153,7 +153,7 @@ func readHead(c *conn, method string) (resp *http.Response, keep bool, err error
 // together: one allocation for both when the head has at most len(vals) fields.
 type parsedHead struct {
 	resp http.Response
-	vals [12]string
+	vals [8]string
 }
 
 // statusLine is a parsed status line of an HTTP/1.x response.
