@@ -124,7 +124,11 @@ func readHead(c *conn, method string) (resp *http.Response, keep bool, err error
 			return nil, false, badResponse("Content-Length %.64q", strings.Join(cls, ", "))
 		}
 		f, resp.ContentLength = length, n
-		h["Content-Length"] = cls[:1]
+		if len(cls) > 1 {
+			// Only then: storing even an existing key into a map of 8 entries
+			// grows it (Go 1.26's small maps), three allocations.
+			h["Content-Length"] = cls[:1]
+		}
 	default:
 		f, keep = untilEOF, false
 	}
