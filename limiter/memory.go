@@ -58,6 +58,11 @@ type Memory struct {
 	perCap    int          // keys per shard
 	lockFree  bool         // buckets are decided by compare-and-swap (see fastTable)
 
+	// retyping, if set (by tests), runs while a slot changes algorithm, with its
+	// locks held, its new id set and its old state not yet cleared: where a decision
+	// without the lock must find its words frozen.
+	retyping func(*slot)
+
 	evictions atomic.Int64
 
 	// hot remembers the hashes of a few keys decided at a high rate, by hotIndex of
@@ -308,6 +313,9 @@ func (m *Memory) decideHashed(h uint64, check uint32, p *algo.Params, now, n int
 		}
 		sh.freeLog(s)
 		s.setID(h&idMask | uint64(p.Algorithm))
+		if m.retyping != nil {
+			m.retyping(s)
+		}
 		s.State = algo.State{}
 	}
 	var log *algo.TimeLog
