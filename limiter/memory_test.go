@@ -86,9 +86,10 @@ func TestMemoryDropsIdleKeys(t *testing.T) {
 }
 
 // TestMemoryKeepsABucketThatDrainsForAges: a valid bucket that takes longer than
-// int64 µs (292,000 years) to drain is never fresh, so new keys in its shard must not
-// sweep it away (its drain time once overflowed to a negative expiry, and the key's
-// whole burst was granted again).
+// int64 µs (292,000 years) to drain is not fresh for ages (its drain time saturates
+// at 2^53 µs, 285 years), so new keys in its shard must not sweep it away (its drain
+// time once overflowed to a negative expiry, and the key's whole burst was granted
+// again).
 func TestMemoryKeepsABucketThatDrainsForAges(t *testing.T) {
 	m := limiter.NewMemory(limiter.WithClock(func() time.Time { return t0 }), limiter.WithShards(1))
 	l := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1, Period: 24 * time.Hour, Burst: 1 << 30}
