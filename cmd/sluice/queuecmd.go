@@ -34,9 +34,10 @@ SLUICE_ADMIN_TOKEN).
   retire QUEUE    delete an orphaned queue once it is empty; --drop deletes the
                   orders and dead letters it still holds
   flow ACTION QUEUE [KEY]
-                  one flow key of a queue with flow_by: list the keys with settings,
-                  pause (--for/--until) or resume one, pin its rate (rate QUEUE KEY 2/s,
-                  or default)
+                  the flow keys of a queue with flow_by: list the keys with settings
+                  or orders, show one (its depth and achieved rate), pause
+                  (--for/--until) or resume one, pin its rate (rate QUEUE KEY 2/s, or
+                  default)
   delivery-key QUEUE
                   print the key the consumers of a nats: queue verify its orders and
                   sign its results with (package queue/subscriber), derived from the
