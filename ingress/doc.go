@@ -207,7 +207,8 @@
 // `sluice_decisions_total{rule,outcome}` (allowed, rejected: answered 429, deferred:
 // parked, so a defer rule over its limit on an entry point that cannot park counts
 // rejected; shadow_rejected, error, and quota_exhausted: a `quota_mode` rule over its limit on a request another
-// quota still had room for, only quota rules have it; every rule's series start at 0),
+// quota still had room for, only quota rules have it; waited: an `on_limit: wait` rule
+// held the request, then let it go, only wait rules have it; every rule's series start at 0),
 // `sluice_decision_duration_seconds`,
 // `sluice_limiter_fallback_total{mode}`, `sluice_rules_reload_total{result}`,
 // `sluice_dependency_up{dependency}` (1 while `redis` / `nats` is up, checked at each
