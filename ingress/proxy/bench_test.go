@@ -59,7 +59,7 @@ func fixedUpstream(b *testing.B, resp string) string {
 // loopback to an upstream that allocates nothing: -benchmem counts the pool's own
 // allocations per request.
 func BenchmarkExchangeRelay(b *testing.B) {
-	addr := fixedUpstream(b, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\nDate: Tue, 01 Dec 2026 12:00:00 GMT\r\n\r\n{\"ok\":true}")
+	addr := fixedUpstream(b, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\nConnection: keep-alive\r\nDate: Tue, 01 Dec 2026 12:00:00 GMT\r\n\r\n{\"ok\":true}")
 	p, err := New(addr)
 	if err != nil {
 		b.Fatal(err)

@@ -25,12 +25,23 @@ func HopByHop(k string, connection []string) bool {
 	}
 	for _, v := range connection {
 		for tok := range strings.SplitSeq(v, ",") {
-			if textproto.CanonicalMIMEHeaderKey(strings.TrimSpace(tok)) == k {
+			if canonicalIs(strings.TrimSpace(tok), k) {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// canonicalIs reports whether textproto.CanonicalMIMEHeaderKey(name) is k. It
+// allocates only when it is or nearly is (name differs from k in ASCII case alone):
+// canonicalizing changes only the case of ASCII letters, so a name that differs from
+// k otherwise cannot canonicalize to it.
+func canonicalIs(name, k string) bool {
+	if name == k {
+		return textproto.CanonicalMIMEHeaderKey(k) == k
+	}
+	return len(name) == len(k) && strings.EqualFold(name, k) && textproto.CanonicalMIMEHeaderKey(name) == k
 }
 
 // HasToken reports whether a comma-separated list in header k of h holds token,
