@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress/decide"
+	"github.com/sluicehq/sluice/ingress/internal/decisiontest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -165,7 +166,7 @@ func TestRejectsWithHeadersAndProblem(t *testing.T) {
 	if w := f.do("POST", "/v1/orders", "198.51.100.1:1000", "X-User-ID", "bob"); w.Code != http.StatusOK {
 		t.Errorf("other user: status %d", w.Code)
 	}
-	if got := counterValue(t, f.reg, "orders_per_user", decide.OutcomeRejected); got != 1 {
+	if got := decisiontest.Count(t, f.reg, "orders_per_user", decide.OutcomeRejected); got != 1 {
 		t.Errorf("rejected counter %v, want 1", got)
 	}
 }
@@ -276,7 +277,7 @@ func TestShadowModeCountsButNeverEnforces(t *testing.T) {
 		if global {
 			rule = "orders_per_user"
 		}
-		if got := counterValue(t, f.reg, rule, decide.OutcomeShadowDenied); got == 0 {
+		if got := decisiontest.Count(t, f.reg, rule, decide.OutcomeShadowDenied); got == 0 {
 			t.Errorf("global=%v: no shadow rejections counted", global)
 		}
 	}
@@ -312,30 +313,6 @@ func TestBodyOverTheCapIs413(t *testing.T) {
 	if w.Code != http.StatusRequestEntityTooLarge {
 		t.Fatalf("streamed body over cap: %d", w.Code)
 	}
-}
-
-func counterValue(t *testing.T, reg *prometheus.Registry, rule, outcome string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "sluice_decisions_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["rule"] == rule && labels["outcome"] == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no sluice_decisions_total{rule=%q,outcome=%q}", rule, outcome)
-	return 0
 }
 
 // TestParkHeader: a Deferrer called without Deferral.Header parks the request's own

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress/decide"
+	"github.com/sluicehq/sluice/ingress/internal/decisiontest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -30,11 +31,11 @@ func TestTwoInstancesOneRegistry(t *testing.T) {
 		r := httptest.NewRequest("GET", "/v1/search", nil)
 		m.Wrap(ok).ServeHTTP(httptest.NewRecorder(), r)
 	}
-	if got := counterValue(t, reg, "search", decide.OutcomeAllowed); got != 2 {
+	if got := decisiontest.Count(t, reg, "search", decide.OutcomeAllowed); got != 2 {
 		// a allows once, b allows once and then shadow-rejects (search is shadow, 1/min)
 		t.Errorf("allowed = %v, want 2 (both middlewares count into one series)", got)
 	}
-	if got := counterValue(t, reg, "search", decide.OutcomeShadowDenied); got != 1 {
+	if got := decisiontest.Count(t, reg, "search", decide.OutcomeShadowDenied); got != 1 {
 		t.Errorf("shadow_rejected = %v, want 1", got)
 	}
 	up := &url.URL{Scheme: "http", Host: "127.0.0.1:1"}

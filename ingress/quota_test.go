@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress/decide"
+	"github.com/sluicehq/sluice/ingress/internal/decisiontest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -160,7 +161,7 @@ func TestQuotaModeOverHTTP(t *testing.T) {
 				}
 				for rule, byOutcome := range tc.outcomes {
 					for outcome, want := range byOutcome {
-						if got := counterValue(t, reg, rule, outcome); got != want {
+						if got := decisiontest.Count(t, reg, rule, outcome); got != want {
 							t.Errorf("sluice_decisions_total{rule=%s,outcome=%s} = %v, want %v", rule, outcome, got, want)
 						}
 					}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress/decide"
+	"github.com/sluicehq/sluice/ingress/internal/decisiontest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/rules"
 )
@@ -124,7 +125,7 @@ func TestWaitHoldsUntilTheSlot(t *testing.T) {
 		t.Fatalf("another account: %d, waited %q", w.Code, w.Header().Get(HeaderWaited))
 	}
 	for outcome, want := range map[string]float64{decide.OutcomeWaited: 3, decide.OutcomeAllowed: 2, decide.OutcomeRejected: 2} {
-		if got := counterValue(t, f.reg, "pay", outcome); got != want {
+		if got := decisiontest.Count(t, f.reg, "pay", outcome); got != want {
 			t.Errorf("sluice_decisions_total{outcome=%q} = %v, want %v", outcome, got, want)
 		}
 	}

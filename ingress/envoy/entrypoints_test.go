@@ -19,6 +19,7 @@ import (
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/decide"
 	"github.com/sluicehq/sluice/ingress/deferral"
+	"github.com/sluicehq/sluice/ingress/internal/decisiontest"
 	"github.com/sluicehq/sluice/ingress/internal/parktest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
@@ -274,7 +275,7 @@ func TestEveryEntryPointDecidesAlike(t *testing.T) {
 				case strings.HasPrefix(tc.steps[len(tc.steps)-1].path, "/pace") && !ep.holds:
 					counted = map[string]map[string]float64{"pace": {decide.OutcomeAllowed: 1, decide.OutcomeRejected: 1}}
 				}
-				if got := countedOf(t, ep.reg, counted); !equalCounts(got, counted) {
+				if got := decisiontest.Counted(t, ep.reg); !equalCounts(got, counted) {
 					t.Errorf("%s counted %v, want %v", ep.name, got, counted)
 				}
 			}
@@ -429,40 +430,6 @@ func headerValue(h []*corev3.HeaderValue, k string) string {
 		}
 	}
 	return ""
-}
-
-// countedOf is the decisions counted on reg of the rules of want, by rule and
-// outcome (the series at 0 left out).
-func countedOf(t *testing.T, reg *prometheus.Registry, want map[string]map[string]float64) map[string]map[string]float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetName() != "sluice_decisions_total" {
-			continue
-		}
-		for _, m := range mf.Metric {
-			var rule, outcome string
-			for _, l := range m.Label {
-				switch l.GetName() {
-				case "rule":
-					rule = l.GetValue()
-				case "outcome":
-					outcome = l.GetValue()
-				}
-			}
-			if v := m.GetCounter().GetValue(); v > 0 {
-				if got[rule] == nil {
-					got[rule] = map[string]float64{}
-				}
-				got[rule][outcome] = v
-			}
-		}
-	}
-	return got
 }
 
 func equalCounts(a, b map[string]map[string]float64) bool {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/ingress/decide"
+	"github.com/sluicehq/sluice/ingress/internal/decisiontest"
 	"github.com/sluicehq/sluice/limiter"
 )
 
@@ -137,7 +138,7 @@ func TestShouldRateLimitQuotaMode(t *testing.T) {
 			}
 			for rule, byOutcome := range tc.outcomes {
 				for outcome, want := range byOutcome {
-					if got := decisions(t, reg, rule, outcome); got != want {
+					if got := decisiontest.Count(t, reg, rule, outcome); got != want {
 						t.Errorf("sluice_decisions_total{rule=%s,outcome=%s} = %v, want %v", rule, outcome, got, want)
 					}
 				}
@@ -182,7 +183,7 @@ func TestShouldRateLimitQuotaModeDetails(t *testing.T) {
 		if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
 			t.Fatalf("%v", resp)
 		}
-		if got := decisions(t, reg, "service_1", decide.OutcomeShadowDenied); got != 1 {
+		if got := decisiontest.Count(t, reg, "service_1", decide.OutcomeShadowDenied); got != 1 {
 			t.Errorf("shadow_rejected = %v, want 1", got)
 		}
 	})

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/decide"
+	"github.com/sluicehq/sluice/ingress/internal/decisiontest"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redisstore"
 	"github.com/sluicehq/sluice/limiter/redistest"
@@ -186,10 +187,10 @@ func TestShouldRateLimitCountsAndReports(t *testing.T) {
 	if !strings.HasPrefix(header(resp, "ratelimit"), `"per_user";r=0;t=`) {
 		t.Fatalf("RateLimit %q describes the wrong limit", header(resp, "ratelimit"))
 	}
-	if got := decisions(t, reg, "per_user", decide.OutcomeRejected); got != 1 {
+	if got := decisiontest.Count(t, reg, "per_user", decide.OutcomeRejected); got != 1 {
 		t.Fatalf("sluice_decisions_total{rule=per_user,outcome=rejected} = %v", got)
 	}
-	if got := decisions(t, reg, "per_user", decide.OutcomeAllowed); got != 4 {
+	if got := decisiontest.Count(t, reg, "per_user", decide.OutcomeAllowed); got != 4 {
 		t.Fatalf("sluice_decisions_total{rule=per_user,outcome=allowed} = %v", got)
 	}
 }
@@ -292,7 +293,7 @@ func TestShouldRateLimitGlobalShadowAndNoHeaders(t *testing.T) {
 	if len(resp.ResponseHeadersToAdd) != 0 {
 		t.Fatalf("headers turned off, yet %v", resp.ResponseHeadersToAdd)
 	}
-	if got := decisions(t, reg, "per_user", decide.OutcomeShadowDenied); got != 1 {
+	if got := decisiontest.Count(t, reg, "per_user", decide.OutcomeShadowDenied); got != 1 {
 		t.Fatalf("shadow_rejected = %v", got)
 	}
 }
@@ -473,30 +474,6 @@ func TestShouldRateLimitRedisOutage(t *testing.T) {
 	}
 }
 
-// decisions reads sluice_decisions_total{rule,outcome} from reg.
-func decisions(t *testing.T, reg *prometheus.Registry, rule, outcome string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "sluice_decisions_total" {
-			continue
-		}
-		for _, m := range mf.Metric {
-			labels := map[string]string{}
-			for _, l := range m.Label {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["rule"] == rule && labels["outcome"] == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
-
 // Metric labels stay bounded: request values and unknown domains never become labels.
 func TestShouldRateLimitLabelsAreBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -520,7 +497,7 @@ func TestShouldRateLimitLabelsAreBounded(t *testing.T) {
 			}
 		}
 	}
-	if decisions(t, reg, "per_user", decide.OutcomeAllowed) != 1 {
+	if decisiontest.Count(t, reg, "per_user", decide.OutcomeAllowed) != 1 {
 		t.Error("the override was not counted under its rule's name")
 	}
 }

@@ -1,0 +1,50 @@
+// Package decisiontest reads, for the tests of ingress's packages, the decisions that
+// the decision engine (ingress/decide) counted in sluice_decisions_total{rule,outcome}.
+package decisiontest
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Counted returns the series of sluice_decisions_total that g gathers, by rule and
+// outcome, those at 0 left out. t fails at once when g cannot gather.
+func Counted(t testing.TB, g prometheus.Gatherer) map[string]map[string]float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var rule, outcome string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "rule":
+					rule = l.GetValue()
+				case "outcome":
+					outcome = l.GetValue()
+				}
+			}
+			if v := m.GetCounter().GetValue(); v != 0 {
+				if got[rule] == nil {
+					got[rule] = map[string]float64{}
+				}
+				got[rule][outcome] = v
+			}
+		}
+	}
+	return got
+}
+
+// Count returns sluice_decisions_total{rule,outcome} on g: 0 when g has no such
+// series, as nothing was counted in it.
+func Count(t testing.TB, g prometheus.Gatherer, rule, outcome string) float64 {
+	t.Helper()
+	return Counted(t, g)[rule][outcome]
+}
