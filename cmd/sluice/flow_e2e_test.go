@@ -116,7 +116,8 @@ func TestQueueFlowPaceInRedisThroughTheBinaries(t *testing.T) {
 	}
 	rulesPath := writeRules(t, t.TempDir(), deferRules(down.URL, `outflow: {rate: 20/s}
 flow_by: {from: "header:X-Merchant", rate: 6/m}`))
-	common := []string{"--rules", rulesPath, "--nats", nc.URL, "--queue-key", testQueueKey, "--redis", "redis://" + rs.Addr() + "/0"}
+	common := []string{"--rules", rulesPath, "--nats", nc.URL, "--queue-key", testQueueKey, "--redis", "redis://" + rs.Addr() + "/0",
+		"--redis-timeout", "5s"} // the key's pace is shared only while Redis answers
 	front := startCommand(t, "ingress", append(common, "--upstream", newUpstream(t, 0).URL)...)
 	first := startCommand(t, "dispatch", append(common, dispatchFlags...)...)
 	warmUp(t, front.url, "/v1/orders")

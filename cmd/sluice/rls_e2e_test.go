@@ -51,8 +51,10 @@ func TestRLSSharesRedisWithServe(t *testing.T) {
 	rulesPath := writeRules(t, t.TempDir(), e2eRules(4))
 	redisURL := "redis://" + redisServer.Addr() + "/0"
 	rlsAddr, serveGRPC := freeAddr(t), freeAddr(t)
-	rls := startCommand(t, "rls", "--rules", rulesPath, "--redis", redisURL, "--grpc-listen", rlsAddr)
-	serve := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL, "--grpc-listen", serveGRPC)
+	// --redis-timeout 5s: the two share counts only while Redis answers (a late
+	// answer on a loaded machine would be decided locally, by failure_mode).
+	rls := startCommand(t, "rls", "--rules", rulesPath, "--redis", redisURL, "--redis-timeout", "5s", "--grpc-listen", rlsAddr)
+	serve := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL, "--redis-timeout", "5s", "--grpc-listen", serveGRPC)
 	alone := rlsv3.NewRateLimitServiceClient(grpcConn(t, rlsAddr))
 	beside := rlsv3.NewRateLimitServiceClient(grpcConn(t, serveGRPC))
 
@@ -200,8 +202,8 @@ func TestQuotaModeThroughRLSAndServe(t *testing.T) {
 	rulesPath := writeRules(t, t.TempDir(), quotaE2ERules)
 	redisURL := "redis://" + redisServer.Addr() + "/0"
 	rlsAddr := freeAddr(t)
-	rls := startCommand(t, "rls", "--rules", rulesPath, "--redis", redisURL, "--grpc-listen", rlsAddr, "--rls-dynamic-metadata")
-	serve := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL)
+	rls := startCommand(t, "rls", "--rules", rulesPath, "--redis", redisURL, "--redis-timeout", "5s", "--grpc-listen", rlsAddr, "--rls-dynamic-metadata")
+	serve := startSluice(t, "--rules", rulesPath, "--upstream", up.URL, "--redis", redisURL, "--redis-timeout", "5s")
 	c := rlsv3.NewRateLimitServiceClient(grpcConn(t, rlsAddr))
 	// The quota with room, as the dynamic metadata names it for the proxy's route.
 	withQuota := func(r *rlsv3.RateLimitResponse) string {
