@@ -95,15 +95,7 @@
 // after it confirms it, so parks racing or following each other closely can overshoot
 // the cap by their number.
 //
-// Priorities and fairness, measured (go test -count=1 -v -run
-// 'TestFairByFlood|TestPriorityWeighted' ./queue/; TestFairByDispatch in dispatcher):
-//
-//   - tenant A floods 1,000 orders, 5 delivered, then tenant B parks 3 — with fair_by: B
-//     delivered at positions 1, 3, 5; without (one FIFO): 996, 997, 998
-//   - weighted 8/2/1, every level busy: longest wait of a low order 10 slots (the bound);
-//     every 11-slot window holds 8/2/1
-//   - through two dispatchers at 100/s: B at positions 5–13 (the 100 ms lane refresh and
-//     the prefetch)
+// Measured: deploy/figures/README.md, "Priorities and fairness".
 //
 // fair_by reads whatever the request carries: a header or query value is the client's to
 // choose, so use a header an authenticating proxy sets (and strips from clients), or
