@@ -218,9 +218,7 @@ func TestMemoryHotKeys(t *testing.T) {
 // removed) and to a new table (growing). Its compare-and-swap must then fail, on the
 // old slot and on the new one, and the bucket's state must be intact.
 func TestMemoryBucketWordsAfterMoves(t *testing.T) {
-	if !hasCAS128() {
-		t.Skip("buckets are decided under their slot's lock here (race detector, or no CMPXCHG16B)")
-	}
+	requireLockFree(t, hasCAS128())
 	now := int64(1_000_000)
 	m := NewMemory(WithShards(1), WithMaxKeys(1<<20))
 	m.now = func() int64 { return now }
