@@ -46,6 +46,12 @@ func TestQueueAPIFlows(t *testing.T) {
 		{"resume", "POST", pResume, "/sluice/v1/queues/flows/flows/merchant-42/resume", "", 200, `"rate": "2/s"`},
 		{"unpin", "DELETE", pRate, "/sluice/v1/queues/flows/flows/merchant-42/rate", "", 200, hash},
 		{"none left", "GET", pFlows, "/sluice/v1/queues/flows/flows", "", 200, `"flows": []`},
+		{"page limit zero", "GET", pFlows, "/sluice/v1/queues/flows/flows?limit=0", "", 400, "limit must be"},
+		{"page limit negative", "GET", pFlows, "/sluice/v1/queues/flows/flows?limit=-1", "", 400, "limit must be"},
+		{"page limit past the cap", "GET", pFlows, "/sluice/v1/queues/flows/flows?limit=1001", "", 400, "limit must be"},
+		{"page limit huge", "GET", pFlows, "/sluice/v1/queues/flows/flows?limit=99999999999999999999", "", 400, "limit must be"},
+		{"page after not a key", "GET", pFlows, "/sluice/v1/queues/flows/flows?after=../../x", "", 400, "after must be"},
+		{"page after oversize", "GET", pFlows, "/sluice/v1/queues/flows/flows?after=" + strings.Repeat("a", 4096), "", 400, "after must be"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
