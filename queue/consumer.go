@@ -44,10 +44,22 @@ func WithConsumerLogger(l *slog.Logger) ConsumerOption {
 
 // Consumer is one dispatcher's handle on the consumer of a queue: it fetches orders as
 // Leases, and pauses, unpins and inspects the consumer. Each dispatcher needs its own
-// (the handle carries the pin the server gave it). Safe for concurrent use.
+// (the handle carries the pin the server gave it, and the leases it handed out). Safe
+// for concurrent use.
+//
+// A handle hands out at most one lease of a ticket at a time: an order that comes back
+// while the lease it handed out before is not settled yet is not handed out (see
+// hold), so a dispatcher never delivers one order beside itself. Across handles (other
+// dispatchers, after a fail-over) an order whose ack wait ran out is handed out again,
+// with the same ticket and idempotency key: delivery is at least once.
 type Consumer struct {
 	q   *Queue
 	log *slog.Logger
+
+	// lmu guards leased: the leases this handle handed out and not settled yet, by
+	// ticket (see hold and Lease.let).
+	lmu    sync.Mutex
+	leased map[string]*Lease
 
 	mu      sync.Mutex
 	cons    jetstream.Consumer
@@ -76,7 +88,7 @@ type Consumer struct {
 // Consumer returns a handle on the queue's consumer for one dispatcher. It does no
 // I/O: Ensure creates the consumer on the server.
 func (q *Queue) Consumer(opts ...ConsumerOption) *Consumer {
-	c := &Consumer{q: q, log: q.store.log, id: newHandleID()}
+	c := &Consumer{q: q, log: q.store.log, id: newHandleID(), leased: map[string]*Lease{}}
 	for _, opt := range opts {
 		opt(c)
 	}
@@ -341,9 +353,11 @@ func (c *Consumer) handle() jetstream.Consumer {
 
 // Next asks the server for one order (a pull request of batch 1 that lasts as long as
 // ctx) and returns it as a Lease. A message that is not a parked request is terminated
-// here. In a laned queue the scheduler picks the lane the order comes from, in the
-// one dispatcher that leads the queue (see sched.go). Errors: ErrNoMessages (nothing
-// came: ask again), ErrConsumerGone (set the consumer up again), ErrUnavailable.
+// here; the redelivery of an order whose lease from this handle is not settled yet is
+// left as it is (see hold), and counts as nothing come. In a laned queue the scheduler
+// picks the lane the order comes from, in the one dispatcher that leads the queue (see
+// sched.go). Errors: ErrNoMessages (nothing came: ask again), ErrConsumerGone (set the
+// consumer up again), ErrUnavailable.
 func (c *Consumer) Next(ctx context.Context) (*Lease, error) {
 	c.smu.Lock()
 	laned := c.sched != nil
@@ -403,7 +417,8 @@ func serverAckWait(cons jetstream.Consumer) time.Duration {
 	return 0
 }
 
-// lease decodes a fetched message; nil when it is not a parked request (terminated).
+// lease decodes a fetched message; nil when it is not a parked request (terminated),
+// or when this handle holds an unsettled lease of its ticket (left as it is: see hold).
 // serverAck is the ack wait the server last reported for the consumer it came from (0:
 // unknown): the lease goes stale by the shorter of it and this handle's, since another
 // replica's Ensure may have shortened it on the server, and a lane the configuration
@@ -424,7 +439,44 @@ func (c *Consumer) lease(jm jetstream.Msg, serverAck time.Duration) *Lease {
 	if serverAck > 0 && (ackWait <= 0 || serverAck < ackWait) {
 		ackWait = serverAck
 	}
-	return &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m), ackWait: ackWait, stale: staleAt(time.Now(), ackWait)}
+	now := time.Now()
+	l := &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m), fetched: now, ackWait: ackWait, stale: staleAt(now, ackWait)}
+	if prev, ok := c.hold(l); !ok {
+		c.log.Warn("an order came back while this dispatcher still holds it (its delivery and settlement outlasted the ack wait: a stall, or an ack wait too short); not delivering it beside itself",
+			"ticket", m.Ticket, "seq", m.Seq, "held_for", time.Since(prev.fetched).Round(time.Millisecond), "ack_wait", ackWait)
+		return nil
+	}
+	return l
+}
+
+// hold makes l the lease of its ticket that this handle handed out; false, with the
+// earlier lease, when that one is not settled yet (Lease.let). l's message is then a
+// redelivery of the order whose delivery is under way here, or settling (its lease
+// outlived the ack wait), or another copy of its ticket (a re-queued dead letter). It
+// is left as it is, neither acknowledged nor handed back: JetStream applies either to
+// the message's latest delivery, which would settle the order, or cut short the
+// delivery under way, by the earlier lease's outcome. That outcome settles the order
+// (an acknowledgement or termination removes it; a retry's nak hands it out again
+// when due), and an earlier lease that leaves the order as it is (Lease.Extend) lets
+// the server hand it out again after the ack wait; so does a copy with a sequence of
+// its own, which Load then acknowledges unseen once its ticket is final.
+func (c *Consumer) hold(l *Lease) (prev *Lease, ok bool) {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	if prev := c.leased[l.m.Ticket]; prev != nil {
+		return prev, false
+	}
+	c.leased[l.m.Ticket] = l
+	return nil, true
+}
+
+// let ends l's hold on its ticket (see hold); nothing when l no longer holds it.
+func (c *Consumer) let(l *Lease) {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	if c.leased[l.m.Ticket] == l {
+		delete(c.leased, l.m.Ticket)
+	}
 }
 
 // PauseState reports whether the consumer is paused on the server, and for how much

@@ -31,6 +31,11 @@ var (
 // Dead; Release hands an order back untouched. Load and Start settle the lease when
 // they return an error; Done, Fail, Retry and Throttle need Load first (else they do
 // nothing and return ErrNotLoaded). A Lease is used by one goroutine at a time.
+//
+// Until it is settled, or left as it is (Extend), its consumer hands out no other
+// lease of its ticket (see Consumer.hold); each settlement ends that hold once the
+// writes that make a redelivery acknowledged unseen are done, before its
+// acknowledgement, termination or nak is sent.
 type Lease struct {
 	c    *Consumer
 	s    *Store
@@ -45,7 +50,14 @@ type Lease struct {
 	// ack wait has run out (zero: never known; see nak). Extend moves it.
 	stale   time.Time
 	ackWait time.Duration
+	fetched time.Time // when the consumer handed it out
 }
+
+// let ends the lease's hold on its ticket in its consumer (see Consumer.hold): a
+// redelivery is handed out from then on. Every settlement calls it before it sends
+// anything (a nak's redelivery must be handed out), and after the writes that make
+// a redelivery acknowledged unseen (the final record: Load).
+func (l *Lease) let() { l.c.let(l) }
 
 // staleAt is when a lease fetched at fetched from a consumer with ackWait goes stale:
 // a little before its ack wait runs out as counted from fetched, since the server
@@ -103,6 +115,7 @@ func (l *Lease) Load(ctx context.Context) error {
 		read := time.Now()
 		l.keepKey(ctx)
 		l.leaveAfter(read)
+		l.let()
 		_ = l.jm.Ack()
 		return fmt.Errorf("%w: ticket %s is %s", ErrFinal, m.Ticket, rec.Status)
 	case err == nil:
@@ -133,6 +146,7 @@ func (l *Lease) Start(ctx context.Context) error {
 	switch {
 	case errors.Is(err, ErrCancelled):
 		l.leaveAfter(time.Now()) // the cancelled record was read
+		l.let()
 		_ = l.jm.TermWithReason("cancelled")
 		return err
 	case err != nil && !errors.Is(err, ErrUnavailable):
@@ -172,6 +186,7 @@ func (l *Lease) Done(ctx context.Context, res *Result) error {
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusDone, "", time.Time{}, res
 	rec.Attempts++ // the attempt that delivered it
 	l.settle(ctx, DoneSubject(rec.Queue), statusCode(res))
+	l.let()
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return l.jm.DoubleAck(actx)
@@ -188,6 +203,7 @@ func (l *Lease) Fail(ctx context.Context, res *Result, cause string) error {
 	rec.Status, rec.LastError, rec.NextAttemptAt, rec.Result = StatusFailed, cause, time.Time{}, res
 	rec.Attempts++ // the attempt the downstream refused
 	l.settle(ctx, DoneSubject(rec.Queue), statusCode(res))
+	l.let()
 	_ = l.jm.TermWithReason(fmt.Sprintf("downstream answered %d", statusCode(res)))
 	return nil
 }
@@ -275,8 +291,10 @@ func (l *Lease) Postpone(ctx context.Context, after time.Duration) {
 // ends before the server may hand the order to another dispatcher, however long the
 // steps before it took (the record read, the pacing slot, each bounded by seconds).
 // With less left, it restarts the ack wait on the server (JetStream's "in progress")
-// and waits for the server to take it (see ask). false: the order
-// must not be delivered here, and the lease must be left as it is: the server
+// and waits for the server to take it (see ask); an ack wait shorter than need then
+// leaves only the ack wait (a redelivery meanwhile is not handed out by this
+// consumer: see Consumer.hold). false: the order must not be delivered here, and
+// the lease must be left as it is (its hold on the ticket ends): the server
 // redelivers the order. Either the lease is stale already (the server may have handed
 // the order out again: nothing is sent), or it had too little left and the server did
 // not answer (whether the ack wait restarted is not known).
@@ -287,12 +305,14 @@ func (l *Lease) Extend(ctx context.Context, need time.Duration) bool {
 	now := time.Now()
 	switch {
 	case now.After(l.stale):
+		l.let()
 		return false
 	case l.stale.Sub(now) >= need:
 		return true
 	}
 	if err := l.ask(ctx, jsproto.InProgress); err != nil {
 		l.c.log.Debug("cannot restart an order's ack wait", "ticket", l.m.Ticket, "err", err)
+		l.let()
 		return false
 	}
 	l.stale = staleAt(now, l.ackWait)
@@ -329,6 +349,7 @@ const nakWait = 2 * time.Second
 //     connection is down the nak is lost (sluice's connections keep no reconnect
 //     buffer).
 func (l *Lease) nak(ctx context.Context, delay time.Duration) {
+	l.let()
 	if !l.stale.IsZero() && time.Now().After(l.stale) {
 		l.c.log.Debug("not handing back an order held past its ack wait: the server redelivers it",
 			"ticket", l.m.Ticket, "stale_for", time.Since(l.stale).Round(time.Millisecond))
@@ -377,6 +398,7 @@ func (l *Lease) Dead(ctx context.Context, cause string, retryIn time.Duration) e
 	reason := "dead-lettered: " + cause
 	if l.rec == nil {
 		if l.verr != nil {
+			l.let()
 			_ = l.jm.TermWithReason(cause)
 			return nil
 		}
@@ -386,6 +408,7 @@ func (l *Lease) Dead(ctx context.Context, cause string, retryIn time.Duration) e
 	rec := l.rec
 	rec.Status, rec.NextAttemptAt, rec.LastError = StatusDead, time.Time{}, cause
 	l.settle(ctx, DeadSubject(m.Queue), 0)
+	l.let()
 	_ = l.jm.TermWithReason(reason)
 	return nil
 }

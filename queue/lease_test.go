@@ -1,10 +1,12 @@
 package queue_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -358,13 +360,17 @@ func TestStaleLeaseSendsNoNak(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := consumerWithOrder(t, s, strings.ReplaceAll(tc.name, " ", "-"), ackWait)
+			name := strings.ReplaceAll(tc.name, " ", "-")
+			c := consumerWithOrder(t, s, name, ackWait)
 			first := lease(t, c)
 			if err := first.Load(ctx); err != nil {
 				t.Fatal(err)
 			}
-			second := lease(t, c) // the server's redelivery, once first's ack wait ran out
-			expectNoThirdDelivery(t, c, first, second, tc.settle)
+			// The server's redelivery, once first's ack wait ran out, to the dispatcher
+			// that took the queue over.
+			q := queueOf(t, s, name)
+			other, second := redelivered(t, q, c, withAckWait(ackWait))
+			expectNoThirdDelivery(t, q, other, first, second, tc.settle)
 			if err := second.Load(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -413,7 +419,7 @@ func TestLeaseExtend(t *testing.T) {
 	t.Run("stale", func(t *testing.T) {
 		c := consumerWithOrder(t, s, "stale", 2*time.Second)
 		first := lease(t, c)
-		second := lease(t, c) // handed out again once first's ack wait ran out
+		_, second := redelivered(t, queueOf(t, s, "stale"), c, withAckWait(2*time.Second)) // once first's ack wait ran out
 		if first.Extend(ctx, time.Second) {
 			t.Fatal("a lease whose order was handed out again may be delivered")
 		}
@@ -426,17 +432,17 @@ func TestLeaseExtend(t *testing.T) {
 	})
 }
 
-// consumerWithOrder declares queue name on s, sets its consumer up with ackWait and
-// parks one order in it.
-func consumerWithOrder(t *testing.T, s *queue.Store, name string, ackWait time.Duration) *queue.Consumer {
+// consumerWithOrder declares queue name on s, sets its consumer up with ackWait (a
+// handle made with opts) and parks one order in it.
+func consumerWithOrder(t *testing.T, s *queue.Store, name string, ackWait time.Duration, opts ...queue.ConsumerOption) *queue.Consumer {
 	t.Helper()
 	ctx := ctxT(t)
 	q, err := s.Declare(ctx, testConfig(name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := q.Consumer()
-	if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+	c := q.Consumer(opts...)
+	if err := c.Ensure(ctx, withAckWait(ackWait)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Park(ctx, order(name, `{"id":1}`)); err != nil {
@@ -445,11 +451,136 @@ func consumerWithOrder(t *testing.T, s *queue.Store, name string, ackWait time.D
 	return c
 }
 
+// withAckWait is the consumer configuration of these tests with ackWait.
+func withAckWait(ackWait time.Duration) queue.ConsumerConfig {
+	return queue.ConsumerConfig{AckWait: ackWait, PinnedTTL: 10 * time.Second, MaxInFlight: 4}
+}
+
+func queueOf(t *testing.T, s *queue.Store, name string) *queue.Queue {
+	t.Helper()
+	q, err := s.Queue(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// redelivered is the dispatcher that takes q over from c, which holds the lease of an
+// order past its ack wait (c is unpinned, as the server does once c stops asking):
+// its handle, set up with cfg, and its lease of the order, handed out again once the
+// ack wait ran out. c itself hands out no second lease of an order it holds a lease
+// of (see TestHandleHoldsItsOrders).
+func redelivered(t *testing.T, q *queue.Queue, c *queue.Consumer, cfg queue.ConsumerConfig) (*queue.Consumer, *queue.Lease) {
+	t.Helper()
+	ctx := ctxT(t)
+	if err := c.Unpin(ctx); err != nil {
+		t.Fatal(err)
+	}
+	other := q.Consumer()
+	if err := other.Ensure(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return other, lease(t, other)
+}
+
+// handedOut is how many times the consumers of q have handed an order out, first
+// deliveries and redeliveries.
+func handedOut(t *testing.T, q *queue.Queue) uint64 {
+	t.Helper()
+	ctx := ctxT(t)
+	var n uint64
+	for ci := range q.Stream().ListConsumers(ctx).Info() {
+		n += ci.Delivered.Consumer
+	}
+	return n
+}
+
+// TestHandleHoldsItsOrders: a consumer handle hands out no second lease of an order
+// while the lease it handed out is not settled. The server's redelivery once that
+// lease's ack wait ran out (its delivery or settlement outlasted it: a stall) is left
+// as it is, and the first lease's settlement decides what happens to the order: it
+// comes again after a retry or a refused Extend (the lease left as it is), never
+// after Done.
+func TestHandleHoldsItsOrders(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv)
+	ctx := ctxT(t)
+	const ackWait = time.Second
+	for _, tc := range []struct {
+		name   string
+		settle func(t *testing.T, l *queue.Lease)
+		again  bool
+	}{
+		{"retry", func(t *testing.T, l *queue.Lease) {
+			if err := l.Retry(ctx, 0, "503"); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"extend refused", func(t *testing.T, l *queue.Lease) {
+			if l.Extend(ctx, time.Second) {
+				t.Fatal("Extend kept a lease whose order was handed out again")
+			}
+		}, true},
+		{"done", func(t *testing.T, l *queue.Lease) {
+			if err := l.Done(ctx, &queue.Result{StatusCode: 200}); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "held-" + strings.ReplaceAll(tc.name, " ", "-")
+			var logs bytes.Buffer // the handle logs on the goroutine of Next
+			c := consumerWithOrder(t, s, name, ackWait, queue.WithConsumerLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			q := queueOf(t, s, name)
+			first := lease(t, c)
+			if err := first.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Ask until the server has handed the order out again to c (it holds the
+			// pin) and c said it held it, each pull lasting several ack waits.
+			deadline := time.Now().Add(30 * time.Second)
+			for !strings.Contains(logs.String(), "came back while this dispatcher still holds it") {
+				if time.Now().After(deadline) {
+					t.Fatalf("the order was not handed out again after its ack wait, or not held; the log:\n%s", logs.String())
+				}
+				look, cancel := context.WithTimeout(ctx, 5*ackWait)
+				l, err := c.Next(look)
+				cancel()
+				switch {
+				case err == nil:
+					t.Fatalf("the handle gave out a second lease of %s while it held the first", l.Message().Ticket)
+				case !errors.Is(err, queue.ErrNoMessages):
+					t.Fatal(err)
+				}
+			}
+			tc.settle(t, first)
+			if !tc.again {
+				if depth, err := q.Depth(ctx); err != nil || depth != 0 {
+					t.Fatalf("after Done the queue holds %d orders (%v), want none", depth, err)
+				}
+				return
+			}
+			again := lease(t, c)
+			if again.Message().Ticket != first.Message().Ticket {
+				t.Fatalf("got %s, want %s again", again.Message().Ticket, first.Message().Ticket)
+			}
+			if err := again.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := again.Done(ctx, &queue.Result{StatusCode: 200}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // expectNoThirdDelivery settles first, the stale lease of an order c handed out again
-// as second, and fails if the order comes a third time while second holds it. The
-// second delivery is kept in progress meanwhile; its first reset goes before the
-// settlement, as a later one would undo the settlement's nak.
-func expectNoThirdDelivery(t *testing.T, c *queue.Consumer, first, second *queue.Lease, settle func(*queue.Lease)) {
+// as second, and fails if the server hands the order out a third time while second
+// holds it (c asks meanwhile; it would hold such a lease, not give it out, so the
+// consumers' counts of deliveries tell). The second delivery is kept in progress
+// meanwhile; its first reset goes before the settlement, as a later one would undo
+// the settlement's nak.
+func expectNoThirdDelivery(t *testing.T, q *queue.Queue, c *queue.Consumer, first, second *queue.Lease, settle func(*queue.Lease)) {
 	t.Helper()
 	ctx := ctxT(t)
 	if second.Message().Ticket != first.Message().Ticket {
@@ -470,6 +601,7 @@ func expectNoThirdDelivery(t *testing.T, c *queue.Consumer, first, second *queue
 			}
 		}
 	}()
+	before := handedOut(t, q)
 	settle(first)
 	look, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -477,6 +609,9 @@ func expectNoThirdDelivery(t *testing.T, c *queue.Consumer, first, second *queue
 		t.Fatalf("the stale lease's settlement handed %s out a third time beside the second delivery", third.Message().Ticket)
 	} else if !errors.Is(err, queue.ErrNoMessages) {
 		t.Fatal(err)
+	}
+	if after := handedOut(t, q); after != before {
+		t.Fatalf("the stale lease's settlement had the order handed out a third time beside the second delivery (%d deliveries, then %d)", before, after)
 	}
 }
 
@@ -496,10 +631,10 @@ func TestStaleLeaseServerAckWait(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := q.Consumer()
-		if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: long, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+		if err := c.Ensure(ctx, withAckWait(long)); err != nil {
 			t.Fatal(err)
 		}
-		if err := q.Consumer().Ensure(ctx, queue.ConsumerConfig{AckWait: short, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+		if err := q.Consumer().Ensure(ctx, withAckWait(short)); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := c.PauseState(ctx); err != nil { // as the dispatcher does every 2s
@@ -509,7 +644,8 @@ func TestStaleLeaseServerAckWait(t *testing.T) {
 			t.Fatal(err)
 		}
 		first := lease(t, c)
-		expectNoThirdDelivery(t, c, first, lease(t, c), func(l *queue.Lease) { l.Release(0) })
+		other, second := redelivered(t, q, c, withAckWait(short))
+		expectNoThirdDelivery(t, q, other, first, second, func(l *queue.Lease) { l.Release(0) })
 	})
 	t.Run("leftover lane", func(t *testing.T) {
 		srv := natstest.Start(t)
@@ -542,11 +678,12 @@ func TestStaleLeaseServerAckWait(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := q.Consumer()
-		if err := c.Ensure(ctx, queue.ConsumerConfig{AckWait: long, PinnedTTL: 10 * time.Second, MaxInFlight: 4}); err != nil {
+		if err := c.Ensure(ctx, withAckWait(long)); err != nil {
 			t.Fatal(err)
 		}
 		first := lease(t, c)
-		expectNoThirdDelivery(t, c, first, lease(t, c), func(l *queue.Lease) { l.Release(0) })
+		other, second := redelivered(t, q, c, withAckWait(long))
+		expectNoThirdDelivery(t, q, other, first, second, func(l *queue.Lease) { l.Release(0) })
 	})
 }
 
