@@ -122,7 +122,10 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // outflow. When it dies, it stops sending pull requests; after the pinned TTL the
 // server pins one of the others, whose pull requests were waiting all along (fail-over).
 // Messages the dead one had taken come back after the ack wait, with the same ticket as
-// Idempotency-Key. A dispatcher that stops cleanly unpins itself at once.
+// Idempotency-Key. A dispatcher that stops cleanly unpins itself at once. An order
+// that comes back to the dispatcher still delivering it (the delivery and its
+// settlement outlasted the ack wait: a stall, or an ack wait too short) is not
+// delivered beside itself: the delivery under way settles it (see queue.Consumer).
 //
 // Each dispatcher asks for one message at a time (a pull request of batch 1 that
 // expires after the fetch wait); a fetched message waits for its pacing slot while the
