@@ -489,8 +489,12 @@ func handedOut(t *testing.T, q *queue.Queue) uint64 {
 	t.Helper()
 	ctx := ctxT(t)
 	var n uint64
-	for ci := range q.Stream().ListConsumers(ctx).Info() {
+	list := q.Stream().ListConsumers(ctx)
+	for ci := range list.Info() {
 		n += ci.Delivered.Consumer
+	}
+	if err := list.Err(); err != nil {
+		t.Fatal(err)
 	}
 	return n
 }
