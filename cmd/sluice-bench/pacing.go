@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -514,12 +515,15 @@ directory, every write synced to disk before it is acknowledged), side by side:
                        --client picks the callers' HTTP client)
   sluice park+idem     Park with an Idempotency-Key per order (the order is a synced
                        write shared with concurrent callers' — see queue's group
-                       commit; the key's slot is written before it, not synced, on a
-                       single server)
+                       commit; the key's slot is written before it, at once with the
+                       key's lookup, not synced, on a single server)
   sluice ingress+idem  the front door with an Idempotency-Key per order
 with the same number of concurrent callers. The contenders take turns for --rounds
 rounds: PER SECOND is the median of the rounds, VS RAW the median of each round's
 ratio of sluice's rate to the raw publishes' (ORDERS counts every round).
+--cpuprofile DIR profiles each measurement on its own (this process holds the callers,
+the front door and the embedded server): go tool pprof DIR/sluice-park+idem-16-r*.pprof
+gives one contender's time at 16 callers over every round.
 
 Flags:
 `
@@ -543,6 +547,7 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	size := fs.Int("size", 512, "body size in bytes")
 	rounds := fs.Int("rounds", 3, "rounds over every contender, alternating; each figure is the median of the rounds")
 	client := fs.String("client", "lean", "HTTP client of the front door's callers: lean (kept-alive connections of the tool's own, read on the caller's goroutine) or net/http")
+	cpuProfiles := fs.String("cpuprofile", "", "write a CPU profile of this process (callers and the embedded NATS server) during each measurement to `DIR`/CONTENDER-CALLERS-rROUND.pprof")
 	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, parkingHelp, stdout); done {
 		return code
@@ -564,7 +569,13 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "sluice-bench parking: --client: %q is neither lean nor net/http\n", *client)
 		return exitUsage
 	}
-	results, err := parking(ctx, *duration, *rounds, concs, *size, *client == "net/http", stderr)
+	if *cpuProfiles != "" {
+		if err := os.MkdirAll(*cpuProfiles, 0o755); err != nil {
+			fmt.Fprintf(stderr, "sluice-bench parking: --cpuprofile: %v\n", err)
+			return exitFailure
+		}
+	}
+	results, err := parking(ctx, *duration, *rounds, concs, *size, *client == "net/http", *cpuProfiles, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice-bench parking: %v\n", err)
 		return exitFailure
@@ -646,7 +657,7 @@ queues:
     max_idempotency_keys: 10000000
 `
 
-func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, size int, goClient bool, stderr io.Writer) ([]parkingResult, error) {
+func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, size int, goClient bool, profiles string, stderr io.Writer) ([]parkingResult, error) {
 	nc, stop, err := tempNATS()
 	if err != nil {
 		return nil, err
@@ -768,7 +779,15 @@ func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, siz
 			var raw float64
 			for i, ct := range contenders {
 				fmt.Fprintf(stderr, "parking: [round %d/%d] %s with %d callers for %s...\n", r+1, nRounds, ct.name, c, d)
+				stop := func() {}
+				if profiles != "" {
+					name := fmt.Sprintf("%s-%d-r%d.pprof", profileName(ct.name), c, r+1)
+					if stop, err = startCPUProfile(filepath.Join(profiles, name)); err != nil {
+						return nil, fmt.Errorf("--cpuprofile: %w", err)
+					}
+				}
 				count, err := parkingMeasure(ctx, d, c, ct.op)
+				stop()
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", ct.name, err)
 				}
@@ -790,6 +809,13 @@ func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, siz
 		}
 	}
 	return results, nil
+}
+
+// profileName is a contender's name as a file name: "sluice park+idem" is
+// "sluice-park+idem", "sluice ingress (HTTP 202)" "sluice-ingress".
+func profileName(contender string) string {
+	name, _, _ := strings.Cut(contender, " (")
+	return strings.ReplaceAll(name, " ", "-")
 }
 
 func parkingMeasure(ctx context.Context, d time.Duration, conc int, op func(context.Context) error) (int, error) {

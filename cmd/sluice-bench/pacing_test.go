@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -108,4 +109,40 @@ func TestParkingJSON(t *testing.T) {
 		}
 	}
 	readSVG(t, svg, len(doc.Results))
+}
+
+// --cpuprofile writes one profile per contender, caller count and round (a profile is
+// gzipped protobuf).
+func TestParkingCPUProfiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "profiles")
+	if _, errOut, code := benchRun(t, "parking", "--duration", "100ms", "--rounds", "2", "--concurrency", "1", "--cpuprofile", dir); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, name := range []string{"jetstream-publish", "sluice-park", "sluice-ingress", "sluice-park+idem", "sluice-ingress+idem"} {
+		for _, round := range []string{"r1", "r2"} {
+			b, err := os.ReadFile(filepath.Join(dir, name+"-1-"+round+".pprof"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+				t.Errorf("%s %s: not a gzipped profile (%d bytes)", name, round, len(b))
+			}
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 10 {
+		t.Errorf("%d files in %s, want 10", len(entries), dir)
+	}
+}
+
+func TestProfileName(t *testing.T) {
+	for _, tc := range []struct{ contender, want string }{
+		{parkingRaw, "jetstream-publish"},
+		{"sluice park+idem", "sluice-park+idem"},
+		{"sluice ingress (HTTP 202)", "sluice-ingress"},
+		{"sluice ingress+idem (HTTP 202)", "sluice-ingress+idem"},
+	} {
+		if got := profileName(tc.contender); got != tc.want {
+			t.Errorf("profileName(%q) = %q, want %q", tc.contender, got, tc.want)
+		}
+	}
 }
