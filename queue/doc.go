@@ -104,15 +104,16 @@
 // # Group commit
 //
 // Park writes to two streams: an order without a key is one write; a keyed order takes
-// its key slot, then stores the order (its key is recorded only when the order becomes
-// final; while it waits, its message is the key's record). Each stream has one writer
-// per Store; a single-replica key stream is not synced and takes no batches (see
-// Store.ensureKeyStream). While few synced writes are in flight each goes out at once;
-// those beyond are gathered into one JetStream atomic batch (up to 256 messages, see
-// jsproto.PublishBatch), stored whole or not at all, as one proposal on a replicated
-// stream and one disk sync on a file store: concurrent Parks share a write. "Few" is
-// one on a replicated stream (or in memory) and 16 on a single-replica file stream,
-// where nats-server stages each batch in a file store of its own (fileDirectWrites).
+// its key slot (at once with its lookup), then stores the order (its key is recorded
+// only when the order becomes final; while it waits, its message is the key's
+// record). Each stream has one writer per Store; a single-replica key stream is not
+// synced and takes no batches (see Store.ensureKeyStream). While few synced writes are
+// in flight each goes out at once; those beyond are gathered into one JetStream atomic
+// batch (up to 256 messages, see jsproto.PublishBatch), stored whole or not at all, as
+// one proposal on a replicated stream and one disk sync on a file store: concurrent
+// Parks share a write. "Few" is one on a replicated stream (or in memory) and 16 on a
+// single-replica file stream, where nats-server stages each batch in a file store of
+// its own (fileDirectWrites).
 // Every caller still waits for the acknowledgement of its own write's batch: "accepted"
 // is said only for what is stored. A refused batch (a repeated Nats-Msg-Id, a client
 // over its key cap, a full queue…) stored nothing, and each of its messages is

@@ -63,35 +63,50 @@ func (s *Store) keyedTicket(queue, key string) string {
 func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, error) {
 	key := idemKey(m.Client, m.IdempotencyKey)
 	m.Ticket = s.keyedTicket(q.name, key)
-	if rc, ok, err := s.repeat(ctx, q, key, m); ok || err != nil {
+	// The slot at once with the lookup: one round trip for both. Before the order: an
+	// order that anybody can see (a repeat, a dispatcher) has its slot, so nothing seen
+	// is ever withdrawn.
+	taken := make(chan slotTaken, 1)
+	go func() {
+		var t slotTaken
+		if t.err = s.keyRoom(ctx); t.err == nil {
+			t.seq, t.err = s.takeSlot(ctx, q, m.Client, key)
+		}
+		taken <- t
+	}()
+	rc, found, err := s.repeat(ctx, q, key, m)
+	slot := <-taken
+	if found || err != nil {
+		// A repeat, or nothing known: the slot was not needed. Within the duplicate
+		// window it stored nothing (slot.seq 0: the key's own slot is the earlier
+		// request's); past it, it is a second one of the key, deleted so that it does not
+		// count against the cap (a refusal at the cap does not concern a repeat).
+		s.freeSlot(ctx, q, slot.seq)
 		return rc, err
 	}
-	if err := s.keyRoom(ctx); err != nil {
-		return Receipt{}, err
-	}
-	// The slot after the lookup: a repeat takes none, so it never counts against its
-	// client's cap, even for a moment beside a new key. (Taken during the lookup, a
-	// repeat past the duplicate window refused a racing new key one below the cap,
-	// and on the embedded server the overlap saved nothing measurable.) And before the
-	// order: an order that anybody can see (a repeat, a dispatcher) has its slot, so
-	// nothing seen is ever withdrawn.
-	slot, err := s.takeSlot(ctx, q, m.Client, key)
-	if err != nil {
-		return Receipt{}, err
+	if slot.err != nil {
+		return Receipt{}, slot.err
 	}
 	ack, err := s.publish(ctx, q, m, keyMsgID(key))
 	if err != nil {
-		s.freeSlot(ctx, q, slot)
+		s.freeSlot(ctx, q, slot.seq)
 		return Receipt{}, err
 	}
 	if ack.Duplicate {
 		// The slot stays: it is the key's, not this request's. Slots of one key are
 		// deduplicated like its orders (the same Nats-Msg-Id and window), so a slot taken
-		// here (slot != 0) is the key's only one even when a racing request with the
+		// here (slot.seq != 0) is the key's only one even when a racing request with the
 		// key stored the order first; freeing it would let the client past its cap.
 		return s.duplicate(ctx, q, key, m, ack.Sequence)
 	}
 	return q.receiptOf(ctx, m, ack.Sequence, false), nil
+}
+
+// slotTaken is the outcome of taking a key slot: its sequence (0 when none was
+// stored) or why it was refused.
+type slotTaken struct {
+	seq uint64
+	err error
 }
 
 func (s *Store) getKey(ctx context.Context, key string) (idemRecord, bool, error) {

@@ -62,28 +62,40 @@ type Receipt struct {
 //     missed between the reads when both came back within leaveGap (else the records
 //     are read again; see repeat). While it waits, an order is found in its own queue
 //     only: K's ticket is derived per queue.
-//  2. The bucket is within keyReserve of its byte cap (else ErrKeyStoreFull), and a
-//     slot is taken for K in the queue's key stream, on the client's subject, whose
-//     per-subject limit is MaxIdempotencyKeys (discard-new: ErrTooManyKeys), with
-//     Nats-Msg-Id "k."+K. Slots expire after IdempotencyTTL, so the cap counts the
-//     keys accepted within it.
+//  2. At once with 1: the bucket is within keyReserve of its byte cap (else
+//     ErrKeyStoreFull), and a slot is taken for K in the queue's key stream, on the
+//     client's subject, whose per-subject limit is MaxIdempotencyKeys (discard-new:
+//     ErrTooManyKeys), with Nats-Msg-Id "k."+K. Slots expire after IdempotencyTTL, so
+//     the cap counts the keys accepted within it. When 1 finds an earlier order (or
+//     fails), 2's outcome is dropped: a refusal does not concern a repeat, and a slot
+//     it stored is deleted. Within the duplicate window a repeat's slot stores nothing
+//     (a duplicate of the key's own slot); past it, the repeat holds a second slot of
+//     K for the length of its lookup, during which a new key of the same client one
+//     below its cap may be refused (ErrTooManyKeys with a retry delay). A repeat whose
+//     slot got ahead of its order's own (a request with K racing it, its slot a
+//     duplicate of the repeat's) deletes the key's only slot: the client may then be
+//     one key past its cap for IdempotencyTTL; the cap is a guard against
+//     abuse, no order depends on it.
 //  3. The order is published with Nats-Msg-Id "k."+K. Refused (full queue, too
 //     large…): the slot is deleted and the error returned. A duplicate PubAck (a
 //     concurrent or retried request with K within the duplicate window): the stored
 //     message gives the ticket and fingerprint.
 //
-// One synced write per new key, its order's, which may share its disk sync with
+// Two round trips one after the other: the lookup and the slot, then the order. One
+// synced write per new key, its order's, which may share its disk sync with
 // concurrent Parks (see "Group commit" in the package documentation); on a single
 // server the slot's write is not synced (see Store.ensureKeyStream). The slot is
 // stored before the order is written, so that an order anybody can see (a repeat, a
-// dispatcher) is never withdrawn for its slot; a repeat writes nothing.
+// dispatcher) is never withdrawn for its slot; a repeat leaves nothing written.
 //
 // Crash safety: what a crash (of this process, or of the NATS server) leaves between
 // the steps.
-//   - During 1: nothing (1 writes nothing). During 2: nothing, or a slot without an
-//     order, which counts against its client's cap until its TTL ends. The client has
-//     no receipt; its retry finds no order, and its slot is a duplicate of the stray
-//     one within the duplicate window (same Nats-Msg-Id), so it takes no second place.
+//   - During 1 and 2: nothing, or a slot without an order, which counts against its
+//     client's cap until its TTL ends (1 writes nothing). The client has no receipt;
+//     its retry finds no order, and its slot is a duplicate of the stray one within the
+//     duplicate window (same Nats-Msg-Id), so it takes no second place. A repeat that
+//     dies before it deletes its slot past the duplicate window leaves the same: a
+//     stray slot until its TTL, and no order.
 //   - During 3, before the acknowledgement: the order is stored or not (synced before
 //     it is acknowledged; an atomic batch stores all of its orders or none). Stored,
 //     the client has no receipt and retries: within the duplicate window its publish

@@ -155,9 +155,10 @@ func TestKeyRefusedAtTheCapWorksAgain(t *testing.T) {
 	}
 }
 
-// A repeat takes no slot, so it never counts against its client's cap: a new key that
-// races it one below the cap is accepted, and at the cap a repeat of an order waiting
-// past the duplicate window still gets its order back.
+// A repeat keeps no slot, so it never counts against its client's cap: within the
+// duplicate window its slot is a duplicate of its key's and stores nothing, so a new
+// key that races it one below the cap is accepted; at the cap a repeat of an order
+// waiting past the duplicate window still gets its order back.
 func TestKeyedRepeatsTakeNoSlot(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 2,
 		Downstream: "http://127.0.0.1:1"})
@@ -201,6 +202,59 @@ func TestKeyedRepeatsTakeNoSlot(t *testing.T) {
 		t.Fatalf("repeat at the cap: %+v %v, want ticket %s", rc, err, m.Ticket)
 	}
 	if _, err := s.Park(ctx, keyedOrder("c0", "x", "{}")); !errors.Is(err, ErrTooManyKeys) {
+		t.Fatalf("a new key at the cap: %v", err)
+	}
+}
+
+// A repeat past the duplicate window takes its slot at once with its lookup (its
+// Nats-Msg-Id is no longer known to the key stream), and deletes it once the lookup found
+// the order: waiting, final, or with another payload. The client's cap then still has
+// room for as many new keys as before.
+func TestKeyedRepeatPastTheWindowLeavesNoSlot(t *testing.T) {
+	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), MaxIdempotencyKeys: 2,
+		Downstream: "http://127.0.0.1:1"})
+	req := keyedOrder("c0", "w", `{"sku":1}`)
+	m := &Message{Request: *req, Ticket: s.keyedTicket(q.name, idemKey("c0", "w"))}
+	m.Header = KeptHeader(m.Request.Header, nil)
+	m.Fingerprint = Fingerprint(&m.Request)
+	// Parked so long ago that neither stream's duplicate window knows its key: no slot.
+	if _, err := s.publish(ctx, q, m, "past-the-window"); err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := s.Park(ctx, req); err != nil || !rc.Duplicate || rc.Ticket != m.Ticket {
+		t.Fatalf("repeat of the waiting order: %+v %v, want ticket %s", rc, err, m.Ticket)
+	}
+	if n := slotCount(t, ctx, q); n != 0 {
+		t.Fatalf("%d slots after a repeat of a waiting order, want 0", n)
+	}
+	if err := q.keys.Purge(ctx); err != nil { // and past the window again
+		t.Fatal(err)
+	}
+	if _, err := s.Park(ctx, keyedOrder("c0", "w", `{"sku":2}`)); !errors.Is(err, ErrIdempotencyConflict) {
+		t.Fatalf("another payload: %v", err)
+	}
+	// Final: the dispatcher recorded the key and the message left.
+	if err := s.keepKey(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.stream.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.keys.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := s.Park(ctx, req); err != nil || !rc.Duplicate || rc.Ticket != m.Ticket {
+		t.Fatalf("repeat of the final order: %+v %v, want ticket %s", rc, err, m.Ticket)
+	}
+	if n := slotCount(t, ctx, q); n != 0 {
+		t.Fatalf("%d slots after the repeats, want 0", n)
+	}
+	for _, k := range []string{"x", "y"} {
+		if rc, err := s.Park(ctx, keyedOrder("c0", k, "{}")); err != nil || rc.Duplicate {
+			t.Fatalf("new key %s below the cap: %+v %v", k, rc, err)
+		}
+	}
+	if _, err := s.Park(ctx, keyedOrder("c0", "z", "{}")); !errors.Is(err, ErrTooManyKeys) {
 		t.Fatalf("a new key at the cap: %v", err)
 	}
 }
