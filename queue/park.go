@@ -59,8 +59,8 @@ type Receipt struct {
 //     ErrIdempotencyConflict; the same one gets the earlier ticket and its status.
 //     No order is written. The queue and the records are read at once: a keyed order
 //     leaves its queue no sooner than leaveGap after it is recorded, so no order is
-//     missed between the reads when both came back within leaveGap (else the records
-//     are read again; see repeat). While it waits, an order is found in its own queue
+//     missed between the reads when the queue answered within leaveGap of their start
+//     (else the records are read again; see repeat). While it waits, an order is found in its own queue
 //     only: K's ticket is derived per queue.
 //  2. At once with 1: the bucket is within keyReserve of its byte cap (else
 //     ErrKeyStoreFull), and a slot is taken for K in the queue's key stream, on the

@@ -582,8 +582,8 @@ func TestRepeatsRacingSettlementParkNothing(t *testing.T) {
 }
 
 // An order that leaves its queue while a repeat's reads are under way is found by its
-// key: two misses are trusted only when both reads came back within leaveGap, else
-// the records are read again after the queue's answer.
+// key: two misses are trusted only when the queue answered within leaveGap of the
+// reads' start, else the records are read again after the queue's answer.
 func TestRepeatReadsRecordsAgainAfterSlowReads(t *testing.T) {
 	s, q, ctx := openInternal(t, queueconfig.Config{Name: "orders", Outflow: limiter.PerSecond(5), Downstream: "http://127.0.0.1:1"})
 	req := keyedOrder("c1", "k", "{}")

@@ -46,12 +46,13 @@ func (s *Store) Repeat(ctx context.Context, req *Request) (rc Receipt, found boo
 
 // repeat implements step 1 for m, whose Ticket is its key's: found is true when the key
 // belongs to an earlier order (then rc or err is the answer). It reads the queue and the records (K's in
-// the bucket, T's ticket record) at once. A miss in both is trusted only when both
-// answers came within leaveGap of the reads' start: an order leaves its queue no
-// sooner than leaveGap after one of those records is stored (see leaveAfter), so an
-// order the queue read missed because it had left was recorded before the records
-// were read. When the reads took longer, the records are read once more, after the
-// queue's answer.
+// the bucket, T's ticket record) at once. A miss in both is trusted only when the
+// queue's answer came within leaveGap of the reads' start: an order leaves its queue
+// no sooner than leaveGap after one of those records is stored (see leaveAfter), so an
+// order the queue read missed because it had left was recorded more than leaveGap
+// before that answer, before the start, and the records, read after the start
+// however late they answer, hold it. When the queue answered later, the records are
+// read once more, after its answer.
 func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (rc Receipt, found bool, err error) {
 	return s.repeatFrom(ctx, q, key, m, time.Now(), s.readRecords(ctx, key, m.Ticket))
 }
@@ -60,6 +61,7 @@ func (s *Store) repeat(ctx context.Context, q *Queue, key string, m *Message) (r
 // them).
 func (s *Store) repeatFrom(ctx context.Context, q *Queue, key string, m *Message, start time.Time, records func() records) (rc Receipt, found bool, err error) {
 	_, parked, err := s.waitingAs(ctx, q, m)
+	answered := time.Since(start)
 	r := records()
 	switch {
 	case err == nil:
@@ -68,7 +70,7 @@ func (s *Store) repeatFrom(ctx context.Context, q *Queue, key string, m *Message
 	case !errors.Is(err, jetstream.ErrMsgNotFound):
 		return Receipt{}, false, err
 	}
-	if time.Since(start) >= leaveGap {
+	if answered >= leaveGap {
 		r = s.readRecords(ctx, key, m.Ticket)()
 	}
 	switch {
