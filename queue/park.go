@@ -60,8 +60,8 @@ type Receipt struct {
 //     No order is written. The queue and the records are read at once: a keyed order
 //     leaves its queue no sooner than leaveGap after it is recorded, so no order is
 //     missed between the reads when the queue answered within leaveGap of their start
-//     (else the records are read again; see repeat). While it waits, an order is found in its own queue
-//     only: K's ticket is derived per queue.
+//     (else the records are read again; see repeat). While it waits, an order is found
+//     in its own queue only: K's ticket is derived per queue.
 //  2. At once with 1: the bucket is within keyReserve of its byte cap (else
 //     ErrKeyStoreFull), and a slot is taken for K in the queue's key stream, on the
 //     client's subject, whose per-subject limit is MaxIdempotencyKeys (discard-new:
@@ -74,8 +74,8 @@ type Receipt struct {
 //     below its cap may be refused (ErrTooManyKeys with a retry delay). A repeat whose
 //     slot got ahead of its order's own (a request with K racing it, its slot a
 //     duplicate of the repeat's) deletes the key's only slot: the client may then be
-//     one key past its cap for IdempotencyTTL; the cap is a guard against
-//     abuse, no order depends on it.
+//     one key past its cap for IdempotencyTTL; the cap is a guard against abuse, no
+//     order depends on it.
 //  3. The order is published with Nats-Msg-Id "k."+K. Refused (full queue, too
 //     large…): the slot is deleted and the error returned. A duplicate PubAck (a
 //     concurrent or retried request with K within the duplicate window): the stored
