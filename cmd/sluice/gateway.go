@@ -27,6 +27,7 @@ import (
 	"github.com/sluicehq/sluice/ingress/console"
 	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/ingress/envoy"
+	"github.com/sluicehq/sluice/ingress/h1"
 	"github.com/sluicehq/sluice/ingress/proxyproto"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/limiter/redisstore"
@@ -48,6 +49,9 @@ type gateway struct {
 	// declaring is queues once reloads may declare through it (Prepare).
 	declaring atomic.Pointer[queues]
 	front     *http.Server // nil in dispatch and rls
+	// frontFast serves the front door's listener with front as its fallback
+	// (--fast-path); nil when net/http serves it alone.
+	frontFast *h1.Server
 	// proxyProtocol are the peers whose front-door connections carry a PROXY header.
 	proxyProtocol ingress.Prefixes
 	limiter       limiter.Limiter
@@ -447,6 +451,11 @@ func (g *gateway) serve() <-chan error {
 	}
 	errs := make(chan error, len(servers)+1)
 	for i, hs := range servers {
+		if hs == g.front && g.cfg.front.fastPath {
+			g.frontFast = &h1.Server{Fallback: hs}
+			go func() { errs <- g.frontFast.Serve(listeners[i]) }()
+			continue
+		}
 		go func() { errs <- hs.Serve(listeners[i]) }()
 	}
 	if g.grpc != nil {
@@ -508,7 +517,14 @@ func (g *gateway) shutdown(stopDispatch context.CancelFunc) {
 	// dispatcher, so neither has to wait for the other. Both get the same deadline.
 	stopDispatch()
 	var wg sync.WaitGroup
-	if g.front != nil {
+	switch {
+	case g.frontFast != nil:
+		wg.Go(func() {
+			if e := g.frontFast.Shutdown(shutdownCtx); e != nil {
+				g.log.Warn("shutdown incomplete", "addr", g.front.Addr, "err", e)
+			}
+		})
+	case g.front != nil:
 		wg.Go(func() { shutdown(g.front) })
 	}
 	if g.check != nil {

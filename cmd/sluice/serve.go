@@ -126,12 +126,14 @@ type frontConfig struct {
 	waits          int
 	maxKeys        int
 	shadow         bool
+	fastPath       bool
 }
 
 func (c *frontConfig) flags(fs *pflag.FlagSet, front bool) {
 	if front {
 		fs.StringVar(&c.upstream, "upstream", "", "`URL` of the upstream that allowed requests go to (required)")
 		fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` of the front door")
+		fs.BoolVar(&c.fastPath, "fast-path", true, "serve the common plaintext HTTP/1.1 requests on sluice's own fast path (ingress/h1) and every other connection on Go's net/http server; false: net/http for all")
 		fs.StringVar(&c.proxyProtocol, "proxy-protocol", "", "`CIDRs` of load balancers whose connections to the front door may start with a PROXY protocol header (v1 or v2, HAProxy's send-proxy / send-proxy-v2) naming the client, comma-separated")
 	}
 	c.redis.flags(fs)
