@@ -29,6 +29,7 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/sluicehq/sluice/ingress"
+	"github.com/sluicehq/sluice/ingress/h1"
 	"github.com/sluicehq/sluice/limiter/redistest"
 )
 
@@ -39,7 +40,9 @@ Measures, in one run on this machine, the upstream alone, a plain Go reverse pro
 sluice's proxy alone (ingress.Proxy on its connection pool, no rules, no limiter) and
 'sluice serve' in front of the same upstream, with the memory limiter and with Redis.
 The ceilings are measured beside them: a bare Go net/http server answering 204, the
-most any Go front door on net/http could pass here; net/http making one round trip to
+most any Go front door on net/http could pass here, and the front door's own fast path
+(ingress/h1, which sluice serve and sluice's proxy alone run in front of net/http)
+answering 204, its ceiling; net/http making one round trip to
 the upstream per request with the least work there is (a fixed request, the answer read
 by its Content-Length, no headers relayed: no real proxy, the floor under any proxy on
 net/http); and nginx answering 204 itself ("return 204").
@@ -202,6 +205,7 @@ func runHTTP(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	upstreamURL := "http://" + upstreamAddr
 	for _, c := range [][]string{
 		{targetGo204, "no-content"},
+		{targetFast204, "fast-no-content"},
 		{targetReverseProxy, "plain-proxy", upstreamURL},
 		{targetFloor, "floor-proxy", upstreamURL},
 		{targetPool, "pool-proxy", upstreamURL},
@@ -523,6 +527,7 @@ func stopProcess(cmd *exec.Cmd, term bool) {
 const (
 	targetUpstream     = "upstream alone"
 	targetGo204        = "net/http answering 204"
+	targetFast204      = "fast path answering 204"
 	targetNginx204     = "nginx answering 204"
 	targetReverseProxy = "httputil.ReverseProxy"
 	targetNginx        = "nginx limit_req"
@@ -738,20 +743,49 @@ func runUpstream(ctx context.Context, args []string, _, stderr io.Writer) int {
 // runNoContent is the ceiling of a Go server on this machine: net/http answering
 // every request 204 with nothing else to do.
 func runNoContent(ctx context.Context, args []string, _, stderr io.Writer) int {
+	return noContent(ctx, "no-content", serveUntilDone, args, stderr)
+}
+
+// runFastNoContent is the front door's fast path (ingress/h1, as sluice serve runs
+// it) answering 204 and nothing else: the ceiling of any front door on it.
+func runFastNoContent(ctx context.Context, args []string, _, stderr io.Writer) int {
+	return noContent(ctx, "fast-no-content", serveFastUntilDone, args, stderr)
+}
+
+func noContent(ctx context.Context, mode string, serve func(context.Context, *http.Server, io.Writer) int, args []string, stderr io.Writer) int {
 	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: sluice-bench no-content ADDR")
+		fmt.Fprintf(stderr, "usage: sluice-bench %s ADDR\n", mode)
 		return exitUsage
 	}
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
-	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: h, ReadHeaderTimeout: 10 * time.Second}, stderr)
+	return serve(ctx, &http.Server{Addr: args[0], Handler: h, ReadHeaderTimeout: 10 * time.Second}, stderr)
 }
 
 // serveUntilDone serves srv until ctx ends, then shuts it down (the requests under way
 // get a few seconds) and returns exitOK; a server that cannot listen or fails returns
 // exitFailure.
 func serveUntilDone(ctx context.Context, srv *http.Server, stderr io.Writer) int {
+	return serveOn(ctx, srv.ListenAndServe, srv.Shutdown, srv, stderr)
+}
+
+// serveFastUntilDone is serveUntilDone with the front door's fast path (ingress/h1)
+// in front of srv, as sluice serve runs it.
+func serveFastUntilDone(ctx context.Context, srv *http.Server, stderr io.Writer) int {
+	ln, err := net.Listen("tcp", srv.Addr)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitFailure
+	}
+	defer ln.Close()
+	fast := &h1.Server{Fallback: srv}
+	return serveOn(ctx, func() error { return fast.Serve(ln) }, fast.Shutdown, srv, stderr)
+}
+
+// serveOn runs serve until ctx ends, then shutdown (srv.Close when it does not finish
+// in time).
+func serveOn(ctx context.Context, serve func() error, shutdown func(context.Context) error, srv *http.Server, stderr io.Writer) int {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
+	go func() { errc <- serve() }()
 	select {
 	case err := <-errc:
 		fmt.Fprintln(stderr, err)
@@ -760,7 +794,7 @@ func serveUntilDone(ctx context.Context, srv *http.Server, stderr io.Writer) int
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
+	if err := shutdown(shutdownCtx); err != nil {
 		srv.Close()
 	}
 	<-errc // http.ErrServerClosed
@@ -789,9 +823,10 @@ func runPlainProxy(ctx context.Context, args []string, _, stderr io.Writer) int 
 }
 
 // runPoolProxy is sluice's proxy alone: ingress.Proxy (on its connection pool, with
-// its metrics) behind an http.Server with the front door's timeouts and header limit
-// (cmd/sluice's newHTTPServer), without the middleware: no rules, no limiter. The
-// difference to 'sluice serve' is what deciding costs.
+// its metrics) behind the front door's server (its fast path, ingress/h1, before an
+// http.Server with the front door's timeouts and header limit, as cmd/sluice's
+// newHTTPServer), without the middleware: no rules, no limiter. The difference to
+// 'sluice serve' is what deciding costs.
 func runPoolProxy(ctx context.Context, args []string, _, stderr io.Writer) int {
 	if len(args) != 2 {
 		fmt.Fprintln(stderr, "usage: sluice-bench pool-proxy ADDR UPSTREAM_URL")
@@ -809,7 +844,7 @@ func runPoolProxy(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer p.CloseIdleConnections()
-	return serveUntilDone(ctx, &http.Server{Addr: args[0], Handler: p, ReadHeaderTimeout: 10 * time.Second,
+	return serveFastUntilDone(ctx, &http.Server{Addr: args[0], Handler: p, ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, WriteTimeout: 90 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}, stderr)
 }
 

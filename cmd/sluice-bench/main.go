@@ -44,6 +44,7 @@ var modes = []struct {
 	{"plain-proxy", "a plain httputil.ReverseProxy: sluice-bench plain-proxy ADDR UPSTREAM_URL", runPlainProxy},
 	{"no-content", "net/http answering 204 and nothing else, a Go server's ceiling: sluice-bench no-content ADDR", runNoContent},
 	{"floor-proxy", "net/http with one fixed round trip to the upstream per request, the floor under any Go proxy: sluice-bench floor-proxy ADDR UPSTREAM_URL", runFloorProxy},
+	{"fast-no-content", "the front door's fast path (ingress/h1) answering 204 and nothing else, its ceiling: sluice-bench fast-no-content ADDR", runFastNoContent},
 	{"pool-proxy", "sluice's proxy (ingress.Proxy) without rules or limiter: sluice-bench pool-proxy ADDR UPSTREAM_URL", runPoolProxy},
 	// The services that the rls mode runs as processes of their own.
 	{"rls-server", "sluice's rate limit service alone: sluice-bench rls-server [--headers=false] ADDR RULES_FILE [REDIS_URL]", runRLSServer},
