@@ -105,8 +105,8 @@ func BenchmarkMemory(b *testing.B) {
 }
 
 // BenchmarkMemoryParallel is the one-key and 100k-key pattern with GOMAXPROCS
-// goroutines: one key's state is contended (a bucket's two words, changed by
-// compare-and-swap; a window's slot lock), and 100k keys' shards are shared.
+// goroutines: one key's state is contended (its slot's lock), and 100k keys' shards
+// are shared.
 func BenchmarkMemoryParallel(b *testing.B) {
 	ctx := context.Background()
 	l := benchLimit(limiter.TokenBucket, len(benchKeys))

@@ -29,13 +29,10 @@
 // Memory store: per shard (its own lock; no global lock) an open-addressing table
 // whose 64-byte slots hold each key's state inline, each slot with a sync.Mutex of its
 // own. A key already tracked is decided without the shard's lock: found by an atomic
-// lookup, and then a token or leaky bucket is decided by one 128-bit compare-and-swap of
-// its two words (time and level; on amd64 with CMPXCHG16B, outside the race detector),
-// the other algorithms under the slot's lock, so a hot key touches one cache line; inserting,
-// moving or dropping keys, and the sliding window log, take the shard's lock. A few keys
-// decided at a high rate have their hashes remembered, so a decision on them compares the
-// key instead of hashing it. A decision on one of many keys costs about one cache miss and
-// no allocation; the table holds no pointers for the GC to scan.
+// lookup and held by its slot's lock, so a hot key touches one cache line; inserting,
+// moving or dropping keys, and the sliding window log, take the shard's lock. A decision
+// on one of many keys costs about one cache miss and no allocation; the table holds no
+// pointers for the GC to scan.
 // Keys are known by 88 bits of two independently seeded hashes rather than stored: two
 // keys would be confused with a probability of about 10^-10 over a century at a million
 // decisions a second (see `slot` in `limiter/memory.go`). Time comes from the monotonic

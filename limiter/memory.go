@@ -5,11 +5,9 @@ import (
 	"hash/maphash"
 	"math"
 	"math/bits"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/sluicehq/sluice/limiter/internal/algo"
 )
@@ -28,27 +26,28 @@ import (
 //
 // A hot key is the common case (a global limit, "all orders"), so a decision on a
 // tracked key touches that key's cache line and nothing else that other callers
-// write (and a key decided at a high rate is not even hashed: see Memory.hot). It
-// finds the key without the shard's lock. A token or leaky bucket is then decided
-// without any lock: its state is two words, updated by one 128-bit compare-and-swap
-// (see memory_bucket.go). The other algorithms take the slot's own lock, which lives
-// in the same line (see slot), make the decision and release it: a fixed window or
-// sliding counter is three or four words (a window, its count and the latest time
-// seen, which a clock stepping back must find exactly), and the sliding window log
-// is a list of timestamps. What changes the table (inserting, dropping or moving
-// keys, growing it, a key changing algorithm) takes the shard's lock and the slot's,
-// and freezes a bucket's words first; a decision that meets any of it half-way (an
-// empty, frozen or moved slot, an identity gone) is made under the locks instead,
-// which is always right. The sliding window log, whose timestamps live in the
-// shard, is always decided under the shard's lock.
+// write: it finds the key without the shard's lock and takes the slot's own lock,
+// which lives in the same line (see slot), makes the decision and releases it. Every
+// write to a slot is made under its lock, so a decision that holds the lock and finds
+// its key's identity still there decides on the key's only copy of its state. What
+// changes the table (inserting, dropping or moving keys, growing it, a key changing
+// algorithm) takes the shard's lock as well, and a decision that meets any of it
+// half-way (an empty or moved slot, an identity gone) is made under the shard's lock
+// instead, which is always right. The sliding window log, whose timestamps live in
+// the shard, is always decided under the shard's lock.
 //
-// (A decision packed into one 64-bit word was the design first tried: the token
-// bucket's state is a float64 level and a time in µs, 128 bits, and the Redis
-// scripts compute the same doubles, so packing it into 64 would change decisions.
-// A fixed window fits two words too, its time and count, its window being the one
-// of its time under the period last used; decided that way it measured slower than
-// under its lock, in BenchmarkMemoryParallel with one key: deriving the window
-// costs a second 64-bit division per decision.)
+// Tried and dropped (measured in deploy/figures/README.md): a decision packed into
+// one 64-bit word (the token bucket's state is a float64 level and a time in µs, 128
+// bits, and the Redis scripts compute the same doubles, so packing it would change
+// decisions); a bucket's two words changed by one 128-bit compare-and-swap
+// (CMPXCHG16B, in assembly), slower than the slot lock with two callers on one key,
+// and bimodal from run to run, the two cores redoing decisions on one line; the
+// hashes of a few hot keys remembered in the store, which saved a hot key about 6ns
+// of hashing but cost 100k keys with two callers about 40ns a decision, its entries
+// being small objects that every decision reads and that may share a cache line with
+// whatever the allocator puts beside them. The slot lock costs one compare-and-swap
+// and one atomic add on the key's line, as a compare-and-swap loop would, and keeps
+// every algorithm exact.
 type Memory struct {
 	seed      maphash.Seed // the key's hash: shard, slot and identity
 	checkSeed maphash.Seed // the key's second hash: identity
@@ -56,76 +55,20 @@ type Memory struct {
 	shift     uint         // a hash's shard is hash >> shift
 	now       func() int64 // µs since the Unix epoch
 	perCap    int          // keys per shard
-	lockFree  bool         // buckets are decided by compare-and-swap (see fastTable)
-
-	// retyping, if set (by tests), runs while a slot changes algorithm, with its
-	// locks held, its new id set and its old state not yet cleared: where a decision
-	// without the lock must find its words frozen.
-	retyping func(*slot)
 
 	evictions atomic.Int64
-
-	// hot remembers the hashes of a few keys decided at a high rate, by hotIndex of
-	// the key: a decision on one of them compares its key with the one remembered
-	// (about 2ns for the ingress's keys) instead of hashing it twice (about 8ns, an
-	// eighth of a hot key's decision). A key is remembered when a decision finds it
-	// decided less than hotGap µs before; an entry gives way to another hot key at
-	// most every hotRefresh µs, so two hot keys of one index cost at most two small
-	// allocations per millisecond between them, and a store of many keys none of
-	// which is hot allocates nothing. Hashes depend only on the key and the seeds,
-	// so an entry is never stale.
-	_   [56]byte // keeps hot, read by every decision, off evictions' cache line
-	hot [hotKeys]atomic.Pointer[hotKey]
-}
-
-// hotKey is one remembered key and its hashes; it is never modified.
-type hotKey struct {
-	key   string
-	h     uint64
-	check uint32
-	since int64 // µs when it was remembered
-}
-
-const (
-	hotKeys    = 8    // keys whose hashes Memory remembers
-	hotGap     = 16   // µs: a key decided again within hotGap of its last decision is hot
-	hotRefresh = 1000 // µs: the least time an entry of hot is kept
-)
-
-// hotIndex is where key is remembered in Memory.hot: it mixes the key's length and
-// last byte, which costs less than any hash (the ingress's keys end with a hash of
-// the request's values, so their last bytes vary).
-func hotIndex(key string) uint {
-	if key == "" {
-		return 0
-	}
-	return (uint(len(key)) ^ uint(key[len(key)-1])) % hotKeys
 }
 
 type memoryShard struct {
 	mu    sync.Mutex
-	table []slot                    // a power of two of slots, at most 13/16 used; nil until the first key
-	fast  atomic.Pointer[fastTable] // table, for the decisions that do not take mu
+	table []slot                 // a power of two of slots, at most 13/16 used; nil until the first key
+	fast  atomic.Pointer[[]slot] // table, for the decisions that do not take mu
 	used  int
 
 	logs     []algo.TimeLog // sliding window logs, by slot.log-1
 	freeLogs []int32        // indices of unused logs
 
-	// versions counts the publications of buckets' words in the table, whose
-	// version bits it gives (see memory_bucket.go). It is on the shard's second
-	// cache line, which the decisions that do not take mu do not read.
-	versions atomic.Uint32
-
-	_ [28]byte // keep neighbouring shards' locks off one cache line
-}
-
-// fastTable is a shard's table as the decisions that do not take its lock find it.
-type fastTable struct {
-	slots []slot
-	// lockFree: buckets in slots are decided by compare-and-swap (the processor has
-	// CMPXCHG16B and the race detector is off), and whoever writes their words
-	// under the lock freezes them first.
-	lockFree bool
+	_ [32]byte // keep neighbouring shards' locks off one cache line
 }
 
 // slot is one key of a shard's table: 64 bytes, aligned to a cache line (tables are
@@ -144,18 +87,17 @@ type fastTable struct {
 //
 // mu is the slot's lock. id is read without the shard's lock by decisions looking
 // their key up, so it is read and written atomically; everything in a slot is
-// written only under mu, and what moves keys also holds the shard's lock, but for
-// a bucket's words, which decisions without the lock change by compare-and-swap
-// (see memory_bucket.go). A sync.Mutex rather than a spin lock: callers hammering
-// one key then take turns in runs (a waiter parks, the holder keeps the line in its
-// cache), where a spin lock hands the line from core to core at every decision,
-// which measured slower than x/time/rate's one mutex.
+// written only under mu, and what moves keys also holds the shard's lock. A
+// sync.Mutex rather than a spin lock: callers hammering one key then take turns in
+// runs (a waiter parks, the holder keeps the line in its cache), where a spin lock
+// hands the line from core to core at every decision, which measured slower than
+// x/time/rate's one mutex.
 type slot struct {
+	mu         sync.Mutex
 	id         uint64 // the key's hash with its algorithm in the low byte; 0: an empty slot
 	check      uint32 // the key's second hash
 	log        int32  // sliding window log: 1 + its index in the shard's logs; 0: none
-	algo.State        // 40 bytes at offset 16: Last and Level are 16-byte aligned
-	mu         sync.Mutex
+	algo.State        // 40 bytes
 }
 
 // lockKey locks s if it holds the key of this id and check, and reports whether it
@@ -223,7 +165,6 @@ func NewMemory(opts ...MemoryOption) *Memory {
 		shards:    make([]memoryShard, shards),
 		shift:     uint(64 - bits.TrailingZeros(uint(shards))),
 		perCap:    max(cfg.maxKeys/shards, 1),
-		lockFree:  hasCAS128(),
 	}
 	if cfg.clock != nil {
 		m.now = func() int64 { return cfg.clock().UnixMicro() }
@@ -272,29 +213,13 @@ func fill(d *Decision, o algo.Outcome, capacity int64) {
 }
 
 func (m *Memory) decide(key string, p *algo.Params, n int64) algo.Outcome {
-	hot := &m.hot[hotIndex(key)]
-	e := hot.Load()
-	if e != nil && e.key == key {
-		return m.decideHashed(e.h, e.check, p, m.now(), n, nil)
-	}
 	h := maphash.String(m.seed, key)
 	check := uint32(maphash.String(m.checkSeed, key))
 	now := m.now()
-	var last int64
-	o := m.decideHashed(h, check, p, now, n, &last)
-	if now-last < hotGap && (e == nil || now-e.since >= hotRefresh) {
-		hot.Store(&hotKey{key: strings.Clone(key), h: h, check: check, since: now})
-	}
-	return o
-}
-
-// decideHashed decides for the key of hash h and check. If last is not nil, it is
-// set to the latest time the key had seen before this decision (0 for a new key).
-func (m *Memory) decideHashed(h uint64, check uint32, p *algo.Params, now, n int64, last *int64) algo.Outcome {
 	sh := &m.shards[h>>m.shift] // a shift by 64 (one shard) gives 0
 	if p.Algorithm != algo.SlidingWindowLog {
 		var o algo.Outcome
-		if sh.decideTracked(&o, h&idMask|uint64(p.Algorithm), check, p, now, n, last) {
+		if sh.decideTracked(&o, h&idMask|uint64(p.Algorithm), check, p, now, n) {
 			return o
 		}
 	}
@@ -306,23 +231,16 @@ func (m *Memory) decideHashed(h uint64, check uint32, p *algo.Params, now, n int
 		s = m.insert(sh, h, check, p.Algorithm, now)
 	}
 	s.mu.Lock()
-	lockFree := sh.fast.Load().lockFree
 	if s.algorithm() != p.Algorithm {
-		if lockFree {
-			s.freeze()
-		}
 		sh.freeLog(s)
 		s.setID(h&idMask | uint64(p.Algorithm))
-		if m.retyping != nil {
-			m.retyping(s)
-		}
 		s.State = algo.State{}
 	}
 	var log *algo.TimeLog
 	if p.Algorithm == algo.SlidingWindowLog {
 		log = sh.logOf(s)
 	}
-	o := sh.decideLocked(s, p, now, n, log, last, lockFree)
+	o := s.Decide(p, now, n, log)
 	s.mu.Unlock()
 	sh.mu.Unlock()
 	return o
@@ -330,15 +248,14 @@ func (m *Memory) decideHashed(h uint64, check uint32, p *algo.Params, now, n int
 
 // decideTracked makes the decision into o without the shard's lock if the key whose
 // id (hash and algorithm) and check are given is in the table, and reports whether
-// it did (and sets last as decideHashed does); false sends the decision to the
-// shard's lock, for a new key, another algorithm, or a table changing under the
-// lookup.
-func (sh *memoryShard) decideTracked(o *algo.Outcome, id uint64, check uint32, p *algo.Params, now, n int64, last *int64) bool {
+// it did; false sends the decision to the shard's lock, for a new key, another
+// algorithm, or a table changing under the lookup.
+func (sh *memoryShard) decideTracked(o *algo.Outcome, id uint64, check uint32, p *algo.Params, now, n int64) bool {
 	t := sh.fast.Load()
 	if t == nil {
 		return false
 	}
-	table := t.slots
+	table := *t
 	mask := uint64(len(table) - 1)
 	for i := home(id, mask); ; i = (i + 1) & mask {
 		s := &table[i]
@@ -346,14 +263,11 @@ func (sh *memoryShard) decideTracked(o *algo.Outcome, id uint64, check uint32, p
 		case 0:
 			return false // a table always has empty slots
 		case id:
-			if t.lockFree && p.Algorithm.Bucket() && s.decideBucket(o, id, check, p, now, n, last) {
-				return true
-			}
 			// Moving a key away clears or changes its id under the slot's lock.
 			if !s.lockKey(id, check) {
 				return false
 			}
-			*o = sh.decideLocked(s, p, now, n, nil, last, t.lockFree)
+			*o = s.Decide(p, now, n, nil)
 			s.mu.Unlock()
 			return true
 		}
@@ -398,7 +312,7 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 			if s := &sh.table[i]; s.id != 0 {
 				// A slot locked by a decision is in use: neither fresh nor a victim.
 				if s.mu.TryLock() {
-					expires := s.expires()
+					expires := s.Expires
 					s.mu.Unlock()
 					if expires <= now {
 						expired[nexpired] = ref{s.id, s.check}
@@ -429,7 +343,7 @@ func (m *Memory) insert(sh *memoryShard, h uint64, check uint32, a algo.Algo, no
 		}
 	}
 	if (sh.used+1)*16 > len(sh.table)*13 {
-		sh.grow(m.lockFree)
+		sh.grow()
 	}
 	sh.used++
 	s := place(sh.table, h&idMask|uint64(a), check)
@@ -452,53 +366,31 @@ func place(table []slot, id uint64, check uint32) *slot {
 	return s
 }
 
-// moveTo moves the key of s, which is locked (and frozen if lockFree), to d, which is
-// locked and empty, and leaves d locked. With lockFree, d's words are frozen before
-// they change and its key is in place before a bucket's words are published, so that
-// a decision without the lock that read d before can no longer change it, and one
-// that reads d's words published can only find them with their key.
-func (sh *memoryShard) moveTo(s, d *slot, lockFree bool) {
-	if lockFree {
-		d.freeze()
-	}
-	d.check, d.log = s.check, s.log
-	d.Level, d.Expires, d.Start, d.Count = s.Level, s.Expires, s.Start, s.Count
+// moveTo moves the key of s, which is locked, to d, which is locked and empty, and
+// leaves d locked.
+func (s *slot) moveTo(d *slot) {
+	d.check, d.log, d.State = s.check, s.log, s.State
 	d.setID(s.id)
-	last := s.Last
-	if s.algorithm().Bucket() {
-		last = sh.published(uint64(last))
-	}
-	atomic.StoreInt64(&d.Last, last)
 }
 
 // grow doubles the table (or makes the first one). Each key moves under its old slot's
-// lock, which it leaves empty (and a bucket's words frozen): a decision that still
-// looks in the old table finds nothing there and goes to the shard's lock.
-func (sh *memoryShard) grow(lockFree bool) {
+// lock, which it leaves empty: a decision that still looks in the old table finds
+// nothing there and goes to the shard's lock.
+func (sh *memoryShard) grow() {
 	old := sh.table
-	oldFree := lockFree
-	if t := sh.fast.Load(); t != nil {
-		oldFree = t.lockFree
-	}
 	table := make([]slot, max(2*len(old), 8))
 	for i := range old {
 		if s := &old[i]; s.id != 0 {
 			s.mu.Lock()
-			if oldFree && s.algorithm().Bucket() {
-				s.freeze()
-			}
 			d := place(table, s.id, s.check)
-			sh.moveTo(s, d, false) // d is not seen until fast is stored
+			s.moveTo(d)
 			d.mu.Unlock()
 			s.setID(0)
 			s.mu.Unlock()
 		}
 	}
 	sh.table = table
-	// CMPXCHG16B needs its words 16-byte aligned: Go aligns an allocation of a power
-	// of two of 64-byte slots to 64 bytes at least, and this checks it.
-	aligned := uintptr(unsafe.Pointer(&table[0].Last))%16 == 0
-	sh.fast.Store(&fastTable{slots: table, lockFree: lockFree && aligned})
+	sh.fast.Store(&table)
 }
 
 // remove deletes the key with this id (hash bits) and check if it is present and its
@@ -514,17 +406,7 @@ func (sh *memoryShard) remove(id uint64, check uint32, freshBy int64) bool {
 	}
 	s := &sh.table[i]
 	s.mu.Lock()
-	lockFree := sh.fast.Load().lockFree
-	frozen := lockFree && s.algorithm().Bucket()
-	var w0 uint64
-	if frozen {
-		w0, _ = s.freeze()
-	}
-	if s.expires() > freshBy {
-		if frozen {
-			// Unchanged: a decision that read the words before may still change them.
-			atomic.StoreUint64(&s.words()[0], w0)
-		}
+	if s.Expires > freshBy {
 		s.mu.Unlock()
 		return false
 	}
@@ -536,10 +418,7 @@ func (sh *memoryShard) remove(id uint64, check uint32, freshBy int64) bool {
 		if (j-home(sh.table[j].id, mask))&mask >= (j-hole)&mask {
 			t := &sh.table[j]
 			t.mu.Lock()
-			if lockFree && t.algorithm().Bucket() {
-				t.freeze()
-			}
-			sh.moveTo(t, &sh.table[hole], lockFree)
+			t.moveTo(&sh.table[hole])
 			sh.table[hole].mu.Unlock()
 			hole = j
 		}

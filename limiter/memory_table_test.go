@@ -4,8 +4,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -76,24 +74,6 @@ func TestMemoryLayout(t *testing.T) {
 	if n := unsafe.Sizeof(memoryShard{}); n != 128 {
 		t.Errorf("a shard is %d bytes, want 128", n)
 	}
-	// A bucket's words, for CMPXCHG16B: 16-byte aligned, the time then the level.
-	var s slot
-	if unsafe.Offsetof(s.Last) != 16 || unsafe.Offsetof(s.Level) != 24 {
-		t.Errorf("a bucket's words are at offsets %d and %d, want 16 and 24", unsafe.Offsetof(s.Last), unsafe.Offsetof(s.Level))
-	}
-	m := NewMemory(WithShards(1))
-	sh := &m.shards[0]
-	for range 12 { // tables of 8 to 16k slots
-		sh.mu.Lock()
-		sh.grow(m.lockFree)
-		sh.mu.Unlock()
-		if t := sh.fast.Load(); t.lockFree != m.lockFree {
-			break
-		}
-	}
-	if sh.fast.Load().lockFree != m.lockFree {
-		t.Errorf("a table of %d slots is not 16-byte aligned", len(sh.table))
-	}
 }
 
 // TestMemoryLogsAreReleased checks that a sliding log's timestamps go with its key:
@@ -150,119 +130,4 @@ func TestAlgorithmNumbers(t *testing.T) {
 	if algo.Duration(algo.Never) != Never {
 		t.Errorf("algo.Duration(algo.Never) = %v, want Never", algo.Duration(algo.Never))
 	}
-}
-
-// TestMemoryHotKeys checks the remembered hashes of hot keys: a key decided again at
-// once is remembered, decisions on it stay on its one state, another key of the same
-// index (same length, same last byte) keeps its own state and does not displace it
-// before hotRefresh, a key read from a buffer that is then rewritten is remembered by
-// its content, and keys that are not hot are never remembered.
-func TestMemoryHotKeys(t *testing.T) {
-	now := int64(1_000_000)
-	m := NewMemory(WithShards(1))
-	m.now = func() int64 { return now }
-	p := algo.Params{Algorithm: algo.FixedWindow, Rate: 100, Period: 1 << 40, Capacity: 100}
-	remaining := func(key string) int64 { return m.decide(key, &p, 1).Remaining }
-
-	buf := []byte("hot-a-0")
-	a := unsafe.String(&buf[0], len(buf))
-	if hotIndex(a) != hotIndex("hot-b-0") {
-		t.Fatal("the test's keys do not share an index")
-	}
-	for i := range 10 {
-		if got := remaining(a); got != int64(99-i) {
-			t.Fatalf("decision %d on %s: remaining %d, want %d", i, a, got, 99-i)
-		}
-	}
-	e := m.hot[hotIndex(a)].Load()
-	if e == nil || e.key != "hot-a-0" {
-		t.Fatalf("a key decided ten times at once is not remembered: %+v", e)
-	}
-	for i := range 10 {
-		if got := remaining("hot-b-0"); got != int64(99-i) {
-			t.Fatalf("decision %d on hot-b-0: remaining %d, want %d", i, got, 99-i)
-		}
-	}
-	if m.hot[hotIndex(a)].Load() != e {
-		t.Fatal("another hot key displaced the entry before hotRefresh")
-	}
-	copy(buf, "hot-c-0") // the caller reuses its buffer: the entry keeps its own copy
-	if got := remaining(a); got != 99 {
-		t.Fatalf("hot-c-0, a new key in a rewritten buffer: remaining %d, want 99", got)
-	}
-	if got := remaining("hot-a-0"); got != 89 {
-		t.Fatalf("hot-a-0 after ten decisions: remaining %d, want 89", got)
-	}
-	now += hotRefresh
-	remaining("hot-b-0")
-	remaining("hot-b-0") // decided again at once: hot
-	if e := m.hot[hotIndex(a)].Load(); e == nil || e.key != "hot-b-0" {
-		t.Fatalf("after hotRefresh, the entry did not go to the other hot key: %+v", e)
-	}
-
-	cold := NewMemory(WithShards(1))
-	cold.now = func() int64 { return now }
-	for i := range 3000 {
-		now += hotGap
-		cold.decide(strconv.Itoa(i%300), &p, 1)
-	}
-	for i := range cold.hot {
-		if e := cold.hot[i].Load(); e != nil {
-			t.Fatalf("a key decided every %dµs was remembered as hot: %q", 300*hotGap, e.key)
-		}
-	}
-}
-
-// TestMemoryBucketWordsAfterMoves plays a decision without the lock that read a
-// bucket's words and then slept while the key moved: backward (a key before it
-// removed) and to a new table (growing). Its compare-and-swap must then fail, on the
-// old slot and on the new one, and the bucket's state must be intact.
-func TestMemoryBucketWordsAfterMoves(t *testing.T) {
-	requireLockFree(t, hasCAS128())
-	now := int64(1_000_000)
-	m := NewMemory(WithShards(1), WithMaxKeys(1<<20))
-	m.now = func() int64 { return now }
-	sh := &m.shards[0]
-	p := algo.Params{Algorithm: algo.TokenBucket, Rate: 1, Period: 1 << 40, Capacity: 1000}
-	// a and b share a home slot, so b sits right after a.
-	const ha, hb = 5 << 8, 5<<8 | 1<<40
-	ida, idb := uint64(ha)|uint64(algo.TokenBucket), uint64(hb)|uint64(algo.TokenBucket)
-	m.decideHashed(ha, 1, &p, now, 1, nil)
-	decided := int64(0)
-	decide := func() algo.Outcome {
-		decided++
-		return m.decideHashed(hb, 2, &p, now, 1, nil)
-	}
-	decide()
-	decide() // without the lock
-	stale := func() (*[2]uint64, uint64, uint64) {
-		w := sh.table[sh.find(idb, 2)].words()
-		return w, atomic.LoadUint64(&w[0]), atomic.LoadUint64(&w[1])
-	}
-	check := func(what string, old *[2]uint64, w0, w1 uint64) {
-		t.Helper()
-		if cas128(old, w0, w1, w0, w1^1) {
-			t.Fatalf("%s: a stale compare-and-swap on the old slot succeeded", what)
-		}
-		if w := sh.table[sh.find(idb, 2)].words(); cas128(w, w0, w1, w0, w1^1) {
-			t.Fatalf("%s: a stale compare-and-swap on the key's new slot succeeded", what)
-		}
-		if o := decide(); o.Remaining != p.Capacity-decided {
-			t.Fatalf("%s: remaining %d after %d decisions", what, o.Remaining, decided)
-		}
-	}
-
-	old, w0, w1 := stale()
-	sh.mu.Lock()
-	if !sh.remove(ida, 1, math.MaxInt64) {
-		t.Fatal("a was not removed")
-	}
-	sh.mu.Unlock()
-	check("moved back", old, w0, w1)
-
-	old, w0, w1 = stale()
-	sh.mu.Lock()
-	sh.grow(m.lockFree)
-	sh.mu.Unlock()
-	check("moved to a new table", old, w0, w1)
 }

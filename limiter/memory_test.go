@@ -141,8 +141,8 @@ func TestMemoryConcurrentDecisionsAreNotLost(t *testing.T) {
 		// moves in a few nanoseconds, so it takes many moves to meet a decision.
 		{"growing", 1 << 20, 600, 200},
 	} {
-		// A fixed window is decided under its slot's lock, a token bucket by
-		// compare-and-swap on its words, which whatever moves keys must freeze.
+		// A fixed window and a token bucket: every algorithm is decided under its
+		// slot's lock, which whatever moves keys takes.
 		for _, a := range []limiter.Algorithm{limiter.FixedWindow, limiter.TokenBucket} {
 			t.Run(tc.name+"/"+string(a), func(t *testing.T) {
 				for range tc.rounds {

@@ -34,9 +34,7 @@ type State struct {
 	// Level is, for the buckets, the units in the virtual queue (capacity minus
 	// tokens), never negative; for the sliding window counter, the units counted in
 	// the previous window, a whole number below 2^53 and so exact as a float64 (the
-	// two never share a key, and sharing the field keeps State in 40 bytes). It
-	// follows Last: the memory store changes a bucket's two words with one
-	// compare-and-swap.
+	// two never share a key, and sharing the field keeps State in 40 bytes).
 	Level float64
 
 	Expires int64 // from this time on the state is equivalent to a fresh one, µs
