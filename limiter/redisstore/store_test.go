@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -233,6 +234,39 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 					if ttl <= 0 || ttl < d.ResetAfter.Truncate(time.Millisecond) || ttl > d.ResetAfter+grace+5*time.Millisecond {
 						t.Errorf("decision %d (%+v): key %q has TTL %v, want in [reset, reset+grace]", i, d, k, ttl)
 					}
+				}
+			}
+		})
+	}
+}
+
+// TestRedisLongestTTL: the longest TTL a script can set, a drain time at
+// algo.MaxMicros plus the longest grace (past 2^63 ns, below 2^53 ms), is still an
+// integer Redis takes: every decision comes from Redis, and its key lives at least
+// as long as its state.
+func TestRedisLongestTTL(t *testing.T) {
+	srv := standalone(t)
+	client := srv.Client()
+	ctx := context.Background()
+	agelong := limiter.Limit{Algorithm: limiter.TokenBucket, Rate: 1, Period: 24 * time.Hour, Burst: 1 << 20}
+	for _, l := range append(everyAlgorithm(3, farWindow), agelong) {
+		t.Run(limitName(l), func(t *testing.T) {
+			prefix := shared.uniquePrefix()
+			r := newTestRedis(t, client, redisstore.WithKeyPrefix(prefix),
+				redisstore.WithKeyGrace(time.Duration(math.MaxInt64)), redisstore.WithOverLimitCache(0))
+			d := check(t, r, "k", l, 2)
+			if n := r.Fallbacks(); n != 0 {
+				t.Fatalf("%d decisions fell back: Redis refused the TTL", n)
+			}
+			keys, err := client.Keys(ctx, prefix+"*").Result()
+			if err != nil || len(keys) == 0 {
+				t.Fatalf("keys %q, %v", keys, err)
+			}
+			for _, k := range keys {
+				// In ms: past 2^63 ns, which go-redis' PTTL would wrap.
+				ttl, err := client.Do(ctx, "PTTL", k).Int64()
+				if err != nil || ttl < d.ResetAfter.Milliseconds() {
+					t.Errorf("key %q: TTL %dms, %v; want at least %v", k, ttl, err, d.ResetAfter)
 				}
 			}
 		})
@@ -510,7 +544,10 @@ func TestRedisHungServer(t *testing.T) {
 			srv := redistest.Start(t)
 			opts := redistest.ClientOptions(srv.Addr())
 			opts.ContextTimeoutEnabled = contextTimeouts
-			opts.ReadTimeout = time.Second // how long a worker may stay blocked
+			// How long a worker may stay blocked without context deadlines: past the
+			// 3s a decision may take below, so that a wait bounded by it, not by the
+			// store's timeout, fails the test.
+			opts.ReadTimeout = 10 * time.Second
 			client := redis.NewClient(opts)
 			defer client.Close()
 			r, err := redisstore.New(client,
@@ -532,14 +569,25 @@ func TestRedisHungServer(t *testing.T) {
 					srv.Resume()
 				}
 			}()
-			// Long enough for several probes to time out.
-			for i, start := 0, time.Now(); time.Since(start) < 500*ms; i++ {
-				begin := time.Now()
-				d := check(t, r, "k", l, 1)
-				if elapsed := time.Since(begin); elapsed > 3*time.Second || !d.Allowed {
-					t.Fatalf("decision %d while Redis hangs: %+v after %v", i, d, elapsed)
-				}
-				time.Sleep(ms)
+			// Long enough for several probes to time out. Concurrent callers hand
+			// their decisions to the workers, whose calls the hang blocks too.
+			var wg sync.WaitGroup
+			for c := range 8 {
+				wg.Go(func() {
+					for i, start := 0, time.Now(); time.Since(start) < 500*ms; i++ {
+						begin := time.Now()
+						d, err := r.AllowN(context.Background(), "k", l, 1)
+						if elapsed := time.Since(begin); err != nil || elapsed > 3*time.Second || !d.Allowed {
+							t.Errorf("caller %d, decision %d while Redis hangs: %+v, %v after %v", c, i, d, err, elapsed)
+							return
+						}
+						time.Sleep(ms)
+					}
+				})
+			}
+			wg.Wait()
+			if t.Failed() {
+				return
 			}
 			if r.Fallbacks() == 0 || !r.Down() {
 				t.Fatalf("Fallbacks() = %d, Down() = %v while Redis hangs", r.Fallbacks(), r.Down())
