@@ -33,7 +33,9 @@ type response struct {
 	written       int64 // body bytes written by the handler
 	closeAfter    bool
 	err           error // the connection's write error
-	trailers      []string
+	// reqBody is the request's body, nil without one.
+	reqBody  *body
+	trailers []string
 }
 
 var _ http.Flusher = (*response)(nil)
@@ -223,6 +225,7 @@ func (w *response) finish() error {
 		return w.err
 	}
 	if !w.headWritten {
+		w.drainBody()
 		w.writeHead(true)
 	}
 	c := w.c
@@ -249,6 +252,26 @@ func (w *response) finish() error {
 	}
 	w.err = c.flushOut(nil)
 	return w.err
+}
+
+// drainBody reads and drops what the handler left of the request's body before the
+// head is written, as net/http's server does: a connection that cannot carry another
+// request after it (more than maxDiscard left, or the body cannot be read to its end)
+// says Connection: close in the head, so that the client sends nothing more on it.
+func (w *response) drainBody() {
+	b := w.reqBody
+	if b == nil || b.left == 0 || w.closeAfter {
+		return
+	}
+	switch {
+	case b.left >= maxDiscard:
+		w.closeAfter = true
+	case errors.Is(b.err, io.ErrUnexpectedEOF):
+		// The client ended the connection within the body: net/http takes that
+		// for the body's end and says nothing; the connection ends after.
+	case !b.discard():
+		w.closeAfter = true
+	}
 }
 
 // flushOut writes c.out to the connection unless err is already set.
@@ -421,7 +444,7 @@ func (b *body) close() {
 // maxDiscard; false when more is left or the read failed (the connection then
 // closes).
 func (b *body) discard() bool {
-	if b.err != nil || b.left > maxDiscard {
+	if b.err != nil || b.left >= maxDiscard {
 		return false
 	}
 	c := b.c
@@ -432,12 +455,16 @@ func (b *body) discard() bool {
 			b.left -= int64(n)
 			continue
 		}
+		// Nothing of the next request is buffered (c.r == c.w): the buffer takes
+		// the body's bytes from its start, and nothing else.
+		c.r, c.w = 0, 0
 		n, err := c.nc.Read(c.buf[:min(int64(len(c.buf)), b.left)])
 		b.left -= int64(n)
 		if err != nil && b.left > 0 {
+			b.err = err
 			return false
 		}
 	}
-	c.r, c.w = 0, 0
+	// What follows the body in the buffer (a pipelined request) stays for readHead.
 	return true
 }

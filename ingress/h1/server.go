@@ -175,6 +175,10 @@ type conn struct {
 	buf    []byte
 	r, w   int
 	served int // requests served
+	// afterPost: the request served last was a POST, so up to 4 CR or LF bytes
+	// before the next are dropped (net/http's tolerance of old clients that end a
+	// POST body with a line break).
+	afterPost bool
 	// out is the response's bytes waiting for a write; body is a response body
 	// buffered before its head is written.
 	out, body []byte
@@ -252,11 +256,20 @@ func (c *conn) serve() {
 func (c *conn) readHead() (h head, n int, ok bool) {
 	timed := false // the head's deadline is set
 	for {
-		if end, bad := headEnd(c.buf[c.r:c.w]); bad {
-			return head{}, 0, false
-		} else if end > 0 {
-			h, ok := parseHead(c.buf[c.r : c.r+end])
-			return h, end, ok
+		if c.afterPost && c.w-c.r >= 4 {
+			c.afterPost = false
+			for i := 0; i < 4 && (c.buf[c.r] == '\r' || c.buf[c.r] == '\n'); i++ {
+				c.r++
+			}
+		}
+		// While afterPost, fewer than 4 bytes are no head yet (net/http peeks 4).
+		if !c.afterPost {
+			if end, bad := headEnd(c.buf[c.r:c.w]); bad {
+				return head{}, 0, false
+			} else if end > 0 {
+				h, ok := parseHead(c.buf[c.r : c.r+end])
+				return h, end, ok
+			}
 		}
 		if c.r > 0 {
 			c.w = copy(c.buf, c.buf[c.r:c.w])
@@ -285,8 +298,10 @@ func (c *conn) readHead() (h head, n int, ok bool) {
 			return head{}, -1, false
 		}
 		if err != nil {
-			if c.w > 0 && errors.Is(err, io.EOF) {
-				// A partial head and then EOF: net/http answers it as it would.
+			// A partial head and then EOF: net/http answers it as it would, but
+			// for fewer than 4 bytes after a request, which it drops unanswered
+			// (it peeks 4 bytes before it reads another request).
+			if c.w > 0 && errors.Is(err, io.EOF) && (c.served == 0 || c.w >= 4) {
 				return head{}, 0, false
 			}
 			return head{}, -1, false
@@ -354,7 +369,7 @@ func (c *conn) serveRequest(h head, n int) (keep bool) {
 		req.Body = b
 	}
 	r := req.WithContext(ctx)
-	w := &response{c: c, header: make(http.Header, 8), contentLength: -1, closeAfter: h.close}
+	w := &response{c: c, header: make(http.Header, 8), contentLength: -1, closeAfter: h.close, reqBody: b}
 
 	c.mu.Lock()
 	c.inReq, c.bodyDone, c.late, c.gone, c.cancel = true, b == nil, false, false, cancel
@@ -367,6 +382,7 @@ func (c *conn) serveRequest(h head, n int) (keep bool) {
 
 	ok := c.runHandler(w, r)
 	c.served++
+	c.afterPost = h.method == http.MethodPost
 
 	c.timer.Stop()
 	c.mu.Lock()
