@@ -3,6 +3,7 @@ package h1
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"log"
@@ -124,6 +125,9 @@ func responses(all []byte, head bool) []string {
 		slices.Sort(keys)
 		for _, k := range keys {
 			fmt.Fprintf(&b, "%s: %q\n", k, resp.Header[k])
+		}
+		if len(body) > 200 {
+			body = fmt.Appendf(body[:100:100], "...(%d bytes, %x)", len(body), sha256.Sum256(body))
 		}
 		fmt.Fprintf(&b, "\n%s (%v)", body, err)
 		out = append(out, b.String())
@@ -275,5 +279,79 @@ func TestAttacksAgainstNetHTTP(t *testing.T) {
 	}
 	if d.fast.fast.Load() == 0 || d.fast.slow.Load() == 0 {
 		t.Errorf("fast %d, net/http %d: both should have served some", d.fast.fast.Load(), d.fast.slow.Load())
+	}
+}
+
+// answers is a handler that answers as upstreams do, oddly too: informational
+// answers, bodiless statuses with a body or a length, a length it does not keep,
+// fields that try to end the head early.
+var answers = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	switch r.URL.Path {
+	case "/103":
+		h.Set("Link", "</a.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		h.Del("Link")
+		io.WriteString(w, "after hints")
+	case "/100":
+		w.WriteHeader(http.StatusContinue)
+		w.WriteHeader(http.StatusCreated)
+	case "/204":
+		h.Set("Content-Length", "5")
+		w.WriteHeader(http.StatusNoContent)
+		io.WriteString(w, "hello")
+	case "/304":
+		h.Set("Etag", `"x"`)
+		h.Set("Content-Length", "5")
+		w.WriteHeader(http.StatusNotModified)
+		io.WriteString(w, "hello")
+	case "/304-bare":
+		w.WriteHeader(http.StatusNotModified)
+	case "/long-length":
+		h.Set("Content-Length", "10")
+		io.WriteString(w, "short")
+	case "/over-length":
+		h.Set("Content-Length", "2")
+		_, err := io.WriteString(w, "longer")
+		fmt.Fprintf(w, "%v", err)
+	case "/inject":
+		h.Set("X-Evil", "a\r\nSet-Cookie: evil=1\r\n\r\nHTTP/1.1 200 OK")
+		h["Bad Name"] = []string{"x"}
+		h["X-Nl\r\nSet-Cookie"] = []string{"y"}
+		io.WriteString(w, "body")
+	case "/flush":
+		io.WriteString(w, "a")
+		w.(http.Flusher).Flush()
+		io.WriteString(w, "b")
+	case "/trailer":
+		h.Set("Trailer", "X-Sum")
+		io.WriteString(w, strings.Repeat("x", 5000))
+		h.Set("X-Sum", "1")
+		h.Set(http.TrailerPrefix+"X-Late", "2")
+	case "/close":
+		h.Set("Connection", "close")
+		io.WriteString(w, "bye")
+	case "/status":
+		w.WriteHeader(599)
+	case "/big":
+		io.WriteString(w, strings.Repeat("y", 100<<10))
+	}
+})
+
+// TestAnswersAgainstNetHTTP: what a client reads of each answer, and whether the
+// connection carries the next request, are net/http's.
+func TestAnswersAgainstNetHTTP(t *testing.T) {
+	d := newDifferential(t, answers)
+	for _, path := range []string{"/103", "/100", "/204", "/304", "/304-bare", "/long-length", "/over-length",
+		"/inject", "/flush", "/trailer", "/close", "/status", "/big", "/none"} {
+		raw := "GET " + path + " HTTP/1.1\r\nHost: a\r\n\r\nGET /after HTTP/1.1\r\nHost: a\r\n\r\n"
+		got := conversation(t, d.fast.addr, raw, false)
+		want := conversation(t, d.plain, raw, false)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s:\nfast path: %q\nnet/http:  %q", path, got, want)
+		}
+	}
+	if d.fast.slow.Load() != 0 {
+		t.Errorf("net/http served %d of them", d.fast.slow.Load())
 	}
 }

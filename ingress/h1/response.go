@@ -94,7 +94,7 @@ func (w *response) Write(p []byte) (int, error) {
 			w.written += int64(len(p))
 			return len(p), nil
 		}
-		w.writeHead(false)
+		w.writeHead(false, p)
 	}
 	w.written += int64(len(p))
 	if w.chunked {
@@ -118,8 +118,10 @@ func (w *response) Write(p []byte) (int, error) {
 }
 
 // writeHead puts the head, and the body held back, in c.out. end: the handler has
-// returned, so a body that was held back whole gets its Content-Length.
-func (w *response) writeHead(end bool) {
+// returned, so a body that was held back whole gets its Content-Length. next is
+// the write that does not fit beside the body held back: the Content-Type is
+// sniffed from it when nothing is held back (net/http sniffs the first write).
+func (w *response) writeHead(end bool, next []byte) {
 	c := w.c
 	w.headWritten = true
 	h := w.header
@@ -151,8 +153,12 @@ func (w *response) writeHead(end bool) {
 	if w.chunked {
 		add = append(add, "Transfer-Encoding", "chunked")
 	}
-	if _, ok := h["Content-Type"]; !ok && allowed && len(c.body) > 0 {
-		add = append(add, "Content-Type", http.DetectContentType(c.body))
+	if _, ok := h["Content-Type"]; !ok && allowed {
+		if sniff := c.body; len(sniff) > 0 {
+			add = append(add, "Content-Type", http.DetectContentType(sniff))
+		} else if len(next) > 0 {
+			add = append(add, "Content-Type", http.DetectContentType(next))
+		}
 	}
 	if _, ok := h["Date"]; !ok {
 		add = append(add, "Date", c.date.get())
@@ -198,7 +204,7 @@ func (w *response) FlushError() error {
 		return w.err
 	}
 	if !w.headWritten {
-		w.writeHead(false)
+		w.writeHead(false, nil)
 	}
 	w.err = w.c.flushOut(nil)
 	return w.err
@@ -226,7 +232,7 @@ func (w *response) finish() error {
 	}
 	if !w.headWritten {
 		w.drainBody()
-		w.writeHead(true)
+		w.writeHead(true, nil)
 	}
 	c := w.c
 	if w.contentLength >= 0 && w.written < w.contentLength && bodyAllowed(w.status) {
