@@ -299,3 +299,51 @@ func TestShutdownLeavesNoGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestExpectContinueAndUpgradeGoToNetHTTP: a client that waits for 100 Continue
+// gets it from net/http before it sends its body, and an Upgrade reaches a handler
+// that can hijack the connection.
+func TestExpectContinueAndUpgradeGoToNetHTTP(t *testing.T) {
+	sv := serveH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "" {
+			b, _ := io.ReadAll(r.Body)
+			w.Write(b)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+		brw.Flush()
+		line, _ := brw.ReadString('\n')
+		c.Write([]byte("echo " + line))
+	}))
+	c, br := sv.dial(t)
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	send(t, c, "GET /lead HTTP/1.1\r\nHost: a\r\n\r\n")
+	readResponse(t, br, "GET")
+	send(t, c, "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("before the body: %q %v", line, err)
+	}
+	br.ReadString('\n')
+	send(t, c, "hello")
+	if _, body := readResponse(t, br, "POST"); body != "hello" {
+		t.Fatalf("after 100 Continue: %q", body)
+	}
+	send(t, c, "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	send(t, c, "ping\n")
+	if line, err := br.ReadString('\n'); line != "echo ping\n" {
+		t.Fatalf("on the upgraded connection: %q %v", line, err)
+	}
+	if sv.slow.Load() != 2 || sv.fast.Load() != 1 {
+		t.Errorf("fast %d, net/http %d: want 1 and 2", sv.fast.Load(), sv.slow.Load())
+	}
+}

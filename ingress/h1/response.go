@@ -266,8 +266,8 @@ func (w *response) finish() error {
 // says Connection: close in the head, so that the client sends nothing more on it.
 func (w *response) drainBody() {
 	b := w.reqBody
-	if b == nil || b.left == 0 || w.closeAfter {
-		return
+	if b == nil || b.left == 0 || w.closeAfter || hasClose(strings.Join(w.header["Connection"], ",")) {
+		return // closing anyway: nothing to read for
 	}
 	switch {
 	case b.left >= maxDiscard:
