@@ -162,3 +162,94 @@ func TestFastPathAgainstNetHTTP(t *testing.T) {
 		}
 	}
 }
+
+// goneRules pace an account to one request every 20 s, held for its slot, one held
+// at a time.
+const goneRules = `
+domain: gone
+descriptors:
+  - key: account
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    name: paced
+    on_limit: wait
+    max_wait: 30s
+    max_waiting: 1
+routes:
+  - name: pay
+    match: {method: [POST], path: /pay}
+    descriptors:
+      - [{key: account, from: "header:X-Account"}]
+`
+
+// payOn sends a POST /pay of account a on a connection of its own and returns it.
+func payOn(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	io.WriteString(c, "POST /pay HTTP/1.1\r\nHost: a\r\nX-Account: a\r\nContent-Length: 0\r\n\r\n")
+	return c, bufio.NewReader(c)
+}
+
+// held reports whether the request on c is held: no answer within a moment. A
+// refusal past max_waiting is at once; one slower than the moment reads as held,
+// which can only make the test pass wrongly, never fail wrongly.
+func held(t *testing.T, c net.Conn, br *bufio.Reader) bool {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return true
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a request over the pace: %d, want held or 429 past max_waiting", resp.StatusCode)
+	}
+	return false
+}
+
+// A request held for a wait rule's slot whose client leaves frees its place among
+// max_waiting and its slot at once, on the fast path as on net/http: the next
+// request is held in its place instead of refused, and the upstream never sees the
+// request that left.
+func TestFastPathClientGoneFreesAWait(t *testing.T) {
+	t.Parallel()
+	for _, fastPath := range []string{"--fast-path=true", "--fast-path=false"} {
+		up := newUpstream(t, 0)
+		p := startSluice(t, "--rules", writeRules(t, t.TempDir(), goneRules), "--upstream", up.URL, fastPath)
+		addr := strings.TrimPrefix(p.url, "http://")
+		if r := send(t, "POST", p.url+"/pay", nil, "X-Account", "a"); r.status != http.StatusOK {
+			t.Fatalf("%s: first request %d", fastPath, r.status)
+		}
+		leaving, _ := payOn(t, addr)
+		// The leaving request is held once a second one is refused past max_waiting.
+		deadline := time.Now().Add(10 * time.Second)
+		for probe, br := payOn(t, addr); held(t, probe, br); probe, br = payOn(t, addr) {
+			probe.Close()
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the second request is not held", fastPath)
+			}
+		}
+		leaving.Close()
+		// Its place is free well before its slot, 20 s on.
+		deadline = time.Now().Add(10 * time.Second)
+		var next net.Conn
+		for probe, br := payOn(t, addr); ; probe, br = payOn(t, addr) {
+			if held(t, probe, br) {
+				next = probe
+				break
+			}
+			probe.Close()
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the place of the request whose client left is still taken", fastPath)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		next.Close()
+		if n := up.hits.Load(); n != 1 {
+			t.Errorf("%s: the upstream saw %d requests, want the first alone", fastPath, n)
+		}
+	}
+}
