@@ -13,8 +13,11 @@
 // buffered beyond it, and nothing arrives while it idles; otherwise it is closed.
 // Concretely:
 //
-//   - an idle connection is watched (a read waits on it, as net/http's Transport
-//     does): an unsolicited byte or an end of stream closes it at once;
+//   - an idle connection is watched once it has idled watchDelay (a read waits on
+//     it, as net/http's Transport does): an unsolicited byte or an end of stream
+//     closes it then; one taken again sooner, as under load, is never watched (the
+//     look below sees what a watch would have), which spares each request a read
+//     that meets EAGAIN, a goroutine and its wake-up;
 //   - it is looked at again when it is taken (the watch ends, then a peek at the
 //     socket), and a request is never written on a connection with unread bytes;
 //   - a response whose end cannot be checked is never followed by another request on
@@ -195,6 +198,10 @@ type conn struct {
 	idleSince time.Time
 	reused    bool
 	watched   chan bool // the idle watch's verdict: whether the connection may be used
+	// watching: the idle watch runs (under pool.mu); watchTimer starts it
+	// watchDelay into an idle spell (lateWatch).
+	watching   bool
+	watchTimer *time.Timer
 	// sendFirst: the next read is the first of a response, and what the request left
 	// in bw goes out from within it (upReader); sendErr is that send's failure.
 	sendFirst bool
@@ -202,6 +209,7 @@ type conn struct {
 	flushFn   func() error    // c.flushRequest, made once
 	abortFn   func()          // c.abort, made once
 	watchFn   func()          // the pool's watch of c, made once: go needs no closure per put
+	lateFn    func()          // the pool's lateWatch of c, made once
 	ctx       context.Context // the exchange's, while its response head is read
 }
 
@@ -259,16 +267,22 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 	for {
 		p.mu.Lock()
 		c := p.takeIdle(now)
+		watched := c != nil && c.watching
 		p.mu.Unlock()
 		if c == nil {
 			break
 		}
-		// End the watch; then look at the socket itself, where bytes may have
-		// arrived after the watch's last look. The read deadline stays in the
-		// past: the peek does not look at it, and the exchange sets its own before
-		// it reads (and put lifts it).
-		_ = c.conn.SetReadDeadline(aLongTimeAgo)
-		ok := <-c.watched
+		// End the watch, if it started; then look at the socket itself, where
+		// bytes may have arrived after the watch's last look (or while nothing
+		// watched). The read deadline stays in the past: the peek does not look at
+		// it, and the exchange sets its own before it reads.
+		ok := true
+		if watched {
+			_ = c.conn.SetReadDeadline(aLongTimeAgo)
+			ok = <-c.watched
+		} else {
+			c.watchTimer.Stop() // lateWatch finds c out of the pool if it runs anyway
+		}
 		if ok && now.Sub(c.idleSince) < p.idleExpiry && c.br.Buffered() == 0 {
 			switch c.sock.peek() {
 			case quiet:
@@ -287,6 +301,7 @@ func (p *Pool) get(ctx context.Context) (*conn, error) {
 	c := &conn{pool: p, conn: raw, sock: newSocket(raw), watched: make(chan bool, 1)}
 	c.flushFn, c.abortFn = c.flushRequest, c.abort
 	c.watchFn = func() { p.watch(c) }
+	c.lateFn = func() { p.lateWatch(c) }
 	if p.tlsConfig != nil {
 		tc := tls.Client(raw, p.tlsConfig)
 		if err := tc.HandshakeContext(ctx); err != nil {
@@ -333,7 +348,18 @@ func (p *Pool) put(c *conn) {
 	}
 	if len(p.idle) < p.maxIdle {
 		p.idle = append(p.idle, c)
-		go c.watchFn()
+		switch {
+		case p.reuseAfter > 0:
+			// The delay is there for the watch to see late strays: from the start.
+			c.watching = true
+			go c.watchFn()
+		case c.watchTimer == nil:
+			c.watching = false
+			c.watchTimer = time.AfterFunc(watchDelay, c.lateFn)
+		default:
+			c.watching = false
+			c.watchTimer.Reset(watchDelay)
+		}
 		c = nil
 	}
 	p.mu.Unlock()
@@ -341,6 +367,22 @@ func (p *Pool) put(c *conn) {
 		if dead != nil {
 			_ = dead.conn.Close()
 		}
+	}
+}
+
+// watchDelay is how long a connection idles before its watch starts: one taken
+// sooner is looked at when taken (get), and most are under load.
+const watchDelay = 5 * time.Millisecond
+
+// lateWatch starts the watch of c, watchDelay into an idle spell, unless c has been
+// taken since or its watch runs.
+func (p *Pool) lateWatch(c *conn) {
+	p.mu.Lock()
+	start := !c.watching && slices.Contains(p.idle, c)
+	c.watching = c.watching || start
+	p.mu.Unlock()
+	if start {
+		p.watch(c)
 	}
 }
 
