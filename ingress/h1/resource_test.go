@@ -190,6 +190,42 @@ func TestManyIdleConnections(t *testing.T) {
 	}
 }
 
+// TestShutdownClosesSilentConnections: a connection that has sent nothing does not
+// hold Shutdown up for its head's timeout (an hour here): it is closed once it has
+// been open newConnGrace, as net/http closes a new connection, while one that has
+// begun a head is left to finish it.
+func TestShutdownClosesSilentConnections(t *testing.T) {
+	sv := serveTimeouts(t, echo, time.Hour, 0, 0, time.Hour)
+	silent, err := net.Dial("tcp", sv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	begun, br := sv.dial(t)
+	send(t, begun, "GET / HTTP/1.1\r\n")
+	// The server has the connections once a request on a third one is answered.
+	probe, probeBR := sv.dial(t)
+	send(t, probe, "GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+	readResponse(t, probeBR, "GET")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- sv.s.Shutdown(ctx) }()
+	_ = silent.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if b, err := bufio.NewReader(silent).ReadByte(); err == nil {
+		t.Fatalf("the silent connection read %q after Shutdown", b)
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("Shutdown left the silent connection open")
+	}
+	send(t, begun, "Host: a\r\n\r\n")
+	if res, _ := readResponse(t, br, "GET"); res.StatusCode != http.StatusOK {
+		t.Errorf("the begun head got %s", res.Status)
+	}
+	if err := <-shut; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestClosedMidBody: a client that leaves within its body ends the handler's read
 // with io.ErrUnexpectedEOF (net/http's error) and its connection.
 func TestClosedMidBody(t *testing.T) {

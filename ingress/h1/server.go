@@ -42,6 +42,14 @@ const readBuffer = 4096
 // watched for the client leaving (its context then ends).
 const watchAfter = 5 * time.Millisecond
 
+// newConnGrace is how long Shutdown leaves a connection that has sent nothing yet
+// before it closes it (net/http's rule for a new connection): its request may be on
+// the way.
+const newConnGrace = 5 * time.Second
+
+// shutdownPoll is how often Shutdown looks again for connections to close.
+const shutdownPoll = 500 * time.Millisecond
+
 // maxDiscard is the most of an unread request body read and dropped after the
 // handler so that the connection can carry another request; past it the connection
 // closes (net/http's rule).
@@ -118,9 +126,10 @@ func retryable(err error) bool {
 		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
 }
 
-// Shutdown stops accepting, closes the idle connections, lets every request under
-// way finish (its connection then closes) and shuts Fallback down alongside (its
-// OnShutdown functions run at once), until ctx ends.
+// Shutdown stops accepting, closes the idle connections (and those that have sent
+// nothing once they have been open newConnGrace), lets every request under way finish
+// (its connection then closes) and shuts Fallback down alongside (its OnShutdown
+// functions run at once), until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing.Store(true)
@@ -128,25 +137,45 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if s.ln != nil {
 		lnErr = s.ln.Close()
 	}
-	for c := range s.conns {
-		c.wakeIfIdle()
-	}
 	s.mu.Unlock()
+	s.wakeIdle()
 	fb := make(chan error, 1)
 	go func() { fb <- s.Fallback.Shutdown(ctx) }()
 	done := make(chan struct{})
 	go func() { s.active.Wait(); close(done) }()
+	// Connections that have sent nothing yet are closed once newConnGrace has passed
+	// since they were accepted: Shutdown looks for them again every shutdownPoll.
+	poll := time.NewTicker(shutdownPoll)
+	defer poll.Stop()
 	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = ctx.Err()
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-ctx.Done():
+			err = ctx.Err()
+			break wait
+		case <-poll.C:
+			s.wakeIdle()
+		}
 	}
 	err = errors.Join(err, <-fb)
 	if lnErr != nil && !errors.Is(lnErr, net.ErrClosed) {
 		err = errors.Join(err, lnErr)
 	}
 	return err
+}
+
+// wakeIdle ends the reads of the connections waiting for a request (see
+// conn.wakeIfIdle), for Shutdown.
+func (s *Server) wakeIdle() {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.wakeIfIdle(now)
+	}
 }
 
 func (s *Server) forget(c *conn) {
@@ -166,10 +195,11 @@ func (s *Server) logf(format string, args ...any) {
 
 // conn is one connection the fast path serves.
 type conn struct {
-	s      *Server
-	nc     net.Conn
-	remote string
-	ctx    context.Context // the requests' base context
+	s        *Server
+	nc       net.Conn
+	remote   string
+	accepted time.Time
+	ctx      context.Context // the requests' base context
 
 	// buf[r:w] is read and not yet used.
 	buf    []byte
@@ -189,6 +219,7 @@ type conn struct {
 	// rdl and wdl are the read and write deadlines last set (setDeadline).
 	rdl, wdl time.Time
 	idle     bool
+	fresh    bool // waits for its first request's first byte
 	inReq    bool // a handler runs
 	bodyDone bool // the request's body is read to its end (or it has none)
 	late     bool // the request has been in the handler for watchAfter
@@ -200,7 +231,7 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
-	c := &conn{s: s, nc: nc, buf: make([]byte, readBuffer)}
+	c := &conn{s: s, nc: nc, accepted: time.Now(), buf: make([]byte, readBuffer)}
 	c.ctx = context.WithValue(context.WithValue(context.Background(), http.ServerContextKey, s.Fallback),
 		http.LocalAddrContextKey, nc.LocalAddr())
 	return c
@@ -209,10 +240,12 @@ func newConn(s *Server, nc net.Conn) *conn {
 // aLongTimeAgo is a deadline in the past: it ends a read at once.
 var aLongTimeAgo = time.Unix(1, 0)
 
-// wakeIfIdle ends the read of a connection waiting for a request, for Shutdown.
-func (c *conn) wakeIfIdle() {
+// wakeIfIdle ends the read of a connection waiting for a request, for Shutdown: one
+// idle between requests, or one that has sent nothing since it was accepted
+// newConnGrace before now.
+func (c *conn) wakeIfIdle(now time.Time) {
 	c.mu.Lock()
-	if c.idle {
+	if c.idle || c.fresh && now.Sub(c.accepted) >= newConnGrace {
 		_ = c.setDeadlineLocked(&c.rdl, aLongTimeAgo, false)
 	}
 	c.mu.Unlock()
@@ -319,6 +352,7 @@ func (c *conn) beginRead(idle bool, deadline time.Time, set bool) bool {
 		return false
 	}
 	c.idle = idle
+	c.fresh = c.w == 0 && c.served == 0
 	if set {
 		_ = c.setDeadlineLocked(&c.rdl, deadline, true)
 	}
@@ -330,7 +364,7 @@ func (c *conn) beginRead(idle bool, deadline time.Time, set bool) bool {
 func (c *conn) endRead() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.idle = false
+	c.idle, c.fresh = false, false
 	return !c.s.closing.Load() || c.w > 0
 }
 
