@@ -214,7 +214,7 @@ func TestShutdownClosesSilentConnections(t *testing.T) {
 	_ = silent.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if b, err := bufio.NewReader(silent).ReadByte(); err == nil {
 		t.Fatalf("the silent connection read %q after Shutdown", b)
-	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	} else if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		t.Fatal("Shutdown left the silent connection open")
 	}
 	send(t, begun, "Host: a\r\n\r\n")
