@@ -31,6 +31,13 @@ func (q *Queue) WriterBatches() (orders, slots int) {
 	return orders, slots
 }
 
+// HeldTickets is how many tickets the handle holds leases of (see Consumer.hold).
+func (c *Consumer) HeldTickets() int {
+	c.lmu.Lock()
+	defer c.lmu.Unlock()
+	return len(c.leased)
+}
+
 // InProgress resets the lease's ack wait on the server, as a dispatcher that works on
 // its order for long would.
 func (l *Lease) InProgress() error { return l.jm.InProgress() }

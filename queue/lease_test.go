@@ -578,6 +578,44 @@ func TestHandleHoldsItsOrders(t *testing.T) {
 	}
 }
 
+// TestEverySettlementLetsTheTicketGo: whatever settles a lease, its handle holds the
+// ticket no more (else a redelivery would never be handed out by it again, and the
+// handle would keep an entry per order it ever delivered).
+func TestEverySettlementLetsTheTicketGo(t *testing.T) {
+	srv := natstest.Start(t)
+	s := openStore(t, srv)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name   string
+		settle func(l *queue.Lease) error
+	}{
+		{"done", func(l *queue.Lease) error { return l.Done(ctx, &queue.Result{StatusCode: 200}) }},
+		{"fail", func(l *queue.Lease) error { return l.Fail(ctx, &queue.Result{StatusCode: 400}, "400") }},
+		{"dead", func(l *queue.Lease) error { return l.Dead(ctx, "too many attempts", time.Second) }},
+		{"retry", func(l *queue.Lease) error { return l.Retry(ctx, time.Minute, "503") }},
+		{"throttle", func(l *queue.Lease) error { return l.Throttle(ctx, time.Now().Add(time.Minute), "429") }},
+		{"release", func(l *queue.Lease) error { l.Release(time.Minute); return nil }},
+		{"hand back", func(l *queue.Lease) error { l.HandBack(ctx); return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := consumerWithOrder(t, s, "let-"+strings.ReplaceAll(tc.name, " ", "-"), time.Minute)
+			l := lease(t, c)
+			if err := l.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := c.HeldTickets(); n != 1 {
+				t.Fatalf("a handle with one lease out holds %d tickets, want 1", n)
+			}
+			if err := tc.settle(l); err != nil {
+				t.Fatal(err)
+			}
+			if n := c.HeldTickets(); n != 0 {
+				t.Fatalf("after %s the handle still holds %d tickets", tc.name, n)
+			}
+		})
+	}
+}
+
 // expectNoThirdDelivery settles first, the stale lease of an order c handed out again
 // as second, and fails if the server hands the order out a third time while second
 // holds it (c asks meanwhile; it would hold such a lease, not give it out, so the
