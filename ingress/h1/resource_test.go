@@ -20,8 +20,9 @@ import (
 // connection the fast path served, handed over or closed must end.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// serveTimeouts is serveH1 with the fallback's timeouts given: short ones for the
-// resource attacks, which wait for them to pass.
+// serveTimeouts serves h on the fast path with the fallback's timeouts given (short
+// ones for the resource attacks, which wait for them to pass), counting which server
+// answered each request.
 func serveTimeouts(t *testing.T, h http.Handler, readHeader, read, write, idle time.Duration) *served {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -31,7 +32,15 @@ func serveTimeouts(t *testing.T, h http.Handler, readHeader, read, write, idle t
 	sv := &served{addr: ln.Addr().String(), errs: make(chan error, 1)}
 	fb := &http.Server{
 		ReadHeaderTimeout: readHeader, ReadTimeout: read, WriteTimeout: write, IdleTimeout: idle,
-		MaxHeaderBytes: 64 << 10, ErrorLog: log.New(io.Discard, "", 0), Handler: h,
+		MaxHeaderBytes: 64 << 10, ErrorLog: log.New(io.Discard, "", 0),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if _, ok := w.(*response); ok {
+				sv.fast.Add(1)
+			} else {
+				sv.slow.Add(1)
+			}
+			h.ServeHTTP(w, r)
+		}),
 	}
 	sv.s = &Server{Fallback: fb}
 	go func() { sv.errs <- sv.s.Serve(ln) }()

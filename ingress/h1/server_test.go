@@ -27,34 +27,11 @@ type served struct {
 	errs chan error
 }
 
+// serveH1 serves h on the fast path, with sluice serve's server timeouts, counting
+// which server answered each request.
 func serveH1(t *testing.T, h http.Handler) *served {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sv := &served{addr: ln.Addr().String(), errs: make(chan error, 1)}
-	fb := &http.Server{
-		ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second, WriteTimeout: 90 * time.Second,
-		IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10,
-		ErrorLog: log.New(io.Discard, "", 0),
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if _, ok := w.(*response); ok {
-				sv.fast.Add(1)
-			} else {
-				sv.slow.Add(1)
-			}
-			h.ServeHTTP(w, r)
-		}),
-	}
-	sv.s = &Server{Fallback: fb}
-	go func() { sv.errs <- sv.s.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = sv.s.Shutdown(ctx)
-	})
-	return sv
+	return serveTimeouts(t, h, 10*time.Second, 60*time.Second, 90*time.Second, 120*time.Second)
 }
 
 func (sv *served) dial(t *testing.T) (net.Conn, *bufio.Reader) {
