@@ -58,7 +58,14 @@ import (
 // Each key's TTL is at least its decision's resetAfter (rounded up to the
 // millisecond) plus the grace, so an idle key vanishes once its state would be a fresh
 // key's. The grace keeps the latest time seen a little longer, so a clock that steps
-// back by less than the grace still cannot grant quota twice.
+// back by less than the grace still cannot grant quota twice. On the server's clock
+// a TTL is set a quarter longer than that and kept while it is long enough, so a key
+// may outlive its state by up to a quarter of its TTL more, or for as long as an
+// earlier decision on it needed (see luaStore). A bucket's, a fixed window's and a
+// sliding counter's state ends with the deadline its TTL was last set to (ms on the
+// server's clock, 0 for none); state written without it (before the scripts recorded
+// it) is read as having none, and scripts that do not know it read the fields before
+// it as ever.
 
 // script is an algorithm's two scripts: many decides any number of decisions, as
 // above; one decides exactly one, and returns its packed reply itself rather than
@@ -82,6 +89,7 @@ if ARGV[1] == '' then
   local t = redis.call('TIME')
   time = t[1] * 1000000 + t[2]
 end
+local clock = time and math.floor(time / 1000) - 1
 local function decide(i)
 local now = tonumber(ARGV[3 * i - 2]) or time
 local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[3 * i - 1])
@@ -103,23 +111,26 @@ local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[
 // luaNow starts a script of one decision: now is ARGV[1], µs, or when it is empty
 // the Redis server's TIME.
 const luaNow = `
-local now = tonumber(ARGV[1])
+local now, clock = tonumber(ARGV[1]), nil
 if not now then
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
+  clock = math.floor(now / 1000) - 1
 end`
 
 // bucketScript is algo.State.bucket, for the token and the leaky bucket. KEYS[i] holds
-// packed '<dd': the latest time seen and the level. ARGV[3i], if not empty, is the
+// packed '<ddd': the latest time seen, the level and the TTL's deadline. ARGV[3i], if not empty, is the
 // over-limit cache's write-back: packed '<dddd': the last and level the cache copied
 // from this key, and the last and level to use instead if the key still holds those
 // (its state after rejections the cache decided without Redis; see overLimitCache).
 // Extra results after a rejection: the level.
 var bucketScript = newScript(`
-local last, level = 0, 0
+local last, level, deadline = 0, 0, 0
 local v = redis.call('GET', KEYS[i])
-if v then last, level = struct.unpack('<dd', v) end
+if v then
+  if #v < 24 then last, level = struct.unpack('<dd', v) else last, level, deadline = struct.unpack('<ddd', v) end
+end
 if ARGV[3 * i] ~= '' then
   local casLast, casLevel, newLast, newLevel = struct.unpack('<dddd', ARGV[3 * i])
   if last == casLast and level == casLevel then last, level = newLast, newLevel end
@@ -139,19 +150,19 @@ else
 end
 local remaining = math.floor(capacity - level)
 local reset = math.min(math.ceil((level * period) / rate), ` + maxMicrosLua + `)
-redis.call('SET', KEYS[i], struct.pack('<dd', now, level),
-  'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
-if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
+` + luaStore("<ddd", "now, level") + `if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
 return struct.pack('<dddddd', 0, remaining, retry, reset, now, level)
 `)
 
-// fixedWindowScript is algo.State.fixedWindow. KEYS[i] holds packed '<ddd': the latest
-// time seen, the window's start and its count. Extra results after a rejection:
+// fixedWindowScript is algo.State.fixedWindow. KEYS[i] holds packed '<dddd': the latest
+// time seen, the window's start, its count and the TTL's deadline. Extra results after a rejection:
 // start, count.
 var fixedWindowScript = newScript(`
-local last, start, count = 0, 0, 0
+local last, start, count, deadline = 0, 0, 0, 0
 local v = redis.call('GET', KEYS[i])
-if v then last, start, count = struct.unpack('<ddd', v) end
+if v then
+  if #v < 32 then last, start, count = struct.unpack('<ddd', v) else last, start, count, deadline = struct.unpack('<dddd', v) end
+end
 if now < last then now = last end
 local ws = now - math.fmod(now, period)
 if start ~= ws then
@@ -170,19 +181,19 @@ end
 local remaining = rate - count
 local reset = 0
 if count > 0 then reset = (ws - now) + period end
-redis.call('SET', KEYS[i], struct.pack('<ddd', now, start, count),
-  'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
-if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
+` + luaStore("<dddd", "now, start, count") + `if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
 return struct.pack('<ddddddd', 0, remaining, retry, reset, now, start, count)
 `)
 
-// slidingCounterScript is algo.State.slidingCounter. KEYS[i] holds packed '<dddd': the
-// latest time seen, the current window's start, its count and the previous window's
-// count. Extra results after a rejection: start, count, prev.
+// slidingCounterScript is algo.State.slidingCounter. KEYS[i] holds packed '<ddddd': the
+// latest time seen, the current window's start, its count, the previous window's
+// count and the TTL's deadline. Extra results after a rejection: start, count, prev.
 var slidingCounterScript = newScript(`
-local last, start, count, prev = 0, 0, 0, 0
+local last, start, count, prev, deadline = 0, 0, 0, 0, 0
 local v = redis.call('GET', KEYS[i])
-if v then last, start, count, prev = struct.unpack('<dddd', v) end
+if v then
+  if #v < 40 then last, start, count, prev = struct.unpack('<dddd', v) else last, start, count, prev, deadline = struct.unpack('<ddddd', v) end
+end
 if now < last then now = last end
 local ws = now - math.fmod(now, period)
 if start ~= ws then
@@ -215,9 +226,7 @@ if count > 0 then
 elseif prev > 0 then
   reset = (ws - now) + period
 end
-redis.call('SET', KEYS[i], struct.pack('<dddd', now, start, count, prev),
-  'PX', string.format('%d', math.floor(reset / 1000) + 1 + grace))
-if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
+` + luaStore("<ddddd", "now, start, count, prev") + `if allowed == 1 then return struct.pack('<ddddd', 1, remaining, 0, reset, now) end
 return struct.pack('<dddddddd', 0, remaining, retry, reset, now, start, count, prev)
 `)
 
@@ -295,6 +304,35 @@ if allowed == 0 and forgive == 1 and retry >= 0 then
 end
 return struct.pack('<' .. string.rep('d', #reply), unpack(reply))
 `)
+
+// luaStore writes a bucket's or a window's state, the Lua variables named by fields
+// followed by the key's deadline, packed per pack, to KEYS[i], with the TTL of a
+// decision whose state becomes a fresh key's after reset (µs): reset rounded up to
+// the ms plus the grace. Setting a TTL costs Redis about a fifth of a decision (SET
+// without KEEPTTL removes the key's expiry and adds it back), so with the server's
+// clock (clock: TIME in ms, less 1 ms) the script sets the TTL a quarter longer than
+// needed and records the deadline it set (deadline, ms on the server's clock), and
+// while a decision needs no later deadline, it keeps the TTL (KEEPTTL, Redis 6.0 and
+// later). The recorded deadline errs early: Redis counts a TTL from the command's
+// time, which is no earlier than the script's start, itself at most 1 ms before
+// TIME's millisecond. With an injected clock (clock nil) every write sets the TTL
+// needed, and records no deadline (0).
+func luaStore(pack, fields string) string {
+	return `
+local ttl = math.floor(reset / 1000) + 1 + grace
+if clock and clock + 1 + ttl <= deadline then
+  redis.call('SET', KEYS[i], struct.pack('` + pack + `', ` + fields + `, deadline), 'KEEPTTL')
+else
+  if clock then
+    ttl = ttl + math.floor(ttl / 4)
+    deadline = clock + ttl
+  else
+    deadline = 0
+  end
+  redis.call('SET', KEYS[i], struct.pack('` + pack + `', ` + fields + `, deadline), 'PX', string.format('%d', ttl))
+end
+`
+}
 
 // maxMicrosLua is algo.MaxMicros in Lua.
 var maxMicrosLua = strconv.FormatInt(algo.MaxMicros, 10)

@@ -30,7 +30,8 @@ import (
 // concurrent decisions are coalesced into pipelines by a few worker goroutines, and
 // on a standalone or Sentinel client the decisions of a pipeline that share a script
 // share one EVALSHA too (see scripts.go).
-// Every key has a TTL, so idle keys vanish. Time is the Redis server's (TIME inside
+// Every key has a TTL, so idle keys vanish (Redis 6.0 or later: the scripts use
+// SET's KEEPTTL). Time is the Redis server's (TIME inside
 // the script) unless WithClock injects a clock; either way each key keeps the
 // latest time it has seen, so a clock that steps backwards never grants quota.
 //
@@ -164,9 +165,11 @@ func WithProbeBackoff(initial, maximum time.Duration) Option {
 	return func(c *config) { c.probeMin, c.probeMax = initial, maximum }
 }
 
-// WithKeyGrace sets how long a key outlives the moment its state becomes a fresh
-// key's (default 1s; one minute with WithClock): the latest time seen by the key
-// is kept that long, so a clock stepping back by less than that is still clamped.
+// WithKeyGrace sets how long a key at least outlives the moment its state becomes a
+// fresh key's (default 1s; one minute with WithClock): the latest time seen by the
+// key is kept that long, so a clock stepping back by less than that is still clamped.
+// On the server's clock a key may live longer (see scripts.go: a TTL is set a
+// quarter longer than needed, and kept while long enough).
 func WithKeyGrace(d time.Duration) Option {
 	return func(c *config) { c.grace = d }
 }

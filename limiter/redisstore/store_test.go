@@ -231,8 +231,10 @@ func TestRedisKeysHaveTTL(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if ttl <= 0 || ttl < d.ResetAfter.Truncate(time.Millisecond) || ttl > d.ResetAfter+grace+5*time.Millisecond {
-						t.Errorf("decision %d (%+v): key %q has TTL %v, want in [reset, reset+grace]", i, d, k, ttl)
+					// The scripts set a TTL a quarter longer than needed, and keep it
+					// while it is long enough (see luaStore).
+					if most := d.ResetAfter + grace + (d.ResetAfter+grace)/4 + 5*time.Millisecond; ttl <= 0 || ttl < d.ResetAfter.Truncate(time.Millisecond) || ttl > most {
+						t.Errorf("decision %d (%+v): key %q has TTL %v, want in [reset, 1.25 (reset+grace)]", i, d, k, ttl)
 					}
 				}
 			}
