@@ -32,15 +32,16 @@ import (
 // decision per script. A call of one decision runs the algorithm's one-decision
 // script (see script), the same body without the loop.
 //
-// ARGV holds three arguments per decision i:
+// ARGV holds one argument per decision i, ARGV[i], packed '<dddddd…':
 //
-//	3i-2 now, µs since the Unix epoch, in decimal, or "" for the Redis server's TIME
-//	     (read once per script: the decisions of one script are made at one time)
-//	3i-1 packed '<dddddd': n, rate, period (µs), capacity, grace (ms added to every
-//	     TTL), forgive (1 or 0)
-//	3i   the bucket's write-back (see bucketScript), or ""
+//	n, rate, period (µs), capacity, grace (ms added to every TTL), forgive (1 or 0);
+//	then, with an injected clock, now (µs since the Unix epoch), which 48 bytes
+//	alone mean the Redis server's TIME instead (read once per script: the
+//	decisions of one script are made at one time, and all have a now or none has);
+//	then, after now, the bucket's write-back if any (see bucketScript)
 //
-// and KEYS one key per decision (two for the sliding log). A many-decision script
+// and KEYS one key per decision (two for the sliding log). (Each argument costs
+// Redis a string to parse and one for Lua: one a decision costs less than three.) A many-decision script
 // returns an array with, per decision, packed '<ddddd…': allowed (1/0), remaining, retryAfter
 // (µs, -1 for never), resetAfter (µs), now (µs, after clamping), and after a
 // rejection the state the over-limit cache needs (see each script); or an error
@@ -83,47 +84,58 @@ type script struct {
 // string.format('%d', math.floor(reset / 1000) + 1 + grace).
 func newScript(body string) *script {
 	return &script{many: redis.NewScript(`
-local time
-if ARGV[1] == '' then
+local time, clock
+if #ARGV[1] <= 48 then
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   time = t[1] * 1000000 + t[2]
+  clock = math.floor(time / 1000) - 1
 end
-local clock = time and math.floor(time / 1000) - 1
 local function decide(i)
-local now = tonumber(ARGV[3 * i - 2]) or time
-local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[3 * i - 1])
+local a = ARGV[i]
+local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', a)
+local now = time
+if #a > 48 then now = struct.unpack('<d', a, 49) end
 ` + body + `
 end
 local out = {}
-for i = 1, #ARGV / 3 do
+for i = 1, #ARGV do
   local ok, res = pcall(decide, i)
   if not ok and (type(res) ~= 'table' or not res.err) then res = {err = tostring(res)} end
   out[i] = res
 end
 return out
-`), one: redis.NewScript(luaNow + `
-local i = 1
-local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', ARGV[2])
-` + body)}
-}
-
-// luaNow starts a script of one decision: now is ARGV[1], µs, or when it is empty
-// the Redis server's TIME.
-const luaNow = `
-local now, clock = tonumber(ARGV[1]), nil
-if not now then
+`), one: redis.NewScript(`
+local i, a = 1, ARGV[1]
+local n, rate, period, capacity, grace, forgive = struct.unpack('<dddddd', a)
+local now, clock
+if #a > 48 then
+  now = struct.unpack('<d', a, 49)
+else
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
   clock = math.floor(now / 1000) - 1
+end
+` + body)}
+}
+
+// luaNow starts the reservation script: now is ARGV[1], µs, or when it is empty
+// the Redis server's TIME.
+const luaNow = `
+local now = tonumber(ARGV[1])
+if not now then
+  if redis.replicate_commands then redis.replicate_commands() end
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
 end`
 
-// bucketScript is algo.State.bucket, for the token and the leaky bucket. KEYS[i] holds
-// packed '<ddd': the latest time seen, the level and the TTL's deadline. ARGV[3i], if not empty, is the
-// over-limit cache's write-back: packed '<dddd': the last and level the cache copied
-// from this key, and the last and level to use instead if the key still holds those
-// (its state after rejections the cache decided without Redis; see overLimitCache).
+// bucketScript is algo.State.bucket, for the token and the leaky bucket. KEYS[i]
+// holds packed '<ddd': the latest time seen, the level and the TTL's deadline.
+// ARGV[i]'s 32 bytes after now, if any, are the over-limit cache's write-back:
+// packed '<dddd': the last and level the cache copied from this key, and the last and
+// level to use instead if the key still holds those (its state after rejections the
+// cache decided without Redis; see overLimitCache).
 // Extra results after a rejection: the level.
 var bucketScript = newScript(`
 local last, level, deadline = 0, 0, 0
@@ -131,8 +143,8 @@ local v = redis.call('GET', KEYS[i])
 if v then
   if #v < 24 then last, level = struct.unpack('<dd', v) else last, level, deadline = struct.unpack('<ddd', v) end
 end
-if ARGV[3 * i] ~= '' then
-  local casLast, casLevel, newLast, newLevel = struct.unpack('<dddd', ARGV[3 * i])
+if #a > 56 then
+  local casLast, casLevel, newLast, newLevel = struct.unpack('<dddd', a, 57)
   if last == casLast and level == casLevel then last, level = newLast, newLevel end
 end
 if now < last then now = last end
@@ -349,7 +361,7 @@ const (
 // MarshalBinary without allocating.
 type packedArgs struct {
 	n   int
-	buf [6 * 8]byte
+	buf [11 * 8]byte
 }
 
 func (p *packedArgs) MarshalBinary() ([]byte, error) { return p.buf[:p.n], nil }

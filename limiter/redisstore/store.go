@@ -546,12 +546,9 @@ type redisRequest struct {
 	alg    algo.Algo
 	keys   [2]string
 	nkeys  int
-	args   [3]any     // see scripts.go
-	now    int64      // args[0], with an injected clock
-	params packedArgs // args[1]
-	cas    packedArgs // args[2], the bucket's write-back
-	// args holds pointers to now, params and cas, which go-redis writes without
-	// allocating.
+	args   [1]any     // see scripts.go
+	params packedArgs // args[0]
+	// args holds a pointer to params, which go-redis writes without allocating.
 
 	sent  int64 // mono µs when its pipeline was sent
 	reply redisReply
@@ -576,7 +573,7 @@ func newRedisRequest() *redisRequest {
 	t.Stop()
 	req := &redisRequest{done: make(chan struct{}, 1), timer: t}
 	req.self[0] = req
-	req.args[1] = &req.params
+	req.args[0] = &req.params
 	return req
 }
 
@@ -599,15 +596,6 @@ func (req *redisRequest) prepare(r *Store, rkey string, p *algo.Params, n, now i
 		req.keys[1] = rkey + ":t"
 		req.nkeys = 2
 	}
-	if r.clock != nil {
-		if wb.seen && wb.last > now {
-			now = wb.last // the latest time the key has seen in-process
-		}
-		req.now = now
-		req.args[0] = &req.now
-	} else {
-		req.args[0] = ""
-	}
 	var forgive float64
 	if p.Forgive {
 		forgive = 1
@@ -620,15 +608,18 @@ func (req *redisRequest) prepare(r *Store, rkey string, p *algo.Params, n, now i
 	pa.add(float64(p.Capacity))
 	pa.add(float64(r.grace))
 	pa.add(forgive)
-	req.args[2] = ""
+	if r.clock == nil {
+		return
+	}
+	if wb.seen && wb.last > now {
+		now = wb.last // the latest time the key has seen in-process
+	}
+	pa.add(float64(now))
 	if wb.bucket && p.Algorithm.Bucket() {
-		c := &req.cas
-		c.reset()
-		c.add(float64(wb.casLast))
-		c.add(wb.casLevel)
-		c.add(float64(wb.last))
-		c.add(wb.level)
-		req.args[2] = c
+		pa.add(float64(wb.casLast))
+		pa.add(wb.casLevel)
+		pa.add(float64(wb.last))
+		pa.add(wb.level)
 	}
 }
 
