@@ -333,19 +333,23 @@ func (r *Store) AllowN(ctx context.Context, key string, l limiter.Limit, n int64
 	}
 	req.timer.Reset(r.timeout)
 	select {
-	case r.queue <- req:
-	case <-req.timer.C:
-		r.reqs.Put(req)
-		r.markDown(errQueueTimeout)
-		return r.fallback(ctx, rkey, l, n), nil
-	case <-ctx.Done():
-		req.timer.Stop()
-		r.reqs.Put(req)
-		return r.fallback(ctx, rkey, l, n), nil
-	case <-r.quit:
-		req.timer.Stop()
-		r.reqs.Put(req)
-		return r.fallback(ctx, rkey, l, n), nil
+	case r.queue <- req: // a free place, the common case: no wait, and no select's cost
+	default:
+		select {
+		case r.queue <- req:
+		case <-req.timer.C:
+			r.reqs.Put(req)
+			r.markDown(errQueueTimeout)
+			return r.fallback(ctx, rkey, l, n), nil
+		case <-ctx.Done():
+			req.timer.Stop()
+			r.reqs.Put(req)
+			return r.fallback(ctx, rkey, l, n), nil
+		case <-r.quit:
+			req.timer.Stop()
+			r.reqs.Put(req)
+			return r.fallback(ctx, rkey, l, n), nil
+		}
 	}
 	select {
 	case <-req.done:
