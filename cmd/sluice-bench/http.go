@@ -844,8 +844,9 @@ func runPoolProxy(ctx context.Context, args []string, _, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer p.CloseIdleConnections()
-	return serveFastUntilDone(ctx, &http.Server{Addr: args[0], Handler: p, ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout: 60 * time.Second, WriteTimeout: 90 * time.Second, IdleTimeout: 120 * time.Second, MaxHeaderBytes: 64 << 10}, stderr)
+	srv := frontServer(p)
+	srv.Addr = args[0]
+	return serveFastUntilDone(ctx, srv, stderr)
 }
 
 // runFloorProxy is the least a Go front door on net/http's server can do for each

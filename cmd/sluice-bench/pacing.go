@@ -11,7 +11,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -24,12 +23,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace/noop"
 	"golang.org/x/time/rate"
 
 	"github.com/sluicehq/sluice/dispatcher"
 	"github.com/sluicehq/sluice/dispatcher/pace"
-	"github.com/sluicehq/sluice/ingress"
-	"github.com/sluicehq/sluice/ingress/deferral"
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/embedded"
@@ -512,12 +511,23 @@ directory, every write synced to disk before it is acknowledged), side by side:
                        metadata, acknowledged before it returns
   sluice ingress       the front door end to end: an HTTP POST over a defer rule's limit,
                        parked, answered 202 (HTTP client and server in this process;
-                       --client picks the callers' HTTP client)
+                       --client picks the callers' HTTP client). The front door is
+                       sluice serve's with its default flags: its handler (the ticket
+                       routes, the middleware on the memory limiter, metrics, tracing
+                       off, the deferrer's body memory, lookup limit and waits) on its
+                       server, the fast path (ingress/h1) before net/http's with serve's
+                       timeouts; --server net/http: net/http's alone (--fast-path=false)
   sluice park+idem     Park with an Idempotency-Key per order (the order is a synced
                        write shared with concurrent callers' — see queue's group
                        commit; the key's slot is written before it, at once with the
                        key's lookup, not synced, on a single server)
   sluice ingress+idem  the front door with an Idempotency-Key per order
+  --ceiling adds two, on the same server as the front door:
+  front door 202       the server answering each POST 202 (the front door's headers and
+                       a body of its length) without parking: HTTP alone
+  HTTP 202 of Park     a handler that reads the body, parks it with Park as "sluice
+                       park" does and answers 202: HTTP and Park, without sluice's
+                       rules, middleware or deferrer
 with the same number of concurrent callers. The contenders take turns for --rounds
 rounds: PER SECOND is the median of the rounds, VS RAW the median of each round's
 ratio of sluice's rate to the raw publishes' (ORDERS counts every round).
@@ -530,6 +540,15 @@ Flags:
 
 // parkingRaw is the reference contender: JetStream publishes with no sluice around.
 const parkingRaw = "jetstream publish"
+
+// parkingCeiling is the contender of --ceiling: the front door's server answering
+// 202 without parking.
+const parkingCeiling = "front door 202 (no park)"
+
+// parkingBare is the other contender of --ceiling: the front door's server with a
+// handler that parks with Park as "sluice park" does and answers 202 (no rules, no
+// middleware, no deferrer).
+const parkingBare = "HTTP 202 of Park alone"
 
 type parkingResult struct {
 	Contender   string  `json:"contender"`
@@ -547,6 +566,8 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	size := fs.Int("size", 512, "body size in bytes")
 	rounds := fs.Int("rounds", 3, "rounds over every contender, alternating; each figure is the median of the rounds")
 	client := fs.String("client", "lean", "HTTP client of the front door's callers: lean (kept-alive connections of the tool's own, read on the caller's goroutine) or net/http")
+	server := fs.String("server", serverFast, "the front door's server: fast (its fast path, ingress/h1, before net/http's server, as sluice serve runs it by default) or net/http (net/http's alone: sluice serve --fast-path=false)")
+	ceiling := fs.Bool("ceiling", false, "measure too the front door's server (as --server) answering 202 without parking, and a bare handler answering 202 once Park has parked (see above): what HTTP alone costs, and HTTP with Park")
 	cpuProfiles := fs.String("cpuprofile", "", "write a CPU profile of this process (callers and the embedded NATS server) during each measurement to `DIR`/CONTENDER-CALLERS-rROUND.pprof")
 	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, parkingHelp, stdout); done {
@@ -569,13 +590,18 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "sluice-bench parking: --client: %q is neither lean nor net/http\n", *client)
 		return exitUsage
 	}
+	if *server != serverFast && *server != serverNetHTTP {
+		fmt.Fprintf(stderr, "sluice-bench parking: --server: %q is neither %s nor %s\n", *server, serverFast, serverNetHTTP)
+		return exitUsage
+	}
 	if *cpuProfiles != "" {
 		if err := os.MkdirAll(*cpuProfiles, 0o755); err != nil {
 			fmt.Fprintf(stderr, "sluice-bench parking: --cpuprofile: %v\n", err)
 			return exitFailure
 		}
 	}
-	results, err := parking(ctx, *duration, *rounds, concs, *size, *client == "net/http", *cpuProfiles, stderr)
+	results, err := parking(ctx, parkingConfig{duration: *duration, rounds: *rounds, concs: concs, size: *size,
+		goClient: *client == "net/http", server: *server, profiles: *cpuProfiles, ceiling: *ceiling}, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "sluice-bench parking: %v\n", err)
 		return exitFailure
@@ -657,7 +683,20 @@ queues:
     max_idempotency_keys: 10000000
 `
 
-func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, size int, goClient bool, profiles string, stderr io.Writer) ([]parkingResult, error) {
+// parkingConfig is what runParking's flags ask of parking.
+type parkingConfig struct {
+	duration time.Duration
+	rounds   int
+	concs    []int
+	size     int
+	goClient bool   // the callers on net/http's client, not the lean one
+	server   string // serverFast or serverNetHTTP
+	profiles string // the directory of the CPU profiles; "": none
+	ceiling  bool   // measure the front door's server answering 202 without parking too
+}
+
+func parking(ctx context.Context, cfg parkingConfig, stderr io.Writer) ([]parkingResult, error) {
+	d, nRounds, concs, size, goClient, profiles := cfg.duration, cfg.rounds, cfg.concs, cfg.size, cfg.goClient, cfg.profiles
 	nc, stop, err := tempNATS()
 	if err != nil {
 		return nil, err
@@ -673,7 +712,9 @@ func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, siz
 	}); err != nil {
 		return nil, err
 	}
-	store, err := queue.Open(ctx, nc, queue.WithSigningKey(benchKey()))
+	// The store as sluice serve opens it, its metrics and tracing (off) included.
+	store, err := queue.Open(ctx, nc, queue.WithSigningKey(benchKey()), queue.WithRegisterer(prometheus.NewRegistry()),
+		queue.WithTracerProvider(noop.NewTracerProvider()))
 	if err != nil {
 		return nil, err
 	}
@@ -693,18 +734,22 @@ func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, siz
 	if err != nil {
 		return nil, err
 	}
-	mw, err := ingress.New(ingress.StaticRules{S: set}, limiter.NewMemory(), ingress.WithDeferrer(deferral.New(store)))
+	handler, closeFront, err := parkingFrontDoor(set, store)
 	if err != nil {
 		return nil, err
 	}
-	front := httptest.NewServer(mw.Wrap(http.NotFoundHandler()))
-	defer front.Close()
+	defer closeFront()
+	frontURL, stopFront, err := serveFront(handler, cfg.server)
+	if err != nil {
+		return nil, err
+	}
+	defer stopFront()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	defer client.CloseIdleConnections()
-	if resp, err := client.Post(front.URL+"/v1/orders", "application/json", nil); err == nil {
+	if resp, err := client.Post(frontURL+"/v1/orders", "application/json", nil); err == nil {
 		resp.Body.Close() // spends the limit: every later order is deferred
 	}
-	lean, err := newLeanPoster(front.URL+"/v1/orders", header, body, 256)
+	lean, err := newLeanPoster(frontURL+"/v1/orders", header, body, 256)
 	if err != nil {
 		return nil, err
 	}
@@ -712,7 +757,7 @@ func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, siz
 	send := lean.post
 	if goClient {
 		send = func(ctx context.Context, key string) (int, error) {
-			req, err := http.NewRequestWithContext(ctx, "POST", front.URL+"/v1/orders", bytes.NewReader(body))
+			req, err := http.NewRequestWithContext(ctx, "POST", frontURL+"/v1/orders", bytes.NewReader(body))
 			if err != nil {
 				return 0, err
 			}
@@ -766,6 +811,53 @@ func parking(ctx context.Context, d time.Duration, nRounds int, concs []int, siz
 		{"sluice ingress+idem (HTTP 202)", func(ctx context.Context) error {
 			return post(ctx, fmt.Sprintf(`"h-%d"`, nextID()))
 		}},
+	}
+	if cfg.ceiling {
+		ceilingURL, stopCeiling, err := serveFront(http.HandlerFunc(answerAccepted), cfg.server)
+		if err != nil {
+			return nil, err
+		}
+		defer stopCeiling()
+		ceil, err := newLeanPoster(ceilingURL+"/v1/orders", header, body, 256)
+		if err != nil {
+			return nil, err
+		}
+		defer ceil.close()
+		parkURL, stopPark, err := serveFront(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, err := io.ReadAll(r.Body)
+			if err == nil {
+				_, err = store.Park(r.Context(), &queue.Request{Queue: "bench", Method: "POST", Path: "/orders", Body: b, Header: header, Client: "bench"})
+			}
+			if err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
+			answerAccepted(w, r)
+		}), cfg.server)
+		if err != nil {
+			return nil, err
+		}
+		defer stopPark()
+		bare, err := newLeanPoster(parkURL+"/v1/orders", header, body, 256)
+		if err != nil {
+			return nil, err
+		}
+		defer bare.close()
+		for _, c := range []struct {
+			name   string
+			poster *leanPoster
+		}{{parkingCeiling, ceil}, {parkingBare, bare}} {
+			contenders = append(contenders, struct {
+				name string
+				op   func(ctx context.Context) error
+			}{c.name, func(ctx context.Context) error {
+				status, err := c.poster.post(ctx, "")
+				if err == nil && status != http.StatusAccepted {
+					err = fmt.Errorf("%s: the server answered %d", c.name, status)
+				}
+				return err
+			}})
+		}
 	}
 	// The contenders take turns for rounds rounds; each figure is the median of the
 	// rounds, each ratio the median of the rounds' ratios (a disk that stalls during

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -24,19 +25,32 @@ func TestPacingTable(t *testing.T) {
 }
 
 func TestParkingTable(t *testing.T) {
-	for _, client := range []string{"lean", "net/http"} {
-		out, errOut, code := benchRun(t, "parking", "--duration", "200ms", "--rounds", "1", "--concurrency", "2", "--client", client)
+	contenders := []string{"jetstream publish", "sluice park", "sluice ingress (HTTP 202)", "sluice park+idem", "sluice ingress+idem (HTTP 202)"}
+	for _, tc := range []struct {
+		args []string
+		rows []string
+	}{
+		{[]string{"--client", "lean"}, contenders},
+		{[]string{"--client", "net/http"}, contenders},
+		{[]string{"--server", "net/http"}, contenders},
+		{[]string{"--ceiling"}, append(slices.Clone(contenders), parkingCeiling, parkingBare)},
+	} {
+		args := append([]string{"parking", "--duration", "200ms", "--rounds", "1", "--concurrency", "2"}, tc.args...)
+		out, errOut, code := benchRun(t, args...)
 		if code != exitOK {
-			t.Fatalf("--client %s: exit %d: %s", client, code, errOut)
+			t.Fatalf("%s: exit %d: %s", tc.args, code, errOut)
 		}
-		for _, contender := range []string{"jetstream publish", "sluice park", "sluice ingress (HTTP 202)", "sluice park+idem", "sluice ingress+idem (HTTP 202)"} {
+		for _, contender := range tc.rows {
 			if !strings.Contains(out, contender) {
-				t.Errorf("--client %s: no row for %s in\n%s", client, contender, out)
+				t.Errorf("%s: no row for %s in\n%s", tc.args, contender, out)
 			}
 		}
 	}
 	if _, errOut, code := benchRun(t, "parking", "--client", "curl"); code != exitUsage || !strings.Contains(errOut, "neither lean nor net/http") {
 		t.Errorf("--client curl: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := benchRun(t, "parking", "--server", "nginx"); code != exitUsage || !strings.Contains(errOut, "neither fast nor net/http") {
+		t.Errorf("--server nginx: exit %d: %s", code, errOut)
 	}
 }
 
