@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"fmt"
 	"math"
 	"strconv"
 	"time"
@@ -49,19 +48,21 @@ func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 	// count against the stream's bytes and the server's max payload.
 	// The time is one of the longest in RFC 3339 with nanoseconds (which drops
 	// trailing zeros), so the limit does not depend on the clock.
-	m := &Message{Request: *req, Ticket: newTicket(), Fingerprint: fmt.Sprintf("%064x", 0)}
+	// Its size is computed, not encoded: a ticket's and a fingerprint's lengths stand
+	// for the values Park draws.
+	m := &Message{Request: *req, Ticket: sizingTicket, Fingerprint: sizingFingerprint}
 	m.Body, m.ReceivedAt = nil, time.Date(2000, 1, 1, 0, 0, 0, 111_111_111, time.UTC)
 	m.Header = KeptHeader(req.Header, cfg.DropHeaders)
 	m.Lane = s.laneFor(cfg, req.Priority, req.Tenant)
-	msg := m.encode(ReadySubject(q.name, m.Lane, m.Ticket))
-	if err := s.headerFits(msg, MetadataRoom); err != nil {
+	subject := ReadySubject(q.name, m.Lane, m.Ticket)
+	hdr := int64(m.headerSize(subject))
+	if err := s.headerBlockFits(hdr, MetadataRoom); err != nil {
 		return BodyLimit{}, err
 	}
-	size := int64(msg.Size())
+	size := int64(len(subject)) + hdr
 	if cfg.MaxBytes > 0 && size+storeRoom > cfg.MaxBytes {
 		// Even an empty queue could not hold it: "full" would be retried forever.
-		hdr := size - int64(len(msg.Subject))
-		return BodyLimit{}, &HeaderLimitError{Size: hdr, Limit: cfg.MaxBytes - storeRoom - int64(len(msg.Subject)), By: "max_bytes"}
+		return BodyLimit{}, &HeaderLimitError{Size: hdr, Limit: cfg.MaxBytes - storeRoom - int64(len(subject)), By: "max_bytes"}
 	}
 	if cfg.MaxBytes > 0 && cfg.MaxBytes-size-storeRoom < limit.Bytes {
 		limit = BodyLimit{Bytes: cfg.MaxBytes - size - storeRoom, By: "max_bytes"}
@@ -72,6 +73,13 @@ func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 	limit.Bytes = max(limit.Bytes, 0)
 	return limit, nil
 }
+
+// sizingTicket and sizingFingerprint have the lengths of a ticket (newTicket) and of a
+// fingerprint (Fingerprint): BodyLimit sizes an order with them.
+const (
+	sizingTicket      = "aaaaaaaaaaaaaaaaaaaaaaaaaa"
+	sizingFingerprint = "0000000000000000000000000000000000000000000000000000000000000000"
+)
 
 // MaxHeaderBytes is the longest header block JetStream stores with a message: the
 // server writes its length in 16 bits and refuses a longer one ("header size exceeds
@@ -107,7 +115,11 @@ func (e *HeaderLimitError) Unwrap() error { return ErrHeaderTooLarge }
 // message the server can never take is refused as too large rather than retried as if
 // NATS were down.
 func (s *Store) headerFits(msg *nats.Msg, room int64) error {
-	hdr := int64(msg.Size() - len(msg.Subject) - len(msg.Reply) - len(msg.Data))
+	return s.headerBlockFits(int64(msg.Size()-len(msg.Subject)-len(msg.Reply)-len(msg.Data)), room)
+}
+
+// headerBlockFits is headerFits for a message whose header block takes hdr bytes.
+func (s *Store) headerBlockFits(hdr, room int64) error {
 	limit, by := int64(MaxHeaderBytes), "JetStream's 64 KiB header limit"
 	if p := s.nc.MaxPayload(); p > 0 && p < limit {
 		limit, by = p, "the NATS server's max payload"

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -212,23 +213,29 @@ var hopByHop = []string{
 // others lose the blanks around them.
 func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 	out := make(http.Header, len(h))
-	drop := make(map[string]bool, len(hopByHop)+len(dropHeaders))
-	for _, k := range hopByHop {
-		drop[k] = true
-	}
-	for _, k := range dropHeaders {
-		drop[textproto.CanonicalMIMEHeaderKey(k)] = true
-	}
-	for _, v := range h.Values("Connection") {
-		for _, f := range strings.Split(v, ",") {
-			if f = strings.TrimSpace(f); f != "" {
-				drop[textproto.CanonicalMIMEHeaderKey(f)] = true
+	// The names to drop are looked up where they are, but for those a Connection
+	// header names (rare: the front door has dropped it already), which go into a set
+	// with the others.
+	var drop map[string]bool
+	if conn := h.Values("Connection"); len(conn) > 0 {
+		drop = make(map[string]bool, len(hopByHop)+len(dropHeaders))
+		for _, k := range hopByHop {
+			drop[k] = true
+		}
+		for _, k := range dropHeaders {
+			drop[textproto.CanonicalMIMEHeaderKey(k)] = true
+		}
+		for _, v := range conn {
+			for _, f := range strings.Split(v, ",") {
+				if f = strings.TrimSpace(f); f != "" {
+					drop[textproto.CanonicalMIMEHeaderKey(f)] = true
+				}
 			}
 		}
 	}
 	for k, vs := range h {
 		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if drop[ck] || !queueconfig.ValidHeaderName(ck) {
+		if dropped(ck, drop, dropHeaders) || !queueconfig.ValidHeaderName(ck) {
 			continue
 		}
 		for _, v := range vs {
@@ -242,6 +249,23 @@ func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 		}
 	}
 	return out
+}
+
+// dropped reports whether KeptHeader drops the header of canonical name ck: by the set
+// drop when there is one, else when ck is hop-by-hop or in dropHeaders.
+func dropped(ck string, drop map[string]bool, dropHeaders []string) bool {
+	if drop != nil {
+		return drop[ck]
+	}
+	if slices.Contains(hopByHop, ck) {
+		return true
+	}
+	for _, k := range dropHeaders {
+		if textproto.CanonicalMIMEHeaderKey(k) == ck {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Request) validate() error {
@@ -323,6 +347,20 @@ func setIf(h nats.Header, k, v string) {
 	if v != "" {
 		h.Set(k, v)
 	}
+}
+
+// headerSize is the size in bytes of the header block of m.encode(subject) as NATS
+// counts it (see subscriber.HeaderSize), computed without encoding m.
+func (m *Message) headerSize(subject string) int {
+	n := subscriber.HeaderSize(m.order(subject)) + subscriber.FieldSize(HeaderCallback, m.Callback) +
+		subscriber.FieldSize(HeaderLane, m.Lane) + subscriber.FieldSize(HeaderFlowKey, m.FlowKey) +
+		subscriber.FieldSize(HeaderTraceParent, m.TraceParent) + subscriber.FieldSize(HeaderTraceState, m.TraceState) +
+		subscriber.FieldSize(HeaderSignature, m.Signature)
+	if !m.NotBefore.IsZero() {
+		var ts [len(time.RFC3339)]byte
+		n += subscriber.FieldSize(HeaderNotBefore, string(m.NotBefore.UTC().AppendFormat(ts[:0], time.RFC3339)))
+	}
+	return n
 }
 
 // Decode reads a parked message delivered by a JetStream consumer.

@@ -132,3 +132,46 @@ func FuzzParkedDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestHeaderSizeIsEncoded: headerSize is the header block of encode's message, byte
+// for byte as NATS counts it, with every field set, with none of the optional ones,
+// and with values that NATS trims (blanks at either end) or keeps empty.
+func TestHeaderSizeIsEncoded(t *testing.T) {
+	full := testMessage()
+	full.Signature, full.FlowKey = "sig", "f-1"
+	// Every string field of the message and of its request is set: a field added to
+	// encode (and to the message) without headerSize fails here.
+	for _, v := range []reflect.Value{reflect.ValueOf(*full), reflect.ValueOf(full.Request)} {
+		for i := range v.NumField() {
+			if f := v.Field(i); f.Kind() == reflect.String && f.String() == "" && v.Type().Field(i).Name != "subject" &&
+				v.Type().Field(i).Name != "Tenant" && v.Type().Field(i).Name != "Flow" && v.Type().Field(i).Name != "Priority" {
+				t.Fatalf("testMessage leaves %s.%s empty", v.Type().Name(), v.Type().Field(i).Name)
+			}
+		}
+	}
+	bare := &Message{Request: Request{Queue: "q", Method: "GET", Path: "/"}, Ticket: "abcdefghijklmnopqrstuvwxyz"}
+	blanks := testMessage()
+	blanks.Header = http.Header{"X-A": {" padded\t", "", "\t"}, "X-Empty": {}, "X-B": {"v"}}
+	blanks.Rule, blanks.Client = " r ", "\tc"
+	late := testMessage()
+	late.ReceivedAt = time.Date(2026, 12, 1, 9, 30, 0, 0, time.FixedZone("x", 3600)) // whole seconds, not UTC
+	late.NotBefore = time.Date(2026, 12, 1, 11, 0, 0, 0, time.FixedZone("y", -7200))
+	for name, m := range map[string]*Message{"full": full, "bare": bare, "blanks": blanks, "late": late} {
+		subject := ReadySubject(m.Queue, m.Lane, m.Ticket)
+		msg := m.encode(subject)
+		if got, want := m.headerSize(subject), msg.Size()-len(msg.Subject)-len(msg.Data); got != want {
+			t.Errorf("%s: headerSize %d, encoded %d", name, got, want)
+		}
+	}
+}
+
+// TestSizingValuesHaveTheLengths: BodyLimit sizes an order with a ticket and a
+// fingerprint of the lengths Park's have.
+func TestSizingValuesHaveTheLengths(t *testing.T) {
+	if len(sizingTicket) != len(newTicket()) || !ValidTicket(sizingTicket) {
+		t.Errorf("sizingTicket %q: not a ticket's shape (%d bytes; a ticket has %d)", sizingTicket, len(sizingTicket), len(newTicket()))
+	}
+	if fp := Fingerprint(&testMessage().Request); len(sizingFingerprint) != len(fp) {
+		t.Errorf("sizingFingerprint: %d bytes, a fingerprint %d", len(sizingFingerprint), len(fp))
+	}
+}

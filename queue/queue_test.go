@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -100,6 +101,27 @@ func TestParseRate(t *testing.T) {
 		if _, err := limiter.ParseRate(in); err == nil {
 			t.Errorf("ParseRate(%q) accepted", in)
 		}
+	}
+}
+
+// TestKeptHeaderWithOrWithoutConnection: the headers never stored are dropped, and
+// the others kept trimmed, whether or not a Connection header names more to drop
+// (KeptHeader looks them up in place without one).
+func TestKeptHeaderWithOrWithoutConnection(t *testing.T) {
+	h := http.Header{
+		"Keep-Alive": {"5"}, "Te": {"trailers"}, "Transfer-Encoding": {"chunked"}, "Upgrade": {"h2c"}, "Trailer": {"X"},
+		"Host": {"a"}, "Content-Length": {"3"}, "Expect": {"100-continue"}, "Proxy-Authorization": {"p"},
+		queue.HeaderCallback: {"https://cb"}, queue.HeaderTicket: {"forged"}, "Authorization": {"secret"},
+		"x-lower": {" kept\t"}, "X-Crlf": {"a\r\nb", "ok"}, "X-Named": {"n"}, "Content-Type": {"application/json"},
+	}
+	want := http.Header{"X-Lower": {"kept"}, "X-Crlf": {"ok"}, "X-Named": {"n"}, "Content-Type": {"application/json"}}
+	if got := queue.KeptHeader(h, []string{"authorization"}); !reflect.DeepEqual(got, want) {
+		t.Errorf("without Connection: %v, want %v", got, want)
+	}
+	h["Connection"] = []string{"x-named, keep-alive"}
+	delete(want, "X-Named")
+	if got := queue.KeptHeader(h, []string{"authorization"}); !reflect.DeepEqual(got, want) {
+		t.Errorf("with Connection: %v, want %v", got, want)
 	}
 }
 

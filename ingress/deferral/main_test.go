@@ -15,13 +15,13 @@ func TestMain(m *testing.M) {
 }
 
 // newMiddleware returns the front door's middleware deciding set on a memory limiter.
-func newMiddleware(t *testing.T, set *rules.Set, opts ...ingress.Option) *ingress.Middleware {
+func newMiddleware(t testing.TB, set *rules.Set, opts ...ingress.Option) *ingress.Middleware {
 	t.Helper()
 	return newMiddlewareOn(t, set, limiter.NewMemory(), opts...)
 }
 
 // newMiddlewareOn is newMiddleware on the limiter lim.
-func newMiddlewareOn(t *testing.T, set *rules.Set, lim limiter.Limiter, opts ...ingress.Option) *ingress.Middleware {
+func newMiddlewareOn(t testing.TB, set *rules.Set, lim limiter.Limiter, opts ...ingress.Option) *ingress.Middleware {
 	t.Helper()
 	m, err := ingress.New(ingress.StaticRules{S: set}, lim, opts...)
 	if err != nil {

@@ -284,6 +284,38 @@ func setIf(h nats.Header, k, v string) {
 	}
 }
 
+// HeaderSize is the size in bytes of the header block of Encode(o) as NATS counts it
+// (nats.Msg.Size less the subject, reply and data), computed without encoding o: a
+// field counts its name, its value without the blanks at either end (as NATS writes
+// it) and 4 bytes (": " and CRLF), the block its first line and last CRLF.
+func HeaderSize(o *Order) int {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	n += FieldSize(HeaderMsgID, o.Ticket) + FieldSize(HeaderTicket, o.Ticket) + FieldSize(HeaderQueue, o.Queue) +
+		FieldSize(HeaderRule, o.Rule) + FieldSize(HeaderMethod, o.Method) + FieldSize(HeaderPath, o.Path) +
+		FieldSize(HeaderQuery, o.RawQuery) + FieldSize(HeaderClient, o.Client) +
+		FieldSize(HeaderIdempotencyKey, o.IdempotencyKey) + FieldSize(HeaderFingerprint, o.Fingerprint) +
+		FieldSize(HeaderDeliverySignature, o.Signature)
+	var ts [len(time.RFC3339Nano)]byte
+	n += fieldSize(HeaderReceivedAt, len(o.ReceivedAt.UTC().AppendFormat(ts[:0], time.RFC3339Nano)))
+	for k, vs := range o.Header {
+		for _, v := range vs {
+			n += fieldSize(HeaderPrefix+k, len(textproto.TrimString(v)))
+		}
+	}
+	return n
+}
+
+// FieldSize is what a header field of name k and value v that Encode sets (a value
+// not empty) adds to HeaderSize: 0 for an empty v, which it does not set.
+func FieldSize(k, v string) int {
+	if v == "" {
+		return 0
+	}
+	return fieldSize(k, len(textproto.TrimString(v)))
+}
+
+func fieldSize(k string, trimmed int) int { return len(k) + trimmed + len(": \r\n") }
+
 // validTicket reports whether s has the shape of a ticket (queue.ValidTicket).
 func validTicket(s string) bool {
 	if len(s) != 26 {

@@ -296,3 +296,27 @@ func BenchmarkDecodeVerify(b *testing.B) {
 		}
 	}
 }
+
+// TestHeaderSize: HeaderSize is the header block of Encode's message as NATS counts
+// it, for orders with every field, with the fewest, and with values NATS trims.
+func TestHeaderSize(t *testing.T) {
+	at := time.Date(2026, 12, 1, 9, 30, 0, 1500, time.UTC)
+	for _, tc := range []struct {
+		name string
+		o    subscriber.Order
+	}{
+		{"every field", subscriber.Order{Ticket: "abcdefghijklmnopqrstuvwxyz", Queue: "pay", Rule: "r", Method: "POST",
+			Path: "/v1/pay", RawQuery: "a=1&b=2", Client: "c", IdempotencyKey: "k-1", Fingerprint: "f00d", Signature: "sig",
+			Header: http.Header{"Content-Type": {"application/json"}, "X-Id": {"1", "2"}}, Body: []byte("{}"), ReceivedAt: at,
+			Subject: "sluice.q.pay.abcdefghijklmnopqrstuvwxyz"}},
+		{"fewest", subscriber.Order{Ticket: "abcdefghijklmnopqrstuvwxyz", Queue: "pay", Method: "GET", Path: "/", Subject: "s"}},
+		{"trimmed and empty values", subscriber.Order{Ticket: "abcdefghijklmnopqrstuvwxyz", Queue: "pay", Method: "GET", Path: "/",
+			Rule: " r\t", Header: http.Header{"X-A": {" a ", "", "\t"}, "X-None": {}}, ReceivedAt: at.In(time.FixedZone("z", 3600)),
+			Subject: "s"}},
+	} {
+		msg := subscriber.Encode(&tc.o)
+		if got, want := subscriber.HeaderSize(&tc.o), msg.Size()-len(msg.Subject)-len(msg.Data); got != want {
+			t.Errorf("%s: HeaderSize %d, encoded %d", tc.name, got, want)
+		}
+	}
+}
