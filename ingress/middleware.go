@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"hash"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -127,6 +126,7 @@ type Middleware struct {
 	tracer   trace.Tracer // nil: tracing off
 
 	checks sync.Pool // *[]rules.Check, reused across requests
+	scopes sync.Pool // *scopeHash, reused across requests
 }
 
 // Option configures a Middleware.
@@ -201,6 +201,7 @@ func New(src RulesSource, lim limiter.Limiter, opts ...Option) (*Middleware, err
 	}
 	m.tracer = telemetry.Tracer(m.tp)
 	m.checks.New = func() any { s := make([]rules.Check, 0, 8); return &s }
+	m.scopes.New = func() any { return newScopeHash(m.scopeKey) }
 	return m, nil
 }
 
@@ -534,17 +535,46 @@ func endDecision(span trace.Span, route *rules.Route, v *decide.Verdict, deferri
 // idempotencyScope names the caller of r for Idempotency-Key scoping: a hash of its
 // address group and of the route's idempotency_scope sources (rules.Route.WriteScope).
 func (m *Middleware) idempotencyScope(rt *rules.Route, r *http.Request, client netip.Prefix) string {
-	var h hash.Hash
-	if len(m.scopeKey) > 0 {
-		h = hmac.New(sha256.New, m.scopeKey)
-	} else {
-		h = sha256.New()
+	sh := m.scopes.Get().(*scopeHash)
+	defer m.scopes.Put(sh)
+	sh.h.Reset()
+	_, _ = sh.WriteString("sluice idempotency scope v1\x00")
+	rt.WriteScope(sh, r, client.Addr())
+	sh.buf, _ = client.AppendText(sh.buf[:0])
+	sh.h.Write(sh.buf)
+	sh.buf = sh.h.Sum(sh.buf[:0])
+	return hex.EncodeToString(sh.buf[:16])
+}
+
+// scopeHash is the hash of idempotency scopes (HMAC-SHA256 under the scope key, or
+// SHA-256) with a small scratch buffer, reused across requests: a string written to
+// it is hashed through the buffer, a piece at a time, rather than converted (so a
+// long header value does not grow what the pool keeps).
+type scopeHash struct {
+	h   hash.Hash
+	buf []byte // 64 bytes or more of capacity
+}
+
+func (s *scopeHash) Write(p []byte) (int, error) { return s.h.Write(p) }
+
+func (s *scopeHash) WriteString(v string) (int, error) {
+	n := len(v)
+	for len(v) > 0 {
+		k := min(len(v), cap(s.buf))
+		s.buf = append(s.buf[:0], v[:k]...)
+		s.h.Write(s.buf)
+		v = v[k:]
 	}
-	b, _ := client.MarshalText()
-	io.WriteString(h, "sluice idempotency scope v1\x00")
-	rt.WriteScope(h, r, client.Addr())
-	h.Write(b)
-	return hex.EncodeToString(h.Sum(nil)[:16])
+	return n, nil
+}
+
+// newScopeHash returns a scopeHash keyed with key (none: SHA-256).
+func newScopeHash(key []byte) *scopeHash {
+	sh := &scopeHash{h: sha256.New(), buf: make([]byte, 0, 64)}
+	if len(key) > 0 {
+		sh.h = hmac.New(sha256.New, key)
+	}
+	return sh
 }
 
 // clientHash names a client in logs without its address.
