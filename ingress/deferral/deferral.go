@@ -160,11 +160,6 @@ func newRequest(r *http.Request, d ingress.Deferral, header http.Header, key str
 
 // writeAccepted answers 202 with receipt: a parked order, or a repeat of one.
 func (q *Deferrer) writeAccepted(w http.ResponseWriter, receipt queue.Receipt) {
-	h := w.Header()
-	h.Set("Location", Path+receipt.Ticket)
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusAccepted)
 	ab := acceptedBody{
 		Ticket:            receipt.Ticket,
 		Queue:             receipt.Queue,
@@ -180,7 +175,62 @@ func (q *Deferrer) writeAccepted(w http.ResponseWriter, receipt queue.Receipt) {
 	if !receipt.NotBefore.IsZero() {
 		ab.NotBefore = receipt.NotBefore.UTC().Format(time.RFC3339)
 	}
-	_ = json.NewEncoder(w).Encode(ab)
+	// The three values in one allocation; each slice is capped to its own.
+	values := [...]string{ab.Monitor, "application/json", "no-store"}
+	vs := values[:]
+	h := w.Header()
+	h["Location"], h["Content-Type"], h["Cache-Control"] = vs[0:1:1], vs[1:2:2], vs[2:3:3]
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write(ab.appendJSON(make([]byte, 0, 320)))
+}
+
+// appendJSON appends ab's JSON to b as encoding/json's Encoder writes it (the fields in
+// order, omitempty, its escaping of strings, a final newline), without reflection.
+func (ab *acceptedBody) appendJSON(b []byte) []byte {
+	b = append(b, `{"ticket":`...)
+	b = appendJSONString(b, ab.Ticket)
+	b = append(b, `,"queue":`...)
+	b = appendJSONString(b, ab.Queue)
+	if ab.Status != "" {
+		b = append(b, `,"status":`...)
+		b = appendJSONString(b, ab.Status)
+	}
+	b = append(b, `,"position":`...)
+	b = strconv.AppendUint(b, ab.Position, 10)
+	b = append(b, `,"estimated_delivery":`...)
+	b = appendJSONString(b, ab.EstimatedDelivery)
+	if ab.Duplicate {
+		b = append(b, `,"duplicate":true`...)
+	}
+	b = append(b, `,"monitor":`...)
+	b = appendJSONString(b, ab.Monitor)
+	if ab.MonitorWait != 0 {
+		b = append(b, `,"monitor_wait":`...)
+		b = strconv.AppendInt(b, ab.MonitorWait, 10)
+	}
+	if ab.MonitorEvents {
+		b = append(b, `,"monitor_events":true`...)
+	}
+	if ab.NotBefore != "" {
+		b = append(b, `,"not_before":`...)
+		b = appendJSONString(b, ab.NotBefore)
+	}
+	return append(b, "}\n"...)
+}
+
+// appendJSONString appends s as a JSON string, as encoding/json writes it: as it is
+// when every byte is printable ASCII that needs no escape (a ticket, a queue name, a
+// status, a path), else by encoding/json itself.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			quoted, _ := json.Marshal(s) // a string always encodes
+			return append(b, quoted...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // Repeater is a Parker that answers a repeat without parking (*queue.Store is one):
@@ -314,6 +364,8 @@ func ParseNotBefore(values []string, now time.Time) (t time.Time, ok bool) {
 	return t, true
 }
 
+// acceptedBody is the JSON of a 202. appendJSON writes it: a field added here is
+// added there (TestAcceptedJSON compares the two).
 type acceptedBody struct {
 	Ticket            string `json:"ticket"`
 	Queue             string `json:"queue"`
