@@ -52,10 +52,10 @@ func (s *Store) BodyLimit(req *Request) (BodyLimit, error) {
 	// for the values Park draws.
 	m := &Message{Request: *req, Ticket: sizingTicket, Fingerprint: sizingFingerprint}
 	m.Body, m.ReceivedAt = nil, time.Date(2000, 1, 1, 0, 0, 0, 111_111_111, time.UTC)
-	m.Header = KeptHeader(req.Header, cfg.DropHeaders)
+	m.Header = nil // counted from req.Header, as KeptHeader would keep it
 	m.Lane = s.laneFor(cfg, req.Priority, req.Tenant)
 	subject := ReadySubject(q.name, m.Lane, m.Ticket)
-	hdr := int64(m.headerSize(subject))
+	hdr := int64(m.headerSize(subject) + keptHeaderSize(req.Header, cfg.DropHeaders))
 	if err := s.headerBlockFits(hdr, MetadataRoom); err != nil {
 		return BodyLimit{}, err
 	}

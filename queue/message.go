@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"iter"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -213,42 +214,65 @@ var hopByHop = []string{
 // others lose the blanks around them.
 func KeptHeader(h http.Header, dropHeaders []string) http.Header {
 	out := make(http.Header, len(h))
-	// The names to drop are looked up where they are, but for those a Connection
-	// header names (rare: the front door has dropped it already), which go into a set
-	// with the others.
-	var drop map[string]bool
-	if conn := h.Values("Connection"); len(conn) > 0 {
-		drop = make(map[string]bool, len(hopByHop)+len(dropHeaders))
-		for _, k := range hopByHop {
-			drop[k] = true
+	for ck, v := range keptFields(h, dropHeaders) {
+		out[ck] = append(out[ck], v)
+	}
+	return out
+}
+
+// keptHeaderSize is what KeptHeader(h, dropHeaders) adds to a parked message's
+// header block (see Message.headerSize), computed without copying h.
+func keptHeaderSize(h http.Header, dropHeaders []string) int {
+	n := 0
+	for ck, v := range keptFields(h, dropHeaders) {
+		n += subscriber.HeaderValueSize(ck, v)
+	}
+	return n
+}
+
+// keptFields yields the canonical name and the value of each value KeptHeader keeps
+// of h.
+func keptFields(h http.Header, dropHeaders []string) iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		// The names to drop are looked up where they are, but for those a Connection
+		// header names (rare: the front door has dropped it already), which go into a
+		// set with the others.
+		var drop map[string]bool
+		if conn := h.Values("Connection"); len(conn) > 0 {
+			drop = make(map[string]bool, len(hopByHop)+len(dropHeaders))
+			for _, k := range hopByHop {
+				drop[k] = true
+			}
+			for _, k := range dropHeaders {
+				drop[textproto.CanonicalMIMEHeaderKey(k)] = true
+			}
+			for _, v := range conn {
+				for _, f := range strings.Split(v, ",") {
+					if f = strings.TrimSpace(f); f != "" {
+						drop[textproto.CanonicalMIMEHeaderKey(f)] = true
+					}
+				}
+			}
 		}
-		for _, k := range dropHeaders {
-			drop[textproto.CanonicalMIMEHeaderKey(k)] = true
-		}
-		for _, v := range conn {
-			for _, f := range strings.Split(v, ",") {
-				if f = strings.TrimSpace(f); f != "" {
-					drop[textproto.CanonicalMIMEHeaderKey(f)] = true
+		for k, vs := range h {
+			ck := textproto.CanonicalMIMEHeaderKey(k)
+			if dropped(ck, drop, dropHeaders) || !queueconfig.ValidHeaderName(ck) {
+				continue
+			}
+			for _, v := range vs {
+				if strings.ContainsAny(v, "\r\n") {
+					continue
+				}
+				// Blanks around a value are not part of it (RFC 9110 section 5.5), and
+				// NATS drops those in front when it decodes the message: kept, they would
+				// make the signed header differ from the one read back, and the order
+				// forged.
+				if !yield(ck, strings.Trim(v, " \t")) {
+					return
 				}
 			}
 		}
 	}
-	for k, vs := range h {
-		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if dropped(ck, drop, dropHeaders) || !queueconfig.ValidHeaderName(ck) {
-			continue
-		}
-		for _, v := range vs {
-			if strings.ContainsAny(v, "\r\n") {
-				continue
-			}
-			// Blanks around a value are not part of it (RFC 9110 section 5.5), and NATS
-			// drops those in front when it decodes the message: kept, they would make
-			// the signed header differ from the one read back, and the order forged.
-			out[ck] = append(out[ck], strings.Trim(v, " \t"))
-		}
-	}
-	return out
 }
 
 // dropped reports whether KeptHeader drops the header of canonical name ck: by the set

@@ -175,3 +175,24 @@ func TestSizingValuesHaveTheLengths(t *testing.T) {
 		t.Errorf("sizingFingerprint: %d bytes, a fingerprint %d", len(sizingFingerprint), len(fp))
 	}
 }
+
+// TestKeptHeaderSize: keptHeaderSize is what the kept header adds to the encoded
+// header block, with a Connection header and without, names to drop, values NATS
+// trims and values never kept.
+func TestKeptHeaderSize(t *testing.T) {
+	for name, h := range map[string]http.Header{
+		"plain":      {"Content-Type": {"application/json"}, "X-Id": {"1", "2"}, "x-lower": {" a\t"}, "X-Empty": {""}},
+		"dropped":    {"Authorization": {"s"}, "Host": {"h"}, "Content-Length": {"3"}, "X-Crlf": {"a\r\nb", "ok"}, "Bad Name": {"v"}},
+		"connection": {"Connection": {"x-named, keep-alive"}, "X-Named": {"n"}, "Keep-Alive": {"5"}, "X-Other": {"o"}},
+		"none":       {},
+	} {
+		m := testMessage()
+		m.Header = nil
+		subject := ReadySubject(m.Queue, m.Lane, m.Ticket)
+		without := m.headerSize(subject)
+		m.Header = KeptHeader(h, []string{"authorization"})
+		if got, want := keptHeaderSize(h, []string{"authorization"}), m.headerSize(subject)-without; got != want {
+			t.Errorf("%s: keptHeaderSize %d, the kept header adds %d", name, got, want)
+		}
+	}
+}

@@ -299,10 +299,16 @@ func HeaderSize(o *Order) int {
 	n += fieldSize(HeaderReceivedAt, len(o.ReceivedAt.UTC().AppendFormat(ts[:0], time.RFC3339Nano)))
 	for k, vs := range o.Header {
 		for _, v := range vs {
-			n += fieldSize(HeaderPrefix+k, len(textproto.TrimString(v)))
+			n += HeaderValueSize(k, v)
 		}
 	}
 	return n
+}
+
+// HeaderValueSize is what one value v of a header k of Order.Header adds to
+// HeaderSize (as Sluice-H-{k}).
+func HeaderValueSize(k, v string) int {
+	return len(HeaderPrefix) + fieldSize(k, len(textproto.TrimString(v)))
 }
 
 // FieldSize is what a header field of name k and value v that Encode sets (a value
