@@ -813,17 +813,7 @@ func parking(ctx context.Context, cfg parkingConfig, stderr io.Writer) ([]parkin
 		}},
 	}
 	if cfg.ceiling {
-		ceilingURL, stopCeiling, err := serveFront(http.HandlerFunc(answerAccepted), cfg.server)
-		if err != nil {
-			return nil, err
-		}
-		defer stopCeiling()
-		ceil, err := newLeanPoster(ceilingURL+"/v1/orders", header, body, 256)
-		if err != nil {
-			return nil, err
-		}
-		defer ceil.close()
-		parkURL, stopPark, err := serveFront(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		bare := func(w http.ResponseWriter, r *http.Request) {
 			b, err := io.ReadAll(r.Body)
 			if err == nil {
 				_, err = store.Park(r.Context(), &queue.Request{Queue: "bench", Method: "POST", Path: "/orders", Body: b, Header: header, Client: "bench"})
@@ -833,25 +823,26 @@ func parking(ctx context.Context, cfg parkingConfig, stderr io.Writer) ([]parkin
 				return
 			}
 			answerAccepted(w, r)
-		}), cfg.server)
-		if err != nil {
-			return nil, err
 		}
-		defer stopPark()
-		bare, err := newLeanPoster(parkURL+"/v1/orders", header, body, 256)
-		if err != nil {
-			return nil, err
-		}
-		defer bare.close()
 		for _, c := range []struct {
-			name   string
-			poster *leanPoster
-		}{{parkingCeiling, ceil}, {parkingBare, bare}} {
+			name string
+			h    http.HandlerFunc
+		}{{parkingCeiling, answerAccepted}, {parkingBare, bare}} {
+			u, stop, err := serveFront(c.h, cfg.server)
+			if err != nil {
+				return nil, err
+			}
+			defer stop()
+			poster, err := newLeanPoster(u+"/v1/orders", header, body, 256)
+			if err != nil {
+				return nil, err
+			}
+			defer poster.close()
 			contenders = append(contenders, struct {
 				name string
 				op   func(ctx context.Context) error
 			}{c.name, func(ctx context.Context) error {
-				status, err := c.poster.post(ctx, "")
+				status, err := poster.post(ctx, "")
 				if err == nil && status != http.StatusAccepted {
 					err = fmt.Errorf("%s: the server answered %d", c.name, status)
 				}

@@ -12,35 +12,14 @@ import (
 	"github.com/sluicehq/sluice/ingress/internal/parktest"
 )
 
-// benchOrders defers every POST /v1/orders into a queue that takes any number of
-// orders and keys (the limit of one an hour is spent by the first).
-const benchOrders = `
-domain: shop
-descriptors:
-  - key: route
-    value: orders
-    rate_limit: {unit: hour, requests_per_unit: 1, name: orders}
-    on_limit: defer
-    queue: orders
-routes:
-  - name: orders
-    match: {method: [POST], path: /v1/orders}
-    descriptors:
-      - [{key: route, value: orders}]
-queues:
-  orders:
-    outflow: {rate: 10/s}
-    max_depth: 100000000
-    max_idempotency_keys: 10000000
-    downstream: http://127.0.0.1:1
-`
-
 // BenchmarkDefer measures one order over the limit through the front door's
 // middleware and deferrer to its 202, parked in a NATS server (natstest's): a 512-byte
 // JSON body, with and without an Idempotency-Key of its own. Most of the time is the
 // store's; the allocations beside Park's are the front door's.
 func BenchmarkDefer(b *testing.B) {
-	set, _, store := parktest.Open(b, benchOrders)
+	// parktest's orders, in a queue that takes any number of orders and keys.
+	rules := strings.Replace(parktest.Orders, "max_depth: 3\n", "max_depth: 100000000\n    max_idempotency_keys: 10000000\n", 1)
+	set, _, store := parktest.Open(b, rules)
 	d := New(store)
 	b.Cleanup(d.Close)
 	h := newMiddleware(b, set, ingress.WithDeferrer(d)).Wrap(http.NotFoundHandler())
