@@ -89,7 +89,7 @@ if #ARGV[1] <= 48 then
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   time = t[1] * 1000000 + t[2]
-  clock = math.floor(time / 1000) - 1
+  if redis.REDIS_VERSION_NUM then clock = math.floor(time / 1000) - 1 end
 end
 local function decide(i)
 local a = ARGV[i]
@@ -115,7 +115,7 @@ else
   if redis.replicate_commands then redis.replicate_commands() end
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
-  clock = math.floor(now / 1000) - 1
+  if redis.REDIS_VERSION_NUM then clock = math.floor(now / 1000) - 1 end
 end
 ` + body)}
 }
@@ -324,11 +324,12 @@ return struct.pack('<' .. string.rep('d', #reply), unpack(reply))
 // without KEEPTTL removes the key's expiry and adds it back), so with the server's
 // clock (clock: TIME in ms, less 1 ms) the script sets the TTL a quarter longer than
 // needed and records the deadline it set (deadline, ms on the server's clock), and
-// while a decision needs no later deadline, it keeps the TTL (KEEPTTL, Redis 6.0 and
-// later). The recorded deadline errs early: Redis counts a TTL from the command's
-// time, which is no earlier than the script's start, itself at most 1 ms before
-// TIME's millisecond. With an injected clock (clock nil) every write sets the TTL
-// needed, and records no deadline (0).
+// while a decision needs no later deadline, it keeps the TTL (KEEPTTL). The recorded
+// deadline errs early: Redis counts a TTL from the command's time, which is no earlier
+// than the script's start, itself at most 1 ms before TIME's millisecond. With an
+// injected clock, or on a server older than Redis 7.0 (whose Lua has no
+// redis.REDIS_VERSION_NUM; KEEPTTL came in 6.0), clock is nil: every write sets the
+// TTL needed, and records no deadline (0).
 func luaStore(pack, fields string) string {
 	return `
 local ttl = math.floor(reset / 1000) + 1 + grace

@@ -30,8 +30,9 @@ import (
 // concurrent decisions are coalesced into pipelines by a few worker goroutines, and
 // on a standalone or Sentinel client the decisions of a pipeline that share a script
 // share one EVALSHA too (see scripts.go).
-// Every key has a TTL, so idle keys vanish (Redis 6.0 or later: the scripts use
-// SET's KEEPTTL). Time is the Redis server's (TIME inside
+// Every key has a TTL, so idle keys vanish (the scripts set it on every write, or on
+// Redis 7.0 and later keep one that is long enough with SET's KEEPTTL). Time is the
+// Redis server's (TIME inside
 // the script) unless WithClock injects a clock; either way each key keeps the
 // latest time it has seen, so a clock that steps backwards never grants quota.
 //
