@@ -92,17 +92,7 @@ func parseHead(b []byte) (h head, ok bool) {
 		}
 		line := s[:eol]
 		s = s[eol+2:]
-		colon := -1
-		for i := 0; i < len(line); i++ {
-			c := line[i]
-			if c == ':' {
-				colon = i
-				break
-			}
-			if !isToken(c) {
-				return head{}, false
-			}
-		}
+		colon := tokenEnd(line, ':')
 		if colon < 1 || colon > maxName {
 			return head{}, false
 		}
@@ -172,6 +162,21 @@ func indexCRLF(s string) int {
 	return -1
 }
 
+// tokenEnd returns the index of the first delim in s when every byte before it is a
+// token character (a method, a field name), else -1.
+func tokenEnd(s string, delim byte) int {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == delim {
+			return i
+		}
+		if !isToken(c) {
+			return -1
+		}
+	}
+	return -1
+}
+
 // parseRequestLine parses line into h's method and target.
 func parseRequestLine(line string, h *head) bool {
 	const proto = " HTTP/1.1"
@@ -179,17 +184,7 @@ func parseRequestLine(line string, h *head) bool {
 		return false
 	}
 	line = line[:len(line)-len(proto)]
-	sp := -1
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		if c == ' ' {
-			sp = i
-			break
-		}
-		if !isToken(c) {
-			return false
-		}
-	}
+	sp := tokenEnd(line, ' ')
 	if sp < 1 {
 		return false
 	}

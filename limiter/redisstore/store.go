@@ -169,8 +169,8 @@ func WithProbeBackoff(initial, maximum time.Duration) Option {
 // WithKeyGrace sets how long a key at least outlives the moment its state becomes a
 // fresh key's (default 1s; one minute with WithClock): the latest time seen by the
 // key is kept that long, so a clock stepping back by less than that is still clamped.
-// On the server's clock a key may live longer (see scripts.go: a TTL is set a
-// quarter longer than needed, and kept while long enough).
+// On the server's clock and Redis 7.0 or later a key may live longer (see scripts.go:
+// a TTL is set a quarter longer than needed, and kept while long enough).
 func WithKeyGrace(d time.Duration) Option {
 	return func(c *config) { c.grace = d }
 }
