@@ -355,16 +355,23 @@ func (m *Message) order(subject string) *subscriber.Order {
 func (m *Message) encode(subject string) *nats.Msg {
 	msg := subscriber.Encode(m.order(subject))
 	h := msg.Header
-	setIf(h, HeaderCallback, m.Callback)
-	setIf(h, HeaderLane, m.Lane)
-	setIf(h, HeaderFlowKey, m.FlowKey)
+	m.stringFields(func(k, v string) { setIf(h, k, v) })
 	if !m.NotBefore.IsZero() {
 		h.Set(HeaderNotBefore, m.NotBefore.UTC().Format(time.RFC3339))
 	}
-	setIf(h, HeaderTraceParent, m.TraceParent)
-	setIf(h, HeaderTraceState, m.TraceState)
-	setIf(h, HeaderSignature, m.Signature)
 	return msg
+}
+
+// stringFields calls field with the name and value of each header field encode adds
+// to the order's (subscriber.Encode) from a string of m, empty or not (encode leaves
+// the empty ones out): every field it adds but the due time.
+func (m *Message) stringFields(field func(k, v string)) {
+	field(HeaderCallback, m.Callback)
+	field(HeaderLane, m.Lane)
+	field(HeaderFlowKey, m.FlowKey)
+	field(HeaderTraceParent, m.TraceParent)
+	field(HeaderTraceState, m.TraceState)
+	field(HeaderSignature, m.Signature)
 }
 
 func setIf(h nats.Header, k, v string) {
@@ -376,10 +383,8 @@ func setIf(h nats.Header, k, v string) {
 // headerSize is the size in bytes of the header block of m.encode(subject) as NATS
 // counts it (see subscriber.HeaderSize), computed without encoding m.
 func (m *Message) headerSize(subject string) int {
-	n := subscriber.HeaderSize(m.order(subject)) + subscriber.FieldSize(HeaderCallback, m.Callback) +
-		subscriber.FieldSize(HeaderLane, m.Lane) + subscriber.FieldSize(HeaderFlowKey, m.FlowKey) +
-		subscriber.FieldSize(HeaderTraceParent, m.TraceParent) + subscriber.FieldSize(HeaderTraceState, m.TraceState) +
-		subscriber.FieldSize(HeaderSignature, m.Signature)
+	n := subscriber.HeaderSize(m.order(subject))
+	m.stringFields(func(k, v string) { n += subscriber.FieldSize(k, v) })
 	if !m.NotBefore.IsZero() {
 		var ts [len(time.RFC3339)]byte
 		n += subscriber.FieldSize(HeaderNotBefore, string(m.NotBefore.UTC().AppendFormat(ts[:0], time.RFC3339)))

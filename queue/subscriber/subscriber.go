@@ -258,24 +258,31 @@ func Encode(o *Order) *nats.Msg {
 	msg := nats.NewMsg(o.Subject)
 	msg.Data = o.Body
 	h := msg.Header
-	setIf(h, HeaderMsgID, o.Ticket)
-	setIf(h, HeaderTicket, o.Ticket)
-	setIf(h, HeaderQueue, o.Queue)
-	setIf(h, HeaderRule, o.Rule)
-	setIf(h, HeaderMethod, o.Method)
-	setIf(h, HeaderPath, o.Path)
-	setIf(h, HeaderQuery, o.RawQuery)
+	o.stringFields(func(k, v string) { setIf(h, k, v) })
 	h.Set(HeaderReceivedAt, o.ReceivedAt.UTC().Format(time.RFC3339Nano))
-	setIf(h, HeaderClient, o.Client)
-	setIf(h, HeaderIdempotencyKey, o.IdempotencyKey)
-	setIf(h, HeaderFingerprint, o.Fingerprint)
 	for k, vs := range o.Header {
 		if len(vs) > 0 {
 			h[HeaderPrefix+k] = slices.Clone(vs)
 		}
 	}
-	setIf(h, HeaderDeliverySignature, o.Signature)
 	return msg
+}
+
+// stringFields calls field with the name and value of each header field Encode sets
+// from a string of o, empty or not (Encode leaves the empty ones out): every field
+// but the time received and o.Header's.
+func (o *Order) stringFields(field func(k, v string)) {
+	field(HeaderMsgID, o.Ticket)
+	field(HeaderTicket, o.Ticket)
+	field(HeaderQueue, o.Queue)
+	field(HeaderRule, o.Rule)
+	field(HeaderMethod, o.Method)
+	field(HeaderPath, o.Path)
+	field(HeaderQuery, o.RawQuery)
+	field(HeaderClient, o.Client)
+	field(HeaderIdempotencyKey, o.IdempotencyKey)
+	field(HeaderFingerprint, o.Fingerprint)
+	field(HeaderDeliverySignature, o.Signature)
 }
 
 func setIf(h nats.Header, k, v string) {
@@ -290,11 +297,7 @@ func setIf(h nats.Header, k, v string) {
 // it) and 4 bytes (": " and CRLF), the block its first line and last CRLF.
 func HeaderSize(o *Order) int {
 	n := len("NATS/1.0\r\n") + len("\r\n")
-	n += FieldSize(HeaderMsgID, o.Ticket) + FieldSize(HeaderTicket, o.Ticket) + FieldSize(HeaderQueue, o.Queue) +
-		FieldSize(HeaderRule, o.Rule) + FieldSize(HeaderMethod, o.Method) + FieldSize(HeaderPath, o.Path) +
-		FieldSize(HeaderQuery, o.RawQuery) + FieldSize(HeaderClient, o.Client) +
-		FieldSize(HeaderIdempotencyKey, o.IdempotencyKey) + FieldSize(HeaderFingerprint, o.Fingerprint) +
-		FieldSize(HeaderDeliverySignature, o.Signature)
+	o.stringFields(func(k, v string) { n += FieldSize(k, v) })
 	var ts [len(time.RFC3339Nano)]byte
 	n += fieldSize(HeaderReceivedAt, len(o.ReceivedAt.UTC().AppendFormat(ts[:0], time.RFC3339Nano)))
 	for k, vs := range o.Header {
