@@ -29,7 +29,14 @@ func TestStatusConfirmsAMissWithTheLeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	watch := c.Connect(t)
+	// The watch is on nc's own server: a server delivers a request to its own
+	// subscribers as it reads it, where the watch's interest would reach another
+	// server over the routes only some time after its Flush.
+	watch, err := nats.Connect(nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
 	var mu sync.Mutex
 	var asked []string
 	sub, err := watch.Subscribe("$JS.API.STREAM.MSG.GET.>", func(m *nats.Msg) {
