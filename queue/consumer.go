@@ -441,6 +441,11 @@ func (c *Consumer) lease(jm jetstream.Msg, serverAck time.Duration) *Lease {
 	}
 	now := time.Now()
 	l := &Lease{c: c, s: c.q.store, jm: jm, m: m, verr: c.q.store.Verify(m), fetched: now, ackWait: ackWait, stale: staleAt(now, ackWait)}
+	// A forged message is dead-lettered without delivery: it is never delivered beside
+	// its ticket's order, so it is not held back behind it.
+	if l.verr != nil {
+		return l
+	}
 	if prev, ok := c.hold(l); !ok {
 		c.log.Warn("an order came back while this dispatcher still holds it (its delivery and settlement outlasted the ack wait: a stall, or an ack wait too short); not delivering it beside itself",
 			"ticket", m.Ticket, "seq", m.Seq, "held_for", time.Since(prev.fetched).Round(time.Millisecond), "ack_wait", ackWait)
