@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -53,12 +54,19 @@ func TestClusterR3SurvivesANodeCrash(t *testing.T) {
 	waitFor(t, "every order with one node down", 60*time.Second, func() bool { return len(ds.keys()) == len(tickets) })
 	c.Restart(0)
 	c.WaitReady()
+	var last string // what the wait below saw last, for its failure
+	defer func() {
+		if t.Failed() {
+			t.Log("last status:", last)
+		}
+	}()
 	for _, tk := range tickets {
 		if ds.count(tk) == 0 {
 			t.Errorf("order %s lost", tk)
 		}
 		waitFor(t, "status done", 30*time.Second, func() bool {
 			st, err := store.Status(ctxT(t), tk)
+			last = fmt.Sprintf("%s: %+v, %v", tk, st, err)
 			return err == nil && st.Status == queue.StatusDone
 		})
 	}

@@ -190,7 +190,7 @@ func StartCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 		t.Fatal(err)
 	}
 	c.t = t
-	t.Cleanup(c.Close)
+	t.Cleanup(c.closeFor(t))
 	return c
 }
 
@@ -276,6 +276,20 @@ func NewCluster(n int, opts ...ClusterOption) (*Cluster, error) {
 	return c, nil
 }
 
+// closeFor returns the cleanup of t's cluster: Close, after logging the end of each
+// node's log when t failed (what the servers said is what a failure on a busy machine
+// is read from).
+func (c *Cluster) closeFor(t testing.TB) func() {
+	return func() {
+		if t.Failed() {
+			for i, nd := range c.nodes {
+				t.Logf("natstest: the last of node %d's log (%s):\n%s", i, nd.name, childproc.Tail(nd.log, 4000))
+			}
+		}
+		c.Close()
+	}
+}
+
 // PrepareCluster prepares an n-node cluster like StartCluster (ports, directories and
 // configuration) without starting it, for tests of programs that start before their
 // NATS: URL is known at once, and Start starts the nodes. Whatever runs is killed when
@@ -291,7 +305,7 @@ func PrepareCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 		t.Fatal(err)
 	}
 	c.t = t
-	t.Cleanup(c.Close)
+	t.Cleanup(c.closeFor(t))
 	return c
 }
 

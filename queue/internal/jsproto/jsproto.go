@@ -47,10 +47,20 @@ type MsgQuery struct {
 	Last string
 }
 
+// LeaderWait is how long LeaderMsg waits for one answer. A server drops, without an
+// error, the requests to a stream's leader that come while the stream's group has no
+// leader it knows of (an election after a node restarted): nats-server's
+// jsMsgGetRequest returns without a reply then, and a client that waits for its
+// whole deadline waits for nothing (a clean-clone CI run's Status waited 60s so
+// after a node of a three-node cluster came back). Reads are idempotent, so a
+// request without an answer is sent again.
+const LeaderWait = 2 * time.Second
+
 // LeaderMsg reads q from the stream through its leader's message API
 // ($JS.API.STREAM.MSG.GET.{stream}), which the jetstream package uses only for
 // streams without AllowDirect: a direct get may go to any replica, this request to
-// the leader only. Errors: jetstream.ErrMsgNotFound (no such message), the server's
+// the leader only. A request without an answer within LeaderWait is sent again until
+// ctx ends. Errors: jetstream.ErrMsgNotFound (no such message), the server's
 // *jetstream.APIError, the request's own.
 func LeaderMsg(ctx context.Context, nc *nats.Conn, stream string, q MsgQuery) (*jetstream.RawStreamMsg, error) {
 	req, err := json.Marshal(struct {
@@ -61,7 +71,15 @@ func LeaderMsg(ctx context.Context, nc *nats.Conn, stream string, q MsgQuery) (*
 	if err != nil {
 		return nil, err
 	}
-	msg, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	var msg *nats.Msg
+	for {
+		actx, cancel := context.WithTimeout(ctx, LeaderWait)
+		msg, err = nc.RequestWithContext(actx, "$JS.API.STREAM.MSG.GET."+stream, req)
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

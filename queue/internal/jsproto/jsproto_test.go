@@ -126,6 +126,47 @@ func TestLeaderMsg(t *testing.T) {
 	}
 }
 
+// A stream leader that drops a request (as nats-server does while the stream's group
+// elects a leader) gets it again: LeaderMsg does not wait for its whole deadline. The
+// leader here is a subscriber, which answers the second request only: the server maps the stream's API subject to the subscriber's.
+func TestLeaderMsgAsksAgain(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "leader.conf")
+	if err := os.WriteFile(conf, []byte(`mappings { "$JS.API.STREAM.MSG.GET.*": "test.leader.{{wildcard(1)}}" }`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartConfig(t, conf)
+	nc := srv.Connect(t)
+	asked := make(chan struct{}, 10)
+	_, err := nc.Subscribe("test.leader.S", func(m *nats.Msg) {
+		asked <- struct{}{}
+		if len(asked) == 1 {
+			return // dropped
+		}
+		_ = m.Respond([]byte(`{"message":{"subject":"s.a","seq":7,"data":"YTE=","time":"2026-12-01T00:00:00Z"}}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*jsproto.LeaderWait)
+	defer cancel()
+	got, err := jsproto.LeaderMsg(ctx, nc, "S", jsproto.MsgQuery{Last: "s.a"})
+	if err != nil || got.Sequence != 7 || string(got.Data) != "a1" {
+		t.Fatalf("LeaderMsg: %+v %v, want a1 at 7", got, err)
+	}
+	if n := len(asked); n != 2 {
+		t.Errorf("asked %d times, want 2", n)
+	}
+	// A leader that never answers: LeaderMsg ends with ctx.
+	if _, err := nc.Subscribe("test.leader.SILENT", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), jsproto.LeaderWait*3/2)
+	defer cancel()
+	if _, err := jsproto.LeaderMsg(short, nc, "SILENT", jsproto.MsgQuery{Seq: 1}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a silent leader: %v, want context.DeadlineExceeded", err)
+	}
+}
+
 // PurgeBelow removes the messages on the filter below the sequence, and only those,
 // and says how many went.
 func TestPurgeBelow(t *testing.T) {
