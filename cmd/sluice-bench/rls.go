@@ -511,6 +511,7 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 		stopped
 	)
 	var phase atomic.Int32
+	var answered atomic.Bool // a call has been recorded (read, not written, by each call after that)
 	samples := make([][]time.Duration, callers)
 	over := make([]int64, callers)
 	var errOnce sync.Once
@@ -550,6 +551,9 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 				}
 				if ph == recording && phase.Load() == recording {
 					lat = append(lat, elapsed)
+					if !answered.Load() {
+						answered.Store(true)
+					}
 					if code != rlsv3.RateLimitResponse_OK {
 						over[id]++
 					}
@@ -582,6 +586,11 @@ func measureRLSTarget(ctx context.Context, cfg rlsConfig, t rlsTarget, callers, 
 	own0, redis0, ownKnown, redisKnown := cpu()
 	client0, clientKnown := processCPU()
 	ok = ok && sleep(cfg.duration)
+	// A window that ends before a loaded machine answered any call in it (a short
+	// --duration) lasts until one has been.
+	for ok && !answered.Load() {
+		ok = sleep(time.Millisecond)
+	}
 	phase.Store(stopped)
 	elapsed := time.Since(t0)
 	own1, redis1, ownKnown1, redisKnown1 := cpu()
