@@ -80,12 +80,11 @@
 //     other's results, or block each other's keys. A key is taken only by an accepted
 //     order: a request refused with 400, 413, 422, 429 or 503 leaves nothing, so the key works
 //     again. A keyed order's ticket is derived from the key (an HMAC with the signing key),
-//     its key slot is taken (on a single NATS server without waiting for the disk: a slot
-//     only counts the key against the cap below, and a crash of the server or its host
-//     loses the slots of up to its sync interval, two minutes by default, which lets their
-//     callers past the cap until the slots would have expired; an older sluice cannot
-//     declare such a key stream, so before going back to one delete the `SLUICE_KEYS_*`
-//     streams), then the order is written and synced; while the order waits its message
+//     its key slot is taken (in the NATS servers' memory, never waiting for a disk: a slot
+//     only counts the key against the cap below, so a restart of the servers, a crash or
+//     a power cut included, only lets the callers start their counts afresh — every
+//     accepted order and its key are kept; a server without memory streams keeps the slots
+//     on file, with a warning), then the order is written and synced; while the order waits its message
 //     is the key's record, and the key is written to the key-value bucket when the order
 //     becomes final. While it waits, a repeat finds it in the queue it was parked in: a
 //     route with defer rules into two queues that sends the repeat to the other one parks
@@ -95,8 +94,10 @@
 //     never forgotten while its order waits. Ticket records live the idempotency TTL after
 //     their last change. Caps: per caller and queue, at most `max_idempotency_keys` keys
 //     accepted within the idempotency TTL (each slot frees that long after its key was
-//     accepted); past it 429 with `Retry-After` and a problem body naming the cap. All keys
-//     together: `--idempotency-max-bytes` (default 256 MiB, about 370 bytes a key); new keys
+//     accepted; counted afresh after a restart of the NATS servers, see above); past it 429
+//     with `Retry-After` and a problem body naming the cap. All keys together:
+//     `--idempotency-max-bytes` (default 256 MiB, about 370 bytes a key; each queue's slots
+//     also hold at most that much of each NATS server's memory, 640 bytes a slot); new keys
 //     past 90% of it get 503 with `Retry-After` and nothing is accepted (the rest is kept for
 //     refreshing existing keys). Requests without a key are not affected by either cap. A
 //     full queue → 429 with `Retry-After` from its depth and outflow, naming the limit:

@@ -91,25 +91,54 @@ func (s *Store) queueStream(cfg queueconfig.Config) jetstream.StreamConfig {
 	}
 }
 
-// keyStream is the configuration of the key stream of a queue of cfg.
+// keyStream is the configuration of the key stream of a queue of cfg. Its slots are
+// kept in memory, not on disk: a slot is no acceptance record (the order is, in the
+// queue's file stream, and then the idempotency bucket's key), it only counts a key
+// against its client's MaxIdempotencyKeys. Whatever a crash or a power cut takes of
+// the slots therefore takes no order, ticket or key: every order accepted before it is
+// still found by its key's repeats (its ticket is derived from the key, see
+// Store.parkKeyed). It only resets the clients' counts, so the cap is exact while the
+// servers run and starts afresh when they restart: a single server loses the stream
+// with its slots (takeSlot declares it again); a cluster keeps the stream and its slots
+// while a majority of its replicas runs (a memory stream replicates like a file one),
+// and loses the slots when every server restarts. A server that refuses memory
+// streams gets the stream on file (see ensureKeyStream).
+//
+// The count cap bounds the memory that clients together can fill, however many they
+// are: keySlots of the idempotency byte cap, so about that many bytes of each
+// replica's memory a queue (the default 256 MiB: 419,430 slots, keys accepted within
+// the IdempotencyTTL).
+//
+// A key stream on file of an earlier sluice (fileKeyStreamName) is left as it is: an
+// older replica still running in a rolling upgrade parks with it, and would answer
+// every keyed request 503 were it deleted; its slots expire with their TTL, and Retire
+// deletes the stream. Meanwhile the older and the newer replicas count a client's
+// slots apart, so its cap is up to twice MaxIdempotencyKeys until every replica runs
+// this version and the older slots have expired.
 func (s *Store) keyStream(cfg queueconfig.Config) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:                 KeyStreamName(cfg.Name),
 		Description:          "sluice idempotency key slots of queue " + cfg.Name,
 		Subjects:             []string{keySubjectFor(cfg.Name, "*")},
 		Retention:            jetstream.LimitsPolicy,
-		Storage:              jetstream.FileStorage,
+		Storage:              jetstream.MemoryStorage,
 		Discard:              jetstream.DiscardNew,
 		DiscardNewPerSubject: true,
 		MaxMsgsPerSubject:    int64(cfg.MaxIdempotencyKeys),
 		// A count, not a byte cap: JetStream reserves a byte cap from the store for
 		// every stream that has one, and there is a key stream per queue.
-		MaxMsgs:            keySlots(s.opts.idemMaxBytes),
-		AllowMsgTTL:        true,
-		Duplicates:         cfg.DuplicateWindow,
-		Replicas:           cfg.Replicas,
-		AllowDirect:        true,
-		AllowAtomicPublish: s.batches, // on a replicated stream; see ensureKeyStream
+		MaxMsgs:     keySlots(s.opts.idemMaxBytes),
+		AllowMsgTTL: true,
+		Duplicates:  cfg.DuplicateWindow,
+		Replicas:    cfg.Replicas,
+		AllowDirect: true,
+		// Slots go out as plain publishes: a batch that failed or timed out is
+		// published again one by one, and a slot of it that was stored after all comes
+		// back a duplicate, which takeSlot cannot tell from a racing request's slot and
+		// so never frees (TestRefusedKeyedParksLeaveNoSlots: 400 keyed parks of 4
+		// clients racing into a full queue left 5 slots for 3 orders with batches). In
+		// memory a publish waits for no disk that a batch could share.
+		AllowAtomicPublish: false,
 	}
 }
 
@@ -136,24 +165,12 @@ func (s *Store) ensureFrom(ctx context.Context, have jetstream.Stream, want jets
 	return s.js.CreateOrUpdateStream(ctx, want)
 }
 
-// ensureKeyStream is ensureStream for a queue's key stream. A slot only counts a key
-// against its client's cap (the order itself is the key's record, and is synced), so a
-// single-replica key stream is written without waiting for the disk (nats-server's
-// async persist mode, which takes no atomic batches): a keyed park then waits for one
-// synced write, its order's. The server acknowledges such a write before it reaches
-// the disk and syncs the stream every sync interval, so a crash of the server or its
-// host may lose the slots (and the deletions of freed slots) of that long: their
-// clients get past the cap, or are held to it by slots already freed, until the slots'
-// TTL ends; nothing of an order is lost or repeated.
-//
-// JetStream cannot change a stream's persist mode. A synced key stream made by an
-// earlier sluice stays synced; an async one that must become replicated is made anew,
-// and its clients' caps start afresh. (An earlier sluice cannot declare an async key
-// stream: to go back to one, delete the key streams first.)
+// ensureKeyStream is ensureStream for a queue's key stream (see keyStream). A server
+// that refuses the stream in memory (its JetStream or the account has no memory store,
+// or too little) gets it on file, with a warning: slots then survive restarts of the
+// server. JetStream cannot move a stream between storage types, so a key stream stays
+// where it was made; delete it to have it made in memory.
 func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig) (jetstream.Stream, error) {
-	if want.Replicas <= 1 && s.batches {
-		want.PersistMode, want.AllowAtomicPublish = jetstream.AsyncPersistMode, false
-	}
 	st, err := s.js.Stream(ctx, want.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -161,20 +178,52 @@ func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig
 	case err != nil:
 		return nil, err
 	default:
-		switch have := st.CachedInfo().Config; {
-		case have.PersistMode == want.PersistMode:
+		want.Storage = st.CachedInfo().Config.Storage
+	}
+	got, err := s.ensureSlots(ctx, st, want)
+	var refused *jetstream.APIError
+	if err == nil || want.Storage != jetstream.MemoryStorage || !errors.As(err, &refused) {
+		return got, err
+	}
+	want.Storage = jetstream.FileStorage
+	got, ferr := s.ensureSlots(ctx, nil, want)
+	if ferr != nil {
+		return nil, errors.Join(err, ferr)
+	}
+	s.log.Warn("the idempotency key slots are on file: the server refused them in memory (give JetStream a memory store, or allow the account memory streams)",
+		"stream", want.Name, "err", err)
+	return got, nil
+}
+
+// ensureSlots is ensureFrom for a key stream, have as just looked up (nil: none). A
+// single-replica key stream on file is written without waiting for the disk
+// (nats-server's async persist mode, from 2.12 on), for the reasons a memory one is
+// used (see keyStream); a crash of the server or its host loses the slots (and the
+// deletions of freed slots) of its last sync interval, which lets their clients past
+// the cap, or holds them to it by slots already freed, until the slots' TTL ends.
+//
+// JetStream cannot change a stream's persist mode. A synced key stream stays synced;
+// an async one that must become replicated is made anew, and its clients' caps start
+// afresh.
+func (s *Store) ensureSlots(ctx context.Context, have jetstream.Stream, want jetstream.StreamConfig) (jetstream.Stream, error) {
+	if want.Storage == jetstream.FileStorage && want.Replicas <= 1 && s.batches {
+		want.PersistMode = jetstream.AsyncPersistMode
+	}
+	if have != nil {
+		switch cfg := have.CachedInfo().Config; {
+		case cfg.PersistMode == want.PersistMode:
 		case want.PersistMode == jetstream.AsyncPersistMode:
-			want.PersistMode, want.AllowAtomicPublish = have.PersistMode, true
+			want.PersistMode = cfg.PersistMode
 		default:
 			s.log.Warn("making the key stream anew: a replicated stream cannot skip disk syncs, and JetStream cannot change that on a stream",
 				"stream", want.Name, "replicas", want.Replicas)
 			if err := s.js.DeleteStream(ctx, want.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return nil, err
 			}
-			st = nil
+			have = nil
 		}
 	}
-	st, err = s.ensureFrom(ctx, st, want)
+	st, err := s.ensureFrom(ctx, have, want)
 	if err != nil {
 		// Another process declaring the queue may have made it meanwhile.
 		if again, aerr := s.js.Stream(ctx, want.Name); aerr == nil && sameStream(again.CachedInfo().Config, want) {

@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -98,11 +99,14 @@ func keyStream(t *testing.T, js jetstream.JetStream, q string) (jetstream.Stream
 	return info.Config, info.State.Msgs
 }
 
-// A single-replica key stream is written without disk syncs (a slot only counts a key
-// against its client's cap); the queue's own stream keeps syncing. A synced key
-// stream made by an earlier sluice is kept as it is (JetStream cannot change a
-// stream's persist mode) and still takes slots.
-func TestKeyStreamPersistMode(t *testing.T) {
+// A key stream keeps its slots in memory (a slot only counts a key against its
+// client's cap); the queue's own stream stays on file and synced. A key stream on file
+// (made where memory was refused: TestKeySlotsOnFileWithoutMemory) is kept on file
+// (JetStream cannot move a stream between storage types) and takes slots, and so is a
+// synced one (JetStream cannot change a stream's persist mode). The key stream of an
+// earlier sluice (SLUICE_KEYS_) is left alone while the queue is declared, and deleted
+// with the queue.
+func TestKeyStreamInMemory(t *testing.T) {
 	srv := natstest.Start(t)
 	js, err := jetstream.New(srv.Conn)
 	if err != nil {
@@ -110,37 +114,65 @@ func TestKeyStreamPersistMode(t *testing.T) {
 	}
 	s := openStore(t, srv, testConfig("fresh"))
 	keyedPark(t, s, "fresh", `"a"`)
-	if cfg, n := keyStream(t, js, "fresh"); cfg.PersistMode != jetstream.AsyncPersistMode || cfg.AllowAtomicPublish || n != 1 {
-		t.Errorf("new key stream: persist mode %v, atomic batches %v, %d slots; want async, none, 1", cfg.PersistMode, cfg.AllowAtomicPublish, n)
+	if cfg, n := keyStream(t, js, "fresh"); cfg.Storage != jetstream.MemoryStorage || cfg.PersistMode != jetstream.DefaultPersistMode || n != 1 {
+		t.Errorf("new key stream: %v storage, persist mode %v, %d slots; want memory, default, 1", cfg.Storage, cfg.PersistMode, n)
 	}
-	if info, err := srv.Stream(t, queue.StreamName("fresh")).Info(ctxT(t)); err != nil || info.Config.PersistMode != jetstream.DefaultPersistMode {
-		t.Errorf("the queue's stream must stay synced: %v %v", info.Config.PersistMode, err)
+	if info, err := srv.Stream(t, queue.StreamName("fresh")).Info(ctxT(t)); err != nil ||
+		info.Config.Storage != jetstream.FileStorage || info.Config.PersistMode != jetstream.DefaultPersistMode {
+		t.Errorf("the queue's stream must stay on file and synced: %+v %v", info.Config, err)
 	}
 
-	// The key stream as an earlier sluice declared it.
+	// A synced key stream on file.
 	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{
-		Name: queue.KeyStreamName("old"), Subjects: []string{"sluice.keys.old.*"},
+		Name: queue.KeyStreamName("onfile"), Subjects: []string{"sluice.keys.onfile.slot.*"},
 		Storage: jetstream.FileStorage, Discard: jetstream.DiscardNew, DiscardNewPerSubject: true,
 		MaxMsgsPerSubject: 10, AllowMsgTTL: true, AllowDirect: true, AllowAtomicPublish: true,
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Declare(ctxT(t), testConfig("old")); err != nil {
+	// The key stream of an earlier sluice, with a slot of its own.
+	old := queue.KeyStreamPrefix + "onfile"
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{
+		Name: old, Subjects: []string{"sluice.keys.onfile.*"}, Storage: jetstream.FileStorage,
+	}); err != nil {
 		t.Fatal(err)
 	}
-	keyedPark(t, s, "old", `"a"`)
-	keyedPark(t, s, "old", `"b"`)
-	if cfg, n := keyStream(t, js, "old"); cfg.PersistMode != jetstream.DefaultPersistMode || !cfg.AllowAtomicPublish || n != 2 {
-		t.Errorf("earlier key stream: persist mode %v, atomic batches %v, %d slots; want default, allowed, 2", cfg.PersistMode, cfg.AllowAtomicPublish, n)
+	if _, err := js.Publish(ctxT(t), "sluice.keys.onfile.scope", nil); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := s.Declare(ctxT(t), testConfig("old")); err != nil {
+	cfg := testConfig("onfile")
+	if _, err := s.Declare(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	keyedPark(t, s, "onfile", `"a"`)
+	keyedPark(t, s, "onfile", `"b"`)
+	if cfg, n := keyStream(t, js, "onfile"); cfg.Storage != jetstream.FileStorage || cfg.PersistMode != jetstream.DefaultPersistMode || cfg.AllowAtomicPublish || n != 2 {
+		t.Errorf("key stream on file: %v storage, persist mode %v, atomic batches %v, %d slots; want file, default, none (see Store.keyStream), 2",
+			cfg.Storage, cfg.PersistMode, cfg.AllowAtomicPublish, n)
+	}
+	if _, err := s.Declare(ctxT(t), cfg); err != nil {
 		t.Errorf("declaring the queue again: %v", err)
+	}
+	if st, err := js.Stream(ctxT(t), old); err != nil || st.CachedInfo().State.Msgs != 1 {
+		t.Fatalf("the earlier key stream must stay as it is while the queue is declared: %v", err)
+	}
+	if _, err := s.AdoptOrphans(ctxT(t), []string{"fresh"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Retire(ctxT(t), "onfile", true); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{queue.KeyStreamName("onfile"), old} {
+		if _, err := js.Stream(ctxT(t), name); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("stream %s after the queue was retired: %v", name, err)
+		}
 	}
 }
 
-// A queue that becomes replicated gets a synced key stream (JetStream refuses async
-// persistence on replicated streams and cannot change it on a stream): the old one is
-// made anew, and keyed parks go on.
+// A queue whose key stream is on file (the servers refused it in memory) that becomes
+// replicated gets a synced key stream (JetStream refuses async persistence on
+// replicated streams and cannot change it on a stream): the old one is made anew, and
+// keyed parks go on.
 func TestKeyStreamBecomesReplicated(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	nc := c.Connect(t)
@@ -150,6 +182,13 @@ func TestKeyStreamBecomesReplicated(t *testing.T) {
 	}
 	s, err := queue.Open(ctxT(t), nc, queue.WithSigningKey(natstest.SigningKey()))
 	if err != nil {
+		t.Fatal(err)
+	}
+	// On file, as a server without memory streams has it made.
+	if _, err := js.CreateStream(ctxT(t), jetstream.StreamConfig{
+		Name: queue.KeyStreamName("orders"), Subjects: []string{"sluice.keys.orders.slot.*"},
+		Storage: jetstream.FileStorage, PersistMode: jetstream.AsyncPersistMode,
+	}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig("orders")
@@ -172,14 +211,15 @@ func TestKeyStreamBecomesReplicated(t *testing.T) {
 	if _, err := s.Declare(ctxT(t), cfg); err != nil {
 		t.Fatal(err)
 	}
-	// Replicated streams stage batches in memory: worth it from the second write on.
-	if orders, slots := q.WriterBatches(); orders != 1 || slots != 1 {
-		t.Errorf("three replicas: writers batch past %d orders and %d slots, want 1 and 1", orders, slots)
+	// Replicated streams stage batches in memory: worth it from the second write on;
+	// slots take none (see Store.keyStream).
+	if orders, slots := q.WriterBatches(); orders != 1 || slots != 0 {
+		t.Errorf("three replicas: writers batch past %d orders and %d slots, want 1 and 0 (never)", orders, slots)
 	}
 	keyedPark(t, s, "orders", `"b"`)
 	kc, n := keyStream(t, js, "orders")
-	if kc.PersistMode != jetstream.DefaultPersistMode || kc.Replicas != 3 || !kc.AllowAtomicPublish || n != 1 {
-		t.Errorf("replicated key stream: persist mode %v, %d replicas, atomic batches %v, %d slots; want default, 3, allowed, 1 (made anew)",
+	if kc.PersistMode != jetstream.DefaultPersistMode || kc.Replicas != 3 || kc.AllowAtomicPublish || n != 1 {
+		t.Errorf("replicated key stream: persist mode %v, %d replicas, atomic batches %v, %d slots; want default, 3, none, 1 (made anew)",
 			kc.PersistMode, kc.Replicas, kc.AllowAtomicPublish, n)
 	}
 	// The order parked before the change is still found by its key.
@@ -187,6 +227,17 @@ func TestKeyStreamBecomesReplicated(t *testing.T) {
 	req.IdempotencyKey = `"a"`
 	if rc, err := s.Park(ctxT(t), req); err != nil || !rc.Duplicate {
 		t.Errorf("repeat of the first key: %+v %v", rc, err)
+	}
+
+	// A new replicated queue has its slots in memory, replicated like it.
+	fresh := testConfig("fresh")
+	fresh.Replicas = 3
+	if _, err := s.Declare(ctxT(t), fresh); err != nil {
+		t.Fatal(err)
+	}
+	keyedPark(t, s, "fresh", `"a"`)
+	if kc, n := keyStream(t, js, "fresh"); kc.Storage != jetstream.MemoryStorage || kc.Replicas != 3 || n != 1 {
+		t.Errorf("new replicated key stream: %v storage, %d replicas, %d slots; want memory, 3, 1", kc.Storage, kc.Replicas, n)
 	}
 }
 

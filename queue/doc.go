@@ -26,9 +26,13 @@
 //	kv      sluice_idempotency    {client hash}.{key hash} → ticket and payload fingerprint;
 //	                              written when the order becomes final (while it waits,
 //	                              its message is the record: see Store.Park); byte cap
-//	stream  SLUICE_KEYS_{queue}   one slot per accepted key on sluice.keys.{queue}.{client
-//	                              hash}, MaxIdempotencyKeys per subject (discard-new per
-//	                              subject), per-message TTL IdempotencyTTL; atomic batches
+//	stream  SLUICE_SLOTS_{queue}  one slot per accepted key on sluice.keys.{queue}.slot.
+//	                              {client hash}, MaxIdempotencyKeys per subject (discard-new
+//	                              per subject), per-message TTL IdempotencyTTL; memory
+//	                              storage (on file where the server refuses memory: see
+//	                              Store.keyStream); atomic batches. SLUICE_KEYS_{queue} on
+//	                              sluice.keys.{queue}.{client hash} is an earlier
+//	                              sluice's, on file: left to expire, deleted by Retire
 //	stream  SLUICE_CALLBACKS      completion callback jobs on sluice.cb.{queue}.{ticket}
 //	                              (CallbackStream; work-queue retention, CallbackMaxAge)
 //	kv      sluice_flows          {queue}.{flow key hash} → an operator's FlowControl
@@ -106,8 +110,9 @@
 // Park writes to two streams: an order without a key is one write; a keyed order takes
 // its key slot (at once with its lookup), then stores the order (its key is recorded
 // only when the order becomes final; while it waits, its message is the key's
-// record). Each stream has one writer per Store; a single-replica key stream is not
-// synced and takes no batches (see Store.ensureKeyStream). While few synced writes are
+// record). Each stream has one writer per Store; the key stream is in memory (see
+// Store.keyStream; on file, where memory is refused, a single-replica one is not synced
+// and takes no batches: see Store.ensureSlots). While few synced writes are
 // in flight each goes out at once; those beyond are gathered into one JetStream atomic
 // batch (up to 256 messages, see jsproto.PublishBatch), stored whole or not at all, as
 // one proposal on a replicated stream and one disk sync on a file store: concurrent

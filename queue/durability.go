@@ -39,7 +39,8 @@ const syncUnknown = "whether the servers sync each write before acknowledging it
 // acknowledged there would be durable in streams of replicas replicas, as sluice
 // declares them (file storage): the server version, cluster and domain; memory
 // storage or a single replica on a cluster in the streams of sluice that exist
-// already; and replicas (1) on a cluster. The servers' sync setting cannot be read by
+// already, but for the key streams (in memory by design: see Store.keyStream); and
+// replicas (1) on a cluster. The servers' sync setting cannot be read by
 // a client of a JetStream account: it is always among Unknown. Nor does it see the
 // disks: a disk cache that acknowledges a sync it has not done
 // (a RAID controller without a battery, some virtual disks, a network file system)
@@ -61,8 +62,8 @@ func CheckDurability(ctx context.Context, nc *nats.Conn, replicas int) (Durabili
 	}
 	names := js.StreamNames(ctx)
 	for name := range names.Name() {
-		if !strings.HasPrefix(name, StreamPrefix) && !strings.HasPrefix(name, KeyStreamPrefix) &&
-			name != DeadStream && name != jsproto.KVStream(TicketsBucket) && name != jsproto.KVStream(IdempotencyBucket) {
+		// Not the key streams: their slots are in memory by design (see Store.keyStream).
+		if !strings.HasPrefix(name, StreamPrefix) && name != DeadStream && name != jsproto.KVStream(TicketsBucket) && name != jsproto.KVStream(IdempotencyBucket) {
 			continue
 		}
 		s, err := js.Stream(ctx, name)

@@ -59,7 +59,9 @@ func (s *Store) keyedTicket(queue, key string) string {
 	return strings.ToLower(ticketEncoding.EncodeToString(sum[:16]))
 }
 
-// parkKeyed is Park for a request with an idempotency key (steps 1 to 3).
+// parkKeyed is Park for a request with an idempotency key (steps 1 to 3). Its slot is
+// in memory: no acceptance record, losing it in a restart of the servers only resets
+// its client's count (see Store.keyStream).
 func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, error) {
 	key := idemKey(m.Client, m.IdempotencyKey)
 	m.Ticket = s.keyedTicket(q.name, key)
@@ -170,6 +172,13 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uin
 		w = newGroupCommit(nil, s.js, KeyStreamName(q.name), s.opts.publishTimeout, 0)
 	}
 	ack, err := w.publish(ctx, msg)
+	if errors.Is(err, jetstream.ErrNoStreamResponse) && q.keys != nil {
+		// A single server loses a memory stream when it restarts (see keyStream):
+		// declared again, with no slots, it takes this one.
+		if _, derr := s.ensureKeyStream(ctx, s.keyStream(cfg)); derr == nil {
+			ack, err = w.publish(ctx, msg)
+		}
+	}
 	if err != nil {
 		if jsproto.IsPerSubjectLimit(err) {
 			return 0, q.keyLimitError(ctx, msg.Subject)

@@ -157,7 +157,8 @@ func (s *Store) Retire(ctx context.Context, name string, drop bool) (uint64, err
 			return 0, err
 		}
 	}
-	for _, stream := range []string{StreamName(name), KeyStreamName(name)} {
+	// With the key stream of an earlier sluice, if it is still there (see keyStream).
+	for _, stream := range []string{StreamName(name), KeyStreamName(name), fileKeyStreamName(name)} {
 		if err := s.js.DeleteStream(ctx, stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return 0, unavailable("delete stream "+stream, err)
 		}

@@ -83,8 +83,8 @@ type Receipt struct {
 //
 // Two round trips one after the other: the lookup and the slot, then the order. One
 // synced write per new key, its order's, which may share its disk sync with
-// concurrent Parks (see "Group commit" in the package documentation); on a single
-// server the slot's write is not synced (see Store.ensureKeyStream). The slot is
+// concurrent Parks (see "Group commit" in the package documentation); the slot is
+// written to memory (see Store.keyStream), on no disk. The slot is
 // stored before the order is written, so that an order anybody can see (a repeat, a
 // dispatcher) is never withdrawn for its slot; a repeat leaves nothing written.
 //
@@ -108,9 +108,10 @@ type Receipt struct {
 //     then.
 //   - After a refused publish, while the slot is deleted: a slot without an order, as
 //     in the first case.
-//   - A NATS server crash may lose unsynced slots (a single server's key stream): their
-//     clients may get past the cap until the TTL; no order is lost or repeated, since
-//     the order and K's record are synced writes.
+//   - A restart of the NATS servers (a crash or a power cut included) loses the slots,
+//     which are in memory: their clients' caps count afresh; no order is lost or
+//     repeated, since the order and K's record are synced writes, and T is derived from
+//     K, so every repeat still finds its order (step 1).
 func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) {
 	if s.tracer != nil {
 		var span trace.Span

@@ -36,23 +36,37 @@ const (
 	IdempotencyBucket = "sluice_idempotency"
 )
 
-// KeyStreamPrefix + queue name is a queue's key stream: one slot per idempotency key
-// accepted within IdempotencyTTL, on sluice.keys.{queue}.{client scope}, at most
-// MaxIdempotencyKeys per subject (discard-new per subject), each slot with a TTL.
+// SlotStreamPrefix + queue name is a queue's key stream: one slot per idempotency key
+// accepted within IdempotencyTTL, on sluice.keys.{queue}.slot.{client scope}, at most
+// MaxIdempotencyKeys per subject (discard-new per subject), each slot with a TTL; in
+// memory (see Store.keyStream).
+const SlotStreamPrefix = "SLUICE_SLOTS_"
+
+// KeyStreamPrefix + queue name is the key stream of a queue as sluice declared it
+// before SlotStreamPrefix: on file, on sluice.keys.{queue}.{client scope}. This sluice
+// neither reads nor writes it; Retire deletes it (see Store.keyStream).
 const KeyStreamPrefix = "SLUICE_KEYS_"
 
-// KeyStreamName returns the key stream name of a queue.
-func KeyStreamName(queue string) string { return KeyStreamPrefix + queue }
+// KeyStreamName returns the name of a queue's key stream (SlotStreamPrefix).
+func KeyStreamName(queue string) string { return SlotStreamPrefix + queue }
 
-func keySubjectFor(queue, scope string) string { return "sluice.keys." + queue + "." + scope }
+// fileKeyStreamName returns the name of a queue's key stream of an earlier sluice.
+func fileKeyStreamName(queue string) string { return KeyStreamPrefix + queue }
+
+// keySubjectFor is the subject of a client scope's slots. One token more than the
+// file key stream's subjects, so that both streams can exist at once (a rolling
+// upgrade), and still within sluice.keys.>, which the NATS permissions sluice ships
+// grant.
+func keySubjectFor(queue, scope string) string { return "sluice.keys." + queue + ".slot." + scope }
 
 // DefaultIdempotencyMaxBytes is the default byte cap of the idempotency bucket (and,
 // counted in slots, of each queue's key stream: see keySlots).
 const DefaultIdempotencyMaxBytes = 256 << 20
 
-// keySlotBytes is about what one key slot takes in a key stream (subject, headers,
-// per-message overhead).
-const keySlotBytes = 256
+// keySlotBytes is about what one key slot takes of a server's memory: 620 bytes
+// measured on nats-server 2.15.2 (its subject and headers, 260 bytes as the stream
+// counts them, its Nats-Msg-Id in the duplicate window, its TTL, the subject index).
+const keySlotBytes = 640
 
 // keySlots is the most slots a queue's key stream holds for a byte cap of the key
 // stores (-1: no cap).

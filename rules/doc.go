@@ -285,7 +285,8 @@
 //	                             # Retry-After; nothing else is stored (Set-Cookie: refused)
 //	    max_idempotency_keys: 10000  # Idempotency-Keys one caller may have accepted in
 //	                             # this queue within the idempotency TTL; past it 429
-//	                             # (default 10000, at most 10000000)
+//	                             # (default 10000, at most 10000000); counted in the
+//	                             # NATS servers' memory: afresh after they restart
 //	    max_body: 1MiB           # largest request body the queue stores (default 1MiB,
 //	                             # at most 8MiB); a larger one gets 413 before it is read
 //	    drop_headers: [Cookie]   # request headers never stored, so never delivered

@@ -520,7 +520,7 @@ directory, every write synced to disk before it is acknowledged), side by side:
   sluice park+idem     Park with an Idempotency-Key per order (the order is a synced
                        write shared with concurrent callers' — see queue's group
                        commit; the key's slot is written before it, at once with the
-                       key's lookup, not synced, on a single server)
+                       key's lookup, in the server's memory)
   sluice ingress+idem  the front door with an Idempotency-Key per order
   --ceiling adds two, on the same server as the front door:
   front door 202       the server answering each POST 202 (the front door's headers and

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
-	"github.com/sluicehq/sluice/queue/embedded"
 )
 
 // End-to-end tests of idempotency scoping, the downstream's view of deferred orders
@@ -222,9 +222,9 @@ func TestDeferredRequestAsProxied(t *testing.T) {
 func TestIdempotencyKeysBounded(t *testing.T) {
 	t.Parallel()
 	down := newRecorder(t)
-	dataDir := t.TempDir()
+	natsAddr := freeAddr(t)
 	p := startSluice(t, "--rules", writeRules(t, t.TempDir(), idemRules(down.URL)), "--upstream", down.URL,
-		"--data-dir", dataDir, "--max-body", "1000")
+		"--nats-listen", natsAddr, "--nats-listen-token", testNATSToken, "--max-body", "1000")
 	warmUp(t, p.url, "/v1/small")
 
 	post := func(key, apiKey, body string) result {
@@ -271,26 +271,22 @@ func TestIdempotencyKeysBounded(t *testing.T) {
 	if statuses[http.StatusAccepted] > 2 || statuses[http.StatusTooManyRequests] < 1990 {
 		t.Errorf("statuses %v", statuses)
 	}
-	if code := p.stop(t); code != 0 {
-		t.Fatalf("serve exit %d", code)
-	}
-	slots, keys := storedKeys(t, dataDir, "small")
+	// Counted while serve runs: the slots are in memory (see queue.Store.keyStream).
+	slots, keys := storedKeys(t, "nats://"+testNATSToken+"@"+natsAddr, "small")
 	if want := 2 + statuses[http.StatusAccepted]; slots != want || keys > want {
 		t.Errorf("%d key slots and %d idempotency keys stored, want %d slots (one per accepted order) and at most as many keys (one per final order)", slots, keys, want)
 	}
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("serve exit %d", code)
+	}
 }
 
-// storedKeys counts, in a stopped sluice's data directory, the key slots of a queue
-// (one per accepted order with a key) and the live keys of the idempotency bucket (one
-// per such order that is final).
-func storedKeys(t *testing.T, dataDir, queueName string) (slots, keys int) {
+// storedKeys counts, on the NATS server at url, the key slots of a queue (one per
+// accepted order with a key) and the live keys of the idempotency bucket (one per such
+// order that is final).
+func storedKeys(t *testing.T, url, queueName string) (slots, keys int) {
 	t.Helper()
-	emb, err := embedded.Start(embedded.Config{DataDir: dataDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer emb.Shutdown()
-	nc, err := emb.Connect()
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}

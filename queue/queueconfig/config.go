@@ -131,7 +131,8 @@ type Config struct {
 	ResultHeaders []string
 	// MaxIdempotencyKeys caps the idempotency keys one client scope may record in this
 	// queue within IdempotencyTTL (default 10,000); past it queue.Store.Park fails with
-	// queue.ErrTooManyKeys.
+	// queue.ErrTooManyKeys. The count is kept in the NATS servers' memory: exact while
+	// they run, it starts afresh when they restart (orders and their keys are kept).
 	MaxIdempotencyKeys int
 	// CallbackHosts are where clients may ask (Sluice-Callback: URL) to be told that
 	// their order ended. Each entry is "host" or "host:port", which allows https URLs to

@@ -1,0 +1,144 @@
+package queue_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/natstest"
+)
+
+// keyed parks an order of client with key in queue q.
+func keyed(t *testing.T, s *queue.Store, q, client, key string) (queue.Receipt, error) {
+	t.Helper()
+	req := order(q, `{"sku":1}`)
+	req.Client, req.IdempotencyKey = client, key
+	return s.Park(ctxT(t), req)
+}
+
+// A single server loses the key stream's slots when it restarts: the clients' caps
+// count afresh, and every keyed order accepted before the restart is still found by
+// its key (the same ticket, parked once), its repeats taking no slot.
+func TestKeySlotsStartAfreshAfterARestart(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := testConfig("orders")
+	cfg.MaxIdempotencyKeys = 2
+	s := openStore(t, srv, cfg)
+	tickets := map[string]string{}
+	for _, k := range []string{"k1", "k2"} {
+		rc, err := keyed(t, s, "orders", "c1", k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tickets[k] = rc.Ticket
+	}
+	if _, err := keyed(t, s, "orders", "c1", "k3"); !errors.Is(err, queue.ErrTooManyKeys) {
+		t.Fatalf("a third key before the restart: %v", err)
+	}
+
+	srv.Restart()
+	waitFor(t, srv.Conn.IsConnected)
+	for _, k := range []string{"k1", "k2"} {
+		if rc, err := keyed(t, s, "orders", "c1", k); err != nil || !rc.Duplicate || rc.Ticket != tickets[k] {
+			t.Fatalf("repeat of %s after the restart: %+v %v, want ticket %s", k, rc, err, tickets[k])
+		}
+	}
+	for _, k := range []string{"k3", "k4"} {
+		if rc, err := keyed(t, s, "orders", "c1", k); err != nil || rc.Duplicate {
+			t.Fatalf("new key %s after the restart: %+v %v", k, rc, err)
+		}
+	}
+	if _, err := keyed(t, s, "orders", "c1", "k5"); !errors.Is(err, queue.ErrTooManyKeys) {
+		t.Fatalf("a third key after the restart: %v", err)
+	}
+	q, err := s.Queue("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := q.Depth(ctxT(t)); err != nil || d != 4 {
+		t.Fatalf("depth %d (%v), want 4: k1 to k4, each once", d, err)
+	}
+}
+
+// A server that refuses memory streams (max_memory_store: 0) gets the key stream on
+// file (with a warning in the log), and keyed parks and the cap work as in memory.
+func TestKeySlotsOnFileWithoutMemory(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(conf, []byte("jetstream { max_memory_store: 0 }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartConfig(t, conf)
+	srv.Conn = srv.Connect(t)
+	cfg := testConfig("orders")
+	cfg.MaxIdempotencyKeys = 2
+	s := openStore(t, srv, cfg)
+	if _, err := s.Declare(ctxT(t), cfg); err != nil { // and again, as at a reload
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := keyed(t, s, "orders", "c1", "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := keyed(t, s, "orders", "c1", "k2"); err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := keyed(t, s, "orders", "c1", "k1"); err != nil || !rc.Duplicate || rc.Ticket != first.Ticket {
+		t.Fatalf("repeat: %+v %v", rc, err)
+	}
+	if _, err := keyed(t, s, "orders", "c1", "k3"); !errors.Is(err, queue.ErrTooManyKeys) {
+		t.Fatalf("a third key: %v", err)
+	}
+	if _, err := keyed(t, s, "orders", "c2", "k3"); err != nil {
+		t.Fatalf("another client: %v", err)
+	}
+	if cfg, n := keyStream(t, js, "orders"); cfg.Storage != jetstream.FileStorage || cfg.PersistMode != jetstream.AsyncPersistMode || n != 3 {
+		t.Errorf("key stream: %v storage, persist mode %v, %d slots; want file, async, 3", cfg.Storage, cfg.PersistMode, n)
+	}
+}
+
+// Keyed parks of several clients racing into a full queue leave one slot per accepted
+// order: each refused one frees its slot (slots are plain publishes: see
+// Store.keyStream).
+func TestRefusedKeyedParksLeaveNoSlots(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := testConfig("orders")
+	cfg.MaxDepth, cfg.MaxIdempotencyKeys = 3, 2
+	s := openStore(t, srv, cfg)
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < 400; i += 8 {
+				_, err := keyed(t, s, "orders", fmt.Sprint("client-", i%4), fmt.Sprint("key-", i))
+				if err != nil && !errors.Is(err, queue.ErrFull) && !errors.Is(err, queue.ErrTooManyKeys) {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	js, err := jetstream.New(srv.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := s.Queue("orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := q.Depth(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, n := keyStream(t, js, "orders"); n != d {
+		t.Errorf("%d slots for %d orders", n, d)
+	}
+}
