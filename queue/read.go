@@ -5,7 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue/internal/jsproto"
@@ -40,7 +39,7 @@ func (s *Store) readMsg(ctx context.Context, stream jetstream.Stream, q jsproto.
 		raw, err = stream.GetMsg(dctx, q.Seq)
 	}
 	cancel()
-	if !noAnswer(err) || ctx.Err() != nil {
+	if !jsproto.NoAnswer(err) || ctx.Err() != nil {
 		return raw, err
 	}
 	name := stream.CachedInfo().Config.Name
@@ -61,11 +60,6 @@ func leaderReads(ctx context.Context) context.Context {
 
 func readsFromLeader(ctx context.Context) bool { return ctx.Value(fromLeader{}) != nil }
 
-// noAnswer reports whether err of a request says that no answer came in time.
-func noAnswer(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
-}
-
 // readKey is kv.Get(ctx, key) that, like readMsg, asks the bucket's stream leader when
 // the replica a direct get went to does not answer. Errors are the jetstream
 // package's: jetstream.ErrKeyNotFound for a key without a value (never written,
@@ -76,7 +70,7 @@ func (s *Store) readKey(ctx context.Context, kv jetstream.KeyValue, key string) 
 		dctx, cancel := context.WithTimeout(ctx, directWait)
 		e, err := kv.Get(dctx, key)
 		cancel()
-		if !noAnswer(err) || ctx.Err() != nil {
+		if !jsproto.NoAnswer(err) || ctx.Err() != nil {
 			return e, err
 		}
 		s.log.Debug("a replica did not answer a direct get; asking the bucket's stream leader", "bucket", bucket)

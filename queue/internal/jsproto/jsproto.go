@@ -47,6 +47,11 @@ type MsgQuery struct {
 	Last string
 }
 
+// NoAnswer reports whether err of a request says that no answer came in time.
+func NoAnswer(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+}
+
 // LeaderWait is how long LeaderMsg waits for one answer. A server drops, without an
 // error, the requests to a stream's leader that come while the stream's group has no
 // leader it knows of (an election after a node restarted): nats-server's
@@ -76,7 +81,7 @@ func LeaderMsg(ctx context.Context, nc *nats.Conn, stream string, q MsgQuery) (*
 		actx, cancel := context.WithTimeout(ctx, LeaderWait)
 		msg, err = nc.RequestWithContext(actx, "$JS.API.STREAM.MSG.GET."+stream, req)
 		cancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+		if err == nil || ctx.Err() != nil || !NoAnswer(err) {
 			break
 		}
 	}
