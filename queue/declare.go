@@ -181,8 +181,7 @@ func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig
 		want.Storage = st.CachedInfo().Config.Storage
 	}
 	got, err := s.ensureSlots(ctx, st, want)
-	var refused *jetstream.APIError
-	if err == nil || want.Storage != jetstream.MemoryStorage || !errors.As(err, &refused) {
+	if err == nil || want.Storage != jetstream.MemoryStorage || !jsproto.IsNoMemory(err) {
 		return got, err
 	}
 	want.Storage = jetstream.FileStorage

@@ -11,6 +11,8 @@ import (
 const (
 	errCodeStoreFailed    jetstream.ErrorCode = 10077 // JSStreamStoreFailedF: "maximum messages exceeded", …
 	errCodeNoResources    jetstream.ErrorCode = 10023 // JSInsufficientResourcesErr: the server's store is full
+	errCodeNoMemory       jetstream.ErrorCode = 10028 // JSMemoryResourcesExceededErr: "insufficient memory resources available"
+	errCodeNoPeers        jetstream.ErrorCode = 10005 // JSClusterNoPeersErrF: "no suitable peers for placement, …"
 	errCodeHeaderTooLarge jetstream.ErrorCode = 10097 // JSStreamHeaderExceedsMaximumErr: "header size exceeds maximum allowed of 64k"
 )
 
@@ -55,6 +57,24 @@ func IsPerSubjectLimit(err error) bool {
 func IsNoResources(err error) bool {
 	e := apiError(err)
 	return e != nil && e.ErrorCode == errCodeNoResources
+}
+
+// IsNoMemory reports whether the server refused a memory stream for want of memory:
+// a single server's "insufficient memory resources available" or "insufficient
+// resources", a cluster's "no suitable peers for placement" for "insufficient
+// storage". Not a placement that fails for peers offline, which passes.
+func IsNoMemory(err error) bool {
+	e := apiError(err)
+	if e == nil {
+		return false
+	}
+	switch e.ErrorCode {
+	case errCodeNoMemory, errCodeNoResources:
+		return true
+	case errCodeNoPeers:
+		return strings.Contains(e.Description, "insufficient storage")
+	}
+	return false
 }
 
 // IsHeaderTooLarge reports whether a message's headers were over what the server

@@ -400,6 +400,31 @@ func TestErrors(t *testing.T) {
 	}
 }
 
+// A server without a memory store refuses a memory stream as IsNoMemory, and a file
+// stream's other refusals are not that.
+func TestNoMemory(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "nomem.conf")
+	if err := os.WriteFile(conf, []byte("jetstream { max_memory_store: 0 }\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.StartConfig(t, conf)
+	js, err := jetstream.New(srv.Connect(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "M", Subjects: []string{"m"}, Storage: jetstream.MemoryStorage})
+	if !jsproto.IsNoMemory(err) {
+		t.Errorf("a memory stream: %v, want IsNoMemory", err)
+	}
+	stream(t, ctx, js, jetstream.StreamConfig{Name: "F", Subjects: []string{"f"}})
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "G", Subjects: []string{"f"}})
+	if err == nil || jsproto.IsNoMemory(err) {
+		t.Errorf("overlapping subjects: %v, want another refusal", err)
+	}
+}
+
 // A server whose JetStream store is full refuses a write as IsNoResources.
 func TestNoResources(t *testing.T) {
 	conf := filepath.Join(t.TempDir(), "small.conf")
