@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -56,4 +57,9 @@ func (s *Store) DeadLetter(ctx context.Context, m *Message, attempts int, reason
 }
 func (s *Store) LaneFor(cfg queueconfig.Config, priority, tenant string) string {
 	return s.laneFor(cfg.WithDefaults(), priority, tenant)
+}
+
+// StreamInfo is q's stream info at most maxAge old, as Park reads it (see streamInfo).
+func (q *Queue) StreamInfo(ctx context.Context, maxAge time.Duration) (*jetstream.StreamInfo, error) {
+	return q.streamInfo(ctx, maxAge)
 }

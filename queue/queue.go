@@ -73,7 +73,10 @@ func (q *Queue) Depth(ctx context.Context) (uint64, error) {
 
 // streamInfo returns stream info at most maxAge old (maxAge 0: fresh). When a refresh
 // is due and another caller is already refreshing, the older value is returned rather
-// than waiting; a failed refresh also falls back to it.
+// than waiting; a failed refresh also falls back to it, and so does one without an
+// answer within jsproto.LeaderWait: only a stream's leader answers, and a leader that
+// is stopped or being replaced drops the request without a word, which would hold the
+// caller (a Park whose order is already stored) until its own deadline.
 func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstream.StreamInfo, error) {
 	q.infoMu.Lock()
 	cached, at, readyAt := q.info, q.infoAt, q.firstReadyAt
@@ -90,6 +93,11 @@ func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstrea
 		q.infoLock.Lock()
 	}
 	defer q.infoLock.Unlock()
+	if useCached {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, jsproto.LeaderWait)
+		defer cancel()
+	}
 	fresh, err := q.stream.Info(ctx)
 	if err != nil {
 		if useCached {

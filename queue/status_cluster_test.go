@@ -1,14 +1,17 @@
 package queue_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicehq/sluice/queue"
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
 
@@ -72,5 +75,49 @@ func TestStatusConfirmsAMissWithTheLeaders(t *testing.T) {
 		if !found {
 			t.Errorf("no leader message get on %s before ErrNotFound (asked %v)", stream, asked)
 		}
+	}
+}
+
+// Only a stream's leader answers a stream info request, and a stopped leader drops it
+// without a word. Park reads stream info (a receipt's position) that may be a second
+// old: with an older value at hand, a refresh without an answer falls back to it after
+// jsproto.LeaderWait rather than holding the caller, whose order is already stored,
+// until its own deadline.
+func TestStreamInfoFallsBackWhenTheLeaderIsSilent(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	s, err := queue.Open(ctxT(t), c.Connect(t), queue.WithReplicas(3), queue.WithSigningKey(natstest.SigningKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("orders")
+	cfg.Replicas = 3
+	q, err := s.Declare(ctxT(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A new stream may still change leaders: an answer from a leader other than the one
+	// stopped means the leadership moved first, and the test starts over.
+	for attempt := 1; ; attempt++ {
+		cached, err := q.StreamInfo(ctxT(t), 0)
+		if err != nil || cached.Cluster == nil || cached.Cluster.Leader == "" {
+			t.Fatalf("stream info: %+v %v, want one with a leader", cached, err)
+		}
+		leader := c.Node(cached.Cluster.Leader)
+		c.Pause(leader)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*jsproto.LeaderWait)
+		got, err := q.StreamInfo(ctx, time.Nanosecond)
+		late := ctx.Err()
+		cancel()
+		c.Resume(leader)
+		switch {
+		case err == nil && got != cached && got.Cluster != nil && got.Cluster.Leader != cached.Cluster.Leader && attempt < 5:
+			t.Logf("the leadership moved from %s to %s before the stop; again", cached.Cluster.Leader, got.Cluster.Leader)
+			continue
+		case err != nil || got != cached:
+			t.Fatalf("stream info with the leader stopped: %+v %v, want the cached value", got, err)
+		case late != nil:
+			t.Errorf("the refresh held its caller until the caller's deadline (%v)", late)
+		}
+		return
 	}
 }
