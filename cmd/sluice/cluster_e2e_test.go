@@ -392,6 +392,19 @@ func (l *clLoad) check(t *testing.T, allowed ...int) {
 	}
 }
 
+// checkServed is check for a run whose every order should be answered 200 or 202 in
+// the end: a 503 is also the honest answer to an order whose write was not stored
+// within the publish timeout (a loaded machine: R3 writes, or a lazy filesystem's
+// syncs, late), which the client sends again; an order refused ten times fails t. Call
+// it after halt: the workers are gone.
+func (l *clLoad) checkServed(t *testing.T) {
+	t.Helper()
+	l.check(t, http.StatusOK, http.StatusAccepted, http.StatusServiceUnavailable)
+	if l.refused > 0 {
+		t.Errorf("%d orders refused after ten tries", l.refused)
+	}
+}
+
 // clusterEnv is the shape every subtest runs on.
 type clusterEnv struct {
 	nats     *natstest.Cluster
@@ -694,7 +707,7 @@ func testClusterRedisOutage(t *testing.T, env *clusterEnv) {
 	l.halt()
 	after := fallbacks()
 	t.Logf("fallbacks (local) per replica: before %v, after the outage %v, at the end %v; %d keys in the restarted Redis", before, during, after, keys)
-	l.check(t, http.StatusOK, http.StatusAccepted)
+	l.checkServed(t)
 	env.waitDelivered(t, l, env.replicas[0])
 }
 
@@ -734,7 +747,7 @@ func testClusterReplicaKilled(t *testing.T, env *clusterEnv) {
 	t.Logf("killed the delivering replica with %d orders accepted in this run and %d delivered", acceptedAtKill, deliveredAtKill-deliveredBefore)
 	clWait(t, "the survivor accepting", 60*time.Second, func() bool { return len(l.accepted()) >= acceptedAtKill+50 })
 	l.halt()
-	l.check(t, http.StatusOK, http.StatusAccepted)
+	l.checkServed(t)
 	clWait(t, "deliveries after the kill", 60*time.Second, func() bool { return env.down.delivered() > deliveredAtKill+50 })
 	env.waitDelivered(t, l, survivor)
 

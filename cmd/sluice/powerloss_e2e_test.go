@@ -4,7 +4,6 @@ package main
 
 import (
 	"fmt"
-	"net/http"
 	"os"
 	"testing"
 	"time"
@@ -60,14 +59,7 @@ func TestServePowerLossLosesNoAcceptedOrder(t *testing.T) {
 		t.Errorf("%d of %d accepted orders lost to the power cut, e.g. %v", len(missing), len(tickets), missing[:min(5, len(missing))])
 	}
 	plCheckDeliveries(t, down)
-	// A 503 is the honest answer to an order whose write the lazy filesystem did not
-	// sync within the publish timeout (a loaded machine: a clean-clone run beside
-	// other tests saw one); the client sends it again. An order refused ten times is
-	// not.
-	l.check(t, http.StatusOK, http.StatusAccepted, http.StatusServiceUnavailable)
-	if l.refused > 0 { // read after halt: the workers are gone
-		t.Errorf("%d orders refused after ten tries before the cut", l.refused)
-	}
+	l.checkServed(t) // a clean-clone run beside other tests saw a 503: a sync late under load
 }
 
 // A 3-node NATS cluster (the pinned nats-server, R3 streams), each node's store on a
