@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -29,7 +30,41 @@ func TestKeySlotsStartAfreshAfterARestart(t *testing.T) {
 	srv := natstest.Start(t)
 	cfg := testConfig("orders")
 	cfg.MaxIdempotencyKeys = 2
-	s := openStore(t, srv, cfg)
+	slotsStartAfresh(t, openStore(t, srv, cfg), func() {
+		srv.Restart()
+		waitFor(t, srv.Conn.IsConnected)
+	})
+}
+
+// So does a whole R3 cluster restarted at once: the key stream's placement survives
+// in the cluster's metadata, its slots (in memory) do not.
+func TestKeySlotsStartAfreshAfterAClusterRestart(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	s, err := queue.Open(ctxT(t), c.Connect(t), queue.WithReplicas(3), queue.WithSigningKey(natstest.SigningKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("orders")
+	cfg.MaxIdempotencyKeys, cfg.Replicas = 2, 3
+	if _, err := s.Declare(ctxT(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	slotsStartAfresh(t, s, func() {
+		for i := range 3 {
+			c.Kill(i)
+		}
+		for i := range 3 {
+			c.Restart(i)
+		}
+		c.WaitReady()
+	})
+}
+
+// slotsStartAfresh fills client c1's cap of 2 keys in s's queue "orders", calls
+// restart, and checks that the cap counts afresh while the keys accepted before are
+// still found (a server that has just come back may answer ErrUnavailable a while).
+func slotsStartAfresh(t *testing.T, s *queue.Store, restart func()) {
+	t.Helper()
 	tickets := map[string]string{}
 	for _, k := range []string{"k1", "k2"} {
 		rc, err := keyed(t, s, "orders", "c1", k)
@@ -42,15 +77,14 @@ func TestKeySlotsStartAfreshAfterARestart(t *testing.T) {
 		t.Fatalf("a third key before the restart: %v", err)
 	}
 
-	srv.Restart()
-	waitFor(t, srv.Conn.IsConnected)
+	restart()
 	for _, k := range []string{"k1", "k2"} {
-		if rc, err := keyed(t, s, "orders", "c1", k); err != nil || !rc.Duplicate || rc.Ticket != tickets[k] {
+		if rc, err := keyedOnceUp(t, s, k); err != nil || !rc.Duplicate || rc.Ticket != tickets[k] {
 			t.Fatalf("repeat of %s after the restart: %+v %v, want ticket %s", k, rc, err, tickets[k])
 		}
 	}
 	for _, k := range []string{"k3", "k4"} {
-		if rc, err := keyed(t, s, "orders", "c1", k); err != nil || rc.Duplicate {
+		if rc, err := keyedOnceUp(t, s, k); err != nil || rc.Duplicate {
 			t.Fatalf("new key %s after the restart: %+v %v", k, rc, err)
 		}
 	}
@@ -63,6 +97,20 @@ func TestKeySlotsStartAfreshAfterARestart(t *testing.T) {
 	}
 	if d, err := q.Depth(ctxT(t)); err != nil || d != 4 {
 		t.Fatalf("depth %d (%v), want 4: k1 to k4, each once", d, err)
+	}
+}
+
+// keyedOnceUp is keyed for client c1 in "orders", asked again while the servers answer
+// ErrUnavailable, for up to a minute.
+func keyedOnceUp(t *testing.T, s *queue.Store, key string) (queue.Receipt, error) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		rc, err := keyed(t, s, "orders", "c1", key)
+		if !errors.Is(err, queue.ErrUnavailable) || time.Now().After(deadline) {
+			return rc, err
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
