@@ -40,15 +40,9 @@ func TestKeySlotsStartAfreshAfterARestart(t *testing.T) {
 // in the cluster's metadata, its slots (in memory) do not.
 func TestKeySlotsStartAfreshAfterAClusterRestart(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
-	s, err := queue.Open(ctxT(t), c.Connect(t), queue.WithReplicas(3), queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := testConfig("orders")
-	cfg.MaxIdempotencyKeys, cfg.Replicas = 2, 3
-	if _, err := s.Declare(ctxT(t), cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg.MaxIdempotencyKeys = 2
+	s, _ := openR3(t, c.Connect(t), cfg)
 	slotsStartAfresh(t, s, func() {
 		for i := range 3 {
 			c.Kill(i)

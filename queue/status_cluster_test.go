@@ -13,7 +13,24 @@ import (
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/natstest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
+
+// openR3 opens a store on nc, a connection to a cluster, with R3 queues, and declares
+// cfg (with 3 replicas) in it.
+func openR3(t *testing.T, nc *nats.Conn, cfg queueconfig.Config) (*queue.Store, *queue.Queue) {
+	t.Helper()
+	s, err := queue.Open(ctxT(t), nc, queue.WithReplicas(3), queue.WithSigningKey(natstest.SigningKey()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Replicas = 3
+	q, err := s.Declare(ctxT(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, q
+}
 
 // On replicated streams a direct get may be answered by a follower that has not
 // applied the latest writes, so Status must not call a ticket unknown on the
@@ -22,15 +39,7 @@ import (
 func TestStatusConfirmsAMissWithTheLeaders(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	nc := c.Connect(t)
-	s, err := queue.Open(ctxT(t), nc, queue.WithReplicas(3), queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig("orders")
-	cfg.Replicas = 3
-	if _, err := s.Declare(ctxT(t), cfg); err != nil {
-		t.Fatal(err)
-	}
+	s, _ := openR3(t, nc, testConfig("orders"))
 
 	// The watch is on nc's own server: a server delivers a request to its own
 	// subscribers as it reads it, where the watch's interest would reach another
@@ -85,16 +94,7 @@ func TestStatusConfirmsAMissWithTheLeaders(t *testing.T) {
 // until its own deadline.
 func TestStreamInfoFallsBackWhenTheLeaderIsSilent(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
-	s, err := queue.Open(ctxT(t), c.Connect(t), queue.WithReplicas(3), queue.WithSigningKey(natstest.SigningKey()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := testConfig("orders")
-	cfg.Replicas = 3
-	q, err := s.Declare(ctxT(t), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, q := openR3(t, c.Connect(t), testConfig("orders"))
 	// A new stream may still change leaders: an answer from a leader other than the one
 	// stopped means the leadership moved first, and the test starts over.
 	for attempt := 1; ; attempt++ {
