@@ -1,6 +1,7 @@
 package h1
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"net/http"
@@ -27,16 +28,25 @@ func BenchmarkParseHead(b *testing.B) {
 type memConn struct {
 	req []byte
 	n   int
+	// ok counts the writes that begin with a 200's status line and end with
+	// upstreamAnswer's body.
+	ok int
 }
 
 func (c *memConn) Read(p []byte) (int, error) {
 	c.n++
 	return copy(p, c.req), nil
 }
-func (c *memConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (c *memConn) Write(p []byte) (int, error) {
+	if bytes.HasPrefix(p, []byte("HTTP/1.1 200 OK\r\n")) && bytes.HasSuffix(p, []byte(`{"ok":true}`)) {
+		c.ok++
+	}
+	return len(p), nil
+}
+
 func (c *memConn) Close() error                     { return nil }
 func (c *memConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
-func (c *memConn) RemoteAddr() net.Addr             { return &net.TCPAddr{Port: 1} }
+func (c *memConn) RemoteAddr() net.Addr             { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000} }
 func (c *memConn) SetDeadline(time.Time) error      { return nil }
 func (c *memConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *memConn) SetWriteDeadline(time.Time) error { return nil }

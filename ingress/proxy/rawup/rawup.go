@@ -5,6 +5,7 @@ package rawup
 
 import (
 	"bufio"
+	"bytes"
 	"io"
 	"net"
 	"net/http"
@@ -58,6 +59,49 @@ type server struct {
 // test ends.
 func Start(tb testing.TB, answer Answer) *url.URL {
 	tb.Helper()
+	return listen(tb, func(s *server, c *Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			if !answer(c, req, s.count.Add(1)) {
+				return
+			}
+		}
+	})
+}
+
+// Fixed starts an upstream on a free loopback port that answers every request head
+// on every connection with answer, and returns its URL; it reads heads alone
+// (requests without bodies), and allocates nothing per request, so that a
+// benchmark's allocations are its own. The upstream and its connections are closed
+// when the test ends.
+func Fixed(tb testing.TB, answer string) *url.URL {
+	tb.Helper()
+	out := []byte(answer)
+	return listen(tb, func(_ *server, c *Conn) {
+		br := bufio.NewReader(c)
+		for {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return
+			}
+			if len(bytes.TrimRight(line, "\r\n")) == 0 {
+				if _, err := c.Write(out); err != nil {
+					return
+				}
+			}
+		}
+	})
+}
+
+// listen serves each connection accepted on a free loopback port with serve, on a
+// goroutine of its own, until the test ends.
+func listen(tb testing.TB, serve func(s *server, c *Conn)) *url.URL {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
@@ -83,18 +127,7 @@ func Start(tb testing.TB, answer Answer) *url.URL {
 			go func() {
 				defer s.wg.Done()
 				defer nc.Close()
-				c := &Conn{Conn: nc, s: s}
-				br := bufio.NewReader(nc)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					if !answer(c, req, s.count.Add(1)) {
-						return
-					}
-				}
+				serve(s, &Conn{Conn: nc, s: s})
 			}()
 		}
 	}()
