@@ -213,6 +213,9 @@ type conn struct {
 	// buffered before its head is written.
 	out, body []byte
 	date      dateCache
+	// resp is the response of the request being served, reset for each
+	// (newResponse).
+	resp response
 
 	// mu guards the watch's state, idle and the deadlines.
 	mu sync.Mutex
@@ -403,7 +406,7 @@ func (c *conn) serveRequest(h head, n int) (keep bool) {
 		req.Body = b
 	}
 	r := req.WithContext(ctx)
-	w := &response{c: c, header: make(http.Header, 8), contentLength: -1, closeAfter: h.close, reqBody: b}
+	w := c.newResponse(h.close, b)
 
 	c.mu.Lock()
 	c.inReq, c.bodyDone, c.late, c.gone, c.cancel = true, b == nil, false, false, cancel
@@ -452,6 +455,27 @@ func (c *conn) serveRequest(h head, n int) (keep bool) {
 		return false
 	}
 	return true
+}
+
+// maxReusedHeader is the most fields a response's header map may have held for the
+// next request's to be that map, cleared: a cleared map keeps its size, and writing
+// the head iterates over all of it.
+const maxReusedHeader = 16
+
+// newResponse returns c's response, reset for the next request (closeAfter: the
+// request asked to close; b: its body, nil without one). There is one per
+// connection, its header map reused cleared: a ResponseWriter, Header's map
+// included, may not be used after its handler has returned (http.Handler), and a
+// new one per request cost two allocations.
+func (c *conn) newResponse(closeAfter bool, b *body) *response {
+	h := c.resp.header
+	if h == nil || len(h) > maxReusedHeader {
+		h = make(http.Header, 8)
+	} else {
+		clear(h)
+	}
+	c.resp = response{c: c, header: h, contentLength: -1, closeAfter: closeAfter, reqBody: b}
+	return &c.resp
 }
 
 // rstAvoidanceDelay is how long a connection closed with some of a request's body

@@ -349,3 +349,50 @@ func TestShutdown(t *testing.T) {
 		t.Errorf("Serve: %v", err)
 	}
 }
+
+// TestResponseHeaderStartsEmpty: each request's handler gets an empty header and
+// answers with its own fields alone, on a connection whose earlier responses set
+// others (the connection's response and its header map are reused, and one that held
+// many fields is replaced).
+func TestResponseHeaderStartsEmpty(t *testing.T) {
+	sv := serveH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n := len(w.Header()); n != 0 {
+			t.Errorf("%s: the handler's header has %d fields at its start", r.URL.Path, n)
+		}
+		switch r.URL.Path {
+		case "/a":
+			w.Header().Set("X-A", "a")
+		case "/many":
+			for i := range 2 * maxReusedHeader {
+				w.Header().Set("X-Many-"+strconv.Itoa(i), "v")
+			}
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	c, br := sv.dial(t)
+	for _, path := range []string{"/a", "/b", "/many", "/b", "/a", "/b"} {
+		send(t, c, "GET "+path+" HTTP/1.1\r\nHost: h\r\n\r\n")
+		resp, _ := readResponse(t, br, http.MethodGet)
+		var want []string
+		switch path {
+		case "/a":
+			want = []string{"X-A"}
+		case "/many":
+			for i := range 2 * maxReusedHeader {
+				want = append(want, "X-Many-"+strconv.Itoa(i))
+			}
+		}
+		delete(resp.Header, "Date")
+		if len(resp.Header) != len(want) {
+			t.Errorf("%s: answered with %v, want the fields %v and Date", path, resp.Header, want)
+		}
+		for _, k := range want {
+			if resp.Header.Get(k) == "" {
+				t.Errorf("%s: no %s in %v", path, k, resp.Header)
+			}
+		}
+	}
+	if n := sv.fast.Load(); n != 6 {
+		t.Errorf("the fast path served %d requests, want 6", n)
+	}
+}
