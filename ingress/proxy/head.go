@@ -186,8 +186,9 @@ func parseStatusLine(line string) (statusLine, error) {
 // readFields reads a head's status line and header fields from c. When what c has
 // buffered holds the whole head in the plain form scanHead accepts, the head is
 // copied out of the buffer into one string that the status line, the values and the
-// keys already canonical are cut from, vals backing the values (splitHead); any other
-// head goes through textproto, which reads it line by line. Both give the same result
+// keys already canonical are cut from, vals backing the values, the header c's own
+// map (splitHead, conn.emptyHeader); any other head goes through textproto, which
+// reads it line by line. Both give the same result
 // and the same errors for a head scanHead accepts (FuzzSplitHead).
 func readFields(c *conn, vals []string) (statusLine, http.Header, error) {
 	if c.br.Buffered() == 0 {
@@ -199,7 +200,7 @@ func readFields(c *conn, vals []string) (statusLine, http.Header, error) {
 	if end, fields := scanHead(buf); end > 0 {
 		head := string(buf[:end])
 		_, _ = c.br.Discard(end)
-		line, h := splitHead(head, fields, vals)
+		line, h := splitHead(head, fields, vals, c.emptyHeader())
 		st, err := parseStatusLine(line)
 		return st, h, err
 	}
@@ -271,16 +272,15 @@ func tokenByte(b byte) bool {
 }
 
 // splitHead splits head, a plain head of fields header fields (scanHead), into its
-// status line and header, as textproto would: keys canonical (the common ones
-// interned), values without the white space around them. Values are cut from head,
-// and so are keys already canonical; vals backs the value slices when it is long
-// enough.
-func splitHead(head string, fields int, vals []string) (string, http.Header) {
+// status line and the empty header h, as textproto would: keys canonical (the common
+// ones interned), values without the white space around them. Values are cut from
+// head, and so are keys already canonical; vals backs the value slices when it is
+// long enough.
+func splitHead(head string, fields int, vals []string, h http.Header) (string, http.Header) {
 	line, rest, _ := strings.Cut(head, "\r\n")
 	if fields > len(vals) {
 		vals = make([]string, fields)
 	}
-	h := make(http.Header, fields)
 	for {
 		var field string
 		field, rest, _ = strings.Cut(rest, "\r\n")

@@ -31,7 +31,7 @@ func FuzzSplitHead(f *testing.F) {
 			return
 		}
 		var vals [3]string
-		line, h := splitHead(string(in[:end]), fields, vals[:])
+		line, h := splitHead(string(in[:end]), fields, vals[:], http.Header{})
 
 		tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(in)))
 		wantLine, err := tp.ReadLine()

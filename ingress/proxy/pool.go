@@ -187,14 +187,16 @@ func (p *Pool) Dialer() *net.Dialer { return &p.dialer }
 
 // conn is one connection to the upstream.
 type conn struct {
-	pool      *Pool
-	conn      net.Conn
-	sock      *socket // the TCP socket under conn
-	lr        budget  // under br: bounds what a head takes
-	br        *bufio.Reader
-	tp        *textproto.Reader // over br
-	bw        *bufio.Writer
-	body      body
+	pool *Pool
+	conn net.Conn
+	sock *socket // the TCP socket under conn
+	lr   budget  // under br: bounds what a head takes
+	br   *bufio.Reader
+	tp   *textproto.Reader // over br
+	bw   *bufio.Writer
+	body body
+	// header is the header map of the response last read (emptyHeader).
+	header    http.Header
 	idleSince time.Time
 	reused    bool
 	watched   chan bool // the idle watch's verdict: whether the connection may be used
@@ -231,6 +233,24 @@ func (r upReader) Read(p []byte) (int, error) {
 		return 0, sendErr
 	}
 	return n, err
+}
+
+// maxReusedHeader is the most fields a response's header map may have held for the
+// next response's to be that map, cleared: a cleared map keeps its size, and relaying
+// the header iterates over all of it.
+const maxReusedHeader = 16
+
+// emptyHeader returns c's header map, cleared, for the head about to be read: the
+// map of the previous response on c, which nothing uses any more (Response.Relay),
+// unless that one held more than maxReusedHeader fields. A new map per response cost
+// two allocations.
+func (c *conn) emptyHeader() http.Header {
+	if c.header == nil || len(c.header) > maxReusedHeader {
+		c.header = make(http.Header, 8)
+	} else {
+		clear(c.header)
+	}
+	return c.header
 }
 
 // abort makes the connection's blocked reads and writes return at once: the client's
@@ -443,7 +463,9 @@ type HeadWriter func(bw *bufio.Writer, r *http.Request, hasBody, expect bool) er
 var ErrClientBody = errors.New("proxy: reading the request body")
 
 // Response is the head of the upstream's response to one request; Relay sends it,
-// body included, to the client.
+// body included, to the client. Its Header map is the connection's: once Relay has
+// returned, it is the next response's, and must not be used (Relay copies its
+// values' slices, which stay).
 type Response struct {
 	*http.Response
 	c *conn

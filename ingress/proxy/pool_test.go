@@ -254,27 +254,40 @@ func TestIdleWatch(t *testing.T) {
 
 // TestReuse: requests in turn to a well-behaved upstream share one connection (the
 // look at a connection taken from the pool must not fail on the deadline that ended
-// its watch).
+// its watch), and each relays its own header fields alone (the connection's header
+// map is reused, and replaced after a response of many fields).
 func TestReuse(t *testing.T) {
+	var many strings.Builder
+	for i := range 2 * maxReusedHeader {
+		many.WriteString("X-Many-" + strconv.Itoa(i) + ": v\r\n")
+	}
+	answers := map[string]string{
+		"/a":    "HTTP/1.1 200 OK\r\nX-A: a\r\nContent-Length: 1\r\n\r\na",
+		"/b":    "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb",
+		"/many": "HTTP/1.1 200 OK\r\n" + many.String() + "Content-Length: 1\r\n\r\nm",
+	}
 	var mu sync.Mutex
 	conns := map[*rawup.Conn]bool{}
-	u := rawup.Start(t, func(c *rawup.Conn, _ *http.Request, _ int64) bool {
+	u := rawup.Start(t, func(c *rawup.Conn, req *http.Request, _ int64) bool {
 		mu.Lock()
 		conns[c] = true
 		mu.Unlock()
-		_, err := io.WriteString(c, real)
+		_, err := io.WriteString(c, answers[req.URL.Path])
 		return err == nil
 	})
 	p := newPool(t, u)
-	for i := range 5 {
-		if o := do(p, "GET", "/"); o.body != "real" {
-			t.Fatalf("request %d: %q %v", i, o.body, o.err)
+	paths := []string{"/a", "/b", "/many", "/b", "/a", "/b"}
+	for _, path := range paths {
+		o := do(p, "GET", path)
+		want := map[string]int{"/a": 2, "/b": 1, "/many": 2*maxReusedHeader + 1}[path]
+		if o.err != nil || o.body != path[1:2] || len(o.header) != want {
+			t.Errorf("%s: %q %v %v, want %d fields", path, o.body, o.header, o.err, want)
 		}
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(conns) != 1 {
-		t.Errorf("5 requests in turn used %d connections, want 1", len(conns))
+		t.Errorf("%d requests in turn used %d connections, want 1", len(paths), len(conns))
 	}
 }
 
