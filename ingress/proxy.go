@@ -326,7 +326,7 @@ var errBadHeader = errors.New("ingress: a request header holds a line break or a
 func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, hasBody, expect bool) error {
 	bw.WriteString(r.Method)
 	bw.WriteByte(' ')
-	bw.WriteString(p.requestURI(r.URL))
+	p.writeRequestURI(bw, r.URL)
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	host := r.Host
 	if host == "" {
@@ -382,6 +382,24 @@ func (p *Proxy) writeHead(bw *bufio.Writer, r *http.Request, hasBody, expect boo
 	}
 	_, err := bw.WriteString("\r\n")
 	return err
+}
+
+// writeRequestURI writes p.requestURI(u) to bw, without building the string when
+// requests keep their path and query (u.RequestURI's bytes, written in parts).
+func (p *Proxy) writeRequestURI(bw *bufio.Writer, u *url.URL) {
+	if !p.plainPath || u.Opaque != "" {
+		bw.WriteString(p.requestURI(u))
+		return
+	}
+	if path := u.EscapedPath(); path != "" {
+		bw.WriteString(path)
+	} else {
+		bw.WriteByte('/')
+	}
+	if u.ForceQuery || u.RawQuery != "" {
+		bw.WriteByte('?')
+		bw.WriteString(u.RawQuery)
+	}
 }
 
 // requestURI is the request target of the request forwarded for u: u's path and

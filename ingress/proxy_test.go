@@ -184,6 +184,40 @@ func TestProxyJoinsUpstreamPath(t *testing.T) {
 	}
 }
 
+// FuzzWriteRequestURI: the target the proxy writes for a request is requestURI's,
+// which is the request's own RequestURI when the upstream URL has neither path nor
+// query, and the upstream's path and query joined with it otherwise.
+func FuzzWriteRequestURI(f *testing.F) {
+	for _, seed := range []string{"/", "/a/b?x=1", "/a?", "/a%2Fb/c?q=2", "/%7e?%zz", "/a b", "//x", "/?", "/a;b=c@d:e"} {
+		f.Add(seed, false)
+		f.Add(seed, true)
+	}
+	f.Fuzz(func(t *testing.T, target string, joined bool) {
+		in, err := url.ParseRequestURI(target)
+		if err != nil {
+			return
+		}
+		upstream := "http://up.example"
+		if joined {
+			upstream += "/base/?k=1"
+		}
+		p := &Proxy{upstream: must(url.Parse(upstream)), plainPath: !joined}
+		var b bytes.Buffer
+		bw := bufio.NewWriter(&b)
+		p.writeRequestURI(bw, in)
+		if err := bw.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		want := p.requestURI(in)
+		if !joined && want != in.RequestURI() {
+			t.Fatalf("%q: requestURI %q, RequestURI %q", target, want, in.RequestURI())
+		}
+		if b.String() != want {
+			t.Errorf("%q: wrote %q, want %q", target, b.String(), want)
+		}
+	})
+}
+
 // A large response reaches the client while the upstream is still writing it: the
 // upstream writes its second half only once the client has read the first bytes.
 func TestProxyStreamsLargeResponse(t *testing.T) {
