@@ -82,7 +82,11 @@ func parseHead(b []byte) (h head, ok bool) {
 		return head{}, false
 	}
 	h.header = make(http.Header, n)
-	vals := make([]string, n)
+	a := new(headValues)
+	vals := a.vals[:]
+	if n > len(vals) {
+		vals = make([]string, n)
+	}
 	hosts, lengths := 0, 0
 	var name [maxName]byte
 	for len(s) > 0 {
@@ -140,13 +144,50 @@ func parseHead(b []byte) (h head, ok bool) {
 	if hosts != 1 {
 		return head{}, false
 	}
-	u, err := url.ParseRequestURI(h.target)
-	if err != nil {
-		return head{}, false // net/http's 400
+	h.url = &a.url
+	if !setPlainTarget(h.url, h.target) {
+		u, err := url.ParseRequestURI(h.target)
+		if err != nil {
+			return head{}, false // net/http's 400
+		}
+		h.url = u
 	}
-	h.url = u
 	return h, true
 }
+
+// headValues is a head's URL and the backing array of its header's values, allocated
+// together: one allocation for both when the head has at most len(vals) fields and a
+// plain target (setPlainTarget).
+type headValues struct {
+	url  url.URL
+	vals [8]string
+}
+
+// setPlainTarget sets *u to what url.ParseRequestURI makes of target, a target as
+// parseRequestLine takes it (a '/' first, visible ASCII but '#'), when its path, up
+// to the first '?', holds only letters, digits and "-_.~$&+,/:;=@": bytes that a
+// URL's path escaping leaves as they are, so that the path is Path as it is, and
+// RawPath is empty. It reports whether target was such; any other is left to
+// url.ParseRequestURI.
+func setPlainTarget(u *url.URL, target string) bool {
+	path, query, hasQuery := strings.Cut(target, "?")
+	for i := 0; i < len(path); i++ {
+		if !plainPath[path[i]] {
+			return false
+		}
+	}
+	// url.ParseRequestURI forces an empty query when the only '?' is the last byte.
+	*u = url.URL{Path: path, RawQuery: query, ForceQuery: hasQuery && query == ""}
+	return true
+}
+
+// plainPath are the bytes of a path that setPlainTarget takes.
+var plainPath = func() (t [256]bool) {
+	for _, c := range []byte("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz-_.~$&+,/:;=@") {
+		t[c] = true
+	}
+	return t
+}()
 
 var crlf = []byte("\r\n")
 

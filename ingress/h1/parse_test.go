@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"reflect"
 	"strings"
 	"sync"
@@ -255,3 +256,29 @@ func TestHeadEnd(t *testing.T) {
 }
 
 type connKey struct{}
+
+// FuzzSetPlainTarget: a target that setPlainTarget takes is the URL that
+// url.ParseRequestURI makes of it.
+func FuzzSetPlainTarget(f *testing.F) {
+	for _, seed := range []string{"/", "/a/b?x=1", "/a?", "/?", "/a?b?", "/a??", "/a%2Fb", "/a b", "//x", "/a;b=c@d:e,f$g&h+i~j",
+		"/a!b", "/a'b", "/a*b", "/a(b)", "/x?#y"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, target string) {
+		var h head
+		if !parseRequestLine("GET "+target+" HTTP/1.1", &h) || h.target != target {
+			return // not a target the fast path takes
+		}
+		var got url.URL
+		if !setPlainTarget(&got, target) {
+			return
+		}
+		want, err := url.ParseRequestURI(target)
+		if err != nil {
+			t.Fatalf("%q: taken as plain, url.ParseRequestURI fails: %v", target, err)
+		}
+		if got != *want {
+			t.Errorf("%q: %#v, url.ParseRequestURI %#v", target, got, *want)
+		}
+	})
+}
