@@ -78,14 +78,35 @@ func AppendRateLimit(b []byte, statuses ...Status) ([]byte, error) {
 		if err != nil {
 			return b[:start], err
 		}
-		b = nb
-		b = appendInt(b, "r", s.Remaining)
-		if s.Reset >= 0 {
-			b = appendInt(b, "t", s.Reset)
-		}
+		b = appendStatus(nb, s.Remaining, s.Reset)
 		b = appendBytes(b, s.PartitionKey)
 	}
 	return b, nil
+}
+
+// QuoteName returns name as the String that begins its items in either field, for
+// AppendStatus. It fails, returning "", for a name that a String cannot carry, as
+// AppendPolicy and AppendRateLimit do.
+func QuoteName(name string) (string, error) {
+	b, err := appendName(nil, 0, name)
+	return string(b), err
+}
+
+// AppendStatus appends to b what AppendRateLimit appends for the one Status{Name:
+// name, Remaining: remaining, Reset: reset}, given quoted, the name as QuoteName
+// returns it: a server that writes the field of one policy on many responses checks
+// and escapes its name once.
+func AppendStatus(b []byte, quoted string, remaining, reset int64) []byte {
+	return appendStatus(append(b, quoted...), remaining, reset)
+}
+
+// appendStatus appends the r and t parameters of an item of RateLimit.
+func appendStatus(b []byte, remaining, reset int64) []byte {
+	b = appendInt(b, "r", remaining)
+	if reset >= 0 {
+		b = appendInt(b, "t", reset)
+	}
+	return b
 }
 
 // FormatPolicy returns the RateLimit-Policy field of policies (see AppendPolicy).

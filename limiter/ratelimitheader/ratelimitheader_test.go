@@ -60,6 +60,31 @@ func TestFormatRateLimit(t *testing.T) {
 	}
 }
 
+// TestAppendStatusOfAQuotedName: the item AppendStatus writes with a name QuoteName
+// quoted once is byte for byte AppendRateLimit's for the same status.
+func TestAppendStatusOfAQuotedName(t *testing.T) {
+	for _, s := range []Status{
+		{Name: "default", Remaining: 50, Reset: 30},
+		{Name: "a", Remaining: 0, Reset: 0},
+		{Name: "a", Remaining: 7, Reset: NoReset},
+		{Name: `a"b\c`, Remaining: 1, Reset: 2},
+		{Name: "", Remaining: -3, Reset: 1 << 62},
+		{Name: "x", Remaining: 1 << 62, Reset: -7},
+	} {
+		quoted, err := QuoteName(s.Name)
+		if err != nil {
+			t.Fatalf("QuoteName(%q): %v", s.Name, err)
+		}
+		want, err := AppendRateLimit([]byte("p"), s)
+		if got := AppendStatus([]byte("p"), quoted, s.Remaining, s.Reset); err != nil || string(got) != string(want) {
+			t.Errorf("%+v: AppendStatus %q, AppendRateLimit %q (%v)", s, got, want, err)
+		}
+	}
+	if quoted, err := QuoteName("café"); err == nil || quoted != "" {
+		t.Errorf(`QuoteName("café") = %q, %v; want "" and an error`, quoted, err)
+	}
+}
+
 func TestFormatRejectsNonASCIINames(t *testing.T) {
 	for _, name := range []string{"café", "tab\there", "nl\n", "del\x7f", "\x00"} {
 		if got, err := FormatPolicy(Policy{Name: "ok", Quota: 1}, Policy{Name: name, Quota: 1}); err == nil {
