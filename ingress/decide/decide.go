@@ -31,7 +31,14 @@ type Engine struct {
 	reg      prometheus.Registerer
 	log      *slog.Logger
 	shadow   bool
-	seen     atomic.Pointer[rules.Set]
+	seen     atomic.Pointer[inUse]
+}
+
+// inUse is the rule set an engine was last told to use, with the header field values
+// of its limits.
+type inUse struct {
+	set    *rules.Set
+	limits limitFieldsMap
 }
 
 // Option configures an Engine.
@@ -56,6 +63,7 @@ func New(lim limiter.Limiter, opts ...Option) (*Engine, error) {
 		return nil, errors.New("decide: New needs a limiter")
 	}
 	e := &Engine{lim: lim, log: slog.Default()}
+	e.seen.Store(&inUse{})
 	e.reserver, _ = lim.(limiter.Reserver)
 	for _, o := range opts {
 		o(e)
@@ -72,9 +80,10 @@ func New(lim limiter.Limiter, opts ...Option) (*Engine, error) {
 
 // Use tells e the rule set the next decisions are made on: the first time e sees a
 // set, it creates the series of its rules at 0, so that dashboards see them before
-// their first decision.
+// their first decision, and writes the header field values of its limits that no
+// request changes (see Verdict.Fields).
 func (e *Engine) Use(set *rules.Set) {
-	if old := e.seen.Load(); old != set && e.seen.CompareAndSwap(old, set) {
+	if old := e.seen.Load(); old.set != set && e.seen.CompareAndSwap(old, &inUse{set: set, limits: newLimitFieldsMap(set)}) {
 		e.metrics.initRules(set)
 	}
 }
@@ -147,8 +156,9 @@ type Verdict struct {
 	Wait time.Duration
 
 	rejectOnly bool
-	waits      []int  // the checks left to Reserve
-	holds      []held // what Reserve took
+	limits     limitFieldsMap // of the set in use when decided, for Fields
+	waits      []int          // the checks left to Reserve
+	holds      []held         // what Reserve took
 }
 
 // Decide decides every check of req, counts each outcome and how long it took, and
@@ -160,7 +170,7 @@ type Verdict struct {
 // violates nothing.
 func (e *Engine) Decide(ctx context.Context, req *Request) Verdict {
 	start := time.Now()
-	v := Verdict{rejectOnly: req.RejectOnly}
+	v := Verdict{rejectOnly: req.RejectOnly, limits: e.seen.Load().limits}
 	var (
 		quota quotaTally
 		// exhausted are the checks of quota rules over their limit, settled once

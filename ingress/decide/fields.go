@@ -54,29 +54,84 @@ func (v *Verdict) Fields() Fields {
 	if v.ClosestRule == nil {
 		return Fields{}
 	}
-	return FieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest)
+	return fieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest, v.limits.of(v.ClosestRule, v.ClosestLimit))
 }
 
 // FieldsOf returns the fields of decision d of rule.Limits[limit]: its limit and
 // remaining, the quota over its window (see quotaWindow) and the time to its reset,
 // durations rounded up to whole seconds (RetryAfterSeconds).
 func FieldsOf(rule *rules.Rule, limit int, d limiter.Decision) Fields {
-	// The four values are written into one buffer and cut from one string: one
-	// allocation instead of four, on every response.
+	return fieldsOf(rule, limit, d, nil)
+}
+
+// fieldsOf returns FieldsOf(rule, limit, d), taking what does not depend on the
+// request from lf when it was written for d's Limit (lf nil: none was).
+func fieldsOf(rule *rules.Rule, limit int, d limiter.Decision, lf *limitFields) Fields {
+	if lf == nil || lf.quota != d.Limit {
+		own := newLimitFields(rule, limit, d.Limit)
+		lf = &own
+	}
+	// The two values of the request are written into one buffer and cut from one
+	// string: one allocation, on every response.
 	var buf [256]byte
-	b := strconv.AppendInt(buf[:0], d.Limit, 10)
-	ends := [4]int{len(b)}
-	b = strconv.AppendInt(b, d.Remaining, 10)
-	ends[1] = len(b)
-	// A name the fields cannot carry leaves b as it was: those two values are empty.
-	b, _ = ratelimitheader.AppendPolicy(b, ratelimitheader.Policy{Name: rule.Name, Quota: d.Limit,
-		Window: RetryAfterSeconds(quotaWindow(rule.Limits[limit]))})
-	ends[2] = len(b)
-	b, _ = ratelimitheader.AppendRateLimit(b, ratelimitheader.Status{Name: rule.Name, Remaining: d.Remaining,
-		Reset: RetryAfterSeconds(d.ResetAfter)})
-	ends[3] = len(b)
+	b := strconv.AppendInt(buf[:0], d.Remaining, 10)
+	n := len(b)
+	if lf.name != "" {
+		b = ratelimitheader.AppendStatus(b, lf.name, d.Remaining, RetryAfterSeconds(d.ResetAfter))
+	}
 	all := string(b)
-	return Fields{Limit: all[:ends[0]], Remaining: all[ends[0]:ends[1]], Policy: all[ends[1]:ends[2]], RateLimit: all[ends[2]:ends[3]]}
+	return Fields{Limit: lf.limit, Remaining: all[:n], Policy: lf.policy, RateLimit: all[n:]}
+}
+
+// limitFields are what the fields of a decision whose Limit is quota say of one limit
+// of a rule, whatever the request: written once per rule set (see Engine.Use) rather
+// than on every response.
+type limitFields struct {
+	quota  int64
+	limit  string // X-Ratelimit-Limit
+	policy string // RateLimit-Policy
+	// name is the rule's name as the String that begins RateLimit's item. It and
+	// policy are empty when a String cannot carry the name: the response then has
+	// neither field.
+	name string
+}
+
+func newLimitFields(rule *rules.Rule, limit int, quota int64) limitFields {
+	lf := limitFields{quota: quota, limit: strconv.FormatInt(quota, 10)}
+	var err error
+	if lf.name, err = ratelimitheader.QuoteName(rule.Name); err == nil {
+		lf.policy, _ = ratelimitheader.FormatPolicy(ratelimitheader.Policy{Name: rule.Name, Quota: quota,
+			Window: RetryAfterSeconds(quotaWindow(rule.Limits[limit]))})
+	}
+	return lf
+}
+
+// limitFieldsMap holds the limitFields of every limit of a rule set's rules, by rule,
+// for the Limit their decisions report (the limit's capacity).
+type limitFieldsMap map[*rules.Rule][]limitFields
+
+func newLimitFieldsMap(set *rules.Set) limitFieldsMap {
+	if set == nil {
+		return nil
+	}
+	rs := set.Rules()
+	m := make(limitFieldsMap, len(rs))
+	for _, r := range rs {
+		lfs := make([]limitFields, len(r.Limits))
+		for i, l := range r.Limits {
+			lfs[i] = newLimitFields(r, i, l.Capacity())
+		}
+		m[r] = lfs
+	}
+	return m
+}
+
+// of returns the limitFields of rule.Limits[limit], nil for a rule not in m.
+func (m limitFieldsMap) of(rule *rules.Rule, limit int) *limitFields {
+	if lfs := m[rule]; limit >= 0 && limit < len(lfs) {
+		return &lfs[limit]
+	}
+	return nil
 }
 
 // quotaWindow is the time over which a limit grants its whole quota: the window, or

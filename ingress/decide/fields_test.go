@@ -83,3 +83,80 @@ func TestRateLimitFieldsOfAnAgelongBucket(t *testing.T) {
 		t.Errorf("RateLimit %q: %+v, %v; want %+v", f.RateLimit, statuses, err, want)
 	}
 }
+
+// fieldsRules: rules whose header fields are written once per rule set (Engine.Use): a
+// fixed window, a token bucket with a burst, a leaky bucket without one, two limits on
+// one rule, a long name with long values.
+const fieldsRules = `
+domain: f
+descriptors:
+  - key: window
+    rate_limit: {unit: minute, requests_per_unit: 100, name: per_minute}
+  - key: bucket
+    rate_limit: {window: 1500ms, requests_per_unit: 1, algorithm: token_bucket, burst: 4, name: bucket}
+  - key: leaky
+    rate_limit: {unit: hour, requests_per_unit: 7200, algorithm: leaky_bucket, name: leaky}
+  - key: two
+    name: two
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {window: 10m, requests_per_unit: 3, algorithm: sliding_window_counter}
+  - key: long
+    rate_limit: {unit: second, requests_per_unit: 123456789012, name: a_rule_name_of_more_than_forty_bytes_at_that}
+`
+
+// TestFieldsOfTheSetInUse: the header fields of a verdict on the set an engine uses,
+// whose limit and policy were written once for the set, are byte for byte those
+// FieldsOf writes for the same decision, and what the draft says: the quota is the
+// limit's capacity, the window the time to grant it. A decision whose Limit is not the
+// capacity (as a limiter could report) gets its own.
+func TestFieldsOfTheSetInUse(t *testing.T) {
+	set, err := rules.Parse(rules.File{Name: "f.yaml", Data: []byte(fieldsRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2000, 1, 1, 0, 0, 30, 0, time.UTC)
+	e, err := New(limiter.NewMemory(limiter.WithClock(func() time.Time { return now })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Use(set)
+	for _, tc := range []struct {
+		key   string
+		limit int   // the index of the closest limit
+		quota int64 // the decision's Limit, when not the capacity
+		want  Fields
+	}{
+		{key: "window", want: Fields{Limit: "100", Remaining: "99",
+			Policy: `"per_minute";q=100;w=60`, RateLimit: `"per_minute";r=99;t=30`}},
+		{key: "bucket", want: Fields{Limit: "4", Remaining: "3",
+			Policy: `"bucket";q=4;w=6`, RateLimit: `"bucket";r=3;t=2`}},
+		{key: "leaky", want: Fields{Limit: "7200", Remaining: "7199",
+			Policy: `"leaky";q=7200;w=3600`, RateLimit: `"leaky";r=7199;t=1`}},
+		{key: "two", limit: 1, want: Fields{Limit: "3", Remaining: "2",
+			Policy: `"two";q=3;w=600`, RateLimit: `"two";r=2;t=1170`}},
+		{key: "long", want: Fields{Limit: "123456789012", Remaining: "123456789011",
+			Policy:    `"a_rule_name_of_more_than_forty_bytes_at_that";q=123456789012;w=1`,
+			RateLimit: `"a_rule_name_of_more_than_forty_bytes_at_that";r=123456789011;t=1`}},
+		{key: "window", quota: 50, want: Fields{Limit: "50", Remaining: "98",
+			Policy: `"per_minute";q=50;w=60`, RateLimit: `"per_minute";r=98;t=30`}},
+	} {
+		checks := set.Evaluate("f", [][]rules.Entry{{{Key: tc.key, Value: "v"}}}, nil)
+		if len(checks) != 1 {
+			t.Fatalf("%s: %d checks", tc.key, len(checks))
+		}
+		v := e.Decide(context.Background(), &Request{Checks: checks})
+		if v.ClosestRule != checks[0].Rule || v.ClosestLimit != tc.limit {
+			t.Fatalf("%s: closest limit %d of %v, want %d", tc.key, v.ClosestLimit, v.ClosestRule, tc.limit)
+		}
+		if tc.quota != 0 {
+			v.Closest.Limit = tc.quota
+		}
+		if got := v.Fields(); got != tc.want {
+			t.Errorf("%s (quota %d): fields %+v, want %+v", tc.key, tc.quota, got, tc.want)
+		}
+		if got := FieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest); got != tc.want {
+			t.Errorf("%s (quota %d): FieldsOf %+v, want %+v", tc.key, tc.quota, got, tc.want)
+		}
+	}
+}
