@@ -246,10 +246,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	set := m.rules.Set()
 	m.engine.Use(set)
-	x := exchange{w: w, r: r, next: next, noPark: noPark, check: check, client: m.ids.Group(m.ids.Addr(r))}
+	x := exchange{w: w, r: r, next: next, noPark: noPark, check: check}
+	var clientIP netip.Addr // the zero Addr when no rule reads it
+	if set.ReadsClientAddr() {
+		clientIP = m.client(&x).Addr()
+	}
 	buf := m.checks.Get().(*[]rules.Check)
 	defer m.checks.Put(buf)
-	x.route, x.checks = set.Match(r, x.client.Addr(), (*buf)[:0])
+	x.route, x.checks = set.Match(r, clientIP, (*buf)[:0])
 	*buf = x.checks[:0]
 	if err := set.Repeated(r, x.route); err != nil {
 		writeProblem(w, repeatedProblem(err))
@@ -294,9 +298,21 @@ type exchange struct {
 	next   http.Handler
 	noPark string // why r must not be parked (see Authorize); "" when it may be
 	check  bool   // for Authorize: a wait rule's slot cannot be held
-	client netip.Prefix
 	route  *rules.Route
 	checks []rules.Check
+
+	client      netip.Prefix // see Middleware.client
+	clientFound bool
+}
+
+// client returns x's client address group (ClientIdentity.Group of its Addr), found
+// on first use: a request that no rule counts by its address and that is not parked
+// needs none.
+func (m *Middleware) client(x *exchange) netip.Prefix {
+	if !x.clientFound {
+		x.client, x.clientFound = m.ids.Group(m.ids.Addr(x.r)), true
+	}
+	return x.client
 }
 
 // capBody caps r's body at the middleware's maximum. A body declared larger is
@@ -369,7 +385,7 @@ func (m *Middleware) schedule(x *exchange) {
 	case x.noPark != "":
 		writeProblem(x.w, simpleProblem(http.StatusBadRequest, HeaderNotBefore+" asks for scheduled delivery, but "+x.noPark))
 	default: // in its lane, as over the limit
-		m.deferrer.Defer(x.w, x.r, m.deferral(x.route, rule, x.r, x.client))
+		m.deferrer.Defer(x.w, x.r, m.deferral(x.route, rule, x.r, m.client(x)))
 	}
 }
 
@@ -407,7 +423,7 @@ func (m *Middleware) answeredRepeat(ctx context.Context, x *exchange, v *decide.
 		return false
 	}
 	var answered bool
-	if x.r, answered = ra.AnswerRepeat(x.w, x.r, m.deferral(x.route, rule, x.r, x.client)); answered {
+	if x.r, answered = ra.AnswerRepeat(x.w, x.r, m.deferral(x.route, rule, x.r, m.client(x))); answered {
 		m.engine.Cancel(ctx, v)
 	}
 	return answered
@@ -415,7 +431,7 @@ func (m *Middleware) answeredRepeat(ctx context.Context, x *exchange, v *decide.
 
 // park hands a request over a defer rule's limit to the deferrer.
 func (m *Middleware) park(x *exchange, v *decide.Verdict) {
-	d := m.deferral(x.route, v.Violated, x.r, x.client)
+	d := m.deferral(x.route, v.Violated, x.r, m.client(x))
 	d.RetryAfter = v.RetryAfter
 	m.deferrer.Defer(x.w, x.r, d)
 }
@@ -424,7 +440,7 @@ func (m *Middleware) park(x *exchange, v *decide.Verdict) {
 // defer rule's request could not be parked why.
 func (m *Middleware) refuse(x *exchange, v *decide.Verdict) {
 	m.log.Debug("rate limited", "rule", v.Violated.Name, "route", x.route.Name,
-		"client", clientHash(x.client), "retry_after", v.RetryAfter)
+		"client", clientHash(m.client(x)), "retry_after", v.RetryAfter)
 	decide.SetRetryAfter(x.w.Header(), v.RetryAfter)
 	p := quotaExceeded(v.ViolatedNames, v.Closest.Limit, v.RetryAfter)
 	if v.Violated.Parks() && x.noPark != "" {

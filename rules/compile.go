@@ -116,6 +116,8 @@ func compile(files []File, probs *problemList, cfg loadConfig) *Set {
 	s.queues = c.queues
 	s.table = buildTable(s.routes)
 	s.choosing = choosingHeaders(s.routes)
+	s.hosts = slices.ContainsFunc(s.routes, (*Route).readsHost)
+	s.clientAddrs = slices.ContainsFunc(s.routes, func(rt *Route) bool { return rt.clientIP })
 	return s
 }
 

@@ -186,6 +186,7 @@ func (c *compiler) routeDescriptors(k *checker, d *domain, rd *routeDef, rt *Rou
 		rt.descs = append(rt.descs, cd)
 	}
 	rt.allStatic = !slices.ContainsFunc(rt.descs, func(cd compiledDesc) bool { return !cd.static })
+	rt.clientIP = rt.reads(FromClientIP)
 }
 
 // routeScope takes the route's idempotency_scope, DefaultIdempotencyScope when it

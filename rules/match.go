@@ -3,6 +3,7 @@ package rules
 import (
 	"net/http"
 	"net/netip"
+	"slices"
 )
 
 // Set is a validated, compiled rules set. It is immutable: every method is safe for
@@ -19,7 +20,14 @@ type Set struct {
 	queueNames  []string
 	table       routeTable
 	choosing    []choosingHeader // see Repeated
+	hosts       bool             // some route reads the request's host (Route.readsHost)
+	clientAddrs bool             // some route's descriptor list reads the client's address
 }
+
+// ReadsClientAddr reports whether Match reads its clientIP: whether a descriptor list
+// of some route takes the client's address. A caller for which finding the address
+// costs something may pass the zero Addr otherwise.
+func (s *Set) ReadsClientAddr() bool { return s.clientAddrs }
 
 // Match finds the route for r and appends to dst the checks r must pass, returning the
 // route (nil when none matches) and the extended slice. clientIP is the client address
@@ -49,7 +57,10 @@ type Set struct {
 // Match does not allocate, except one string per check whose keys hold request values
 // (the keys of a rule fully given by constants are precomputed). Pass a reused dst.
 func (s *Set) Match(r *http.Request, clientIP netip.Addr, dst []Check) (*Route, []Check) {
-	p, host := cleanPath(r.URL.Path), requestHost(r)
+	p, host := cleanPath(r.URL.Path), ""
+	if s.hosts { // otherwise no route reads it
+		host = requestHost(r)
+	}
 	rt := s.table.find(r, p, host)
 	if rt == nil {
 		return nil, dst
@@ -169,7 +180,9 @@ func (rt *Route) eval(r *http.Request, clientIP netip.Addr, p, host string, dst 
 		vals [maxDepth]val
 		hb   hashBuf
 	)
-	t.set(clientIP)
+	if rt.clientIP { // otherwise no list reads it
+		t.set(clientIP)
+	}
 	for i := range rt.descs {
 		cd := &rt.descs[i]
 		if cd.static {
@@ -183,6 +196,21 @@ func (rt *Route) eval(r *http.Request, clientIP netip.Addr, p, host string, dst 
 		}
 	}
 	return settle(dst, start, true)
+}
+
+// readsHost reports whether rt's match or one of its descriptor lists reads the
+// request's host.
+func (rt *Route) readsHost() bool { return rt.host != "" || rt.reads(FromHost) }
+
+// reads reports whether one of rt's descriptor lists takes a value from a source of
+// kind k.
+func (rt *Route) reads(k SourceKind) bool {
+	for i := range rt.descs {
+		if slices.ContainsFunc(rt.descs[i].entries, func(e compiledEntry) bool { return e.kind == k }) {
+			return true
+		}
+	}
+	return false
 }
 
 func (rt *Route) evalDynamic(cd *compiledDesc, r *http.Request, t *ipText, p, host string, vals *[maxDepth]val, hb *hashBuf) (Check, bool) {

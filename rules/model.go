@@ -266,6 +266,7 @@ type Route struct {
 	descs     []compiledDesc
 	dom       *domain
 	allStatic bool // every descriptor list is made of constants
+	clientIP  bool // a descriptor list takes the client's address
 }
 
 // Queue is where Defer rules park requests and how they are delivered: the queue

@@ -109,7 +109,7 @@ func repeatedHeader(r *http.Request, name string, commas bool) error {
 	switch {
 	case len(vs) > 1:
 		return &RepeatedError{Source: "header:" + name}
-	case len(vs) == 1 && !commas && !commaHeaders[name] && strings.IndexByte(vs[0], ',') >= 0:
+	case len(vs) == 1 && !commas && strings.IndexByte(vs[0], ',') >= 0 && !commaHeaders[name]:
 		return &RepeatedError{Source: "header:" + name, Comma: true}
 	}
 	return nil
