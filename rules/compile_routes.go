@@ -182,6 +182,8 @@ func (c *compiler) routeDescriptors(k *checker, d *domain, rd *routeDef, rt *Rou
 		if cd.static {
 			cd.staticCheck, cd.staticOK = d.staticCheck(cd.constVals())
 			cd.staticCheck.Descriptor = cd.index
+		} else {
+			cd.from, cd.skip = d.constantStart(cd.entries)
 		}
 		rt.descs = append(rt.descs, cd)
 	}

@@ -77,7 +77,12 @@ func (g *group) lookupIP(v *val, t *ipText) (n *node, exact bool) {
 // as the request's values make Envoy's cache key; except under a share_threshold
 // wildcard, whose values all count on one counter.
 func (d *domain) walk(vals []val, t *ipText, hb *hashBuf) (rule *Rule, hashed bool) {
-	n := d.root
+	return walkFrom(d.root, 0, vals, t, hb)
+}
+
+// walkFrom walks vals down from n as walk does, vals[0] being the entry of level
+// level: the levels above were walked without hashing a value.
+func walkFrom(n *node, level int, vals []val, t *ipText, hb *hashBuf) (rule *Rule, hashed bool) {
 	for i := range vals {
 		v := &vals[i]
 		g := n.kids[v.key]
@@ -89,7 +94,7 @@ func (d *domain) walk(vals []val, t *ipText, hb *hashBuf) (rule *Rule, hashed bo
 			return nil, false
 		}
 		if !exact && !m.share {
-			hb.add(i, v, t)
+			hb.add(level+i, v, t)
 			hashed = true
 		}
 		if i == len(vals)-1 {
@@ -101,6 +106,32 @@ func (d *domain) walk(vals []val, t *ipText, hb *hashBuf) (rule *Rule, hashed bo
 		n = m
 	}
 	return nil, false
+}
+
+// constantStart walks the leading constants of a descriptor list's entries, all but
+// the last, down d's tree as walk would, while each is matched exactly (or under a
+// share_threshold wildcard: its value selects no counter). The walk of a request's
+// values can start at the node they reach, at entry skip, for the same rule and key;
+// n is nil when the constants reach no node that a later entry could go on from, so
+// that the list never yields a check.
+func (d *domain) constantStart(entries []compiledEntry) (n *node, skip int) {
+	n = d.root
+	for ; skip < len(entries)-1 && entries[skip].kind == FromConstant; skip++ {
+		e := &entries[skip]
+		g := n.kids[e.key]
+		if g == nil {
+			return nil, skip
+		}
+		m, exact := g.lookup(&val{key: e.key, s: e.value})
+		switch {
+		case m == nil || len(m.kids) == 0:
+			return nil, skip
+		case !exact && !m.share: // its value goes into the key: left to walk
+			return n, skip
+		}
+		n = m
+	}
+	return n, skip
 }
 
 // staticCheck resolves a descriptor list made of constants once, at compile time.

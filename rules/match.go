@@ -214,13 +214,17 @@ func (rt *Route) reads(k SourceKind) bool {
 }
 
 func (rt *Route) evalDynamic(cd *compiledDesc, r *http.Request, t *ipText, p, host string, vals *[maxDepth]val, hb *hashBuf) (Check, bool) {
-	for j := range cd.entries {
-		if !cd.entries[j].get(r, t, p, host, &vals[j]) {
+	if cd.from == nil {
+		return Check{}, false
+	}
+	entries := cd.entries[cd.skip:]
+	for j := range entries {
+		if !entries[j].get(r, t, p, host, &vals[j]) {
 			return Check{}, false
 		}
 	}
 	hb.n = 0
-	rule, hashed := rt.dom.walk(vals[:len(cd.entries)], t, hb)
+	rule, hashed := walkFrom(cd.from, cd.skip, vals[:len(entries)], t, hb)
 	if rule == nil {
 		return Check{}, false
 	}

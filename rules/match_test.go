@@ -410,3 +410,67 @@ func TestMatchAllocations(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchWalksPastLeadingConstants: a route's descriptor list whose leading
+// constants Match walks once, at compile time, yields the rule and the key that
+// Evaluate, which walks every level for each request, gives for the same values:
+// constants matched exactly, by a wildcard (whose value goes into the key), under a
+// share_threshold wildcard (whose value does not), by a descriptor without value, on
+// two levels, and a value hashed below them.
+func TestMatchWalksPastLeadingConstants(t *testing.T) {
+	s := mustParse(t, `domain: k
+descriptors:
+  - key: route
+    value: orders
+    descriptors:
+      - {key: user, rate_limit: {unit: second, requests_per_unit: 1, name: exact}}
+  - key: plan
+    value: gold*
+    descriptors:
+      - {key: user, rate_limit: {unit: second, requests_per_unit: 2, name: wild}}
+  - key: region
+    value: eu*
+    share_threshold: true
+    descriptors:
+      - {key: user, rate_limit: {unit: second, requests_per_unit: 3, name: shared}}
+  - key: tenant
+    descriptors:
+      - {key: user, rate_limit: {unit: second, requests_per_unit: 4, name: any}}
+  - key: a
+    value: x
+    descriptors:
+      - key: b
+        value: y
+        descriptors:
+          - key: user
+            descriptors:
+              - {key: item, rate_limit: {unit: second, requests_per_unit: 5, name: deep}}
+routes:
+  - {name: exact, match: {path: /exact}, descriptors: [[{key: route, value: orders}, {key: user, from: "header:X-User"}]]}
+  - {name: wild, match: {path: /wild}, descriptors: [[{key: plan, value: gold-1}, {key: user, from: "header:X-User"}]]}
+  - {name: shared, match: {path: /shared}, descriptors: [[{key: region, value: eu-west}, {key: user, from: "header:X-User"}]]}
+  - {name: any, match: {path: /any}, descriptors: [[{key: tenant, value: t1}, {key: user, from: "header:X-User"}]]}
+  - name: deep
+    match: {path: /deep}
+    descriptors: [[{key: a, value: x}, {key: b, value: y}, {key: user, from: "header:X-User"}, {key: item, value: i}]]
+`)
+	for _, tc := range []struct {
+		path string
+		desc []Entry
+	}{
+		{"/exact", []Entry{{"route", "orders"}, {"user", "u"}}},
+		{"/wild", []Entry{{"plan", "gold-1"}, {"user", "u"}}},
+		{"/shared", []Entry{{"region", "eu-west"}, {"user", "u"}}},
+		{"/any", []Entry{{"tenant", "t1"}, {"user", "u"}}},
+		{"/deep", []Entry{{"a", "x"}, {"b", "y"}, {"user", "u"}, {"item", "i"}}},
+	} {
+		_, got := s.Match(req("GET", tc.path, "X-User", "u"), netip.Addr{}, nil)
+		want := s.Evaluate("k", [][]Entry{tc.desc}, nil)
+		if len(got) != 1 || len(want) != 1 {
+			t.Fatalf("%s: Match %v, Evaluate %v", tc.path, got, want)
+		}
+		if got[0].Rule != want[0].Rule || got[0].Key(0) != want[0].Key(0) {
+			t.Errorf("%s: Match %s %s, Evaluate %s %s", tc.path, got[0].Rule.Name, got[0].Key(0), want[0].Rule.Name, want[0].Key(0))
+		}
+	}
+}

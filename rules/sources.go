@@ -18,6 +18,11 @@ type compiledDesc struct {
 	static      bool
 	staticCheck Check
 	staticOK    bool
+	// Of the others, the walk down the domain's tree starts at entry skip, on node
+	// from (nil: the list reaches no rule), past the leading constants (see
+	// domain.constantStart).
+	from *node
+	skip int
 }
 
 type compiledEntry struct {
