@@ -102,7 +102,8 @@ func (s *Store) queueStream(cfg queueconfig.Config) jetstream.StreamConfig {
 // with its slots (takeSlot declares it again); a cluster keeps the stream and its slots
 // while a majority of its replicas runs (a memory stream replicates like a file one),
 // and loses the slots when every server restarts. A server that refuses memory
-// streams gets the stream on file (see ensureKeyStream).
+// streams gets the stream on file (see ensureKeyStream), and so does one that makes
+// the stream in memory and then refuses to store in it (see slotsToFile).
 //
 // The count cap bounds the memory that clients together can fill, however many they
 // are: keySlots of the idempotency byte cap, so about that many bytes of each
@@ -116,12 +117,16 @@ func (s *Store) queueStream(cfg queueconfig.Config) jetstream.StreamConfig {
 // slots apart, so its cap is up to twice MaxIdempotencyKeys until every replica runs
 // this version and the older slots have expired.
 func (s *Store) keyStream(cfg queueconfig.Config) jetstream.StreamConfig {
+	storage := jetstream.MemoryStorage
+	if s.slotsOnFile.Load() {
+		storage = jetstream.FileStorage
+	}
 	return jetstream.StreamConfig{
 		Name:                 KeyStreamName(cfg.Name),
 		Description:          "sluice idempotency key slots of queue " + cfg.Name,
 		Subjects:             []string{keySubjectFor(cfg.Name, "*")},
 		Retention:            jetstream.LimitsPolicy,
-		Storage:              jetstream.MemoryStorage,
+		Storage:              storage,
 		Discard:              jetstream.DiscardNew,
 		DiscardNewPerSubject: true,
 		MaxMsgsPerSubject:    int64(cfg.MaxIdempotencyKeys),
@@ -184,6 +189,7 @@ func (s *Store) ensureKeyStream(ctx context.Context, want jetstream.StreamConfig
 	if err == nil || want.Storage != jetstream.MemoryStorage || !jsproto.IsNoMemory(err) {
 		return got, err
 	}
+	s.slotsOnFile.Store(true) // the next queues' too
 	want.Storage = jetstream.FileStorage
 	got, ferr := s.ensureSlots(ctx, nil, want)
 	if ferr != nil {

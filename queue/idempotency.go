@@ -179,6 +179,11 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uin
 			ack, err = w.publish(ctx, msg)
 		}
 	}
+	if jsproto.IsNoResources(err) && q.keys != nil {
+		if derr := s.slotsToFile(ctx, q); derr == nil {
+			ack, err = w.publish(ctx, msg)
+		}
+	}
 	if err != nil {
 		if jsproto.IsPerSubjectLimit(err) {
 			return 0, q.keyLimitError(ctx, msg.Subject)
@@ -189,6 +194,48 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uin
 		return 0, nil
 	}
 	return ack.Sequence, nil
+}
+
+// slotsToFile makes q's key stream anew on file when the one in memory has refused a
+// slot for want of resources: a cluster places a memory stream on servers that then
+// have no memory store to write it to (nodes with max_memory_store 0 store one slot
+// and refuse the next), which would refuse every keyed order for good. From then on
+// every key stream the store makes is on file (see keyStream). The slots go with the
+// memory stream: they only count keys, so their clients' caps start afresh. Replicas
+// of sluice that meet the refusal at once may each make the stream anew, which costs
+// the slots taken in between, nothing else. The deletion is asked again after
+// jsproto.LeaderWait without an answer (a stream whose replicas could not store has
+// been seen to leave it unanswered), as long as ctx lasts.
+func (s *Store) slotsToFile(ctx context.Context, q *Queue) error {
+	s.slotsOnFile.Store(true)
+	q.slotsMu.Lock()
+	defer q.slotsMu.Unlock()
+	want := s.keyStream(q.Config())
+	st, err := s.js.Stream(ctx, want.Name)
+	switch {
+	case err == nil && st.CachedInfo().Config.Storage == want.Storage:
+		return nil // made anew meanwhile
+	case err == nil:
+		for {
+			actx, cancel := context.WithTimeout(ctx, jsproto.LeaderWait)
+			err = s.js.DeleteStream(actx, want.Name)
+			cancel()
+			if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) {
+				break
+			}
+			if !jsproto.NoAnswer(err) || ctx.Err() != nil {
+				return keyStoreError(err)
+			}
+		}
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return keyStoreError(err)
+	}
+	if _, err := s.ensureSlots(ctx, nil, want); err != nil {
+		return keyStoreError(err)
+	}
+	s.log.Warn("the idempotency key slots are on file now: the servers made them in memory and then refused to store them there (give JetStream a memory store)",
+		"stream", want.Name)
+	return nil
 }
 
 // keyLimitError says when the client's oldest key slot expires.

@@ -24,6 +24,7 @@ type Queue struct {
 	keys     jetstream.Stream            // key slots (KeyStreamName); nil for an orphan
 	orders   atomic.Pointer[groupCommit] // Park's writes to stream
 	slots    atomic.Pointer[groupCommit] // Park's writes to keys; nil with keys
+	slotsMu  sync.Mutex                  // held while the key stream moves to file (see slotsToFile)
 	orphaned atomic.Bool
 	// schedules: the stream holds scheduled orders (see scheduledStream); Park then
 	// enforces MaxDepth and MaxBytes itself.

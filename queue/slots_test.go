@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/queue"
@@ -123,7 +124,44 @@ func TestKeySlotsOnFileWithoutMemory(t *testing.T) {
 	if _, err := s.Declare(ctxT(t), cfg); err != nil { // and again, as at a reload
 		t.Fatal(err)
 	}
-	js, err := jetstream.New(srv.Conn)
+	// A single replica on file is not synced: the slots are no acceptance record.
+	keySlotsOnFile(t, s, srv.Conn, jetstream.AsyncPersistMode, 0)
+}
+
+// A cluster whose nodes have no memory store places the key stream in memory all the
+// same, stores one slot and refuses the next ("insufficient resources"): the store
+// then makes the stream anew on file, replicated and synced like the orders, and the
+// keyed order whose slot was refused is parked all the same.
+func TestKeySlotsOnFileWithoutMemoryOnACluster(t *testing.T) {
+	c := natstest.StartCluster(t, 3, natstest.WithMaxMemoryStore(0))
+	nc := c.Connect(t)
+	cfg := testConfig("orders")
+	cfg.MaxIdempotencyKeys = 2
+	s, _ := openR3(t, nc, cfg)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := false
+	for i := 0; i < 5 && !moved; i++ {
+		if _, err := keyed(t, s, "orders", "warm", fmt.Sprint("w", i)); err != nil {
+			t.Fatalf("keyed park %d while the key stream is in memory: %v", i, err)
+		}
+		kcfg, _ := keyStream(t, js, "orders")
+		moved = kcfg.Storage == jetstream.FileStorage
+	}
+	if !moved {
+		t.Fatal("the key stream stayed in memory on servers without a memory store: the test proves nothing")
+	}
+	keySlotsOnFile(t, s, nc, jetstream.DefaultPersistMode, 1) // the slot whose refusal moved it
+}
+
+// keySlotsOnFile checks keyed parks and client c1's cap of 2 keys in s's queue
+// "orders", whose key stream should be on file with persist mode persist, holding
+// others slots besides.
+func keySlotsOnFile(t *testing.T, s *queue.Store, nc *nats.Conn, persist jetstream.PersistModeType, others uint64) {
+	t.Helper()
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,8 +181,8 @@ func TestKeySlotsOnFileWithoutMemory(t *testing.T) {
 	if _, err := keyed(t, s, "orders", "c2", "k3"); err != nil {
 		t.Fatalf("another client: %v", err)
 	}
-	if cfg, n := keyStream(t, js, "orders"); cfg.Storage != jetstream.FileStorage || cfg.PersistMode != jetstream.AsyncPersistMode || n != 3 {
-		t.Errorf("key stream: %v storage, persist mode %v, %d slots; want file, async, 3", cfg.Storage, cfg.PersistMode, n)
+	if cfg, n := keyStream(t, js, "orders"); cfg.Storage != jetstream.FileStorage || cfg.PersistMode != persist || n != 3+others {
+		t.Errorf("key stream: %v storage, persist mode %v, %d slots; want file, %v, %d", cfg.Storage, cfg.PersistMode, n, persist, 3+others)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -131,6 +132,9 @@ type Store struct {
 	// later), so the streams ask for them; an older one would drop the settings, and
 	// every declaration would then find its streams changed and update them again.
 	batches bool
+	// slotsOnFile: a memory key stream was refused its slots (see slotsToFile), so the
+	// store makes key streams on file.
+	slotsOnFile atomic.Bool
 
 	mu     sync.RWMutex
 	queues map[string]*Queue

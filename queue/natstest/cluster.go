@@ -201,6 +201,7 @@ type clusterOptions struct {
 	bin          string
 	storeDir     func(node int) string
 	syncInterval string
+	maxMemory    *int64 // jetstream max_memory_store; nil: the server's default
 	// accounts: a nats-server configuration file every node includes; probe: how
 	// Ready's probe connects then.
 	accounts string
@@ -240,6 +241,12 @@ func WithStoreDir(dir func(node int) string) ClusterOption {
 // (a sync every two minutes).
 func WithSyncInterval(v string) ClusterOption {
 	return func(o *clusterOptions) { o.syncInterval = v }
+}
+
+// WithMaxMemoryStore sets the nodes' jetstream max_memory_store to n bytes (0: no
+// memory streams at all, as on servers where memory is kept for other uses).
+func WithMaxMemoryStore(n int64) ClusterOption {
+	return func(o *clusterOptions) { o.maxMemory = &n }
 }
 
 // WithAccounts has every node include the nats-server configuration file at path (its
@@ -376,6 +383,9 @@ func prepareCluster(dir string, ownDir bool, n int, o clusterOptions) (c *Cluste
 		sync := ""
 		if o.syncInterval != "" {
 			sync = fmt.Sprintf("\n  sync_interval: %s", o.syncInterval)
+		}
+		if o.maxMemory != nil {
+			sync += fmt.Sprintf("\n  max_memory_store: %d", *o.maxMemory)
 		}
 		conf := fmt.Sprintf(`server_name: %s
 listen: 127.0.0.1:%d
