@@ -49,30 +49,45 @@ func SetRetryAfter(h http.Header, d time.Duration) {
 }
 
 // Fields returns the fields of v's closest limit; all empty when v has none
-// (ClosestRule nil).
+// (ClosestRule nil). What does not depend on the request was written once for the
+// set in use when v was decided (see Engine.Use); a rule not in it (an Envoy
+// override), or a decision whose Limit is not the limit's capacity, gets FieldsOf.
 func (v *Verdict) Fields() Fields {
 	if v.ClosestRule == nil {
 		return Fields{}
 	}
-	return fieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest, v.limits.of(v.ClosestRule, v.ClosestLimit))
+	if lf := v.limits.of(v.ClosestRule, v.ClosestLimit); lf != nil && lf.quota == v.Closest.Limit {
+		return lf.fields(v.Closest)
+	}
+	return FieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest)
 }
 
 // FieldsOf returns the fields of decision d of rule.Limits[limit]: its limit and
 // remaining, the quota over its window (see quotaWindow) and the time to its reset,
 // durations rounded up to whole seconds (RetryAfterSeconds).
 func FieldsOf(rule *rules.Rule, limit int, d limiter.Decision) Fields {
-	return fieldsOf(rule, limit, d, nil)
+	// The four values are written into one buffer and cut from one string: one
+	// allocation instead of four.
+	var buf [256]byte
+	b := strconv.AppendInt(buf[:0], d.Limit, 10)
+	ends := [4]int{len(b)}
+	b = strconv.AppendInt(b, d.Remaining, 10)
+	ends[1] = len(b)
+	// A name the fields cannot carry leaves b as it was: those two values are empty.
+	b, _ = ratelimitheader.AppendPolicy(b, ratelimitheader.Policy{Name: rule.Name, Quota: d.Limit,
+		Window: RetryAfterSeconds(quotaWindow(rule.Limits[limit]))})
+	ends[2] = len(b)
+	b, _ = ratelimitheader.AppendRateLimit(b, ratelimitheader.Status{Name: rule.Name, Remaining: d.Remaining,
+		Reset: RetryAfterSeconds(d.ResetAfter)})
+	ends[3] = len(b)
+	all := string(b)
+	return Fields{Limit: all[:ends[0]], Remaining: all[ends[0]:ends[1]], Policy: all[ends[1]:ends[2]], RateLimit: all[ends[2]:ends[3]]}
 }
 
-// fieldsOf returns FieldsOf(rule, limit, d), taking what does not depend on the
-// request from lf when it was written for d's Limit (lf nil: none was).
-func fieldsOf(rule *rules.Rule, limit int, d limiter.Decision, lf *limitFields) Fields {
-	if lf == nil || lf.quota != d.Limit {
-		own := newLimitFields(rule, limit, d.Limit)
-		lf = &own
-	}
-	// The two values of the request are written into one buffer and cut from one
-	// string: one allocation, on every response.
+// fields returns the fields of decision d, whose Limit is lf.quota: the two values
+// of the request are written into one buffer and cut from one string, one
+// allocation on every response.
+func (lf *limitFields) fields(d limiter.Decision) Fields {
 	var buf [256]byte
 	b := strconv.AppendInt(buf[:0], d.Remaining, 10)
 	n := len(b)

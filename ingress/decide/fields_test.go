@@ -160,3 +160,27 @@ func TestFieldsOfTheSetInUse(t *testing.T) {
 		}
 	}
 }
+
+// Both ways of writing the fields allocate once a response: the set in use's, and
+// FieldsOf's for a rule outside it (an Envoy override).
+func TestFieldsAllocateOnce(t *testing.T) {
+	set, err := rules.Parse(rules.File{Name: "f.yaml", Data: []byte(fieldsRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(limiter.NewMemory())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Use(set)
+	v := e.Decide(context.Background(), &Request{Checks: set.Evaluate("f", [][]rules.Entry{{{Key: "window", Value: "v"}}}, nil)})
+	if v.ClosestRule == nil {
+		t.Fatal("no closest rule")
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = v.Fields() }); n > 1 {
+		t.Errorf("Fields of the set in use: %v allocations, want 1", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = FieldsOf(v.ClosestRule, v.ClosestLimit, v.Closest) }); n > 1 {
+		t.Errorf("FieldsOf: %v allocations, want 1", n)
+	}
+}
