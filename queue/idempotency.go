@@ -179,7 +179,7 @@ func (s *Store) takeSlot(ctx context.Context, q *Queue, client, key string) (uin
 			ack, err = w.publish(ctx, msg)
 		}
 	}
-	if jsproto.IsNoResources(err) && q.keys != nil {
+	if jsproto.IsNoResources(err) && q.keys != nil && q.keys.CachedInfo().Config.Storage == jetstream.MemoryStorage {
 		if derr := s.slotsToFile(ctx, q); derr == nil {
 			ack, err = w.publish(ctx, msg)
 		}
@@ -211,9 +211,9 @@ func (s *Store) slotsToFile(ctx context.Context, q *Queue) error {
 	q.slotsMu.Lock()
 	defer q.slotsMu.Unlock()
 	want := s.keyStream(q.Config())
-	st, err := s.js.Stream(ctx, want.Name)
+	info, err := q.keys.Info(ctx) // and the handle's cached info, which takeSlot reads
 	switch {
-	case err == nil && st.CachedInfo().Config.Storage == want.Storage:
+	case err == nil && info.Config.Storage == want.Storage:
 		return nil // made anew meanwhile
 	case err == nil:
 		for {
@@ -233,6 +233,7 @@ func (s *Store) slotsToFile(ctx context.Context, q *Queue) error {
 	if _, err := s.ensureSlots(ctx, nil, want); err != nil {
 		return keyStoreError(err)
 	}
+	_, _ = q.keys.Info(ctx) // the handle says file now: a slot refused on file for want of disk moves nothing
 	s.log.Warn("the idempotency key slots are on file now: the servers made them in memory and then refused to store them there (give JetStream a memory store)",
 		"stream", want.Name)
 	return nil
