@@ -32,6 +32,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sluicehq/sluice/ingress/internal/headermap"
 )
 
 // readBuffer is the size of a connection's read buffer: the largest head the fast
@@ -457,24 +459,12 @@ func (c *conn) serveRequest(h head, n int) (keep bool) {
 	return true
 }
 
-// maxReusedHeader is the most fields a response's header map may have held for the
-// next request's to be that map, cleared: a cleared map keeps its size, and writing
-// the head iterates over all of it.
-const maxReusedHeader = 16
-
 // newResponse returns c's response, reset for the next request (closeAfter: the
 // request asked to close; b: its body, nil without one). There is one per
-// connection, its header map reused cleared: a ResponseWriter, Header's map
-// included, may not be used after its handler has returned (http.Handler), and a
-// new one per request cost two allocations.
+// connection, its header map reused (headermap.Reset): a ResponseWriter, Header's
+// map included, may not be used after its handler has returned (http.Handler).
 func (c *conn) newResponse(closeAfter bool, b *body) *response {
-	h := c.resp.header
-	if h == nil || len(h) > maxReusedHeader {
-		h = make(http.Header, 8)
-	} else {
-		clear(h)
-	}
-	c.resp = response{c: c, header: h, contentLength: -1, closeAfter: closeAfter, reqBody: b}
+	c.resp = response{c: c, header: headermap.Reset(c.resp.header), contentLength: -1, closeAfter: closeAfter, reqBody: b}
 	return &c.resp
 }
 

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/ingress/internal/headermap"
 )
 
 // served is a Server on a loopback listener, and whether each request reached the
@@ -363,7 +365,7 @@ func TestResponseHeaderStartsEmpty(t *testing.T) {
 		case "/a":
 			w.Header().Set("X-A", "a")
 		case "/many":
-			for i := range 2 * maxReusedHeader {
+			for i := range 2 * headermap.MaxReused {
 				w.Header().Set("X-Many-"+strconv.Itoa(i), "v")
 			}
 		}
@@ -378,7 +380,7 @@ func TestResponseHeaderStartsEmpty(t *testing.T) {
 		case "/a":
 			want = []string{"X-A"}
 		case "/many":
-			for i := range 2 * maxReusedHeader {
+			for i := range 2 * headermap.MaxReused {
 				want = append(want, "X-Many-"+strconv.Itoa(i))
 			}
 		}

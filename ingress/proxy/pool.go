@@ -70,6 +70,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluicehq/sluice/ingress/internal/headermap"
 	"github.com/sluicehq/sluice/ingress/internal/warn"
 )
 
@@ -235,21 +236,11 @@ func (r upReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// maxReusedHeader is the most fields a response's header map may have held for the
-// next response's to be that map, cleared: a cleared map keeps its size, and relaying
-// the header iterates over all of it.
-const maxReusedHeader = 16
-
 // emptyHeader returns c's header map, cleared, for the head about to be read: the
-// map of the previous response on c, which nothing uses any more (Response.Relay),
-// unless that one held more than maxReusedHeader fields. A new map per response cost
-// two allocations.
+// map of the previous response on c, which nothing uses any more (Response.Relay;
+// see headermap.Reset).
 func (c *conn) emptyHeader() http.Header {
-	if c.header == nil || len(c.header) > maxReusedHeader {
-		c.header = make(http.Header, 8)
-	} else {
-		clear(c.header)
-	}
+	c.header = headermap.Reset(c.header)
 	return c.header
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sluicehq/sluice/ingress/internal/headermap"
 	"github.com/sluicehq/sluice/ingress/proxy/rawup"
 )
 
@@ -258,7 +259,7 @@ func TestIdleWatch(t *testing.T) {
 // map is reused, and replaced after a response of many fields).
 func TestReuse(t *testing.T) {
 	var many strings.Builder
-	for i := range 2 * maxReusedHeader {
+	for i := range 2 * headermap.MaxReused {
 		many.WriteString("X-Many-" + strconv.Itoa(i) + ": v\r\n")
 	}
 	answers := map[string]string{
@@ -279,7 +280,7 @@ func TestReuse(t *testing.T) {
 	paths := []string{"/a", "/b", "/many", "/b", "/a", "/b"}
 	for _, path := range paths {
 		o := do(p, "GET", path)
-		want := map[string]int{"/a": 2, "/b": 1, "/many": 2*maxReusedHeader + 1}[path]
+		want := map[string]int{"/a": 2, "/b": 1, "/many": 2*headermap.MaxReused + 1}[path]
 		if o.err != nil || o.body != path[1:2] || len(o.header) != want {
 			t.Errorf("%s: %q %v %v, want %d fields", path, o.body, o.header, o.err, want)
 		}
