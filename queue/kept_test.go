@@ -129,6 +129,12 @@ func TestParkKeepsTheDiskReserve(t *testing.T) {
 	if err := park(); err != nil {
 		t.Fatal(err)
 	}
+	keyed := order("disk", `{"keyed":true}`)
+	keyed.IdempotencyKey = "kept"
+	first, err := s.Park(ctx, keyed)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if got := gather(t, reg, "sluice_queue_store_disk_free_bytes"); got != 1<<40 {
 		t.Errorf("disk free gauge %v, want %v", got, 1<<40)
 	}
@@ -147,6 +153,15 @@ func TestParkKeepsTheDiskReserve(t *testing.T) {
 		}
 		return err != nil
 	})
+	// A repeat of an accepted order stores nothing: it gets its ticket, not a refusal.
+	if rc, err := s.Park(ctx, keyed); err != nil || rc.Ticket != first.Ticket || !rc.Duplicate {
+		t.Errorf("repeat with the disk at its reserve: %+v, %v; want ticket %s, a duplicate", rc, err, first.Ticket)
+	}
+	fresh := order("disk", `{"keyed":true}`)
+	fresh.IdempotencyKey = "fresh"
+	if _, err := s.Park(ctx, fresh); !errors.Is(err, queue.ErrStorageFull) {
+		t.Errorf("new keyed order with the disk at its reserve: %v, want ErrStorageFull", err)
+	}
 	free.Store(reserve)
 	waitFor(t, func() bool { return park() == nil })
 	if queue.DiskReserve(0) != 16<<20 {

@@ -154,7 +154,7 @@ func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) 
 	// Past the high-water mark the rest of the store is for draining: the records of
 	// delivered orders must find room, or delivering would wait on them.
 	if err := s.usage.check(ctx); err != nil {
-		return Receipt{}, err
+		return s.refusedUnlessRepeat(ctx, q, m, err)
 	}
 	if err := q.laneRoom(ctx, cfg, m.Lane); err != nil {
 		return Receipt{}, err
@@ -170,6 +170,22 @@ func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) 
 		return Receipt{}, err
 	}
 	return q.receiptOf(ctx, m, ack.Sequence, ack.Duplicate), nil
+}
+
+// refusedUnlessRepeat answers m, which Park refuses for want of storage (refused): a
+// repeat of an accepted order stores nothing, so it gets that order's receipt, as it
+// would with room to spare; its client would otherwise be told to retry an order that
+// is already accepted, for as long as the disk stays full. Anything else is refused.
+func (s *Store) refusedUnlessRepeat(ctx context.Context, q *Queue, m *Message, refused error) (Receipt, error) {
+	if m.IdempotencyKey == "" {
+		return Receipt{}, refused
+	}
+	key := idemKey(m.Client, m.IdempotencyKey)
+	m.Ticket = s.keyedTicket(q.name, key)
+	if rc, found, err := s.repeat(ctx, q, key, m); found {
+		return rc, err
+	}
+	return Receipt{}, refused
 }
 
 // endPark describes the outcome of a park on its span and ends it.
