@@ -99,7 +99,8 @@ var clDispatchFlags = []string{"--delivery-timeout", "3s", "--ack-wait", "4s", "
 // clDownstream is the orders API: it counts deliveries per ticket (Sluice-Ticket; a
 // repeat is counted as a suppressed duplicate), checks that each order carries its
 // client's own Idempotency-Key, and records when each request arrived and under which
-// ticket each order (X-Order) came. While refusing is set it answers every request
+// ticket each order (X-Order) came; an order without X-Order is counted by its ticket
+// alone. While refusing is set it answers every request
 // 503 with Retry-After (recorded as an arrival, not as a delivery).
 type clDownstream struct {
 	*httptest.Server
@@ -128,6 +129,15 @@ func newClDownstream(t *testing.T) *clDownstream {
 			d.mu.Unlock()
 			w.Header().Set("Retry-After", "2")
 			http.Error(w, "orders API overloaded", http.StatusServiceUnavailable)
+			return
+		}
+		if order == "" { // an order its client sent without a key: counted by ticket alone
+			if d.count[key] == 0 {
+				d.first[key] = now
+			}
+			d.count[key]++
+			d.mu.Unlock()
+			w.WriteHeader(http.StatusCreated)
 			return
 		}
 		if got := r.Header.Get("Idempotency-Key"); got != strconv.Quote(order) {
