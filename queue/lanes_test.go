@@ -194,6 +194,29 @@ func TestPriorityStrict(t *testing.T) {
 	}
 }
 
+// A full lane refuses a new order before anything is looked up, but a repeat of an
+// accepted keyed order stores nothing: it gets its ticket, and a new key is refused.
+func TestFullLaneAnswersARepeat(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := testConfig("capped")
+	cfg.FairBy, cfg.TenantMaxDepth = "header:X-Tenant", 1
+	s := openStore(t, srv, cfg)
+	keyed := func(key string) *queue.Request {
+		return &queue.Request{Queue: cfg.Name, Method: "POST", Path: "/", Tenant: "tenant-a", IdempotencyKey: key, Body: []byte(`{}`)}
+	}
+	first, err := s.Park(ctxT(t), keyed("k1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Park(ctxT(t), keyed("k2")); !errors.Is(err, queue.ErrFull) {
+		t.Fatalf("a second key into the full lane: %v, want ErrFull", err)
+	}
+	rc, err := s.Park(ctxT(t), keyed("k1"))
+	if err != nil || !rc.Duplicate || rc.Ticket != first.Ticket {
+		t.Errorf("a repeat into the full lane: %+v %v, want ticket %s as a duplicate", rc, err, first.Ticket)
+	}
+}
+
 // TestTenantMaxDepth: a lane holding tenant_max_depth orders refuses more like a full
 // queue; another tenant's lane still accepts.
 func TestTenantMaxDepth(t *testing.T) {

@@ -45,7 +45,9 @@ type Receipt struct {
 // retry delay), ErrUnavailable, ErrKeyStoreFull, ErrTooManyKeys (a *KeyLimitError),
 // ErrIdempotencyConflict, ErrTooLarge, ErrHeaderTooLarge (a *HeaderLimitError: headers
 // the server can never store; BodyLimit tells it before the body is read). After an
-// error nothing was accepted and no key recorded: the same key works again.
+// error nothing was accepted and no key recorded: the same key works again. A repeat
+// of an accepted keyed order gets its receipt even while new orders are refused for
+// want of room (ErrFull, ErrStorageFull): it stores nothing.
 //
 // Idempotency (req.IdempotencyKey set). The key K is scoped by req.Client (see idemKey)
 // and names the order's ticket T (keyedTicket: an HMAC of queue and K), so that every
@@ -153,14 +155,15 @@ func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) 
 	defer cancel()
 	// Past the high-water mark the rest of the store is for draining: the records of
 	// delivered orders must find room, or delivering would wait on them.
-	if err := s.usage.check(ctx); err != nil {
+	err = s.usage.check(ctx)
+	if err == nil {
+		err = q.laneRoom(ctx, cfg, m.Lane)
+	}
+	if err == nil {
+		err = q.checkRoom(ctx)
+	}
+	if err != nil {
 		return s.refusedUnlessRepeat(ctx, q, m, err)
-	}
-	if err := q.laneRoom(ctx, cfg, m.Lane); err != nil {
-		return Receipt{}, err
-	}
-	if err := q.checkRoom(ctx); err != nil {
-		return Receipt{}, err
 	}
 	if req.IdempotencyKey != "" {
 		return s.parkKeyed(ctx, q, m)
@@ -172,10 +175,11 @@ func (s *Store) Park(ctx context.Context, req *Request) (rc Receipt, err error) 
 	return q.receiptOf(ctx, m, ack.Sequence, ack.Duplicate), nil
 }
 
-// refusedUnlessRepeat answers m, which Park refuses for want of storage (refused): a
-// repeat of an accepted order stores nothing, so it gets that order's receipt, as it
-// would with room to spare; its client would otherwise be told to retry an order that
-// is already accepted, for as long as the disk stays full. Anything else is refused.
+// refusedUnlessRepeat answers m, which Park refuses for want of room (refused: the
+// storage, its queue or its lane is full): a repeat of an accepted order stores
+// nothing, so it gets that order's receipt, as it would with room to spare; its client
+// would otherwise be told to retry an order that is already accepted, for as long as
+// the disk or the queue stays full. Anything else is refused.
 func (s *Store) refusedUnlessRepeat(ctx context.Context, q *Queue, m *Message, refused error) (Receipt, error) {
 	if m.IdempotencyKey == "" {
 		return Receipt{}, refused

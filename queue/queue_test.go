@@ -261,14 +261,30 @@ func TestParkFull(t *testing.T) {
 	cfg.Outflow = limiter.PerSecond(1)
 	s := openStore(t, srv, cfg)
 	ctx := ctxT(t)
+	var keyed queue.Receipt
 	for i := range 3 {
-		if _, err := s.Park(ctx, order("small", "o"+itoa(i))); err != nil {
+		req := order("small", "o"+itoa(i))
+		req.IdempotencyKey = "key-" + itoa(i)
+		rc, err := s.Park(ctx, req)
+		if err != nil {
 			t.Fatal(err)
 		}
+		keyed = rc
 	}
 	_, err := s.Park(ctx, order("small", "one too many"))
 	if !errors.Is(err, queue.ErrFull) {
 		t.Fatalf("want ErrFull, got %v", err)
+	}
+	// A repeat of an accepted order stores nothing: the full queue answers it with its
+	// ticket, and a new key is refused as a new order is.
+	repeat := order("small", "o"+itoa(2))
+	repeat.IdempotencyKey = "key-" + itoa(2)
+	if rc, err := s.Park(ctx, repeat); err != nil || !rc.Duplicate || rc.Ticket != keyed.Ticket {
+		t.Errorf("repeat into the full queue: %+v %v, want ticket %s as a duplicate", rc, err, keyed.Ticket)
+	}
+	repeat.IdempotencyKey = "key-new"
+	if _, err := s.Park(ctx, repeat); !errors.Is(err, queue.ErrFull) {
+		t.Errorf("a new key into the full queue: %v, want ErrFull", err)
 	}
 	var fe *queue.FullError
 	if !errors.As(err, &fe) || fe.Depth != 3 || fe.Limit != "max_depth" || fe.Max != 3 || fe.RetryAfter < time.Second || queue.RetryAfter(err) != fe.RetryAfter {
