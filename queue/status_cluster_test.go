@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,13 +48,10 @@ func TestStatusConfirmsAMissWithTheLeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer watch.Close()
-	var mu sync.Mutex
-	var asked []string
-	sub, err := watch.Subscribe("$JS.API.STREAM.MSG.GET.>", func(m *nats.Msg) {
-		mu.Lock()
-		defer mu.Unlock()
-		asked = append(asked, strings.TrimPrefix(m.Subject, "$JS.API.STREAM.MSG.GET."))
-	})
+	// A synchronous subscription: by the time a Flush returns, every request the
+	// server passed on before its PONG is in the subscription's queue, where an
+	// asynchronous handler may still be about to run (seen on a busy machine).
+	sub, err := watch.SubscribeSync("$JS.API.STREAM.MSG.GET.>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,8 +70,18 @@ func TestStatusConfirmsAMissWithTheLeaders(t *testing.T) {
 	if err := watch.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	pending, _, err := sub.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asked []string
+	for range pending {
+		m, err := sub.NextMsg(time.Second) // already queued: returns at once
+		if err != nil {
+			t.Fatal(err)
+		}
+		asked = append(asked, strings.TrimPrefix(m.Subject, "$JS.API.STREAM.MSG.GET."))
+	}
 	for _, stream := range []string{"KV_" + queue.TicketsBucket, queue.StreamName("orders")} {
 		found := false
 		for _, a := range asked {
