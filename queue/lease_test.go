@@ -318,7 +318,6 @@ func TestHandBackOutlivesServerRestart(t *testing.T) {
 		l.HandBack(ctxT(t))
 	}
 	srv.Restart() // at once: nothing else waits for the naks to arrive
-	waitFor(t, srv.Conn.IsConnected)
 	seen := map[string]bool{}
 	for len(seen) < orders {
 		seen[lease(t, c).Message().Ticket] = true
@@ -788,7 +787,6 @@ func TestReclaimAcknowledgedOrders(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Restart()
-	waitFor(t, func() bool { return srv.Conn.IsConnected() })
 	for range 3 {
 		l := lease(t, c)
 		if err := l.Load(ctx); err != nil {
@@ -806,7 +804,6 @@ func TestReclaimAcknowledgedOrders(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv.Restart()
-	waitFor(t, func() bool { return srv.Conn.IsConnected() })
 	if d, err := q.Depth(ctx); err != nil || d != 3 {
 		t.Fatalf("depth %d (%v) with the acknowledged orders back on disk, want 3", d, err)
 	}

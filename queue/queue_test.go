@@ -335,7 +335,6 @@ func TestParkUnavailable(t *testing.T) {
 		}
 	}
 	srv.Restart()
-	waitFor(t, func() bool { return srv.Conn.IsConnected() })
 	q, _ := s.Queue("orders")
 	if d, err := q.Depth(ctx); err != nil || d != 1 {
 		t.Fatalf("after restart depth = %d (%v), want only the accepted message", d, err)

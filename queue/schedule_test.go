@@ -181,7 +181,6 @@ func TestScheduledSurvivesRestart(t *testing.T) {
 		due[rc.Ticket] = rc.NotBefore
 	}
 	srv.Restart()
-	waitFor(t, func() bool { return srv.Conn.IsConnected() })
 	c := consumer(t, s, "sched")
 	for range n {
 		l := lease(t, c)

@@ -31,10 +31,7 @@ func TestKeySlotsStartAfreshAfterARestart(t *testing.T) {
 	srv := natstest.Start(t)
 	cfg := testConfig("orders")
 	cfg.MaxIdempotencyKeys = 2
-	slotsStartAfresh(t, openStore(t, srv, cfg), func() {
-		srv.Restart()
-		waitFor(t, srv.Conn.IsConnected)
-	})
+	slotsStartAfresh(t, openStore(t, srv, cfg), srv.Restart)
 }
 
 // So does a whole R3 cluster restarted at once: the key stream's placement survives

@@ -149,11 +149,29 @@ func (s *Server) Shutdown() {
 }
 
 // Restart shuts the server down (if running) and starts it again on the same port with
-// the same data directory, as after a crash and restart of the process.
+// the same data directory, as after a crash and restart of the process, and waits
+// until Conn (when Start opened one) is connected to the new server. Conn's
+// IsConnected is no such sign: on a loaded machine the client may not yet have seen
+// the old server close the connection, and a request written to it then is lost and
+// waits for its caller's deadline.
 func (s *Server) Restart() {
 	s.t.Helper()
+	var reconnects uint64
+	if s.Conn != nil {
+		reconnects = s.Conn.Stats().Reconnects
+	}
 	s.Shutdown()
 	s.start(s.port)
+	if s.Conn == nil {
+		return
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for s.Conn.Stats().Reconnects == reconnects || !s.Conn.IsConnected() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("natstest: Conn not connected to the restarted server in 30s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Stream returns a handle on the stream name (a queue's: queue.StreamName), for tests
