@@ -372,7 +372,8 @@ func openEmbedded(cfg natsConfig, log *slog.Logger, opts []nats.Option, lastErr 
 		return nil, err
 	}
 	emb, err := embedded.Start(embedded.Config{DataDir: cfg.dataDir, Listen: cfg.listen,
-		Token: cfg.listenToken, TLS: listenTLS, EncryptionKey: cfg.encryptionKey, MaxPayload: embeddedPayload(cfg.maxBody)})
+		Token: cfg.listenToken, TLS: listenTLS, EncryptionKey: cfg.encryptionKey, MaxPayload: embeddedPayload(cfg.maxBody),
+		RecoveryLogger: log})
 	if errors.Is(err, embedded.ErrEncryptionKey) {
 		unlock()
 		return nil, fmt.Errorf("embedded NATS in --data-dir %s: %w; give the key it was written with in --encryption-key, SLUICE_ENCRYPTION_KEY or --encryption-key-file", cfg.dataDir, err)

@@ -16,10 +16,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/sluicehq/sluice/queue"
 )
 
 // Errors of Start that callers branch on.
@@ -63,6 +67,9 @@ type Config struct {
 	MaxStore int64
 	// Logger receives the server's log lines; nil keeps the server quiet.
 	Logger *slog.Logger
+	// RecoveryLogger receives what the server's supervision does: JetStream restarted
+	// after a write error (see Server). Nil: slog.Default().
+	RecoveryLogger *slog.Logger
 	// Debug adds the server's debug lines (with Logger).
 	Debug bool
 	// ReadyTimeout bounds the start-up (default 30s; JetStream recovers its files first).
@@ -73,11 +80,32 @@ type Config struct {
 // is synced to disk before it is acknowledged (SyncAlways): a single node has no replica
 // to fall back on, so an acknowledged message survives a crash of the process or the
 // machine.
+//
+// A stream or consumer whose write fails (a full disk: ENOSPC) stops: nats-server
+// 2.15 answers none of its requests again until JetStream restarts, leaving that to
+// an operator. The Server does it: once a write error has been reported and the disk
+// has queue.DiskReserve free again (the room the queue package keeps before it takes
+// new orders), it restarts JetStream in the running server, which reopens every
+// stream and consumer from its files, synced up to the last acknowledged write;
+// connections stay. A restart that opens fewer streams than the directory holds
+// turns JetStream off again, as Start refuses to start then, rather than let a queue
+// be declared anew, empty, over files the server did not load.
 type Server struct {
 	srv     *server.Server
 	token   string
 	dataDir string
+	log     *slog.Logger
+
+	jetStream    server.JetStreamConfig // as Start's server began, for restarts
+	writeFailed  atomic.Bool            // a write error reported since JetStream last started
+	quit         chan struct{}
+	stopWatching sync.Once
+	watching     sync.WaitGroup
 }
+
+// recoverEvery is how often a Server whose store reported a write error looks at the
+// free disk space.
+const recoverEvery = time.Second
 
 // ErrDiskFreeUnknown: DiskFree has no figure on this system.
 var ErrDiskFreeUnknown = errors.New("queue: the free disk space is not known on this system")
@@ -141,9 +169,16 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue: embedded NATS: %w", err)
 	}
-	if cfg.Logger != nil {
-		srv.SetLoggerV2(slogAdapter{cfg.Logger.With("component", "nats-server")}, cfg.Debug, false, false)
+	e := &Server{srv: srv, token: cfg.Token, dataDir: cfg.DataDir, log: cfg.RecoveryLogger, quit: make(chan struct{})}
+	if e.log == nil {
+		e.log = slog.Default()
 	}
+	// The server's log is its only report of a write error, so it is always read.
+	logs := logAdapter{writeFailed: &e.writeFailed}
+	if cfg.Logger != nil {
+		logs.l = cfg.Logger.With("component", "nats-server")
+	}
+	srv.SetLoggerV2(logs, cfg.Debug && cfg.Logger != nil, false, false)
 	srv.Start()
 	timeout := cfg.ReadyTimeout
 	if timeout <= 0 {
@@ -167,7 +202,63 @@ func Start(cfg Config) (*Server, error) {
 		}
 		return nil, fmt.Errorf("queue: embedded NATS opened %d of the %d streams in %s; refusing to start without the others", loaded, stored, cfg.DataDir)
 	}
-	return &Server{srv: srv, token: cfg.Token, dataDir: cfg.DataDir}, nil
+	e.jetStream = *srv.JetStreamConfig()
+	e.jetStream.StoreDir = cfg.DataDir // EnableJetStream adds its "jetstream" directory again
+	e.watching.Go(e.recoverWrites)
+	return e, nil
+}
+
+// recoverWrites restarts JetStream once a write error was reported and the disk has
+// the reserve free again, until Shutdown.
+func (e *Server) recoverWrites() {
+	t := time.NewTicker(recoverEvery)
+	defer t.Stop()
+	var retryAt time.Time
+	wait := recoverEvery
+	for {
+		select {
+		case <-e.quit:
+			return
+		case <-t.C:
+		}
+		if !e.writeFailed.Load() || time.Now().Before(retryAt) {
+			continue
+		}
+		if free, err := e.DiskFree(); err != nil || free < queue.DiskReserve(e.jetStream.MaxStore) {
+			continue
+		}
+		if err := e.restartJetStream(); err != nil {
+			e.writeFailed.Store(true)
+			retryAt = time.Now().Add(wait)
+			e.log.Error("embedded NATS: JetStream not restarted after a write error; new orders are refused until it is", "err", err, "retry_in", wait)
+			wait = min(2*wait, time.Minute)
+			continue
+		}
+		wait = recoverEvery
+	}
+}
+
+// restartJetStream restarts JetStream (or starts it, off after a failed restart) with
+// the configuration it started with, and turns it off again when it opens fewer
+// streams than the data directory holds.
+func (e *Server) restartJetStream() error {
+	stored, _ := storedStreams(e.dataDir)
+	e.log.Warn("embedded NATS: the store met a write error and the disk has room again; restarting JetStream", "data_dir", e.dataDir)
+	start := time.Now()
+	e.writeFailed.Store(false)
+	if err := e.srv.ShutdownJetStream(); err != nil {
+		return fmt.Errorf("shut JetStream down: %w", err)
+	}
+	cfg := e.jetStream
+	if err := e.srv.EnableJetStream(&cfg); err != nil {
+		return fmt.Errorf("start JetStream: %w", err)
+	}
+	if loaded := e.srv.GlobalAccount().JetStreamUsage().Streams; loaded < stored {
+		_ = e.srv.ShutdownJetStream()
+		return fmt.Errorf("opened %d of the %d streams in %s; JetStream is off", loaded, stored, e.dataDir)
+	}
+	e.log.Info("embedded NATS: JetStream restarted", "streams", stored, "took", time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // storedStreams counts the streams of the global account in dir, and those of them
@@ -264,6 +355,8 @@ func (e *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 
 // Shutdown stops the server and waits until it is down.
 func (e *Server) Shutdown() {
+	e.stopWatching.Do(func() { close(e.quit) })
+	e.watching.Wait()
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
 }
@@ -280,12 +373,30 @@ func (e *Server) ShutdownContext(ctx context.Context) error {
 	}
 }
 
-// slogAdapter makes an slog.Logger a nats-server logger.
-type slogAdapter struct{ l *slog.Logger }
+// logAdapter is the server's logger: it passes the lines on to l (nil: nowhere), and
+// notes the write errors nats-server reports ("... critical write error: ...", of a
+// stream or a consumer), after which it answers nothing of theirs until JetStream
+// restarts.
+type logAdapter struct {
+	l           *slog.Logger
+	writeFailed *atomic.Bool
+}
 
-func (a slogAdapter) Noticef(format string, v ...any) { a.l.Info(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Warnf(format string, v ...any)   { a.l.Warn(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Fatalf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Errorf(format string, v ...any)  { a.l.Error(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Debugf(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
-func (a slogAdapter) Tracef(format string, v ...any)  { a.l.Debug(fmt.Sprintf(format, v...)) }
+func (a logAdapter) line(level slog.Level, format string, v ...any) {
+	if a.l != nil {
+		a.l.Log(context.Background(), level, fmt.Sprintf(format, v...))
+	}
+}
+
+func (a logAdapter) Noticef(format string, v ...any) { a.line(slog.LevelInfo, format, v...) }
+func (a logAdapter) Warnf(format string, v ...any)   { a.line(slog.LevelWarn, format, v...) }
+func (a logAdapter) Fatalf(format string, v ...any)  { a.line(slog.LevelError, format, v...) }
+func (a logAdapter) Debugf(format string, v ...any)  { a.line(slog.LevelDebug, format, v...) }
+func (a logAdapter) Tracef(format string, v ...any)  { a.line(slog.LevelDebug, format, v...) }
+
+func (a logAdapter) Errorf(format string, v ...any) {
+	if strings.Contains(strings.ToLower(format), "critical write error") {
+		a.writeFailed.Store(true)
+	}
+	a.line(slog.LevelError, format, v...)
+}
