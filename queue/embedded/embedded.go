@@ -213,7 +213,11 @@ func Start(cfg Config) (*Server, error) {
 func (e *Server) recoverWrites() {
 	t := time.NewTicker(recoverEvery)
 	defer t.Stop()
-	var retryAt time.Time
+	// Restarts follow one another no sooner than wait, which doubles up to a minute
+	// while they keep failing or write errors keep coming back (a disk that fails
+	// writes with room to spare), and starts afresh once the store went a minute
+	// without one.
+	var restartedAt time.Time
 	wait := recoverEvery
 	for {
 		select {
@@ -221,20 +225,21 @@ func (e *Server) recoverWrites() {
 			return
 		case <-t.C:
 		}
-		if !e.writeFailed.Load() || time.Now().Before(retryAt) {
+		if !e.writeFailed.Load() || time.Since(restartedAt) < wait {
 			continue
 		}
 		if free, err := e.DiskFree(); err != nil || free < queue.DiskReserve(e.jetStream.MaxStore) {
 			continue
 		}
-		if err := e.restartJetStream(); err != nil {
-			e.writeFailed.Store(true)
-			retryAt = time.Now().Add(wait)
-			e.log.Error("embedded NATS: JetStream not restarted after a write error; new orders are refused until it is", "err", err, "retry_in", wait)
-			wait = min(2*wait, time.Minute)
-			continue
+		if time.Since(restartedAt) > wait+time.Minute {
+			wait = recoverEvery
 		}
-		wait = recoverEvery
+		err := e.restartJetStream()
+		restartedAt, wait = time.Now(), min(2*wait, time.Minute)
+		if err != nil {
+			e.writeFailed.Store(true)
+			e.log.Error("embedded NATS: JetStream not restarted after a write error; new orders are refused until it is", "err", err, "retry_in", wait)
+		}
 	}
 }
 
