@@ -23,6 +23,10 @@ type problem struct {
 	ViolatedPolicies []string `json:"violated-policies,omitempty"`
 	Limit            int64    `json:"limit,omitempty"`
 	RetryAfter       int64    `json:"retry-after,omitempty"` // seconds
+
+	// ticket: an order that may have been accepted although the answer is an error
+	// (see WriteTicketProblem)
+	Ticket string `json:"ticket,omitempty"`
 }
 
 // writeProblem sends p as application/problem+json. Problems are never cached: they
@@ -60,4 +64,13 @@ func simpleProblem(status int, detail string) problem {
 // answers its errors with it.
 func WriteProblem(w http.ResponseWriter, status int, detail string) {
 	writeProblem(w, simpleProblem(status, detail))
+}
+
+// WriteTicketProblem is WriteProblem with the problem's extension member "ticket": the
+// order that the refused request may still have become, whose status the client can
+// ask for before sending it again.
+func WriteTicketProblem(w http.ResponseWriter, status int, detail, ticket string) {
+	p := simpleProblem(status, detail)
+	p.Ticket = ticket
+	writeProblem(w, p)
 }

@@ -59,6 +59,13 @@ var (
 	// ErrTooManyKeys: the client scope has MaxIdempotencyKeys keys accepted in the
 	// queue within IdempotencyTTL (ingress: 429). The error is a *KeyLimitError.
 	ErrTooManyKeys = errors.New("queue: too many idempotency keys for this client")
+	// ErrNotAcknowledged: Park sent the order to JetStream and no answer came before
+	// its deadline (the publish timeout, or the caller's context): the order may have
+	// been stored, and if it was, it is delivered. The error is an
+	// *UnacknowledgedError naming the order's ticket, whose Status tells once the
+	// server answers again; a keyed order is safely sent again with its key, which
+	// finds it. It matches ErrUnavailable too (ingress: 503).
+	ErrNotAcknowledged = fmt.Errorf("%w: not acknowledged", ErrUnavailable)
 	// ErrKeyStoreFull: the idempotency bucket is at its byte cap; nothing was accepted
 	// (ingress: 503). It matches ErrUnavailable too.
 	ErrKeyStoreFull = fmt.Errorf("%w: the idempotency key store is full", ErrUnavailable)
@@ -91,6 +98,30 @@ func (e *ScheduleError) Error() string {
 
 // Is makes errors.Is(err, ErrSchedule) true.
 func (e *ScheduleError) Is(target error) bool { return target == ErrSchedule }
+
+// UnacknowledgedError is returned by Park when JetStream did not answer the order's
+// publish in time: the order may be stored as Ticket. errors.Is(err,
+// ErrNotAcknowledged) and errors.Is(err, ErrUnavailable) hold for it.
+type UnacknowledgedError struct {
+	Queue  string
+	Ticket string
+	// Keyed is true for an order with an Idempotency-Key: sending it again with the
+	// key gets its ticket if it was stored, and stores it once if not.
+	Keyed bool
+	// Err is the publish's own error (a deadline, a cancelled context).
+	Err error
+}
+
+func (e *UnacknowledgedError) Error() string {
+	return fmt.Sprintf("queue: unavailable: publish to %q not acknowledged, the order may be stored as ticket %s: %v", e.Queue, e.Ticket, e.Err)
+}
+
+// Is makes errors.Is(err, ErrNotAcknowledged) and errors.Is(err, ErrUnavailable) true.
+func (e *UnacknowledgedError) Is(target error) bool {
+	return target == ErrNotAcknowledged || target == ErrUnavailable
+}
+
+func (e *UnacknowledgedError) Unwrap() error { return e.Err }
 
 // KeyLimitError is returned (wrapped) when a client scope has used up its idempotency
 // keys in a queue. errors.Is(err, ErrTooManyKeys) holds for it.

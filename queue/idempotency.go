@@ -91,7 +91,9 @@ func (s *Store) parkKeyed(ctx context.Context, q *Queue, m *Message) (Receipt, e
 	}
 	ack, err := s.publish(ctx, q, m, keyMsgID(key))
 	if err != nil {
-		s.freeSlot(ctx, q, slot.seq)
+		if !errors.Is(err, ErrNotAcknowledged) { // else the order may be stored, and keeps its slot
+			s.freeSlot(ctx, q, slot.seq)
+		}
 		return Receipt{}, err
 	}
 	if ack.Duplicate {

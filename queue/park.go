@@ -44,8 +44,10 @@ type Receipt struct {
 // receipt). Errors: ErrUnknownQueue, ErrInvalidRequest, ErrFull (a *FullError with a
 // retry delay), ErrUnavailable, ErrKeyStoreFull, ErrTooManyKeys (a *KeyLimitError),
 // ErrIdempotencyConflict, ErrTooLarge, ErrHeaderTooLarge (a *HeaderLimitError: headers
-// the server can never store; BodyLimit tells it before the body is read). After an
-// error nothing was accepted and no key recorded: the same key works again. A repeat
+// the server can never store; BodyLimit tells it before the body is read),
+// ErrNotAcknowledged (an *UnacknowledgedError: no answer came in time, and the order
+// may be stored under the ticket it names). After any other error nothing was
+// accepted and no key recorded: the same key works again. A repeat
 // of an accepted keyed order gets its receipt even while new orders are refused for
 // want of room (ErrFull, ErrStorageFull): it stores nothing.
 //
@@ -263,7 +265,7 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 		}
 		ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithExpectStream(q.StreamName()))
 		if err != nil {
-			return nil, s.publishError(ctx, q, err)
+			return nil, s.parkError(ctx, q, m, err)
 		}
 		s.usage.add(len(msg.Subject) + len(msg.Data) + 64*len(msg.Header))
 		if !ack.Duplicate {
@@ -279,7 +281,7 @@ func (s *Store) publish(ctx context.Context, q *Queue, m *Message, msgID string)
 	}
 	ack, err := q.orders.Load().publish(ctx, msg)
 	if err != nil {
-		return nil, s.publishError(ctx, q, err)
+		return nil, s.parkError(ctx, q, m, err)
 	}
 	s.usage.add(len(msg.Subject) + len(msg.Data) + 64*len(msg.Header))
 	if !ack.Duplicate {
@@ -303,6 +305,15 @@ func (q *Queue) receipt(ctx context.Context, ticket string, seq uint64, duplicat
 		EstimatedDelivery: q.eta(time.Now(), pos), Duplicate: duplicate}
 }
 
+// parkError is the error of Park for err, the publish of m: an *UnacknowledgedError
+// when no answer came (the order may be stored), else publishError's.
+func (s *Store) parkError(ctx context.Context, q *Queue, m *Message, err error) error {
+	if jsproto.NoAnswer(err) || errors.Is(err, context.Canceled) {
+		return &UnacknowledgedError{Queue: q.name, Ticket: m.Ticket, Keyed: m.IdempotencyKey != "", Err: err}
+	}
+	return s.publishError(ctx, q, err)
+}
+
 func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
 	switch {
 	case jsproto.IsFull(err):
@@ -321,5 +332,5 @@ func (s *Store) publishError(ctx context.Context, q *Queue, err error) error {
 	if errors.Is(err, nats.ErrMaxPayload) {
 		return fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
-	return fmt.Errorf("%w: publish to %q not acknowledged: %w", ErrUnavailable, q.name, err)
+	return fmt.Errorf("%w: publish to %q failed: %w", ErrUnavailable, q.name, err)
 }

@@ -403,6 +403,7 @@ func fullDetail(queueName string, err error) string {
 }
 
 func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err error) {
+	var unacked *queue.UnacknowledgedError
 	switch {
 	case errors.Is(err, queue.ErrIdempotencyConflict):
 		ingress.WriteProblem(w, http.StatusUnprocessableEntity,
@@ -447,6 +448,17 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 	case errors.Is(err, queue.ErrTooLarge):
 		ingress.WriteProblem(w, http.StatusRequestEntityTooLarge,
 			"The request is too large to be queued: the NATS server refuses a message this large (its max payload).")
+	case errors.As(err, &unacked):
+		// The order may be stored: its client learns its ticket, and how to send it again safely.
+		q.unavailable.Warn(q.log, "deferring not acknowledged", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)
+		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(unavailableRetryAfter), 10))
+		again := " Sending it again without an Idempotency-Key may deliver it twice."
+		if unacked.Keyed {
+			again = " Sending it again with the same Idempotency-Key is safe: it is delivered once."
+		}
+		ingress.WriteTicketProblem(w, http.StatusServiceUnavailable,
+			"The queue did not acknowledge the request in time: it may have been accepted as ticket "+unacked.Ticket+
+				" (GET "+Path+unacked.Ticket+" tells, once the queue answers again)."+again, unacked.Ticket)
 	default:
 		// ErrUnavailable, an undeclared queue, anything else: nothing was accepted.
 		q.unavailable.Warn(q.log, "deferring failed", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)

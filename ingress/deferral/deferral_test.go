@@ -21,6 +21,7 @@ import (
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queuetest"
+	"github.com/sluicehq/sluice/rules"
 )
 
 type deferFixture struct {
@@ -33,12 +34,21 @@ type deferFixture struct {
 func newDeferFixture(t *testing.T, opts ...Option) *deferFixture {
 	t.Helper()
 	set, srv, store := parktest.Open(t, parktest.Orders)
+	f := newDeferFixtureOn(t, set, store, opts...)
+	f.nats = srv
+	return f
+}
+
+// newDeferFixtureOn is newDeferFixture on a store of the test's own, with set's
+// queues declared in it.
+func newDeferFixtureOn(t *testing.T, set *rules.Set, store *queue.Store, opts ...Option) *deferFixture {
+	t.Helper()
 	d := New(store, opts...)
 	m := newMiddleware(t, set, ingress.WithDeferrer(d))
 	mux := http.NewServeMux()
 	mux.Handle("GET "+Path+"{ticket}", d.StatusHandler())
 	mux.Handle("/", m.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(200) })))
-	return &deferFixture{handler: mux, nats: srv, store: store, deferrer: d}
+	return &deferFixture{handler: mux, store: store, deferrer: d}
 }
 
 func (f *deferFixture) post(body string, headers ...string) *httptest.ResponseRecorder {
