@@ -12,6 +12,7 @@ import (
 type storeMetrics struct {
 	store    *Store
 	parked   *prometheus.CounterVec
+	unacked  *prometheus.CounterVec
 	keptLost prometheus.Counter
 	// callbacksLost counts completion callbacks that could not be stored.
 	callbacksLost prometheus.Counter
@@ -31,6 +32,10 @@ func newStoreMetrics(s *Store) *storeMetrics {
 		parked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_queue_parked_total",
 			Help: "Requests parked in a queue (acknowledged by JetStream), not counting idempotent repeats.",
+		}, []string{"queue"}),
+		unacked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_queue_park_unacknowledged_total",
+			Help: "Parks whose publish JetStream did not acknowledge in time: the order may be stored, and is then delivered; its client was answered 503 naming its ticket.",
 		}, []string{"queue"}),
 		keptLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_queue_records_lost_total",
@@ -70,8 +75,10 @@ func newStoreMetrics(s *Store) *storeMetrics {
 
 func (m *storeMetrics) register(r prometheus.Registerer) error {
 	var err error
-	if m.parked, err = promshare.Register(r, m.parked); err != nil {
-		return err
+	for _, c := range []**prometheus.CounterVec{&m.parked, &m.unacked} {
+		if *c, err = promshare.Register(r, *c); err != nil {
+			return err
+		}
 	}
 	for _, c := range []*prometheus.Counter{&m.keptLost, &m.callbacksLost} {
 		if *c, err = promshare.Register(r, *c); err != nil {

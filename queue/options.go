@@ -32,11 +32,11 @@ func WithReplicas(n int) Option { return func(o *options) { o.replicas = n } }
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithRegisterer registers the queue metrics (sluice_queue_parked_total,
-// sluice_queue_depth) on r. Without it no metrics are registered anywhere.
+// sluice_queue_park_unacknowledged_total, sluice_queue_depth…) on r. Without it no metrics are registered anywhere.
 func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { o.registerer = r } }
 
 // WithPublishTimeout bounds how long Park waits for JetStream to acknowledge
-// (default 5s). Past it Park fails with ErrUnavailable.
+// (default 5s). Past it Park fails with ErrNotAcknowledged (the order may be stored).
 func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.publishTimeout = d } }
 
 // WithIdempotencyMaxBytes caps the bytes of the idempotency bucket, and of each queue's

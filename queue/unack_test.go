@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/queue"
 	"github.com/sluicehq/sluice/queue/natstest"
 )
@@ -21,7 +23,8 @@ func TestParkNotAcknowledgedNamesItsTicket(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	nc := c.Connect(t)
 	ctx := ctxT(t)
-	s, err := queue.Open(ctx, nc, queue.WithSigningKey(natstest.SigningKey()), queue.WithPublishTimeout(time.Second))
+	reg := prometheus.NewRegistry()
+	s, err := queue.Open(ctx, nc, queue.WithSigningKey(natstest.SigningKey()), queue.WithPublishTimeout(time.Second), queue.WithRegisterer(reg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,6 +51,13 @@ func TestParkNotAcknowledgedNamesItsTicket(t *testing.T) {
 	}
 	if !errors.Is(keyedErr, queue.ErrUnavailable) {
 		t.Fatalf("keyed park on a frozen node: %v, want ErrUnavailable", keyedErr)
+	}
+	want := 1.0
+	if errors.Is(keyedErr, queue.ErrNotAcknowledged) {
+		want = 2
+	}
+	if n := gather(t, reg, "sluice_queue_park_unacknowledged_total"); n != want {
+		t.Errorf("sluice_queue_park_unacknowledged_total %v, want %v", n, want)
 	}
 
 	waitFor(t, func() bool {
