@@ -131,7 +131,7 @@ func (c *Consumer) Ensure(ctx context.Context, cfg ConsumerConfig) error {
 	if err != nil {
 		return err
 	}
-	cons, err := c.q.stream.Consumer(ctx, ConsumerName)
+	cons, err := jsproto.AskAgain(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return c.q.stream.Consumer(ctx, ConsumerName) })
 	if err != nil {
 		cons = nil
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/queue/internal/jsproto"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -54,7 +55,7 @@ func (q *Queue) Info(ctx context.Context) (Info, error) {
 		in.Oldest = si.State.FirstTime
 	}
 	in.Achieved, in.AchievedOver = q.samples.rate()
-	cons, err := q.stream.Consumer(ctx, ConsumerName)
+	cons, err := jsproto.AskAgain(ctx, func(ctx context.Context) (jetstream.Consumer, error) { return q.stream.Consumer(ctx, ConsumerName) })
 	switch {
 	case err == nil:
 		ci := cons.CachedInfo()
@@ -67,15 +68,20 @@ func (q *Queue) Info(ctx context.Context) (Info, error) {
 	}
 	if in.Config.Laned() {
 		// The lanes' handed-out orders too (see Priorities and fairness).
-		list := q.stream.ListConsumers(ctx)
-		for ci := range list.Info() {
-			if ci.Name != ConsumerName && q.consumerOf(ReadySubject(q.name, strings.TrimPrefix(ci.Name, ConsumerName+"_"), "x")) == ci.Name {
-				in.InFlight += ci.NumAckPending
+		lanes, err := jsproto.AskAgain(ctx, func(ctx context.Context) (int, error) {
+			pending := 0
+			list := q.stream.ListConsumers(ctx)
+			for ci := range list.Info() {
+				if ci.Name != ConsumerName && q.consumerOf(ReadySubject(q.name, strings.TrimPrefix(ci.Name, ConsumerName+"_"), "x")) == ci.Name {
+					pending += ci.NumAckPending
+				}
 			}
-		}
-		if err := list.Err(); err != nil {
+			return pending, list.Err()
+		})
+		if err != nil {
 			return Info{}, unavailable("lanes of "+q.name, err)
 		}
+		in.InFlight += lanes
 	}
 	return in, nil
 }

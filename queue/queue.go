@@ -99,7 +99,7 @@ func (q *Queue) streamInfo(ctx context.Context, maxAge time.Duration) (*jetstrea
 		ctx, cancel = context.WithTimeout(ctx, jsproto.LeaderWait)
 		defer cancel()
 	}
-	fresh, err := q.stream.Info(ctx)
+	fresh, err := jsproto.AskAgain(ctx, func(ctx context.Context) (*jetstream.StreamInfo, error) { return q.stream.Info(ctx) })
 	if err != nil {
 		if useCached {
 			return cached, nil

@@ -360,14 +360,17 @@ func newHandleID() string {
 
 // laneConsumers returns the configurations of the queue's lane consumers on the server.
 func (c *Consumer) laneConsumers(ctx context.Context) (map[string]jetstream.ConsumerConfig, error) {
-	out := map[string]jetstream.ConsumerConfig{}
-	list := c.q.stream.ListConsumers(ctx)
-	for ci := range list.Info() {
-		if tok, ok := strings.CutPrefix(ci.Name, ConsumerName+"_"); ok && validLane(tok) {
-			out[ci.Name] = ci.Config
+	out, err := jsproto.AskAgain(ctx, func(ctx context.Context) (map[string]jetstream.ConsumerConfig, error) {
+		out := map[string]jetstream.ConsumerConfig{}
+		list := c.q.stream.ListConsumers(ctx)
+		for ci := range list.Info() {
+			if tok, ok := strings.CutPrefix(ci.Name, ConsumerName+"_"); ok && validLane(tok) {
+				out[ci.Name] = ci.Config
+			}
 		}
-	}
-	if err := list.Err(); err != nil {
+		return out, list.Err()
+	})
+	if err != nil {
 		return nil, unavailable("consumers of "+c.q.name, err)
 	}
 	return out, nil

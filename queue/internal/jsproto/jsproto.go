@@ -61,6 +61,22 @@ func NoAnswer(err error) bool {
 // request without an answer is sent again.
 const LeaderWait = 2 * time.Second
 
+// AskAgain returns read's answer, asking again while no answer comes within
+// LeaderWait and ctx lasts: for a read whose request a server may drop without a word
+// (a stream's or consumer's state, which only its leader answers, while it has none:
+// see LeaderWait), or that went out on a connection the server had just closed, and
+// which is safe to repeat. read must honour its context.
+func AskAgain[T any](ctx context.Context, read func(context.Context) (T, error)) (T, error) {
+	for {
+		actx, cancel := context.WithTimeout(ctx, LeaderWait)
+		v, err := read(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !NoAnswer(err) {
+			return v, err
+		}
+	}
+}
+
 // LeaderMsg reads q from the stream through its leader's message API
 // ($JS.API.STREAM.MSG.GET.{stream}), which the jetstream package uses only for
 // streams without AllowDirect: a direct get may go to any replica, this request to
@@ -76,15 +92,9 @@ func LeaderMsg(ctx context.Context, nc *nats.Conn, stream string, q MsgQuery) (*
 	if err != nil {
 		return nil, err
 	}
-	var msg *nats.Msg
-	for {
-		actx, cancel := context.WithTimeout(ctx, LeaderWait)
-		msg, err = nc.RequestWithContext(actx, "$JS.API.STREAM.MSG.GET."+stream, req)
-		cancel()
-		if err == nil || ctx.Err() != nil || !NoAnswer(err) {
-			break
-		}
-	}
+	msg, err := AskAgain(ctx, func(ctx context.Context) (*nats.Msg, error) {
+		return nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -167,6 +167,54 @@ func TestLeaderMsgAsksAgain(t *testing.T) {
 	}
 }
 
+// AskAgain sends a read again when no answer came within LeaderWait, stops at the
+// first answer or error that is not a missing answer, and ends with its context.
+func TestAskAgain(t *testing.T) {
+	srv, _, _ := setup(t)
+	nc := srv.Conn
+	asked := 0
+	sub, err := nc.Subscribe("test.drops-first", func(m *nats.Msg) {
+		asked++ // the handler runs on one goroutine
+		if asked > 1 {
+			_ = m.Respond([]byte("answer"))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if _, err := nc.Subscribe("test.silent", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	request := func(subject string, tries *int) func(context.Context) (*nats.Msg, error) {
+		return func(ctx context.Context) (*nats.Msg, error) {
+			*tries++
+			return nc.RequestWithContext(ctx, subject, nil)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*jsproto.LeaderWait)
+	defer cancel()
+	var tries int
+	m, err := jsproto.AskAgain(ctx, request("test.drops-first", &tries))
+	if err != nil || string(m.Data) != "answer" || tries < 2 {
+		t.Fatalf("a dropped request: %v %v after %d tries, want the answer after at least 2", m, err, tries)
+	}
+	tries = 0
+	if _, err := jsproto.AskAgain(ctx, request("test.nobody", &tries)); !errors.Is(err, nats.ErrNoResponders) || tries != 1 {
+		t.Errorf("no responders: %v after %d tries, want ErrNoResponders at once", err, tries)
+	}
+	short, cancel := context.WithTimeout(context.Background(), jsproto.LeaderWait*5/2)
+	defer cancel()
+	tries = 0
+	if _, err := jsproto.AskAgain(short, request("test.silent", &tries)); !errors.Is(err, context.DeadlineExceeded) || tries < 2 {
+		t.Errorf("a silent responder: %v after %d tries, want context.DeadlineExceeded after asking again", err, tries)
+	}
+}
+
 // PurgeBelow removes the messages on the filter below the sequence, and only those,
 // and says how many went.
 func TestPurgeBelow(t *testing.T) {
