@@ -9,8 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/ingress/internal/decisiontest"
 	"github.com/sluicehq/sluice/limiter"
-	"github.com/sluicehq/sluice/rules"
 )
 
 // BenchmarkProxy measures one small GET through the proxy over loopback, client and
@@ -48,21 +48,7 @@ func BenchmarkProxy(b *testing.B) {
 // directly: no client and no listening front server in the figures, only the
 // upstream's share.
 func BenchmarkFrontDoorHandler(b *testing.B) {
-	const benchRules = `
-domain: bench
-descriptors:
-  - key: client_ip
-    rate_limit: {unit: second, requests_per_unit: 1000000000, name: per_ip}
-    algorithm: token_bucket
-routes:
-  - name: everything
-    descriptors:
-      - [{key: client_ip, from: client_ip}]
-`
-	set, err := rules.Parse(rules.File{Name: "bench.yaml", Data: []byte(benchRules)})
-	if err != nil {
-		b.Fatal(err)
-	}
+	set := decisiontest.ServeBenchSet(b)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"ok":true}`)

@@ -51,6 +51,30 @@ func (c *memConn) SetDeadline(time.Time) error      { return nil }
 func (c *memConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
 
+// benchServe serves benchRequest with h, as sluice serve's front door would (its
+// server's timeouts, the peer's address set), on a connection from memory, for the
+// benchmark's iterations; it returns the connection, which counted the answers.
+func benchServe(b *testing.B, h http.Handler) *memConn {
+	s := &Server{Fallback: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: time.Minute,
+		IdleTimeout: time.Minute}}
+	mc := &memConn{req: []byte(benchRequest)}
+	c := newConn(s, mc)
+	c.remote = mc.RemoteAddr().String() // as serve sets it
+	b.Cleanup(func() {
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+	})
+	b.ReportAllocs()
+	for b.Loop() {
+		head, n, ok := c.readHead()
+		if !ok || !c.serveRequest(head, n) {
+			b.Fatal("not served")
+		}
+	}
+	return mc
+}
+
 // BenchmarkServeRequest is one request read, handled by a handler answering 204
 // with two fields, and answered, on a connection from memory.
 func BenchmarkServeRequest(b *testing.B) {

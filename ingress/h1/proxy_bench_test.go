@@ -1,9 +1,7 @@
 package h1
 
 import (
-	"net/http"
 	"testing"
-	"time"
 
 	"github.com/sluicehq/sluice/ingress"
 	"github.com/sluicehq/sluice/ingress/proxy/rawup"
@@ -26,23 +24,7 @@ func BenchmarkServeProxied(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(p.CloseIdleConnections)
-	s := &Server{Fallback: &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, WriteTimeout: time.Minute,
-		IdleTimeout: time.Minute}}
-	mc := &memConn{req: []byte(benchRequest)}
-	c := newConn(s, mc)
-	c.remote = mc.RemoteAddr().String() // as serve sets it
-	b.Cleanup(func() {
-		if c.timer != nil {
-			c.timer.Stop()
-		}
-	})
-	b.ReportAllocs()
-	for b.Loop() {
-		h, n, ok := c.readHead()
-		if !ok || !c.serveRequest(h, n) {
-			b.Fatal("not served")
-		}
-	}
+	mc := benchServe(b, p)
 	if mc.ok != b.N {
 		b.Fatalf("%d of %d requests answered 200 with the upstream's body", mc.ok, b.N)
 	}
