@@ -347,8 +347,16 @@ func appendField(b []byte, k, v string) []byte {
 	}
 	b = append(b, k...)
 	b = append(b, ": "...)
-	v = strings.Trim(v, " \t\r\n")
-	if strings.ContainsAny(v, "\r\n") {
+	// strings.Trim(v, " \t\r\n") and strings.ContainsAny(v, "\r\n") byte by byte:
+	// they build a set of their bytes on each call, and this is every field of every
+	// response.
+	for len(v) > 0 && isFieldSpace(v[0]) {
+		v = v[1:]
+	}
+	for len(v) > 0 && isFieldSpace(v[len(v)-1]) {
+		v = v[:len(v)-1]
+	}
+	if strings.IndexByte(v, '\r') >= 0 || strings.IndexByte(v, '\n') >= 0 {
 		for i := 0; i < len(v); i++ {
 			c := v[i]
 			if c == '\r' || c == '\n' {
@@ -361,6 +369,10 @@ func appendField(b []byte, k, v string) []byte {
 	}
 	return append(b, "\r\n"...)
 }
+
+// isFieldSpace reports whether c is trimmed around a field's value: a space, a tab or
+// a line break.
+func isFieldSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\r' || c == '\n' }
 
 // dateCache is the Date header's value, formatted once a second.
 type dateCache struct {
