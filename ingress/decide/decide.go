@@ -32,6 +32,9 @@ type Engine struct {
 	log      *slog.Logger
 	shadow   bool
 	seen     atomic.Pointer[inUse]
+	// epoch is when e was made: time.Since(epoch) reads the monotonic clock alone,
+	// where time.Now reads the wall clock too, to time each decision.
+	epoch time.Time
 }
 
 // inUse is the rule set an engine was last told to use, with the header field values
@@ -62,7 +65,7 @@ func New(lim limiter.Limiter, opts ...Option) (*Engine, error) {
 	if lim == nil {
 		return nil, errors.New("decide: New needs a limiter")
 	}
-	e := &Engine{lim: lim, log: slog.Default()}
+	e := &Engine{lim: lim, log: slog.Default(), epoch: time.Now()}
 	e.seen.Store(&inUse{})
 	e.reserver, _ = lim.(limiter.Reserver)
 	for _, o := range opts {
@@ -169,7 +172,7 @@ type Verdict struct {
 // mode (its own, or the engine's) over its limit is counted OutcomeShadowDenied and
 // violates nothing.
 func (e *Engine) Decide(ctx context.Context, req *Request) Verdict {
-	start := time.Now()
+	start := time.Since(e.epoch)
 	v := Verdict{rejectOnly: req.RejectOnly, limits: e.seen.Load().limits}
 	var (
 		quota quotaTally
@@ -229,7 +232,7 @@ func (e *Engine) Decide(ctx context.Context, req *Request) Verdict {
 		}
 		e.metrics.Count(rule.Name, outcome)
 	}
-	e.metrics.ObserveContext(ctx, time.Since(start))
+	e.metrics.ObserveContext(ctx, time.Since(e.epoch)-start)
 	return v
 }
 
