@@ -189,8 +189,9 @@ func TestDeferFullQueueAndNATSDown(t *testing.T) {
 			t.Fatalf("NATS down: %d %s, Retry-After %q", w.Code, w.Body, w.Header().Get("Retry-After"))
 		}
 	}
-	// An outage does not write a line per refused request.
-	if n := strings.Count(logs.String(), `msg="deferring failed"`); n != 1 {
+	// An outage does not write a line per refused request. The first may be a park
+	// not acknowledged: sent on the connection before the client saw it close.
+	if n := strings.Count(logs.String(), `msg="deferring failed"`) + strings.Count(logs.String(), `msg="deferring not acknowledged"`); n != 1 {
 		t.Errorf("20 refused defers logged %d warnings, want 1:\n%s", n, logs.String())
 	}
 }
