@@ -360,8 +360,13 @@ func TestServeSurvivesAFullDisk(t *testing.T) {
 	})
 	t.Logf("space freed (%d bytes free); accepted again after %s (%s); %s",
 		fulldisk.Free(t, disk), time.Since(freedAt).Round(time.Millisecond), c.summary(freedFrom), lastLine(p.output.String(), "JetStream restarted"))
-	if !strings.Contains(p.output.String(), "JetStream restarted") {
-		t.Errorf("no JetStream restart logged:\n%s", p.output.String())
+	// Whether the server met ENOSPC depends on the race between the fill and the
+	// free-space check; when it did, the restart must have followed.
+	out := p.output.String()
+	if met := strings.Contains(out, "a write to the store failed"); met != strings.Contains(out, "JetStream restarted") {
+		t.Errorf("write error logged %v, JetStream restart logged %v:\n%s", met, !met, out)
+	} else if !met {
+		t.Log("the free-space check stopped every write before the disk was full: no write error this time")
 	}
 	tickets := c.accepted()
 	missing := plWait(down, tickets, 60*time.Second)

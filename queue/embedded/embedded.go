@@ -174,7 +174,7 @@ func Start(cfg Config) (*Server, error) {
 		e.log = slog.Default()
 	}
 	// The server's log is its only report of a write error, so it is always read.
-	logs := logAdapter{writeFailed: &e.writeFailed}
+	logs := logAdapter{writeFailed: e.noteWriteError}
 	if cfg.Logger != nil {
 		logs.l = cfg.Logger.With("component", "nats-server")
 	}
@@ -240,6 +240,14 @@ func (e *Server) recoverWrites() {
 			e.writeFailed.Store(true)
 			e.log.Error("embedded NATS: JetStream not restarted after a write error; new orders are refused until it is", "err", err, "retry_in", wait)
 		}
+	}
+}
+
+// noteWriteError records a write error the server reported (line), and says so once
+// until JetStream restarts.
+func (e *Server) noteWriteError(line string) {
+	if e.writeFailed.CompareAndSwap(false, true) {
+		e.log.Error("embedded NATS: a write to the store failed; JetStream restarts once the disk has the reserve free", "err", line)
 	}
 }
 
@@ -384,7 +392,7 @@ func (e *Server) ShutdownContext(ctx context.Context) error {
 // restarts.
 type logAdapter struct {
 	l           *slog.Logger
-	writeFailed *atomic.Bool
+	writeFailed func(line string)
 }
 
 func (a logAdapter) line(level slog.Level, format string, v ...any) {
@@ -401,7 +409,7 @@ func (a logAdapter) Tracef(format string, v ...any)  { a.line(slog.LevelDebug, f
 
 func (a logAdapter) Errorf(format string, v ...any) {
 	if strings.Contains(strings.ToLower(format), "critical write error") {
-		a.writeFailed.Store(true)
+		a.writeFailed(fmt.Sprintf(format, v...))
 	}
 	a.line(slog.LevelError, format, v...)
 }

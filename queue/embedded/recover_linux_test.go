@@ -101,6 +101,9 @@ func TestJetStreamRecoversFromAFullDisk(t *testing.T) {
 				return
 			}
 			waitUntil(t, "a publish stored again", func() bool { return publish("s", -1) == nil })
+			if !strings.Contains(logged(), "a write to the store failed") {
+				t.Errorf("the write error not logged:\n%s", logged())
+			}
 			if !strings.Contains(logged(), "JetStream restarted") {
 				t.Errorf("no restart logged:\n%s", logged())
 			}
