@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,12 +20,15 @@ import (
 
 // TestChaos is a bounded nemesis run on the clustered shape: three nats-server nodes
 // (R3 streams), two `sluice serve` replicas and a recording downstream, under a steady
-// load of orders with unique Idempotency-Keys (some scheduled with Sluice-Not-Before).
+// load of orders with unique Idempotency-Keys (some scheduled with Sluice-Not-Before)
+// and of orders without one, sent again only after a 503 that says nothing was
+// accepted (unkeyedLoad).
 // One after the other, with the load running: the queue stream's leader is killed -9
 // and restarted; a node is paused (SIGSTOP) for 10s; a replica is killed -9; the
 // downstream answers 503 with Retry-After for 5s. Then everything heals and the
 // checker prints a table and fails on any accepted order not delivered, an order
-// delivered under another key, a scheduled order delivered before its time, or more
+// delivered under another key or stored twice, an order delivered after every answer
+// said nothing was accepted, a scheduled order delivered before its time, or more
 // deliveries in a window than the outflow allows across the replicas.
 func TestChaos(t *testing.T) {
 	if testing.Short() {
@@ -44,6 +48,7 @@ func TestChaos(t *testing.T) {
 	// a fault holds deliveries back, and drains at the paced rate after it.
 	l := startClLoad(t, "chaos", env.replicas, 3, 100*time.Millisecond, 100000)
 	sched := startScheduled(l, 250*time.Millisecond)
+	unkeyed := startUnkeyed(l, 300*time.Millisecond)
 	var phases []chaosPhase
 	phase := func(name string, fault func()) {
 		t.Helper()
@@ -90,9 +95,10 @@ func TestChaos(t *testing.T) {
 	})
 	l.halt()
 	sched.halt()
+	unkeyed.halt()
 
 	// Heal: every accepted order must arrive.
-	tickets := append(l.accepted(), sched.accepted()...)
+	tickets := slices.Concat(l.accepted(), sched.accepted(), unkeyed.accepted())
 	missing := plWait(env.down, tickets, 90*time.Second)
 
 	var b strings.Builder
@@ -115,7 +121,7 @@ func TestChaos(t *testing.T) {
 	fmt.Fprintf(&b, "orders: accepted %d (+%d scheduled), delivered %d (+%d), lost %d, duplicates with the same key %d, "+
 		"delivered without a 202 %d; scheduled delivered early %d; downstream 503s %d\n",
 		r.accepted, rs.accepted, r.delivered, rs.delivered, len(missing), r.duplicates+rs.duplicates, r.unpromised+rs.unpromised, early, refused)
-	fmt.Fprintf(&b, "%s\n", l.summary())
+	fmt.Fprintf(&b, "%s\n%s\n", l.summary(), unkeyed.summary())
 
 	// Pacing across the replicas, over the whole run (see testClusterReplicaKilled
 	// for the arrival-jitter slack).
@@ -135,7 +141,8 @@ func TestChaos(t *testing.T) {
 		t.Errorf("%d of %d accepted orders lost, e.g. %v", len(missing), len(tickets), missing[:min(5, len(missing))])
 	}
 	plCheckDeliveries(t, env.down)
-	if r.accepted == 0 || rs.accepted == 0 {
+	unkeyed.check(t, env.down)
+	if r.accepted == 0 || rs.accepted == 0 || len(unkeyed.accepted()) == 0 {
 		t.Error("no order was accepted: the run proves nothing")
 	}
 }
@@ -222,4 +229,125 @@ func (s *scheduled) dueTimes() map[string]time.Time {
 		out[tk] = due
 	}
 	return out
+}
+
+// unkeyedLoad posts an order without an Idempotency-Key every pause to the front doors
+// of a clLoad, as a client that follows a 503's advice: after a 503 that names no
+// ticket (nothing was accepted) it sends the same order again, a new request that
+// would be a second order had the first been stored, up to ten times; after a 503 that
+// names the ticket the order may have been accepted as, or a connection cut by a kill,
+// it sends nothing more. The downstream sees every order's X-Order, so an order stored
+// twice arrives under two tickets (clDownstream's mismatches), and check fails on an
+// order given up after 503s that arrives all the same.
+type unkeyedLoad struct {
+	load *clLoad
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu       sync.Mutex
+	tickets  map[string]string // order → the ticket of its 202
+	refused  []string          // orders given up after ten 503s that named no ticket
+	resent   int               // requests sent again after a 503 that named no ticket
+	unsure   int               // orders answered 503 naming a ticket, or cut off by a kill
+	problems []string          // answers sluice must never give
+}
+
+func startUnkeyed(l *clLoad, pause time.Duration) *unkeyedLoad {
+	u := &unkeyedLoad{load: l, stop: make(chan struct{}), tickets: map[string]string{}}
+	u.wg.Go(func() {
+		for n := 0; ; n++ {
+			select {
+			case <-u.stop:
+				return
+			case <-time.After(pause):
+			}
+			u.send(n, fmt.Sprintf("%s%d", unkeyedPrefix, n))
+		}
+	})
+	return u
+}
+
+// send posts order until it is answered anything but a 503 naming no ticket.
+func (u *unkeyedLoad) send(n int, order string) {
+	for attempt := 0; ; attempt++ {
+		targets := *u.load.targets.Load()
+		if len(targets) == 0 {
+			return
+		}
+		p := targets[(n+attempt)%len(targets)]
+		status, ticket, maybe, err := u.load.post(p.url, order, "user-unkeyed", "")
+		u.mu.Lock()
+		again := false
+		switch {
+		case err != nil && !u.load.alive(p):
+			u.unsure++
+		case err != nil:
+			u.problems = append(u.problems, fmt.Sprintf("order %s: %v", order, err))
+		case status == http.StatusAccepted:
+			u.tickets[order] = ticket
+		case status == http.StatusOK:
+		case status == http.StatusServiceUnavailable && maybe != "":
+			u.unsure++
+		case status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests:
+			if again = attempt < 10; again {
+				u.resent++
+			} else {
+				u.refused = append(u.refused, order)
+			}
+		default:
+			u.problems = append(u.problems, fmt.Sprintf("order %s: status %d", order, status))
+		}
+		u.mu.Unlock()
+		if !again {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (u *unkeyedLoad) halt() {
+	close(u.stop)
+	u.wg.Wait()
+}
+
+// accepted returns the tickets of the orders answered 202.
+func (u *unkeyedLoad) accepted() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make([]string, 0, len(u.tickets))
+	for _, tk := range u.tickets {
+		out = append(out, tk)
+	}
+	return out
+}
+
+func (u *unkeyedLoad) summary() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return fmt.Sprintf("unkeyed orders: accepted %d, sent again after a 503 that named no ticket %d, given up %d, "+
+		"answered 503 naming a ticket or cut off by a kill %d", len(u.tickets), u.resent, len(u.refused), u.unsure)
+}
+
+// check fails t for an answer sluice must never give, an order given up after 503s
+// that said nothing was accepted that arrived all the same, and an order that arrived
+// under another ticket than its 202's. Call it after halt, once the orders are in.
+func (u *unkeyedLoad) check(t *testing.T, down *clDownstream) {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	down.mu.Lock()
+	defer down.mu.Unlock()
+	for _, p := range u.problems {
+		t.Error(p)
+	}
+	for _, order := range u.refused {
+		if tk, ok := down.keyOfOrder[order]; ok {
+			t.Errorf("order %s was answered 503 with no ticket ten times, yet delivered as %s", order, tk)
+		}
+	}
+	for order, tk := range u.tickets {
+		if got, ok := down.keyOfOrder[order]; ok && got != tk {
+			t.Errorf("order %s was accepted as %s, delivered as %s", order, tk, got)
+		}
+	}
 }

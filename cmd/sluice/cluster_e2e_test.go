@@ -98,7 +98,7 @@ var clDispatchFlags = []string{"--delivery-timeout", "3s", "--ack-wait", "4s", "
 
 // clDownstream is the orders API: it counts deliveries per ticket (Sluice-Ticket; a
 // repeat is counted as a suppressed duplicate), checks that each order carries its
-// client's own Idempotency-Key, and records when each request arrived and under which
+// client's own Idempotency-Key (clientKey), and records when each request arrived and under which
 // ticket each order (X-Order) came; an order without X-Order is counted by its ticket
 // alone. While refusing is set it answers every request
 // 503 with Retry-After (recorded as an arrival, not as a delivery).
@@ -140,7 +140,7 @@ func newClDownstream(t *testing.T) *clDownstream {
 			w.WriteHeader(http.StatusCreated)
 			return
 		}
-		if got := r.Header.Get("Idempotency-Key"); got != strconv.Quote(order) {
+		if got, want := r.Header.Get("Idempotency-Key"), clientKey(order, key); got != want {
 			d.mismatches = append(d.mismatches, fmt.Sprintf("order %s delivered with Idempotency-Key %s, not the client's", order, got))
 		}
 		if d.count[key] == 0 {
@@ -159,6 +159,20 @@ func newClDownstream(t *testing.T) *clDownstream {
 	}))
 	t.Cleanup(d.Close)
 	return d
+}
+
+// unkeyedPrefix starts the orders a client sends without an Idempotency-Key (see
+// unkeyedLoad).
+const unkeyedPrefix = "unk-"
+
+// clientKey is the Idempotency-Key order must arrive with as ticket: the client's own,
+// its quoted name, or for an order sent without one the ticket, which the dispatcher
+// sends in its place.
+func clientKey(order, ticket string) string {
+	if strings.HasPrefix(order, unkeyedPrefix) {
+		return ticket
+	}
+	return strconv.Quote(order)
 }
 
 // missing returns the tickets that never arrived.
@@ -282,14 +296,13 @@ func (l *clLoad) worker(w int) {
 			return
 		}
 		order := fmt.Sprintf("%s-%d", l.prefix, n)
-		body := fmt.Sprintf(`{"order":%q}`, order)
 		for attempt := 0; ; attempt++ {
 			targets := *l.targets.Load()
 			if len(targets) == 0 {
 				return
 			}
 			p := targets[(i+attempt)%len(targets)]
-			status, ticket, err := l.post(p.url, order, body, w)
+			status, ticket, _, err := l.post(p.url, order, fmt.Sprint("user-", w), strconv.Quote(order))
 			l.mu.Lock()
 			retry := false
 			switch {
@@ -325,37 +338,48 @@ func (l *clLoad) worker(w int) {
 	}
 }
 
-func (l *clLoad) post(base, order, body string, w int) (status int, ticket string, err error) {
-	req, err := http.NewRequest("POST", base+"/v1/orders", strings.NewReader(body))
+// post sends order as user, with the Idempotency-Key key unless it is "", and
+// returns the status, the ticket of a 202, and the ticket a 503 says the order may have
+// been accepted as ("" when it says nothing was).
+func (l *clLoad) post(base, order, user, key string) (status int, ticket, maybe string, err error) {
+	req, err := http.NewRequest("POST", base+"/v1/orders", strings.NewReader(fmt.Sprintf(`{"order":%q}`, order)))
 	if err != nil {
-		return 0, "", err
+		return 0, "", "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Order", order)
-	req.Header.Set("X-User-ID", fmt.Sprint("user-", w))
-	req.Header.Set("Idempotency-Key", strconv.Quote(order))
+	req.Header.Set("X-User-ID", user)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	resp, err := l.client.Do(req)
 	if err != nil {
-		return 0, "", err
+		return 0, "", "", err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, "", err
+		return 0, "", "", err
 	}
-	if resp.StatusCode == http.StatusAccepted {
-		var a struct {
-			Ticket string `json:"ticket"`
-		}
+	var a struct {
+		Ticket string `json:"ticket"`
+	}
+	switch resp.StatusCode {
+	case http.StatusAccepted:
 		if err := json.Unmarshal(b, &a); err != nil || !queue.ValidTicket(a.Ticket) {
-			return 0, "", fmt.Errorf("202 with body %q", b)
+			return 0, "", "", fmt.Errorf("202 with body %q", b)
 		}
-		return resp.StatusCode, a.Ticket, nil
+		return resp.StatusCode, a.Ticket, "", nil
+	case http.StatusServiceUnavailable:
+		if resp.Header.Get("Retry-After") == "" {
+			return 0, "", "", fmt.Errorf("503 without Retry-After: %s", b)
+		}
+		if err := json.Unmarshal(b, &a); err != nil || a.Ticket != "" && !queue.ValidTicket(a.Ticket) {
+			return 0, "", "", fmt.Errorf("503 with body %q", b)
+		}
+		return resp.StatusCode, "", a.Ticket, nil
 	}
-	if resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") == "" {
-		return 0, "", fmt.Errorf("503 without Retry-After: %s", b)
-	}
-	return resp.StatusCode, "", nil
+	return resp.StatusCode, "", "", nil
 }
 
 func (l *clLoad) accepted() []string {
