@@ -33,7 +33,7 @@ type diskOrder struct {
 	order, key string // key "": sent without an Idempotency-Key
 	status     int
 	ticket     string
-	reason     string // a refusal's detail
+	reason     string // a refusal's detail, any ticket it names written T
 	took       time.Duration
 }
 
@@ -115,9 +115,14 @@ func (c *diskClient) post(base, order, key string) (status int, ticket, reason s
 	}
 	var prob struct {
 		Detail string `json:"detail"`
+		Ticket string `json:"ticket"`
 	}
 	if json.Unmarshal(b, &prob) != nil || prob.Detail == "" {
 		prob.Detail = string(b)
+	}
+	if prob.Ticket != "" {
+		// The ticket an order may have been accepted as: one reason for them all.
+		prob.Detail = strings.ReplaceAll(prob.Detail, prob.Ticket, "T")
 	}
 	return resp.StatusCode, "", prob.Detail, took
 }
