@@ -306,6 +306,9 @@ func (s *Store) add(cfg queueconfig.Config, stream, keys jetstream.Stream, orpha
 	if q == nil {
 		q = &Queue{store: s, name: cfg.Name}
 		s.queues[cfg.Name] = q
+		// Every queue's series from 0 on: an alert on their increase sees the first one.
+		s.metrics.parked.WithLabelValues(cfg.Name)
+		s.metrics.unacked.WithLabelValues(cfg.Name)
 	}
 	// A stream handle names its stream: the first one serves for good, so readers
 	// never race a re-declaration. A key stream is added when an orphan (which has

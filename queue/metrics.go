@@ -35,7 +35,7 @@ func newStoreMetrics(s *Store) *storeMetrics {
 		}, []string{"queue"}),
 		unacked: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_queue_park_unacknowledged_total",
-			Help: "Parks whose publish JetStream did not acknowledge in time: the order may be stored, and is then delivered; its client was answered 503 naming its ticket.",
+			Help: "Parks whose publish JetStream did not acknowledge within the publish timeout: the order may be stored, and is then delivered; its client was answered 503 naming its ticket. A park whose caller left while it was written is not counted.",
 		}, []string{"queue"}),
 		keptLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_queue_records_lost_total",

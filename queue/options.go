@@ -36,7 +36,9 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 func WithRegisterer(r prometheus.Registerer) Option { return func(o *options) { o.registerer = r } }
 
 // WithPublishTimeout bounds how long Park waits for JetStream to acknowledge
-// (default 5s). Past it Park fails with ErrNotAcknowledged (the order may be stored).
+// (default 5s). The bound is on the whole Park: past it during the publish, Park fails
+// with ErrNotAcknowledged (the order may be stored); before it (a keyed order's lookup
+// or slot), with ErrUnavailable (nothing was stored).
 func WithPublishTimeout(d time.Duration) Option { return func(o *options) { o.publishTimeout = d } }
 
 // WithIdempotencyMaxBytes caps the bytes of the idempotency bucket, and of each queue's

@@ -309,7 +309,9 @@ func (q *Queue) receipt(ctx context.Context, ticket string, seq uint64, duplicat
 // when no answer came (the order may be stored), else publishError's.
 func (s *Store) parkError(ctx context.Context, q *Queue, m *Message, err error) error {
 	if jsproto.NoAnswer(err) || errors.Is(err, context.Canceled) {
-		s.metrics.unacked.WithLabelValues(q.name).Inc()
+		if !errors.Is(err, context.Canceled) { // a caller that left is no sign of JetStream's
+			s.metrics.unacked.WithLabelValues(q.name).Inc()
+		}
 		return &UnacknowledgedError{Queue: q.name, Ticket: m.Ticket, Keyed: m.IdempotencyKey != "", Err: err}
 	}
 	return s.publishError(ctx, q, err)

@@ -74,3 +74,37 @@ func TestParkNotAcknowledgedNamesItsTicket(t *testing.T) {
 		t.Fatalf("depth %d (%v), want 3: the order before, the unacknowledged one, the keyed one once", d, err)
 	}
 }
+
+// TestParkSeriesStartAtZero: a declared queue's park counters are there at 0 before
+// its first park, so that an alert on their increase (SluiceParksUnacknowledged) sees
+// the first incident: Prometheus' increase counts nothing for a series that first
+// appears at 1 or more.
+func TestParkSeriesStartAtZero(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx := ctxT(t)
+	reg := prometheus.NewRegistry()
+	s, err := queue.Open(ctx, srv.Connect(t), queue.WithSigningKey(natstest.SigningKey()), queue.WithRegisterer(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Declare(ctx, testConfig("orders")); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"sluice_queue_parked_total", "sluice_queue_park_unacknowledged_total"} {
+		found := false
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if mf.GetName() == name && len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == "orders" {
+					found = m.GetCounter().GetValue() == 0
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s{queue=\"orders\"} is not there at 0 after the queue's declaration", name)
+		}
+	}
+}
