@@ -48,7 +48,7 @@ func TestChaos(t *testing.T) {
 	// a fault holds deliveries back, and drains at the paced rate after it.
 	l := startClLoad(t, "chaos", env.replicas, 3, 100*time.Millisecond, 100000)
 	sched := startScheduled(l, 250*time.Millisecond)
-	unkeyed := startUnkeyed(l, 300*time.Millisecond)
+	unkeyed := startUnkeyed(t, l, 300*time.Millisecond)
 	var phases []chaosPhase
 	phase := func(name string, fault func()) {
 		t.Helper()
@@ -234,7 +234,7 @@ func (s *scheduled) dueTimes() map[string]time.Time {
 // unkeyedLoad posts an order without an Idempotency-Key every pause to the front doors
 // of a clLoad, as a client that follows a 503's advice: after a 503 that names no
 // ticket (nothing was accepted) it sends the same order again, a new request that
-// would be a second order had the first been stored, up to ten times; after a 503 that
+// would be a second order had the first been stored, up to ten requests in all; after a 503 that
 // names the ticket the order may have been accepted as, or a connection cut by a kill,
 // it sends nothing more. The downstream sees every order's X-Order, so an order stored
 // twice arrives under two tickets (clDownstream's mismatches), and check fails on an
@@ -242,6 +242,7 @@ func (s *scheduled) dueTimes() map[string]time.Time {
 type unkeyedLoad struct {
 	load *clLoad
 	stop chan struct{}
+	once sync.Once
 	wg   sync.WaitGroup
 
 	mu       sync.Mutex
@@ -252,8 +253,9 @@ type unkeyedLoad struct {
 	problems []string          // answers sluice must never give
 }
 
-func startUnkeyed(l *clLoad, pause time.Duration) *unkeyedLoad {
+func startUnkeyed(t *testing.T, l *clLoad, pause time.Duration) *unkeyedLoad {
 	u := &unkeyedLoad{load: l, stop: make(chan struct{}), tickets: map[string]string{}}
+	t.Cleanup(u.halt)
 	u.wg.Go(func() {
 		for n := 0; ; n++ {
 			select {
@@ -289,7 +291,7 @@ func (u *unkeyedLoad) send(n int, order string) {
 		case status == http.StatusServiceUnavailable && maybe != "":
 			u.unsure++
 		case status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests:
-			if again = attempt < 10; again {
+			if again = attempt < 9; again {
 				u.resent++
 			} else {
 				u.refused = append(u.refused, order)
@@ -306,7 +308,7 @@ func (u *unkeyedLoad) send(n int, order string) {
 }
 
 func (u *unkeyedLoad) halt() {
-	close(u.stop)
+	u.once.Do(func() { close(u.stop) })
 	u.wg.Wait()
 }
 
