@@ -450,7 +450,13 @@ func (q *Deferrer) parkFailed(w http.ResponseWriter, d ingress.Deferral, err err
 			"The request is too large to be queued: the NATS server refuses a message this large (its max payload).")
 	case errors.As(err, &unacked):
 		// The order may be stored: its client learns its ticket, and how to send it again safely.
-		q.unavailable.Warn(q.log, "deferring not acknowledged", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)
+		if errors.Is(err, context.Canceled) {
+			// Its client left while the order was written: no sign of the queue's
+			// health, and a warning here would stand in for an outage's.
+			q.log.Debug("deferring not acknowledged: the client left", "queue", d.Queue.Name, "rule", d.Rule.Name, "ticket", unacked.Ticket)
+		} else {
+			q.unavailable.Warn(q.log, "deferring not acknowledged", "queue", d.Queue.Name, "rule", d.Rule.Name, "err", err)
+		}
 		w.Header().Set("Retry-After", strconv.FormatInt(decide.RetryAfterSeconds(unavailableRetryAfter), 10))
 		again := " Sending it again without an Idempotency-Key may deliver it twice."
 		if unacked.Keyed {
