@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -522,7 +523,13 @@ directory, every write synced to disk before it is acknowledged), side by side:
                        commit; the key's slot is written before it, at once with the
                        key's lookup, in the server's memory)
   sluice ingress+idem  the front door with an Idempotency-Key per order
-  --ceiling adds two, on the same server as the front door:
+  --ceiling adds three:
+  publish of a parked order
+                       raw synchronous publishes of the message Park writes (a parked
+                       order's headers and body, to the queue's stream, each on a
+                       ticket subject of its own): what the server costs for sluice's
+                       message, with none of sluice's code around it
+  and, on the same server as the front door:
   front door 202       the server answering each POST 202 (the front door's headers and
                        a body of its length) without parking: HTTP alone
   HTTP 202 of Park     a handler that reads the body, parks it with Park as "sluice
@@ -550,6 +557,11 @@ const parkingCeiling = "front door 202 (no park)"
 // middleware, no deferrer).
 const parkingBare = "HTTP 202 of Park alone"
 
+// parkingShape is the publish contender of --ceiling: what the server costs for the
+// message Park writes (the queue's stream, a parked order's headers and body), with
+// none of sluice's code around it.
+const parkingShape = "publish of a parked order"
+
 type parkingResult struct {
 	Contender   string  `json:"contender"`
 	Concurrency int     `json:"concurrency"`
@@ -567,7 +579,7 @@ func runParking(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	rounds := fs.Int("rounds", 3, "rounds over every contender, alternating; each figure is the median of the rounds")
 	client := fs.String("client", "lean", "HTTP client of the front door's callers: lean (kept-alive connections of the tool's own, read on the caller's goroutine) or net/http")
 	server := fs.String("server", serverFast, "the front door's server: fast (its fast path, ingress/h1, before net/http's server, as sluice serve runs it by default) or net/http (net/http's alone: sluice serve --fast-path=false)")
-	ceiling := fs.Bool("ceiling", false, "measure too the front door's server (as --server) answering 202 without parking, and a bare handler answering 202 once Park has parked (see above): what HTTP alone costs, and HTTP with Park")
+	ceiling := fs.Bool("ceiling", false, "measure too raw publishes of a parked order's message, the front door's server (as --server) answering 202 without parking, and a bare handler answering 202 once Park has parked (see above): what the server costs for sluice's message, what HTTP alone costs, and HTTP with Park")
 	cpuProfiles := fs.String("cpuprofile", "", "write a CPU profile of this process (callers and the embedded NATS server) during each measurement to `DIR`/CONTENDER-CALLERS-rROUND.pprof")
 	out := addOutputFlags(fs, true)
 	if code, done := parseModeFlags(fs, args, parkingHelp, stdout); done {
@@ -813,6 +825,20 @@ func parking(ctx context.Context, cfg parkingConfig, stderr io.Writer) ([]parkin
 		}},
 	}
 	if cfg.ceiling {
+		shape, err := parkedShape(ctx, js, store, body, header)
+		if err != nil {
+			return nil, err
+		}
+		contenders = append(contenders, struct {
+			name string
+			op   func(ctx context.Context) error
+		}{parkingShape, func(ctx context.Context) error {
+			id := "c" + strconv.Itoa(nextID())
+			msg := &nats.Msg{Subject: queue.ReadySubject("bench", "", id), Header: maps.Clone(shape.Header), Data: shape.Data}
+			msg.Header.Set(jetstream.MsgIDHeader, id)
+			_, err := js.PublishMsg(ctx, msg)
+			return err
+		}})
 		bare := func(w http.ResponseWriter, r *http.Request) {
 			b, err := io.ReadAll(r.Body)
 			if err == nil {
@@ -960,4 +986,24 @@ func benchKey() []byte {
 	k := make([]byte, queue.MinSigningKey)
 	_, _ = rand.Read(k) // crypto/rand never fails
 	return k
+}
+
+// parkedShape parks one order in the queue bench and returns its message as Park
+// stored it, without the metadata the server adds to a read.
+func parkedShape(ctx context.Context, js jetstream.JetStream, store *queue.Store, body []byte, header http.Header) (*nats.Msg, error) {
+	if _, err := store.Park(ctx, &queue.Request{Queue: "bench", Method: "POST", Path: "/orders", Body: body, Header: header, Client: "bench"}); err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, queue.StreamName("bench"))
+	if err != nil {
+		return nil, err
+	}
+	m, err := st.GetLastMsgForSubject(ctx, queue.ReadySubject("bench", "", "*"))
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range []string{jetstream.StreamHeader, jetstream.SequenceHeader, jetstream.SubjectHeader, jetstream.TimeStampHeaer} {
+		m.Header.Del(k)
+	}
+	return &nats.Msg{Header: m.Header, Data: m.Data}, nil
 }

@@ -33,7 +33,7 @@ func TestParkingTable(t *testing.T) {
 		{[]string{"--client", "lean"}, contenders},
 		{[]string{"--client", "net/http"}, contenders},
 		{[]string{"--server", "net/http"}, contenders},
-		{[]string{"--ceiling"}, append(slices.Clone(contenders), parkingCeiling, parkingBare)},
+		{[]string{"--ceiling"}, append(slices.Clone(contenders), parkingShape, parkingCeiling, parkingBare)},
 	} {
 		args := append([]string{"parking", "--duration", "200ms", "--rounds", "1", "--concurrency", "2"}, tc.args...)
 		out, errOut, code := benchRun(t, args...)
