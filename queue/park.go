@@ -308,8 +308,9 @@ func (q *Queue) receipt(ctx context.Context, ticket string, seq uint64, duplicat
 // parkError is the error of Park for err, the publish of m: an *UnacknowledgedError
 // when no answer came (the order may be stored), else publishError's.
 func (s *Store) parkError(ctx context.Context, q *Queue, m *Message, err error) error {
-	if jsproto.NoAnswer(err) || errors.Is(err, context.Canceled) {
-		if !errors.Is(err, context.Canceled) { // a caller that left is no sign of JetStream's
+	noAnswer := jsproto.NoAnswer(err)
+	if noAnswer || errors.Is(err, context.Canceled) {
+		if noAnswer { // a caller that left is no sign of JetStream's
 			s.metrics.unacked.WithLabelValues(q.name).Inc()
 		}
 		return &UnacknowledgedError{Queue: q.name, Ticket: m.Ticket, Keyed: m.IdempotencyKey != "", Err: err}

@@ -87,9 +87,9 @@ type Config struct {
 // has queue.DiskReserve free again (the room the queue package keeps before it takes
 // new orders), it restarts JetStream in the running server, which reopens every
 // file stream and consumer from its files, synced up to the last acknowledged write
-// (memory streams, such as the queues' key slots, come back empty: their clients'
-// key caps count afresh); connections stay. A restart that opens fewer streams than the directory holds
-// turns JetStream off again, as Start refuses to start then, rather than let a queue
+// (memory streams, such as the queues' key slots, come back empty: their clients' key
+// caps count afresh); connections stay. A restart that opens fewer streams than the
+// directory holds turns JetStream off again, as Start refuses to start then, rather than let a queue
 // be declared anew, empty, over files the server did not load.
 type Server struct {
 	srv     *server.Server
