@@ -6,6 +6,7 @@ package embedded
 
 import (
 	"context"
+	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -88,11 +89,14 @@ type Config struct {
 // new orders), it restarts JetStream in the running server, which reopens every
 // file stream and consumer from its files, synced up to the last acknowledged write
 // (memory streams, such as the queues' key slots, come back empty: their clients' key
-// caps count afresh); connections stay. A restart that opens fewer streams than the
-// directory holds turns JetStream off again, as Start refuses to start then, rather than let a queue
-// be declared anew, empty, over files the server did not load.
+// caps count afresh). Clients are disconnected for the restart, and their logins
+// held until it is done (see loginGate); they reconnect by themselves. A restart that
+// opens fewer streams than the directory holds turns JetStream off again, as Start
+// refuses to start then, rather than let a queue be declared anew, empty, over files
+// the server did not load.
 type Server struct {
 	srv     *server.Server
+	gate    *loginGate
 	token   string
 	dataDir string
 	log     *slog.Logger
@@ -136,7 +140,6 @@ func Start(cfg Config) (*Server, error) {
 		NoLog:           cfg.Logger == nil,
 		MaxPayload:      cfg.MaxPayload,
 		Debug:           cfg.Debug,
-		Authorization:   cfg.Token,
 		JetStreamKey:    cfg.EncryptionKey,
 		JetStreamCipher: server.ChaCha,
 	}
@@ -166,11 +169,13 @@ func Start(cfg Config) (*Server, error) {
 			opts.Port = server.RANDOM_PORT
 		}
 	}
+	gate := &loginGate{token: cfg.Token}
+	opts.CustomClientAuthentication = gate
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("queue: embedded NATS: %w", err)
 	}
-	e := &Server{srv: srv, token: cfg.Token, dataDir: cfg.DataDir, log: cfg.RecoveryLogger, quit: make(chan struct{})}
+	e := &Server{srv: srv, gate: gate, token: cfg.Token, dataDir: cfg.DataDir, log: cfg.RecoveryLogger, quit: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
@@ -260,6 +265,9 @@ func (e *Server) restartJetStream() error {
 	e.log.Warn("embedded NATS: the store met a write error and the disk has room again; restarting JetStream", "data_dir", e.dataDir)
 	start := time.Now()
 	e.writeFailed.Store(false)
+	e.gate.restarting.Lock()
+	defer e.gate.restarting.Unlock()
+	e.disconnectClients()
 	if err := e.srv.ShutdownJetStream(); err != nil {
 		return fmt.Errorf("shut JetStream down: %w", err)
 	}
@@ -274,6 +282,67 @@ func (e *Server) restartJetStream() error {
 	e.log.Info("embedded NATS: JetStream restarted", "streams", stored, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
+
+// loginGate is the server's client authentication: the token, when there is one,
+// and a hold on every login while JetStream restarts. nats-server answers JetStream's
+// API as soon as a restart begins, before it has reopened the streams and consumers
+// from their files: a client asking then is told that a stream or consumer does not
+// exist, and one that declares it anew on that answer (a dispatcher setting its
+// consumer up again, a queue declared on a reload) makes a second store over the
+// files being reopened (a probe that did left one running on the stream's
+// directory), or a consumer in place of the one being reopened with its state. So no
+// client is connected during a restart: the restart disconnects them all, and a login
+// waits until the restart is done.
+type loginGate struct {
+	token      string
+	restarting sync.RWMutex // held by a restart
+}
+
+// Check implements server.Authentication.
+func (g *loginGate) Check(c server.ClientAuthentication) bool {
+	g.restarting.RLock()
+	g.restarting.RUnlock() //nolint:staticcheck // an empty section: it waits out a restart
+	if g.token == "" {
+		return true // no listener, or one whose TLS verified the client's certificate
+	}
+	return subtle.ConstantTimeCompare([]byte(c.GetOpts().Token), []byte(g.token)) == 1
+}
+
+// disconnectClients closes every client connection (they reconnect by themselves)
+// and returns once what they had sent is processed: the server's count of messages
+// from clients stood still for drainQuiet (a connection closed while the server reads
+// from it still has its last read processed, maybe a request to JetStream's API,
+// which nats-server would dispatch while it sets that API up again).
+func (e *Server) disconnectClients() {
+	conns, err := e.srv.Connz(&server.ConnzOptions{Limit: e.srv.NumClients() + 1024})
+	if err != nil {
+		e.log.Warn("embedded NATS: cannot list the clients to disconnect for the restart", "err", err)
+		return
+	}
+	for _, c := range conns.Conns {
+		_ = e.srv.DisconnectClientByID(c.Cid) // gone meanwhile
+	}
+	deadline := time.Now().Add(time.Second)
+	var last int64 = -1
+	for quiet := time.Duration(0); quiet < drainQuiet && time.Now().Before(deadline); {
+		v, err := e.srv.Varz(nil)
+		if err != nil {
+			return
+		}
+		if v.InMsgs == last {
+			quiet += drainPoll
+		} else {
+			last, quiet = v.InMsgs, 0
+		}
+		time.Sleep(drainPoll)
+	}
+}
+
+// drainQuiet and drainPoll: see disconnectClients.
+const (
+	drainQuiet = 50 * time.Millisecond
+	drainPoll  = 5 * time.Millisecond
+)
 
 // storedStreams counts the streams of the global account in dir, and those of them
 // that are encrypted (nats-server keeps an encrypted stream's key in meta.key beside
@@ -352,12 +421,15 @@ func (e *Server) ClientURL() string {
 }
 
 // Connect opens an in-process connection (no TCP), whether or not the server listens.
-// It reconnects forever and does not buffer publishes while disconnected (see Store).
+// It reconnects forever, soon after a disconnection (a restart of JetStream holds its
+// login until it is done, see loginGate), and does not buffer publishes while
+// disconnected (see Store).
 func (e *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	all := []nats.Option{
 		nats.InProcessServer(e.srv),
 		nats.Name("sluice"),
 		nats.MaxReconnects(-1),
+		nats.ReconnectWait(20 * time.Millisecond),
 		nats.ReconnectBufSize(-1),
 	}
 	if e.token != "" {
