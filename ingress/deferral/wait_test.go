@@ -618,7 +618,13 @@ func FuzzPreferWait(f *testing.F) {
 func TestTicketWait(t *testing.T) {
 	f := newWaitFixture(t, time.Hour, WaitLimits{})
 	tk := f.park(t)
+	// The settling ends before the test does: Wait sees the order done once its record
+	// is written, before its message is acknowledged, and the fixture's cleanup closes
+	// the connection (a clean-clone run failed on "nats: connection closed").
+	settled := make(chan struct{})
+	defer func() { <-settled }()
 	go func() {
+		defer close(settled)
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
 			if _, read := f.waiting(tk); read {
