@@ -267,7 +267,9 @@ func (e *Server) restartJetStream() error {
 	e.writeFailed.Store(false)
 	e.gate.restarting.Lock()
 	defer e.gate.restarting.Unlock()
-	e.disconnectClients()
+	if err := e.disconnectClients(); err != nil {
+		return err // tried again later (see recoverWrites)
+	}
 	if err := e.srv.ShutdownJetStream(); err != nil {
 		return fmt.Errorf("shut JetStream down: %w", err)
 	}
@@ -309,39 +311,52 @@ func (g *loginGate) Check(c server.ClientAuthentication) bool {
 }
 
 // disconnectClients closes every client connection (they reconnect by themselves)
-// and returns once what they had sent is processed: the server's count of messages
-// from clients stood still for drainQuiet (a connection closed while the server reads
-// from it still has its last read processed, maybe a request to JetStream's API,
-// which nats-server would dispatch while it sets that API up again).
-func (e *Server) disconnectClients() {
+// and returns once what they had sent is done, as far as the server's counts tell: the
+// messages from clients and the requests to JetStream's API in flight stood still for
+// drainQuiet. A connection closed while the server reads from it still has its last
+// read processed, maybe such a request, which nats-server would otherwise serve while
+// it sets that API up again. (The count of requests in flight is not a count after a
+// restart: requests a restart overtook are counted off the next JetStream's. Its
+// standing still is what says that the queued requests have been served; one that
+// takes longer than drainQuiet to serve is not waited for.)
+func (e *Server) disconnectClients() error {
 	conns, err := e.srv.Connz(&server.ConnzOptions{Limit: e.srv.NumClients() + 1024})
 	if err != nil {
-		e.log.Warn("embedded NATS: cannot list the clients to disconnect for the restart", "err", err)
-		return
+		return fmt.Errorf("list the clients to disconnect: %w", err)
 	}
 	for _, c := range conns.Conns {
 		_ = e.srv.DisconnectClientByID(c.Cid) // gone meanwhile
 	}
-	deadline := time.Now().Add(time.Second)
-	var last int64 = -1
-	for quiet := time.Duration(0); quiet < drainQuiet && time.Now().Before(deadline); {
+	type counts struct{ msgs, api int64 }
+	deadline := time.Now().Add(drainMax)
+	last := counts{-1, -1}
+	for quiet := time.Duration(0); quiet < drainQuiet; {
 		v, err := e.srv.Varz(nil)
 		if err != nil {
-			return
+			return fmt.Errorf("read the server's counts: %w", err)
 		}
-		if v.InMsgs == last {
+		js, err := e.srv.Jsz(nil)
+		if err != nil {
+			return fmt.Errorf("read JetStream's counts: %w", err)
+		}
+		if now := (counts{v.InMsgs, int64(js.API.Inflight)}); now == last {
 			quiet += drainPoll
 		} else {
-			last, quiet = v.InMsgs, 0
+			last, quiet = now, 0
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the clients' requests still running %s after they were disconnected", drainMax)
 		}
 		time.Sleep(drainPoll)
 	}
+	return nil
 }
 
-// drainQuiet and drainPoll: see disconnectClients.
+// drainQuiet, drainPoll and drainMax: see disconnectClients.
 const (
 	drainQuiet = 50 * time.Millisecond
 	drainPoll  = 5 * time.Millisecond
+	drainMax   = 10 * time.Second
 )
 
 // storedStreams counts the streams of the global account in dir, and those of them
@@ -421,21 +436,23 @@ func (e *Server) ClientURL() string {
 }
 
 // Connect opens an in-process connection (no TCP), whether or not the server listens.
-// It reconnects forever, soon after a disconnection (a restart of JetStream holds its
-// login until it is done, see loginGate), and does not buffer publishes while
-// disconnected (see Store).
+// It reconnects forever and does not buffer publishes while disconnected (see Store).
+// It reconnects 20 ms after a disconnection, without jitter, whatever opts say: the
+// disconnections are a restart's of JetStream, which holds the logins until it is
+// done (see loginGate), so that trying soon costs nothing, and every order refused
+// meanwhile for want of a connection is one too many.
 func (e *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	all := []nats.Option{
 		nats.InProcessServer(e.srv),
 		nats.Name("sluice"),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(20 * time.Millisecond),
 		nats.ReconnectBufSize(-1),
 	}
 	if e.token != "" {
 		all = append(all, nats.Token(e.token))
 	}
 	all = append(all, opts...)
+	all = append(all, nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
 	return nats.Connect("", all...)
 }
 
