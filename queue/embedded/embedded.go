@@ -96,8 +96,7 @@ type Config struct {
 // the server did not load.
 type Server struct {
 	srv     *server.Server
-	gate    *loginGate
-	token   string
+	gate    *loginGate // and the token
 	dataDir string
 	log     *slog.Logger
 
@@ -175,7 +174,7 @@ func Start(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue: embedded NATS: %w", err)
 	}
-	e := &Server{srv: srv, gate: gate, token: cfg.Token, dataDir: cfg.DataDir, log: cfg.RecoveryLogger, quit: make(chan struct{})}
+	e := &Server{srv: srv, gate: gate, dataDir: cfg.DataDir, log: cfg.RecoveryLogger, quit: make(chan struct{})}
 	if e.log == nil {
 		e.log = slog.Default()
 	}
@@ -436,11 +435,11 @@ func (e *Server) ClientURL() string {
 }
 
 // Connect opens an in-process connection (no TCP), whether or not the server listens.
-// It reconnects forever and does not buffer publishes while disconnected (see Store).
-// It reconnects 20 ms after a disconnection, without jitter, whatever opts say: the
-// disconnections are a restart's of JetStream, which holds the logins until it is
-// done (see loginGate), so that trying soon costs nothing, and every order refused
-// meanwhile for want of a connection is one too many.
+// It does not buffer publishes while disconnected (see Store), and reconnects forever,
+// 20 ms after a disconnection, without jitter, whatever opts say: the disconnections
+// are a restart's of JetStream, which holds the logins until it is done (see
+// loginGate), so trying soon costs nothing, and every order refused meanwhile for want
+// of a connection is one too many.
 func (e *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 	all := []nats.Option{
 		nats.InProcessServer(e.srv),
@@ -448,8 +447,8 @@ func (e *Server) Connect(opts ...nats.Option) (*nats.Conn, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectBufSize(-1),
 	}
-	if e.token != "" {
-		all = append(all, nats.Token(e.token))
+	if e.gate.token != "" {
+		all = append(all, nats.Token(e.gate.token))
 	}
 	all = append(all, opts...)
 	all = append(all, nats.ReconnectWait(20*time.Millisecond), nats.ReconnectJitter(0, 0))
