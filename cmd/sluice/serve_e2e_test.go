@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -147,12 +148,35 @@ func startBinary(t *testing.T, sluiceBinary, command string, args ...string) *sl
 }
 
 // startBinaryEnv is startBinary with env ("NAME=value") added to the test's
-// environment, for the process alone.
+// environment, for the process alone. An address freeAddr picked is free when picked,
+// not always when sluice binds it: another process on the machine (a NATS node of a
+// test running beside it, a connection's local port) may take it in between (a
+// clean-clone run failed so). A start refused for that is made again, up to three
+// times, on other addresses.
 func startBinaryEnv(t *testing.T, sluiceBinary string, env []string, command string, args ...string) *sluiceProcess {
 	t.Helper()
 	if sluiceBinary == "" {
 		t.Fatal("the sluice binary was not built")
 	}
+	for attempt := 1; ; attempt++ {
+		p, err := launch(t, sluiceBinary, env, command, args...)
+		if err == nil {
+			return p
+		}
+		if !errors.Is(err, errAddressTaken) || attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("%v; starting it again on other addresses", err)
+	}
+}
+
+// errAddressTaken: sluice refused an address that another process took.
+var errAddressTaken = errors.New("an address was taken by another process")
+
+// launch is one start of startBinaryEnv: the process once it answers /healthz, or why
+// it did not.
+func launch(t *testing.T, sluiceBinary string, env []string, command string, args ...string) (*sluiceProcess, error) {
+	t.Helper()
 	admin := freeAddr(t)
 	p := &sluiceProcess{admin: "http://" + admin, output: &syncBuffer{}, done: make(chan struct{})}
 	base := []string{command, "--admin-listen", admin, "--log-level", "debug"}
@@ -171,7 +195,7 @@ func startBinaryEnv(t *testing.T, sluiceBinary string, env []string, command str
 	}
 	p.cmd.SysProcAttr = childproc.Attr()
 	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	go func() { _ = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
@@ -189,15 +213,18 @@ func startBinaryEnv(t *testing.T, sluiceBinary string, env []string, command str
 		resp, err := http.Get(p.admin + "/healthz")
 		if err == nil {
 			resp.Body.Close()
-			return p
+			return p, nil
 		}
 		select {
 		case <-p.done:
-			t.Fatalf("sluice %s exited: %v\n%s", command, p.cmd.ProcessState, p.output)
+			if strings.Contains(p.output.String(), "the address is in use by another process") {
+				return nil, fmt.Errorf("sluice %s: %w:\n%s", command, errAddressTaken, p.output)
+			}
+			return nil, fmt.Errorf("sluice %s exited: %v\n%s", command, p.cmd.ProcessState, p.output)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("sluice %s did not come up:\n%s", command, p.output)
+			return nil, fmt.Errorf("sluice %s did not come up:\n%s", command, p.output)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
