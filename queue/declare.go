@@ -152,8 +152,9 @@ func (s *Store) keyStream(cfg queueconfig.Config) jetstream.StreamConfig {
 // every stream at start (queues also on each reload), and a needless update rewrites
 // the stream's configuration while other replicas, or this one's dispatchers, create
 // consumers on it, which nats-server does not serialise (the race detector saw it when
-// two dispatchers of a laned queue started together, and when a queue's declaration
-// met the callback sender's consumer on the callback stream).
+// two dispatchers of a laned queue started together, when a queue's declaration met
+// the callback sender's consumer on the callback stream, and when two replicas that
+// started together both found the results stream absent).
 func (s *Store) ensureStream(ctx context.Context, want jetstream.StreamConfig) (jetstream.Stream, error) {
 	st, err := s.js.Stream(ctx, want.Name)
 	if err != nil {
@@ -166,6 +167,15 @@ func (s *Store) ensureStream(ctx context.Context, want jetstream.StreamConfig) (
 func (s *Store) ensureFrom(ctx context.Context, have jetstream.Stream, want jetstream.StreamConfig) (jetstream.Stream, error) {
 	if have != nil && sameStream(have.CachedInfo().Config, want) {
 		return have, nil
+	}
+	if have == nil {
+		// Created, not updated: another replica starting together may have just
+		// created it, with the same settings (the server then answers with the
+		// stream, untouched) or with others (only then is it updated).
+		st, err := s.js.CreateStream(ctx, want)
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return st, err
+		}
 	}
 	return s.js.CreateOrUpdateStream(ctx, want)
 }

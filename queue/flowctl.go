@@ -67,7 +67,11 @@ func (s *Store) flowBucket(ctx context.Context, create bool, what string, cfg je
 		return nil, ErrNotFound
 	}
 	cfg.Replicas = max(s.opts.replicas, 1)
-	if kv, err = s.js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+	kv, err = s.js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) { // created meanwhile: used as it is, as above
+		kv, err = s.js.KeyValue(ctx, cfg.Bucket)
+	}
+	if err != nil {
 		return nil, unavailable(what, err)
 	}
 	return kv, nil

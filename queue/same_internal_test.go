@@ -5,7 +5,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue/fieldtest"
+	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
 // TestSameStreamFields holds sameStream to every field of jetstream.StreamConfig: each
@@ -80,4 +82,33 @@ func TestSameConsumerFields(t *testing.T) {
 		"IdleHeartbeat":      unset,
 	}
 	fieldtest.Check(t, "sameConsumer", sameConsumer, base, compared, ignored)
+}
+
+// TestEnsureAbsentStreamCreates: a stream that was not found when looked up is
+// created, not updated, so that the settings another replica has just created it with
+// are not rewritten while it creates consumers on the stream (nats-server does not
+// serialise the two: the race detector saw it when two replicas started together);
+// only settings that differ are updated.
+func TestEnsureAbsentStreamCreates(t *testing.T) {
+	s, _, ctx, srv := openInternalServer(t, queueconfig.Config{Name: "q", Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"})
+	want := jetstream.StreamConfig{Name: "ENSURED", Subjects: []string{"ensured.>"}, Storage: jetstream.MemoryStorage}
+	var st jetstream.Stream
+	updates := requestsDuring(t, ctx, srv, "$JS.API.STREAM.UPDATE.>", func() {
+		for range 3 { // the first creates it; the others, not told it exists, find it the same
+			if _, err := s.ensureFrom(ctx, nil, want); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want.MaxMsgs = 7
+		var err error
+		if st, err = s.ensureFrom(ctx, nil, want); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if got := st.CachedInfo().Config.MaxMsgs; got != 7 {
+		t.Errorf("MaxMsgs %d after ensuring other settings, want 7", got)
+	}
+	if len(updates) != 1 {
+		t.Errorf("stream updates %v, want one (the changed settings)", updates)
+	}
 }

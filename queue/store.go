@@ -248,7 +248,13 @@ func (s *Store) ensureBucket(ctx context.Context, name, desc string, maxBytes in
 			return kv, nil
 		}
 	}
-	kv, err := s.js.CreateOrUpdateKeyValue(ctx, cfg)
+	var kv jetstream.KeyValue
+	if !exists { // as ensureFrom does for a stream
+		kv, err = s.js.CreateKeyValue(ctx, cfg)
+	}
+	if exists || errors.Is(err, jetstream.ErrBucketExists) {
+		kv, err = s.js.CreateOrUpdateKeyValue(ctx, cfg)
+	}
 	if err != nil && exists && sameBucket(st.CachedInfo().Config, cfg, false) {
 		// Only its byte cap differs (the cap follows the store's size) and it cannot
 		// be changed: no room to reserve a larger one, or no room on the disk for

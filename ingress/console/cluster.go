@@ -412,7 +412,14 @@ func OpenReportsBucket(ctx context.Context, js jetstream.JetStream, replicas int
 	if err == nil {
 		return kv, nil
 	}
-	return js.CreateOrUpdateKeyValue(ctx, cfg)
+	// Created, not updated: a replica starting beside this one may have just created
+	// it and be watching it, and nats-server does not serialise an update of a stream
+	// with the creation of a consumer on it.
+	kv, err = js.CreateKeyValue(ctx, cfg)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		return js.KeyValue(ctx, ReportsBucket)
+	}
+	return kv, err
 }
 
 // LocalReport returns the function of NewCluster for a process whose decisions g
