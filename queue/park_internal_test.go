@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/sluicehq/sluice/limiter"
@@ -44,42 +43,6 @@ func openInternalServer(t *testing.T, cfg queueconfig.Config, opts ...Option) (*
 		t.Fatal(err)
 	}
 	return s, q, ctx, srv
-}
-
-// requestsDuring returns the subjects of the messages on subject (a wildcard) that the
-// store's connection, srv.Conn, publishes while f runs. The server hands a watcher its
-// copies of one connection's publishes in the order that connection sent them, so a
-// marker published on it after f arrives after every copy f caused, however busy the
-// machine: no wait for stragglers.
-func requestsDuring(t *testing.T, ctx context.Context, srv *natstest.Server, subject string, f func()) []string {
-	t.Helper()
-	watch := srv.Connect(t)
-	marker := nats.NewInbox()
-	seen := make(chan *nats.Msg, 64)
-	for _, subj := range []string{subject, marker} {
-		if _, err := watch.ChanSubscribe(subj, seen); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := watch.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	f()
-	if err := srv.Conn.Publish(marker, nil); err != nil {
-		t.Fatal(err)
-	}
-	var subjects []string
-	for {
-		select {
-		case m := <-seen:
-			if m.Subject == marker {
-				return subjects
-			}
-			subjects = append(subjects, m.Subject)
-		case <-ctx.Done():
-			t.Fatalf("no marker after %v: %v", subjects, ctx.Err())
-		}
-	}
 }
 
 func depth(t *testing.T, ctx context.Context, q *Queue) uint64 {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/limiter"
 	"github.com/sluicehq/sluice/queue/fieldtest"
+	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -93,7 +94,7 @@ func TestEnsureAbsentStreamCreates(t *testing.T) {
 	s, _, ctx, srv := openInternalServer(t, queueconfig.Config{Name: "q", Outflow: limiter.PerSecond(10), Downstream: "http://127.0.0.1:1"})
 	want := jetstream.StreamConfig{Name: "ENSURED", Subjects: []string{"ensured.>"}, Storage: jetstream.MemoryStorage}
 	var st jetstream.Stream
-	updates := requestsDuring(t, ctx, srv, "$JS.API.STREAM.UPDATE.>", func() {
+	updates := natstest.PublishedDuring(t, srv.Conn, "$JS.API.STREAM.UPDATE.>", func() {
 		for range 3 { // the first creates it; the others, not told it exists, find it the same
 			if _, err := s.ensureFrom(ctx, nil, want); err != nil {
 				t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limiter"
+	"github.com/sluicehq/sluice/queue/natstest"
 	"github.com/sluicehq/sluice/queue/queueconfig"
 )
 
@@ -21,7 +22,7 @@ func TestIdleLaneLookListsOnce(t *testing.T) {
 	var l *Lease
 	var leading bool
 	var err error
-	listings := requestsDuring(t, ctx, srv, "$JS.API.CONSUMER.LIST.>", func() { l, leading, err = c.tryLaned(ctx) })
+	listings := natstest.PublishedDuring(t, srv.Conn, "$JS.API.CONSUMER.LIST.>", func() { l, leading, err = c.tryLaned(ctx) })
 	if l != nil || !leading || err != nil {
 		t.Fatalf("look at an idle queue: %v, leading %v, %v", l, leading, err)
 	}

@@ -40,47 +40,17 @@ func TestStatusConfirmsAMissWithTheLeaders(t *testing.T) {
 	nc := c.Connect(t)
 	s, _ := openR3(t, nc, testConfig("orders"))
 
-	// The watch is on nc's own server: a server delivers a request to its own
-	// subscribers as it reads it, where the watch's interest would reach another
-	// server over the routes only some time after its Flush.
-	watch, err := nats.Connect(nc.ConnectedUrl())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close()
-	// A synchronous subscription: by the time a Flush returns, every request the
-	// server passed on before its PONG is in the subscription's queue, where an
-	// asynchronous handler may still be about to run (seen on a busy machine).
-	sub, err := watch.SubscribeSync("$JS.API.STREAM.MSG.GET.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := watch.Flush(); err != nil {
-		t.Fatal(err)
-	}
-
 	const unknown = "aaaaaaaaaaaaaaaaaaaaaaaaaa"
 	if !queue.ValidTicket(unknown) {
 		t.Fatalf("%q is not a valid ticket: the test asks nothing", unknown)
 	}
-	if _, err := s.Status(ctxT(t), unknown); !errors.Is(err, queue.ErrNotFound) {
-		t.Fatalf("Status of an unknown ticket: %v, want ErrNotFound", err)
-	}
-	if err := watch.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	pending, _, err := sub.Pending()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var asked []string
-	for range pending {
-		m, err := sub.NextMsg(time.Second) // already queued: returns at once
-		if err != nil {
-			t.Fatal(err)
+	for _, subj := range natstest.PublishedDuring(t, nc, "$JS.API.STREAM.MSG.GET.>", func() {
+		if _, err := s.Status(ctxT(t), unknown); !errors.Is(err, queue.ErrNotFound) {
+			t.Fatalf("Status of an unknown ticket: %v, want ErrNotFound", err)
 		}
-		asked = append(asked, strings.TrimPrefix(m.Subject, "$JS.API.STREAM.MSG.GET."))
+	}) {
+		asked = append(asked, strings.TrimPrefix(subj, "$JS.API.STREAM.MSG.GET."))
 	}
 	for _, stream := range []string{"KV_" + queue.TicketsBucket, queue.StreamName("orders")} {
 		found := false
