@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -13,9 +14,11 @@ import (
 // them, so a marker conn publishes after f arrives after every message f published
 // there, however busy the machine: nothing is waited for but the marker. (A Flush of
 // the watcher is not enough: the server may answer a JetStream request before it has
-// handed the watcher its copy.) The watcher connects to conn's own server, where
-// its interest holds at once; in a cluster it would reach the others over the routes
-// only some time later.
+// handed the watcher its copy.) The watcher takes everything on one subscription
+// (">"), which keeps the server's order and drops nothing, and picks what matches
+// subject. It connects to conn's own server, where its interest holds at once (in a
+// cluster it would reach the others over the routes only some time later), without
+// credentials.
 func PublishedDuring(t testing.TB, conn *nats.Conn, subject string, f func()) []string {
 	t.Helper()
 	watch, err := nats.Connect(conn.ConnectedUrl())
@@ -23,32 +26,33 @@ func PublishedDuring(t testing.TB, conn *nats.Conn, subject string, f func()) []
 		t.Fatal(err)
 	}
 	defer watch.Close()
-	marker := nats.NewInbox()
-	seen := make(chan *nats.Msg, 256)
-	for _, subj := range []string{subject, marker} {
-		if _, err := watch.ChanSubscribe(subj, seen); err != nil {
-			t.Fatal(err)
-		}
+	all, err := watch.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := all.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
 	}
 	if err := watch.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	f()
+	marker := nats.NewInbox()
 	if err := conn.Publish(marker, nil); err != nil {
 		t.Fatal(err)
 	}
-	timeout := time.NewTimer(30 * time.Second)
-	defer timeout.Stop()
+	deadline := time.Now().Add(30 * time.Second)
 	var subjects []string
 	for {
-		select {
-		case m := <-seen:
-			if m.Subject == marker {
-				return subjects
-			}
+		m, err := all.NextMsg(time.Until(deadline))
+		if err != nil {
+			t.Fatalf("natstest: no marker within 30s of the end of f (%v)", err)
+		}
+		switch {
+		case m.Subject == marker:
+			return subjects
+		case server.SubjectMatchesFilter(m.Subject, subject):
 			subjects = append(subjects, m.Subject)
-		case <-timeout.C:
-			t.Fatalf("natstest: no marker 30s after %v", subjects)
 		}
 	}
 }
